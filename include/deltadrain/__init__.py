@@ -1,0 +1,3 @@
+"""deltadrain: exactly-once drains of Valkey streams and Kafka topics into Delta Lake tables."""
+
+__version__ = "0.1.0"

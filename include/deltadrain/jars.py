@@ -1,0 +1,91 @@
+"""The JVM artefacts: fetched once from Maven Central with `mvn` into a git-ignored cache.
+
+Spark sessions, spark-submit and the Kafka broker only ever read this cache; nothing is resolved
+at job run time (no --packages, no Ivy), so a job never depends on a registry being reachable.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from deltadrain.errors import PrerequisiteError
+from deltadrain.paths import jar_cache, jvm_dir
+
+KINDS = ("spark", "kafka")
+FIX = "make jars"
+_MARKER = ".complete"
+_JAR_NAME = re.compile(r"^(?P<artifact>.+?)-(?P<version>\d[^-]*(?:-[^-]+)*)\.jar$")
+
+
+def artifact_name(jar_file: str) -> str:
+    """`jackson-core-2.13.5.jar` -> `jackson-core`; used to drop jars Spark already ships."""
+    match = _JAR_NAME.match(jar_file)
+    return match.group("artifact") if match else jar_file.removesuffix(".jar")
+
+
+def pyspark_jars_dir() -> Path:
+    import pyspark
+
+    return Path(pyspark.__file__).parent / "jars"
+
+
+def jars_to_keep(fetched: list[str], provided: set[str]) -> list[str]:
+    """Keep the fetched jars whose artefact Spark does not already put on its classpath.
+
+    Delta and the Kafka source drag in their own copies of Jackson, Hadoop, Scala and Parquet;
+    two versions of one library on a classpath is how NoSuchMethodError happens at run time.
+    """
+    return sorted(j for j in fetched if artifact_name(j) not in provided)
+
+
+def fetch(kind: str, *, quiet: bool = True) -> Path:
+    """Fill the cache for `kind` from its pom (jvm/<kind>/pom.xml). Idempotent."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown jar kind {kind!r}; expected one of {KINDS}")
+    if shutil.which("mvn") is None:
+        raise PrerequisiteError(
+            "Maven (mvn) is not on PATH; it fetches the Delta, Spark-Kafka and Kafka broker jars. "
+            "Install it (Debian: `apt-get install -y maven`), then run `make jars`."
+        )
+    target = jar_cache() / kind
+    pom = jvm_dir() / kind / "pom.xml"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as staging:
+        cmd = ["mvn", "-B", "-f", str(pom), "dependency:copy-dependencies",
+               "-DincludeScope=runtime", f"-DoutputDirectory={staging}"]
+        if quiet:
+            cmd.insert(1, "-q")
+        done = subprocess.run(cmd, capture_output=quiet, text=True)
+        if done.returncode != 0:
+            tail = (done.stdout or "")[-2000:] if quiet else ""
+            raise PrerequisiteError(f"`{' '.join(cmd)}` failed (exit {done.returncode}).\n{tail}")
+        fetched = [p.name for p in Path(staging).glob("*.jar")]
+        provided = {artifact_name(p.name) for p in pyspark_jars_dir().glob("*.jar")} if kind == "spark" else set()
+        keep = jars_to_keep(fetched, provided)
+        if target.exists():
+            shutil.rmtree(target)
+        target.mkdir()
+        for name in keep:
+            shutil.move(str(Path(staging) / name), target / name)
+        (target / _MARKER).write_text("\n".join(keep) + "\n")
+    return target
+
+
+def classpath(kind: str) -> list[Path]:
+    """The cached jars for `kind`, or one clear error naming the command that fills the cache."""
+    target = jar_cache() / kind
+    marker = target / _MARKER
+    if not marker.exists():
+        raise PrerequisiteError(
+            f"The {kind} jars are not in the cache ({target}). Run `{FIX}` to fetch them from "
+            "Maven Central with mvn (Java 17 and Maven needed)."
+        )
+    jars = [target / name for name in marker.read_text().split()]
+    missing = [j.name for j in jars if not j.exists()]
+    if missing:
+        raise PrerequisiteError(f"The {kind} jar cache ({target}) lacks {missing[:3]}; run `{FIX}` again.")
+    return jars

@@ -1,0 +1,57 @@
+"""The project's Spark session: Delta and the Kafka source from the jar cache, nothing resolved online."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+from deltadrain.errors import PrerequisiteError
+from deltadrain.jars import classpath
+
+DELTA_CONF = {
+    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+}
+
+# Small-machine defaults: a drain batch is thousands to a few million rows, not a cluster job.
+DEFAULT_CONF = {
+    "spark.sql.shuffle.partitions": "4",
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.session.timeZone": "UTC",
+    "spark.driver.memory": os.environ.get("DELTADRAIN_DRIVER_MEMORY", "2g"),
+    # The JVM must not resolve anything at run time.
+    "spark.jars.ivy": "/nonexistent-deltadrain-does-not-use-ivy",
+    "spark.databricks.delta.schema.autoMerge.enabled": "false",
+}
+
+
+def check_java() -> None:
+    java = shutil.which("java")
+    if java is None:
+        raise PrerequisiteError("Java 17 is needed by Spark and Kafka but `java` is not on PATH "
+                                "(Debian: `apt-get install -y openjdk-17-jdk-headless`).")
+    out = subprocess.run([java, "-version"], capture_output=True, text=True).stderr
+    if '"1.' in out or not any(f'"{v}' in out for v in range(17, 30)):
+        raise PrerequisiteError(f"Java 17 or newer is needed; `java -version` says: {out.splitlines()[0]}")
+
+
+def spark_conf(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The full conf of a deltadrain session; spark-submit in the DAGs passes the same."""
+    conf = {**DEFAULT_CONF, **DELTA_CONF, "spark.jars": ",".join(str(j) for j in classpath("spark"))}
+    conf.update(extra or {})
+    return conf
+
+
+def get_spark(app_name: str = "deltadrain", master: str | None = None, extra: dict[str, str] | None = None):
+    """A Delta-enabled SparkSession (reused if one is already running in this process)."""
+    from pyspark.sql import SparkSession
+
+    conf = spark_conf(extra)  # raises the jar-cache error before a JVM starts
+    check_java()
+    builder = SparkSession.builder.appName(app_name).master(
+        master or os.environ.get("DELTADRAIN_SPARK_MASTER", "local[*]"))
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()
