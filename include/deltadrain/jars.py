@@ -18,7 +18,7 @@ from deltadrain.paths import jar_cache, jvm_dir
 KINDS = ("spark", "kafka")
 FIX = "make jars"
 _MARKER = ".complete"
-_JAR_NAME = re.compile(r"^(?P<artifact>.+?)-(?P<version>\d[^-]*(?:-[^-]+)*)\.jar$")
+_JAR_NAME = re.compile(r"^(?P<artifact>.+?)-(?P<version>\d+\.\d+[\w.\-]*)\.jar$")
 
 
 def artifact_name(jar_file: str) -> str:

@@ -1,0 +1,53 @@
+# deltadrain: `make demo` and `make test` are the two commands a fresh machine needs.
+SHELL := /bin/bash
+VENV  := .venv
+BIN   := $(VENV)/bin
+STAMP := $(VENV)/.installed
+JARS  := .cache/jars
+
+.PHONY: install jars demo test test-fast lint bench lock services-down clean
+
+install: $(STAMP) jars
+
+# Python 3.11, Java 17 and Maven are checked first; everything else is installed here.
+$(STAMP): requirements.txt constraints.txt pyproject.toml
+	@PY=$$(scripts/check-prereqs) && { [ -x $(BIN)/python ] || $$PY -m venv $(VENV); }
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -r requirements.txt -c constraints.txt
+	$(BIN)/pip install -q --no-deps -e .
+	@touch $(STAMP)
+
+jars: $(JARS)/spark/.complete $(JARS)/kafka/.complete
+
+$(JARS)/spark/.complete $(JARS)/kafka/.complete &: jvm/spark/pom.xml jvm/kafka/pom.xml | $(STAMP)
+	$(BIN)/deltadrain jars
+
+# Installs, starts Valkey, Kafka and Airflow, produces sample events, ingests them, prints where to look.
+demo: install
+	$(BIN)/deltadrain demo
+
+# The whole suite, slow end-to-end tests included (CI runs exactly this).
+test: install
+	$(BIN)/ruff check .
+	$(BIN)/pytest
+
+# The quick loop while developing: skips the slow end-to-end tests.
+test-fast: install
+	$(BIN)/pytest -m "not slow"
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+bench: install
+	$(BIN)/deltadrain bench
+
+# Re-lock constraints.txt after changing a pin in requirements.txt.
+lock: $(STAMP)
+	{ sed -n '1,2p' constraints.txt; $(BIN)/pip freeze --exclude-editable | grep -v '^deltadrain'; } > constraints.tmp
+	mv constraints.tmp constraints.txt
+
+services-down:
+	-$(BIN)/deltadrain services down
+
+clean: services-down
+	rm -rf .deltadrain

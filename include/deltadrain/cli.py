@@ -1,0 +1,127 @@
+"""The `deltadrain` command: services, produce, drain, status, reap, dlq, bench, jars."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+
+from deltadrain.config import load_config
+from deltadrain.errors import ConfigError, DeltadrainError
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {}
+
+
+def command(name: str):
+    def register(func):
+        COMMANDS[name] = func
+        return func
+
+    return register
+
+
+def _print(rows, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(rows, indent=2, default=str))
+        return
+    for row in rows if isinstance(rows, list) else [rows]:
+        print("  ".join(f"{k}={v}" for k, v in row.items() if v is not None))
+
+
+@command("services")
+def _services(args) -> int:
+    from deltadrain import services
+
+    cfg = load_config(args.config)
+    only = args.only.split(",") if args.only else None
+    action = {"up": services.up, "down": services.down, "status": services.status}[args.action]
+    rows = action(cfg, only)
+    _print(rows, args.json)
+    if args.action == "up" and not args.json and "airflow" in services.select(only):
+        user, password = services.airflow_login()
+        print(f"Airflow UI: http://127.0.0.1:{services.ports(cfg).airflow}  login: {user}  "
+              f"(password in {services.airflow_password_file()})")
+    if args.action == "status":
+        return 0 if all(r["state"] == "running" for r in rows) else 3
+    return 0
+
+
+@command("produce")
+def _produce(args) -> int:
+    from deltadrain.produce import produce
+
+    cfg = load_config(args.config)
+    result = produce(cfg, cfg.pipeline(args.pipeline), args.count, seed=args.seed,
+                     malformed_ratio=args.malformed_ratio, poison_ratio=args.poison_ratio, start=args.start,
+                     progress=None if args.progress is None else args.progress)
+    print(json.dumps(result.summary()))
+    return 0
+
+
+@command("jars")
+def _jars(args) -> int:
+    from deltadrain import jars
+
+    for kind in jars.KINDS:
+        print(f"{kind}: {jars.fetch(kind, quiet=not args.verbose)}")
+    return 0
+
+
+def _not_yet(name: str):
+    def run(args) -> int:
+        raise DeltadrainError(f"`deltadrain {name}` is not available in this build yet")
+
+    return run
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="deltadrain", description=__doc__)
+    parser.add_argument("--config", help="pipeline config YAML (default: $DELTADRAIN_CONFIG or config/pipelines.yaml)")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("services", help="start, stop or check the embedded Valkey, Kafka and Airflow")
+    p.add_argument("action", choices=["up", "down", "status"])
+    p.add_argument("--only", help="comma-separated subset of valkey,kafka,airflow")
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("produce", help="write deterministic sample events to a pipeline's source")
+    p.add_argument("pipeline")
+    p.add_argument("--count", type=int, required=True)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--start", type=int, default=0, help="index of the first event (continue a sequence)")
+    p.add_argument("--malformed-ratio", type=float, default=0.0)
+    p.add_argument("--poison-ratio", type=float, default=0.0)
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
+
+    p = sub.add_parser("jars", help="fetch the JVM artefacts into the jar cache (mvn)")
+    p.add_argument("--verbose", action="store_true")
+
+    for name, help_text in [("drain", "run one exactly-once drain batch of a pipeline"),
+                            ("status", "lifecycle counts of a pipeline"),
+                            ("reap", "take over stuck claims and remove dead consumers"),
+                            ("dlq", "inspect a pipeline's dead-letter table"),
+                            ("bench", "measure drain throughput against raw limits")]:
+        if name not in COMMANDS:
+            sub.add_parser(name, help=help_text + " (not available yet)")
+            COMMANDS[name] = _not_yet(name)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except ConfigError as exc:
+        print(f"deltadrain: config error: {exc}", file=sys.stderr)
+        return 2
+    except DeltadrainError as exc:
+        print(f"deltadrain: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

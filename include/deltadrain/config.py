@@ -1,0 +1,274 @@
+"""The pipeline config: YAML in, typed models out, and every error names file, pipeline and field.
+
+Secrets never live here. A password or SASL secret comes from an environment variable or an
+Airflow connection named in the config (see deltadrain.secrets); a YAML key that looks like a
+secret is refused with a message that says where to put it instead.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+from pathlib import Path
+from typing import Annotated, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from deltadrain.errors import ConfigError
+from deltadrain.paths import config_path, state_home
+
+NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
+SECRET_KEYS = {"password", "passwd", "secret", "sasl_password", "token", "api_key", "ssl_key_password"}
+SPARK_TYPES = {"string", "long", "int", "integer", "double", "float", "boolean", "timestamp", "date",
+               "binary", "decimal(18,2)", "decimal(38,9)"}
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_secrets(cls, data):
+        if isinstance(data, dict):
+            for key in data:
+                if str(key).lower() in SECRET_KEYS:
+                    raise ValueError(
+                        f"'{key}' is a secret and is never read from YAML; name an Airflow connection "
+                        "(connection_id) or an environment variable (password_env) instead")
+        return data
+
+
+class ServicesConfig(_Model):
+    """The embedded services; every port can also be set by DELTADRAIN_<NAME>_PORT."""
+
+    valkey_port: int = Field(6399, ge=1, le=65535)
+    kafka_port: int = Field(19092, ge=1, le=65535)
+    kafka_controller_port: int = Field(19093, ge=1, le=65535)
+    airflow_port: int = Field(8088, ge=1, le=65535)
+    airflow_parallelism: int = Field(4, ge=1, le=64)
+    kafka_heap: str = "512m"
+
+
+class ValkeySource(_Model):
+    kind: Literal["valkey"]
+    # None means the embedded Valkey of `deltadrain services`.
+    url: str | None = None
+    connection_id: str | None = None
+    password_env: str | None = None
+    streams: list[str] = Field(min_length=1)
+    group: str = "deltadrain"
+    # MAXLEN applied by producers (produce, replay); None keeps every entry.
+    maxlen: int | None = Field(None, gt=0)
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v):
+        if v is not None and not re.match(r"^(valkey|valkeys|redis|rediss)://", v):
+            raise ValueError("must start with valkey://, valkeys://, redis:// or rediss://")
+        if v is not None and re.match(r"^\w+://[^/@]*:[^/@]+@", v):
+            raise ValueError("carries a password; put it in password_env or an Airflow connection")
+        return v
+
+    @field_validator("streams")
+    @classmethod
+    def _streams(cls, v):
+        if len(set(v)) != len(v):
+            raise ValueError("lists a stream twice")
+        return v
+
+
+class KafkaSecurity(_Model):
+    protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
+    # Username/password from an Airflow connection (login/password) or from env vars.
+    connection_id: str | None = None
+    username_env: str | None = None
+    password_env: str | None = None
+    ssl_ca_location: str | None = None
+
+    @model_validator(mode="after")
+    def _sasl(self):
+        if self.protocol.startswith("SASL") and self.sasl_mechanism is None:
+            raise ValueError(f"protocol {self.protocol} needs sasl_mechanism")
+        return self
+
+
+class KafkaSource(_Model):
+    kind: Literal["kafka"]
+    # None means the embedded broker of `deltadrain services`.
+    bootstrap_servers: str | None = None
+    topic: str = Field(min_length=1)
+    partitions: int = Field(6, ge=1, description="used when produce creates the topic")
+    group: str = "deltadrain"
+    security: KafkaSecurity = KafkaSecurity()
+    starting_offsets: Literal["earliest", "latest"] = "earliest"
+    # Where the message id comes from; falls back to topic-partition-offset when absent.
+    id_from: Literal["field", "key", "header"] = "field"
+    id_header: str | None = None
+    on_gap: Literal["fail", "continue"] = "fail"
+
+    @model_validator(mode="after")
+    def _header(self):
+        if self.id_from == "header" and not self.id_header:
+            raise ValueError("id_from: header needs id_header")
+        return self
+
+
+Source = Annotated[ValkeySource | KafkaSource, Field(discriminator="kind")]
+
+
+class TargetConfig(_Model):
+    # Relative paths sit under the lake directory (data_dir).
+    path: str
+    partition_by: list[str] = []
+    cluster_by: list[str] = []
+
+
+class SchemaConfig(_Model):
+    id_field: str
+    fields: dict[str, str] = Field(min_length=1)
+    required: list[str] = []
+
+    @field_validator("fields")
+    @classmethod
+    def _types(cls, v):
+        bad = {k: t for k, t in v.items() if t.lower() not in SPARK_TYPES}
+        if bad:
+            raise ValueError(f"unknown types {bad}; use one of {sorted(SPARK_TYPES)}")
+        return {k: t.lower() for k, t in v.items()}
+
+    @model_validator(mode="after")
+    def _id_known(self):
+        if self.id_field not in self.fields:
+            raise ValueError(f"id_field '{self.id_field}' is not one of the fields")
+        unknown = [r for r in self.required if r not in self.fields]
+        if unknown:
+            raise ValueError(f"required names unknown fields {unknown}")
+        return self
+
+
+class Expectation(_Model):
+    column: str
+    kind: Literal["not_null", "unique", "between", "in_set", "type", "fresh_within"]
+    min: float | None = None
+    max: float | None = None
+    values: list[str | int | float] | None = None
+    type: str | None = None
+    within: timedelta | None = None
+
+
+class QualityConfig(_Model):
+    # Empty means the default suite: id not null and unique, required columns present and typed.
+    expectations: list[Expectation] = []
+    on_failure: Literal["fail", "warn", "quarantine"] = "fail"
+
+
+class PipelineConfig(_Model):
+    name: str
+    source: Source
+    target: TargetConfig
+    payload_schema: SchemaConfig = Field(alias="schema")
+    transform: str | None = None
+    batch_cap: int = Field(10_000, ge=1, le=10_000_000)
+    max_retries: int = Field(3, ge=0, le=100)
+    min_idle_ms: int = Field(60_000, ge=0)
+    dedup_window: timedelta = timedelta(days=7)
+    max_message_bytes: int = Field(1_048_576, ge=64)
+    quality: QualityConfig = QualityConfig()
+    schedule: str | None = "*/5 * * * *"
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v):
+        if not NAME.match(v):
+            raise ValueError("must be lower-case letters, digits and _ (it names DAGs, tables and pools)")
+        return v
+
+    @field_validator("transform")
+    @classmethod
+    def _transform(cls, v):
+        if v is not None and not re.match(r"^[A-Za-z_][\w]*(\.[A-Za-z_]\w*)+$", v):
+            raise ValueError("must be a dotted path module.function")
+        return v
+
+
+class DeltadrainConfig(_Model):
+    data_dir: str | None = None
+    services: ServicesConfig = ServicesConfig()
+    pipelines: list[PipelineConfig] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _unique(self):
+        names = [p.name for p in self.pipelines]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"pipeline names must be unique; repeated: {dupes}")
+        return self
+
+    # Resolved at load time, not part of the YAML.
+    source_file: Path | None = Field(None, exclude=True)
+
+    def lake_dir(self) -> Path:
+        base = Path(self.data_dir).expanduser() if self.data_dir else state_home() / "lake"
+        if not base.is_absolute() and self.source_file is not None:
+            base = self.source_file.parent / base
+        return base.resolve()
+
+    def pipeline(self, name: str) -> PipelineConfig:
+        for p in self.pipelines:
+            if p.name == name:
+                return p
+        raise ConfigError(f"{self.source_file}: no pipeline named '{name}' "
+                          f"(configured: {', '.join(p.name for p in self.pipelines)})")
+
+    def target_path(self, pipeline: PipelineConfig) -> Path:
+        path = Path(pipeline.target.path).expanduser()
+        return path if path.is_absolute() else self.lake_dir() / path
+
+    def dlq_path(self, pipeline: PipelineConfig) -> Path:
+        return self.lake_dir() / "_deltadrain" / "dlq" / pipeline.name
+
+
+def _where(data: dict, loc: tuple) -> tuple[str | None, str]:
+    """Turn a pydantic error location into (pipeline name, dotted field)."""
+    if len(loc) >= 2 and loc[0] == "pipelines" and isinstance(loc[1], int):
+        entries = data.get("pipelines") or []
+        entry = entries[loc[1]] if loc[1] < len(entries) else {}
+        name = entry.get("name") if isinstance(entry, dict) else None
+        rest = [str(x) for x in loc[2:] if x not in ("valkey", "kafka")]
+        return (name or f"#{loc[1] + 1}"), ".".join(rest) or "(pipeline)"
+    return None, ".".join(str(x) for x in loc) or "(top level)"
+
+
+def parse_config(data: object, source: Path) -> DeltadrainConfig:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a mapping with a 'pipelines' list at the top level")
+    try:
+        cfg = DeltadrainConfig.model_validate(data)
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            pipeline, field = _where(data, tuple(err["loc"]))
+            msg = err["msg"].removeprefix("Value error, ")
+            where = f"pipeline '{pipeline}', field '{field}'" if pipeline else f"field '{field}'"
+            lines.append(f"{source}: {where}: {msg}")
+        raise ConfigError("\n".join(lines)) from None
+    return cfg.model_copy(update={"source_file": source.resolve()})
+
+
+def load_config(path: str | Path | None = None) -> DeltadrainConfig:
+    source = Path(path) if path else config_path()
+    try:
+        text = source.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"{source}: config file not found (set DELTADRAIN_CONFIG or pass --config)") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"{source}:{where}: not valid YAML: {getattr(exc, 'problem', exc)}") from None
+    return parse_config(data, source)

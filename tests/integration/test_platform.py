@@ -1,0 +1,132 @@
+"""The ground everything stands on, on real parts: Spark + Delta, Valkey, Kafka, the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+CLI = [sys.executable, "-m", "deltadrain.cli"]
+
+
+def test_pyspark_is_the_pinned_version_and_not_clobbered_by_pyspark_client():
+    import importlib.metadata as md
+
+    import pyspark
+
+    assert pyspark.__version__ == md.version("pyspark") == md.version("pyspark-client")
+    from pyspark.sql import SparkSession  # noqa: F401  (fails when pyspark-client overwrote the files)
+
+
+def test_delta_merge_with_set_transaction_in_the_project_session(spark, tmp_path):
+    from delta.tables import DeltaTable
+
+    path = str(tmp_path / "t")
+    spark.range(10).selectExpr("id", "'old' AS v").write.format("delta").save(path)
+    spark.conf.set("spark.databricks.delta.write.txnAppId", "platform-test")
+    spark.conf.set("spark.databricks.delta.write.txnVersion", "1")
+    spark.conf.set("spark.databricks.delta.commitInfo.userMetadata", '{"batch": 1}')
+    try:
+        (DeltaTable.forPath(spark, path).alias("t")
+         .merge(spark.range(5, 15).selectExpr("id", "'new' AS v").alias("s"), "t.id = s.id")
+         .whenNotMatchedInsertAll().execute())
+    finally:
+        for key in ("txnAppId", "txnVersion"):
+            spark.conf.unset(f"spark.databricks.delta.write.{key}")
+        spark.conf.unset("spark.databricks.delta.commitInfo.userMetadata")
+    rows = {(r.id, r.v) for r in spark.read.format("delta").load(path).collect()}
+    assert rows == {(i, "old") for i in range(10)} | {(i, "new") for i in range(10, 15)}
+    last = json.loads(Path(path, "_delta_log", "00000000000000000001.json").read_text().splitlines()[0])
+    assert "commitInfo" in last
+    actions = [json.loads(line) for line in Path(path, "_delta_log", "00000000000000000001.json").read_text().splitlines()]
+    assert {k: v for a in actions if "txn" in a
+                                                       for k, v in a["txn"].items() if k != "lastUpdated"} == {"appId": "platform-test", "version": 1}
+
+
+def test_valkey_xadd_xreadgroup_xack_roundtrip_with_aof(valkey_server, cfg):
+    from deltadrain.connections import valkey_client
+
+    client = valkey_client(cfg, cfg.pipeline("orders"))
+    assert client.config_get("appendonly")["appendonly"] == "yes"
+    assert client.config_get("appendfsync")["appendfsync"] == "always"
+    stream = "platform:{rt}"
+    client.delete(stream)
+    client.xgroup_create(stream, "g", id="0", mkstream=True)
+    ids = [client.xadd(stream, {b"data": f"m{i}".encode()}) for i in range(3)]
+    got = client.xreadgroup("g", "c1", {stream: ">"}, count=10)
+    assert [e[0] for e in got[0][1]] == ids
+    assert client.xpending(stream, "g")["pending"] == 3
+    assert client.xack(stream, "g", *ids) == 3
+    assert client.xpending(stream, "g")["pending"] == 0
+
+
+def test_kafka_produce_consume_roundtrip_and_spark_batch_read(kafka_broker, cfg, spark):
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+    from deltadrain.connections import kafka_bootstrap, kafka_spark_options
+    from deltadrain.produce import produce
+
+    pipeline = cfg.pipeline("clicks")
+    result = produce(cfg, pipeline, 300, seed=11)
+    assert result.count == 300 and len(result.per_partition) == 6
+    consumer = Consumer({"bootstrap.servers": kafka_bootstrap(cfg, pipeline.source), "group.id": "rt",
+                         "enable.auto.commit": False})
+    consumer.assign([TopicPartition("clicks", p, OFFSET_BEGINNING) for p in range(6)])
+    seen = set()
+    deadline = time.monotonic() + 60
+    while len(seen) < 300 and time.monotonic() < deadline:
+        msg = consumer.poll(1.0)
+        if msg is not None and msg.error() is None:
+            seen.add(msg.key().decode())
+    consumer.close()
+    assert seen == set(result.valid_ids)
+    df = (spark.read.format("kafka").options(**kafka_spark_options(cfg, pipeline))
+          .option("subscribe", "clicks").option("startingOffsets", "earliest")
+          .option("endingOffsets", "latest").load())
+    assert df.count() == 300
+
+
+def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, env={**os.environ, **(env or {})},
+                          timeout=300, cwd=ROOT)
+
+
+def test_produce_is_deterministic_for_a_seed(valkey_server, cfg):
+    from deltadrain.connections import valkey_client
+
+    client = valkey_client(cfg, cfg.pipeline("orders"))
+    streams = cfg.pipeline("orders").source.streams
+
+    def contents():
+        return {s: [fields[b"data"] for _, fields in client.xrange(s)] for s in streams}
+
+    runs = []
+    for _ in range(2):
+        client.delete(*streams)
+        done = run_cli("produce", "orders", "--count", "400", "--seed", "5", "--malformed-ratio", "0.1",
+                       "--poison-ratio", "0.01")
+        assert done.returncode == 0, done.stderr
+        summary = json.loads(done.stdout.splitlines()[-1])
+        runs.append((summary, contents()))
+    assert runs[0] == runs[1]
+    assert runs[0][0]["produced"] == 400 and runs[0][0]["malformed"] > 0 and runs[0][0]["poison"] > 0
+    assert sum(len(v) for v in runs[0][1].values()) == 400
+    client.delete(*streams)
+
+
+def test_cli_config_error_names_file_pipeline_and_field(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text((ROOT / "config" / "pipelines.yaml").read_text().replace("batch_cap: 10000", "batch_cap: -5"))
+    done = run_cli("--config", str(bad), "produce", "orders", "--count", "1")
+    assert done.returncode == 2
+    assert str(bad) in done.stderr and "pipeline 'orders'" in done.stderr and "field 'batch_cap'" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_missing_jar_cache_names_the_fix(tmp_path):
+    done = subprocess.run([sys.executable, "-c", "from deltadrain.spark import get_spark; get_spark()"],
+                          capture_output=True, text=True, env={**os.environ, "DELTADRAIN_JARS": str(tmp_path)})
+    assert done.returncode != 0 and "make jars" in done.stderr

@@ -1,0 +1,98 @@
+"""`deltadrain services`: idempotent up, clean down, clear errors; on a home and ports of its own."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _own_env(tmp_path: Path, **ports: int) -> dict:
+    env = {**os.environ, "DELTADRAIN_HOME": str(tmp_path / "home")}
+    for name in ("VALKEY", "KAFKA", "KAFKA_CONTROLLER", "AIRFLOW"):
+        env[f"DELTADRAIN_{name}_PORT"] = str(ports.get(name.lower(), free_port()))
+    return env
+
+
+def cli(env: dict, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "deltadrain.cli", *args], capture_output=True, text=True,
+                          env=env, timeout=timeout, cwd=ROOT)
+
+
+def processes_under(home: Path) -> list[str]:
+    """Live processes whose working directory is inside `home` (every service runs there)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cwd = os.readlink(f"/proc/{pid}/cwd")
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1][0]
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except (FileNotFoundError, PermissionError, ProcessLookupError, IndexError):
+            continue
+        if cwd.startswith(str(home)) and state != "Z":
+            found.append(f"{pid} {cmd[:120]}")
+    return found
+
+
+def test_up_is_idempotent_and_down_leaves_no_process(tmp_path):
+    env = _own_env(tmp_path)
+    home = Path(env["DELTADRAIN_HOME"])
+    first = cli(env, "services", "up", "--only", "valkey,kafka")
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.count("result=started") == 2
+    pids = [line for line in first.stdout.splitlines() if "pid=" in line]
+    second = cli(env, "services", "up", "--only", "valkey,kafka")
+    assert second.returncode == 0 and second.stdout.count("result=already running") == 2
+    assert [line.split("pid=")[1].split()[0] for line in second.stdout.splitlines() if "pid=" in line] == \
+        [line.split("pid=")[1].split()[0] for line in pids]
+    assert cli(env, "services", "status", "--only", "valkey,kafka").returncode == 0
+    assert processes_under(home)
+    down = cli(env, "services", "down")
+    assert down.returncode == 0, down.stderr
+    assert processes_under(home) == []
+    assert cli(env, "services", "down").stdout.count("not running") == 3
+    assert cli(env, "services", "status", "--only", "valkey").returncode == 3
+    # And up again on the same state: Kafka storage is reused, not reformatted.
+    again = cli(env, "services", "up", "--only", "valkey,kafka")
+    assert again.returncode == 0, again.stderr
+    assert cli(env, "services", "down").returncode == 0
+    assert processes_under(home) == []
+
+
+def test_a_port_taken_by_another_process_is_a_clear_error(tmp_path):
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        port = squatter.getsockname()[1]
+        env = _own_env(tmp_path, valkey=port)
+        done = cli(env, "services", "up", "--only", "valkey")
+    assert done.returncode == 1
+    assert f"port {port}" in done.stderr and "taken by another process" in done.stderr
+    assert "DELTADRAIN_VALKEY_PORT" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.slow
+def test_airflow_standalone_up_down(tmp_path):
+    env = _own_env(tmp_path)
+    home = Path(env["DELTADRAIN_HOME"])
+    try:
+        up = cli(env, "services", "up", "--only", "airflow", timeout=400)
+        assert up.returncode == 0, up.stderr + up.stdout
+        assert "Airflow UI: http://127.0.0.1:" in up.stdout
+        status = cli(env, "services", "status", "--only", "airflow", "--json")
+        assert status.returncode == 0 and '"running"' in status.stdout
+        # bound to loopback only
+        ss = subprocess.run(["ss", "-ltn"], capture_output=True, text=True).stdout
+        port = env["DELTADRAIN_AIRFLOW_PORT"]
+        assert f"127.0.0.1:{port}" in ss and f"0.0.0.0:{port}" not in ss
+    finally:
+        cli(env, "services", "down", timeout=120)
+    assert processes_under(home) == []

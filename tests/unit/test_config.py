@@ -1,0 +1,116 @@
+from pathlib import Path
+
+import pytest
+import yaml
+from deltadrain.config import load_config, parse_config
+from deltadrain.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "config" / "pipelines.yaml"
+
+
+def example() -> dict:
+    return yaml.safe_load(EXAMPLE.read_text())
+
+
+def error_of(data: dict, name: str = "pipes.yaml") -> str:
+    with pytest.raises(ConfigError) as info:
+        parse_config(data, Path(name))
+    return str(info.value)
+
+
+def test_example_config_has_one_valkey_and_one_kafka_pipeline():
+    cfg = load_config(EXAMPLE)
+    kinds = sorted(p.source.kind for p in cfg.pipelines)
+    assert kinds == ["kafka", "valkey"]
+    orders = cfg.pipeline("orders")
+    assert orders.max_retries == 3 and orders.min_idle_ms == 60_000
+    assert orders.payload_schema.id_field == "event_id"
+    assert cfg.target_path(orders).is_absolute()
+
+
+def test_defaults_apply_when_fields_are_omitted():
+    data = example()
+    for key in ("max_retries", "min_idle_ms", "batch_cap"):
+        data["pipelines"][0].pop(key, None)
+    p = parse_config(data, Path("x.yaml")).pipelines[0]
+    assert (p.max_retries, p.min_idle_ms, p.batch_cap) == (3, 60_000, 10_000)
+
+
+def test_error_names_file_pipeline_and_field():
+    data = example()
+    data["pipelines"][1]["source"]["topic"] = ""
+    msg = error_of(data, "conf/pipes.yaml")
+    assert "conf/pipes.yaml" in msg and "pipeline 'clicks'" in msg and "field 'source.topic'" in msg
+
+
+def test_every_error_is_listed_not_only_the_first():
+    data = example()
+    data["pipelines"][0]["batch_cap"] = 0
+    data["pipelines"][1]["max_retries"] = -1
+    msg = error_of(data)
+    assert "pipeline 'orders', field 'batch_cap'" in msg
+    assert "pipeline 'clicks', field 'max_retries'" in msg
+
+
+@pytest.mark.parametrize("key", ["password", "sasl_password", "secret"])
+def test_secrets_in_yaml_are_refused_and_the_way_out_is_named(key):
+    data = example()
+    data["pipelines"][0]["source"][key] = "hunter2"
+    msg = error_of(data)
+    assert "pipeline 'orders'" in msg and "password_env" in msg and "hunter2" not in msg
+
+
+def test_password_inside_url_is_refused():
+    data = example()
+    data["pipelines"][0]["source"]["url"] = "valkey://user:hunter2@host:6379/0"
+    msg = error_of(data)
+    assert "field 'source.url'" in msg and "hunter2" not in msg
+
+
+def test_unknown_field_and_bad_types_are_named():
+    data = example()
+    data["pipelines"][0]["batchcap"] = 5
+    data["pipelines"][0]["schema"]["fields"]["amount"] = "money"
+    msg = error_of(data)
+    assert "field 'batchcap'" in msg
+    assert "field 'schema.fields'" in msg and "money" in msg
+
+
+def test_id_field_must_be_a_declared_field():
+    data = example()
+    data["pipelines"][0]["schema"]["id_field"] = "nope"
+    assert "field 'schema'" in error_of(data) and "nope" in error_of(data)
+
+
+def test_unnamed_pipeline_is_named_by_position():
+    data = example()
+    del data["pipelines"][1]["name"]
+    assert "pipeline '#2', field 'name'" in error_of(data)
+
+
+def test_duplicate_pipeline_names():
+    data = example()
+    data["pipelines"][1]["name"] = "orders"
+    assert "repeated: ['orders']" in error_of(data)
+
+
+def test_sasl_needs_a_mechanism():
+    data = example()
+    data["pipelines"][1]["source"]["security"] = {"protocol": "SASL_SSL"}
+    assert "field 'source.security'" in error_of(data)
+
+
+def test_missing_file_and_invalid_yaml_name_the_file(tmp_path):
+    with pytest.raises(ConfigError, match="nope.yaml: config file not found"):
+        load_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("pipelines:\n  - name: [unclosed\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml: line \d+: not valid YAML"):
+        load_config(bad)
+
+
+def test_unknown_pipeline_lists_the_configured_ones():
+    cfg = load_config(EXAMPLE)
+    with pytest.raises(ConfigError, match="configured: orders, clicks"):
+        cfg.pipeline("nope")

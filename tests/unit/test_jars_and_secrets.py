@@ -1,0 +1,51 @@
+import pytest
+from deltadrain import jars
+from deltadrain.errors import ConfigError, PrerequisiteError
+from deltadrain.secrets import credentials
+
+
+@pytest.mark.parametrize("name,artifact", [
+    ("jackson-core-2.13.5.jar", "jackson-core"),
+    ("delta-spark_4.1_2.13-4.3.1.jar", "delta-spark_4.1_2.13"),
+    ("spark-sql-kafka-0-10_2.13-4.1.1.jar", "spark-sql-kafka-0-10_2.13"),
+    ("zstd-jni-1.5.7-3.jar", "zstd-jni"),
+    ("RoaringBitmap-0.9.25.jar", "RoaringBitmap"),
+])
+def test_artifact_name_strips_the_version(name, artifact):
+    assert jars.artifact_name(name) == artifact
+
+
+def test_jars_spark_already_ships_are_dropped():
+    fetched = ["delta-spark_4.1_2.13-4.3.1.jar", "jackson-core-2.13.5.jar", "kafka-clients-3.9.1.jar"]
+    assert jars.jars_to_keep(fetched, {"jackson-core"}) == ["delta-spark_4.1_2.13-4.3.1.jar",
+                                                           "kafka-clients-3.9.1.jar"]
+
+
+def test_missing_cache_names_the_command_that_fills_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("DELTADRAIN_JARS", str(tmp_path))
+    with pytest.raises(PrerequisiteError, match="Run `make jars`"):
+        jars.classpath("spark")
+
+
+def test_the_real_cache_is_complete():
+    names = [p.name for p in jars.classpath("spark")]
+    assert any(n.startswith("delta-spark_4.1_2.13-") for n in names)
+    assert any(n.startswith("spark-sql-kafka-0-10_2.13-") for n in names)
+    assert not any(n.startswith(("spark-core", "spark-sql_2.13", "scala-library")) for n in names)
+    assert any(p.name.startswith("kafka_2.13-4.") for p in jars.classpath("kafka"))
+
+
+def test_credentials_from_an_airflow_connection_env_var(monkeypatch):
+    monkeypatch.setenv("AIRFLOW_CONN_KAFKA_PROD", "kafka://alice:s%3Ecret@broker:9093")
+    creds = credentials(connection_id="kafka_prod")
+    assert (creds.username, creds.password) == ("alice", "s>cret")
+    assert "s>cret" not in repr(creds)
+
+
+def test_credentials_from_env_and_a_clear_error_when_unset(monkeypatch):
+    monkeypatch.setenv("MY_PW", "pw")
+    assert credentials(password_env="MY_PW").password == "pw"
+    with pytest.raises(ConfigError, match="NOT_SET_PW"):
+        credentials(password_env="NOT_SET_PW")
+    with pytest.raises(ConfigError, match="AIRFLOW_CONN_NOPE"):
+        credentials(connection_id="nope")
