@@ -59,6 +59,16 @@ def _produce(args) -> int:
     return 0
 
 
+@command("drain")
+def _drain(args) -> int:
+    from deltadrain.drain import drain
+
+    cfg = load_config(args.config)
+    summary = drain(cfg, cfg.pipeline(args.pipeline), run_id=args.run_id)
+    print(summary.line())
+    return 0
+
+
 @command("jars")
 def _jars(args) -> int:
     from deltadrain import jars
@@ -94,11 +104,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--poison-ratio", type=float, default=0.0)
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
 
+    p = sub.add_parser("drain", help="run one exactly-once drain batch of a pipeline")
+    p.add_argument("pipeline")
+    p.add_argument("--run-id", help="identifies this run in commits, claims and logs (default: generated)")
+
     p = sub.add_parser("jars", help="fetch the JVM artefacts into the jar cache (mvn)")
     p.add_argument("--verbose", action="store_true")
 
-    for name, help_text in [("drain", "run one exactly-once drain batch of a pipeline"),
-                            ("status", "lifecycle counts of a pipeline"),
+    for name, help_text in [("status", "lifecycle counts of a pipeline"),
                             ("reap", "take over stuck claims and remove dead consumers"),
                             ("dlq", "inspect a pipeline's dead-letter table"),
                             ("bench", "measure drain throughput against raw limits")]:

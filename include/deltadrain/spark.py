@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 
 from deltadrain.errors import PrerequisiteError
 from deltadrain.jars import classpath
@@ -39,7 +40,9 @@ def check_java() -> None:
 
 def spark_conf(extra: dict[str, str] | None = None) -> dict[str, str]:
     """The full conf of a deltadrain session; spark-submit in the DAGs passes the same."""
-    conf = {**DEFAULT_CONF, **DELTA_CONF, "spark.jars": ",".join(str(j) for j in classpath("spark"))}
+    conf = {**DEFAULT_CONF, **DELTA_CONF, "spark.jars": ",".join(str(j) for j in classpath("spark")),
+            # Python workers must run this interpreter (its venv has deltadrain), not `python3` on PATH.
+            "spark.pyspark.python": sys.executable, "spark.pyspark.driver.python": sys.executable}
     conf.update(extra or {})
     return conf
 
@@ -50,6 +53,7 @@ def get_spark(app_name: str = "deltadrain", master: str | None = None, extra: di
 
     conf = spark_conf(extra)  # raises the jar-cache error before a JVM starts
     check_java()
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(app_name).master(
         master or os.environ.get("DELTADRAIN_SPARK_MASTER", "local[*]"))
     for key, value in conf.items():

@@ -1,0 +1,86 @@
+"""The checkpoint lives in the target table's own commits (invariant 3).
+
+- batch sequence: the Delta SetTransaction (appId = pipeline, version = batch), kept in Delta
+  checkpoints, so it survives log cleanup;
+- positions: the whole per-partition map in the commit's userMetadata (fast path), and in the
+  `_dd_partition` / `_dd_position` columns of the rows and of the DLQ (the path that survives log
+  cleanup removing old commit files).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from deltadrain.lake import is_table, recent_commits, snapshot_txn
+
+# Columns every target row carries besides the payload.
+META_COLUMNS = (
+    ("_dd_partition", "string"),
+    ("_dd_position", "string"),
+    ("_dd_pos_hi", "long"),
+    ("_dd_pos_lo", "long"),
+    ("_dd_source_ts", "timestamp"),
+    ("_dd_attempts", "int"),
+    ("_dd_batch", "long"),
+    ("_dd_run_id", "string"),
+    ("_dd_ingested_at", "timestamp"),
+)
+
+
+@dataclass
+class Checkpoint:
+    batch: int  # the last committed batch sequence; 0 before the first commit
+    positions: dict[str, str] = field(default_factory=dict)
+    table_version: int | None = None
+    run_id: str | None = None
+    found_in: str = "none"  # "commit", "rows" or "none"
+
+    def as_dict(self) -> dict:
+        return {"batch": self.batch, "positions": self.positions, "table_version": self.table_version,
+                "run_id": self.run_id, "found_in": self.found_in}
+
+
+def commit_metadata(pipeline: str, batch: int, run_id: str, positions: dict[str, str], **counts) -> str:
+    return json.dumps({"deltadrain": 1, "pipeline": pipeline, "batch": batch, "run_id": run_id,
+                       "positions": positions, **counts}, sort_keys=True)
+
+
+def find_commit(spark, path: str, pipeline: str, batch: int) -> dict | None:
+    """The commit that wrote `batch` of `pipeline`, if its commit file still exists."""
+    for commit in recent_commits(spark, path):
+        meta = commit["meta"] or {}
+        if meta.get("pipeline") == pipeline and meta.get("batch") == batch:
+            return commit
+    return None
+
+
+def positions_from_rows(spark, path: str, dlq_path: str | None) -> dict[str, str]:
+    """Per partition, the highest position (compared as integers) any row of the target or DLQ holds."""
+    from pyspark.sql import functions as F
+
+    frames = []
+    if is_table(spark, path):
+        frames.append(spark.read.format("delta").load(path).select(
+            F.col("_dd_partition").alias("p"), F.col("_dd_position").alias("pos"),
+            F.col("_dd_pos_hi").alias("hi"), F.col("_dd_pos_lo").alias("lo")))
+    if dlq_path and is_table(spark, dlq_path):
+        frames.append(spark.read.format("delta").load(dlq_path).select(
+            F.col("partition").alias("p"), F.col("position").alias("pos"),
+            F.col("pos_hi").alias("hi"), F.col("pos_lo").alias("lo")))
+    if not frames:
+        return {}
+    df = frames[0] if len(frames) == 1 else frames[0].unionByName(frames[1])
+    rows = df.where("p IS NOT NULL").groupBy("p").agg(F.max_by("pos", F.struct("hi", "lo")).alias("pos")).collect()
+    return {r.p: r.pos for r in rows}
+
+
+def read_checkpoint(spark, path: str, pipeline: str, dlq_path: str | None = None) -> Checkpoint:
+    batch, version = snapshot_txn(spark, path, pipeline)
+    if batch is None:
+        return Checkpoint(0, table_version=version)
+    commit = find_commit(spark, path, pipeline, batch)
+    if commit is not None:
+        meta = commit["meta"]
+        return Checkpoint(batch, dict(meta.get("positions") or {}), version, meta.get("run_id"), "commit")
+    return Checkpoint(batch, positions_from_rows(spark, path, dlq_path), version, None, "rows")

@@ -1,0 +1,70 @@
+"""Commit: MERGE the batch into the target on the message id, with the checkpoint in the same commit.
+
+The MERGE is insert-only and carries the SetTransaction (appId = pipeline, version = batch) and
+the positions as commit metadata. Its condition adds a window on the source time so that the
+rows a MERGE must read do not grow with the table: a redelivered message keeps its position and
+so its source time, and a business id repeated later is caught within `dedup_window`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from deltadrain import failpoints
+from deltadrain.checkpoint import find_commit
+from deltadrain.lake import is_conflict, snapshot_txn
+from deltadrain.outcome import Outcome, decide
+
+TXN_APP = "spark.databricks.delta.write.txnAppId"
+TXN_VERSION = "spark.databricks.delta.write.txnVersion"
+USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
+
+
+@dataclass
+class CommitResult:
+    outcome: Outcome
+    observed_batch: int | None
+    table_version: int | None
+    inserted: int
+    conflict: str | None = None
+
+
+def merge_condition(id_field: str, window_start: datetime | None):
+    from pyspark.sql import functions as F
+
+    cond = F.col(f"t.`{id_field}`") == F.col(f"s.`{id_field}`")
+    if window_start is not None:
+        cond = cond & (F.col("t._dd_source_ts") >= F.lit(window_start))
+    return cond
+
+
+def commit_batch(spark, path: str, *, pipeline: str, expected_batch: int, run_id: str, rows, id_field: str,
+                 window_start: datetime | None, metadata: str) -> CommitResult:
+    from delta.tables import DeltaTable
+
+    target = expected_batch + 1
+    _, version_before = snapshot_txn(spark, path, pipeline)
+    conflict = None
+    spark.conf.set(TXN_APP, pipeline)
+    spark.conf.set(TXN_VERSION, str(target))
+    spark.conf.set(USER_METADATA, metadata)
+    try:
+        failpoints.hit_later("during_merge")
+        (DeltaTable.forPath(spark, path).alias("t")
+         .merge(rows.alias("s"), merge_condition(id_field, window_start))
+         .whenNotMatchedInsertAll().execute())
+    except Exception as exc:
+        if not is_conflict(exc):
+            raise
+        conflict = type(exc).__name__ + ": " + str(exc).splitlines()[0][:300]
+    finally:
+        for key in (TXN_APP, TXN_VERSION, USER_METADATA):
+            spark.conf.unset(key)
+    observed, version = snapshot_txn(spark, path, pipeline)
+    commit = find_commit(spark, path, pipeline, target) if (observed or 0) >= target else None
+    ours = commit is not None and (commit["meta"] or {}).get("run_id") == run_id
+    wrote_now = ours and (version_before is None or commit["version"] > version_before)
+    outcome = decide(expected_batch, observed, ours, wrote_now)
+    inserted = int(commit["metrics"].get("numTargetRowsInserted", 0)) if ours else 0
+    return CommitResult(outcome, observed, version, inserted, conflict)

@@ -1,0 +1,417 @@
+"""One drain run of a Valkey pipeline, step by step (DESIGN.md "One drain run (Valkey)").
+
+read checkpoint -> claim (Spark tasks) -> decode -> dead letters -> MERGE with the checkpoint
+-> compare-and-set outcome -> acknowledge (or release) -> summary. Every step's decision lives in a
+small module of its own; this one only puts them in order.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+
+from deltadrain import failpoints
+from deltadrain.acknowledge import acknowledge, release
+from deltadrain.checkpoint import META_COLUMNS, commit_metadata, read_checkpoint
+from deltadrain.claim import ClaimContext, allocate, failure_field, plan, run_claim
+from deltadrain.commit import commit_batch
+from deltadrain.config import DeltadrainConfig, PipelineConfig, ValkeySource
+from deltadrain.connections import valkey_client, valkey_url
+from deltadrain.deadletter import DEAD, write_dead_letters
+from deltadrain.errors import DeltadrainError
+from deltadrain.lake import ensure_table
+from deltadrain.outcome import Outcome
+from deltadrain.paths import state_home
+from deltadrain.positions import merge_positions
+from deltadrain.secrets import credentials
+from deltadrain.transforms import load_transform
+
+MAX_CULPRITS = 32  # beyond this many failing messages in one batch, fail the run instead of bisecting on
+
+
+class DrainError(DeltadrainError):
+    pass
+
+
+@dataclass
+class RunSummary:
+    pipeline: str
+    run_id: str
+    batch: int | None = None
+    outcome: str = Outcome.EMPTY.value
+    claimed: int = 0
+    reclaimed: int = 0
+    written: int = 0
+    duplicates_skipped: int = 0
+    dead_lettered: int = 0
+    left_pending: int = 0
+    acked: int = 0
+    released: int = 0
+    gaps: int = 0
+    seconds: float = 0.0
+    positions: dict = field(default_factory=dict)
+    error: str | None = None
+
+    def line(self) -> str:
+        return json.dumps(asdict(self), sort_keys=False, default=str)
+
+
+def new_run_id() -> str:
+    return f"{socket.gethostname()[:20]}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def failures_key(pipeline: str) -> str:
+    return f"deltadrain:{{{pipeline}}}:failures"
+
+
+def claim_schema(pipeline: PipelineConfig):
+    from pyspark.sql.types import _parse_datatype_string
+
+    payload = ", ".join(f"`{name}` {kind}" for name, kind in pipeline.payload_schema.fields.items())
+    return _parse_datatype_string(
+        "_dd_partition string, _dd_position string, _dd_pos_hi long, _dd_pos_lo long, _dd_source_ts timestamp, "
+        "_dd_attempts int, _dd_reclaimed boolean, _dd_message_id string, _dd_error_type string, _dd_error string, "
+        f"_dd_original binary, _dd_first_failure_at timestamp, {payload}")
+
+
+def ensure_groups(client, source: ValkeySource) -> None:
+    for stream in source.streams:
+        try:
+            client.xgroup_create(stream, source.group, id="0", mkstream=True)
+        except Exception as exc:  # BUSYGROUP: it exists, which is the usual case
+            if "BUSYGROUP" not in str(exc):
+                raise
+
+
+def backlog(client, source: ValkeySource) -> dict[str, int]:
+    """Per stream: entries not yet delivered to the group (lag) plus entries pending in it."""
+    out = {}
+    for stream in source.streams:
+        info = next((g for g in client.xinfo_groups(stream) if _s(g["name"]) == source.group), None)
+        if info is None:
+            out[stream] = client.xlen(stream)
+            continue
+        lag = info.get("lag")
+        out[stream] = (int(lag) if lag is not None else client.xlen(stream)) + int(info.get("pending", 0))
+    return out
+
+
+def _s(v) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def claim_context(cfg: DeltadrainConfig, pipeline: PipelineConfig, consumer: str) -> ClaimContext:
+    source = pipeline.source
+    creds = credentials(connection_id=source.connection_id, password_env=source.password_env)
+    schema = pipeline.payload_schema
+    return ClaimContext(
+        url=valkey_url(cfg, source), username=creds.username, password=creds.password, group=source.group,
+        consumer=consumer, min_idle_ms=pipeline.min_idle_ms, max_attempts=pipeline.max_retries + 1,
+        fields=dict(schema.fields), id_field=schema.id_field, required=list(schema.required),
+        max_bytes=pipeline.max_message_bytes, failures_key=failures_key(pipeline.name))
+
+
+def target_rows(good, pipeline: PipelineConfig, batch: int, run_id: str):
+    """Claimed rows -> the rows the transform sees: payload columns plus the _dd_ metadata."""
+    from pyspark.sql import functions as F
+
+    payload = [F.col(f"`{name}`") for name in pipeline.payload_schema.fields]
+    meta = [F.col(name) for name, _ in META_COLUMNS[:6]]
+    return good.select(*payload, *meta, F.lit(batch).cast("long").alias("_dd_batch"),
+                       F.lit(run_id).alias("_dd_run_id"), F.current_timestamp().alias("_dd_ingested_at"))
+
+
+def transformed(rows, pipeline: PipelineConfig):
+    out = load_transform(pipeline.transform)(rows)
+    missing = [c for c in [pipeline.payload_schema.id_field, *(n for n, _ in META_COLUMNS)] if c not in out.columns]
+    if missing:
+        raise DrainError(f"transform {pipeline.transform} dropped columns the drain needs: {missing}")
+    return out
+
+
+def dedup_in_batch(df, id_field: str):
+    """Keep the first occurrence of each id in the batch (by source time, then position)."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    order = Window.partitionBy(F.col(f"`{id_field}`")).orderBy("_dd_source_ts", "_dd_partition", "_dd_pos_hi",
+                                                                "_dd_pos_lo")
+    return df.withColumn("_dd_rank", F.row_number().over(order)).where("_dd_rank = 1").drop("_dd_rank")
+
+
+def dead_letter_rows(bad, pipeline: str, batch: int, run_id: str):
+    from pyspark.sql import functions as F
+
+    now = F.current_timestamp()
+    return bad.select(
+        F.lit(pipeline).alias("pipeline"), F.col("_dd_partition").alias("partition"),
+        F.col("_dd_position").alias("position"), F.col("_dd_pos_hi").alias("pos_hi"),
+        F.col("_dd_pos_lo").alias("pos_lo"), F.col("_dd_message_id").alias("message_id"),
+        F.col("_dd_original").alias("original"), F.col("_dd_error").alias("error"),
+        F.col("_dd_error_type").alias("error_type"), F.col("_dd_attempts").alias("attempts"),
+        F.coalesce(F.col("_dd_first_failure_at"), now).alias("first_failure_at"),
+        now.alias("last_failure_at"), F.lit(DEAD).alias("state"), F.lit(batch).cast("long").alias("batch"),
+        F.lit(run_id).alias("run_id"), F.lit(None).cast("timestamp").alias("replayed_at"),
+        F.lit(None).cast("string").alias("replay_run_id"))
+
+
+def short_error(exc: BaseException) -> str:
+    """The user-facing line of a Spark failure (the transform's own message, not the JVM stack)."""
+    text = str(exc)
+    for line in text.splitlines():
+        line = line.strip()
+        for marker in ("[USER_RAISED_EXCEPTION]", "PythonException:", "Exception:", "Error:"):
+            if marker in line:
+                return line[line.index(marker):][:500]
+    return (text.splitlines() or [type(exc).__name__])[0][:500]
+
+
+def find_culprits(indexed, n: int, evaluate) -> list[tuple[int, str]]:
+    """Split a failing batch until each failing message is alone (invariant 6).
+
+    `indexed` holds the batch with a dense `_dd_idx` in [0, n); `evaluate(df)` runs the transform
+    over a slice and raises what it raises. Only failing halves are split again, so one poison
+    message among n costs about 2*log2(n) small evaluations.
+    """
+    from pyspark.sql import functions as F
+
+    def failure(lo: int, hi: int) -> str | None:
+        try:
+            evaluate(indexed.where((F.col("_dd_idx") >= lo) & (F.col("_dd_idx") < hi)).drop("_dd_idx"))
+        except DrainError:
+            raise
+        except Exception as exc:
+            return short_error(exc)
+        return None
+
+    culprits: list[tuple[int, str]] = []
+    stack = [(0, n, failure(0, n))]
+    while stack:
+        lo, hi, err = stack.pop()
+        if err is None:
+            continue
+        if hi - lo == 1:
+            culprits.append((lo, err))
+            if len(culprits) > MAX_CULPRITS:
+                raise DrainError(f"more than {MAX_CULPRITS} messages of the batch make the transform fail; "
+                                 f"first error: {culprits[0][1]}")
+            continue
+        mid = (lo + hi) // 2
+        stack.append((mid, hi, failure(mid, hi)))
+        stack.append((lo, mid, failure(lo, mid)))
+    return sorted(culprits)
+
+
+class ValkeyDrain:
+    """One run. Construct, then call run(); the summary is returned, and printed by the callers."""
+
+    def __init__(self, cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, run_id: str | None = None):
+        if not isinstance(pipeline.source, ValkeySource):
+            raise DrainError(f"pipeline '{pipeline.name}' is not a Valkey pipeline")
+        self.cfg, self.pipeline, self.spark = cfg, pipeline, spark
+        self.run_id = run_id or new_run_id()
+        self.consumer = f"drain-{self.run_id}"
+        self.target = str(cfg.target_path(pipeline))
+        self.dlq = str(cfg.dlq_path(pipeline))
+        self.client = valkey_client(cfg, pipeline)
+        self.ctx = claim_context(cfg, pipeline, self.consumer)
+        self.summary = RunSummary(pipeline.name, self.run_id)
+        self.scratch = state_home() / "spark-checkpoints" / self.run_id
+
+    # -- steps ------------------------------------------------------------------------------------
+
+    def claim(self, quotas: dict[str, int]):
+        """Claimed rows, checkpointed to disk: no later action may run XREADGROUP again."""
+        ctx = self.ctx
+        tasks = plan(quotas)
+        sc = self.spark.sparkContext
+        self.scratch.mkdir(parents=True, exist_ok=True)
+        sc.setCheckpointDir(str(self.scratch))
+        rdd = sc.parallelize(tasks, len(tasks)).flatMap(lambda t: run_claim(t, ctx))
+        return self.spark.createDataFrame(rdd, claim_schema(self.pipeline), verifySchema=False).checkpoint(eager=True)
+
+    def isolate_culprits(self, good, batch: int):
+        """Bisect the good rows for messages that make the transform fail: (culprits, the rest)."""
+        from pyspark.sql import functions as F
+
+        indexed = self.spark.createDataFrame(good.rdd.zipWithIndex().map(lambda pair: (*pair[0], pair[1])),
+                                             good.schema.add("_dd_idx", "long")).checkpoint(eager=True)
+
+        def evaluate(part) -> None:
+            rows = transformed(target_rows(part, self.pipeline, batch, self.run_id), self.pipeline)
+            rows.write.format("noop").mode("overwrite").save()
+
+        found = find_culprits(indexed, indexed.count(), evaluate)
+        if not found:
+            return None, good
+        errors = self.spark.createDataFrame(found, "_dd_idx long, _dd_culprit_error string")
+        culprits = indexed.join(F.broadcast(errors), "_dd_idx").drop("_dd_idx")
+        rest = indexed.join(F.broadcast(errors), "_dd_idx", "left_anti").drop("_dd_idx")
+        return culprits.checkpoint(eager=True), rest
+
+    def settle_culprits(self, culprits):
+        """Culprits out of retries become dead letters (returned); the others stay pending for
+        redelivery, their error recorded so that their dead letter can name it later."""
+        rows = culprits.collect()  # at most MAX_CULPRITS rows
+        key = failures_key(self.pipeline.name)
+        fields = [failure_field(r._dd_partition, r._dd_position) for r in rows]
+        old = {f: json.loads(v) for f, v in zip(fields, self.client.hmget(key, fields), strict=True) if v}
+        now = datetime.now(UTC)
+        dead, retry = [], {}
+        for f, r in zip(fields, rows, strict=True):
+            first = datetime.fromisoformat(old[f]["first"]) if f in old else now
+            if r._dd_attempts >= self.ctx.max_attempts:
+                record = r.asDict()
+                record.update(_dd_error_type="transform", _dd_error=f"transform failed: {r._dd_culprit_error}",
+                              _dd_original=self._original(r._dd_partition, r._dd_position),
+                              _dd_first_failure_at=first)
+                dead.append(tuple(record[c] for c in culprits.columns if c != "_dd_culprit_error"))
+            else:
+                retry[f] = json.dumps({"error": r._dd_culprit_error, "error_type": "transform",
+                                       "first": first.isoformat(), "last": now.isoformat(),
+                                       "attempts": r._dd_attempts})
+        if retry:
+            self.client.hset(key, mapping=retry)
+        schema = culprits.drop("_dd_culprit_error").schema
+        pending = [(r._dd_partition, r._dd_position) for f, r in zip(fields, rows, strict=True) if f in retry]
+        return self.spark.createDataFrame(dead, schema), pending
+
+    def _original(self, stream: str, position: str) -> bytes | None:
+        from deltadrain.produce import VALKEY_FIELD
+
+        entries = self.client.xrange(stream, position, position, count=1)
+        return entries[0][1].get(VALKEY_FIELD) if entries else None
+
+    # -- the run ----------------------------------------------------------------------------------
+
+    def run(self) -> RunSummary:
+        started = time.monotonic()
+        try:
+            self._run()
+        finally:
+            self.summary.seconds = round(time.monotonic() - started, 3)
+            shutil.rmtree(self.scratch, ignore_errors=True)
+            self._drop_consumer_if_idle()
+        return self.summary
+
+    def _run(self) -> None:
+        from pyspark.sql import functions as F
+
+        s, p = self.summary, self.pipeline
+        source: ValkeySource = p.source
+        ensure_groups(self.client, source)
+        checkpoint = read_checkpoint(self.spark, self.target, p.name, self.dlq)
+        expected = checkpoint.batch
+        batch = expected + 1
+        s.batch = batch
+        quotas = allocate(p.batch_cap, backlog(self.client, source))
+        if sum(quotas.values()) == 0:
+            s.batch, s.positions = expected, checkpoint.positions
+            return
+        claimed = self.claim(quotas)
+        failpoints.hit("after_claim")
+
+        stats = claimed.agg(
+            F.count("*").alias("n"), F.sum(F.col("_dd_reclaimed").cast("int")).alias("reclaimed"),
+            F.sum(F.when(F.col("_dd_error_type") == "gap", 1).otherwise(0)).alias("gaps")).first()
+        s.claimed, s.reclaimed, s.gaps = stats.n, int(stats.reclaimed or 0), int(stats.gaps or 0)
+        if s.claimed == 0:
+            s.batch, s.positions = expected, checkpoint.positions
+            return
+        claimed_positions = {r._dd_partition: r.pos for r in claimed.groupBy("_dd_partition").agg(
+            F.max_by("_dd_position", F.struct("_dd_pos_hi", "_dd_pos_lo")).alias("pos")).collect()}
+        s.positions = merge_positions(checkpoint.positions, claimed_positions)
+
+        bad = claimed.where(F.col("_dd_error_type").isNotNull() & (F.col("_dd_error_type") != "gap"))
+        good = claimed.where(F.col("_dd_error_type").isNull())
+        ensure_table(self.spark, self.target, self._target_schema(good), p.target.partition_by, p.target.cluster_by)
+
+        rows, offered = self._rows(good, batch)
+        pending_culprits: list[tuple[str, str]] = []
+        if rows is None:
+            # The transform failed on this batch: find the messages that make it fail.
+            culprits, good = self.isolate_culprits(good, batch)
+            if culprits is None:
+                raise DrainError(f"batch {batch} failed and no single message explains it: {offered}")
+            dead_culprits, pending_culprits = self.settle_culprits(culprits)
+            s.left_pending = len(pending_culprits)
+            bad = bad.unionByName(dead_culprits)
+            rows, offered = self._rows(good, batch)
+            if rows is None:
+                raise DrainError(f"batch {batch} still fails without its culprits: {offered}")
+
+        # Dead letters first: idempotent, so a crash before the target commit only repeats them.
+        s.dead_lettered = bad.count()
+        if s.dead_lettered:
+            write_dead_letters(self.spark, self.dlq, dead_letter_rows(bad, p.name, batch, self.run_id))
+
+        oldest = good.agg(F.min("_dd_source_ts")).first()[0]
+        meta = commit_metadata(p.name, batch, self.run_id, s.positions, claimed=s.claimed,
+                               dead_lettered=s.dead_lettered)
+        result = commit_batch(self.spark, self.target, pipeline=p.name, expected_batch=expected, run_id=self.run_id,
+                              rows=dedup_in_batch(rows, p.payload_schema.id_field), id_field=p.payload_schema.id_field,
+                              window_start=(oldest - p.dedup_window) if oldest is not None else None, metadata=meta)
+        rows.unpersist()
+        s.outcome = result.outcome.value
+        if result.outcome in (Outcome.COMMITTED, Outcome.ALREADY_COMMITTED):
+            s.written = result.inserted
+            s.duplicates_skipped = offered - result.inserted
+            failpoints.hit("after_commit")
+            to_ack = claimed
+            if pending_culprits:
+                keep = self.spark.createDataFrame(pending_culprits, "_dd_partition string, _dd_position string")
+                to_ack = claimed.join(F.broadcast(keep), ["_dd_partition", "_dd_position"], "left_anti")
+            s.acked = acknowledge(to_ack, self.ctx)
+            return
+        # Another writer is ahead, or the table went backwards: acknowledge nothing (invariant 5).
+        s.released = release(claimed, self.ctx)
+        if result.outcome == Outcome.MISMATCH:
+            s.error = (f"table {self.target} holds batch {result.observed_batch} of '{p.name}', older than the "
+                       f"{expected} this run started from: the table was restored or replaced; stop and check")
+            raise DrainError(s.error)
+        s.error = f"another writer is ahead (table at batch {result.observed_batch}); this run committed nothing"
+
+    def _rows(self, good, batch: int):
+        """(transformed rows, cached, and how many) or (None, error) when the transform fails."""
+        from pyspark import StorageLevel
+
+        rows = transformed(target_rows(good, self.pipeline, batch, self.run_id), self.pipeline)
+        rows = rows.persist(StorageLevel.MEMORY_AND_DISK)
+        try:
+            return rows, rows.count()
+        except DrainError:
+            raise
+        except Exception as exc:
+            rows.unpersist()
+            return None, short_error(exc)
+
+    def _target_schema(self, good):
+        empty = self.spark.createDataFrame([], good.schema)
+        return transformed(target_rows(empty, self.pipeline, 0, self.run_id), self.pipeline).schema
+
+    def _drop_consumer_if_idle(self) -> None:
+        """A finished run's consumer has nothing pending; remove it so XINFO stays readable."""
+        try:
+            for stream in self.pipeline.source.streams:
+                consumers = self.client.xinfo_consumers(stream, self.pipeline.source.group)
+                mine = next((c for c in consumers if _s(c["name"]) == self.consumer), None)
+                if mine is not None and int(mine["pending"]) == 0:
+                    self.client.xgroup_delconsumer(stream, self.pipeline.source.group, self.consumer)
+        except Exception:
+            pass  # best effort; the reaper removes idle consumers too
+
+
+def drain(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark=None, run_id: str | None = None) -> RunSummary:
+    if spark is None:
+        from deltadrain.spark import get_spark
+
+        spark = get_spark(f"deltadrain-drain-{pipeline.name}")
+    if isinstance(pipeline.source, ValkeySource):
+        return ValkeyDrain(cfg, pipeline, spark, run_id).run()
+    raise DrainError(f"pipeline '{pipeline.name}': Kafka drains are not available in this build yet")

@@ -1,0 +1,34 @@
+"""Named crash points for the kill tests: DELTADRAIN_FAILPOINT=<name> SIGKILLs the drain there.
+
+Off unless the variable is set; the crash tests use them to stop a run exactly at a step boundary
+(after claim, during MERGE, after commit before ack, during ack) and then check that the next runs
+lose and duplicate nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+ENV = "DELTADRAIN_FAILPOINT"
+DELAY_ENV = "DELTADRAIN_FAILPOINT_DELAY_MS"
+
+
+def armed(name: str) -> bool:
+    return os.environ.get(ENV) == name
+
+
+def hit(name: str, pid: int | None = None) -> None:
+    """SIGKILL the driver (or `pid`) when the failpoint `name` is armed."""
+    if armed(name):
+        os.kill(pid or os.getpid(), signal.SIGKILL)
+
+
+def hit_later(name: str) -> None:
+    """For 'during' points: SIGKILL this process after DELTADRAIN_FAILPOINT_DELAY_MS, whatever it is doing."""
+    if armed(name):
+        delay = int(os.environ.get(DELAY_ENV, "500")) / 1000
+        timer = threading.Timer(delay, os.kill, (os.getpid(), signal.SIGKILL))
+        timer.daemon = True
+        timer.start()

@@ -1,0 +1,95 @@
+"""Delta helpers: create tables, read the pipeline's txn version and commit metadata, classify errors."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+CONFLICTS = ("ConcurrentTransactionException", "ConcurrentAppendException", "ConcurrentDeleteReadException",
+             "ConcurrentDeleteDeleteException", "MetadataChangedException", "ProtocolChangedException",
+             "ConcurrentWriteException", "DELTA_CONCURRENT")
+
+
+def is_conflict(exc: BaseException) -> bool:
+    """A commit lost a race with another writer (Delta optimistic concurrency)."""
+    text = f"{type(exc).__name__} {exc}"
+    return any(name in text for name in CONFLICTS)
+
+
+def is_table(spark, path: str) -> bool:
+    from delta.tables import DeltaTable
+
+    return DeltaTable.isDeltaTable(spark, path)
+
+
+def ensure_table(spark, path: str, schema, partition_by: list[str] = (), cluster_by: list[str] = (),
+                 properties: dict[str, str] | None = None) -> None:
+    """Create the table if it is missing; two creators racing is fine (the loser sees the winner's)."""
+    from delta.tables import DeltaTable
+
+    if is_table(spark, path):
+        return
+    builder = DeltaTable.createIfNotExists(spark).location(path).addColumns(schema)
+    if partition_by:
+        builder = builder.partitionedBy(*partition_by)
+    if cluster_by:
+        builder = builder.clusterBy(*cluster_by)
+    for key, value in (properties or {}).items():
+        builder = builder.property(key, value)
+    try:
+        builder.execute()
+    except Exception as exc:
+        if not (is_conflict(exc) or "already exists" in str(exc).lower()) or not is_table(spark, path):
+            raise
+
+
+def snapshot_txn(spark, path: str, app_id: str) -> tuple[int | None, int | None]:
+    """(txn version of `app_id`, table version) from the latest snapshot.
+
+    SetTransaction actions are kept in Delta checkpoints, so this survives log cleanup.
+    """
+    if not is_table(spark, path):
+        return None, None
+    jvm = spark._jvm
+    log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
+    none = jvm.scala.Option.empty()
+    snapshot = log.update(False, none, none)
+    found = snapshot.transactions().get(app_id)
+    return (int(found.get()) if found.isDefined() else None), int(snapshot.version())
+
+
+def recent_commits(spark, path: str, limit: int = 100) -> list[dict]:
+    """The last commits' version, operation, metrics and parsed userMetadata (newest first).
+
+    commitInfo lives only in commit files, which log cleanup may remove; callers must cope with
+    an empty answer.
+    """
+    from delta.tables import DeltaTable
+
+    rows = DeltaTable.forPath(spark, path).history(limit).select(
+        "version", "operation", "operationMetrics", "userMetadata", "timestamp").collect()
+    out = []
+    for row in rows:
+        try:
+            meta = json.loads(row.userMetadata) if row.userMetadata else None
+        except ValueError:
+            meta = None
+        out.append({"version": row.version, "operation": row.operation, "metrics": row.operationMetrics or {},
+                    "meta": meta, "timestamp": row.timestamp})
+    return out
+
+
+def retry_conflicts(action: Callable[[], T], attempts: int = 5, pause: float = 0.5) -> T:
+    """Run a Delta write, retrying when it lost a race (for idempotent writes only)."""
+    for attempt in range(attempts):
+        try:
+            return action()
+        except Exception as exc:
+            if not is_conflict(exc) or attempt == attempts - 1:
+                raise
+            time.sleep(pause * (attempt + 1))
+    raise AssertionError("unreachable")
