@@ -69,6 +69,75 @@ def _drain(args) -> int:
     return 0
 
 
+@command("reap")
+def _reap(args) -> int:
+    from deltadrain.reap import reap
+
+    cfg = load_config(args.config)
+    names = [args.pipeline] if args.pipeline else [p.name for p in cfg.pipelines if p.source.kind == "valkey"]
+    for name in names:
+        print(json.dumps(reap(cfg, cfg.pipeline(name))))
+    return 0
+
+
+@command("status")
+def _status(args) -> int:
+    from deltadrain.spark import get_spark
+    from deltadrain.status import pipeline_status
+
+    cfg = load_config(args.config)
+    pipeline = cfg.pipeline(args.pipeline)
+    spark = get_spark("deltadrain-status")
+    st = pipeline_status(cfg, pipeline, spark)
+    if args.json:
+        print(json.dumps(st, indent=2, default=str))
+        return 0
+    print(f"pipeline {st['pipeline']} ({st['source']})")
+    print(f"  PENDING   {st.get('PENDING', 0):>10}")
+    print(f"  CLAIMED   {st.get('CLAIMED', 0):>10}   oldest claim idle {st.get('oldest_claim_idle_ms', 0)} ms")
+    for consumer, info in (st.get("claimed_by") or {}).items():
+        print(f"    {consumer}: {info['claimed']} claimed, idle {info['idle_ms']} ms")
+    print(f"  PUBLISHED {st['PUBLISHED']:>10}")
+    print(f"  DEAD      {st['DEAD']:>10}   (replayed {st['REPLAYED']})")
+    cp = st["checkpoint"]
+    print(f"  checkpoint: batch {cp['batch']}, table version {cp['table_version']}, positions {cp['positions']}")
+    if st["last_batch"]:
+        print(f"  last batch: {json.dumps(st['last_batch'], default=str)}")
+    return 0
+
+
+@command("dlq")
+def _dlq(args) -> int:
+    from datetime import datetime
+
+    from deltadrain.deadletter import list_dead_letters
+    from deltadrain.spark import get_spark
+
+    cfg = load_config(args.config)
+    pipeline = cfg.pipeline(args.pipeline)
+
+    def when(text: str | None):
+        if text is None:
+            return None
+        try:
+            return datetime.fromisoformat(text)
+        except ValueError:
+            raise DeltadrainError(f"--since/--until must be ISO-8601 times, got {text!r}") from None
+
+    rows = list_dead_letters(get_spark("deltadrain-dlq"), str(cfg.dlq_path(pipeline)), error_contains=args.error,
+                             since=when(args.since), until=when(args.until),
+                             state=None if args.state == "all" else args.state, limit=args.limit)
+    if args.json:
+        print(json.dumps(rows, indent=2, default=str))
+        return 0
+    print(f"{len(rows)} dead letter(s) of {pipeline.name}")
+    for r in rows:
+        print(f"- {r['partition']} {r['position']} id={r['message_id']} attempts={r['attempts']} state={r['state']} "
+              f"[{r['error_type']}] {r['error']}")
+        print(f"    payload ({r['payload_bytes']} bytes): {r['payload_preview']!r}")
+    return 0
+
+
 @command("jars")
 def _jars(args) -> int:
     from deltadrain import jars
@@ -108,13 +177,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("pipeline")
     p.add_argument("--run-id", help="identifies this run in commits, claims and logs (default: generated)")
 
+    p = sub.add_parser("reap", help="take over stuck claims and remove dead consumers")
+    p.add_argument("pipeline", nargs="?", help="default: every Valkey pipeline")
+
+    p = sub.add_parser("status", help="lifecycle counts of a pipeline")
+    p.add_argument("pipeline")
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("dlq", help="inspect a pipeline's dead-letter table")
+    p.add_argument("action", choices=["list"])
+    p.add_argument("pipeline")
+    p.add_argument("--error", help="only entries whose error contains this text")
+    p.add_argument("--since", help="ISO time: last failure at or after")
+    p.add_argument("--until", help="ISO time: last failure before")
+    p.add_argument("--state", default="DEAD", choices=["DEAD", "REPLAYED", "all"])
+    p.add_argument("--limit", type=int, default=50)
+    p.add_argument("--json", action="store_true")
+
     p = sub.add_parser("jars", help="fetch the JVM artefacts into the jar cache (mvn)")
     p.add_argument("--verbose", action="store_true")
 
-    for name, help_text in [("status", "lifecycle counts of a pipeline"),
-                            ("reap", "take over stuck claims and remove dead consumers"),
-                            ("dlq", "inspect a pipeline's dead-letter table"),
-                            ("bench", "measure drain throughput against raw limits")]:
+    for name, help_text in [("bench", "measure drain throughput against raw limits")]:
         if name not in COMMANDS:
             sub.add_parser(name, help=help_text + " (not available yet)")
             COMMANDS[name] = _not_yet(name)
