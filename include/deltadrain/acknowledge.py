@@ -47,8 +47,8 @@ def _release_task(rows: Iterator, ctx: ClaimContext) -> Iterator[int]:
     for stream, items in _by_stream(rows).items():
         for start in range(0, len(items), CHUNK):
             ids = [r[1] for r in items[start:start + CHUNK]]
-            done += len(client.execute_command("XCLAIM", stream, ctx.group, ctx.consumer, 0, *ids,
-                                               "IDLE", max(ctx.min_idle_ms, 1), "JUSTID"))
+            done += len(client.xclaim(stream, ctx.group, ctx.consumer, 0, ids, idle=max(ctx.min_idle_ms, 1),
+                                      justid=True))
     client.close()
     yield done
 

@@ -147,18 +147,11 @@ def run_claim(task: ClaimTask, ctx: ClaimContext) -> Iterator[tuple]:
 
 
 def _xautoclaim(client, stream: str, ctx: ClaimContext, cursor, count: int):
-    raw = client.execute_command("XAUTOCLAIM", stream, ctx.group, ctx.consumer, ctx.min_idle_ms, cursor,
-                                 "COUNT", count)
-    cursor, entries = raw[0], raw[1]
+    """(next cursor, [(id, fields)], [ids deleted from the stream while pending])."""
+    raw = client.xautoclaim(stream, ctx.group, ctx.consumer, ctx.min_idle_ms, start_id=cursor, count=count)
     deleted = raw[2] if len(raw) > 2 else []
-    parsed = []
-    for item in entries:
-        if item is None:
-            continue
-        entry_id, flat = item[0], item[1]
-        fields = dict(zip(flat[::2], flat[1::2], strict=True)) if flat else None
-        parsed.append((entry_id, fields))
-    return cursor, parsed, deleted
+    entries = [(entry_id, fields) for entry_id, fields in raw[1] if entry_id is not None]
+    return raw[0], entries, deleted
 
 
 def _delivery_counts(client, stream: str, ctx: ClaimContext, entries) -> dict[str, int]:

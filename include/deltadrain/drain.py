@@ -316,6 +316,7 @@ class ValkeyDrain:
             return
         claimed = self.claim(quotas)
         failpoints.hit("after_claim")
+        failpoints.pause("after_claim")
 
         stats = claimed.agg(
             F.count("*").alias("n"), F.sum(F.col("_dd_reclaimed").cast("int")).alias("reclaimed"),
@@ -351,6 +352,7 @@ class ValkeyDrain:
         if s.dead_lettered:
             write_dead_letters(self.spark, self.dlq, dead_letter_rows(bad, p.name, batch, self.run_id))
 
+        failpoints.pause("before_commit")
         oldest = good.agg(F.min("_dd_source_ts")).first()[0]
         meta = commit_metadata(p.name, batch, self.run_id, s.positions, claimed=s.claimed,
                                dead_lettered=s.dead_lettered)
@@ -363,6 +365,7 @@ class ValkeyDrain:
             s.written = result.inserted
             s.duplicates_skipped = offered - result.inserted
             failpoints.hit("after_commit")
+            failpoints.pause("after_commit")
             to_ack = claimed
             if pending_culprits:
                 keep = self.spark.createDataFrame(pending_culprits, "_dd_partition string, _dd_position string")

@@ -32,3 +32,12 @@ def hit_later(name: str) -> None:
         timer = threading.Timer(delay, os.kill, (os.getpid(), signal.SIGKILL))
         timer.daemon = True
         timer.start()
+
+
+def pause(name: str) -> None:
+    """Hold the run at `name` for DELTADRAIN_PAUSE_<NAME>_MS (race tests: lease theft, neighbours)."""
+    import time
+
+    ms = int(os.environ.get(f"DELTADRAIN_PAUSE_{name.upper()}_MS", "0"))
+    if ms:
+        time.sleep(ms / 1000)

@@ -60,8 +60,7 @@ def reap(cfg: DeltadrainConfig, pipeline: PipelineConfig, client=None) -> dict:
                 if not rows:
                     break
                 ids = [_s(r["message_id"]) for r in rows]
-                claimed = client.execute_command("XCLAIM", stream, source.group, REAPER, idle, *ids,
-                                                 "IDLE", max(idle, 1), "JUSTID")
+                claimed = client.xclaim(stream, source.group, REAPER, idle, ids, idle=max(idle, 1), justid=True)
                 moved += len(claimed)
                 if len(rows) < PAGE or not claimed:
                     break

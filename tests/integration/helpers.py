@@ -1,0 +1,107 @@
+"""Helpers for drain tests: a fresh pipeline per test, drains to completion, and the exactly-once check
+made by reading the Delta tables back."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import yaml
+from deltadrain.config import load_config
+from deltadrain.drain import drain
+from deltadrain.reap import reap
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def make_pipeline(tmp_path: Path, **overrides):
+    """A config file with one Valkey pipeline of its own (own streams, tables, group); returns (path, cfg, p)."""
+    data = yaml.safe_load((ROOT / "config" / "pipelines.yaml").read_text())
+    name = f"t_{uuid.uuid4().hex[:8]}"
+    pipe = next(p for p in data["pipelines"] if p["source"]["kind"] == "valkey")
+    pipe["name"] = name
+    pipe["source"]["streams"] = [f"{name}:{{{i}}}" for i in range(overrides.pop("partitions", 4))]
+    pipe["target"]["path"] = name
+    pipe.pop("quality", None)
+    pipe.update(overrides)
+    data["pipelines"] = [pipe]
+    data["data_dir"] = str(tmp_path / "lake")
+    path = tmp_path / "pipelines.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    cfg = load_config(path)
+    return path, cfg, cfg.pipeline(name)
+
+
+def target_ids(spark, cfg, pipeline) -> list[str]:
+    path = str(cfg.target_path(pipeline))
+    from deltadrain.lake import is_table
+
+    if not is_table(spark, path):
+        return []
+    return [r[0] for r in spark.read.format("delta").load(path).select(pipeline.payload_schema.id_field).collect()]
+
+
+def dlq_rows(spark, cfg, pipeline) -> list:
+    from deltadrain.lake import is_table
+
+    path = str(cfg.dlq_path(pipeline))
+    if not is_table(spark, path):
+        return []
+    return spark.read.format("delta").load(path).collect()
+
+
+def pending(client, pipeline) -> int:
+    total = 0
+    for stream in pipeline.source.streams:
+        try:
+            total += client.xpending(stream, pipeline.source.group)["pending"]
+        except Exception as exc:
+            if "NOGROUP" not in str(exc):
+                raise
+    return total
+
+
+def lag(client, pipeline) -> int:
+    total = 0
+    for stream in pipeline.source.streams:
+        groups = [g for g in client.xinfo_groups(stream) if g["name"] in (pipeline.source.group,
+                                                                           pipeline.source.group.encode())]
+        total += int(groups[0]["lag"]) if groups else client.xlen(stream)
+    return total
+
+
+def drain_until_done(cfg, pipeline, spark, client, max_runs: int = 12) -> list:
+    """Drain and reap until nothing is pending or unread; returns the run summaries."""
+    summaries = []
+    for _ in range(max_runs):
+        summaries.append(drain(cfg, pipeline, spark=spark))
+        reap(cfg, pipeline, client)
+        if pending(client, pipeline) == 0 and lag(client, pipeline) == 0:
+            return summaries
+    raise AssertionError(f"not drained after {max_runs} runs: {[s.line() for s in summaries]}")
+
+
+def assert_exactly_once(spark, cfg, pipeline, client, valid_ids, bad_count: int) -> None:
+    ids = target_ids(spark, cfg, pipeline)
+    assert len(ids) == len(set(ids)), "a message id appears twice in the target"
+    assert set(ids) == set(valid_ids), (f"missing {sorted(set(valid_ids) - set(ids))[:5]}, "
+                                        f"unexpected {sorted(set(ids) - set(valid_ids))[:5]}")
+    dead = dlq_rows(spark, cfg, pipeline)
+    keys = [(r.partition, r.position) for r in dead]
+    assert len(keys) == len(set(keys)), "a message is twice in the DLQ"
+    assert len(dead) == bad_count
+    assert pending(client, pipeline) == 0
+
+
+def cli_drain(config: Path, pipeline: str, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.Popen(
+        [sys.executable, "-m", "deltadrain.cli", "--config", str(config), "drain", pipeline],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})}, cwd=ROOT)
+
+
+def summary_of(stdout: str) -> dict:
+    return json.loads([line for line in stdout.splitlines() if line.startswith("{")][-1])

@@ -1,0 +1,262 @@
+"""The Valkey drain against real Valkey, Spark and Delta, judged by reading the tables back.
+
+Each test has a pipeline of its own (streams, group, tables), so they can share the servers.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from deltadrain.checkpoint import read_checkpoint
+from deltadrain.connections import valkey_client
+from deltadrain.drain import drain
+from deltadrain.produce import MALFORMED_KINDS, generate, produce
+from deltadrain.reap import REAPER, reap
+from deltadrain.status import pipeline_status
+
+from tests.integration.helpers import (
+    assert_exactly_once,
+    cli_drain,
+    dlq_rows,
+    drain_until_done,
+    make_pipeline,
+    pending,
+    summary_of,
+    target_ids,
+)
+
+pytestmark = pytest.mark.usefixtures("valkey_server")
+
+
+def test_valid_messages_published_once_bad_ones_dead_lettered_with_reasons(tmp_path, cfg, spark):
+    _, c, p = make_pipeline(tmp_path)
+    client = valkey_client(c, p)
+    result = produce(c, p, 3000, seed=21, malformed_ratio=0.1)
+    summaries = drain_until_done(c, p, spark, client)
+    first = summaries[0]
+    assert first.outcome == "committed" and first.batch == 1 and first.claimed == 3000
+    assert first.written == len(result.valid_ids) and first.acked == 3000
+    bad = sum(result.kinds[k] for k in MALFORMED_KINDS)
+    assert first.dead_lettered == bad
+    assert_exactly_once(spark, c, p, client, result.valid_ids, bad)
+    reasons = {r.error_type: r.error for r in dlq_rows(spark, c, p)}
+    assert set(reasons) == {"empty", "oversized", "invalid_utf8", "invalid_json", "not_an_object", "missing_id",
+                            "schema"}
+    assert "exceeds max_message_bytes" in reasons["oversized"] and "should be double" in reasons["schema"]
+    dead = dlq_rows(spark, c, p)
+    assert all(r.state == "DEAD" and r.attempts == 1 and r.pipeline == p.name for r in dead)
+    assert all(r.original is not None for r in dead if r.error_type != "empty")
+    # The checkpoint holds the highest position of every stream, read back from the table.
+    cp = read_checkpoint(spark, str(c.target_path(p)), p.name, str(c.dlq_path(p)))
+    assert cp.batch == 1 and set(cp.positions) == set(p.source.streams) and cp.found_in == "commit"
+    for stream, pos in cp.positions.items():
+        assert client.xrevrange(stream, count=1)[0][0].decode() == pos
+    # Draining again finds nothing and changes nothing.
+    again = drain(c, p, spark=spark)
+    assert again.outcome == "empty" and again.batch == 1
+    assert_exactly_once(spark, c, p, client, result.valid_ids, bad)
+
+
+def test_same_id_twice_in_a_batch_and_across_batches_is_written_once(tmp_path, cfg, spark):
+    _, c, p = make_pipeline(tmp_path, partitions=2)
+    client = valkey_client(c, p)
+    msgs = list(generate(p, 5, seed=3))
+    stream = p.source.streams[0]
+    for m in msgs:
+        client.xadd(stream, {b"data": m.value})
+    client.xadd(p.source.streams[1], {b"data": msgs[0].value})  # same id, other partition, same batch
+    first = drain(c, p, spark=spark)
+    assert first.written == 5 and first.duplicates_skipped == 1 and first.acked == 6
+    client.xadd(stream, {b"data": msgs[1].value})  # and again in a later batch
+    second = drain(c, p, spark=spark)
+    assert second.batch == 2 and second.written == 0 and second.duplicates_skipped == 1 and second.acked == 1
+    assert_exactly_once(spark, c, p, client, [m.key for m in msgs], 0)
+
+
+def test_stream_ids_that_compare_wrongly_as_strings(tmp_path, cfg, spark):
+    _, c, p = make_pipeline(tmp_path, partitions=1)
+    client = valkey_client(c, p)
+    stream = p.source.streams[0]
+    msgs = list(generate(p, 12, seed=4))
+    for seq, m in enumerate(msgs, start=1):  # ids 5-1 .. 5-12: "5-10" < "5-9" as strings
+        client.xadd(stream, {b"data": m.value}, id=f"5-{seq}")
+    s = drain(c, p, spark=spark)
+    assert s.positions == {stream: "5-12"} and s.written == 12
+    assert_exactly_once(spark, c, p, client, [m.key for m in msgs], 0)
+
+
+def test_batch_cap_bounds_a_run_and_status_shows_the_lifecycle(tmp_path, cfg, spark):
+    _, c, p = make_pipeline(tmp_path, batch_cap=400)
+    client = valkey_client(c, p)
+    result = produce(c, p, 1000, seed=8, malformed_ratio=0.05)
+    s = drain(c, p, spark=spark)
+    assert s.claimed == 400
+    st = pipeline_status(c, p, spark)
+    assert st["PENDING"] == 600 and st["CLAIMED"] == 0
+    assert st["PUBLISHED"] + st["DEAD"] == 400 and st["checkpoint"]["batch"] == 1
+    assert st["last_batch"]["batch"] == 1 and st["last_batch"]["claimed"] == 400
+    summaries = drain_until_done(c, p, spark, client)
+    assert [x.claimed for x in summaries] == [400, 200]
+    bad = sum(result.kinds[k] for k in MALFORMED_KINDS)
+    assert_exactly_once(spark, c, p, client, result.valid_ids, bad)
+    st = pipeline_status(c, p, spark)
+    assert (st["PENDING"], st["CLAIMED"], st["PUBLISHED"], st["DEAD"]) == (0, 0, len(result.valid_ids), bad)
+
+
+def test_reaper_takes_over_claims_of_a_dead_consumer(tmp_path, cfg, spark):
+    _, c, p = make_pipeline(tmp_path, min_idle_ms=200)
+    client = valkey_client(c, p)
+    result = produce(c, p, 500, seed=9)
+    for stream in p.source.streams:  # a consumer that claims and dies
+        client.xgroup_create(stream, p.source.group, id="0", mkstream=True)
+        client.xreadgroup(p.source.group, "crashed-drain", {stream: ">"}, count=50)
+    assert pending(client, p) == 200
+    time.sleep(0.3)
+    report = reap(c, p, client)
+    assert report["taken_over"] == 200
+    assert sorted(report["consumers_removed"]) == sorted(f"{s}/crashed-drain" for s in p.source.streams)
+    s = drain(c, p, spark=spark)
+    assert s.reclaimed == 200 and s.claimed == 500 and s.written == 500
+    reap(c, p, client)
+    assert all(REAPER not in str(x["name"]) for st in p.source.streams for x in client.xinfo_consumers(st, p.source.group))
+    assert_exactly_once(spark, c, p, client, result.valid_ids, 0)
+
+
+def test_poison_message_among_10000_is_isolated_and_dead_after_max_retries(tmp_path, cfg, spark):
+    _, c, p = make_pipeline(tmp_path, min_idle_ms=0, max_retries=3, batch_cap=20000)
+    client = valkey_client(c, p)
+    result = produce(c, p, 10_000, seed=12)
+    poison = next(m for m in generate(p, 50, seed=99, poison_ratio=1.0) if m.kind == "poison")
+    client.xadd(p.source.streams[2], {b"data": poison.value})
+    first = drain(c, p, spark=spark)
+    # The good ones are published by the first run; the poison one stays pending for redelivery.
+    assert first.outcome == "committed" and first.written == 10_000 and first.left_pending == 1
+    assert sorted(target_ids(spark, c, p)) == sorted(result.valid_ids)
+    runs = [first]
+    while pending(client, p):
+        runs.append(drain(c, p, spark=spark))
+        assert len(runs) <= p.max_retries + 1
+    assert len(runs) == p.max_retries + 1  # delivered 1 + max_retries times, then dead
+    dead = dlq_rows(spark, c, p)
+    assert len(dead) == 1 and dead[0].error_type == "transform" and dead[0].state == "DEAD"
+    assert "poison message" in dead[0].error and dead[0].attempts == p.max_retries + 1
+    assert bytes(dead[0].original) == poison.value and dead[0].message_id == poison.key
+    assert dead[0].first_failure_at < dead[0].last_failure_at
+    assert_exactly_once(spark, c, p, client, result.valid_ids, 1)
+
+
+def test_checkpoint_survives_delta_log_checkpoint_and_cleanup(tmp_path, cfg, spark):
+    import os
+
+    _, c, p = make_pipeline(tmp_path, batch_cap=100)
+    client = valkey_client(c, p)
+    result = produce(c, p, 300, seed=13, malformed_ratio=0.1)
+    for _ in range(3):
+        drain(c, p, spark=spark)
+    target = str(c.target_path(p))
+    before = read_checkpoint(spark, target, p.name, str(c.dlq_path(p)))
+    assert before.batch == 3 and before.found_in == "commit"
+    # Age the log, then let Delta itself checkpoint and clean up expired commit files.
+    spark.sql(f"ALTER TABLE delta.`{target}` SET TBLPROPERTIES ('delta.logRetentionDuration' = 'interval 1 days', "
+              "'delta.deletedFileRetentionDuration' = 'interval 1 days', "
+              "'delta.checkpointInterval' = '1')")
+    log = os.path.join(target, "_delta_log")
+    old = time.time() - 5 * 86400
+    for name in os.listdir(log):
+        os.utime(os.path.join(log, name), (old, old))
+    spark.sql(f"ALTER TABLE delta.`{target}` SET TBLPROPERTIES ('deltadrain.test' = 'cleanup')")
+    assert not os.path.exists(os.path.join(log, f"{before.table_version:020d}.json")), "cleanup did not run"
+    after = read_checkpoint(spark, target, p.name, str(c.dlq_path(p)))
+    assert after.batch == 3 and after.found_in == "rows"
+    assert after.positions == before.positions
+    more = produce(c, p, 50, seed=13, start=300)  # the pipeline goes on from the recovered checkpoint
+    s = drain(c, p, spark=spark)
+    assert (s.outcome, s.batch, s.written) == ("committed", 4, len(more.valid_ids))
+    bad = sum(r.kinds[k] for r in (result, more) for k in MALFORMED_KINDS)
+    assert_exactly_once(spark, c, p, client, result.valid_ids + more.valid_ids, bad)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point", ["after_claim", "during_merge", "after_commit", "during_ack"])
+def test_sigkill_at_each_step_boundary_loses_and_duplicates_nothing(point, tmp_path, cfg, spark):
+    path, c, p = make_pipeline(tmp_path, min_idle_ms=0, batch_cap=5000)
+    client = valkey_client(c, p)
+    result = produce(c, p, 4000, seed=31, malformed_ratio=0.05)
+    env = {"DELTADRAIN_FAILPOINT": point, "DELTADRAIN_FAILPOINT_DELAY_MS": "300"}
+    proc = cli_drain(path, p.name, env)
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == -9, f"the drain was not killed at {point}: rc={proc.returncode}\n{err[-3000:]}"
+    if point in ("after_commit", "during_ack"):
+        assert read_checkpoint(spark, str(c.target_path(p)), p.name).batch == 1
+    if point == "after_claim":
+        assert pending(client, p) == 4000
+    summaries = drain_until_done(c, p, spark, client)
+    if point in ("after_commit", "during_ack"):
+        assert sum(s.written for s in summaries) == 0  # all rows were in the killed run's commit
+        assert sum(s.duplicates_skipped for s in summaries) > 0
+    assert_exactly_once(spark, c, p, client, result.valid_ids, sum(result.kinds[k] for k in MALFORMED_KINDS))
+
+
+@pytest.mark.slow
+def test_two_concurrent_drains_one_reports_the_neighbour(tmp_path, cfg, spark):
+    path, c, p = make_pipeline(tmp_path, min_idle_ms=0, batch_cap=1000)
+    client = valkey_client(c, p)
+    result = produce(c, p, 3000, seed=41, malformed_ratio=0.02)
+    slow = cli_drain(path, p.name, {"DELTADRAIN_PAUSE_BEFORE_COMMIT_MS": "25000"})
+    fast = None
+    deadline = time.time() + 120
+    while time.time() < deadline and pending(client, p) < 1000:  # the slow one has claimed its batch
+        time.sleep(0.5)
+    fast = cli_drain(path, p.name)
+    fast_out, fast_err = fast.communicate(timeout=600)
+    slow_out, slow_err = slow.communicate(timeout=600)
+    assert fast.returncode == 0, fast_err[-3000:]
+    assert slow.returncode == 0, slow_err[-3000:]
+    a, b = summary_of(fast_out), summary_of(slow_out)
+    assert a["outcome"] == "committed" and a["batch"] == 1
+    assert b["outcome"] == "ahead" and b["acked"] == 0 and b["released"] == 1000 and b["written"] == 0
+    assert "another writer is ahead" in b["error"]
+    drain_until_done(c, p, spark, client)
+    assert_exactly_once(spark, c, p, client, result.valid_ids, sum(result.kinds[k] for k in MALFORMED_KINDS))
+
+
+@pytest.mark.slow
+def test_a_stale_run_whose_claims_were_taken_over_neither_duplicates_nor_loses(tmp_path, cfg, spark):
+    path, c, p = make_pipeline(tmp_path, min_idle_ms=500, batch_cap=5000)
+    client = valkey_client(c, p)
+    result = produce(c, p, 2000, seed=51)
+    stale = cli_drain(path, p.name, {"DELTADRAIN_PAUSE_BEFORE_COMMIT_MS": "30000"})
+    deadline = time.time() + 120
+    while time.time() < deadline and pending(client, p) < 2000:
+        time.sleep(0.5)
+    time.sleep(0.6)
+    assert reap(c, p, client)["taken_over"] == 2000  # the stale run's lease expired
+    fresh = drain(c, p, spark=spark)
+    assert fresh.outcome == "committed" and fresh.reclaimed == 2000 and fresh.written == 2000
+    out, err = stale.communicate(timeout=600)
+    assert stale.returncode == 0, err[-3000:]
+    s = summary_of(out)
+    assert s["outcome"] == "ahead" and s["acked"] == 0
+    assert_exactly_once(spark, c, p, client, result.valid_ids, 0)
+
+
+@pytest.mark.slow
+def test_valkey_restart_between_claim_and_ack(tmp_path, cfg, spark, valkey_server):
+    path, c, p = make_pipeline(tmp_path, min_idle_ms=0)
+    client = valkey_client(c, p)
+    result = produce(c, p, 2000, seed=61, malformed_ratio=0.05)
+    run = cli_drain(path, p.name, {"DELTADRAIN_PAUSE_AFTER_COMMIT_MS": "15000"})
+    deadline = time.time() + 180
+    while time.time() < deadline and read_checkpoint(spark, str(c.target_path(p)), p.name).batch < 1:
+        time.sleep(0.5)
+    valkey_server.down()  # committed, not yet acknowledged
+    valkey_server.up()
+    assert pending(client, p) == 2000  # the PEL survived the restart (AOF)
+    out, err = run.communicate(timeout=600)
+    assert run.returncode == 0, err[-3000:]
+    s = summary_of(out)
+    assert s["outcome"] == "committed" and s["acked"] == 2000
+    assert pending(client, p) == 0
+    drain_until_done(c, p, spark, client)
+    assert_exactly_once(spark, c, p, client, result.valid_ids, sum(result.kinds[k] for k in MALFORMED_KINDS))

@@ -1,0 +1,91 @@
+"""The protocol's pure decisions: positions, decoding, claim planning, compare-and-set outcomes."""
+
+import json
+
+import pytest
+from deltadrain.claim import TASK_QUOTA, allocate, plan
+from deltadrain.decode import decode
+from deltadrain.outcome import Outcome, decide
+from deltadrain.positions import StreamId, max_position, merge_positions
+
+FIELDS = {"event_id": "string", "amount": "double", "quantity": "long", "event_time": "timestamp",
+          "ok": "boolean"}
+
+
+def dec(obj, **kw):
+    data = obj if isinstance(obj, bytes) else json.dumps(obj).encode()
+    opts = {"fields": FIELDS, "id_field": "event_id", "required": ["event_id", "amount"], "max_bytes": 1000}
+    return decode(data, **{**opts, **kw})
+
+
+def test_stream_ids_compare_as_integer_pairs_not_strings():
+    assert "5-10" < "5-9"  # the bug this guards against
+    assert StreamId.parse("5-10") > StreamId.parse("5-9")
+    assert StreamId.parse("10-0") > StreamId.parse("9-99")
+    assert max_position(["5-9", "5-10", "4-100"]) == "5-10"
+    assert merge_positions({"a": "5-9", "b": "1-0"}, {"a": "5-10", "c": "2-2"}) == {"a": "5-10", "b": "1-0", "c": "2-2"}
+    assert merge_positions({"a": "5-10"}, {"a": "5-9"}) == {"a": "5-10"}
+    with pytest.raises(ValueError):
+        StreamId.parse("5-x")
+
+
+def test_decode_good_message():
+    got = dec({"event_id": "e1", "amount": 3, "quantity": 2, "event_time": "2026-01-01T00:00:00Z", "ok": True})
+    assert got.error is None and got.message_id == "e1"
+    assert got.values[1] == 3.0 and got.values[2] == 2 and got.values[3].year == 2026
+
+
+@pytest.mark.parametrize("data,kind,words", [
+    (b"", "empty", "empty payload"),
+    (b"x" * 1001, "oversized", "1001 bytes exceeds"),
+    (b'{"event_id": "\xff"}', "invalid_utf8", "not valid UTF-8"),
+    (b'{"event_id": "e1", ', "invalid_json", "not valid JSON"),
+    (b"[1, 2]", "not_an_object", "JSON list"),
+    ({"amount": 1}, "missing_id", "'event_id' is missing"),
+    ({"event_id": None, "amount": 1}, "missing_id", "is null"),
+    ({"event_id": "", "amount": 1}, "missing_id", "invalid"),
+    ({"event_id": "e", "amount": "ten"}, "schema", "'amount' should be double"),
+    ({"event_id": "e", "amount": 1, "quantity": 1.5}, "schema", "'quantity' should be long"),
+    ({"event_id": "e", "amount": 1, "ok": "yes"}, "schema", "'ok' should be boolean"),
+    ({"event_id": "e", "amount": 1, "event_time": "yesterday"}, "schema", "'event_time' should be timestamp"),
+    ({"event_id": "e"}, "schema", "required field 'amount' is missing"),
+    ({"event_id": "e", "amount": True}, "schema", "should be double"),
+])
+def test_decode_bad_input_is_data_with_a_reason(data, kind, words):
+    got = dec(data)
+    assert got.values is None and got.error_type == kind and words in got.error
+
+
+def test_integer_ids_become_strings_and_fallback_ids_apply_only_when_absent():
+    assert dec({"event_id": 42, "amount": 1}).message_id == "42"
+    assert dec({"amount": 1}, fallback_id="t-0-7").message_id == "t-0-7"
+    assert dec({"event_id": None, "amount": 1}, fallback_id="t-0-7").message_id == "t-0-7"
+    assert dec({"event_id": [1], "amount": 1}, fallback_id="t-0-7").error_type == "missing_id"
+
+
+def test_allocate_is_fair_bounded_and_never_exceeds_backlog():
+    assert allocate(100, {"a": 10, "b": 1000, "c": 0, "d": 1000}) == {"a": 10, "b": 45, "c": 0, "d": 45}
+    assert allocate(10, {"a": 3, "b": 3}) == {"a": 3, "b": 3}
+    assert sum(allocate(7, {"a": 10, "b": 10, "c": 10}).values()) == 7
+    assert allocate(5, {}) == {}
+
+
+def test_plan_splits_big_quotas_into_tasks_and_reclaims_once_per_stream():
+    tasks = plan({"a": 2 * TASK_QUOTA + 5, "b": 3})
+    assert [(t.stream, t.quota, t.reclaim) for t in tasks] == [
+        ("a", TASK_QUOTA, True), ("a", TASK_QUOTA, False), ("a", 5, False), ("b", 3, True)]
+    assert plan({"a": 0}) == []
+
+
+@pytest.mark.parametrize("expected,observed,ours,now,outcome", [
+    (4, 5, True, True, Outcome.COMMITTED),
+    (4, 5, True, False, Outcome.ALREADY_COMMITTED),
+    (4, 5, False, False, Outcome.AHEAD),  # a neighbour wrote batch 5
+    (4, 7, False, False, Outcome.AHEAD),  # a neighbour is far ahead
+    (4, 6, True, True, Outcome.COMMITTED),  # ours landed as 5 and someone went on
+    (4, 4, False, False, Outcome.MISMATCH),  # nothing landed: our write was refused as stale
+    (4, 2, False, False, Outcome.MISMATCH),  # the table went backwards (restore)
+    (0, None, False, False, Outcome.MISMATCH),  # table replaced by one without our txn
+])
+def test_compare_and_set_outcomes(expected, observed, ours, now, outcome):
+    assert decide(expected, observed, ours, now) == outcome
