@@ -138,6 +138,28 @@ def _dlq(args) -> int:
     return 0
 
 
+@command("demo")
+def _demo(args) -> int:
+    from deltadrain.demo import run_demo
+
+    run_demo(load_config(args.config), args.count)
+    return 0
+
+
+@command("bench")
+def _bench(args) -> int:
+    from pathlib import Path
+
+    from deltadrain.bench import run_bench
+
+    report = run_bench(args.count, args.partitions, args.batch, Path(args.workdir) if args.workdir else None)
+    text = json.dumps(report, indent=2, default=str)
+    if args.output:
+        Path(args.output).write_text(text + "\n")
+    print(text)
+    return 0
+
+
 @command("jars")
 def _jars(args) -> int:
     from deltadrain import jars
@@ -145,13 +167,6 @@ def _jars(args) -> int:
     for kind in jars.KINDS:
         print(f"{kind}: {jars.fetch(kind, quiet=not args.verbose)}")
     return 0
-
-
-def _not_yet(name: str):
-    def run(args) -> int:
-        raise DeltadrainError(f"`deltadrain {name}` is not available in this build yet")
-
-    return run
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -194,13 +209,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=50)
     p.add_argument("--json", action="store_true")
 
+    p = sub.add_parser("demo", help="start everything, produce sample events, drain them, show where to look")
+    p.add_argument("--count", type=int, default=5000)
+
+    p = sub.add_parser("bench", help="measure drain throughput against the raw limits (docs/benchmarks.md)")
+    p.add_argument("--count", type=int, default=2_000_000)
+    p.add_argument("--partitions", type=int, default=4)
+    p.add_argument("--batch", type=int, default=500_000, help="batch cap of the drain runs")
+    p.add_argument("--workdir", help="where the bench's tables go (default: a new temp dir)")
+    p.add_argument("--output", help="also write the JSON report here")
+
     p = sub.add_parser("jars", help="fetch the JVM artefacts into the jar cache (mvn)")
     p.add_argument("--verbose", action="store_true")
 
-    for name, help_text in [("bench", "measure drain throughput against raw limits")]:
-        if name not in COMMANDS:
-            sub.add_parser(name, help=help_text + " (not available yet)")
-            COMMANDS[name] = _not_yet(name)
     return parser
 
 

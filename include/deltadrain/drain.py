@@ -56,6 +56,7 @@ class RunSummary:
     gaps: int = 0
     seconds: float = 0.0
     positions: dict = field(default_factory=dict)
+    timings: dict = field(default_factory=dict)  # seconds per step
     error: str | None = None
 
     def line(self) -> str:
@@ -227,21 +228,23 @@ class ValkeyDrain:
     # -- steps ------------------------------------------------------------------------------------
 
     def claim(self, quotas: dict[str, int]):
-        """Claimed rows, checkpointed to disk: no later action may run XREADGROUP again."""
+        """Claimed rows, staged to Parquet by exactly one Spark job: no later action can run a claim
+        (XREADGROUP) a second time, whatever Spark recomputes."""
         ctx = self.ctx
         tasks = plan(quotas)
-        sc = self.spark.sparkContext
-        self.scratch.mkdir(parents=True, exist_ok=True)
-        sc.setCheckpointDir(str(self.scratch))
-        rdd = sc.parallelize(tasks, len(tasks)).flatMap(lambda t: run_claim(t, ctx))
-        return self.spark.createDataFrame(rdd, claim_schema(self.pipeline), verifySchema=False).checkpoint(eager=True)
+        rdd = self.spark.sparkContext.parallelize(tasks, len(tasks)).flatMap(lambda t: run_claim(t, ctx))
+        staged = str(self.scratch / "claimed")
+        self.spark.createDataFrame(rdd, claim_schema(self.pipeline), verifySchema=False).write.parquet(staged)
+        return self.spark.read.parquet(staged)
 
     def isolate_culprits(self, good, batch: int):
         """Bisect the good rows for messages that make the transform fail: (culprits, the rest)."""
         from pyspark.sql import functions as F
 
-        indexed = self.spark.createDataFrame(good.rdd.zipWithIndex().map(lambda pair: (*pair[0], pair[1])),
-                                             good.schema.add("_dd_idx", "long")).checkpoint(eager=True)
+        staged = str(self.scratch / "indexed")
+        self.spark.createDataFrame(good.rdd.zipWithIndex().map(lambda pair: (*pair[0], pair[1])),
+                                   good.schema.add("_dd_idx", "long")).write.parquet(staged)
+        indexed = self.spark.read.parquet(staged)
 
         def evaluate(part) -> None:
             rows = transformed(target_rows(part, self.pipeline, batch, self.run_id), self.pipeline)
@@ -253,7 +256,7 @@ class ValkeyDrain:
         errors = self.spark.createDataFrame(found, "_dd_idx long, _dd_culprit_error string")
         culprits = indexed.join(F.broadcast(errors), "_dd_idx").drop("_dd_idx")
         rest = indexed.join(F.broadcast(errors), "_dd_idx", "left_anti").drop("_dd_idx")
-        return culprits.checkpoint(eager=True), rest
+        return culprits.cache(), rest
 
     def settle_culprits(self, culprits):
         """Culprits out of retries become dead letters (returned); the others stay pending for
@@ -291,7 +294,7 @@ class ValkeyDrain:
     # -- the run ----------------------------------------------------------------------------------
 
     def run(self) -> RunSummary:
-        started = time.monotonic()
+        started = self._last = time.monotonic()
         try:
             self._run()
         finally:
@@ -311,6 +314,7 @@ class ValkeyDrain:
         batch = expected + 1
         s.batch = batch
         quotas = allocate(p.batch_cap, backlog(self.client, source))
+        self._lap("checkpoint")
         if sum(quotas.values()) == 0:
             s.batch, s.positions = expected, checkpoint.positions
             return
@@ -318,22 +322,27 @@ class ValkeyDrain:
         failpoints.hit("after_claim")
         failpoints.pause("after_claim")
 
-        stats = claimed.agg(
+        self._lap("claim")
+        per_partition = claimed.groupBy("_dd_partition").agg(
             F.count("*").alias("n"), F.sum(F.col("_dd_reclaimed").cast("int")).alias("reclaimed"),
-            F.sum(F.when(F.col("_dd_error_type") == "gap", 1).otherwise(0)).alias("gaps")).first()
-        s.claimed, s.reclaimed, s.gaps = stats.n, int(stats.reclaimed or 0), int(stats.gaps or 0)
+            F.sum((F.col("_dd_error_type") == "gap").cast("int")).alias("gaps"),
+            F.min(F.when(F.col("_dd_error_type").isNull(), F.col("_dd_source_ts"))).alias("oldest"),
+            F.max_by("_dd_position", F.struct("_dd_pos_hi", "_dd_pos_lo")).alias("pos")).collect()
+        s.claimed = sum(r.n for r in per_partition)
+        s.reclaimed = sum(r.reclaimed or 0 for r in per_partition)
+        s.gaps = sum(r.gaps or 0 for r in per_partition)
         if s.claimed == 0:
             s.batch, s.positions = expected, checkpoint.positions
             return
-        claimed_positions = {r._dd_partition: r.pos for r in claimed.groupBy("_dd_partition").agg(
-            F.max_by("_dd_position", F.struct("_dd_pos_hi", "_dd_pos_lo")).alias("pos")).collect()}
-        s.positions = merge_positions(checkpoint.positions, claimed_positions)
+        s.positions = merge_positions(checkpoint.positions, {r._dd_partition: r.pos for r in per_partition})
+        oldest = min((r.oldest for r in per_partition if r.oldest is not None), default=None)
 
         bad = claimed.where(F.col("_dd_error_type").isNotNull() & (F.col("_dd_error_type") != "gap"))
         good = claimed.where(F.col("_dd_error_type").isNull())
         ensure_table(self.spark, self.target, self._target_schema(good), p.target.partition_by, p.target.cluster_by)
 
         rows, offered = self._rows(good, batch)
+        self._lap("transform")
         pending_culprits: list[tuple[str, str]] = []
         if rows is None:
             # The transform failed on this batch: find the messages that make it fail.
@@ -352,14 +361,15 @@ class ValkeyDrain:
         if s.dead_lettered:
             write_dead_letters(self.spark, self.dlq, dead_letter_rows(bad, p.name, batch, self.run_id))
 
+        self._lap("dead letters")
         failpoints.pause("before_commit")
-        oldest = good.agg(F.min("_dd_source_ts")).first()[0]
         meta = commit_metadata(p.name, batch, self.run_id, s.positions, claimed=s.claimed,
                                dead_lettered=s.dead_lettered)
         result = commit_batch(self.spark, self.target, pipeline=p.name, expected_batch=expected, run_id=self.run_id,
                               rows=dedup_in_batch(rows, p.payload_schema.id_field), id_field=p.payload_schema.id_field,
                               window_start=(oldest - p.dedup_window) if oldest is not None else None, metadata=meta)
         rows.unpersist()
+        self._lap("commit")
         s.outcome = result.outcome.value
         if result.outcome in (Outcome.COMMITTED, Outcome.ALREADY_COMMITTED):
             s.written = result.inserted
@@ -371,6 +381,7 @@ class ValkeyDrain:
                 keep = self.spark.createDataFrame(pending_culprits, "_dd_partition string, _dd_position string")
                 to_ack = claimed.join(F.broadcast(keep), ["_dd_partition", "_dd_position"], "left_anti")
             s.acked = acknowledge(to_ack, self.ctx)
+            self._lap("ack")
             return
         # Another writer is ahead, or the table went backwards: acknowledge nothing (invariant 5).
         s.released = release(claimed, self.ctx)
@@ -393,6 +404,11 @@ class ValkeyDrain:
         except Exception as exc:
             rows.unpersist()
             return None, short_error(exc)
+
+    def _lap(self, step: str) -> None:
+        now = time.monotonic()
+        self.summary.timings[step] = round(now - self._last, 3)
+        self._last = now
 
     def _target_schema(self, good):
         empty = self.spark.createDataFrame([], good.schema)

@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 from deltadrain.errors import PrerequisiteError
 from deltadrain.jars import classpath
@@ -14,6 +15,8 @@ DELTA_CONF = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
     "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
 }
+
+LOG4J = Path(__file__).parent / "resources" / "log4j2.properties"
 
 # Small-machine defaults: a drain batch is thousands to a few million rows, not a cluster job.
 DEFAULT_CONF = {
@@ -25,6 +28,7 @@ DEFAULT_CONF = {
     # The JVM must not resolve anything at run time.
     "spark.jars.ivy": "/nonexistent-deltadrain-does-not-use-ivy",
     "spark.databricks.delta.schema.autoMerge.enabled": "false",
+    "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{LOG4J}",
 }
 
 

@@ -1,0 +1,266 @@
+"""`deltadrain bench`: the Valkey drain measured against the raw limits, side by side, in one run.
+
+Phases (each in a process of its own where peak memory matters, so peaks do not mix):
+1. produce N ~200-byte JSON messages over P stream partitions;
+2. raw read limit: XREADGROUP-only over the same entries with a separate group, same Spark task plan;
+3. the drain: batches of `--batch` until the backlog is gone (JVM start excluded);
+4. raw write limit: plain Delta append of the same rows (read back from the drained table);
+5. fixed overhead: a one-message batch;
+6. driver memory as the backlog grows 10x: peak RSS of the driver (Python) and of its JVM;
+7. batch time into a target holding 1x and 100x rows (the MERGE's window keeps the scan bounded).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+from deltadrain.paths import PROJECT_ROOT
+
+
+def _bench_config(workdir: Path, partitions: int, batch: int, window: str = "PT1H") -> tuple[Path, str]:
+    base = yaml.safe_load((PROJECT_ROOT / "config" / "pipelines.yaml").read_text())
+    pipe = next(p for p in base["pipelines"] if p["source"]["kind"] == "valkey")
+    name = f"bench_{int(time.time())}"
+    pipe.update(name=name, batch_cap=batch, transform="deltadrain.transforms.identity", dedup_window=window)
+    pipe["source"]["streams"] = [f"{name}:{{{i}}}" for i in range(partitions)]
+    pipe["target"] = {"path": name}
+    pipe.pop("quality", None)
+    base["pipelines"] = [pipe]
+    base["data_dir"] = str(workdir / "lake")
+    path = workdir / "bench.yaml"
+    path.write_text(yaml.safe_dump(base, sort_keys=False))
+    return path, name
+
+
+def _peak_rss_kib(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except FileNotFoundError:
+        pass
+    return 0
+
+
+def _jvm_pids(parent: int) -> list[int]:
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except (FileNotFoundError, IndexError):
+            continue
+        if int(stat[1]) == parent and b"java" in cmd:
+            out.append(int(pid))
+    return out
+
+
+def memory_report() -> dict:
+    me = os.getpid()
+    jvm = _jvm_pids(me)
+    return {"driver_python_peak_mib": round(_peak_rss_kib(me) / 1024, 1),
+            "driver_jvm_peak_mib": round(sum(_peak_rss_kib(p) for p in jvm) / 1024, 1)}
+
+
+# -- phases run inside one Spark driver process ------------------------------------------------------
+
+def phase_raw_read(cfg, pipeline, spark) -> dict:
+    """XREADGROUP only, with its own group and the drain's own task plan: the read limit."""
+    from deltadrain.claim import _client, allocate, plan
+    from deltadrain.drain import backlog, claim_context
+
+    client_ctx = claim_context(cfg, pipeline, "raw-reader")
+    ctx = client_ctx.__class__(**{**client_ctx.__dict__, "group": "bench-raw"})
+    client = _client(ctx)
+    for stream in pipeline.source.streams:
+        try:
+            client.xgroup_create(stream, "bench-raw", id="0")
+        except Exception as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+    total = sum(backlog(client, pipeline.source).values())
+    tasks = plan(allocate(total, {s: client.xlen(s) for s in pipeline.source.streams}))
+
+    def read(task):
+        c = _client(ctx)
+        got = 0
+        while got < task.quota:
+            resp = c.xreadgroup(ctx.group, ctx.consumer, {task.stream: ">"}, count=min(5000, task.quota - got))
+            if not resp or not resp[0][1]:
+                break
+            got += len(resp[0][1])
+        yield got
+
+    started = time.monotonic()
+    n = spark.sparkContext.parallelize(tasks, len(tasks)).flatMap(read).sum()
+    seconds = time.monotonic() - started
+    for stream in pipeline.source.streams:
+        client.xgroup_destroy(stream, "bench-raw")
+    return {"messages": int(n), "seconds": round(seconds, 2), "rate": round(n / seconds)}
+
+
+def phase_drain(cfg, pipeline, spark) -> dict:
+    from deltadrain.drain import drain
+
+    runs = []
+    started = time.monotonic()
+    while True:
+        s = drain(cfg, pipeline, spark=spark)
+        if s.outcome == "empty":
+            break
+        runs.append({"claimed": s.claimed, "written": s.written, "seconds": s.seconds, "timings": s.timings})
+    seconds = time.monotonic() - started
+    n = sum(r["claimed"] for r in runs)
+    return {"messages": n, "seconds": round(seconds, 2), "rate": round(n / seconds) if seconds else 0,
+            "batches": len(runs), "runs": runs}
+
+
+def phase_delta_append(cfg, pipeline, spark, workdir: Path) -> dict:
+    """Plain Delta append of the same rows the drain wrote: the write limit."""
+    rows = spark.read.format("delta").load(str(cfg.target_path(pipeline)))
+    staged = str(workdir / "append-source")
+    rows.write.mode("overwrite").parquet(staged)  # so that reading the Delta table is not timed
+    src = spark.read.parquet(staged)
+    n = src.count()
+    started = time.monotonic()
+    src.write.format("delta").mode("append").save(str(workdir / "plain-append"))
+    seconds = time.monotonic() - started
+    return {"messages": n, "seconds": round(seconds, 2), "rate": round(n / seconds)}
+
+
+def phase_window(cfg, pipeline, spark, batch_rows: int) -> dict:
+    """The same batch MERGEd into a target of 1x and of 100x rows; the 100x rows are older than the
+    dedup window (spread over the 100 windows before it), as a table that grew over time is."""
+    from datetime import UTC, datetime, timedelta
+
+    from pyspark.sql import functions as F
+
+    from deltadrain.commit import commit_batch
+
+    now = datetime.now(UTC).replace(microsecond=0)
+    window = pipeline.dedup_window
+    results = {}
+    for factor in (1, 100):
+        path = str(Path(cfg.lake_dir()) / f"window_{factor}x")
+        template = spark.read.format("delta").load(str(cfg.target_path(pipeline))).limit(batch_rows).cache()
+        have = template.count()
+        for k in range(factor):
+            # Window k back: rows whose source time lies k windows before now, written as files of their own.
+            age = window * (k + (1 if factor > 1 else 0)) + timedelta(seconds=1)
+            (template.withColumn("event_id", F.concat(F.lit(f"old{k}-"), F.col("event_id")))
+             .withColumn("_dd_source_ts", F.lit(now - age)).coalesce(1)
+             .write.format("delta").mode("append").save(path))
+        batch = (template.withColumn("event_id", F.concat(F.lit("new-"), F.col("event_id")))
+                 .withColumn("_dd_source_ts", F.lit(now)))
+        timings = []
+        for attempt in range(3):
+            b = batch.withColumn("event_id", F.concat(F.lit(f"a{attempt}-"), F.col("event_id")))
+            started = time.monotonic()
+            commit_batch(spark, path, pipeline=f"window{factor}", expected_batch=attempt, run_id=f"w{attempt}",
+                         rows=b, id_field="event_id", window_start=now - window,
+                         metadata=json.dumps({"pipeline": f"window{factor}", "batch": attempt + 1,
+                                              "run_id": f"w{attempt}"}))
+            timings.append(time.monotonic() - started)
+        template.unpersist()
+        results[f"{factor}x"] = {"target_rows": have * factor, "batch_rows": have,
+                                 "batch_seconds_median": round(sorted(timings)[1], 3),
+                                 "batch_seconds": [round(t, 3) for t in timings]}
+    results["ratio_100x_to_1x"] = round(results["100x"]["batch_seconds_median"] / results["1x"]["batch_seconds_median"], 3)
+    return results
+
+
+def run_phase(phase: str, config: str, pipeline_name: str, workdir: str, arg: int) -> dict:
+    from deltadrain.config import load_config
+    from deltadrain.spark import get_spark
+
+    cfg = load_config(config)
+    pipeline = cfg.pipeline(pipeline_name)
+    spark = get_spark(f"deltadrain-bench-{phase}")
+    spark.sparkContext.setLogLevel("ERROR")
+    if phase == "raw_read":
+        out = phase_raw_read(cfg, pipeline, spark)
+    elif phase == "drain":
+        out = phase_drain(cfg, pipeline, spark)
+    elif phase == "append":
+        out = phase_delta_append(cfg, pipeline, spark, Path(workdir))
+    elif phase == "window":
+        out = phase_window(cfg, pipeline, spark, arg)
+    else:
+        raise ValueError(phase)
+    out.update(memory_report())
+    return out
+
+
+def _subphase(phase: str, config: Path, name: str, workdir: Path, arg: int = 0) -> dict:
+    cmd = [sys.executable, "-m", "deltadrain.bench", phase, str(config), name, str(workdir), str(arg)]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"bench phase {phase} failed:\n{done.stderr[-4000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def run_bench(count: int, partitions: int, batch: int, workdir: Path | None = None) -> dict:
+    from deltadrain import services
+    from deltadrain.config import load_config
+    from deltadrain.produce import produce
+
+    workdir = workdir or Path(tempfile.mkdtemp(prefix="deltadrain-bench-"))
+    config, name = _bench_config(workdir, partitions, batch)
+    cfg = load_config(config)
+    services.up(cfg, ["valkey"])
+    pipeline = cfg.pipeline(name)
+    report: dict = {"machine": f"{platform.node()} {platform.machine()}, {os.cpu_count()} cores, "
+                               f"{round(os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30)} GiB",
+                    "count": count, "partitions": partitions, "batch_cap": batch}
+
+    def step(label: str, fn):
+        print(f"[bench] {label} ...", file=sys.stderr, flush=True)
+        started = time.monotonic()
+        out = fn()
+        print(f"[bench] {label}: {json.dumps(out)[:300]} ({time.monotonic() - started:.0f}s)", file=sys.stderr,
+              flush=True)
+        return out
+
+    def produced(n: int, start: int) -> dict:
+        started = time.monotonic()
+        r = produce(cfg, pipeline, n, seed=7, start=start, progress=True)
+        return {"messages": r.count, "rate": round(r.count / (time.monotonic() - started))}
+
+    # Small backlog first (memory at 1/10 of the backlog), then the full one.
+    small = max(count // 10, 1)
+    report["produce_small"] = step("produce small backlog", lambda: produced(small, 0))
+    report["drain_small"] = step("drain small backlog", lambda: _subphase("drain", config, name, workdir))
+    report["produce"] = step("produce full backlog", lambda: produced(count, small))
+    report["raw_read"] = step("raw XREADGROUP", lambda: _subphase("raw_read", config, name, workdir))
+    report["drain"] = step("drain full backlog", lambda: _subphase("drain", config, name, workdir))
+    report["delta_append"] = step("plain Delta append", lambda: _subphase("append", config, name, workdir))
+
+    def one_message() -> dict:
+        produce(cfg, pipeline, 1, seed=8, start=0)
+        return _subphase("drain", config, name, workdir)
+
+    report["one_message"] = step("one-message batch", one_message)
+    report["window"] = step("1x vs 100x target", lambda: _subphase("window", config, name, workdir, 10_000))
+    slower_raw = min(report["raw_read"]["rate"], report["delta_append"]["rate"])
+    report["ratios"] = {
+        "drain_to_slower_raw_limit": round(report["drain"]["rate"] / slower_raw, 3),
+        "driver_python_memory_10x_backlog": round(
+            report["drain"]["driver_python_peak_mib"] / report["drain_small"]["driver_python_peak_mib"], 3),
+        "driver_jvm_memory_10x_backlog": round(
+            report["drain"]["driver_jvm_peak_mib"] / report["drain_small"]["driver_jvm_peak_mib"], 3),
+        "batch_time_100x_to_1x": report["window"]["ratio_100x_to_1x"],
+    }
+    return report
+
+
+if __name__ == "__main__":
+    print(json.dumps(run_phase(sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]))))

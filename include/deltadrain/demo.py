@@ -1,0 +1,49 @@
+"""`deltadrain demo`: services up, sample events in, drained into Delta, and where to look."""
+
+from __future__ import annotations
+
+import json
+
+from deltadrain import services
+from deltadrain.config import DeltadrainConfig, ValkeySource
+from deltadrain.connections import valkey_client
+from deltadrain.drain import drain
+from deltadrain.produce import generate, produce
+from deltadrain.reap import reap
+from deltadrain.status import pipeline_status
+
+
+def run_demo(cfg: DeltadrainConfig, count: int = 5000) -> dict:
+    print("== starting the embedded services (Valkey, Kafka, Airflow)")
+    for row in services.up(cfg):
+        print(f"   {row['service']}: {row['result']} ({row.get('address', '')})")
+    pipeline = next(p for p in cfg.pipelines if isinstance(p.source, ValkeySource))
+    print(f"== producing {count} sample events (2% malformed, one poison) into '{pipeline.name}'")
+    result = produce(cfg, pipeline, count, seed=0, malformed_ratio=0.02, progress=False)
+    poison = next(m for m in generate(pipeline, 100, seed=1, poison_ratio=1.0) if m.kind == "poison")
+    valkey_client(cfg, pipeline).xadd(pipeline.source.streams[0], {b"data": poison.value})
+    print(f"   {json.dumps(result.summary()['kinds'])} + 1 poison")
+    print(f"== draining '{pipeline.name}' into Delta (exactly-once MERGE, checkpoint in the same commit)")
+    from deltadrain.spark import get_spark
+
+    spark = get_spark("deltadrain-demo")
+    spark.sparkContext.setLogLevel("ERROR")
+    while True:
+        summary = drain(cfg, pipeline, spark=spark)
+        print("   " + summary.line())
+        if summary.outcome == "empty" or summary.claimed < pipeline.batch_cap:
+            break
+    reap(cfg, pipeline)
+    status = pipeline_status(cfg, pipeline, spark)
+    user, _ = services.airflow_login()
+    port = services.ports(cfg).airflow
+    print("== where to look")
+    print(f"   lifecycle: PENDING={status['PENDING']} CLAIMED={status['CLAIMED']} PUBLISHED={status['PUBLISHED']} "
+          f"DEAD={status['DEAD']}  (the poison message stays CLAIMED until its retries run out)")
+    print(f"   Delta table:  {cfg.target_path(pipeline)}")
+    print(f"   DLQ table:    {cfg.dlq_path(pipeline)}")
+    print(f"   Airflow UI:   http://127.0.0.1:{port}  login: {user}, password in {services.airflow_password_file()}")
+    print(f"   status:       .venv/bin/deltadrain status {pipeline.name}")
+    print(f"   dead letters: .venv/bin/deltadrain dlq list {pipeline.name}")
+    print("   stop it all:  .venv/bin/deltadrain services down")
+    return status
