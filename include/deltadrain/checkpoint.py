@@ -47,11 +47,16 @@ def commit_metadata(pipeline: str, batch: int, run_id: str, positions: dict[str,
 
 
 def find_commit(spark, path: str, pipeline: str, batch: int) -> dict | None:
-    """The commit that wrote `batch` of `pipeline`, if its commit file still exists."""
-    for commit in recent_commits(spark, path):
-        meta = commit["meta"] or {}
-        if meta.get("pipeline") == pipeline and meta.get("batch") == batch:
-            return commit
+    """The commit that wrote `batch` of `pipeline`, if its commit file still exists.
+
+    It is almost always among the last few commits; only maintenance commits (OPTIMIZE, VACUUM,
+    property changes) push it further back, so the search widens only when needed.
+    """
+    for limit in (5, 200):
+        for commit in recent_commits(spark, path, limit):
+            meta = commit["meta"] or {}
+            if meta.get("pipeline") == pipeline and meta.get("batch") == batch:
+                return commit
     return None
 
 

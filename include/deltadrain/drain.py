@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from deltadrain import failpoints
 from deltadrain.acknowledge import acknowledge, release
 from deltadrain.checkpoint import META_COLUMNS, commit_metadata, read_checkpoint
-from deltadrain.claim import ClaimContext, allocate, failure_field, plan, run_claim
+from deltadrain.claim import ClaimContext, allocate, claim_arrow, failure_field, plan
 from deltadrain.commit import commit_batch
 from deltadrain.config import DeltadrainConfig, PipelineConfig, ValkeySource
 from deltadrain.connections import valkey_client, valkey_url
@@ -230,11 +230,17 @@ class ValkeyDrain:
     def claim(self, quotas: dict[str, int]):
         """Claimed rows, staged to Parquet by exactly one Spark job: no later action can run a claim
         (XREADGROUP) a second time, whatever Spark recomputes."""
+        from pyspark.sql.pandas.types import to_arrow_schema
+
         ctx = self.ctx
-        tasks = plan(quotas)
-        rdd = self.spark.sparkContext.parallelize(tasks, len(tasks)).flatMap(lambda t: run_claim(t, ctx))
+        tasks = [(t.stream, t.quota, t.reclaim) for t in plan(quotas)]
+        schema = claim_schema(self.pipeline)
+        arrow_schema = to_arrow_schema(schema)
+        # One claim task per Spark partition (parallelize keeps the slices), all tasks in parallel.
+        task_df = self.spark.createDataFrame(self.spark.sparkContext.parallelize(tasks, len(tasks)),
+                                             "stream string, quota long, reclaim boolean")
         staged = str(self.scratch / "claimed")
-        self.spark.createDataFrame(rdd, claim_schema(self.pipeline), verifySchema=False).write.parquet(staged)
+        task_df.mapInArrow(lambda batches: claim_arrow(batches, ctx, arrow_schema), schema).write.parquet(staged)
         return self.spark.read.parquet(staged)
 
     def isolate_culprits(self, good, batch: int):

@@ -200,11 +200,11 @@ def test_sigkill_at_each_step_boundary_loses_and_duplicates_nothing(point, tmp_p
 
 @pytest.mark.slow
 def test_two_concurrent_drains_one_reports_the_neighbour(tmp_path, cfg, spark):
-    path, c, p = make_pipeline(tmp_path, min_idle_ms=0, batch_cap=1000)
+    # min_idle_ms is long: the second run must not simply reclaim the first one's entries.
+    path, c, p = make_pipeline(tmp_path, min_idle_ms=60_000, batch_cap=1000)
     client = valkey_client(c, p)
     result = produce(c, p, 3000, seed=41, malformed_ratio=0.02)
-    slow = cli_drain(path, p.name, {"DELTADRAIN_PAUSE_BEFORE_COMMIT_MS": "25000"})
-    fast = None
+    slow = cli_drain(path, p.name, {"DELTADRAIN_PAUSE_BEFORE_COMMIT_MS": "40000"})
     deadline = time.time() + 120
     while time.time() < deadline and pending(client, p) < 1000:  # the slow one has claimed its batch
         time.sleep(0.5)
@@ -213,10 +213,12 @@ def test_two_concurrent_drains_one_reports_the_neighbour(tmp_path, cfg, spark):
     slow_out, slow_err = slow.communicate(timeout=600)
     assert fast.returncode == 0, fast_err[-3000:]
     assert slow.returncode == 0, slow_err[-3000:]
-    a, b = summary_of(fast_out), summary_of(slow_out)
-    assert a["outcome"] == "committed" and a["batch"] == 1
-    assert b["outcome"] == "ahead" and b["acked"] == 0 and b["released"] == 1000 and b["written"] == 0
-    assert "another writer is ahead" in b["error"]
+    # Both read batch 0 and claimed different entries; whoever commits second finds the other ahead.
+    won, lost = sorted([summary_of(fast_out), summary_of(slow_out)], key=lambda x: x["outcome"] != "committed")
+    print("fast:", fast_out, "\nslow:", slow_out)
+    assert won["outcome"] == "committed" and won["batch"] == 1 and won["acked"] == 1000
+    assert lost["outcome"] == "ahead" and lost["acked"] == 0 and lost["released"] == 1000 and lost["written"] == 0
+    assert "another writer is ahead" in lost["error"]
     drain_until_done(c, p, spark, client)
     assert_exactly_once(spark, c, p, client, result.valid_ids, sum(result.kinds[k] for k in MALFORMED_KINDS))
 
@@ -246,10 +248,14 @@ def test_valkey_restart_between_claim_and_ack(tmp_path, cfg, spark, valkey_serve
     path, c, p = make_pipeline(tmp_path, min_idle_ms=0)
     client = valkey_client(c, p)
     result = produce(c, p, 2000, seed=61, malformed_ratio=0.05)
-    run = cli_drain(path, p.name, {"DELTADRAIN_PAUSE_AFTER_COMMIT_MS": "15000"})
-    deadline = time.time() + 180
-    while time.time() < deadline and read_checkpoint(spark, str(c.target_path(p)), p.name).batch < 1:
-        time.sleep(0.5)
+    run = cli_drain(path, p.name, {"DELTADRAIN_PAUSE_AFTER_COMMIT_MS": "20000"})
+    merge_commit = c.target_path(p) / "_delta_log" / f"{1:020d}.json"  # version 0 creates the table
+    deadline = time.time() + 240
+    while time.time() < deadline and not merge_commit.exists() and run.poll() is None:
+        time.sleep(0.2)
+    assert merge_commit.exists() and run.poll() is None, run.communicate()[1][-3000:]
+    assert read_checkpoint(spark, str(c.target_path(p)), p.name).batch == 1
+    assert pending(client, p) == 2000  # committed, not yet acknowledged
     valkey_server.down()  # committed, not yet acknowledged
     valkey_server.up()
     assert pending(client, p) == 2000  # the PEL survived the restart (AOF)
