@@ -13,7 +13,7 @@ from datetime import datetime
 
 from deltadrain import failpoints
 from deltadrain.checkpoint import find_commit
-from deltadrain.lake import is_conflict, snapshot_txn
+from deltadrain.lake import is_conflict, snapshot_txn, table_version
 from deltadrain.outcome import Outcome, decide
 
 TXN_APP = "spark.databricks.delta.write.txnAppId"
@@ -44,7 +44,7 @@ def commit_batch(spark, path: str, *, pipeline: str, expected_batch: int, run_id
     from delta.tables import DeltaTable
 
     target = expected_batch + 1
-    _, version_before = snapshot_txn(spark, path, pipeline)
+    version_before = table_version(spark, path)
     conflict = None
     spark.conf.set(TXN_APP, pipeline)
     spark.conf.set(TXN_VERSION, str(target))

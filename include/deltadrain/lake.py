@@ -47,6 +47,18 @@ def ensure_table(spark, path: str, schema, partition_by: list[str] = (), cluster
             raise
 
 
+def _snapshot(spark, path: str):
+    jvm = spark._jvm
+    log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
+    none = jvm.scala.Option.empty()
+    return log.update(False, none, none)
+
+
+def table_version(spark, path: str) -> int | None:
+    """The latest table version (cheap: no state reconstruction)."""
+    return int(_snapshot(spark, path).version()) if is_table(spark, path) else None
+
+
 def snapshot_txn(spark, path: str, app_id: str) -> tuple[int | None, int | None]:
     """(txn version of `app_id`, table version) from the latest snapshot.
 
@@ -54,10 +66,7 @@ def snapshot_txn(spark, path: str, app_id: str) -> tuple[int | None, int | None]
     """
     if not is_table(spark, path):
         return None, None
-    jvm = spark._jvm
-    log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
-    none = jvm.scala.Option.empty()
-    snapshot = log.update(False, none, none)
+    snapshot = _snapshot(spark, path)
     found = snapshot.transactions().get(app_id)
     return (int(found.get()) if found.isDefined() else None), int(snapshot.version())
 
