@@ -223,7 +223,7 @@ class ValkeyDrain:
         self.client = valkey_client(cfg, pipeline)
         self.ctx = claim_context(cfg, pipeline, self.consumer)
         self.summary = RunSummary(pipeline.name, self.run_id)
-        self.scratch = state_home() / "spark-checkpoints" / self.run_id
+        self.scratch = state_home() / "staging" / self.run_id  # claim staging of this run, removed at its end
 
     # -- steps ------------------------------------------------------------------------------------
 

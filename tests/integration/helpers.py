@@ -11,6 +11,7 @@ import uuid
 from pathlib import Path
 
 import yaml
+
 from deltadrain.config import load_config
 from deltadrain.drain import drain
 from deltadrain.reap import reap

@@ -66,6 +66,7 @@ def test_valkey_xadd_xreadgroup_xack_roundtrip_with_aof(valkey_server, cfg):
 
 def test_kafka_produce_consume_roundtrip_and_spark_batch_read(kafka_broker, cfg, spark):
     from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
     from deltadrain.connections import kafka_bootstrap, kafka_spark_options
     from deltadrain.produce import produce
 

@@ -8,13 +8,13 @@ from __future__ import annotations
 import time
 
 import pytest
+
 from deltadrain.checkpoint import read_checkpoint
 from deltadrain.connections import valkey_client
 from deltadrain.drain import drain
 from deltadrain.produce import MALFORMED_KINDS, generate, produce
 from deltadrain.reap import REAPER, reap
 from deltadrain.status import pipeline_status
-
 from tests.integration.helpers import (
     assert_exactly_once,
     cli_drain,

@@ -2,6 +2,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from deltadrain.config import load_config, parse_config
 from deltadrain.errors import ConfigError
 

@@ -1,4 +1,5 @@
 import pytest
+
 from deltadrain import jars
 from deltadrain.errors import ConfigError, PrerequisiteError
 from deltadrain.secrets import credentials

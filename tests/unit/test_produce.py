@@ -2,6 +2,7 @@ import json
 from collections import Counter
 
 import pytest
+
 from deltadrain.produce import MALFORMED_KINDS, generate, partition_for
 from deltadrain.transforms import POISON_MARKER
 

@@ -3,6 +3,7 @@
 import json
 
 import pytest
+
 from deltadrain.claim import TASK_QUOTA, allocate, plan
 from deltadrain.decode import decode
 from deltadrain.outcome import Outcome, decide

@@ -1,0 +1,26 @@
+import pytest
+
+from deltadrain.cli import COMMANDS, build_parser
+
+
+def test_every_subcommand_is_wired():
+    parser = build_parser()
+    for name in ("services", "produce", "drain", "status", "reap", "dlq", "bench", "jars", "demo"):
+        assert name in COMMANDS
+    args = parser.parse_args(["dlq", "list", "orders", "--error", "x", "--state", "all", "--json"])
+    assert (args.command, args.pipeline, args.error, args.state, args.json) == ("dlq", "orders", "x", "all", True)
+    args = parser.parse_args(["produce", "orders", "--count", "5", "--malformed-ratio", "0.5"])
+    assert (args.count, args.malformed_ratio, args.seed) == (5, 0.5, 0)
+
+
+def test_unknown_subcommand_is_refused():
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["explode"])
+
+
+def test_unknown_pipeline_is_a_config_error_with_exit_2(capsys):
+    from deltadrain.cli import main
+
+    assert main(["drain", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert "no pipeline named 'nope'" in err and "configured: orders, clicks" in err
