@@ -215,7 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="measure drain throughput against the raw limits (docs/benchmarks.md)")
     p.add_argument("--count", type=int, default=2_000_000)
     p.add_argument("--partitions", type=int, default=4)
-    p.add_argument("--batch", type=int, default=500_000, help="batch cap of the drain runs")
+    p.add_argument("--batch", type=int, default=200_000, help="batch cap of the drain runs")
     p.add_argument("--workdir", help="where the bench's tables go (default: a new temp dir)")
     p.add_argument("--output", help="also write the JSON report here")
 

@@ -5,6 +5,7 @@ Each test has a pipeline of its own (streams, group, tables), so they can share 
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -266,3 +267,29 @@ def test_valkey_restart_between_claim_and_ack(tmp_path, cfg, spark, valkey_serve
     assert pending(client, p) == 0
     drain_until_done(c, p, spark, client)
     assert_exactly_once(spark, c, p, client, result.valid_ids, sum(result.kinds[k] for k in MALFORMED_KINDS))
+
+
+def test_status_and_dlq_list_commands(tmp_path, cfg, spark, capsys):
+    from deltadrain.cli import main
+
+    path, c, p = make_pipeline(tmp_path)
+    result = produce(c, p, 400, seed=71, malformed_ratio=0.2)
+    drain(c, p, spark=spark)
+    bad = sum(result.kinds[k] for k in MALFORMED_KINDS)
+    assert main(["--config", str(path), "status", p.name, "--json"]) == 0
+    st = json.loads(capsys.readouterr().out)
+    assert (st["PENDING"], st["CLAIMED"], st["PUBLISHED"], st["DEAD"]) == (0, 0, len(result.valid_ids), bad)
+    assert st["checkpoint"]["batch"] == 1 and st["last_batch"]["dead_lettered"] == bad
+    assert main(["--config", str(path), "dlq", "list", p.name, "--json", "--limit", "1000"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert len(rows) == bad and all(r["state"] == "DEAD" and r["error"] for r in rows)
+    assert main(["--config", str(path), "dlq", "list", p.name, "--json", "--error", "not valid UTF-8"]) == 0
+    utf8 = json.loads(capsys.readouterr().out)
+    assert len(utf8) == result.kinds["invalid_utf8"] and {r["error_type"] for r in utf8} == {"invalid_utf8"}
+    assert main(["--config", str(path), "dlq", "list", p.name, "--json", "--since", "2999-01-01T00:00:00"]) == 0
+    assert json.loads(capsys.readouterr().out) == []
+    assert main(["--config", str(path), "dlq", "list", p.name, "--since", "yesterday"]) == 1
+    assert "ISO-8601" in capsys.readouterr().err
+    assert main(["--config", str(path), "status", p.name]) == 0
+    text = capsys.readouterr().out
+    assert f"PUBLISHED {len(result.valid_ids):>10}" in text and f"DEAD      {bad:>10}" in text
