@@ -50,3 +50,11 @@ def test_credentials_from_env_and_a_clear_error_when_unset(monkeypatch):
         credentials(password_env="NOT_SET_PW")
     with pytest.raises(ConfigError, match="AIRFLOW_CONN_NOPE"):
         credentials(connection_id="nope")
+
+
+def test_kafka_cluster_ids_never_look_like_options():
+    from deltadrain.services import kafka_cluster_id
+
+    ids = {kafka_cluster_id() for _ in range(2000)}
+    assert len(ids) == 2000 and not any(i.startswith("-") for i in ids)
+    assert all(len(i) == 22 for i in ids)

@@ -129,6 +129,15 @@ Configuration:
 """
 
 
+def kafka_cluster_id() -> str:
+    """A KRaft cluster id: a URL-safe base64 UUID that does not start with '-' (the storage tool
+    would read such an id as an option, one format in 64 would fail)."""
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id
+
+
 def kafka_service(cfg: DeltadrainConfig) -> Service:
     p = ports(cfg)
     home = services_home() / "kafka"
@@ -149,7 +158,7 @@ def kafka_service(cfg: DeltadrainConfig) -> Service:
         (home / "log4j2.yaml").write_text(KAFKA_LOG4J)
         if not (data / "meta.properties").exists():
             # Storage is formatted once; the cluster id stays with the data.
-            cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+            cluster_id = kafka_cluster_id()
             import subprocess
 
             done = subprocess.run(java_cmd("kafka.tools.StorageTool", "format", "-t", cluster_id,
