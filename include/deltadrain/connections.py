@@ -6,6 +6,11 @@ from deltadrain.config import DeltadrainConfig, KafkaSource, PipelineConfig, Val
 from deltadrain.secrets import credentials
 
 
+def as_text(value) -> str:
+    """Valkey replies come as bytes; names and ids are compared as text."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
 def valkey_url(cfg: DeltadrainConfig, source: ValkeySource) -> str:
     if source.url:
         return source.url

@@ -22,7 +22,7 @@ from deltadrain.checkpoint import META_COLUMNS, commit_metadata, read_checkpoint
 from deltadrain.claim import ClaimContext, allocate, claim_arrow, failure_field, plan
 from deltadrain.commit import commit_batch
 from deltadrain.config import DeltadrainConfig, PipelineConfig, ValkeySource
-from deltadrain.connections import valkey_client, valkey_url
+from deltadrain.connections import as_text, valkey_client, valkey_url
 from deltadrain.deadletter import DEAD, write_dead_letters
 from deltadrain.errors import DeltadrainError
 from deltadrain.lake import ensure_table
@@ -94,17 +94,13 @@ def backlog(client, source: ValkeySource) -> dict[str, int]:
     """Per stream: entries not yet delivered to the group (lag) plus entries pending in it."""
     out = {}
     for stream in source.streams:
-        info = next((g for g in client.xinfo_groups(stream) if _s(g["name"]) == source.group), None)
+        info = next((g for g in client.xinfo_groups(stream) if as_text(g["name"]) == source.group), None)
         if info is None:
             out[stream] = client.xlen(stream)
             continue
         lag = info.get("lag")
         out[stream] = (int(lag) if lag is not None else client.xlen(stream)) + int(info.get("pending", 0))
     return out
-
-
-def _s(v) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
 
 
 def claim_context(cfg: DeltadrainConfig, pipeline: PipelineConfig, consumer: str) -> ClaimContext:
@@ -425,7 +421,7 @@ class ValkeyDrain:
         try:
             for stream in self.pipeline.source.streams:
                 consumers = self.client.xinfo_consumers(stream, self.pipeline.source.group)
-                mine = next((c for c in consumers if _s(c["name"]) == self.consumer), None)
+                mine = next((c for c in consumers if as_text(c["name"]) == self.consumer), None)
                 if mine is not None and int(mine["pending"]) == 0:
                     self.client.xgroup_delconsumer(stream, self.pipeline.source.group, self.consumer)
         except Exception:

@@ -9,14 +9,10 @@ lose anything: its commit is compare-and-set on the batch sequence, and the MERG
 from __future__ import annotations
 
 from deltadrain.config import DeltadrainConfig, PipelineConfig, ValkeySource
-from deltadrain.connections import valkey_client
+from deltadrain.connections import as_text, valkey_client
 
 REAPER = "deltadrain-reaper"
 PAGE = 1_000
-
-
-def _s(v) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
 
 
 def stuck_claims(client, source: ValkeySource, min_idle_ms: int) -> dict[str, int]:
@@ -51,7 +47,7 @@ def reap(cfg: DeltadrainConfig, pipeline: PipelineConfig, client=None) -> dict:
             raise
         moved = 0
         for consumer in consumers:
-            name = _s(consumer["name"])
+            name = as_text(consumer["name"])
             if name == REAPER or int(consumer["pending"]) == 0:
                 continue
             while True:
@@ -59,14 +55,14 @@ def reap(cfg: DeltadrainConfig, pipeline: PipelineConfig, client=None) -> dict:
                                              consumername=name, idle=idle)
                 if not rows:
                     break
-                ids = [_s(r["message_id"]) for r in rows]
+                ids = [as_text(r["message_id"]) for r in rows]
                 claimed = client.xclaim(stream, source.group, REAPER, idle, ids, idle=max(idle, 1), justid=True)
                 moved += len(claimed)
                 if len(rows) < PAGE or not claimed:
                     break
         removed = []
         for consumer in client.xinfo_consumers(stream, source.group):
-            name = _s(consumer["name"])
+            name = as_text(consumer["name"])
             # Gone: nothing pending and not seen for min_idle_ms (a live drain reads more often).
             if int(consumer["pending"]) == 0 and int(consumer.get("idle", 0)) >= idle:
                 client.xgroup_delconsumer(stream, source.group, name)

@@ -4,13 +4,9 @@ from __future__ import annotations
 
 from deltadrain.checkpoint import read_checkpoint
 from deltadrain.config import DeltadrainConfig, PipelineConfig, ValkeySource
-from deltadrain.connections import valkey_client
+from deltadrain.connections import as_text, valkey_client
 from deltadrain.deadletter import DEAD, REPLAYED
 from deltadrain.lake import is_table, recent_commits
-
-
-def _s(v) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
 
 
 def valkey_counts(client, source: ValkeySource) -> dict:
@@ -22,7 +18,7 @@ def valkey_counts(client, source: ValkeySource) -> dict:
         if not client.exists(stream):
             partitions[stream] = {"length": 0, "pending": 0, "claimed": 0}
             continue
-        group = next((g for g in client.xinfo_groups(stream) if _s(g["name"]) == source.group), None)
+        group = next((g for g in client.xinfo_groups(stream) if as_text(g["name"]) == source.group), None)
         length = client.xlen(stream)
         lag = (int(group["lag"]) if group and group.get("lag") is not None else length) if group else length
         in_pel = int(group["pending"]) if group else 0
@@ -31,7 +27,7 @@ def valkey_counts(client, source: ValkeySource) -> dict:
         partitions[stream] = {"length": length, "pending": lag, "claimed": in_pel}
         if group and in_pel:
             for c in client.xinfo_consumers(stream, source.group):
-                entry = consumers.setdefault(_s(c["name"]), {"claimed": 0, "idle_ms": int(c["idle"])})
+                entry = consumers.setdefault(as_text(c["name"]), {"claimed": 0, "idle_ms": int(c["idle"])})
                 entry["claimed"] += int(c["pending"])
                 entry["idle_ms"] = min(entry["idle_ms"], int(c["idle"]))
             first = client.xpending_range(stream, source.group, min="-", max="+", count=1)
