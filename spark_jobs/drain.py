@@ -20,10 +20,11 @@ def main() -> int:
     args = parser.parse_args()
     from pyspark.sql import SparkSession
 
-    spark = SparkSession.builder.getOrCreate()  # configured by spark-submit with the cached jars
-    cfg = load_config(args.config)
     try:
-        summary = drain(cfg, cfg.pipeline(args.pipeline), spark=spark, run_id=args.run_id)
+        cfg = load_config(args.config)
+        pipeline = cfg.pipeline(args.pipeline)
+        spark = SparkSession.builder.getOrCreate()  # configured by spark-submit with the cached jars
+        summary = drain(cfg, pipeline, spark=spark, run_id=args.run_id)
     except DeltadrainError as exc:
         print(f"deltadrain: error: {exc}", file=sys.stderr)
         return 1

@@ -63,3 +63,17 @@ def get_spark(app_name: str = "deltadrain", master: str | None = None, extra: di
     for key, value in conf.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
+
+
+def spark_submit_command(script: str, args: list[str], master: str | None = None,
+                         extra: dict[str, str] | None = None) -> list[str]:
+    """The spark-submit command line for a deltadrain job, with the same conf as get_spark()
+    (the jar cache, Delta, the venv's Python). Airflow's SparkSubmitOperator passes the same conf."""
+    import pyspark
+
+    submit = Path(pyspark.__file__).parent / "bin" / "spark-submit"
+    cmd = [str(submit), "--master", master or os.environ.get("DELTADRAIN_SPARK_MASTER", "local[*]"),
+           "--name", f"deltadrain-{Path(script).stem}"]
+    for key, value in spark_conf(extra).items():
+        cmd += ["--conf", f"{key}={value}"]
+    return [*cmd, script, *args]

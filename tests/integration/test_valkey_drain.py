@@ -293,3 +293,30 @@ def test_status_and_dlq_list_commands(tmp_path, cfg, spark, capsys):
     assert main(["--config", str(path), "status", p.name]) == 0
     text = capsys.readouterr().out
     assert f"PUBLISHED {len(result.valid_ids):>10}" in text and f"DEAD      {bad:>10}" in text
+
+
+def test_the_spark_submit_entry_point_drains(tmp_path, cfg, spark):
+    """What the Airflow ingest DAG submits: spark_jobs/drain.py under spark-submit with the cached jars."""
+    import os
+    import subprocess
+
+    from deltadrain.paths import PROJECT_ROOT
+    from deltadrain.spark import spark_submit_command
+
+    path, c, p = make_pipeline(tmp_path)
+    client = valkey_client(c, p)
+    result = produce(c, p, 500, seed=81, malformed_ratio=0.1)
+    cmd = spark_submit_command(str(PROJECT_ROOT / "spark_jobs" / "drain.py"), [p.name, "--config", str(path)])
+    assert not any("--packages" in part or "spark.jars.packages" in part for part in cmd)
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ})
+    assert done.returncode == 0, done.stderr[-3000:]
+    s = summary_of(done.stdout)
+    assert s["outcome"] == "committed" and s["written"] == len(result.valid_ids)
+    assert_exactly_once(spark, c, p, client, result.valid_ids, sum(result.kinds[k] for k in MALFORMED_KINDS))
+    # A failing run exits non-zero with the drain's own error on stderr, not only an exit code.
+    bad = subprocess.run(spark_submit_command(str(PROJECT_ROOT / "spark_jobs" / "drain.py"),
+                                              ["nope", "--config", str(path)]),
+                         capture_output=True, text=True, timeout=600)
+    # spark-submit's PythonRunner merges the Python driver's stderr into its stdout.
+    assert bad.returncode != 0 and "deltadrain: error: " in bad.stdout + bad.stderr
+    assert "no pipeline named 'nope'" in bad.stdout + bad.stderr
