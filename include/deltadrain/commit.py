@@ -39,6 +39,11 @@ def merge_condition(id_field: str, window_start: datetime | None):
     return cond
 
 
+def _landed(spark, path: str, pipeline: str, batch: int, run_id: str) -> bool:
+    commit = find_commit(spark, path, pipeline, batch)
+    return commit is not None and (commit["meta"] or {}).get("run_id") == run_id
+
+
 def commit_batch(spark, path: str, *, pipeline: str, expected_batch: int, run_id: str, rows, id_field: str,
                  window_start: datetime | None, metadata: str) -> CommitResult:
     from delta.tables import DeltaTable
@@ -46,6 +51,7 @@ def commit_batch(spark, path: str, *, pipeline: str, expected_batch: int, run_id
     target = expected_batch + 1
     version_before = table_version(spark, path)
     conflict = None
+    lost_reply = False
     spark.conf.set(TXN_APP, pipeline)
     spark.conf.set(TXN_VERSION, str(target))
     spark.conf.set(USER_METADATA, metadata)
@@ -54,10 +60,14 @@ def commit_batch(spark, path: str, *, pipeline: str, expected_batch: int, run_id
         (DeltaTable.forPath(spark, path).alias("t")
          .merge(rows.alias("s"), merge_condition(id_field, window_start))
          .whenNotMatchedInsertAll().execute())
+        failpoints.fail("after_merge")  # tests: the commit landed but its reply was lost
     except Exception as exc:
-        if not is_conflict(exc):
+        if is_conflict(exc):
+            conflict = type(exc).__name__ + ": " + str(exc).splitlines()[0][:300]
+        elif _landed(spark, path, pipeline, target, run_id):
+            lost_reply = True  # the error came after the commit landed; the table decides below
+        else:
             raise
-        conflict = type(exc).__name__ + ": " + str(exc).splitlines()[0][:300]
     finally:
         for key in (TXN_APP, TXN_VERSION, USER_METADATA):
             spark.conf.unset(key)
@@ -69,7 +79,8 @@ def commit_batch(spark, path: str, *, pipeline: str, expected_batch: int, run_id
         observed, version = target, commit["version"]
     else:
         observed, version = snapshot_txn(spark, path, pipeline)
-    wrote_now = ours and (version_before is None or commit["version"] > version_before)
+    # "Already committed": the batch is ours, but this call did not see it land (its reply was lost).
+    wrote_now = ours and not lost_reply and (version_before is None or commit["version"] > version_before)
     outcome = decide(expected_batch, observed, ours, wrote_now)
     inserted = int(commit["metrics"].get("numTargetRowsInserted", 0)) if ours else 0
     return CommitResult(outcome, observed, version, inserted, conflict)

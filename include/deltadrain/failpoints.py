@@ -41,3 +41,12 @@ def pause(name: str) -> None:
     ms = int(os.environ.get(f"DELTADRAIN_PAUSE_{name.upper()}_MS", "0"))
     if ms:
         time.sleep(ms / 1000)
+
+
+class InjectedFailure(RuntimeError):
+    """Raised by `fail()`: a step that did its work but reported an error (a lost reply)."""
+
+
+def fail(name: str) -> None:
+    if armed(name):
+        raise InjectedFailure(f"failpoint {name}")

@@ -178,6 +178,18 @@ def test_checkpoint_survives_delta_log_checkpoint_and_cleanup(tmp_path, cfg, spa
     assert_exactly_once(spark, c, p, client, result.valid_ids + more.valid_ids, bad)
 
 
+
+def test_a_commit_whose_reply_is_lost_is_already_committed_and_acknowledged(tmp_path, cfg, spark, monkeypatch):
+    _, c, p = make_pipeline(tmp_path)
+    client = valkey_client(c, p)
+    result = produce(c, p, 300, seed=91, malformed_ratio=0.1)
+    monkeypatch.setenv("DELTADRAIN_FAILPOINT", "after_merge")  # MERGE lands, then the call raises
+    s = drain(c, p, spark=spark)
+    monkeypatch.delenv("DELTADRAIN_FAILPOINT")
+    assert s.outcome == "already_committed" and s.batch == 1 and s.acked == 300
+    assert s.written == len(result.valid_ids)
+    assert_exactly_once(spark, c, p, client, result.valid_ids, sum(result.kinds[k] for k in MALFORMED_KINDS))
+
 @pytest.mark.slow
 @pytest.mark.parametrize("point", ["after_claim", "during_merge", "after_commit", "during_ack"])
 def test_sigkill_at_each_step_boundary_loses_and_duplicates_nothing(point, tmp_path, cfg, spark):
