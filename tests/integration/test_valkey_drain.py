@@ -217,7 +217,7 @@ def test_two_concurrent_drains_one_reports_the_neighbour(tmp_path, cfg, spark):
     path, c, p = make_pipeline(tmp_path, min_idle_ms=60_000, batch_cap=1000)
     client = valkey_client(c, p)
     result = produce(c, p, 3000, seed=41, malformed_ratio=0.02)
-    slow = cli_drain(path, p.name, {"DELTADRAIN_PAUSE_BEFORE_COMMIT_MS": "40000"})
+    slow = cli_drain(path, p.name, {"DELTADRAIN_PAUSE_BEFORE_COMMIT_MS": "60000"})
     deadline = time.time() + 120
     while time.time() < deadline and pending(client, p) < 1000:  # the slow one has claimed its batch
         time.sleep(0.5)
@@ -241,7 +241,7 @@ def test_a_stale_run_whose_claims_were_taken_over_neither_duplicates_nor_loses(t
     path, c, p = make_pipeline(tmp_path, min_idle_ms=500, batch_cap=5000)
     client = valkey_client(c, p)
     result = produce(c, p, 2000, seed=51)
-    stale = cli_drain(path, p.name, {"DELTADRAIN_PAUSE_BEFORE_COMMIT_MS": "30000"})
+    stale = cli_drain(path, p.name, {"DELTADRAIN_PAUSE_BEFORE_COMMIT_MS": "60000"})
     deadline = time.time() + 120
     while time.time() < deadline and pending(client, p) < 2000:
         time.sleep(0.5)
