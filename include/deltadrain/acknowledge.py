@@ -36,7 +36,9 @@ def _ack_task(rows: Iterator, ctx: ClaimContext, driver_pid: int) -> Iterator[in
             if retried:
                 pipe.hdel(ctx.failures_key, *retried)
             done += pipe.execute()[0]
-            failpoints.hit("during_ack", driver_pid)
+            if failpoints.armed("during_ack"):  # the whole job dies here: driver, then this task
+                failpoints.hit("during_ack", driver_pid)
+                failpoints.hit("during_ack")
     client.close()
     yield done
 
