@@ -25,7 +25,7 @@ from deltadrain.config import DeltadrainConfig, PipelineConfig, ValkeySource
 from deltadrain.connections import as_text, valkey_client, valkey_url
 from deltadrain.deadletter import DEAD, write_dead_letters
 from deltadrain.errors import DeltadrainError
-from deltadrain.lake import ensure_table
+from deltadrain.lake import ensure_table, is_table
 from deltadrain.outcome import Outcome
 from deltadrain.paths import state_home
 from deltadrain.positions import merge_positions
@@ -341,7 +341,9 @@ class ValkeyDrain:
 
         bad = claimed.where(F.col("_dd_error_type").isNotNull() & (F.col("_dd_error_type") != "gap"))
         good = claimed.where(F.col("_dd_error_type").isNull())
-        ensure_table(self.spark, self.target, self._target_schema(good), p.target.partition_by, p.target.cluster_by)
+        if not is_table(self.spark, self.target):
+            ensure_table(self.spark, self.target, self._target_schema(good), p.target.partition_by,
+                         p.target.cluster_by)
 
         rows, offered = self._rows(good, batch)
         self._lap("transform")
