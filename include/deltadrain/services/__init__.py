@@ -12,6 +12,7 @@ import json
 import os
 import secrets
 import shutil
+import subprocess
 import sys
 import urllib.request
 import uuid
@@ -159,8 +160,6 @@ def kafka_service(cfg: DeltadrainConfig) -> Service:
         if not (data / "meta.properties").exists():
             # Storage is formatted once; the cluster id stays with the data.
             cluster_id = kafka_cluster_id()
-            import subprocess
-
             done = subprocess.run(java_cmd("kafka.tools.StorageTool", "format", "-t", cluster_id,
                                            "-c", str(props)), capture_output=True, text=True)
             if done.returncode != 0:
