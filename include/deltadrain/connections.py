@@ -42,15 +42,21 @@ def kafka_bootstrap(cfg: DeltadrainConfig, source: KafkaSource) -> str:
     return f"127.0.0.1:{ports(cfg).kafka}"
 
 
-def kafka_client_conf(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> dict[str, str]:
-    """librdkafka settings (confluent-kafka) for producers, admin and offset commits."""
+def _kafka_settings(cfg: DeltadrainConfig, pipeline: PipelineConfig):
+    """(bootstrap servers, security settings, SASL credentials or None), shared by both clients."""
     source = pipeline.source
     assert isinstance(source, KafkaSource)
     sec = source.security
-    conf = {"bootstrap.servers": kafka_bootstrap(cfg, source), "security.protocol": sec.protocol}
-    if sec.sasl_mechanism:
-        creds = credentials(connection_id=sec.connection_id, username_env=sec.username_env,
-                            password_env=sec.password_env)
+    creds = (credentials(connection_id=sec.connection_id, username_env=sec.username_env,
+                         password_env=sec.password_env) if sec.sasl_mechanism else None)
+    return kafka_bootstrap(cfg, source), sec, creds
+
+
+def kafka_client_conf(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> dict[str, str]:
+    """librdkafka settings (confluent-kafka) for producers, admin and offset commits."""
+    servers, sec, creds = _kafka_settings(cfg, pipeline)
+    conf = {"bootstrap.servers": servers, "security.protocol": sec.protocol}
+    if creds is not None:
         conf.update({"sasl.mechanism": sec.sasl_mechanism, "sasl.username": creds.username or "",
                      "sasl.password": creds.password or ""})
     if sec.ssl_ca_location:
@@ -60,13 +66,9 @@ def kafka_client_conf(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> dict[s
 
 def kafka_spark_options(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> dict[str, str]:
     """The same settings for Spark's Kafka source (Java client names, JAAS for SASL)."""
-    source = pipeline.source
-    assert isinstance(source, KafkaSource)
-    sec = source.security
-    opts = {"kafka.bootstrap.servers": kafka_bootstrap(cfg, source), "kafka.security.protocol": sec.protocol}
-    if sec.sasl_mechanism:
-        creds = credentials(connection_id=sec.connection_id, username_env=sec.username_env,
-                            password_env=sec.password_env)
+    servers, sec, creds = _kafka_settings(cfg, pipeline)
+    opts = {"kafka.bootstrap.servers": servers, "kafka.security.protocol": sec.protocol}
+    if creds is not None:
         module = ("org.apache.kafka.common.security.plain.PlainLoginModule" if sec.sasl_mechanism == "PLAIN"
                   else "org.apache.kafka.common.security.scram.ScramLoginModule")
         user = (creds.username or "").replace('"', '\\"')
@@ -74,5 +76,7 @@ def kafka_spark_options(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> dict
         opts["kafka.sasl.mechanism"] = sec.sasl_mechanism
         opts["kafka.sasl.jaas.config"] = f'{module} required username="{user}" password="{pw}";'
     if sec.ssl_ca_location:
+        # The Java client reads a PEM CA file as a truststore of type PEM (same file as librdkafka's).
+        opts["kafka.ssl.truststore.type"] = "PEM"
         opts["kafka.ssl.truststore.location"] = sec.ssl_ca_location
     return opts

@@ -58,3 +58,31 @@ def test_kafka_cluster_ids_never_look_like_options():
     ids = {kafka_cluster_id() for _ in range(2000)}
     assert len(ids) == 2000 and not any(i.startswith("-") for i in ids)
     assert all(len(i) == 22 for i in ids)
+
+
+def test_kafka_sasl_settings_reach_both_clients_from_the_environment(monkeypatch):
+    from pathlib import Path
+
+    import yaml
+
+    from deltadrain.config import parse_config
+    from deltadrain.connections import kafka_client_conf, kafka_spark_options
+
+    root = Path(__file__).resolve().parents[2]
+    data = yaml.safe_load((root / "config" / "pipelines.yaml").read_text())
+    data["pipelines"][1]["source"]["bootstrap_servers"] = "broker:9093"
+    data["pipelines"][1]["source"]["security"] = {
+        "protocol": "SASL_SSL", "sasl_mechanism": "SCRAM-SHA-512", "username_env": "K_USER",
+        "password_env": "K_PASS", "ssl_ca_location": "/etc/ca.pem"}
+    cfg = parse_config(data, Path("x.yaml"))
+    monkeypatch.setenv("K_USER", "alice")
+    monkeypatch.setenv("K_PASS", 'se"cret')
+    conf = kafka_client_conf(cfg, cfg.pipeline("clicks"))
+    assert conf == {"bootstrap.servers": "broker:9093", "security.protocol": "SASL_SSL",
+                    "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": "alice", "sasl.password": 'se"cret',
+                    "ssl.ca.location": "/etc/ca.pem"}
+    opts = kafka_spark_options(cfg, cfg.pipeline("clicks"))
+    assert opts["kafka.bootstrap.servers"] == "broker:9093" and opts["kafka.sasl.mechanism"] == "SCRAM-SHA-512"
+    assert opts["kafka.sasl.jaas.config"] == ('org.apache.kafka.common.security.scram.ScramLoginModule required '
+                                              'username="alice" password="se\\"cret";')
+    assert opts["kafka.ssl.truststore.type"] == "PEM" and opts["kafka.ssl.truststore.location"] == "/etc/ca.pem"
