@@ -11,6 +11,18 @@ def as_text(value) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def group_counts(client, stream: str, group: str) -> tuple[int, int]:
+    """(lag, pending) of `group` on `stream`: entries not yet delivered to it, and entries it holds.
+    Without the group (or a known lag) every entry of the stream counts as not yet delivered."""
+    if not client.exists(stream):
+        return 0, 0
+    info = next((g for g in client.xinfo_groups(stream) if as_text(g["name"]) == group), None)
+    if info is None:
+        return client.xlen(stream), 0
+    lag = info.get("lag")
+    return (int(lag) if lag is not None else client.xlen(stream)), int(info.get("pending", 0))
+
+
 def valkey_url(cfg: DeltadrainConfig, source: ValkeySource) -> str:
     if source.url:
         return source.url

@@ -22,7 +22,7 @@ from deltadrain.checkpoint import META_COLUMNS, commit_metadata, read_checkpoint
 from deltadrain.claim import ClaimContext, allocate, claim_arrow, failure_field, plan
 from deltadrain.commit import commit_batch
 from deltadrain.config import DeltadrainConfig, PipelineConfig, ValkeySource
-from deltadrain.connections import as_text, valkey_client, valkey_url
+from deltadrain.connections import as_text, group_counts, valkey_client, valkey_url
 from deltadrain.deadletter import DEAD, write_dead_letters
 from deltadrain.errors import DeltadrainError
 from deltadrain.lake import ensure_table, is_table
@@ -60,7 +60,7 @@ class RunSummary:
     error: str | None = None
 
     def line(self) -> str:
-        return json.dumps(asdict(self), sort_keys=False, default=str)
+        return json.dumps(asdict(self), default=str)
 
 
 def new_run_id() -> str:
@@ -92,15 +92,7 @@ def ensure_groups(client, source: ValkeySource) -> None:
 
 def backlog(client, source: ValkeySource) -> dict[str, int]:
     """Per stream: entries not yet delivered to the group (lag) plus entries pending in it."""
-    out = {}
-    for stream in source.streams:
-        info = next((g for g in client.xinfo_groups(stream) if as_text(g["name"]) == source.group), None)
-        if info is None:
-            out[stream] = client.xlen(stream)
-            continue
-        lag = info.get("lag")
-        out[stream] = (int(lag) if lag is not None else client.xlen(stream)) + int(info.get("pending", 0))
-    return out
+    return {stream: sum(group_counts(client, stream, source.group)) for stream in source.streams}
 
 
 def claim_context(cfg: DeltadrainConfig, pipeline: PipelineConfig, consumer: str) -> ClaimContext:
@@ -394,6 +386,8 @@ class ValkeyDrain:
                        f"{expected} this run started from: the table was restored or replaced; stop and check")
             raise DrainError(s.error)
         s.error = f"another writer is ahead (table at batch {result.observed_batch}); this run committed nothing"
+        if result.conflict:
+            s.error += f" ({result.conflict})"
 
     def _rows(self, good, batch: int):
         """(transformed rows, cached, and how many) or (None, error) when the transform fails."""

@@ -15,23 +15,6 @@ REAPER = "deltadrain-reaper"
 PAGE = 1_000
 
 
-def stuck_claims(client, source: ValkeySource, min_idle_ms: int) -> dict[str, int]:
-    """Per stream, how many pending entries are idle longer than min_idle_ms (what the sensor asks)."""
-    out = {}
-    for stream in source.streams:
-        if not client.exists(stream):
-            continue
-        try:
-            rows = client.xpending_range(stream, source.group, min="-", max="+", count=PAGE, idle=min_idle_ms)
-        except Exception as exc:
-            if "NOGROUP" in str(exc):
-                continue
-            raise
-        if rows:
-            out[stream] = len(rows)
-    return out
-
-
 def reap(cfg: DeltadrainConfig, pipeline: PipelineConfig, client=None) -> dict:
     source = pipeline.source
     assert isinstance(source, ValkeySource)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from deltadrain.checkpoint import read_checkpoint
 from deltadrain.config import DeltadrainConfig, PipelineConfig, ValkeySource
-from deltadrain.connections import as_text, valkey_client
+from deltadrain.connections import as_text, group_counts, valkey_client
 from deltadrain.deadletter import DEAD, REPLAYED
 from deltadrain.lake import is_table, recent_commits
 
@@ -15,17 +15,12 @@ def valkey_counts(client, source: ValkeySource) -> dict:
     oldest_idle = 0
     partitions = {}
     for stream in source.streams:
-        if not client.exists(stream):
-            partitions[stream] = {"length": 0, "pending": 0, "claimed": 0}
-            continue
-        group = next((g for g in client.xinfo_groups(stream) if as_text(g["name"]) == source.group), None)
+        lag, in_pel = group_counts(client, stream, source.group)
         length = client.xlen(stream)
-        lag = (int(group["lag"]) if group and group.get("lag") is not None else length) if group else length
-        in_pel = int(group["pending"]) if group else 0
         pending += lag
         claimed += in_pel
         partitions[stream] = {"length": length, "pending": lag, "claimed": in_pel}
-        if group and in_pel:
+        if in_pel:
             for c in client.xinfo_consumers(stream, source.group):
                 entry = consumers.setdefault(as_text(c["name"]), {"claimed": 0, "idle_ms": int(c["idle"])})
                 entry["claimed"] += int(c["pending"])

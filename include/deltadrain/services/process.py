@@ -37,11 +37,8 @@ def pid_alive(pid: int) -> bool:
         done, _ = os.waitpid(pid, os.WNOHANG)
         if done == pid:
             return False
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ", 1)[1][0] != "Z"
-    except (FileNotFoundError, IndexError):
-        return False
+    state = _state_of(pid)
+    return state is not None and state != "Z"
 
 
 def group_alive(pgid: int) -> bool:
