@@ -1,15 +1,14 @@
 """spark-submit entry point of one drain run (what the Airflow ingest DAG submits).
 
-Thin on purpose: everything is in deltadrain.drain. Prints the run summary as the last line of
-stdout (JSON) for the operator to read and push as XCom; exits non-zero on failure.
+Thin on purpose: the run is deltadrain.drain (or deltadrain.backfill when the Airflow run is a
+backfill of an interval). Prints `deltadrain-summary: {json}` on success and
+`deltadrain: error: ...` with a non-zero exit on failure (deltadrain.jobs).
 """
 
 import argparse
-import sys
+from datetime import datetime
 
-from deltadrain.config import load_config
-from deltadrain.drain import drain
-from deltadrain.errors import DeltadrainError
+from deltadrain.jobs import exit_with, run_job
 
 
 def main() -> int:
@@ -17,20 +16,25 @@ def main() -> int:
     parser.add_argument("pipeline")
     parser.add_argument("--config")
     parser.add_argument("--run-id")
+    parser.add_argument("--backfill-start", type=datetime.fromisoformat)
+    parser.add_argument("--backfill-end", type=datetime.fromisoformat)
     args = parser.parse_args()
-    from pyspark.sql import SparkSession
 
-    try:
+    def body(spark):
+        from deltadrain.config import load_config
+
         cfg = load_config(args.config)
         pipeline = cfg.pipeline(args.pipeline)
-        spark = SparkSession.builder.getOrCreate()  # configured by spark-submit with the cached jars
-        summary = drain(cfg, pipeline, spark=spark, run_id=args.run_id)
-    except DeltadrainError as exc:
-        print(f"deltadrain: error: {exc}", file=sys.stderr)
-        return 1
-    print(summary.line(), flush=True)
-    return 0
+        if args.backfill_start or args.backfill_end:
+            from deltadrain.backfill import backfill
+
+            return backfill(cfg, pipeline, spark, args.backfill_start, args.backfill_end, run_id=args.run_id)
+        from deltadrain.drain import drain
+
+        return drain(cfg, pipeline, spark=spark, run_id=args.run_id)
+
+    return run_job(body)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_with(main())

@@ -33,6 +33,15 @@ def pytest_configure(config):
     for name in ("VALKEY", "KAFKA", "KAFKA_CONTROLLER", "AIRFLOW"):
         os.environ[f"DELTADRAIN_{name}_PORT"] = str(free_port())
     os.environ.setdefault("DELTADRAIN_DRIVER_MEMORY", "1g")
+    # Airflow reads its settings when first imported: point it at this session's own home and DB
+    # (the same environment the embedded `airflow standalone` gets).
+    from deltadrain.config import load_config
+    from deltadrain.services import airflow_env
+
+    for key, value in airflow_env(load_config()).items():
+        # The DB stays the default under AIRFLOW_HOME, so that subprocesses with another home get theirs.
+        if key.startswith("AIRFLOW") and key != "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN" and key not in os.environ:
+            os.environ[key] = value
 
 
 @pytest.fixture(scope="session")
@@ -68,3 +77,15 @@ def spark():
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def airflow_db():
+    """A migrated metadata DB (SQLite under this session's home) for dag.test() runs."""
+    import subprocess
+    import sys
+
+    airflow = str(Path(sys.executable).parent / "airflow")
+    done = subprocess.run([airflow, "db", "migrate"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    yield os.environ["AIRFLOW_HOME"]

@@ -149,27 +149,37 @@ def run_claim(task: ClaimTask, ctx: ClaimContext) -> Iterator[tuple]:
 ARROW_ROWS = 8_192  # rows per Arrow record batch handed back to the JVM
 
 
+def arrow_batches(rows: Iterator[tuple], arrow_schema) -> Iterator:
+    """Rows -> Arrow record batches of ARROW_ROWS rows (what mapInArrow hands back to the JVM)."""
+    import pyarrow as pa
+
+    def flush(chunk):
+        cols = zip(*chunk, strict=True)
+        return pa.RecordBatch.from_arrays([pa.array(col, type=arrow_schema.field(i).type)
+                                           for i, col in enumerate(cols)], arrow_schema.names)
+
+    chunk: list[tuple] = []
+    for row in rows:
+        chunk.append(row)
+        if len(chunk) >= ARROW_ROWS:
+            yield flush(chunk)
+            chunk = []
+    if chunk:
+        yield flush(chunk)
+
+
 def claim_arrow(task_batches, ctx: ClaimContext, arrow_schema):
     """mapInArrow body: task rows in, claimed rows out as Arrow record batches.
 
     Arrow instead of pickled rows: the claim's output crosses from Python to the JVM column-wise,
     which is what keeps the drain near the raw XREADGROUP rate.
     """
-    import pyarrow as pa
+    def rows():
+        for batch in task_batches:
+            for task in batch.to_pylist():
+                yield from run_claim(ClaimTask(task["stream"], task["quota"], task["reclaim"]), ctx)
 
-    names = arrow_schema.names
-    rows: list[tuple] = []
-    for batch in task_batches:
-        for task in batch.to_pylist():
-            for row in run_claim(ClaimTask(task["stream"], task["quota"], task["reclaim"]), ctx):
-                rows.append(row)
-                if len(rows) >= ARROW_ROWS:
-                    yield pa.RecordBatch.from_arrays([pa.array(col, type=arrow_schema.field(i).type)
-                                                      for i, col in enumerate(zip(*rows, strict=True))], names)
-                    rows = []
-    if rows:
-        yield pa.RecordBatch.from_arrays([pa.array(col, type=arrow_schema.field(i).type)
-                                          for i, col in enumerate(zip(*rows, strict=True))], names)
+    return arrow_batches(rows(), arrow_schema)
 
 
 def _xautoclaim(client, stream: str, ctx: ClaimContext, cursor, count: int):

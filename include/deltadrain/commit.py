@@ -8,6 +8,7 @@ so its source time, and a business id repeated later is caught within `dedup_win
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -19,6 +20,7 @@ from deltadrain.outcome import Outcome, decide
 TXN_APP = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION = "spark.databricks.delta.write.txnVersion"
 USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
+CONFLICT_RETRIES = 4
 
 
 @dataclass
@@ -56,18 +58,29 @@ def commit_batch(spark, path: str, *, pipeline: str, expected_batch: int, run_id
     spark.conf.set(TXN_VERSION, str(target))
     spark.conf.set(USER_METADATA, metadata)
     try:
-        failpoints.hit_later("during_merge")
-        (DeltaTable.forPath(spark, path).alias("t")
-         .merge(rows.alias("s"), merge_condition(id_field, window_start))
-         .whenNotMatchedInsertAll().execute())
-        failpoints.fail("after_merge")  # tests: the commit landed but its reply was lost
-    except Exception as exc:
-        if is_conflict(exc):
-            conflict = type(exc).__name__ + ": " + str(exc).splitlines()[0][:300]
-        elif _landed(spark, path, pipeline, target, run_id):
-            lost_reply = True  # the error came after the commit landed; the table decides below
-        else:
-            raise
+        for attempt in range(CONFLICT_RETRIES + 1):
+            try:
+                failpoints.hit_later("during_merge")
+                (DeltaTable.forPath(spark, path).alias("t")
+                 .merge(rows.alias("s"), merge_condition(id_field, window_start))
+                 .whenNotMatchedInsertAll().execute())
+                failpoints.fail("after_merge")  # tests: the commit landed but its reply was lost
+                break
+            except Exception as exc:
+                if is_conflict(exc):
+                    conflict = type(exc).__name__ + ": " + str(exc).splitlines()[0][:300]
+                    # A writer that did not move this pipeline's batch (a backfill, a quarantine,
+                    # OPTIMIZE) only made us re-read: try again. A neighbour's batch is final.
+                    observed, _ = snapshot_txn(spark, path, pipeline)
+                    if (observed or 0) <= expected_batch and attempt < CONFLICT_RETRIES:
+                        conflict = None
+                        time.sleep(0.5 * (attempt + 1))
+                        continue
+                elif _landed(spark, path, pipeline, target, run_id):
+                    lost_reply = True  # the error came after the commit landed; the table decides below
+                else:
+                    raise
+                break
     finally:
         for key in (TXN_APP, TXN_VERSION, USER_METADATA):
             spark.conf.unset(key)

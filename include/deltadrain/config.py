@@ -8,7 +8,7 @@ secret is refused with a message that says where to put it instead.
 from __future__ import annotations
 
 import re
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -164,6 +164,25 @@ class QualityConfig(_Model):
     on_failure: Literal["fail", "warn", "quarantine"] = "fail"
 
 
+class AirflowSettings(_Model):
+    """How the pipeline's DAGs run in Airflow."""
+
+    # Intervals start here; backfills can heal any interval after it that the source still retains.
+    start_date: datetime = datetime(2026, 1, 1, tzinfo=UTC)
+    retries: int = Field(2, ge=0, le=20)
+    retry_delay: timedelta = timedelta(seconds=30)  # doubled on each retry (exponential backoff)
+    max_retry_delay: timedelta = timedelta(minutes=10)
+    execution_timeout: timedelta = timedelta(minutes=30)
+    # How long the sensor waits for work before the run is skipped, and how often it looks.
+    wait_timeout: timedelta = timedelta(minutes=4)
+    poll_interval: timedelta = timedelta(seconds=10)
+
+    @field_validator("start_date")
+    @classmethod
+    def _aware(cls, v):
+        return v if v.tzinfo else v.replace(tzinfo=UTC)
+
+
 class PipelineConfig(_Model):
     name: str
     source: Source
@@ -177,6 +196,7 @@ class PipelineConfig(_Model):
     max_message_bytes: int = Field(1_048_576, ge=64)
     quality: QualityConfig = QualityConfig()
     schedule: str | None = "*/5 * * * *"
+    airflow: AirflowSettings = AirflowSettings()
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 

@@ -48,7 +48,7 @@ def pipeline_status(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark) -> d
     if is_table(spark, target):
         for commit in recent_commits(spark, target, 20):
             meta = commit["meta"] or {}
-            if meta.get("pipeline") == pipeline.name:
+            if meta.get("pipeline") == pipeline.name and isinstance(meta.get("batch"), int):
                 out["last_batch"] = {"batch": meta.get("batch"), "run_id": meta.get("run_id"),
                                      "table_version": commit["version"], "at": commit["timestamp"],
                                      "written": int(commit["metrics"].get("numTargetRowsInserted", 0)),

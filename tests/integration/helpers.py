@@ -105,4 +105,8 @@ def cli_drain(config: Path, pipeline: str, env: dict | None = None, timeout: int
 
 
 def summary_of(stdout: str) -> dict:
-    return json.loads([line for line in stdout.splitlines() if line.startswith("{")][-1])
+    """The run summary: the CLI's JSON line, or the Spark jobs' `deltadrain-summary: {json}` line."""
+    from deltadrain.jobs import SUMMARY_PREFIX
+
+    lines = [line.removeprefix(SUMMARY_PREFIX) for line in stdout.splitlines()]
+    return json.loads([line for line in lines if line.startswith("{")][-1])

@@ -221,6 +221,9 @@ def airflow_env(cfg: DeltadrainConfig) -> dict[str, str]:
         "DELTADRAIN_HOME": str(state_home()),
         "DELTADRAIN_CONFIG": str(cfg.source_file or config_path()),
     }
+    if "AIRFLOW_CONN_SPARK_DEFAULT" not in os.environ:
+        # The ingest DAG's spark-submit runs locally unless the user points spark_default elsewhere.
+        env["AIRFLOW_CONN_SPARK_DEFAULT"] = json.dumps({"conn_type": "spark", "host": "local[*]"})
     if "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN" not in os.environ:
         env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = f"sqlite:///{home / 'airflow.db'}"
     return env
@@ -266,11 +269,27 @@ def select(names: list[str] | None) -> list[str]:
     return [n for n in ALL if n in chosen]
 
 
+def ensure_airflow_pools(cfg: DeltadrainConfig) -> None:
+    """One pool per pipeline (one slot: a pipeline's drains never run side by side), made idempotently."""
+    from deltadrain.orchestration.names import pool_name
+
+    pools = {pool_name(p.name): {"slots": 1, "description": f"deltadrain: drains of {p.name}",
+                                 "include_deferred": False} for p in cfg.pipelines}
+    spec = airflow_home() / "deltadrain_pools.json"
+    spec.write_text(json.dumps(pools, indent=2))
+    done = subprocess.run([str(Path(sys.executable).parent / "airflow"), "pools", "import", str(spec)],
+                          env={**os.environ, **airflow_env(cfg)}, capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        raise ServiceError(f"creating Airflow pools failed: {(done.stderr or done.stdout).strip()[-800:]}")
+
+
 def up(cfg: DeltadrainConfig, names: list[str] | None = None) -> list[dict]:
     out = []
     for name in select(names):
         svc = FACTORIES[name](cfg)
         out.append({"service": name, "result": svc.up(), **svc.status()})
+        if name == "airflow":
+            ensure_airflow_pools(cfg)
     return out
 
 

@@ -1,0 +1,193 @@
+"""Backfill: heal an interval of the target from the source's retained history.
+
+A backfill run re-reads what the source still holds for [start, end) and MERGEs it insert-only on
+the message id, like a drain, with three differences that keep the live pipeline untouched: it
+claims nothing (XRANGE, not XREADGROUP), acknowledges nothing, and commits without the pipeline's
+SetTransaction, so the live checkpoint does not move. Its rows carry no batch number. Running it
+twice, or beside a live drain, inserts each message id once.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+
+from deltadrain.config import DeltadrainConfig, PipelineConfig, ValkeySource
+from deltadrain.connections import valkey_client
+from deltadrain.deadletter import write_dead_letters
+from deltadrain.errors import DeltadrainError
+from deltadrain.lake import ensure_table, is_table, recent_commits, retry_conflicts
+from deltadrain.paths import state_home
+
+
+class BackfillError(DeltadrainError):
+    pass
+
+
+@dataclass
+class BackfillSummary:
+    pipeline: str
+    run_id: str
+    start: str
+    end: str
+    read: int = 0
+    written: int = 0
+    duplicates_skipped: int = 0
+    dead_lettered: int = 0
+    skipped_failing: list = field(default_factory=list)  # transform failures: left to the live drain
+    gaps: list = field(default_factory=list)
+    acked: int = 0  # always 0: a backfill never acknowledges
+    table_version: int | None = None
+    seconds: float = 0.0
+    mode: str = "backfill"
+
+    def line(self) -> str:
+        return json.dumps(asdict(self), default=str)
+
+
+def check_interval(start: datetime, end: datetime) -> tuple[datetime, datetime]:
+    if start.tzinfo is None or end.tzinfo is None:
+        raise BackfillError("backfill interval bounds must carry a time zone")
+    if not start < end:
+        raise BackfillError(f"backfill interval is empty or inverted: start {start} is not before end {end}")
+    return start.astimezone(UTC), end.astimezone(UTC)
+
+
+def prepare_rows(spark, pipeline: PipelineConfig, claimed, run_id: str, scratch):
+    """History rows -> (transformed good rows, bad rows, [(partition, position, error)] of rows the
+    transform fails on). Malformed rows are data (the DLQ); transform failures are left alone."""
+    from pyspark.sql import functions as F
+
+    from deltadrain.drain import find_culprits, short_error, target_rows, transformed
+
+    bad = claimed.where(F.col("_dd_error_type").isNotNull() & (F.col("_dd_error_type") != "gap"))
+    good = claimed.where(F.col("_dd_error_type").isNull())
+
+    def build(df):
+        return transformed(target_rows(df, pipeline, None, run_id), pipeline)
+
+    rows = build(good).cache()
+    try:
+        rows.count()
+        return rows, bad, []
+    except DeltadrainError:
+        raise
+    except Exception as exc:
+        rows.unpersist()
+        first_error = short_error(exc)
+    staged = str(scratch / "indexed")
+    spark.createDataFrame(good.rdd.zipWithIndex().map(lambda pair: (*pair[0], pair[1])),
+                          good.schema.add("_dd_idx", "long")).write.mode("overwrite").parquet(staged)
+    indexed = spark.read.parquet(staged)
+    found = find_culprits(indexed, indexed.count(),
+                          lambda part: build(part).write.format("noop").mode("overwrite").save())
+    if not found:
+        raise BackfillError(f"the transform fails on this range and no single message explains it: {first_error}")
+    culprits = spark.createDataFrame(found, "_dd_idx long, _dd_culprit_error string")
+    skipped = [(r._dd_partition, r._dd_position, r._dd_culprit_error) for r in
+               indexed.join(F.broadcast(culprits), "_dd_idx").select(
+                   "_dd_partition", "_dd_position", "_dd_culprit_error").collect()]
+    rest = indexed.join(F.broadcast(culprits), "_dd_idx", "left_anti").drop("_dd_idx")
+    rows = build(rest).cache()
+    rows.count()
+    return rows, bad, skipped
+
+
+def ensure_target(spark, cfg: DeltadrainConfig, pipeline: PipelineConfig, good_schema, run_id: str) -> str:
+    from deltadrain.drain import target_rows, transformed
+
+    target = str(cfg.target_path(pipeline))
+    if not is_table(spark, target):
+        empty = spark.createDataFrame([], good_schema)
+        schema = transformed(target_rows(empty, pipeline, 0, run_id), pipeline).schema
+        ensure_table(spark, target, schema, pipeline.target.partition_by, pipeline.target.cluster_by)
+    return target
+
+
+def merge_without_checkpoint(spark, target: str, rows, pipeline: PipelineConfig, metadata: dict, *,
+                             window_start: datetime | None, update_matched: list[str] | None = None) -> dict:
+    """MERGE on the message id with commit metadata but no SetTransaction: the live checkpoint
+    stays where it is. Insert-only, or (reprocess) updating the given columns of matched rows.
+    Idempotent, so a lost race is simply retried. Returns the commit's metrics."""
+    from delta.tables import DeltaTable
+
+    from deltadrain.commit import USER_METADATA, merge_condition
+    from deltadrain.drain import dedup_in_batch
+
+    id_field = pipeline.payload_schema.id_field
+    source = dedup_in_batch(rows, id_field)
+    text = json.dumps(metadata, sort_keys=True, default=str)
+
+    def merge():
+        spark.conf.set(USER_METADATA, text)
+        try:
+            builder = DeltaTable.forPath(spark, target).alias("t").merge(
+                source.alias("s"), merge_condition(id_field, window_start))
+            if update_matched:
+                builder = builder.whenMatchedUpdate(set={f"`{c}`": f"s.`{c}`" for c in update_matched})
+            else:
+                builder = builder.whenNotMatchedInsertAll()
+            builder.execute()
+        finally:
+            spark.conf.unset(USER_METADATA)
+
+    retry_conflicts(merge)
+    for commit in recent_commits(spark, target, 20):
+        if (commit["meta"] or {}).get("run_id") == metadata["run_id"]:
+            return {"version": commit["version"], **{k: int(v) for k, v in commit["metrics"].items()
+                                                     if str(v).isdigit()}}
+    return {}
+
+
+def backfill(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, start: datetime, end: datetime,
+             run_id: str | None = None) -> BackfillSummary:
+    from deltadrain.drain import claim_context, claim_schema, dead_letter_rows, new_run_id
+    from deltadrain.history import history_gaps, interval_range, read_history
+
+    start, end = check_interval(start, end)
+    run_id = run_id or new_run_id()
+    summary = BackfillSummary(pipeline.name, run_id, start.isoformat(), end.isoformat())
+    began = time.monotonic()
+    if not isinstance(pipeline.source, ValkeySource):
+        from deltadrain.kafka_history import kafka_interval_rows
+
+        read = lambda scratch: kafka_interval_rows(spark, cfg, pipeline, start, end, str(scratch))  # noqa: E731
+    else:
+        ranges = [interval_range(s, start, end) for s in pipeline.source.streams]
+        summary.gaps = history_gaps(valkey_client(cfg, pipeline), ranges)
+        ctx = claim_context(cfg, pipeline, consumer="backfill")
+
+        def read(scratch):
+            return read_history(spark, ranges, ctx, claim_schema(pipeline), str(scratch / "history")), []
+
+    scratch = state_home() / "staging" / run_id
+    try:
+        claimed, gaps = read(scratch)
+        summary.gaps += gaps
+        summary.read = claimed.count()
+        if summary.read:
+            rows, bad, skipped = prepare_rows(spark, pipeline, claimed, run_id, scratch)
+            summary.skipped_failing = [{"partition": p, "position": pos, "error": e} for p, pos, e in skipped]
+            summary.dead_lettered = bad.count()
+            if summary.dead_lettered:
+                # Batch-less DLQ rows: the DLQ MERGE on (partition, position) keeps them single.
+                write_dead_letters(spark, str(cfg.dlq_path(pipeline)),
+                                   dead_letter_rows(bad, pipeline.name, None, run_id))
+            target = ensure_target(spark, cfg, pipeline, claimed.schema, run_id)
+            offered = rows.count()
+            if offered:
+                meta = {"deltadrain": 1, "pipeline": pipeline.name, "kind": "backfill", "run_id": run_id,
+                        "interval": [start.isoformat(), end.isoformat()]}
+                metrics = merge_without_checkpoint(spark, target, rows, pipeline, meta,
+                                                   window_start=start - pipeline.dedup_window)
+                summary.written = metrics.get("numTargetRowsInserted", 0)
+                summary.table_version = metrics.get("version")
+                summary.duplicates_skipped = offered - summary.written
+            rows.unpersist()
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+        summary.seconds = round(time.monotonic() - began, 3)
+    return summary

@@ -1,0 +1,105 @@
+"""History: re-read what a source still retains, without claiming or acknowledging anything.
+
+Backfills (a time interval) and reprocess replays (published positions) read the source's
+retained history here. The rows have the claim's shape (deltadrain.claim), so decoding, the
+transform and the MERGE are the drain's own; only the group's state is never touched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
+
+from deltadrain.claim import ClaimContext, _client, _row, arrow_batches
+from deltadrain.connections import as_text
+from deltadrain.positions import StreamId
+
+READ_CHUNK = 5_000
+
+
+@dataclass(frozen=True)
+class StreamRange:
+    """Entries of `stream` with lo <= id <= hi (integer comparison), optionally only `ids`."""
+
+    stream: str
+    lo: str
+    hi: str
+    ids: tuple[str, ...] = ()
+
+
+def interval_range(stream: str, start: datetime, end: datetime) -> StreamRange:
+    """The stream ids of [start, end): a Valkey id's first half is its append time in ms."""
+    lo_ms = int(start.timestamp() * 1000)
+    hi_ms = int(end.timestamp() * 1000) - 1
+    return StreamRange(stream, f"{lo_ms}-0", f"{hi_ms}-{2**64 - 1}")
+
+
+def read_range(rng: StreamRange, ctx: ClaimContext) -> Iterator[tuple]:
+    """Executor side: decoded rows (claim shape) of the entries in `rng`, read with XRANGE."""
+    from deltadrain.produce import VALKEY_FIELD
+
+    client = _client(ctx)
+    wanted = set(rng.ids)
+    cursor = rng.lo
+    hi = StreamId.parse(rng.hi)
+    while True:
+        entries = client.xrange(rng.stream, min=cursor, max=rng.hi, count=READ_CHUNK)
+        for entry_id, fields in entries:
+            pos = as_text(entry_id)
+            if wanted and pos not in wanted:
+                continue
+            yield _row(ctx, rng.stream, pos, (fields or {}).get(VALKEY_FIELD), 1, False, None)
+        if len(entries) < READ_CHUNK:
+            break
+        last = StreamId.parse(entries[-1][0])
+        if last >= hi:
+            break
+        cursor = f"{last.ms}-{last.seq + 1}"  # exclusive start without the "(" syntax
+    client.close()
+
+
+def trimmed_before(client, stream: str) -> str | None:
+    """The highest id the stream deleted (MAXLEN, XDEL), if any: history up to it may be gone."""
+    try:
+        info = client.xinfo_stream(stream)
+    except Exception as exc:
+        if "no such key" in str(exc).lower():
+            return None
+        raise
+    deleted = as_text(info.get("max-deleted-entry-id") or "0-0")
+    return None if deleted == "0-0" else deleted
+
+
+def history_gaps(client, ranges: list[StreamRange]) -> list[dict]:
+    """Ranges whose start lies at or before a deleted entry: part of them may no longer be retained."""
+    gaps = []
+    for rng in ranges:
+        deleted = trimmed_before(client, rng.stream)
+        if deleted is not None and StreamId.parse(deleted) >= StreamId.parse(rng.lo):
+            upto = min(StreamId.parse(deleted), StreamId.parse(rng.hi))
+            gaps.append({"partition": rng.stream, "from": rng.lo, "to": str(upto),
+                         "reason": "entries in this range were deleted from the stream (MAXLEN or XDEL)"})
+    return gaps
+
+
+def read_history(spark, ranges: list[StreamRange], ctx: ClaimContext, schema, staged: str):
+    """The rows of `ranges`, read by one Spark task per range and staged to Parquet at `staged`."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    arrow_schema = to_arrow_schema(schema)
+
+    def body(batches):
+        def rows():
+            for batch in batches:
+                for task in batch.to_pylist():
+                    yield from read_range(StreamRange(task["stream"], task["lo"], task["hi"],
+                                                      tuple(task["ids"] or ())), ctx)
+
+        return arrow_batches(rows(), arrow_schema)
+
+    tasks = [(r.stream, r.lo, r.hi, list(r.ids)) for r in ranges]
+    task_df = spark.createDataFrame(spark.sparkContext.parallelize(tasks, max(1, len(tasks))),
+                                    "stream string, lo string, hi string, ids array<string>")
+    task_df.mapInArrow(body, schema).write.mode("overwrite").parquet(staged)
+    return spark.read.parquet(staged)

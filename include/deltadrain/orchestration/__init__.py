@@ -1,0 +1,5 @@
+"""Airflow glue: triggers, sensors, operators and the DAG factory.
+
+The only part of deltadrain that imports Airflow. The triggerer imports the triggers from here
+(it does not load DAG files), and dags/ only calls the factory.
+"""

@@ -1,0 +1,150 @@
+"""The DAG factory: the pipeline config in, deltadrain's DAGs out.
+
+- deltadrain__<pipeline>__ingest: wait for work (deferred) -> drain (spark-submit) [-> quality]
+- deltadrain__reaper:            stuck claims? -> reap each pipeline that has some
+- deltadrain__replay:            manual, validated Params -> replay (spark-submit)
+
+Parsing reads the config file and nothing else: no source, Spark or Delta is touched until a task runs.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from airflow.sdk import DAG, Asset, CronDataIntervalTimetable, Param, task
+
+from deltadrain.config import DeltadrainConfig, PipelineConfig, load_config
+from deltadrain.orchestration.names import REAPER_DAG, REPLAY_DAG, ingest_dag_id, pool_name
+from deltadrain.orchestration.operators import DrainOperator, ReplayOperator
+from deltadrain.orchestration.sensors import SourceWorkSensor, StuckClaimsSensor
+from deltadrain.replay import MAX_LIMIT
+
+
+def target_asset(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> Asset:
+    return Asset(name=f"deltadrain.{pipeline.name}", uri=cfg.target_path(pipeline).as_uri())
+
+
+def _config_arg(cfg: DeltadrainConfig) -> str | None:
+    return str(cfg.source_file) if cfg.source_file else None
+
+
+def ingest_dag(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> DAG:
+    af = pipeline.airflow
+    # An interval timetable: every run has a data interval, which is what a backfill run re-reads.
+    schedule = CronDataIntervalTimetable(pipeline.schedule, timezone="UTC") if pipeline.schedule else None
+    doc = (f"Drains **{pipeline.name}** ({pipeline.source.kind}) into `{cfg.target_path(pipeline)}` "
+           f"exactly once; dead letters in `{cfg.dlq_path(pipeline)}`.\n\n"
+           "- a scheduled or manual run waits for new messages or stuck claims, then drains one batch;\n"
+           "- a backfill run (`airflow backfill create`, or Backfill in the UI) re-reads the source's retained "
+           "history of its interval and MERGEs it: missing rows appear, present rows are not duplicated, "
+           "the live checkpoint does not move and nothing is acknowledged.")
+    with DAG(
+        dag_id=ingest_dag_id(pipeline.name),
+        schedule=schedule,
+        start_date=af.start_date,
+        catchup=False,
+        max_active_runs=1,
+        tags=["deltadrain", pipeline.source.kind],
+        doc_md=doc,
+        default_args={
+            "retries": af.retries, "retry_delay": af.retry_delay, "retry_exponential_backoff": 2.0,
+            "max_retry_delay": af.max_retry_delay, "execution_timeout": af.execution_timeout,
+            "pool": pool_name(pipeline.name),
+        },
+    ) as dag:
+        wait = SourceWorkSensor(
+            task_id="wait_for_work", pipeline=pipeline.name, config=_config_arg(cfg),
+            poll_seconds=af.poll_interval.total_seconds(), timeout=af.wait_timeout.total_seconds(),
+            poke_interval=af.poll_interval.total_seconds(), soft_fail=True, retries=0,
+            # Deferred sensors hold no worker slot; the pool is for the drain.
+            pool="default_pool")
+        drain = DrainOperator(task_id="drain", pipeline=pipeline.name, config=_config_arg(cfg),
+                              outlets=[target_asset(cfg, pipeline)])
+        wait >> drain
+    return dag
+
+
+@task(task_id="reap", map_index_template="{{ pipeline }}")
+def reap_pipeline(pipeline: str, config: str | None = None) -> dict:
+    """Take over one pipeline's stuck claims and remove its dead consumers."""
+    from deltadrain.config import load_config as load
+    from deltadrain.reap import reap
+
+    cfg = load(config)
+    report = reap(cfg, cfg.pipeline(pipeline))
+    print(f"deltadrain: reaped {pipeline}: {report}")
+    return report
+
+
+def reaper_dag(cfg: DeltadrainConfig) -> DAG:
+    with DAG(dag_id=REAPER_DAG, schedule="*/5 * * * *", start_date=min(p.airflow.start_date for p in cfg.pipelines),
+             catchup=False, max_active_runs=1, tags=["deltadrain"],
+             doc_md="Every 5 minutes: finds claims held longer than `min_idle_ms` by drains that are gone, "
+                    "moves them to the reaper so that the next drain takes them at once, and removes "
+                    "consumers with nothing pending.",
+             default_args={"retries": 1, "retry_delay": timedelta(seconds=30),
+                           "execution_timeout": timedelta(minutes=10)}) as dag:
+        stuck = StuckClaimsSensor(task_id="find_stuck_claims", config=_config_arg(cfg), mode="poke",
+                                  poke_interval=15, timeout=60, soft_fail=True)
+        reap_pipeline.partial(config=_config_arg(cfg)).expand(pipeline=stuck.output)
+    return dag
+
+
+def replay_params(cfg: DeltadrainConfig) -> dict[str, Param]:
+    names = [p.name for p in cfg.pipelines]
+    position = r"^[0-9]+(-[0-9]+)?$"
+    return {
+        "pipeline": Param(names[0], type="string", enum=names, title="Pipeline"),
+        "mode": Param("dlq", type="string", enum=["dlq", "reprocess"], title="Mode",
+                      description="dlq: send DEAD entries back to the source. reprocess: re-read PUBLISHED "
+                                  "messages from the source's retained history through the current transform."),
+        "message_ids": Param([], type="array", items={"type": "string"}, title="Message ids",
+                             description="only these message ids (empty: no filter)"),
+        "error_contains": Param(None, type=["null", "string"], title="Error contains",
+                                description="dlq mode: only entries whose error contains this text"),
+        "since": Param(None, type=["null", "string"], format="date-time", title="Since",
+                       description="dlq: last failure at or after; reprocess: appended at or after"),
+        "until": Param(None, type=["null", "string"], format="date-time", title="Until",
+                       description="before this time; must be after 'since'"),
+        "partition": Param(None, type=["null", "string"], title="Partition",
+                           description="a stream key (orders:{0}) or topic-partition (clicks-3)"),
+        "position_from": Param(None, type=["null", "string"], pattern=position, title="Position from",
+                               description="stream id (ms-seq) or Kafka offset, inclusive"),
+        "position_to": Param(None, type=["null", "string"], pattern=position, title="Position to",
+                             description="stream id (ms-seq) or Kafka offset, inclusive"),
+        "limit": Param(1000, type="integer", minimum=1, maximum=MAX_LIMIT, title="Limit"),
+        "dry_run": Param(True, type="boolean", title="Dry run",
+                         description="only show what would be replayed"),
+    }
+
+
+@task(task_id="validate")
+def validate_request(config: str | None = None, **context) -> dict:
+    """The form's values, checked together (ranges, pipeline); the replay job gets exactly these."""
+    from deltadrain.config import load_config as load
+    from deltadrain.replay import parse_request
+
+    request = parse_request(load(config), dict(context["params"]))
+    return request.model_dump(mode="json")
+
+
+def replay_dag(cfg: DeltadrainConfig) -> DAG:
+    with DAG(dag_id=REPLAY_DAG, schedule=None, start_date=min(p.airflow.start_date for p in cfg.pipelines),
+             catchup=False, tags=["deltadrain"], params=replay_params(cfg),
+             doc_md="Manual replay. `dlq` re-enqueues DEAD entries to their source partition and marks them "
+                    "REPLAYED with this run's id; `reprocess` re-reads PUBLISHED messages from the source's "
+                    "retained history and updates their rows through the current transform. Replaying the "
+                    "same entries twice never duplicates a row. Start with dry_run to see what would go.",
+             default_args={"retries": 0, "execution_timeout": timedelta(minutes=60)}) as dag:
+        validated = validate_request(config=_config_arg(cfg))
+        replay = ReplayOperator(task_id="replay", request_task="validate", config=_config_arg(cfg))
+        validated >> replay
+    return dag
+
+
+def build_dags(cfg: DeltadrainConfig | None = None) -> dict[str, DAG]:
+    cfg = cfg or load_config()
+    dags = {ingest_dag_id(p.name): ingest_dag(cfg, p) for p in cfg.pipelines}
+    dags[REAPER_DAG] = reaper_dag(cfg)
+    dags[REPLAY_DAG] = replay_dag(cfg)
+    return dags

@@ -1,0 +1,12 @@
+"""Names of deltadrain's Airflow objects, importable without Airflow (CLI, services, demo, tests)."""
+
+REAPER_DAG = "deltadrain__reaper"
+REPLAY_DAG = "deltadrain__replay"
+
+
+def ingest_dag_id(pipeline: str) -> str:
+    return f"deltadrain__{pipeline}__ingest"
+
+
+def pool_name(pipeline: str) -> str:
+    return f"deltadrain_{pipeline}"

@@ -1,0 +1,154 @@
+"""Operators: deltadrain's Spark jobs submitted with the Spark provider's SparkSubmitOperator.
+
+The jobs print one `deltadrain-summary: {json}` line when they succeed and one
+`deltadrain: error: ...` line when they fail. The operator reads both from spark-submit's output:
+the summary becomes the task's XCom (and a readable block in its log), and a failure carries the
+job's own error instead of only "exit code 1".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+
+from deltadrain.jobs import ERROR_PREFIX, SUMMARY_PREFIX
+from deltadrain.paths import PROJECT_ROOT
+
+SPARK_JOBS = PROJECT_ROOT / "spark_jobs"
+DEFAULT_MASTER = "local[*]"
+
+
+class DeltadrainJobFailed(Exception):
+    """A deltadrain Spark job exited with an error; the message is the job's own."""
+
+
+def deltadrain_run_id(context) -> str:
+    """A run id that names the Airflow run and try, safe in Valkey consumer names and file paths."""
+    ti = context["ti"]
+    raw = f"af-{ti.dag_id}-{ti.run_id}-try{ti.try_number}"
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", raw)[:120]
+
+
+class DeltadrainSparkOperator(SparkSubmitOperator):
+    """Submits spark_jobs/<job>.py with deltadrain's Spark conf (Delta and the Kafka source from the
+    jar cache, the environment's Python) on the `spark_default` connection's master.
+
+    Subclasses say which arguments the job gets (`job_args`). Everything that touches the disk (the
+    jar cache, the config) happens in execute(), never when the DAG file is parsed.
+    """
+
+    ui_color = "#d7ecff"
+    job = "drain"
+
+    def __init__(self, *, pipeline: str | None = None, config: str | None = None,
+                 conn_id: str = "spark_default", **kwargs):
+        super().__init__(application=str(SPARK_JOBS / f"{self.job}.py"), conn_id=conn_id,
+                         name=f"deltadrain-{self.job}-{pipeline or 'all'}", **kwargs)
+        self.pipeline, self.config = pipeline, config
+        self._summary: dict | None = None
+        self._error: str | None = None
+        self._tail: list[str] = []
+
+    # -- what the job gets ------------------------------------------------------------------------
+
+    def job_args(self, context) -> list[str]:
+        args = [self.pipeline] if self.pipeline else []
+        if self.config:
+            args += ["--config", self.config]
+        return [*args, "--run-id", deltadrain_run_id(context)]
+
+    # -- submit -----------------------------------------------------------------------------------
+
+    def _get_hook(self):
+        hook = super()._get_hook()
+        if not _connection_exists(self._conn_id):
+            # No spark_default: run where the worker is (the provider would fall back to YARN).
+            self.log.info("deltadrain: connection %r is not defined; using master %s", self._conn_id, DEFAULT_MASTER)
+            hook._connection["master"] = DEFAULT_MASTER
+        process_log = hook._process_spark_submit_log
+        hook._process_spark_submit_log = lambda lines: process_log(self._watch(lines))
+        return hook
+
+    def _watch(self, lines) -> Iterator[str]:
+        for line in lines:
+            text = line.strip()
+            if text.startswith(SUMMARY_PREFIX):
+                self._summary = json.loads(text[len(SUMMARY_PREFIX):])
+            elif text.startswith(ERROR_PREFIX):
+                self._error = text[len(ERROR_PREFIX):]
+            self._tail = (self._tail + [text])[-20:]
+            yield line
+
+    def execute(self, context) -> Any:
+        from deltadrain.spark import spark_conf
+
+        self.application_args = self.job_args(context)
+        self.conf = {**spark_conf(), **(self.conf or {})}
+        bindir = str(Path(sys.executable).parent)
+        # The environment's spark-submit and python come first, whatever PATH the worker has.
+        self.env_vars = {**(self.env_vars or {}), "PATH": bindir + os.pathsep + os.environ.get("PATH", "")}
+        try:
+            super().execute(context)
+        except Exception as exc:
+            if self._error:
+                raise DeltadrainJobFailed(f"deltadrain {self.job} of '{self.pipeline}' failed: {self._error}") from exc
+            raise
+        if self._summary is None:
+            raise DeltadrainJobFailed(f"deltadrain {self.job} of '{self.pipeline}' printed no summary; "
+                                      f"last lines: {' | '.join(self._tail[-5:])}")
+        if self._summary.get("error") and self._summary.get("outcome") not in (None, "ahead"):
+            raise DeltadrainJobFailed(f"deltadrain {self.job} of '{self.pipeline}': {self._summary['error']}")
+        self.log.info("deltadrain %s summary:\n%s", self.job, json.dumps(self._summary, indent=2, default=str))
+        return self._summary
+
+
+class DrainOperator(DeltadrainSparkOperator):
+    """One drain run; in a backfill DAG run, a backfill of the run's data interval instead."""
+
+    job = "drain"
+
+    def job_args(self, context) -> list[str]:
+        from deltadrain.orchestration.sensors import is_backfill
+
+        args = super().job_args(context)
+        start, end = context.get("data_interval_start"), context.get("data_interval_end")
+        if is_backfill(context):
+            if start is None or end is None or start >= end:
+                raise DeltadrainJobFailed("a backfill run needs a data interval; the ingest DAG's interval "
+                                          "timetable gives one to every scheduled or backfilled run")
+            args += ["--backfill-start", start.isoformat(), "--backfill-end", end.isoformat()]
+        return args
+
+
+class ReplayOperator(DeltadrainSparkOperator):
+    """The replay job with the validated request of the upstream task (a JSON argument, never a shell string)."""
+
+    job = "replay"
+
+    def __init__(self, *, request_task: str, **kwargs):
+        super().__init__(**kwargs)
+        self.request_task = request_task
+
+    def job_args(self, context) -> list[str]:
+        request = context["ti"].xcom_pull(task_ids=self.request_task)
+        args = ["--request", json.dumps(request)]
+        if self.config:
+            args += ["--config", self.config]
+        return [*args, "--run-id", deltadrain_run_id(context)]
+
+
+def _connection_exists(conn_id: str) -> bool:
+    from airflow.sdk import BaseHook
+
+    try:
+        BaseHook.get_connection(conn_id)
+    except Exception:
+        return False
+    return True

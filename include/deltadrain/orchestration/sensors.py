@@ -1,0 +1,83 @@
+"""Sensors of the deltadrain DAGs."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from airflow.sdk import BaseSensorOperator, PokeReturnValue
+
+BACKFILL = "backfill"
+
+
+def is_backfill(context) -> bool:
+    run = context.get("dag_run")
+    return run is not None and str(getattr(run, "run_type", "")) in (BACKFILL, "DagRunType.BACKFILL_JOB")
+
+
+class SourceWorkSensor(BaseSensorOperator):
+    """Waits (deferred) until the pipeline's source has new messages or reclaimable claims.
+
+    A backfill run re-reads history instead of waiting for new data, so it passes at once.
+    """
+
+    template_fields = ("pipeline",)
+
+    def __init__(self, *, pipeline: str, config: str | None = None, poll_seconds: float = 10.0,
+                 deferrable: bool = True, **kwargs):
+        super().__init__(**kwargs)
+        self.pipeline, self.config, self.poll_seconds = pipeline, config, poll_seconds
+        self.deferrable = deferrable
+
+    def _probe(self) -> dict:
+        from deltadrain.config import load_config
+        from deltadrain.probe import probe
+
+        cfg = load_config(self.config)
+        return probe(cfg, cfg.pipeline(self.pipeline)).as_dict()
+
+    def poke(self, context) -> PokeReturnValue:
+        if is_backfill(context):
+            return PokeReturnValue(True, {"status": BACKFILL})
+        found = self._probe()
+        self.log.info("deltadrain: %s: %s new, %s reclaimable", self.pipeline, found["new"], found["reclaimable"])
+        return PokeReturnValue(found["has_work"], {"status": "work", "probe": found})
+
+    def execute(self, context) -> Any:
+        if not self.deferrable:
+            return super().execute(context)
+        first = self.poke(context)
+        if first:
+            return first.xcom_value
+        from deltadrain.orchestration.triggers import SourceWorkTrigger
+
+        self.defer(trigger=SourceWorkTrigger(self.pipeline, self.config, self.poll_seconds),
+                   method_name="execute_complete", timeout=timedelta(seconds=self.timeout))
+
+    def execute_complete(self, context, event: dict | None = None) -> Any:
+        self.log.info("deltadrain: %s: work found: %s", self.pipeline, (event or {}).get("probe"))
+        return event
+
+
+class StuckClaimsSensor(BaseSensorOperator):
+    """Done when some Valkey pipeline holds claims older than its min_idle_ms (or consumers that are gone);
+    returns those pipelines' names."""
+
+    def __init__(self, *, config: str | None = None, **kwargs):
+        super().__init__(**kwargs)
+        self.config = config
+
+    def poke(self, context) -> PokeReturnValue:
+        from deltadrain.config import ValkeySource, load_config
+        from deltadrain.probe import probe_valkey
+
+        cfg = load_config(self.config)
+        stuck = []
+        for pipeline in cfg.pipelines:
+            if isinstance(pipeline.source, ValkeySource):
+                found = probe_valkey(cfg, pipeline)
+                if found.reclaimable or found.idle_consumers:
+                    self.log.info("deltadrain: %s holds %s stuck claims, %s idle consumers", pipeline.name,
+                                  found.reclaimable, found.idle_consumers)
+                    stuck.append(pipeline.name)
+        return PokeReturnValue(bool(stuck), stuck)

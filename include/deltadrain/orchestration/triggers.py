@@ -1,0 +1,44 @@
+"""Deferrable triggers: wait for work at a source in the triggerer, not in a worker slot."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+
+class SourceWorkTrigger(BaseTrigger):
+    """Fires once the pipeline's source has new messages or claims old enough to reclaim.
+
+    The probe is a few cheap blocking reads (Valkey XINFO/XPENDING, Kafka watermarks); it runs in a
+    thread so the triggerer's event loop keeps serving its other triggers.
+    """
+
+    def __init__(self, pipeline: str, config: str | None = None, poll_seconds: float = 10.0):
+        super().__init__()
+        self.pipeline, self.config, self.poll_seconds = pipeline, config, poll_seconds
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (f"{type(self).__module__}.{type(self).__qualname__}",
+                {"pipeline": self.pipeline, "config": self.config, "poll_seconds": self.poll_seconds})
+
+    def _probe(self) -> dict:
+        from deltadrain.config import load_config
+        from deltadrain.probe import probe
+
+        cfg = load_config(self.config)
+        return probe(cfg, cfg.pipeline(self.pipeline)).as_dict()
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        while True:
+            try:
+                found = await asyncio.to_thread(self._probe)
+            except Exception as exc:  # a source that is down is waited for, not a failed run
+                self.log.warning("deltadrain: probing %s failed (%s); retrying", self.pipeline, exc)
+            else:
+                if found["has_work"]:
+                    yield TriggerEvent({"status": "work", "probe": found})
+                    return
+            await asyncio.sleep(self.poll_seconds)

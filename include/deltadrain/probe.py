@@ -1,0 +1,103 @@
+"""Probe: is there work at a source? Cheap reads only (no Spark, no claims), for sensors and triggers.
+
+- new: messages appended and not yet taken (Valkey group lag; Kafka end offsets beyond the group's
+  committed offsets, which never lead the lake checkpoint, so this errs towards running a drain);
+- reclaimable: Valkey entries pending longer than min_idle_ms (a dead drain's claims).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from deltadrain.config import DeltadrainConfig, PipelineConfig, ValkeySource
+from deltadrain.connections import group_counts, valkey_client
+
+
+@dataclass
+class Probe:
+    pipeline: str
+    new: int = 0
+    reclaimable: int = 0
+    idle_consumers: int = 0  # consumers with nothing pending, unseen for min_idle_ms: the reaper removes them
+    partitions: dict = field(default_factory=dict)
+
+    @property
+    def has_work(self) -> bool:
+        return self.new > 0 or self.reclaimable > 0
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "has_work": self.has_work}
+
+
+def stuck_entries(client, stream: str, group: str, min_idle_ms: int, limit: int = 1_000) -> int:
+    """Entries of `group` pending longer than min_idle_ms (up to `limit`; enough to decide)."""
+    try:
+        return len(client.xpending_range(stream, group, min="-", max="+", count=limit, idle=min_idle_ms))
+    except Exception as exc:
+        if "NOGROUP" in str(exc):
+            return 0
+        raise
+
+
+def idle_consumers(client, stream: str, group: str, min_idle_ms: int) -> int:
+    from deltadrain.connections import as_text
+
+    try:
+        consumers = client.xinfo_consumers(stream, group)
+    except Exception as exc:
+        if "NOGROUP" in str(exc) or "no such key" in str(exc).lower():
+            return 0
+        raise
+    return sum(1 for c in consumers if int(c["pending"]) == 0 and int(c.get("idle", 0)) >= min_idle_ms
+               and as_text(c["name"]) != "deltadrain-reaper")
+
+
+def probe_valkey(cfg: DeltadrainConfig, pipeline: PipelineConfig, client=None) -> Probe:
+    source: ValkeySource = pipeline.source
+    client = client or valkey_client(cfg, pipeline)
+    out = Probe(pipeline.name)
+    try:
+        for stream in source.streams:
+            lag, in_pel = group_counts(client, stream, source.group)
+            stuck = stuck_entries(client, stream, source.group, pipeline.min_idle_ms) if in_pel else 0
+            out.new += lag
+            out.reclaimable += stuck
+            out.idle_consumers += idle_consumers(client, stream, source.group, pipeline.min_idle_ms)
+            out.partitions[stream] = {"new": lag, "claimed": in_pel, "reclaimable": stuck}
+    finally:
+        client.close()
+    return out
+
+
+def probe_kafka(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> Probe:
+    from confluent_kafka import Consumer, TopicPartition
+
+    from deltadrain.connections import kafka_client_conf
+
+    source = pipeline.source
+    out = Probe(pipeline.name)
+    consumer = Consumer({**kafka_client_conf(cfg, pipeline), "group.id": source.group,
+                         "enable.auto.commit": False})
+    try:
+        meta = consumer.list_topics(source.topic, timeout=10)
+        topic = meta.topics.get(source.topic)
+        if topic is None or topic.error is not None:
+            return out
+        parts = [TopicPartition(source.topic, p) for p in sorted(topic.partitions)]
+        committed = {tp.partition: tp.offset for tp in consumer.committed(parts, timeout=10)}
+        for tp in parts:
+            low, high = consumer.get_watermark_offsets(tp, timeout=10)
+            done = committed.get(tp.partition, -1)
+            start = done if done >= 0 else (low if source.starting_offsets == "earliest" else high)
+            new = max(0, high - max(start, low))
+            out.new += new
+            out.partitions[f"{source.topic}-{tp.partition}"] = {"new": new, "end": high}
+    finally:
+        consumer.close()
+    return out
+
+
+def probe(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> Probe:
+    if isinstance(pipeline.source, ValkeySource):
+        return probe_valkey(cfg, pipeline)
+    return probe_kafka(cfg, pipeline)

@@ -1,0 +1,331 @@
+"""Replay: send dead letters back to the source (DEAD -> PENDING), or re-run published messages
+through the current transform (PUBLISHED -> PENDING -> PUBLISHED).
+
+Every filter is a typed value validated here and bound as a Column literal, never spliced into
+SQL or a shell string. Replaying the same entries twice never duplicates a row:
+- `dlq`: the original bytes are appended to their source partition first, and the DLQ rows are
+  marked REPLAYED (with the run id) after; a crash in between only re-appends, and the drain's
+  MERGE on the message id absorbs the copy;
+- `reprocess`: the retained history of the selected positions is re-read and MERGEd onto the
+  existing rows by message id (an update, never an insert of a second row).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from deltadrain.config import DeltadrainConfig, KafkaSource, PipelineConfig, ValkeySource
+from deltadrain.deadletter import DEAD, REPLAYED
+from deltadrain.errors import DeltadrainError
+from deltadrain.lake import is_table, retry_conflicts
+from deltadrain.paths import state_home
+from deltadrain.positions import StreamId
+
+MAX_LIMIT = 100_000  # entries are handled on the driver; bigger replays run in several goes
+PREVIEW = 20
+
+
+class ReplayError(DeltadrainError):
+    pass
+
+
+class ReplayRequest(BaseModel):
+    """What the replay DAG's trigger form, the CLI and the view send. Validated before anything runs."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    pipeline: str
+    mode: Literal["dlq", "reprocess"] = "dlq"
+    message_ids: list[str] = []
+    error_contains: str | None = None
+    since: datetime | None = None  # dlq: last failure time; reprocess: source (append) time
+    until: datetime | None = None
+    partition: str | None = None
+    position_from: str | None = None
+    position_to: str | None = None
+    limit: int = Field(1000, ge=1, le=MAX_LIMIT)
+    dry_run: bool = True
+
+    @field_validator("error_contains", "partition", "position_from", "position_to", mode="before")
+    @classmethod
+    def _blank_is_none(cls, v):
+        return None if isinstance(v, str) and not v.strip() else v
+
+    @field_validator("since", "until", mode="before")
+    @classmethod
+    def _blank_time(cls, v):
+        return None if isinstance(v, str) and not v.strip() else v
+
+    @field_validator("since", "until")
+    @classmethod
+    def _utc(cls, v):
+        return v if v is None or v.tzinfo else v.replace(tzinfo=UTC)
+
+    @field_validator("position_from", "position_to")
+    @classmethod
+    def _position(cls, v):
+        if v is not None:
+            StreamId.parse(v)  # a Kafka offset "42" parses as (42, 0), and compares the same way
+        return v
+
+    @model_validator(mode="after")
+    def _ranges(self):
+        if self.since and self.until and not self.since < self.until:
+            raise ValueError(f"time range is inverted or empty: since {self.since.isoformat()} is not before "
+                             f"until {self.until.isoformat()}")
+        if (self.position_from and self.position_to
+                and StreamId.parse(self.position_from) > StreamId.parse(self.position_to)):
+            raise ValueError(f"position range is inverted: {self.position_from} > {self.position_to}")
+        if self.mode == "reprocess" and self.error_contains:
+            raise ValueError("error_contains filters dead letters; it does not apply to mode 'reprocess'")
+        return self
+
+
+def parse_request(cfg: DeltadrainConfig, params: dict) -> ReplayRequest:
+    """Params (from a trigger form or JSON) -> a request, with one readable error listing every problem."""
+    try:
+        request = ReplayRequest.model_validate(params)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(x) for x in e['loc']) or 'params'}: "
+                             f"{e['msg'].removeprefix('Value error, ')}" for e in exc.errors())
+        raise ReplayError(f"invalid replay parameters: {problems}") from None
+    names = [p.name for p in cfg.pipelines]
+    if request.pipeline not in names:
+        raise ReplayError(f"invalid replay parameters: pipeline '{request.pipeline}' is not configured "
+                          f"(configured: {', '.join(names)})")
+    return request
+
+
+@dataclass
+class ReplayResult:
+    pipeline: str
+    run_id: str
+    mode: str
+    dry_run: bool
+    selected: int = 0
+    replayed: int = 0
+    skipped: list = field(default_factory=list)  # [{partition, position, reason}]
+    preview: list = field(default_factory=list)
+    written: int = 0  # reprocess: rows updated
+    seconds: float = 0.0
+
+    def line(self) -> str:
+        return json.dumps(asdict(self), default=str)
+
+
+def _position_filter(df, hi: str, lo: str, request: ReplayRequest):
+    from pyspark.sql import functions as F
+
+    pos = F.struct(F.col(hi), F.col(lo))
+    if request.position_from:
+        p = StreamId.parse(request.position_from)
+        df = df.where(pos >= F.struct(F.lit(p.ms).cast("long"), F.lit(p.seq).cast("long")))
+    if request.position_to:
+        p = StreamId.parse(request.position_to)
+        df = df.where(pos <= F.struct(F.lit(p.ms).cast("long"), F.lit(p.seq).cast("long")))
+    return df
+
+
+def select_dead_letters(spark, path: str, request: ReplayRequest):
+    """DEAD entries matching the request, oldest position first, at most `limit`."""
+    from pyspark.sql import functions as F
+
+    df = spark.read.format("delta").load(path).where(
+        (F.col("pipeline") == F.lit(request.pipeline)) & (F.col("state") == F.lit(DEAD)))
+    if request.message_ids:
+        df = df.where(F.col("message_id").isin([F.lit(m) for m in request.message_ids]))
+    if request.error_contains:
+        df = df.where(F.col("error").contains(F.lit(request.error_contains)))
+    if request.since:
+        df = df.where(F.col("last_failure_at") >= F.lit(request.since))
+    if request.until:
+        df = df.where(F.col("last_failure_at") < F.lit(request.until))
+    if request.partition:
+        df = df.where(F.col("partition") == F.lit(request.partition))
+    df = _position_filter(df, "pos_hi", "pos_lo", request)
+    return df.orderBy("partition", "pos_hi", "pos_lo").limit(request.limit)
+
+
+def _enqueue_valkey(cfg, pipeline, entries) -> None:
+    from deltadrain.connections import valkey_client
+    from deltadrain.produce import VALKEY_FIELD
+
+    client = valkey_client(cfg, pipeline)
+    pipe = client.pipeline(transaction=False)
+    for e in entries:
+        pipe.xadd(e["partition"], {VALKEY_FIELD: e["original"], b"replay_of": e["position"].encode()})
+    pipe.execute()
+
+
+def _enqueue_kafka(cfg, pipeline, entries) -> None:
+    from confluent_kafka import Producer
+
+    from deltadrain.connections import kafka_client_conf
+
+    source: KafkaSource = pipeline.source
+    producer = Producer({**kafka_client_conf(cfg, pipeline), "enable.idempotence": True, "acks": "all"})
+    failures: list[str] = []
+
+    def done(err, _msg):
+        if err is not None:
+            failures.append(str(err))
+
+    for e in entries:
+        topic, _, part = e["partition"].rpartition("-")
+        kwargs = {"partition": int(part)} if part.isdigit() and topic == source.topic else {}
+        # Keep the message's identity where the pipeline reads it from (key or header).
+        key = e["message_id"] if source.id_from == "key" else None
+        headers = [(source.id_header, e["message_id"].encode())] if (
+            source.id_from == "header" and e["message_id"]) else None
+        headers = (headers or []) + [("deltadrain-replay-of", f"{e['partition']}@{e['position']}".encode())]
+        producer.produce(source.topic, value=e["original"], key=key, headers=headers, on_delivery=done, **kwargs)
+        producer.poll(0)
+    if producer.flush(60) or failures:
+        raise ReplayError(f"Kafka did not take every replayed message: {failures[:3] or 'flush timed out'}")
+
+
+def mark_replayed(spark, path: str, pipeline: str, keys: list[tuple[str, str]], run_id: str) -> None:
+    from delta.tables import DeltaTable
+    from pyspark.sql import functions as F
+
+    done = spark.createDataFrame(keys, "partition string, position string").withColumn(
+        "pipeline", F.lit(pipeline))
+
+    def merge():
+        (DeltaTable.forPath(spark, path).alias("d")
+         .merge(done.alias("s"), "d.pipeline = s.pipeline AND d.partition = s.partition AND d.position = s.position")
+         .whenMatchedUpdate(condition=F.col("d.state") == F.lit(DEAD),
+                            set={"state": F.lit(REPLAYED), "replayed_at": F.current_timestamp(),
+                                 "replay_run_id": F.lit(run_id)})
+         .execute())
+
+    retry_conflicts(merge)
+
+
+def replay_dead_letters(cfg, pipeline: PipelineConfig, spark, request: ReplayRequest, result: ReplayResult):
+    path = str(cfg.dlq_path(pipeline))
+    if not is_table(spark, path):
+        return
+    rows = [r.asDict() for r in select_dead_letters(spark, path, request).collect()]
+    result.selected = len(rows)
+    result.preview = [{"partition": r["partition"], "position": r["position"], "message_id": r["message_id"],
+                       "error": (r["error"] or "")[:200]} for r in rows[:PREVIEW]]
+    entries = []
+    for r in rows:
+        if r["original"] is None:
+            result.skipped.append({"partition": r["partition"], "position": r["position"],
+                                   "reason": "no original bytes (the source deleted the entry before it was read)"})
+        else:
+            entries.append({**r, "original": bytes(r["original"])})
+    if request.dry_run or not entries:
+        return
+    # Source first, DLQ state after: a crash in between re-sends on the next replay (the MERGE on the
+    # message id absorbs it) instead of marking entries REPLAYED that never went back.
+    if isinstance(pipeline.source, ValkeySource):
+        _enqueue_valkey(cfg, pipeline, entries)
+    else:
+        _enqueue_kafka(cfg, pipeline, entries)
+    mark_replayed(spark, path, pipeline.name, [(e["partition"], e["position"]) for e in entries], result.run_id)
+    result.replayed = len(entries)
+
+
+def select_published(spark, path: str, pipeline: PipelineConfig, request: ReplayRequest):
+    from pyspark.sql import functions as F
+
+    df = spark.read.format("delta").load(path)
+    id_col = F.col(f"`{pipeline.payload_schema.id_field}`")
+    if request.message_ids:
+        df = df.where(id_col.isin([F.lit(m) for m in request.message_ids]))
+    if request.since:
+        df = df.where(F.col("_dd_source_ts") >= F.lit(request.since))
+    if request.until:
+        df = df.where(F.col("_dd_source_ts") < F.lit(request.until))
+    if request.partition:
+        df = df.where(F.col("_dd_partition") == F.lit(request.partition))
+    df = _position_filter(df, "_dd_pos_hi", "_dd_pos_lo", request)
+    return (df.select(id_col.alias("message_id"), "_dd_partition", "_dd_position", "_dd_pos_hi", "_dd_pos_lo")
+            .orderBy("_dd_partition", "_dd_pos_hi", "_dd_pos_lo").limit(request.limit))
+
+
+def reprocess(cfg, pipeline: PipelineConfig, spark, request: ReplayRequest, result: ReplayResult) -> None:
+    """Re-read the selected published messages from the source's retained history and update their
+    rows through the current transform. Messages the source no longer holds are reported."""
+    from deltadrain.backfill import merge_without_checkpoint, prepare_rows
+    from deltadrain.checkpoint import META_COLUMNS
+
+    target = str(cfg.target_path(pipeline))
+    if not is_table(spark, target):
+        return
+    picked = [r.asDict() for r in select_published(spark, target, pipeline, request).collect()]
+    result.selected = len(picked)
+    result.preview = [{"partition": r["_dd_partition"], "position": r["_dd_position"],
+                       "message_id": r["message_id"]} for r in picked[:PREVIEW]]
+    if request.dry_run or not picked:
+        return
+    scratch = state_home() / "staging" / result.run_id
+    try:
+        history = read_published_history(spark, cfg, pipeline, picked, scratch)
+        found = {(r._dd_partition, r._dd_position) for r in history.select("_dd_partition", "_dd_position").collect()}
+        result.skipped += [{"partition": r["_dd_partition"], "position": r["_dd_position"],
+                            "reason": "no longer retained by the source"}
+                           for r in picked if (r["_dd_partition"], r["_dd_position"]) not in found]
+        rows, bad, failing = prepare_rows(spark, pipeline, history, result.run_id, scratch)
+        result.skipped += [{"partition": r._dd_partition, "position": r._dd_position,
+                            "reason": f"does not decode any more: {r._dd_error}"}
+                           for r in bad.select("_dd_partition", "_dd_position", "_dd_error").collect()]
+        result.skipped += [{"partition": p, "position": pos, "reason": f"transform failed: {e}"}
+                           for p, pos, e in failing]
+        # Everything but the batch number: the row stays part of the batch that first published it.
+        keep = {"_dd_batch"}
+        columns = [c for c in rows.columns if c not in keep]
+        assert all(name in rows.columns for name, _ in META_COLUMNS)
+        meta = {"deltadrain": 1, "pipeline": pipeline.name, "kind": "reprocess", "run_id": result.run_id}
+        metrics = merge_without_checkpoint(spark, target, rows, pipeline, meta, window_start=None,
+                                           update_matched=columns)
+        result.written = metrics.get("numTargetRowsUpdated", 0)
+        result.replayed = result.written
+        rows.unpersist()
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def read_published_history(spark, cfg, pipeline: PipelineConfig, picked: list[dict], scratch):
+    from deltadrain.drain import claim_context, claim_schema
+
+    if isinstance(pipeline.source, ValkeySource):
+        from deltadrain.history import StreamRange, read_history
+
+        by_stream: dict[str, list[str]] = {}
+        for r in picked:
+            by_stream.setdefault(r["_dd_partition"], []).append(r["_dd_position"])
+        ranges = [StreamRange(s, str(min(map(StreamId.parse, ids))), str(max(map(StreamId.parse, ids))), tuple(ids))
+                  for s, ids in sorted(by_stream.items())]
+        ctx = claim_context(cfg, pipeline, "replay")
+        return read_history(spark, ranges, ctx, claim_schema(pipeline), str(scratch / "history"))
+    from deltadrain.kafka_history import kafka_offset_rows
+
+    return kafka_offset_rows(spark, cfg, pipeline, [(r["_dd_partition"], int(r["_dd_position"])) for r in picked],
+                             str(scratch / "history"))
+
+
+def replay(cfg: DeltadrainConfig, spark, request: ReplayRequest, run_id: str | None = None) -> ReplayResult:
+    from deltadrain.drain import new_run_id
+
+    pipeline = cfg.pipeline(request.pipeline)
+    result = ReplayResult(pipeline.name, run_id or new_run_id(), request.mode, request.dry_run)
+    began = time.monotonic()
+    try:
+        if request.mode == "dlq":
+            replay_dead_letters(cfg, pipeline, spark, request, result)
+        else:
+            reprocess(cfg, pipeline, spark, request, result)
+    finally:
+        result.seconds = round(time.monotonic() - began, 3)
+    return result

@@ -1,0 +1,187 @@
+"""The Airflow DAGs: they parse cleanly without touching anything, and dag.test() runs of ingest,
+reaper and replay against the real embedded Valkey, spark-submit and Delta do what they say,
+judged by reading the tables back."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import warnings
+
+import pytest
+import yaml
+
+from deltadrain.connections import valkey_client
+from deltadrain.orchestration.names import REAPER_DAG, REPLAY_DAG, ingest_dag_id, pool_name
+from deltadrain.produce import MALFORMED_KINDS, produce
+from tests.integration.helpers import ROOT, assert_exactly_once, dlq_rows, make_pipeline, pending, target_ids
+
+DAGS = ROOT / "dags"
+
+
+def dagbag():
+    from airflow.dag_processing.dagbag import DagBag
+
+    return DagBag(dag_folder=str(DAGS))
+
+
+def test_dags_parse_without_errors_warnings_or_io(monkeypatch, airflow_db):
+    def no_network(*args, **kwargs):
+        raise AssertionError(f"a DAG file opened a connection at parse time: {args}")
+
+    monkeypatch.setattr(socket.socket, "connect", no_network)
+    monkeypatch.setattr(socket.socket, "connect_ex", no_network)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        bag = dagbag()
+    assert bag.import_errors == {}
+    ours = [w for w in caught if "deltadrain" in str(w.filename) or "dags" in str(w.filename)]
+    assert ours == [], [str(w.message) for w in ours]
+    assert not getattr(bag, "captured_warnings", {}), bag.captured_warnings
+
+    from deltadrain.config import load_config
+
+    cfg = load_config()
+    expected = {ingest_dag_id(p.name) for p in cfg.pipelines} | {REAPER_DAG, REPLAY_DAG}
+    assert set(bag.dag_ids) == expected
+    for p in cfg.pipelines:
+        dag = bag.get_dag(ingest_dag_id(p.name))
+        assert dag.max_active_runs == 1 and not dag.catchup
+        assert type(dag.timetable).__name__ == "CronDataIntervalTimetable"  # backfills get real intervals
+        drain = dag.get_task("drain")
+        assert drain.pool == pool_name(p.name) and drain.retries == p.airflow.retries
+        assert drain.retry_exponential_backoff and drain.execution_timeout == p.airflow.execution_timeout
+        assert [o.name for o in drain.outlets] == [f"deltadrain.{p.name}"]
+        sensor = dag.get_task("wait_for_work")
+        assert sensor.deferrable and sensor.soft_fail
+    replay = bag.get_dag(REPLAY_DAG)
+    assert type(replay.timetable).__name__ == "NullTimetable"  # manual only
+    assert replay.params.get_param("pipeline").schema["enum"] == [p.name for p in cfg.pipelines]
+    assert replay.params.get_param("limit").schema["minimum"] == 1
+
+
+@pytest.fixture
+def pipeline_dags(tmp_path, monkeypatch, airflow_db, valkey_server):
+    """A pipeline of its own, with the DAG files parsed against its config."""
+    def make(**overrides):
+        path, c, p = make_pipeline(tmp_path, **overrides)
+        monkeypatch.setenv("DELTADRAIN_CONFIG", str(path))
+        return path, c, p
+
+    return make
+
+
+def run_dag(dag_id: str, run_conf: dict | None = None) -> dict:
+    """dag.test() in a subprocess (see tests/integration/dagrun.py): {run_id, state, states, xcoms}."""
+    args = [sys.executable, "-m", "tests.integration.dagrun", dag_id] + ([json.dumps(run_conf)] if run_conf else [])
+    done = subprocess.run(args, capture_output=True, text=True, timeout=900, cwd=ROOT, env={**os.environ})
+    lines = [line for line in done.stdout.splitlines() if line.startswith("DAGRUN-RESULT ")]
+    assert lines, f"dag.test of {dag_id} printed no result:\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
+    result = json.loads(lines[-1].removeprefix("DAGRUN-RESULT "))
+    result["log"] = done.stdout + done.stderr
+    return result
+
+
+@pytest.mark.slow
+def test_ingest_dag_drains_through_spark_submit(pipeline_dags, spark):
+    path, c, p = pipeline_dags()
+    client = valkey_client(c, p)
+    result = produce(c, p, 400, seed=91, malformed_ratio=0.1)
+    run = run_dag(ingest_dag_id(p.name))
+    assert run["states"] == {"wait_for_work": "success", "drain": "success"}, run["log"][-3000:]
+    summary = run["xcoms"]["drain"]
+    assert summary["outcome"] == "committed" and summary["written"] == len(result.valid_ids)
+    assert "deltadrain drain summary:" in run["log"]  # the summary is shown in the task log too
+    assert_exactly_once(spark, c, p, client, result.valid_ids, sum(result.kinds[k] for k in MALFORMED_KINDS))
+    # Nothing new: the sensor waits (deferred) and the run is skipped, not failed.
+    data = yaml.safe_load(path.read_text())
+    data["pipelines"][0]["airflow"] = {"wait_timeout": "PT3S", "poll_interval": "PT1S"}
+    path.write_text(yaml.safe_dump(data))
+    run = run_dag(ingest_dag_id(p.name))
+    assert run["states"] == {"wait_for_work": "skipped", "drain": "skipped"}, run["log"][-3000:]
+
+
+@pytest.mark.slow
+def test_ingest_dag_failure_carries_the_drains_own_error(pipeline_dags, spark):
+    path, c, p = pipeline_dags(transform="deltadrain.transforms.no_such_transform")
+    data = yaml.safe_load(path.read_text())
+    data["pipelines"][0]["airflow"] = {"retries": 0}
+    path.write_text(yaml.safe_dump(data))
+    produce(c, p, 10, seed=92)
+    run = run_dag(ingest_dag_id(p.name))
+    assert run["states"]["drain"] == "failed"
+    assert "DeltadrainJobFailed" in run["log"]
+    assert "transform 'deltadrain.transforms.no_such_transform' cannot be imported" in run["log"]
+    assert "drain" not in run["xcoms"]
+
+
+@pytest.mark.slow
+def test_reaper_dag_takes_over_stuck_claims_and_removes_dead_consumers(pipeline_dags, spark):
+    from deltadrain.drain import ensure_groups
+
+    path, c, p = pipeline_dags(min_idle_ms=0)
+    client = valkey_client(c, p)
+    produce(c, p, 40, seed=93)
+    ensure_groups(client, p.source)
+    stream = p.source.streams[0]
+    client.xreadgroup(p.source.group, "drain-gone", {stream: ">"}, count=5)
+    assert pending(client, p) == 5
+    run = run_dag(REAPER_DAG)
+    assert run["states"] == {"find_stuck_claims": "success", "reap": "success"}, run["log"][-3000:]
+    assert run["xcoms"]["find_stuck_claims"] == [p.name]
+    assert run["xcoms"]["reap"]["taken_over"] == 5
+    consumers = {(x["name"].decode() if isinstance(x["name"], bytes) else x["name"]): int(x["pending"])
+                 for x in client.xinfo_consumers(stream, p.source.group)}
+    assert "drain-gone" not in consumers and consumers.get("deltadrain-reaper") == 5
+    assert pending(client, p) == 5  # moved, not acknowledged: the next drain takes them
+
+
+@pytest.mark.slow
+def test_replay_dag_sends_dead_letters_back_once(pipeline_dags, spark):
+    # max_retries 0: the poison message is dead at its first failure.
+    path, c, p = pipeline_dags(max_retries=0)
+    result = produce(c, p, 300, seed=94, poison_ratio=0.01)
+    poison = result.poison_ids
+    assert poison
+    run = run_dag(ingest_dag_id(p.name))
+    assert run["states"]["drain"] == "success", run["log"][-3000:]
+    dead = [r for r in dlq_rows(spark, c, p) if r.state == "DEAD"]
+    assert {r.message_id for r in dead} == set(poison)
+
+    # A dry run shows and changes nothing.
+    conf = {"pipeline": p.name, "mode": "dlq", "error_contains": "poison message", "dry_run": True}
+    run = run_dag(REPLAY_DAG, conf)
+    assert run["states"] == {"validate": "success", "replay": "success"}, run["log"][-3000:]
+    shown = run["xcoms"]["replay"]
+    assert shown["selected"] == len(poison) and shown["replayed"] == 0 and shown["dry_run"]
+    assert {r.state for r in dlq_rows(spark, c, p)} == {"DEAD"}
+
+    # The handler is fixed (here: the identity transform), then the dead letters are replayed.
+    data = yaml.safe_load(path.read_text())
+    data["pipelines"][0]["transform"] = "deltadrain.transforms.identity"
+    path.write_text(yaml.safe_dump(data))
+    run = run_dag(REPLAY_DAG, {**conf, "dry_run": False})
+    assert run["states"]["replay"] == "success", run["log"][-3000:]
+    assert run["xcoms"]["replay"]["replayed"] == len(poison)
+    rows = dlq_rows(spark, c, p)
+    assert {r.state for r in rows} == {"REPLAYED"} and {r.replay_run_id for r in rows} == {
+        run["xcoms"]["replay"]["run_id"]}
+    # Replaying again selects nothing: the entries are REPLAYED, not DEAD.
+    again = run_dag(REPLAY_DAG, {**conf, "dry_run": False})
+    assert again["xcoms"]["replay"]["selected"] == 0
+    run = run_dag(ingest_dag_id(p.name))
+    assert run["states"]["drain"] == "success"
+    ids = target_ids(spark, c, p)
+    assert len(ids) == len(set(ids)) and set(ids) == set(result.valid_ids) | set(poison)
+
+
+@pytest.mark.slow
+def test_replay_dag_refuses_bad_params_with_a_clear_message(pipeline_dags):
+    path, c, p = pipeline_dags()
+    bad = {"pipeline": p.name, "since": "2026-05-02T00:00:00Z", "until": "2026-05-01T00:00:00Z"}
+    run = run_dag(REPLAY_DAG, bad)
+    assert run["states"] == {"validate": "failed", "replay": "upstream_failed"}, run["log"][-3000:]
+    assert "time range is inverted" in run["log"]
