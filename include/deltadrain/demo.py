@@ -1,4 +1,4 @@
-"""`deltadrain demo`: services up, sample events in, drained into Delta, and where to look."""
+"""`deltadrain demo`: services up, sample events in, drained by the Airflow ingest DAG, and where to look."""
 
 from __future__ import annotations
 
@@ -7,9 +7,7 @@ import json
 from deltadrain import services
 from deltadrain.config import DeltadrainConfig, ValkeySource
 from deltadrain.connections import valkey_client
-from deltadrain.drain import drain
 from deltadrain.produce import generate, produce
-from deltadrain.reap import reap
 from deltadrain.status import pipeline_status
 
 
@@ -23,17 +21,27 @@ def run_demo(cfg: DeltadrainConfig, count: int = 5000) -> dict:
     poison = next(m for m in generate(pipeline, 100, seed=1, poison_ratio=1.0) if m.kind == "poison")
     valkey_client(cfg, pipeline).xadd(pipeline.source.streams[0], {b"data": poison.value})
     print(f"   {json.dumps(result.summary()['kinds'])} + 1 poison")
-    print(f"== draining '{pipeline.name}' into Delta (exactly-once MERGE, checkpoint in the same commit)")
+    from deltadrain.airflow_api import embedded_api
+    from deltadrain.orchestration.names import REAPER_DAG, ingest_dag_id
+
+    dag_id = ingest_dag_id(pipeline.name)
+    api = embedded_api(cfg)
+    print(f"== triggering the Airflow DAG {dag_id} (sensor -> spark-submit drain: exactly-once MERGE, "
+          "checkpoint in the same commit)")
+    api.wait_for_dag(dag_id)
+    for dag in (dag_id, REAPER_DAG):
+        api.unpause(dag)
+    run_id = api.trigger(dag_id)
+    state = api.wait_for_run(dag_id, run_id)
+    print(f"   run {run_id}: {state}")
+    if state != "success":
+        raise services.ServiceError(f"the ingest run ended {state}: see its task log at "
+                                    f"{api.base_url}/dags/{dag_id}/runs/{run_id}")
+    print("   " + json.dumps(api.xcom(dag_id, run_id, "drain")))
     from deltadrain.spark import get_spark
 
     spark = get_spark("deltadrain-demo")
     spark.sparkContext.setLogLevel("ERROR")
-    while True:
-        summary = drain(cfg, pipeline, spark=spark)
-        print("   " + summary.line())
-        if summary.outcome == "empty" or summary.claimed < pipeline.batch_cap:
-            break
-    reap(cfg, pipeline)
     status = pipeline_status(cfg, pipeline, spark)
     user, _ = services.airflow_login()
     port = services.ports(cfg).airflow
@@ -43,6 +51,8 @@ def run_demo(cfg: DeltadrainConfig, count: int = 5000) -> dict:
     print(f"   Delta table:  {cfg.target_path(pipeline)}")
     print(f"   DLQ table:    {cfg.dlq_path(pipeline)}")
     print(f"   Airflow UI:   http://127.0.0.1:{port}  login: {user}, password in {services.airflow_password_file()}")
+    print(f"   DAG runs:     http://127.0.0.1:{port}/dags/{dag_id}  (the drain task's log shows the run summary)")
+    print(f"   replay:       http://127.0.0.1:{port}/dags/deltadrain__replay/trigger  (dry_run first)")
     print(f"   status:       .venv/bin/deltadrain status {pipeline.name}")
     print(f"   dead letters: .venv/bin/deltadrain dlq list {pipeline.name}")
     print("   stop it all:  .venv/bin/deltadrain services down")

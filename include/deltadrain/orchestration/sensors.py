@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 from typing import Any
 
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
+from airflow.sdk.exceptions import AirflowSensorTimeout, AirflowSkipException
 
 BACKFILL = "backfill"
 
@@ -51,10 +53,16 @@ class SourceWorkSensor(BaseSensorOperator):
             return first.xcom_value
         from deltadrain.orchestration.triggers import SourceWorkTrigger
 
-        self.defer(trigger=SourceWorkTrigger(self.pipeline, self.config, self.poll_seconds),
-                   method_name="execute_complete", timeout=timedelta(seconds=self.timeout))
+        deadline = time.time() + self.timeout
+        self.defer(trigger=SourceWorkTrigger(self.pipeline, self.config, self.poll_seconds, deadline),
+                   method_name="execute_complete", timeout=timedelta(seconds=self.timeout + 60))
 
     def execute_complete(self, context, event: dict | None = None) -> Any:
+        if (event or {}).get("status") == "timeout":
+            message = f"no new messages or stuck claims in {self.pipeline} within {self.timeout:.0f}s"
+            if self.soft_fail:
+                raise AirflowSkipException(message)
+            raise AirflowSensorTimeout(message)
         self.log.info("deltadrain: %s: work found: %s", self.pipeline, (event or {}).get("probe"))
         return event
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -16,13 +17,16 @@ class SourceWorkTrigger(BaseTrigger):
     thread so the triggerer's event loop keeps serving its other triggers.
     """
 
-    def __init__(self, pipeline: str, config: str | None = None, poll_seconds: float = 10.0):
+    def __init__(self, pipeline: str, config: str | None = None, poll_seconds: float = 10.0,
+                 deadline: float | None = None):
         super().__init__()
         self.pipeline, self.config, self.poll_seconds = pipeline, config, poll_seconds
+        self.deadline = deadline  # epoch seconds; the trigger ends itself there, whoever runs it
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (f"{type(self).__module__}.{type(self).__qualname__}",
-                {"pipeline": self.pipeline, "config": self.config, "poll_seconds": self.poll_seconds})
+                {"pipeline": self.pipeline, "config": self.config, "poll_seconds": self.poll_seconds,
+                 "deadline": self.deadline})
 
     def _probe(self) -> dict:
         from deltadrain.config import load_config
@@ -41,4 +45,7 @@ class SourceWorkTrigger(BaseTrigger):
                 if found["has_work"]:
                     yield TriggerEvent({"status": "work", "probe": found})
                     return
+            if self.deadline is not None and time.time() >= self.deadline:
+                yield TriggerEvent({"status": "timeout"})
+                return
             await asyncio.sleep(self.poll_seconds)

@@ -1,0 +1,112 @@
+"""End to end on a real `airflow standalone` (scheduler, triggerer, DAG processor, API server):
+trigger the ingest DAG through the authenticated REST API v2, replay dead letters with conf, refuse
+bad params, and heal a deleted row with a two-interval backfill run from the CLI, exactly once."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+import yaml
+
+from deltadrain import services
+from deltadrain.airflow_api import AirflowApi, embedded_api
+from deltadrain.checkpoint import read_checkpoint
+from deltadrain.connections import valkey_client
+from deltadrain.orchestration.names import REPLAY_DAG, ingest_dag_id
+from deltadrain.produce import MALFORMED_KINDS, produce
+from tests.integration.helpers import assert_exactly_once, dlq_rows, make_pipeline, target_ids
+
+
+def minute_floor(t: datetime) -> datetime:
+    return t.replace(second=0, microsecond=0)
+
+
+@pytest.mark.slow
+def test_airflow_end_to_end(tmp_path, spark, valkey_server):
+    path, c, p = make_pipeline(tmp_path, schedule="* * * * *", max_retries=0)
+    data = yaml.safe_load(path.read_text())
+    data["pipelines"][0]["airflow"] = {"wait_timeout": "PT20S", "poll_interval": "PT2S", "retries": 0}
+    path.write_text(yaml.safe_dump(data))
+    c = type(c).model_validate(data).model_copy(update={"source_file": path})
+    os.environ["DELTADRAIN_CONFIG"] = str(path)  # what the standalone's DAG processor parses
+    client = valkey_client(c, p)
+    dag_id = ingest_dag_id(p.name)
+    try:
+        services.up(c, ["airflow"])
+        api = embedded_api(c)
+        # Unauthenticated calls are refused.
+        assert AirflowApi(api.base_url, "admin", "wrong")._request("GET", "/api/v2/dags", auth=False)[0] == 401
+
+        produced_at = datetime.now(UTC)
+        result = produce(c, p, 300, seed=111, malformed_ratio=0.05, poison_ratio=0.01)
+        bad = sum(result.kinds[k] for k in MALFORMED_KINDS)
+        api.wait_for_dag(dag_id, timeout=300)
+        api.wait_for_dag(REPLAY_DAG, timeout=120)
+        api.unpause(dag_id)
+        api.unpause(REPLAY_DAG)
+        run_id = api.trigger(dag_id)  # no logical date: a normal drain
+        assert api.wait_for_run(dag_id, run_id) == "success", api.task_states(dag_id, run_id)
+        summary = api.xcom(dag_id, run_id, "drain")
+        assert summary["outcome"] == "committed" and summary["written"] == len(result.valid_ids)
+        assert_exactly_once(spark, c, p, client, result.valid_ids, bad + len(result.poison_ids))
+
+        # Replay the poison dead letters through the REST API with conf.
+        conf = {"pipeline": p.name, "mode": "dlq", "error_contains": "poison message", "dry_run": False}
+        replay_run = api.trigger(REPLAY_DAG, conf)
+        assert api.wait_for_run(REPLAY_DAG, replay_run) == "success", api.task_states(REPLAY_DAG, replay_run)
+        replayed = [r for r in dlq_rows(spark, c, p) if r.state == "REPLAYED"]
+        assert {r.message_id for r in replayed} == set(result.poison_ids)
+        assert len({r.replay_run_id for r in replayed}) == 1
+
+        # Bad params are refused by the trigger itself (JSON schema of the Params) with a message.
+        for wrong, word in (({"pipeline": "nope"}, "nope"), ({"pipeline": p.name, "limit": -1}, "limit")):
+            status, body = api._request("POST", f"/api/v2/dags/{REPLAY_DAG}/dagRuns",
+                                        {"logical_date": None, "conf": wrong})
+            assert status == 400 and word in str(body), (status, body)
+        inverted = api.trigger(REPLAY_DAG, {"pipeline": p.name, "since": "2026-05-02T00:00:00Z",
+                                            "until": "2026-05-01T00:00:00Z"})
+        assert api.wait_for_run(REPLAY_DAG, inverted) == "failed"
+        assert api.task_states(REPLAY_DAG, inverted)["validate"] == "failed"
+
+        # Backfill two one-minute intervals around the production time: a deleted row is healed once,
+        # and the live checkpoint does not move.
+        from delta.tables import DeltaTable
+        from pyspark.sql import functions as F
+
+        target, dlq = str(c.target_path(p)), str(c.dlq_path(p))
+        lost = sorted(result.valid_ids)[:3]
+        DeltaTable.forPath(spark, target).delete(F.col("event_id").isin(lost))
+        before = read_checkpoint(spark, target, p.name, dlq)
+        first = minute_floor(produced_at) - timedelta(minutes=1)
+        last = minute_floor(produced_at)
+        while datetime.now(UTC) < last + timedelta(minutes=1, seconds=5):
+            time.sleep(2)  # the second interval must be over before it can be backfilled
+        env = {**os.environ, **services.airflow_env(c)}
+        airflow = str(Path(sys.executable).parent / "airflow")
+        done = subprocess.run([airflow, "backfill", "create", "--dag-id", dag_id, "--from-date", first.isoformat(),
+                               "--to-date", last.isoformat(), "--reprocess-behavior", "completed"],
+                              env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        deadline = time.monotonic() + 900
+        while True:
+            runs = api.runs(dag_id, run_type="backfill")
+            if len(runs) == 2 and all(r["state"] in ("success", "failed") for r in runs):
+                break
+            assert time.monotonic() < deadline, runs
+            time.sleep(5)
+        assert [r["state"] for r in runs] == ["success", "success"], runs
+        sums = [api.xcom(dag_id, r["dag_run_id"], "drain") for r in runs]
+        assert all(s["mode"] == "backfill" and s["acked"] == 0 for s in sums), sums
+        assert sum(s["written"] for s in sums) == len(lost)
+        ids = target_ids(spark, c, p)
+        assert len(ids) == len(set(ids)) and set(lost) <= set(ids)
+        after = read_checkpoint(spark, target, p.name, dlq)
+        assert (after.batch, after.positions) == (before.batch, before.positions)
+    finally:
+        services.down(c, ["airflow"])
