@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from deltadrain import failpoints
 from deltadrain.checkpoint import find_commit
 from deltadrain.config import DeltadrainConfig, PipelineConfig
 from deltadrain.errors import DeltadrainError
@@ -346,6 +347,7 @@ def quarantine(spark, cfg: DeltadrainConfig, pipeline: PipelineConfig, batch: in
     ensure_table(spark, qpath, staged.schema)
     retry_conflicts(lambda: DeltaTable.forPath(spark, qpath).alias("q").merge(
         staged.alias("s"), quarantine_keys(id_field)).whenNotMatchedInsertAll().execute())
+    failpoints.fail("before_quarantine_delete")  # tests: a crash here leaves the rows in both tables
     keys = staged.select(f"`{id_field}`", "_dd_batch", "_dd_partition", "_dd_position").distinct()
     cond = quarantine_keys(id_field).replace("q.", "t.") + f" AND t._dd_batch = {int(batch)}"
     # No txn and no pipeline/batch keys in this commit's metadata: the drain's checkpoint ignores it.
