@@ -104,7 +104,11 @@ def test_failing_expectation_warns_and_keeps_the_rows(tmp_path, cfg, spark, capl
 @pytest.mark.slow
 def test_quarantine_moves_offending_rows_loses_nothing_and_the_drain_continues(tmp_path, cfg, spark, monkeypatch):
     _, c, p, client, result = drained(tmp_path, spark, 300, quality=quality("quarantine"))
-    target = str(c.target_path(p))
+    target, dlq = str(c.target_path(p)), str(c.dlq_path(p))
+    # Batch 2 lands before batch 1 is checked (a late check): the DELETE then sits on top of batch 2.
+    more = produce(c, p, 100, seed=7, start=300)
+    assert drain(c, p, spark=spark).batch == 2
+    before = read_checkpoint(spark, target, p.name, dlq)
     bad = over_limit(spark, c, p, 1)
     # A crash between the quarantine MERGE and the target DELETE leaves the rows in both tables...
     monkeypatch.setenv("DELTADRAIN_FAILPOINT", "before_quarantine_delete")
@@ -112,39 +116,40 @@ def test_quarantine_moves_offending_rows_loses_nothing_and_the_drain_continues(t
         check_batch(c, p, spark, 1)
     monkeypatch.delenv("DELTADRAIN_FAILPOINT")
     assert {r.event_id for r in table(spark, quarantine_path(c, p)).collect()} == bad
-    assert len(target_ids(spark, c, p)) == 300
+    assert len(target_ids(spark, c, p)) == 400
     # ... and the next check finishes the move without copying anything twice.
     report = check_batch(c, p, spark, 1)
     assert not report.success and report.quarantined == len(bad)
     kept, moved = set(target_ids(spark, c, p)), table(spark, quarantine_path(c, p)).collect()
     assert len(moved) == len(bad) and {r.event_id for r in moved} == bad
-    assert kept.isdisjoint(bad) and kept | bad == set(result.valid_ids)
+    assert kept.isdisjoint(bad) and kept | bad == set(result.valid_ids) | set(more.valid_ids)
     assert all(r._dq_reason == f"amount between 0.0 and {LIMIT}" and r._dd_batch == 1 for r in moved)
     assert all(r.amount > LIMIT for r in moved)
     # Checking again is idempotent: nothing left to move, the tables stay as they are.
     again = check_batch(c, p, spark, 1)
     assert again.success and again.quarantined == 0
     assert set(target_ids(spark, c, p)) == kept and table(spark, quarantine_path(c, p)).count() == len(bad)
-    # The DELETE commits did not disturb the checkpoint: the next drain is batch 2 and continues the streams.
-    cp = read_checkpoint(spark, target, p.name, str(c.dlq_path(p)))
-    assert cp.batch == 1 and cp.found_in == "commit" and set(cp.positions) == set(p.source.streams)
-    more = produce(c, p, 100, seed=7, start=300)
-    second = drain(c, p, spark=spark)
-    assert (second.outcome, second.batch, second.written, second.acked) == ("committed", 2, 100, 100)
+    # The DELETE commits did not disturb the checkpoint: still batch 2 with its positions.
+    after = read_checkpoint(spark, target, p.name, dlq)
+    assert (after.batch, after.positions, after.run_id) == (2, before.positions, before.run_id)
+    assert after.table_version > before.table_version
+    # The next drain is batch 3 and continues the streams where batch 2 stopped.
+    last = produce(c, p, 100, seed=7, start=400)
+    third = drain(c, p, spark=spark)
+    assert (third.outcome, third.batch, third.written, third.acked) == ("committed", 3, 100, 100)
     assert pending(client, p) == 0
-    cp2 = read_checkpoint(spark, target, p.name, str(c.dlq_path(p)))
-    assert cp2.batch == 2
-    for stream, pos in cp2.positions.items():
+    cp = read_checkpoint(spark, target, p.name, dlq)
+    assert cp.batch == 3
+    for stream, pos in cp.positions.items():
         assert client.xrevrange(stream, count=1)[0][0].decode() == pos
-    bad2 = over_limit(spark, c, p, 2)
-    assert check_batch(c, p, spark, 2).quarantined == len(bad2)
-    everything = set(target_ids(spark, c, p)) | {r.event_id for r in table(spark, quarantine_path(c, p)).collect()}
-    assert everything == set(result.valid_ids) | set(more.valid_ids)
-    assert table(spark, quarantine_path(c, p)).count() + len(target_ids(spark, c, p)) == 400
-    # An empty drain after all this still reads batch 2.
-    assert drain(c, p, spark=spark).batch == 2
+    bad3 = over_limit(spark, c, p, 3)
+    assert check_batch(c, p, spark, 3).quarantined == len(bad3)
+    quarantined = {r.event_id for r in table(spark, quarantine_path(c, p)).collect()}
+    assert set(target_ids(spark, c, p)) | quarantined == {*result.valid_ids, *more.valid_ids, *last.valid_ids}
+    assert table(spark, quarantine_path(c, p)).count() + len(target_ids(spark, c, p)) == 500
+    assert drain(c, p, spark=spark).batch == 3  # an empty run after all this still reads batch 3
     outcomes = [(r["batch"], r["success"], r["quarantined"]) for r in last_results(spark, c, p)]
-    assert outcomes == [(2, False, len(bad2)), (1, True, 0), (1, False, len(bad))]
+    assert outcomes == [(3, False, len(bad3)), (1, True, 0), (1, False, len(bad))]
 
 
 def test_default_suite_catches_a_duplicate_id(tmp_path, cfg, spark):
