@@ -32,7 +32,7 @@ def metrics_path(cfg: DeltadrainConfig) -> Path:
 def metrics_row(summary, backlog: int | None, finished_at: datetime) -> tuple:
     """A RunSummary -> one row of METRICS_SCHEMA (pure)."""
     handled = summary.written + summary.duplicates_skipped + summary.dead_lettered
-    rate = round(handled / summary.seconds, 1) if summary.seconds > 0 else None
+    rate = round(handled / summary.seconds, 3) if summary.seconds > 0 else None
     return (summary.pipeline, summary.run_id, summary.batch, summary.outcome, summary.claimed, summary.reclaimed,
             summary.written, summary.duplicates_skipped, summary.dead_lettered, summary.left_pending, summary.acked,
             summary.released, summary.gaps, float(summary.seconds), rate, backlog,

@@ -14,7 +14,7 @@ import pytest
 from deltadrain import cli
 from deltadrain.checkpoint import read_checkpoint
 from deltadrain.connections import valkey_client
-from deltadrain.drain import drain
+from deltadrain.drain import DrainError, drain
 from deltadrain.failpoints import InjectedFailure
 from deltadrain.metrics import last_runs, metrics_path, render_chart
 from deltadrain.produce import produce
@@ -186,7 +186,7 @@ def test_metrics_rows_for_each_drain_and_a_chart(tmp_path, cfg, spark, capsys):
     assert [(r["batch"], r["outcome"], r["claimed"], r["written"]) for r in runs] == [
         (2, "empty", 0, 0), (2, "committed", 50, 50), (1, "committed", 150, 150)]
     assert all(r["backlog"] == 0 and r["seconds"] > 0 for r in runs)
-    assert runs[2]["rows_per_s"] == pytest.approx(150 / first.seconds, rel=0.01)
+    assert runs[2]["rows_per_s"] == pytest.approx(150 / first.seconds, abs=0.001)
     assert "commit" in runs[2]["timings"] and runs[0]["rows_per_s"] == 0
     assert table(spark, metrics_path(c)).where(f"pipeline = '{p.name}'").count() == 3
     chart = render_chart(spark, c, p, tmp_path / "chart.html")
@@ -198,3 +198,22 @@ def test_metrics_rows_for_each_drain_and_a_chart(tmp_path, cfg, spark, capsys):
     shown = json.loads(capsys.readouterr().out)
     assert [r["run_id"] for r in shown["runs"]] == [empty.run_id, second.run_id]
     assert shown["chart"] == str(tmp_path / "cli.html") and (tmp_path / "cli.html").exists()
+    # `deltadrain status` lists the last runs too.
+    assert cli.main(["--config", str(path), "status", p.name]) == 0
+    out = capsys.readouterr().out
+    assert out.count(" run ") == 3 and "batch 1 committed: claimed 150 written 150" in out
+
+
+def drop_batch_column(df):
+    """A broken handler for the test below: it loses a column the drain needs."""
+    return df.drop("_dd_batch")
+
+
+def test_a_failing_drain_is_recorded_as_an_error_run(tmp_path, cfg, spark):
+    _, c, p = make_pipeline(tmp_path, partitions=1, transform=f"{__name__}.drop_batch_column")
+    produce(c, p, 10, seed=5)
+    with pytest.raises(DrainError, match="dropped columns"):
+        drain(c, p, spark=spark)
+    [run] = last_runs(spark, c, p, 5)
+    assert run["outcome"] == "error" and run["batch"] == 1 and run["claimed"] == 10 and run["written"] == 0
+    assert run["error"].startswith("DrainError: transform") and "_dd_batch" in run["error"]
