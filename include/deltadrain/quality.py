@@ -323,10 +323,15 @@ def offending_rows(df, checks: list[Check], failed: list[dict]):
     return flagged.where(any_bad).withColumn("_dq_reason", reason).drop(*[f"_dq_v{i}" for i in range(len(bad))])
 
 
-def quarantine_keys(id_field: str) -> str:
-    # Null-safe on the id (a null id is itself a reason to quarantine); position makes duplicates distinct.
-    return (f"q.`{id_field}` <=> s.`{id_field}` AND q._dd_batch = s._dd_batch "
-            "AND q._dd_partition <=> s._dd_partition AND q._dd_position <=> s._dd_position")
+def quarantine_keys(id_field: str, left: str):
+    """`left` row is source row `s`: null-safe on the id (a null id is itself a reason to quarantine),
+    and the source position keeps duplicates of one id apart."""
+    from pyspark.sql import functions as F
+
+    cond = F.col(f"{left}._dd_batch") == F.col("s._dd_batch")
+    for column in (f"`{id_field}`", "_dd_partition", "_dd_position"):
+        cond = cond & F.col(f"{left}.{column}").eqNullSafe(F.col(f"s.{column}"))
+    return cond
 
 
 def quarantine(spark, cfg: DeltadrainConfig, pipeline: PipelineConfig, batch: int, rows, run_id: str) -> int:
@@ -346,10 +351,10 @@ def quarantine(spark, cfg: DeltadrainConfig, pipeline: PipelineConfig, batch: in
         return 0
     ensure_table(spark, qpath, staged.schema)
     retry_conflicts(lambda: DeltaTable.forPath(spark, qpath).alias("q").merge(
-        staged.alias("s"), quarantine_keys(id_field)).whenNotMatchedInsertAll().execute())
+        staged.alias("s"), quarantine_keys(id_field, "q")).whenNotMatchedInsertAll().execute())
     failpoints.fail("before_quarantine_delete")  # tests: a crash here leaves the rows in both tables
     keys = staged.select(f"`{id_field}`", "_dd_batch", "_dd_partition", "_dd_position").distinct()
-    cond = quarantine_keys(id_field).replace("q.", "t.") + f" AND t._dd_batch = {int(batch)}"
+    cond = quarantine_keys(id_field, "t") & (F.col("t._dd_batch") == F.lit(batch))  # prunes other batches' files
     # No txn and no pipeline/batch keys in this commit's metadata: the drain's checkpoint ignores it.
     for key in TXN_KEYS:
         spark.conf.unset(key)

@@ -217,3 +217,26 @@ def test_a_failing_drain_is_recorded_as_an_error_run(tmp_path, cfg, spark):
     [run] = last_runs(spark, c, p, 5)
     assert run["outcome"] == "error" and run["batch"] == 1 and run["claimed"] == 10 and run["written"] == 0
     assert run["error"].startswith("DrainError: transform") and "_dd_batch" in run["error"]
+
+
+@pytest.mark.slow
+def test_the_spark_submit_entry_point_checks_a_batch(tmp_path, cfg, spark):
+    """What the ingest DAG submits after a drain: spark_jobs/quality.py under spark-submit."""
+    import os
+    import subprocess
+
+    from deltadrain.paths import PROJECT_ROOT
+    from deltadrain.spark import spark_submit_command
+    from tests.integration.helpers import summary_of
+
+    path, c, p, _, _ = drained(tmp_path, spark, 60, quality=quality("fail"))
+    job = str(PROJECT_ROOT / "spark_jobs" / "quality.py")
+    done = subprocess.run(spark_submit_command(job, [p.name, "--batch", "1", "--config", str(path), "--run-id", "dq1"]),
+                          capture_output=True, text=True, timeout=600, env={**os.environ})
+    # spark-submit's PythonRunner merges the Python driver's stderr into its stdout.
+    output = done.stdout + done.stderr
+    assert done.returncode == 1 and f"pipeline '{p.name}': batch 1 failed data quality" in output
+    report = summary_of(done.stdout)
+    assert (report["run_id"], report["batch"], report["success"]) == ("dq1", 1, False)
+    assert f"Data Docs: {report['data_docs']}" in done.stdout
+    assert [r["run_id"] for r in last_results(spark, c, p)] == ["dq1"]
