@@ -17,7 +17,7 @@ from deltadrain.connections import valkey_client
 from deltadrain.drain import DrainError, drain
 from deltadrain.failpoints import InjectedFailure
 from deltadrain.metrics import last_runs, metrics_path, render_chart
-from deltadrain.produce import produce
+from deltadrain.produce import generate, produce
 from deltadrain.quality import (
     QualityFailed,
     check_batch,
@@ -99,6 +99,14 @@ def test_failing_expectation_warns_and_keeps_the_rows(tmp_path, cfg, spark, capl
     # A whole-table check reports on every row.
     whole = check_table(c, p, spark)
     assert whole.scope == "table" and whole.batch is None and whole.rows_checked == 120 and not whole.success
+    # A batch that added no rows (only a repeated id) has no newest event: freshness is not judged.
+    client = valkey_client(c, p)
+    client.xadd(p.source.streams[0], {b"data": next(generate(p, 1, seed=7)).value})
+    repeat = drain(c, p, spark=spark)
+    assert (repeat.batch, repeat.written, repeat.duplicates_skipped) == (2, 0, 1)
+    empty = check_batch(c, p, spark, 2)
+    assert empty.success and empty.rows_checked == 0
+    assert "fresh_within" not in {r["kind"] for r in empty.results}
 
 
 @pytest.mark.slow
