@@ -395,6 +395,18 @@ def batch_rows(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, batch: in
     return rows, version, drain_run
 
 
+def batch_to_check(summary) -> int | None:
+    """The batch a drain run's summary (RunSummary or its JSON dict) leaves to check, or None.
+
+    `already_committed` counts: its batch was written by an earlier attempt whose check may never
+    have run, and checking twice is harmless (see quarantine).
+    """
+    get = summary.get if isinstance(summary, dict) else lambda key: getattr(summary, key, None)
+    if get("outcome") in ("committed", "already_committed") and get("batch"):
+        return int(get("batch"))
+    return None
+
+
 def check_batch(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, batch: int,
                 run_id: str | None = None) -> QualityReport:
     """Validate the rows batch `batch` wrote; apply the pipeline's failure policy."""

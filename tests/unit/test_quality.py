@@ -12,7 +12,7 @@ from deltadrain.config import parse_config
 from deltadrain.drain import RunSummary
 from deltadrain.errors import ConfigError
 from deltadrain.metrics import chart_html, metrics_row, panel_svg
-from deltadrain.quality import Check, build_checks, gx_expectation, suite_name
+from deltadrain.quality import Check, batch_to_check, build_checks, gx_expectation, suite_name
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -115,3 +115,11 @@ def test_chart_draws_throughput_and_backlog_and_copes_with_no_runs():
     assert "50 rows/s" in panel_svg("t", [(r["finished_at"], r["rows_per_s"]) for r in runs], "#000", "rows/s")
     assert "no data" in chart_html("orders", []) and "<polyline" not in chart_html("orders", [])
     assert "&lt;b&gt;" in chart_html("<b>", [])  # names are escaped
+
+
+def test_only_a_committed_batch_is_left_to_check():
+    assert batch_to_check(summary(outcome="committed", batch=4)) == 4
+    assert batch_to_check({"outcome": "already_committed", "batch": 3}) == 3
+    for outcome in ("empty", "ahead", "mismatch", "error"):
+        assert batch_to_check({"outcome": outcome, "batch": 3}) is None
+    assert batch_to_check({"outcome": "committed", "batch": None}) is None
