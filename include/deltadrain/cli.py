@@ -1,4 +1,4 @@
-"""The `deltadrain` command: services, produce, drain, status, reap, dlq, bench, jars."""
+"""The `deltadrain` command: services, produce, drain, status, reap, quality, metrics, dlq, bench, jars."""
 
 from __future__ import annotations
 
@@ -103,6 +103,67 @@ def _status(args) -> int:
     print(f"  checkpoint: batch {cp['batch']}, table version {cp['table_version']}, positions {cp['positions']}")
     if st["last_batch"]:
         print(f"  last batch: {json.dumps(st['last_batch'], default=str)}")
+    for r in st.get("last_runs") or []:
+        print(f"  run {r['finished_at']:%Y-%m-%d %H:%M:%S} batch {r['batch']} {r['outcome']}: claimed {r['claimed']} "
+              f"written {r['written']} dead {r['dead']} in {r['seconds']} s ({r['rows_per_s'] or 0} rows/s)")
+    return 0
+
+
+@command("quality")
+def _quality(args) -> int:
+    from deltadrain.quality import QualityFailed, check_batch, check_table
+    from deltadrain.spark import get_spark
+
+    cfg = load_config(args.config)
+    pipeline = cfg.pipeline(args.pipeline)
+    spark = get_spark("deltadrain-quality")
+    failed = None
+    try:
+        if args.batch is not None:
+            report = check_batch(cfg, pipeline, spark, args.batch)
+        else:
+            report = check_table(cfg, pipeline, spark)
+    except QualityFailed as exc:
+        report, failed = exc.report, exc
+    if args.json:
+        print(json.dumps(report.as_dict(), indent=2, default=str))
+    else:
+        where = f"batch {report.batch}" if report.scope == "batch" else "whole table"
+        print(f"pipeline {report.pipeline} {where}: {'passed' if report.success else 'FAILED'} "
+              f"({report.rows_checked} rows, suite {report.suite}, policy {report.policy})")
+        for r in report.results:
+            extra = f"  unexpected {r['unexpected_count']}" if r.get("unexpected_count") else ""
+            print(f"  {'ok  ' if r['success'] else 'FAIL'} {r['expectation']}{extra}"
+                  f"{'  error: ' + r['error'] if r.get('error') else ''}")
+        if report.quarantined:
+            print(f"  {report.quarantined} row(s) moved to the quarantine table")
+        print(f"  Data Docs: {report.data_docs}")
+    if failed is not None:
+        print(f"deltadrain: error: {failed}", file=sys.stderr)
+        return 1
+    return 0
+
+
+@command("metrics")
+def _metrics(args) -> int:
+    from deltadrain.metrics import last_runs, render_chart
+    from deltadrain.spark import get_spark
+
+    cfg = load_config(args.config)
+    pipeline = cfg.pipeline(args.pipeline)
+    spark = get_spark("deltadrain-metrics")
+    runs = last_runs(spark, cfg, pipeline, args.last)
+    chart = str(render_chart(spark, cfg, pipeline, args.chart)) if args.chart else None
+    if args.json:
+        print(json.dumps({"pipeline": pipeline.name, "runs": runs, "chart": chart}, indent=2, default=str))
+        return 0
+    print(f"{len(runs)} run(s) of {pipeline.name}, newest first")
+    for r in runs:
+        print(f"  {r['finished_at']:%Y-%m-%d %H:%M:%S}  batch {r['batch']}  {r['outcome']:<17} claimed {r['claimed']} "
+              f"written {r['written']} dup {r['duplicates']} dead {r['dead']}  {r['seconds']} s  "
+              f"{r['rows_per_s'] or 0} rows/s  backlog {r['backlog']}")
+    if chart:
+        print(f"chart: {chart}")
     return 0
 
 
@@ -197,6 +258,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("status", help="lifecycle counts of a pipeline")
     p.add_argument("pipeline")
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("quality", help="run the pipeline's data-quality suite on a batch or the whole table")
+    p.add_argument("pipeline")
+    scope = p.add_mutually_exclusive_group(required=True)
+    scope.add_argument("--batch", type=int, help="check the rows this batch wrote")
+    scope.add_argument("--table", action="store_true", help="check the whole target table")
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("metrics", help="the last drain runs of a pipeline from the metrics table, and a chart")
+    p.add_argument("pipeline")
+    p.add_argument("--last", type=int, default=10)
+    p.add_argument("--chart", help="also write a throughput/backlog chart here (.html or .svg)")
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("dlq", help="inspect a pipeline's dead-letter table")

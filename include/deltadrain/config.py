@@ -157,6 +157,21 @@ class Expectation(_Model):
     type: str | None = None
     within: timedelta | None = None
 
+    @model_validator(mode="after")
+    def _params(self):
+        # Each kind's parameters are checked here so a bad suite fails at config load, not mid-run.
+        if self.kind == "between" and self.min is None and self.max is None:
+            raise ValueError(f"expectation '{self.column}' between needs min and/or max")
+        if self.kind == "between" and None not in (self.min, self.max) and self.min > self.max:
+            raise ValueError(f"expectation '{self.column}' between has min > max")
+        if self.kind == "in_set" and not self.values:
+            raise ValueError(f"expectation '{self.column}' in_set needs values")
+        if self.kind == "type" and (self.type or "").lower() not in SPARK_TYPES:
+            raise ValueError(f"expectation '{self.column}' type needs type, one of {sorted(SPARK_TYPES)}")
+        if self.kind == "fresh_within" and (self.within is None or self.within.total_seconds() <= 0):
+            raise ValueError(f"expectation '{self.column}' fresh_within needs a positive duration in within")
+        return self
+
 
 class QualityConfig(_Model):
     # Empty means the default suite: id not null and unique, required columns present and typed.

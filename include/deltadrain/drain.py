@@ -26,6 +26,7 @@ from deltadrain.connections import as_text, group_counts, valkey_client, valkey_
 from deltadrain.deadletter import DEAD, write_dead_letters
 from deltadrain.errors import DeltadrainError
 from deltadrain.lake import ensure_table, is_table
+from deltadrain.metrics import record_run_safely
 from deltadrain.outcome import Outcome
 from deltadrain.paths import state_home
 from deltadrain.positions import merge_positions
@@ -295,6 +296,9 @@ class ValkeyDrain:
             self.summary.seconds = round(time.monotonic() - started, 3)
             shutil.rmtree(self.scratch, ignore_errors=True)
             self._drop_consumer_if_idle()
+            # Best effort (never raises): one row per run in the metrics table, failed runs included.
+            record_run_safely(self.spark, self.cfg, self.pipeline, self.summary,
+                              backlog=lambda: sum(backlog(self.client, self.pipeline.source).values()))
         return self.summary
 
     def _run(self) -> None:

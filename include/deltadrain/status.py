@@ -7,6 +7,7 @@ from deltadrain.config import DeltadrainConfig, PipelineConfig, ValkeySource
 from deltadrain.connections import as_text, group_counts, valkey_client
 from deltadrain.deadletter import DEAD, REPLAYED
 from deltadrain.lake import is_table, recent_commits
+from deltadrain.metrics import last_runs
 
 
 def valkey_counts(client, source: ValkeySource) -> dict:
@@ -54,4 +55,5 @@ def pipeline_status(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark) -> d
                                      "written": int(commit["metrics"].get("numTargetRowsInserted", 0)),
                                      "claimed": meta.get("claimed"), "dead_lettered": meta.get("dead_lettered")}
                 break
+    out["last_runs"] = last_runs(spark, cfg, pipeline, 5)
     return out

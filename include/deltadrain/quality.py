@@ -1,0 +1,478 @@
+"""Data quality: a Great Expectations suite per pipeline, run on one batch's rows or on the whole table.
+
+- The suite comes from the pipeline's `quality` config (build_checks, a pure function); with no
+  expectations declared, the default suite checks the message id (not null, unique) and the
+  required columns (present, typed, not null).
+- GX 1.x is called directly with an ephemeral context (nothing written but the Data Docs) and its
+  Spark dataframe datasource. Analytics are off: nothing outside the machine is contacted.
+- A batch's rows are the rows whose `_dd_batch` is the batch: every target row carries the batch
+  that wrote it, so the filter is exact, and Delta's file statistics on `_dd_batch` skip every
+  other file. The batch's commit (checkpoint.find_commit) supplies the table version and drain run.
+- Every check appends one row to the results table `<lake>/_deltadrain/quality/results`, and
+  renders Data Docs under `$DELTADRAIN_HOME/quality/data_docs/<pipeline>/index.html`.
+- Failure policy: `fail` raises QualityFailed (after the results row is written), `warn` logs and
+  returns, `quarantine` moves the batch's offending rows to `<lake>/_deltadrain/quarantine/<pipeline>`.
+
+Quarantine, and why it loses nothing: the offending rows are first MERGEd into the quarantine
+table (insert-only, keyed on message id + batch + source position, so a rerun adds nothing), and
+only then DELETEd from the target (a MERGE ... WHEN MATCHED DELETE on the same keys). A crash
+between the two leaves the rows in both tables; the next check of that batch finds them again in
+the target, the quarantine MERGE skips them, and the DELETE completes. The DELETE commit carries no
+SetTransaction and no `pipeline`/`batch` metadata, so the drain's checkpoint (the newest commit
+naming the pipeline, else the txn) is untouched. It must not run concurrently with a drain of the
+same pipeline (the drain's MERGE would lose the race and stop): the ingest DAG runs it right after
+the drain, and a whole-table check never quarantines (it reports, with `quarantine` acting as `warn`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import uuid
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from deltadrain import failpoints
+from deltadrain.checkpoint import find_commit
+from deltadrain.config import DeltadrainConfig, PipelineConfig
+from deltadrain.errors import DeltadrainError
+from deltadrain.lake import ensure_table, is_table, retry_conflicts, snapshot_txn
+from deltadrain.paths import state_home
+
+log = logging.getLogger(__name__)
+
+ROW_LEVEL = ("not_null", "unique", "between", "in_set")  # a failing row can be named and moved
+SPARK_TYPE_CLASS = {"string": "StringType", "long": "LongType", "int": "IntegerType", "integer": "IntegerType",
+                    "double": "DoubleType", "float": "FloatType", "boolean": "BooleanType",
+                    "timestamp": "TimestampType", "date": "DateType", "binary": "BinaryType"}
+RESULTS_SCHEMA = ("pipeline STRING NOT NULL, scope STRING NOT NULL, batch BIGINT, table_version BIGINT, "
+                  "run_id STRING, batch_run_id STRING, suite STRING, policy STRING, success BOOLEAN, "
+                  "rows_checked BIGINT, unexpected_count BIGINT, failed STRING, results STRING, "
+                  "quarantined BIGINT, checked_at TIMESTAMP, data_docs STRING")
+TXN_KEYS = ("spark.databricks.delta.write.txnAppId", "spark.databricks.delta.write.txnVersion")
+USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
+DOCS_KEEP = 200  # validation pages kept per pipeline; the results table keeps the whole history
+
+
+class QualityError(DeltadrainError):
+    """A check that cannot run (no table, batch not committed, GX failure)."""
+
+
+class QualityFailed(DeltadrainError):
+    """The data failed its suite and the pipeline's policy is `fail`."""
+
+    def __init__(self, report: QualityReport):
+        self.report = report
+        where = f"batch {report.batch}" if report.scope == "batch" else "the whole table"
+        super().__init__(f"pipeline '{report.pipeline}': {where} failed data quality: "
+                         f"{'; '.join(report.failed)} (results in {report.results_table}, Data Docs {report.data_docs})")
+
+
+# -- the suite, in deltadrain's terms (pure) ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Check:
+    """One expectation of a suite: what it checks, and its name in logs, errors and the results table."""
+
+    kind: str  # not_null | unique | between | in_set | type | exists | fresh_within
+    column: str
+    min: float | None = None
+    max: float | None = None
+    values: tuple = ()
+    type: str | None = None
+    within: timedelta | None = None
+
+    @property
+    def row_level(self) -> bool:
+        return self.kind in ROW_LEVEL
+
+    @property
+    def name(self) -> str:
+        if self.kind == "between":
+            return f"{self.column} between {self.min} and {self.max}"
+        if self.kind == "in_set":
+            return f"{self.column} in {list(self.values)}"
+        if self.kind == "type":
+            return f"{self.column} is {self.type}"
+        if self.kind == "fresh_within":
+            return f"{self.column} newest within {self.within}"
+        return f"{self.column} {self.kind.replace('_', ' ')}"
+
+
+def suite_name(pipeline: PipelineConfig) -> str:
+    return f"deltadrain_{pipeline.name}"
+
+
+def default_checks(pipeline: PipelineConfig) -> list[Check]:
+    schema = pipeline.payload_schema
+    checks = [Check("not_null", schema.id_field), Check("unique", schema.id_field)]
+    for column in dict.fromkeys([schema.id_field, *schema.required]):
+        checks += [Check("exists", column), Check("type", column, type=schema.fields[column])]
+        if column != schema.id_field:
+            checks.append(Check("not_null", column))
+    return checks
+
+
+def build_checks(pipeline: PipelineConfig) -> list[Check]:
+    """The pipeline's suite: its declared expectations, or the default suite when it declares none."""
+    declared = pipeline.quality.expectations
+    if not declared:
+        return default_checks(pipeline)
+    return [Check(e.kind, e.column, e.min, e.max, tuple(e.values or ()), e.type.lower() if e.type else None,
+                  e.within) for e in declared]
+
+
+def gx_expectation(check: Check, index: int, now: datetime):
+    """The GX expectation of a check; `meta.deltadrain` maps its result back to the check."""
+    import great_expectations as gx
+
+    ex, meta = gx.expectations, {"deltadrain": index}
+    if check.kind == "not_null":
+        return ex.ExpectColumnValuesToNotBeNull(column=check.column, meta=meta)
+    if check.kind == "unique":
+        return ex.ExpectColumnValuesToBeUnique(column=check.column, meta=meta)
+    if check.kind == "between":
+        return ex.ExpectColumnValuesToBeBetween(column=check.column, min_value=check.min, max_value=check.max,
+                                                meta=meta)
+    if check.kind == "in_set":
+        return ex.ExpectColumnValuesToBeInSet(column=check.column, value_set=list(check.values), meta=meta)
+    if check.kind == "type":
+        kind = "DecimalType" if check.type.startswith("decimal") else SPARK_TYPE_CLASS[check.type]
+        return ex.ExpectColumnValuesToBeOfType(column=check.column, type_=kind, meta=meta)
+    if check.kind == "exists":
+        return ex.ExpectColumnToExist(column=check.column, meta=meta)
+    if check.kind == "fresh_within":
+        # PySpark hands timestamps to Python as naive local times, so "now" must be naive local too.
+        return ex.ExpectColumnMaxToBeBetween(column=check.column, min_value=now - check.within, meta=meta)
+    raise ValueError(f"unknown expectation kind {check.kind!r}")
+
+
+def violation(check: Check, df):
+    """A boolean Column: this row breaks `check` (row-level checks only; nulls break only not_null, as in GX)."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    col = F.col(f"`{check.column}`")
+    if check.kind == "not_null":
+        return col.isNull()
+    if check.kind == "unique":
+        return col.isNotNull() & (F.count(F.lit(1)).over(Window.partitionBy(col)) > 1)
+    if check.kind == "between":
+        low = col < F.lit(check.min) if check.min is not None else F.lit(False)
+        high = col > F.lit(check.max) if check.max is not None else F.lit(False)
+        return col.isNotNull() & (low | high)
+    if check.kind == "in_set":
+        return col.isNotNull() & ~col.isin(list(check.values))
+    raise ValueError(f"{check.kind} is not a row-level check")
+
+
+# -- the report ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class QualityReport:
+    pipeline: str
+    scope: str  # "batch" or "table"
+    batch: int | None
+    suite: str
+    policy: str
+    success: bool
+    rows_checked: int
+    results: list[dict] = field(default_factory=list)  # one per expectation
+    failed: list[str] = field(default_factory=list)  # names of the failed expectations
+    quarantined: int = 0
+    table_version: int | None = None
+    run_id: str = ""
+    batch_run_id: str | None = None
+    checked_at: datetime | None = None
+    data_docs: str = ""
+    results_table: str = ""
+
+    @property
+    def unexpected_count(self) -> int:
+        return sum(r.get("unexpected_count") or 0 for r in self.results)
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "unexpected_count": self.unexpected_count}
+
+
+def summarize(checks: list[Check], gx_result) -> list[dict]:
+    """GX's validation result -> one plain dict per check, in the suite's order."""
+    out: list[dict | None] = [None] * len(checks)
+    for r in gx_result.results:
+        index = (r.expectation_config.meta or {}).get("deltadrain")
+        if index is None:
+            continue
+        check, res, exc = checks[index], r.result or {}, r.exception_info or {}
+        observed = res.get("observed_value")
+        out[index] = {
+            "expectation": check.name, "kind": check.kind, "column": check.column, "success": bool(r.success),
+            "unexpected_count": res.get("unexpected_count"), "element_count": res.get("element_count"),
+            "observed": observed.isoformat() if isinstance(observed, datetime) else observed,
+            "partial_unexpected": [str(v) for v in (res.get("partial_unexpected_list") or [])[:10]],
+            "error": exc.get("exception_message") if exc.get("raised_exception") else None,
+        }
+    for i, item in enumerate(out):
+        if item is None:  # GX left it out: count it as failed rather than silently passed
+            out[i] = {"expectation": checks[i].name, "kind": checks[i].kind, "column": checks[i].column,
+                      "success": False, "error": "no result from Great Expectations"}
+    return out
+
+
+# -- paths -----------------------------------------------------------------------------------------------
+
+
+def results_path(cfg: DeltadrainConfig) -> Path:
+    return cfg.lake_dir() / "_deltadrain" / "quality" / "results"
+
+
+def quarantine_path(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> Path:
+    return cfg.lake_dir() / "_deltadrain" / "quarantine" / pipeline.name
+
+
+def docs_dir(pipeline: PipelineConfig) -> Path:
+    return state_home() / "quality" / "data_docs" / pipeline.name
+
+
+# -- Great Expectations ----------------------------------------------------------------------------------
+
+
+def gx_context(site_dir: Path):
+    """An ephemeral GX context whose only Data Docs site is `site_dir`; no analytics, no progress bars."""
+    os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+    import great_expectations as gx
+    from great_expectations.data_context.types.base import (
+        DataContextConfig,
+        InMemoryStoreBackendDefaults,
+        ProgressBarsConfig,
+    )
+
+    config = DataContextConfig(
+        store_backend_defaults=InMemoryStoreBackendDefaults(init_temp_docs_sites=False),
+        analytics_enabled=False, progress_bars=ProgressBarsConfig(globally=False),
+        data_docs_sites={"deltadrain": {
+            "class_name": "SiteBuilder", "show_how_to_buttons": False,
+            "store_backend": {"class_name": "TupleFilesystemStoreBackend", "base_directory": str(site_dir)},
+            "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"}}})
+    return gx.get_context(mode="ephemeral", project_config=config)
+
+
+def run_gx(df, pipeline: PipelineConfig, checks: list[Check], run_name: str, now: datetime):
+    """Validate `df` with the pipeline's suite and render Data Docs; returns (GX result, index.html path)."""
+    import great_expectations as gx
+    from great_expectations.core.run_identifier import RunIdentifier
+
+    site = docs_dir(pipeline)
+    site.mkdir(parents=True, exist_ok=True)
+    context = gx_context(site)
+    asset = context.data_sources.add_spark(f"{pipeline.name}_spark").add_dataframe_asset(pipeline.name)
+    batch_definition = asset.add_batch_definition_whole_dataframe("rows")
+    suite = context.suites.add(gx.ExpectationSuite(
+        name=suite_name(pipeline), expectations=[gx_expectation(c, i, now) for i, c in enumerate(checks)]))
+    validation = context.validation_definitions.add(
+        gx.ValidationDefinition(name=f"{pipeline.name}_{run_name}", data=batch_definition, suite=suite))
+    try:
+        result = validation.run(batch_parameters={"dataframe": df}, result_format="SUMMARY",
+                                run_id=RunIdentifier(run_name=run_name, run_time=now.astimezone(UTC)))
+    except Exception as exc:
+        raise QualityError(f"pipeline '{pipeline.name}': Great Expectations could not validate: {exc}") from exc
+    context.build_data_docs(site_names=["deltadrain"])
+    prune_docs(site)
+    return result, site / "index.html"
+
+
+def prune_docs(site: Path, keep: int = DOCS_KEEP) -> None:
+    """Keep the newest `keep` validation pages; the index lists only the latest check anyway."""
+    pages = sorted((site / "validations").rglob("*.html"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for page in pages[keep:]:
+        page.unlink(missing_ok=True)
+
+
+# -- results and quarantine tables -----------------------------------------------------------------------
+
+
+def write_result(spark, cfg: DeltadrainConfig, report: QualityReport) -> None:
+    from pyspark.sql.types import _parse_datatype_string
+
+    path = str(results_path(cfg))
+    schema = _parse_datatype_string(RESULTS_SCHEMA)
+    ensure_table(spark, path, schema)
+    row = (report.pipeline, report.scope, report.batch, report.table_version, report.run_id, report.batch_run_id,
+           report.suite, report.policy, report.success, report.rows_checked, report.unexpected_count,
+           json.dumps(report.failed), json.dumps(report.results, default=str), report.quarantined,
+           report.checked_at, report.data_docs)
+    df = spark.createDataFrame([row], schema)
+    retry_conflicts(lambda: df.write.format("delta").mode("append").save(path))  # blind append: idempotent enough
+
+
+def offending_rows(df, checks: list[Check], failed: list[dict]):
+    """The rows breaking a failed row-level check, each with `_dq_reason` naming every check it breaks."""
+    from pyspark.sql import functions as F
+
+    bad = [checks[i] for i, r in enumerate(failed) if not r["success"] and checks[i].row_level]
+    if not bad:
+        return None
+    flagged = df.select("*", *[violation(c, df).alias(f"_dq_v{i}") for i, c in enumerate(bad)])
+    reason = F.concat_ws("; ", *[F.when(F.col(f"_dq_v{i}"), F.lit(c.name)) for i, c in enumerate(bad)])
+    any_bad = F.lit(False)
+    for i in range(len(bad)):
+        any_bad = any_bad | F.col(f"_dq_v{i}")
+    return flagged.where(any_bad).withColumn("_dq_reason", reason).drop(*[f"_dq_v{i}" for i in range(len(bad))])
+
+
+def quarantine_keys(id_field: str, left: str):
+    """`left` row is source row `s`: null-safe on the id (a null id is itself a reason to quarantine),
+    and the source position keeps duplicates of one id apart."""
+    from pyspark.sql import functions as F
+
+    cond = F.col(f"{left}._dd_batch") == F.col("s._dd_batch")
+    for column in (f"`{id_field}`", "_dd_partition", "_dd_position"):
+        cond = cond & F.col(f"{left}.{column}").eqNullSafe(F.col(f"s.{column}"))
+    return cond
+
+
+def quarantine(spark, cfg: DeltadrainConfig, pipeline: PipelineConfig, batch: int, rows, run_id: str) -> int:
+    """Move `rows` (offending rows of `batch`, with `_dq_reason`) from the target to the quarantine table.
+
+    Quarantine first (idempotent), then delete from the target: see the module docstring.
+    """
+    from delta.tables import DeltaTable
+    from pyspark.sql import functions as F
+
+    target, qpath = str(cfg.target_path(pipeline)), str(quarantine_path(cfg, pipeline))
+    id_field = pipeline.payload_schema.id_field
+    staged = rows.withColumn("_dq_run_id", F.lit(run_id)).withColumn("_dq_quarantined_at", F.current_timestamp())
+    staged = staged.localCheckpoint()  # the window and the delete below must not re-evaluate against a changed target
+    moved = staged.count()
+    if moved == 0:
+        return 0
+    ensure_table(spark, qpath, staged.schema)
+    retry_conflicts(lambda: DeltaTable.forPath(spark, qpath).alias("q").merge(
+        staged.alias("s"), quarantine_keys(id_field, "q")).whenNotMatchedInsertAll().execute())
+    failpoints.fail("before_quarantine_delete")  # tests: a crash here leaves the rows in both tables
+    keys = staged.select(f"`{id_field}`", "_dd_batch", "_dd_partition", "_dd_position").distinct()
+    cond = quarantine_keys(id_field, "t") & (F.col("t._dd_batch") == F.lit(batch))  # prunes other batches' files
+    # No txn and no pipeline/batch keys in this commit's metadata: the drain's checkpoint ignores it.
+    for key in TXN_KEYS:
+        spark.conf.unset(key)
+    spark.conf.set(USER_METADATA, json.dumps({"deltadrain_quality": 1, "quarantine": {
+        "pipeline": pipeline.name, "of_batch": batch, "rows": moved, "run_id": run_id}}, sort_keys=True))
+    try:
+        retry_conflicts(lambda: DeltaTable.forPath(spark, target).alias("t").merge(keys.alias("s"), cond)
+                        .whenMatchedDelete().execute())
+    finally:
+        spark.conf.unset(USER_METADATA)
+    return moved
+
+
+# -- entry points ----------------------------------------------------------------------------------------
+
+
+def new_check_id() -> str:
+    return f"dq-{datetime.now(UTC).strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
+
+
+def batch_rows(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, batch: int):
+    """(rows the batch's commit added, table version, drain run id); raises if the batch is not committed."""
+    from pyspark.sql import functions as F
+
+    target = str(cfg.target_path(pipeline))
+    if not is_table(spark, target):
+        raise QualityError(f"pipeline '{pipeline.name}': no target table at {target}; nothing to check")
+    commit = find_commit(spark, target, pipeline.name, batch)
+    if commit is not None:
+        version, drain_run = commit["version"], (commit["meta"] or {}).get("run_id")
+    else:  # commit file gone (log cleanup) or never written: the txn says which
+        committed, version = snapshot_txn(spark, target, pipeline.name)
+        if committed is None or batch > committed or batch < 1:
+            raise QualityError(f"pipeline '{pipeline.name}': batch {batch} is not committed "
+                               f"(the table holds batches up to {committed or 0})")
+        drain_run = None
+    rows = spark.read.format("delta").load(target).where(F.col("_dd_batch") == F.lit(batch))
+    return rows, version, drain_run
+
+
+def batch_to_check(summary) -> int | None:
+    """The batch a drain run's summary (RunSummary or its JSON dict) leaves to check, or None.
+
+    `already_committed` counts: its batch was written by an earlier attempt whose check may never
+    have run, and checking twice is harmless (see quarantine).
+    """
+    get = summary.get if isinstance(summary, dict) else lambda key: getattr(summary, key, None)
+    if get("outcome") in ("committed", "already_committed") and get("batch"):
+        return int(get("batch"))
+    return None
+
+
+def check_batch(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, batch: int,
+                run_id: str | None = None) -> QualityReport:
+    """Validate the rows batch `batch` wrote; apply the pipeline's failure policy."""
+    from pyspark import StorageLevel
+
+    rows, version, drain_run = batch_rows(cfg, pipeline, spark, batch)
+    rows = rows.persist(StorageLevel.MEMORY_AND_DISK)  # GX runs one Spark job per metric
+    try:
+        # A batch that added no rows (all duplicates or dead letters) has no newest event to judge.
+        skip = ("fresh_within",) if rows.isEmpty() else ()
+        return _check(cfg, pipeline, spark, rows, "batch", batch, version, drain_run, run_id, skip)
+    finally:
+        rows.unpersist()
+
+
+def check_table(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, run_id: str | None = None) -> QualityReport:
+    """Validate the whole target table (the daily DAG). Never quarantines: `quarantine` acts as `warn`."""
+    from deltadrain.lake import table_version
+
+    target = str(cfg.target_path(pipeline))
+    if not is_table(spark, target):
+        raise QualityError(f"pipeline '{pipeline.name}': no target table at {target}; nothing to check")
+    version = table_version(spark, target)
+    rows = spark.read.format("delta").option("versionAsOf", version).load(target)
+    return _check(cfg, pipeline, spark, rows, "table", None, version, None, run_id)
+
+
+def _check(cfg, pipeline: PipelineConfig, spark, rows, scope: str, batch: int | None, version: int | None,
+           drain_run: str | None, run_id: str | None, skip: tuple[str, ...] = ()) -> QualityReport:
+    checks = [c for c in build_checks(pipeline) if c.kind not in skip]
+    run_id = run_id or new_check_id()
+    now = datetime.now()  # naive local, like the timestamps PySpark collects (see gx_expectation)
+    run_name = f"{scope}-{batch}-{run_id}" if batch is not None else f"{scope}-{run_id}"
+    gx_result, index = run_gx(rows, pipeline, checks, run_name, now)
+    results = summarize(checks, gx_result)
+    failed = [r["expectation"] for r in results if not r["success"]]
+    counted = [r["element_count"] for r in results if r.get("element_count") is not None]
+    report = QualityReport(
+        pipeline=pipeline.name, scope=scope, batch=batch, suite=suite_name(pipeline),
+        policy=pipeline.quality.on_failure, success=not failed,
+        rows_checked=counted[0] if counted else rows.count(), results=results, failed=failed,
+        table_version=version, run_id=run_id, batch_run_id=drain_run, checked_at=datetime.now(UTC),
+        data_docs=str(index), results_table=str(results_path(cfg)))
+    policy = pipeline.quality.on_failure
+    if failed and policy == "quarantine" and scope == "batch":
+        offending = offending_rows(rows, checks, results)
+        if offending is not None:
+            report.quarantined = quarantine(spark, cfg, pipeline, batch, offending, run_id)
+    write_result(spark, cfg, report)
+    where = f"batch {batch}" if scope == "batch" else "table"
+    if not failed:
+        log.info("pipeline %s %s: data quality passed (%d rows); Data Docs %s", pipeline.name, where,
+                 report.rows_checked, index)
+        return report
+    if policy == "fail":
+        raise QualityFailed(report)
+    log.warning("pipeline %s %s: data quality failed: %s; %d row(s) quarantined; Data Docs %s", pipeline.name,
+                where, "; ".join(failed), report.quarantined, index)
+    return report
+
+
+def last_results(spark, cfg: DeltadrainConfig, pipeline: PipelineConfig, n: int = 10) -> list[dict]:
+    from pyspark.sql import functions as F
+
+    path = str(results_path(cfg))
+    if not is_table(spark, path):
+        return []
+    df = spark.read.format("delta").load(path).where(F.col("pipeline") == F.lit(pipeline.name))
+    return [r.asDict() for r in df.orderBy(F.col("checked_at").desc()).limit(n).collect()]

@@ -1,0 +1,52 @@
+"""spark-submit entry point of one data-quality check (what the Airflow ingest and quality DAGs submit).
+
+Thin on purpose: everything is in deltadrain.quality. Prints the Data Docs path (for the task log)
+and then the report as the last line of stdout (JSON, for XCom). Exits 1 when the data fails under
+`on_failure: fail` or the check cannot run, 0 otherwise (a `warn` or `quarantine` failure is data).
+"""
+
+import argparse
+import json
+import sys
+
+from deltadrain.config import load_config
+from deltadrain.errors import DeltadrainError
+from deltadrain.quality import QualityFailed, check_batch, check_table
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("pipeline")
+    scope = parser.add_mutually_exclusive_group(required=True)
+    scope.add_argument("--batch", type=int)
+    scope.add_argument("--table", action="store_true")
+    parser.add_argument("--config")
+    parser.add_argument("--run-id")
+    args = parser.parse_args()
+    from pyspark.sql import SparkSession
+
+    failed = None
+    try:
+        cfg = load_config(args.config)
+        pipeline = cfg.pipeline(args.pipeline)
+        spark = SparkSession.builder.getOrCreate()  # configured by spark-submit with the cached jars
+        try:
+            if args.batch is not None:
+                report = check_batch(cfg, pipeline, spark, args.batch, run_id=args.run_id)
+            else:
+                report = check_table(cfg, pipeline, spark, run_id=args.run_id)
+        except QualityFailed as exc:
+            report, failed = exc.report, exc
+    except DeltadrainError as exc:
+        print(f"deltadrain: error: {exc}", file=sys.stderr)
+        return 1
+    print(f"Data Docs: {report.data_docs}", flush=True)
+    print(json.dumps(report.as_dict(), default=str), flush=True)
+    if failed is not None:
+        print(f"deltadrain: error: {failed}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

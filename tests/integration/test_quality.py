@@ -1,0 +1,250 @@
+"""Data quality and run metrics against real Valkey, Spark, Delta and Great Expectations.
+
+Each test drains a pipeline of its own, runs the checks, and judges them by reading the Delta
+tables (target, quarantine, results, metrics) and the Data Docs back.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+
+from deltadrain import cli
+from deltadrain.checkpoint import read_checkpoint
+from deltadrain.connections import valkey_client
+from deltadrain.drain import DrainError, drain
+from deltadrain.failpoints import InjectedFailure
+from deltadrain.metrics import last_runs, metrics_path, render_chart
+from deltadrain.produce import generate, produce
+from deltadrain.quality import (
+    QualityFailed,
+    check_batch,
+    check_table,
+    last_results,
+    quarantine_path,
+    results_path,
+)
+from tests.integration.helpers import make_pipeline, pending, target_ids
+
+pytestmark = pytest.mark.usefixtures("valkey_server")
+
+LIMIT = 250.0  # the sample amounts are uniform in 1..500: about half the rows break "amount <= 250"
+
+
+def quality(policy: str, *extra: dict) -> dict:
+    return {"on_failure": policy,
+            "expectations": [{"column": "amount", "kind": "between", "min": 0, "max": LIMIT},
+                             {"column": "status", "kind": "in_set", "values": ["new", "paid", "shipped", "cancelled"]},
+                             *extra]}
+
+
+def drained(tmp_path, spark, count: int, **overrides):
+    path, c, p = make_pipeline(tmp_path, partitions=2, **overrides)
+    client = valkey_client(c, p)
+    result = produce(c, p, count, seed=7)
+    summary = drain(c, p, spark=spark)
+    assert summary.outcome == "committed" and summary.written == count
+    return path, c, p, client, result
+
+
+def table(spark, path):
+    return spark.read.format("delta").load(str(path))
+
+
+def over_limit(spark, c, p, batch: int) -> set[str]:
+    rows = table(spark, c.target_path(p)).where(f"_dd_batch = {batch} AND amount > {LIMIT}")
+    return {r.event_id for r in rows.select("event_id").collect()}
+
+
+def docs_mention_suite(report) -> bool:
+    return report.data_docs.endswith("index.html") and report.suite in open(report.data_docs).read()
+
+
+def test_failing_expectation_fails_the_check_after_writing_results_and_docs(tmp_path, cfg, spark):
+    _, c, p, _, _ = drained(tmp_path, spark, 200, quality=quality("fail"))
+    bad = over_limit(spark, c, p, 1)
+    assert 0 < len(bad) < 200
+    with pytest.raises(QualityFailed) as info:
+        check_batch(c, p, spark, 1)
+    message = str(info.value)
+    assert f"pipeline '{p.name}'" in message and "batch 1" in message and f"amount between 0.0 and {LIMIT}" in message
+    assert "status in" not in message  # the passing expectation is not blamed
+    report = info.value.report
+    assert not report.success and report.rows_checked == 200 and report.quarantined == 0
+    assert docs_mention_suite(report)
+    [row] = table(spark, results_path(c)).where(f"pipeline = '{p.name}'").collect()
+    assert (row.scope, row.batch, row.success, row.policy, row.rows_checked) == ("batch", 1, False, "fail", 200)
+    assert row.unexpected_count == len(bad) and row.data_docs == report.data_docs
+    per = {r["kind"]: r for r in json.loads(row.results)}
+    assert per["between"]["unexpected_count"] == len(bad) and per["in_set"]["success"]
+    assert row.batch_run_id and row.table_version is not None
+    # Nothing moved: the target still holds every row.
+    assert len(target_ids(spark, c, p)) == 200
+
+
+def test_failing_expectation_warns_and_keeps_the_rows(tmp_path, cfg, spark, caplog):
+    _, c, p, _, _ = drained(tmp_path, spark, 120, quality=quality(
+        "warn", {"column": "event_time", "kind": "fresh_within", "within": "P1D"}))
+    with caplog.at_level(logging.WARNING, logger="deltadrain.quality"):
+        report = check_batch(c, p, spark, 1)
+    assert not report.success
+    # Sample events are dated in early 2026 + seed days: not within a day of now.
+    assert report.failed == [f"amount between 0.0 and {LIMIT}", "event_time newest within 1 day, 0:00:00"]
+    assert any("data quality failed" in r.getMessage() and p.name in r.getMessage() for r in caplog.records)
+    assert len(target_ids(spark, c, p)) == 120 and docs_mention_suite(report)
+    [result] = last_results(spark, c, p)
+    assert result["success"] is False and json.loads(result["failed"]) == report.failed
+    # A whole-table check reports on every row.
+    whole = check_table(c, p, spark)
+    assert whole.scope == "table" and whole.batch is None and whole.rows_checked == 120 and not whole.success
+    # A batch that added no rows (only a repeated id) has no newest event: freshness is not judged.
+    client = valkey_client(c, p)
+    client.xadd(p.source.streams[0], {b"data": next(generate(p, 1, seed=7)).value})
+    repeat = drain(c, p, spark=spark)
+    assert (repeat.batch, repeat.written, repeat.duplicates_skipped) == (2, 0, 1)
+    empty = check_batch(c, p, spark, 2)
+    assert empty.success and empty.rows_checked == 0
+    assert "fresh_within" not in {r["kind"] for r in empty.results}
+
+
+@pytest.mark.slow
+def test_quarantine_moves_offending_rows_loses_nothing_and_the_drain_continues(tmp_path, cfg, spark, monkeypatch):
+    _, c, p, client, result = drained(tmp_path, spark, 300, quality=quality("quarantine"))
+    target, dlq = str(c.target_path(p)), str(c.dlq_path(p))
+    # Batch 2 lands before batch 1 is checked (a late check): the DELETE then sits on top of batch 2.
+    more = produce(c, p, 100, seed=7, start=300)
+    assert drain(c, p, spark=spark).batch == 2
+    before = read_checkpoint(spark, target, p.name, dlq)
+    bad = over_limit(spark, c, p, 1)
+    # A crash between the quarantine MERGE and the target DELETE leaves the rows in both tables...
+    monkeypatch.setenv("DELTADRAIN_FAILPOINT", "before_quarantine_delete")
+    with pytest.raises(InjectedFailure):
+        check_batch(c, p, spark, 1)
+    monkeypatch.delenv("DELTADRAIN_FAILPOINT")
+    assert {r.event_id for r in table(spark, quarantine_path(c, p)).collect()} == bad
+    assert len(target_ids(spark, c, p)) == 400
+    # ... and the next check finishes the move without copying anything twice.
+    report = check_batch(c, p, spark, 1)
+    assert not report.success and report.quarantined == len(bad)
+    kept, moved = set(target_ids(spark, c, p)), table(spark, quarantine_path(c, p)).collect()
+    assert len(moved) == len(bad) and {r.event_id for r in moved} == bad
+    assert kept.isdisjoint(bad) and kept | bad == set(result.valid_ids) | set(more.valid_ids)
+    assert all(r._dq_reason == f"amount between 0.0 and {LIMIT}" and r._dd_batch == 1 for r in moved)
+    assert all(r.amount > LIMIT for r in moved)
+    # Checking again is idempotent: nothing left to move, the tables stay as they are.
+    again = check_batch(c, p, spark, 1)
+    assert again.success and again.quarantined == 0
+    assert set(target_ids(spark, c, p)) == kept and table(spark, quarantine_path(c, p)).count() == len(bad)
+    # The DELETE commits did not disturb the checkpoint: still batch 2 with its positions.
+    after = read_checkpoint(spark, target, p.name, dlq)
+    assert (after.batch, after.positions, after.run_id) == (2, before.positions, before.run_id)
+    assert after.table_version > before.table_version
+    # The next drain is batch 3 and continues the streams where batch 2 stopped.
+    last = produce(c, p, 100, seed=7, start=400)
+    third = drain(c, p, spark=spark)
+    assert (third.outcome, third.batch, third.written, third.acked) == ("committed", 3, 100, 100)
+    assert pending(client, p) == 0
+    cp = read_checkpoint(spark, target, p.name, dlq)
+    assert cp.batch == 3
+    for stream, pos in cp.positions.items():
+        assert client.xrevrange(stream, count=1)[0][0].decode() == pos
+    bad3 = over_limit(spark, c, p, 3)
+    assert check_batch(c, p, spark, 3).quarantined == len(bad3)
+    quarantined = {r.event_id for r in table(spark, quarantine_path(c, p)).collect()}
+    assert set(target_ids(spark, c, p)) | quarantined == {*result.valid_ids, *more.valid_ids, *last.valid_ids}
+    assert table(spark, quarantine_path(c, p)).count() + len(target_ids(spark, c, p)) == 500
+    assert drain(c, p, spark=spark).batch == 3  # an empty run after all this still reads batch 3
+    outcomes = [(r["batch"], r["success"], r["quarantined"]) for r in last_results(spark, c, p)]
+    assert outcomes == [(3, False, len(bad3)), (1, True, 0), (1, False, len(bad))]
+
+
+def test_default_suite_catches_a_duplicate_id(tmp_path, cfg, spark):
+    from pyspark.sql import functions as F
+
+    path, c, p, _, _ = drained(tmp_path, spark, 40)
+    assert p.quality.expectations == [] and p.quality.on_failure == "fail"
+    passed = check_batch(c, p, spark, 1)
+    assert passed.success and passed.rows_checked == 40
+    assert {"event_id unique", "event_id not null", "amount is double", "event_time is timestamp"} <= {
+        r["expectation"] for r in passed.results}
+    # A writer that bypasses the drain appends a copy of an existing row to batch 1.
+    target = str(c.target_path(p))
+    copy = table(spark, target).limit(1).withColumn("_dd_position", F.lit("0-0"))
+    copy.write.format("delta").mode("append").save(target)
+    with pytest.raises(QualityFailed, match="event_id unique"):
+        check_batch(c, p, spark, 1)
+    with pytest.raises(QualityFailed, match="whole table failed data quality: event_id unique"):
+        check_table(c, p, spark)
+    # The CLI reports the same, as JSON, and exits non-zero.
+    code = cli.main(["--config", str(path), "quality", p.name, "--table", "--json"])
+    assert code == 1
+
+
+def test_metrics_rows_for_each_drain_and_a_chart(tmp_path, cfg, spark, capsys):
+    path, c, p = make_pipeline(tmp_path, partitions=2)
+    produce(c, p, 150, seed=3)
+    first = drain(c, p, spark=spark)
+    produce(c, p, 50, seed=3, start=150)
+    second = drain(c, p, spark=spark)
+    empty = drain(c, p, spark=spark)
+    runs = last_runs(spark, c, p, 10)
+    assert [r["run_id"] for r in runs] == [empty.run_id, second.run_id, first.run_id]
+    assert [(r["batch"], r["outcome"], r["claimed"], r["written"]) for r in runs] == [
+        (2, "empty", 0, 0), (2, "committed", 50, 50), (1, "committed", 150, 150)]
+    assert all(r["backlog"] == 0 and r["seconds"] > 0 for r in runs)
+    assert runs[2]["rows_per_s"] == pytest.approx(150 / first.seconds, abs=0.001)
+    assert "commit" in runs[2]["timings"] and runs[0]["rows_per_s"] == 0
+    assert table(spark, metrics_path(c)).where(f"pipeline = '{p.name}'").count() == 3
+    chart = render_chart(spark, c, p, tmp_path / "chart.html")
+    page = chart.read_text()
+    assert page.count("<svg") == 2 and page.count("<polyline") == 2 and p.name in page
+    # The CLI: the last runs as JSON, and the chart written where asked.
+    assert cli.main(["--config", str(path), "metrics", p.name, "--last", "2", "--json",
+                     "--chart", str(tmp_path / "cli.html")]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert [r["run_id"] for r in shown["runs"]] == [empty.run_id, second.run_id]
+    assert shown["chart"] == str(tmp_path / "cli.html") and (tmp_path / "cli.html").exists()
+    # `deltadrain status` lists the last runs too.
+    assert cli.main(["--config", str(path), "status", p.name]) == 0
+    out = capsys.readouterr().out
+    assert out.count(" run ") == 3 and "batch 1 committed: claimed 150 written 150" in out
+
+
+def drop_batch_column(df):
+    """A broken handler for the test below: it loses a column the drain needs."""
+    return df.drop("_dd_batch")
+
+
+def test_a_failing_drain_is_recorded_as_an_error_run(tmp_path, cfg, spark):
+    _, c, p = make_pipeline(tmp_path, partitions=1, transform=f"{__name__}.drop_batch_column")
+    produce(c, p, 10, seed=5)
+    with pytest.raises(DrainError, match="dropped columns"):
+        drain(c, p, spark=spark)
+    [run] = last_runs(spark, c, p, 5)
+    assert run["outcome"] == "error" and run["batch"] == 1 and run["claimed"] == 10 and run["written"] == 0
+    assert run["error"].startswith("DrainError: transform") and "_dd_batch" in run["error"]
+
+
+@pytest.mark.slow
+def test_the_spark_submit_entry_point_checks_a_batch(tmp_path, cfg, spark):
+    """What the ingest DAG submits after a drain: spark_jobs/quality.py under spark-submit."""
+    import os
+    import subprocess
+
+    from deltadrain.paths import PROJECT_ROOT
+    from deltadrain.spark import spark_submit_command
+    from tests.integration.helpers import summary_of
+
+    path, c, p, _, _ = drained(tmp_path, spark, 60, quality=quality("fail"))
+    job = str(PROJECT_ROOT / "spark_jobs" / "quality.py")
+    done = subprocess.run(spark_submit_command(job, [p.name, "--batch", "1", "--config", str(path), "--run-id", "dq1"]),
+                          capture_output=True, text=True, timeout=600, env={**os.environ})
+    # spark-submit's PythonRunner merges the Python driver's stderr into its stdout.
+    output = done.stdout + done.stderr
+    assert done.returncode == 1 and f"pipeline '{p.name}': batch 1 failed data quality" in output
+    report = summary_of(done.stdout)
+    assert (report["run_id"], report["batch"], report["success"]) == ("dq1", 1, False)
+    assert f"Data Docs: {report['data_docs']}" in done.stdout
+    assert [r["run_id"] for r in last_results(spark, c, p)] == ["dq1"]

@@ -1,0 +1,125 @@
+"""The pure parts of quality and metrics: suites from config, GX expectations, metric rows, the chart."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+import yaml
+
+from deltadrain.config import parse_config
+from deltadrain.drain import RunSummary
+from deltadrain.errors import ConfigError
+from deltadrain.metrics import chart_html, metrics_row, panel_svg
+from deltadrain.quality import Check, batch_to_check, build_checks, gx_expectation, suite_name
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def orders(quality: dict | None = None):
+    data = yaml.safe_load((ROOT / "config" / "pipelines.yaml").read_text())
+    pipe = next(p for p in data["pipelines"] if p["name"] == "orders")
+    if quality is None:
+        pipe.pop("quality", None)
+    else:
+        pipe["quality"] = quality
+    return parse_config(data, Path("pipes.yaml")).pipeline("orders")
+
+
+def test_default_suite_checks_the_id_and_the_required_columns():
+    p = orders()
+    checks = build_checks(p)
+    assert checks[:2] == [Check("not_null", "event_id"), Check("unique", "event_id")]
+    names = [c.name for c in checks]
+    for column, kind in (("event_id", "string"), ("customer", "string"), ("amount", "double"),
+                         ("event_time", "timestamp")):
+        assert f"{column} exists" in names and f"{column} is {kind}" in names
+    assert {"customer not null", "amount not null", "event_time not null"} <= set(names)
+    assert "event_id not null" in names and names.count("event_id not null") == 1
+    assert not any(c.column in ("quantity", "status") for c in checks)  # optional columns are not required
+    assert suite_name(p) == "deltadrain_orders"
+
+
+def test_declared_expectations_replace_the_default_suite():
+    p = orders({"on_failure": "quarantine", "expectations": [
+        {"column": "amount", "kind": "between", "min": 0, "max": 10},
+        {"column": "status", "kind": "in_set", "values": ["new", "paid"]},
+        {"column": "quantity", "kind": "type", "type": "LONG"},
+        {"column": "event_time", "kind": "fresh_within", "within": "PT2H"}]})
+    checks = build_checks(p)
+    assert [c.name for c in checks] == ["amount between 0.0 and 10.0", "status in ['new', 'paid']",
+                                        "quantity is long", "event_time newest within 2:00:00"]
+    assert [c.row_level for c in checks] == [True, True, False, False]
+
+
+@pytest.mark.parametrize("expectation,error", [
+    ({"column": "amount", "kind": "between"}, "between needs min and/or max"),
+    ({"column": "amount", "kind": "between", "min": 5, "max": 1}, "min > max"),
+    ({"column": "status", "kind": "in_set"}, "in_set needs values"),
+    ({"column": "status", "kind": "type", "type": "varchar"}, "type needs type"),
+    ({"column": "event_time", "kind": "fresh_within"}, "fresh_within needs a positive duration"),
+    ({"column": "event_time", "kind": "fresh_within", "within": "PT0S"}, "fresh_within needs a positive duration"),
+])
+def test_bad_expectations_fail_at_config_load_naming_pipeline_and_column(expectation, error):
+    with pytest.raises(ConfigError) as info:
+        orders({"expectations": [expectation]})
+    assert "pipeline 'orders'" in str(info.value) and error in str(info.value)
+    assert f"'{expectation['column']}'" in str(info.value)
+
+
+def test_checks_become_the_matching_gx_expectations():
+    now = datetime(2026, 6, 1, 12, 0)
+    cases = [
+        (Check("not_null", "a"), "expect_column_values_to_not_be_null", {}),
+        (Check("unique", "a"), "expect_column_values_to_be_unique", {}),
+        (Check("between", "a", min=1, max=2), "expect_column_values_to_be_between", {"min_value": 1, "max_value": 2}),
+        (Check("in_set", "a", values=("x", "y")), "expect_column_values_to_be_in_set", {"value_set": ["x", "y"]}),
+        (Check("type", "a", type="long"), "expect_column_values_to_be_of_type", {"type_": "LongType"}),
+        (Check("type", "a", type="decimal(18,2)"), "expect_column_values_to_be_of_type", {"type_": "DecimalType"}),
+        (Check("exists", "a"), "expect_column_to_exist", {}),
+        (Check("fresh_within", "a", within=timedelta(hours=1)), "expect_column_max_to_be_between",
+         {"min_value": datetime(2026, 6, 1, 11, 0)}),
+    ]
+    for i, (check, kind, kwargs) in enumerate(cases):
+        expectation = gx_expectation(check, i, now)
+        config = expectation.configuration
+        assert config.type == kind and config.kwargs["column"] == "a" and config.meta == {"deltadrain": i}
+        for key, value in kwargs.items():
+            assert config.kwargs[key] == value
+
+
+def summary(**kw) -> RunSummary:
+    base = {"pipeline": "orders", "run_id": "r1", "batch": 4, "outcome": "committed", "claimed": 110,
+            "written": 100, "duplicates_skipped": 5, "dead_lettered": 5, "acked": 110, "seconds": 2.0,
+            "timings": {"commit": 1.5, "claim": 0.5}}
+    return RunSummary(**{**base, **kw})
+
+
+def test_metrics_row_counts_every_handled_row_per_second():
+    at = datetime(2026, 6, 1, tzinfo=UTC)
+    row = metrics_row(summary(), 7, at)
+    assert row[:9] == ("orders", "r1", 4, "committed", 110, 0, 100, 5, 5)
+    assert row[13:17] == (2.0, 55.0, 7, '{"claim": 0.5, "commit": 1.5}') and row[-1] == at
+    assert metrics_row(summary(seconds=0.0), None, at)[14] is None  # no rate out of a zero-second run
+
+
+def test_chart_draws_throughput_and_backlog_and_copes_with_no_runs():
+    t0 = datetime(2026, 6, 1, 12, 0)
+    runs = [{"finished_at": t0 + timedelta(minutes=i), "batch": i, "outcome": "committed", "claimed": 10,
+             "written": 10, "dead": 0, "seconds": 1.0, "rows_per_s": 10.0 * (i + 1), "backlog": 100 - 10 * i}
+            for i in range(5)]
+    page = chart_html("orders", list(reversed(runs)))
+    assert page.count("<svg") == 2 and page.count("<polyline") == 2 and page.count("<circle") == 10
+    assert "5 run(s)" in page and "2026-06-01 12:00:00" in page and "2026-06-01 12:04:00" in page
+    assert "50 rows/s" in panel_svg("t", [(r["finished_at"], r["rows_per_s"]) for r in runs], "#000", "rows/s")
+    assert "no data" in chart_html("orders", []) and "<polyline" not in chart_html("orders", [])
+    assert "&lt;b&gt;" in chart_html("<b>", [])  # names are escaped
+
+
+def test_only_a_committed_batch_is_left_to_check():
+    assert batch_to_check(summary(outcome="committed", batch=4)) == 4
+    assert batch_to_check({"outcome": "already_committed", "batch": 3}) == 3
+    for outcome in ("empty", "ahead", "mismatch", "error"):
+        assert batch_to_check({"outcome": outcome, "batch": 3}) is None
+    assert batch_to_check({"outcome": "committed", "batch": None}) is None
