@@ -1,7 +1,7 @@
 """spark-submit entry point of one data-quality check (what the Airflow ingest and quality DAGs submit).
 
 Thin on purpose: everything is in deltadrain.quality. Prints the Data Docs path (for the task log)
-and then the report as the last line of stdout (JSON, for XCom). Exits 1 when the data fails under
+and then the report as `deltadrain-summary: {json}` (for XCom, see deltadrain.jobs). Exits 1 when the data fails under
 `on_failure: fail` or the check cannot run, 0 otherwise (a `warn` or `quarantine` failure is data).
 """
 
@@ -11,6 +11,7 @@ import sys
 
 from deltadrain.config import load_config
 from deltadrain.errors import DeltadrainError
+from deltadrain.jobs import ERROR_PREFIX, SUMMARY_PREFIX
 from deltadrain.quality import QualityFailed, check_batch, check_table
 
 
@@ -38,12 +39,12 @@ def main() -> int:
         except QualityFailed as exc:
             report, failed = exc.report, exc
     except DeltadrainError as exc:
-        print(f"deltadrain: error: {exc}", file=sys.stderr)
+        print(f"{ERROR_PREFIX}{exc}", flush=True)
         return 1
     print(f"Data Docs: {report.data_docs}", flush=True)
-    print(json.dumps(report.as_dict(), default=str), flush=True)
+    print(SUMMARY_PREFIX + json.dumps(report.as_dict(), default=str), flush=True)
     if failed is not None:
-        print(f"deltadrain: error: {failed}", file=sys.stderr)
+        print(f"{ERROR_PREFIX}{failed}", flush=True)
         return 1
     return 0
 

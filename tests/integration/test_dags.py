@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from deltadrain.connections import valkey_client
-from deltadrain.orchestration.names import REAPER_DAG, REPLAY_DAG, ingest_dag_id, pool_name
+from deltadrain.orchestration.names import QUALITY_DAG, REAPER_DAG, REPLAY_DAG, ingest_dag_id, pool_name
 from deltadrain.produce import MALFORMED_KINDS, produce
 from tests.integration.helpers import ROOT, assert_exactly_once, dlq_rows, make_pipeline, pending, target_ids
 
@@ -45,7 +45,7 @@ def test_dags_parse_without_errors_warnings_or_io(monkeypatch, airflow_db):
     from deltadrain.config import load_config
 
     cfg = load_config()
-    expected = {ingest_dag_id(p.name) for p in cfg.pipelines} | {REAPER_DAG, REPLAY_DAG}
+    expected = {ingest_dag_id(p.name) for p in cfg.pipelines} | {REAPER_DAG, REPLAY_DAG, QUALITY_DAG}
     assert set(bag.dag_ids) == expected
     for p in cfg.pipelines:
         dag = bag.get_dag(ingest_dag_id(p.name))
@@ -57,6 +57,8 @@ def test_dags_parse_without_errors_warnings_or_io(monkeypatch, airflow_db):
         assert [o.name for o in drain.outlets] == [f"deltadrain.{p.name}"]
         sensor = dag.get_task("wait_for_work")
         assert sensor.deferrable and sensor.soft_fail
+        assert dag.get_task("quality").upstream_task_ids == {"drain"}
+    assert {t.task_id for t in bag.get_dag(QUALITY_DAG).tasks} == {f"check_{p.name}" for p in cfg.pipelines}
     replay = bag.get_dag(REPLAY_DAG)
     assert type(replay.timetable).__name__ == "NullTimetable"  # manual only
     assert replay.params.get_param("pipeline").schema["enum"] == [p.name for p in cfg.pipelines]
@@ -91,8 +93,12 @@ def test_ingest_dag_drains_through_spark_submit(pipeline_dags, spark):
     client = valkey_client(c, p)
     result = produce(c, p, 400, seed=91, malformed_ratio=0.1)
     run = run_dag(ingest_dag_id(p.name))
-    assert run["states"] == {"wait_for_work": "success", "drain": "success"}, run["log"][-3000:]
+    assert run["states"] == {"wait_for_work": "success", "drain": "success", "quality": "success"}, \
+        run["log"][-3000:]
     summary = run["xcoms"]["drain"]
+    report = run["xcoms"]["quality"]  # the default suite on the batch the drain committed
+    assert report["batch"] == summary["batch"] and report["success"] and report["rows_checked"] == summary["written"]
+    assert "Data Docs: file://" in run["log"]
     assert summary["outcome"] == "committed" and summary["written"] == len(result.valid_ids)
     assert "deltadrain drain summary:" in run["log"]  # the summary is shown in the task log too
     assert_exactly_once(spark, c, p, client, result.valid_ids, sum(result.kinds[k] for k in MALFORMED_KINDS))
@@ -101,7 +107,8 @@ def test_ingest_dag_drains_through_spark_submit(pipeline_dags, spark):
     data["pipelines"][0]["airflow"] = {"wait_timeout": "PT3S", "poll_interval": "PT1S"}
     path.write_text(yaml.safe_dump(data))
     run = run_dag(ingest_dag_id(p.name))
-    assert run["states"] == {"wait_for_work": "skipped", "drain": "skipped"}, run["log"][-3000:]
+    assert run["states"] == {"wait_for_work": "skipped", "drain": "skipped", "quality": "skipped"}, \
+        run["log"][-3000:]
 
 
 @pytest.mark.slow

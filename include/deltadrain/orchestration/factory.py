@@ -1,8 +1,9 @@
 """The DAG factory: the pipeline config in, deltadrain's DAGs out.
 
-- deltadrain__<pipeline>__ingest: wait for work (deferred) -> drain (spark-submit) [-> quality]
+- deltadrain__<pipeline>__ingest: wait for work (deferred) -> drain (spark-submit) -> quality of the batch
 - deltadrain__reaper:            stuck claims? -> reap each pipeline that has some
 - deltadrain__replay:            manual, validated Params -> replay (spark-submit)
+- deltadrain__quality:           daily, each pipeline's whole table against its suite
 
 Parsing reads the config file and nothing else: no source, Spark or Delta is touched until a task runs.
 """
@@ -14,8 +15,8 @@ from datetime import timedelta
 from airflow.sdk import DAG, Asset, CronDataIntervalTimetable, Param, task
 
 from deltadrain.config import DeltadrainConfig, PipelineConfig, load_config
-from deltadrain.orchestration.names import REAPER_DAG, REPLAY_DAG, ingest_dag_id, pool_name
-from deltadrain.orchestration.operators import DrainOperator, ReplayOperator
+from deltadrain.orchestration.names import QUALITY_DAG, REAPER_DAG, REPLAY_DAG, ingest_dag_id, pool_name
+from deltadrain.orchestration.operators import DrainOperator, QualityOperator, ReplayOperator
 from deltadrain.orchestration.sensors import SourceWorkSensor, StuckClaimsSensor
 from deltadrain.replay import MAX_LIMIT
 
@@ -60,7 +61,22 @@ def ingest_dag(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> DAG:
             pool="default_pool")
         drain = DrainOperator(task_id="drain", pipeline=pipeline.name, config=_config_arg(cfg),
                               outlets=[target_asset(cfg, pipeline)])
-        wait >> drain
+        quality = QualityOperator(task_id="quality", pipeline=pipeline.name, config=_config_arg(cfg),
+                                  drain_task="drain")
+        wait >> drain >> quality
+    return dag
+
+
+def quality_dag(cfg: DeltadrainConfig) -> DAG:
+    with DAG(dag_id=QUALITY_DAG, schedule="@daily", start_date=min(p.airflow.start_date for p in cfg.pipelines),
+             catchup=False, max_active_runs=1, tags=["deltadrain"],
+             doc_md="Daily: each pipeline's whole target table against its Great Expectations suite "
+                    "(results appended to the quality results table, Data Docs rendered).",
+             default_args={"retries": 1, "retry_delay": timedelta(minutes=5),
+                           "execution_timeout": timedelta(hours=2)}) as dag:
+        for p in cfg.pipelines:
+            QualityOperator(task_id=f"check_{p.name}", pipeline=p.name, config=_config_arg(cfg), whole_table=True,
+                            pool=pool_name(p.name))
     return dag
 
 
@@ -147,4 +163,5 @@ def build_dags(cfg: DeltadrainConfig | None = None) -> dict[str, DAG]:
     dags = {ingest_dag_id(p.name): ingest_dag(cfg, p) for p in cfg.pipelines}
     dags[REAPER_DAG] = reaper_dag(cfg)
     dags[REPLAY_DAG] = replay_dag(cfg)
+    dags[QUALITY_DAG] = quality_dag(cfg)
     return dags

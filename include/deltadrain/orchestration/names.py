@@ -2,6 +2,7 @@
 
 REAPER_DAG = "deltadrain__reaper"
 REPLAY_DAG = "deltadrain__replay"
+QUALITY_DAG = "deltadrain__quality"
 
 
 def ingest_dag_id(pipeline: str) -> str:

@@ -152,3 +152,37 @@ def _connection_exists(conn_id: str) -> bool:
     except Exception:
         return False
     return True
+
+
+class QualityOperator(DeltadrainSparkOperator):
+    """Great Expectations on the batch the upstream drain committed (`drain_task`), or on the whole
+    table (`whole_table=True`). The pipeline's policy decides: fail the task, warn, or quarantine."""
+
+    job = "quality"
+
+    def __init__(self, *, drain_task: str | None = None, whole_table: bool = False, **kwargs):
+        super().__init__(**kwargs)
+        self.drain_task, self.whole_table = drain_task, whole_table
+
+    def job_args(self, context) -> list[str]:
+        args = super().job_args(context)
+        if self.whole_table:
+            return [*args, "--table"]
+        from airflow.sdk.exceptions import AirflowSkipException
+
+        from deltadrain.quality import batch_to_check
+
+        summary = context["ti"].xcom_pull(task_ids=self.drain_task) or {}
+        batch = batch_to_check(summary)
+        if batch is None:
+            # Backfills and replays write batch-less rows: the daily whole-table check covers them.
+            raise AirflowSkipException(f"no batch to check (drain outcome: {summary.get('outcome', summary.get('mode'))})")
+        return [*args, "--batch", str(batch)]
+
+    def execute(self, context) -> Any:
+        report = super().execute(context)
+        self.log.info("deltadrain: Data Docs: file://%s", report.get("data_docs"))
+        if not report.get("success", True):
+            self.log.warning("deltadrain: %s failed data quality (policy %s): %s", self.pipeline,
+                             report.get("policy"), "; ".join(report.get("failed") or []))
+        return report
