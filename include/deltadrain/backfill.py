@@ -3,7 +3,8 @@
 A backfill run re-reads what the source still holds for [start, end) and MERGEs it insert-only on
 the message id, like a drain, with three differences that keep the live pipeline untouched: it
 claims nothing (XRANGE, not XREADGROUP), acknowledges nothing, and commits without the pipeline's
-SetTransaction, so the live checkpoint does not move. Its rows carry no batch number. Running it
+SetTransaction, so the live checkpoint does not move. Its rows carry batch 0 (drained batches
+start at 1). Running it
 twice, or beside a live drain, inserts each message id once.
 """
 
@@ -21,6 +22,8 @@ from deltadrain.deadletter import write_dead_letters
 from deltadrain.errors import DeltadrainError
 from deltadrain.lake import ensure_table, is_table, recent_commits, retry_conflicts
 from deltadrain.paths import state_home
+
+NO_BATCH = 0  # the batch number of rows a backfill or replay wrote; drained batches start at 1
 
 
 class BackfillError(DeltadrainError):
@@ -67,7 +70,7 @@ def prepare_rows(spark, pipeline: PipelineConfig, claimed, run_id: str, scratch)
     good = claimed.where(F.col("_dd_error_type").isNull())
 
     def build(df):
-        return transformed(target_rows(df, pipeline, None, run_id), pipeline)
+        return transformed(target_rows(df, pipeline, NO_BATCH, run_id), pipeline)
 
     rows = build(good).cache()
     try:
@@ -173,9 +176,9 @@ def backfill(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, start: date
             summary.skipped_failing = [{"partition": p, "position": pos, "error": e} for p, pos, e in skipped]
             summary.dead_lettered = bad.count()
             if summary.dead_lettered:
-                # Batch-less DLQ rows: the DLQ MERGE on (partition, position) keeps them single.
+                # The DLQ MERGE on (partition, position) keeps them single whoever writes them first.
                 write_dead_letters(spark, str(cfg.dlq_path(pipeline)),
-                                   dead_letter_rows(bad, pipeline.name, None, run_id))
+                                   dead_letter_rows(bad, pipeline.name, NO_BATCH, run_id))
             target = ensure_target(spark, cfg, pipeline, claimed.schema, run_id)
             offered = rows.count()
             if offered:

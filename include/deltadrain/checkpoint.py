@@ -63,18 +63,18 @@ def find_commit(spark, path: str, pipeline: str, batch: int) -> dict | None:
 def positions_from_rows(spark, path: str, dlq_path: str | None) -> dict[str, str]:
     """Per partition, the highest position (compared as integers) any drained row of the target or DLQ holds.
 
-    Rows written by backfills and replays carry no batch: they may lie beyond the live checkpoint
+    Rows written by backfills and replays carry batch 0: they may lie beyond the live checkpoint
     (a backfill of a recent interval), so they never count here.
     """
     from pyspark.sql import functions as F
 
     frames = []
     if is_table(spark, path):
-        frames.append(spark.read.format("delta").load(path).where("_dd_batch IS NOT NULL").select(
+        frames.append(spark.read.format("delta").load(path).where("_dd_batch > 0").select(
             F.col("_dd_partition").alias("p"), F.col("_dd_position").alias("pos"),
             F.col("_dd_pos_hi").alias("hi"), F.col("_dd_pos_lo").alias("lo")))
     if dlq_path and is_table(spark, dlq_path):
-        frames.append(spark.read.format("delta").load(dlq_path).where("batch IS NOT NULL").select(
+        frames.append(spark.read.format("delta").load(dlq_path).where("batch > 0").select(
             F.col("partition").alias("p"), F.col("position").alias("pos"),
             F.col("pos_hi").alias("hi"), F.col("pos_lo").alias("lo")))
     if not frames:

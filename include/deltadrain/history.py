@@ -59,27 +59,32 @@ def read_range(rng: StreamRange, ctx: ClaimContext) -> Iterator[tuple]:
     client.close()
 
 
-def trimmed_before(client, stream: str) -> str | None:
-    """The highest id the stream deleted (MAXLEN, XDEL), if any: history up to it may be gone."""
-    try:
-        info = client.xinfo_stream(stream)
-    except Exception as exc:
-        if "no such key" in str(exc).lower():
-            return None
-        raise
-    deleted = as_text(info.get("max-deleted-entry-id") or "0-0")
-    return None if deleted == "0-0" else deleted
-
-
 def history_gaps(client, ranges: list[StreamRange]) -> list[dict]:
-    """Ranges whose start lies at or before a deleted entry: part of them may no longer be retained."""
+    """Parts of `ranges` the stream may no longer hold: before its first retained entry when it was
+    trimmed (MAXLEN/MINID), or up to its highest XDEL-deleted id. Reported, never skipped in silence."""
     gaps = []
     for rng in ranges:
-        deleted = trimmed_before(client, rng.stream)
-        if deleted is not None and StreamId.parse(deleted) >= StreamId.parse(rng.lo):
-            upto = min(StreamId.parse(deleted), StreamId.parse(rng.hi))
+        try:
+            info = client.xinfo_stream(rng.stream)
+        except Exception as exc:
+            if "no such key" in str(exc).lower():
+                continue
+            raise
+        removed = int(info.get("entries-added", info["length"])) - int(info["length"])
+        if removed <= 0:
+            continue
+        lo, hi = StreamId.parse(rng.lo), StreamId.parse(rng.hi)
+        first = as_text(info.get("recorded-first-entry-id") or "0-0")
+        deleted = as_text(info.get("max-deleted-entry-id") or "0-0")
+        first_id = StreamId.parse(first)
+        if first_id > lo:
+            upto = min(StreamId(first_id.ms, first_id.seq - 1) if first_id.seq else StreamId(first_id.ms - 1, 2**64 - 1), hi)
             gaps.append({"partition": rng.stream, "from": rng.lo, "to": str(upto),
-                         "reason": "entries in this range were deleted from the stream (MAXLEN or XDEL)"})
+                         "reason": f"the stream was trimmed (MAXLEN/MINID): its first retained entry is {first}, "
+                                   f"{removed} entries were deleted in all"})
+        elif StreamId.parse(deleted) >= lo:
+            gaps.append({"partition": rng.stream, "from": rng.lo, "to": str(min(StreamId.parse(deleted), hi)),
+                         "reason": f"entries up to {deleted} were deleted from the stream (XDEL)"})
     return gaps
 
 

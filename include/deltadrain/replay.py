@@ -258,7 +258,6 @@ def reprocess(cfg, pipeline: PipelineConfig, spark, request: ReplayRequest, resu
     """Re-read the selected published messages from the source's retained history and update their
     rows through the current transform. Messages the source no longer holds are reported."""
     from deltadrain.backfill import merge_without_checkpoint, prepare_rows
-    from deltadrain.checkpoint import META_COLUMNS
 
     target = str(cfg.target_path(pipeline))
     if not is_table(spark, target):
@@ -283,9 +282,7 @@ def reprocess(cfg, pipeline: PipelineConfig, spark, request: ReplayRequest, resu
         result.skipped += [{"partition": p, "position": pos, "reason": f"transform failed: {e}"}
                            for p, pos, e in failing]
         # Everything but the batch number: the row stays part of the batch that first published it.
-        keep = {"_dd_batch"}
-        columns = [c for c in rows.columns if c not in keep]
-        assert all(name in rows.columns for name, _ in META_COLUMNS)
+        columns = [c for c in rows.columns if c != "_dd_batch"]
         meta = {"deltadrain": 1, "pipeline": pipeline.name, "kind": "reprocess", "run_id": result.run_id}
         metrics = merge_without_checkpoint(spark, target, rows, pipeline, meta, window_start=None,
                                            update_matched=columns)

@@ -90,7 +90,7 @@ def test_backfill_reports_trimmed_history_as_a_gap(tmp_path, spark, valkey_serve
     client.xtrim(p.source.streams[0], maxlen=60, approximate=False)
     s = backfill(c, p, spark, began, datetime.now(UTC) + timedelta(seconds=1))
     assert s.read == 60 and len(s.gaps) == 1 and s.gaps[0]["partition"] == p.source.streams[0]
-    assert "deleted" in s.gaps[0]["reason"]
+    assert "trimmed" in s.gaps[0]["reason"] and s.gaps[0]["from"] == f"{int(began.timestamp() * 1000)}-0"
     assert len(target_ids(spark, c, p)) == 60 and set(target_ids(spark, c, p)) <= set(result.valid_ids)
 
 
