@@ -52,8 +52,14 @@ def test_airflow_end_to_end(tmp_path, spark, valkey_server):
         api.unpause(REPLAY_DAG)
         run_id = api.trigger(dag_id)  # no logical date: a normal drain
         assert api.wait_for_run(dag_id, run_id) == "success", api.task_states(dag_id, run_id)
-        summary = api.xcom(dag_id, run_id, "drain")
-        assert summary["outcome"] == "committed" and summary["written"] == len(result.valid_ids)
+        # Unpausing also starts the schedule (every minute), and max_active_runs=1 lines the runs up:
+        # whichever run found the messages drained them. Every finished run's summary is in XCom.
+        summaries = []
+        for run in api.runs(dag_id):
+            if run["state"] == "success" and api.task_states(dag_id, run["dag_run_id"]).get("drain") == "success":
+                summaries.append(api.xcom(dag_id, run["dag_run_id"], "drain"))
+        assert summaries and {s["outcome"] for s in summaries} <= {"committed", "empty"}
+        assert sum(s["written"] for s in summaries) == len(result.valid_ids)
         assert_exactly_once(spark, c, p, client, result.valid_ids, bad + len(result.poison_ids))
 
         # Replay the poison dead letters through the REST API with conf.

@@ -14,7 +14,9 @@ BACKFILL = "backfill"
 
 def is_backfill(context) -> bool:
     run = context.get("dag_run")
-    return run is not None and str(getattr(run, "run_type", "")) in (BACKFILL, "DagRunType.BACKFILL_JOB")
+    run_type = getattr(run, "run_type", None)
+    # The Task SDK's DagRunType is a str Enum whose str() is its name, not its value: compare values.
+    return getattr(run_type, "value", run_type) == BACKFILL
 
 
 class SourceWorkSensor(BaseSensorOperator):

@@ -1,0 +1,49 @@
+"""Pure decisions of the Airflow glue: which runs are backfills, and what the drain job is told."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from types import SimpleNamespace
+
+import pytest
+
+from deltadrain.orchestration.names import ingest_dag_id, pool_name
+
+
+def test_backfill_runs_are_told_apart_by_the_run_type_value():
+    from airflow.sdk.api.datamodels._generated import DagRunType
+
+    from deltadrain.orchestration.sensors import is_backfill
+
+    assert is_backfill({"dag_run": SimpleNamespace(run_type=DagRunType.BACKFILL)})
+    assert is_backfill({"dag_run": SimpleNamespace(run_type="backfill")})
+    assert not is_backfill({"dag_run": SimpleNamespace(run_type=DagRunType.MANUAL)})
+    assert not is_backfill({"dag_run": SimpleNamespace(run_type=DagRunType.SCHEDULED)})
+    assert not is_backfill({})
+
+
+def context(run_type: str, start=None, end=None) -> dict:
+    ti = SimpleNamespace(dag_id="deltadrain__orders__ingest", run_id=f"{run_type}__2026-05-01T00:00:00+00:00",
+                         try_number=2)
+    return {"ti": ti, "dag_run": SimpleNamespace(run_type=run_type), "data_interval_start": start,
+            "data_interval_end": end}
+
+
+def test_the_drain_job_gets_the_interval_only_in_a_backfill():
+    from deltadrain.orchestration.operators import DeltadrainJobFailed, DrainOperator
+
+    op = DrainOperator(task_id="drain", pipeline="orders", config="/etc/dd.yaml")
+    start, end = datetime(2026, 5, 1, tzinfo=UTC), datetime(2026, 5, 1, 0, 5, tzinfo=UTC)
+    args = op.job_args(context("backfill", start, end))
+    assert args[:3] == ["orders", "--config", "/etc/dd.yaml"]
+    assert args[-4:] == ["--backfill-start", start.isoformat(), "--backfill-end", end.isoformat()]
+    run_id = args[args.index("--run-id") + 1]
+    assert run_id.endswith("-try2") and ":" not in run_id and "+" not in run_id
+    assert "--backfill-start" not in op.job_args(context("scheduled", start, end))
+    assert "--backfill-start" not in op.job_args(context("manual"))
+    with pytest.raises(DeltadrainJobFailed, match="data interval"):
+        op.job_args(context("backfill"))
+
+
+def test_names():
+    assert ingest_dag_id("orders") == "deltadrain__orders__ingest" and pool_name("orders") == "deltadrain_orders"
