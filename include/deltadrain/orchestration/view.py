@@ -24,6 +24,8 @@ import time
 import urllib.parse
 from pathlib import Path
 
+from fastapi import Request  # module level: FastAPI resolves the (postponed) annotations in this module
+
 from deltadrain.config import DeltadrainConfig, PipelineConfig, ValkeySource
 from deltadrain.orchestration.names import REPLAY_DAG, ingest_dag_id
 
@@ -171,11 +173,9 @@ def airflow_base_url(request) -> str:
 
 
 def create_app():
-    from typing import Annotated
-
     from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity, DagDetails
     from airflow.api_fastapi.core_api.security import get_user
-    from fastapi import Depends, FastAPI, HTTPException, Request
+    from fastapi import Depends, FastAPI, HTTPException
     from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
 
     from deltadrain.errors import DeltadrainError
@@ -184,7 +184,8 @@ def create_app():
     # Every route needs an authenticated Airflow user: 401 without a credential, 403 for a bad one.
     app = FastAPI(title="deltadrain", dependencies=[Depends(get_user)], docs_url=None, redoc_url=None,
                   openapi_url=None)
-    User = Annotated[object, Depends(get_user)]
+    # A default, not an Annotated alias: with postponed annotations FastAPI could not resolve a local alias.
+    user_dep = Depends(get_user)
 
     def auth_manager():
         from airflow.api_fastapi.app import get_auth_manager
@@ -209,23 +210,23 @@ def create_app():
         return None if state == "all" else state
 
     @app.get("/", response_class=HTMLResponse)
-    def index(user: User):
+    def index(user=user_dep):
         cfg = load_cfg()
         pipelines = [p for p in cfg.pipelines if readable(user, p)]
         return templates.get_template("index.html.j2").render(pipelines=pipelines)
 
     @app.get("/api/pipelines")
-    def list_pipelines(user: User):
+    def list_pipelines(user=user_dep):
         return {"pipelines": [p.name for p in load_cfg().pipelines if readable(user, p)]}
 
     @app.get("/api/pipelines/{name}")
-    def pipeline_json(name: str, user: User, state: str = "DEAD", limit: int = 100):
+    def pipeline_json(name: str, user=user_dep, state: str = "DEAD", limit: int = 100):
         cfg = load_cfg()
         pipeline = find(cfg, name, user)
         return JSONResponse(_jsonable(pipeline_view(cfg, pipeline, state_arg(state), max(1, min(limit, 1000)))))
 
     @app.get("/pipelines/{name}", response_class=HTMLResponse)
-    def pipeline_page(name: str, user: User, state: str = "DEAD", limit: int = 100, triggered: str = ""):
+    def pipeline_page(name: str, user=user_dep, state: str = "DEAD", limit: int = 100, triggered: str = ""):
         cfg = load_cfg()
         pipeline = find(cfg, name, user)
         data = pipeline_view(cfg, pipeline, state_arg(state), max(1, min(limit, 1000)))
@@ -233,7 +234,7 @@ def create_app():
             v=data, state=state, replay_dag=REPLAY_DAG, triggered=[r for r in triggered.split(",") if r][:MAX_RUNS])
 
     @app.post("/pipelines/{name}/replay")
-    async def replay_selected(name: str, request: Request, user: User):
+    async def replay_selected(name: str, request: Request, user=user_dep):
         """Form (`entry` = partition@position, repeated) from the page, or JSON {"entries": [...]} from scripts."""
         cfg = load_cfg()
         pipeline = find(cfg, name, user)
