@@ -1,0 +1,149 @@
+"""Read-only, JVM-free reads of deltadrain's Delta tables, for the Airflow view (delta-rs).
+
+The view runs inside Airflow's API server, which must not start a Spark JVM per request. delta-rs
+reads the Spark-written tables directly; its pyarrow-dataset path refuses tables with deletion
+vectors, so every read here goes through its DataFusion QueryBuilder, which applies them.
+
+Results are cached per table version: a page reload on an idle pipeline only lists the log.
+SQL text holds table names and validated pipeline names only (config.NAME); user input is never
+spliced into it — selections are matched in Python (see `dead_letter_keys`).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from datetime import UTC, datetime
+
+from deltadrain.config import DeltadrainConfig, PipelineConfig
+from deltadrain.deadletter import DEAD, REPLAYED
+from deltadrain.metrics import metrics_path
+
+PREVIEW_BYTES = 120
+_cache: dict[tuple, object] = {}
+_cache_lock = threading.Lock()
+_CACHE_MAX = 256
+
+
+def open_table(path: str):
+    """The table at `path`, or None when there is none yet."""
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    try:
+        return DeltaTable(path)
+    except TableNotFoundError:
+        return None
+
+
+def query(table, sql: str, name: str = "t") -> list[dict]:
+    """Rows of `sql` over `table` (registered as `name`), cached per table version."""
+    import pyarrow as pa
+    from deltalake import QueryBuilder
+
+    key = (table.table_uri, table.version(), name, sql)
+    with _cache_lock:
+        if key in _cache:
+            return _cache[key]
+    rows = pa.table(QueryBuilder().register(name, table).execute(sql).read_all()).to_pylist()
+    with _cache_lock:
+        if len(_cache) >= _CACHE_MAX:
+            _cache.clear()
+        _cache[key] = rows
+    return rows
+
+
+def _sql_literal(name: str) -> str:
+    from deltadrain.config import NAME
+
+    if not NAME.match(name):  # pipeline names are validated at load; keep it impossible to splice anything else
+        raise ValueError(f"not a pipeline name: {name!r}")
+    return f"'{name}'"
+
+
+def published_count(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> int:
+    table = open_table(str(cfg.target_path(pipeline)))
+    return int(query(table, "SELECT count(*) AS n FROM t")[0]["n"]) if table is not None else 0
+
+
+def dlq_counts(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> dict[str, int]:
+    table = open_table(str(cfg.dlq_path(pipeline)))
+    counts = {DEAD: 0, REPLAYED: 0}
+    if table is not None:
+        for r in query(table, "SELECT state, count(*) AS n FROM t GROUP BY state"):
+            counts[r["state"]] = int(r["n"])
+    return counts
+
+
+def preview(original: bytes | None) -> str | None:
+    """The first bytes of a payload as text (undecodable bytes replaced); escaping is the template's job."""
+    if original is None:
+        return None
+    text = bytes(original[:PREVIEW_BYTES]).decode("utf-8", "replace")
+    return text + ("…" if len(original) > PREVIEW_BYTES else "")
+
+
+def dead_letters(cfg: DeltadrainConfig, pipeline: PipelineConfig, state: str | None = DEAD,
+                 limit: int = 100) -> list[dict]:
+    """DLQ entries, newest failure first, with a truncated payload preview instead of the bytes."""
+    table = open_table(str(cfg.dlq_path(pipeline)))
+    if table is None:
+        return []
+    where = {DEAD: "WHERE state = 'DEAD'", REPLAYED: "WHERE state = 'REPLAYED'", None: ""}[state]
+    # Only constants and an int go into the text.
+    rows = query(table, "SELECT partition, position, pos_hi, pos_lo, message_id, original, error, error_type, "  # noqa: S608
+                        "attempts, first_failure_at, last_failure_at, state, batch, replayed_at, replay_run_id "
+                        f"FROM t {where} ORDER BY last_failure_at DESC, partition, pos_hi, pos_lo "
+                        f"LIMIT {int(limit)}")
+    out = []
+    for r in rows:
+        item = dict(r)
+        original = item.pop("original")
+        item["payload_preview"] = preview(original)
+        item["payload_bytes"] = len(original) if original is not None else 0
+        out.append(item)
+    return out
+
+
+def dead_letter_keys(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> dict[tuple[str, str], str | None]:
+    """(partition, position) -> message id of every DEAD entry: what a replay selection is checked against."""
+    table = open_table(str(cfg.dlq_path(pipeline)))
+    if table is None:
+        return {}
+    rows = query(table, "SELECT partition, position, message_id FROM t WHERE state = 'DEAD'")
+    return {(r["partition"], r["position"]): r["message_id"] for r in rows}
+
+
+def last_batches(cfg: DeltadrainConfig, pipeline: PipelineConfig, n: int = 10) -> list[dict]:
+    """The pipeline's newest runs from the metrics table, newest first (the same rows as metrics.last_runs)."""
+    table = open_table(str(metrics_path(cfg)))
+    if table is None:
+        return []
+    # The name is checked against config.NAME by _sql_literal: nothing else can reach the text.
+    rows = query(table, f"SELECT * FROM m WHERE pipeline = {_sql_literal(pipeline.name)} "  # noqa: S608
+                        f"ORDER BY finished_at DESC LIMIT {int(n)}", name="m")
+    out = []
+    for r in rows:
+        item = dict(r)
+        item["timings"] = json.loads(item["timings"]) if item.get("timings") else {}
+        out.append(item)
+    return out
+
+
+def last_commit(cfg: DeltadrainConfig, pipeline: PipelineConfig, search: int = 20) -> dict | None:
+    """The newest commit of the target that carries this pipeline's batch metadata (the checkpoint's fast path)."""
+    table = open_table(str(cfg.target_path(pipeline)))
+    if table is None:
+        return None
+    for commit in table.history(search):
+        try:
+            meta = json.loads(commit.get("userMetadata") or "null")
+        except ValueError:
+            meta = None
+        if isinstance(meta, dict) and meta.get("pipeline") == pipeline.name and isinstance(meta.get("batch"), int):
+            metrics = commit.get("operationMetrics") or {}
+            return {"batch": meta["batch"], "run_id": meta.get("run_id"), "positions": meta.get("positions") or {},
+                    "table_version": commit.get("version"),
+                    "at": datetime.fromtimestamp(commit["timestamp"] / 1000, UTC) if commit.get("timestamp") else None,
+                    "written": int(metrics.get("numTargetRowsInserted", 0))}
+    return None

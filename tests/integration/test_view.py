@@ -1,0 +1,142 @@
+"""The operator's view on a real `airflow standalone`: the plugin is mounted, every endpoint needs
+Airflow's authentication, the counts are the real ones of a drained pipeline (read by delta-rs from
+the Spark-written tables), payloads are escaped, and "Replay selected" creates real replay DAG runs
+that turn the selected dead letters REPLAYED."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+
+import pytest
+
+from deltadrain import services
+from deltadrain.airflow_api import embedded_api
+from deltadrain.connections import valkey_client
+from deltadrain.orchestration.names import REPLAY_DAG
+from deltadrain.produce import VALKEY_FIELD, produce
+from tests.integration.helpers import dlq_rows, drain_until_done, make_pipeline, target_ids
+
+SCRIPT = b"<script>alert('dd')</script> is not JSON"
+
+
+def http(method: str, url: str, *, token: str | None = None, cookie: str | None = None, body: bytes | None = None,
+         headers: dict | None = None) -> tuple[int, str, dict]:
+    req = urllib.request.Request(url, data=body, method=method, headers=dict(headers or {}))
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    if cookie:
+        req.add_header("Cookie", f"_token={cookie}")
+
+    class NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args, **kwargs):
+            return None
+
+    try:
+        with urllib.request.build_opener(NoRedirect).open(req, timeout=60) as resp:
+            return resp.status, resp.read().decode(), dict(resp.headers)
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode("utf-8", "replace"), dict(exc.headers)
+
+
+@pytest.mark.slow
+def test_view_shows_real_counts_and_replays_selected(tmp_path, spark, valkey_server, monkeypatch):
+    path, c, p = make_pipeline(tmp_path, max_retries=0, partitions=2)
+    monkeypatch.setenv("DELTADRAIN_CONFIG", str(path))  # what the API server's view (and the DAGs) read
+    client = valkey_client(c, p)
+    result = produce(c, p, 80, seed=6, malformed_ratio=0.1, poison_ratio=0.03)
+    assert result.poison_ids, "the seed must give at least one poison message (it has an id)"
+    client.xadd(p.source.streams[0], {VALKEY_FIELD: SCRIPT})  # id-less, and HTML in the preview
+    drain_until_done(c, p, spark, client)
+    published, dead = len(target_ids(spark, c, p)), len(dlq_rows(spark, c, p))
+    assert published == len(result.valid_ids) and dead >= 2
+
+    try:
+        services.up(c, ["airflow"])
+        api = embedded_api(c)
+        token = api.token()
+        base = f"{api.base_url}/deltadrain"
+        page, data = f"{base}/pipelines/{p.name}", f"{base}/api/pipelines/{p.name}"
+
+        # Authentication is required everywhere: none -> 401, a forged token -> 403.
+        for url in (f"{base}/", page, data, f"{base}/api/pipelines"):
+            assert http("GET", url)[0] == 401, url
+            assert http("GET", url, token="not-a-jwt")[0] in (401, 403), url
+        assert http("POST", f"{page}/replay", body=b"entry=x@1-0",
+                    headers={"Content-Type": "application/x-www-form-urlencoded"})[0] == 401
+        # The nav entry is registered with the UI.
+        plugins = api.call("GET", "/api/v2/plugins")["plugins"]
+        ours = next(x for x in plugins if x["name"] == "deltadrain_view")
+        assert ours["external_views"][0]["href"] == "/deltadrain/" and ours["fastapi_apps"]
+
+        began = time.monotonic()
+        status, body, _ = http("GET", data, token=token)
+        first = time.monotonic() - began
+        assert status == 200, body
+        view = json.loads(body)
+        assert (view["PUBLISHED"], view["DEAD"], view["REPLAYED"]) == (published, dead, 0)
+        assert (view["PENDING"], view["CLAIMED"], view["lag"]) == (0, 0, 0)
+        assert {(d["partition"], d["position"]) for d in view["dead_letters"]} == {
+            (r.partition, r.position) for r in dlq_rows(spark, c, p)}
+        assert view["last_batches"] and view["last_batches"][0]["outcome"] in ("committed", "empty")
+        assert view["last_commit"]["batch"] >= 1
+        began = time.monotonic()
+        assert http("GET", data, token=token)[0] == 200
+        again = time.monotonic() - began
+        print(f"view JSON: first {first:.3f}s (reads {view['read_seconds']}s), cached {again:.3f}s")
+
+        # The page, with the bearer token and with the UI's cookie; the payload is escaped.
+        for kwargs in ({"token": token}, {"cookie": token}):
+            status, html, _ = http("GET", page, **kwargs)
+            assert status == 200, html
+            assert f'<td id="PUBLISHED">{published:,}</td>' in html and f'<td id="DEAD">{dead:,}</td>' in html
+            assert "<script>alert" not in html and "&lt;script&gt;alert(&#39;dd&#39;)&lt;/script&gt;" in html
+            assert html.count('name="entry"') == dead
+        assert http("GET", f"{base}/", token=token)[1].count(p.name) >= 1
+
+        rows = dlq_rows(spark, c, p)
+        poison = next(r for r in rows if r.message_id == result.poison_ids[0])
+        script = next(r for r in rows if r.original is not None and bytes(r.original) == SCRIPT)
+        picked = [f"{poison.partition}@{poison.position}", f"{script.partition}@{script.position}"]
+        form = urllib.parse.urlencode([("entry", e) for e in picked]).encode()
+        form_headers = {"Content-Type": "application/x-www-form-urlencoded"}
+        # A cookie-only form post from another origin (or none) is refused: the cookie alone is no consent.
+        for origin in ({}, {"Origin": "http://evil.example"}):
+            assert http("POST", f"{page}/replay", cookie=token, body=form, headers={**form_headers, **origin})[0] == 403
+        # A form post from the page itself is parsed and checked against the DLQ (an unknown entry -> 400).
+        host = urllib.parse.urlsplit(api.base_url).netloc
+        status, body, _ = http("POST", f"{page}/replay", cookie=token,
+                               body=urllib.parse.urlencode([("entry", "nope@1-0")]).encode(),
+                               headers={**form_headers, "Origin": f"http://{host}"})
+        assert status == 400 and "not DEAD" in body, body
+
+        api.wait_for_dag(REPLAY_DAG, timeout=300)
+        api.unpause(REPLAY_DAG)
+        before = {r["dag_run_id"] for r in api.runs(REPLAY_DAG)}
+        status, body, headers = http("POST", f"{page}/replay", cookie=token, body=form,
+                                     headers={**form_headers, "Origin": f"http://{host}"})
+        assert status == 303, body
+        runs = urllib.parse.parse_qs(urllib.parse.urlsplit(headers["location"]).query)["triggered"][0].split(",")
+        assert len(runs) == 2  # one by message id, one for the id-less entry
+        assert set(runs) == {r["dag_run_id"] for r in api.runs(REPLAY_DAG)} - before
+        confs = {r["dag_run_id"]: r["conf"] for r in api.runs(REPLAY_DAG)}
+        assert any(confs[r].get("message_ids") == [poison.message_id] for r in runs), confs
+        assert any(confs[r].get("position_from") == script.position for r in runs), confs
+        for run in runs:
+            assert api.wait_for_run(REPLAY_DAG, run, timeout=900) == "success", api.task_states(REPLAY_DAG, run)
+
+        states = {(r.partition, r.position): r.state for r in dlq_rows(spark, c, p)}
+        assert states[(poison.partition, poison.position)] == "REPLAYED"
+        assert states[(script.partition, script.position)] == "REPLAYED"
+        assert list(states.values()).count("REPLAYED") == 2
+        view = json.loads(http("GET", data, token=token)[1])
+        assert (view["DEAD"], view["REPLAYED"]) == (dead - 2, 2)
+        # Replaying the same entries again is refused: they are no longer DEAD.
+        status, body, _ = http("POST", f"{page}/replay", token=token, body=json.dumps({"entries": picked}).encode(),
+                               headers={"Content-Type": "application/json"})
+        assert status == 400 and "not DEAD" in body, body
+    finally:
+        services.down(c, ["airflow"])

@@ -1,0 +1,74 @@
+"""Pure parts of the operator's view: a selection becomes exactly the replay confs that replay it."""
+
+from __future__ import annotations
+
+import pytest
+
+from deltadrain.lakeview import PREVIEW_BYTES, preview
+from deltadrain.orchestration.view import (
+    MAX_RUNS,
+    SelectionError,
+    parse_entry,
+    same_origin,
+    selection_to_confs,
+)
+
+DEAD = {("orders:{0}", "1-0"): "a", ("orders:{0}", "2-0"): None, ("orders:{1}", "1-1"): "b",
+        ("orders:{1}", "9-0"): "a", ("t-3", "42"): None}
+
+
+def test_parse_entry_splits_at_the_last_at_sign():
+    assert parse_entry("orders:{0}@1-0") == ("orders:{0}", "1-0")
+    assert parse_entry("odd@name@7") == ("odd@name", "7")
+    for bad in ("", "x@", "@1-0", "no-at"):
+        with pytest.raises(SelectionError):
+            parse_entry(bad)
+
+
+def test_ids_go_in_one_run_and_idless_entries_one_run_each():
+    confs = selection_to_confs("orders", [("orders:{0}", "1-0"), ("orders:{1}", "1-1"), ("orders:{0}", "2-0"),
+                                          ("t-3", "42"), ("orders:{0}", "1-0")], DEAD)
+    assert confs[0] == {"pipeline": "orders", "mode": "dlq", "message_ids": ["a", "b"], "limit": 10_000,
+                        "dry_run": False}
+    assert confs[1:] == [
+        {"pipeline": "orders", "mode": "dlq", "partition": "orders:{0}", "position_from": "2-0",
+         "position_to": "2-0", "limit": 1, "dry_run": False},
+        {"pipeline": "orders", "mode": "dlq", "partition": "t-3", "position_from": "42", "position_to": "42",
+         "limit": 1, "dry_run": False}]
+
+
+def test_confs_are_valid_replay_requests():
+    from deltadrain.replay import ReplayRequest
+
+    for conf in selection_to_confs("orders", list(DEAD), DEAD):
+        request = ReplayRequest.model_validate(conf)
+        assert request.mode == "dlq" and request.dry_run is False
+
+
+def test_entries_that_are_not_dead_are_refused():
+    with pytest.raises(SelectionError, match=r"not DEAD.*orders:\{0\}@3-0"):
+        selection_to_confs("orders", [("orders:{0}", "1-0"), ("orders:{0}", "3-0")], DEAD)
+    with pytest.raises(SelectionError, match="nothing selected"):
+        selection_to_confs("orders", [], DEAD)
+
+
+def test_too_many_idless_entries_are_refused():
+    dead = {("s", f"{i}-0"): None for i in range(MAX_RUNS + 1)}
+    with pytest.raises(SelectionError, match="no message id"):
+        selection_to_confs("orders", list(dead), dead)
+    assert len(selection_to_confs("orders", list(dead)[:MAX_RUNS], dead)) == MAX_RUNS
+
+
+def test_same_origin():
+    assert same_origin({"origin": "http://127.0.0.1:8080"}, "127.0.0.1:8080")
+    assert same_origin({"referer": "http://127.0.0.1:8080/deltadrain/pipelines/x"}, "127.0.0.1:8080")
+    assert not same_origin({"origin": "http://evil.example"}, "127.0.0.1:8080")
+    assert not same_origin({"origin": "null"}, "127.0.0.1:8080")
+    assert not same_origin({}, "127.0.0.1:8080")
+
+
+def test_preview_is_truncated_and_decodes_bad_bytes():
+    assert preview(None) is None
+    assert preview(b"\xff{") == "\ufffd{"
+    long = preview(b"x" * (PREVIEW_BYTES + 50))
+    assert long == "x" * PREVIEW_BYTES + "…"

@@ -1,0 +1,63 @@
+"""The view's routes in-process (FastAPI TestClient): wiring, rendering on an empty lake, the
+authorization checks. Airflow's real authentication is tested end to end in
+tests/integration/test_view.py; here the user and the auth manager are stand-ins."""
+
+from __future__ import annotations
+
+import pytest
+
+
+class FakeAuth:
+    def __init__(self, allow_read=True, allow_run=True):
+        self.allow_read, self.allow_run = allow_read, allow_run
+
+    def is_authorized_dag(self, *, method, user, access_entity=None, details=None):
+        return self.allow_run if method == "POST" else self.allow_read
+
+
+@pytest.fixture
+def client_for(monkeypatch, cfg):
+    from airflow.api_fastapi import app as airflow_app
+    from airflow.api_fastapi.core_api.security import get_user
+    from fastapi.testclient import TestClient
+
+    from deltadrain.orchestration.view import create_app
+
+    def make(auth: FakeAuth):
+        monkeypatch.setattr(airflow_app, "get_auth_manager", lambda: auth)
+        app = create_app()
+        app.dependency_overrides[get_user] = lambda: object()
+        return TestClient(app)
+
+    return make
+
+
+def test_pages_render_on_an_empty_lake(client_for, cfg):
+    client = client_for(FakeAuth())
+    names = [p.name for p in cfg.pipelines]
+    assert client.get("/api/pipelines").json() == {"pipelines": names}
+    index = client.get("/")
+    assert index.status_code == 200 and all(f'href="pipelines/{n}"' in index.text for n in names)
+    for name in names:
+        data = client.get(f"/api/pipelines/{name}").json()
+        assert (data["PUBLISHED"], data["DEAD"], data["REPLAYED"]) == (0, 0, 0)
+        assert data["dead_letters"] == [] and data["last_batches"] == []
+        page = client.get(f"/pipelines/{name}")
+        assert page.status_code == 200 and "no dead letters" in page.text
+    assert client.get("/pipelines/nope").status_code == 404
+    assert client.get(f"/pipelines/{names[0]}?state=bogus").status_code == 400
+
+
+def test_reading_and_replaying_need_the_permissions(client_for, cfg):
+    name = cfg.pipelines[0].name
+    assert client_for(FakeAuth(allow_read=False)).get(f"/api/pipelines/{name}").status_code == 403
+    assert client_for(FakeAuth(allow_read=False)).get("/api/pipelines").json() == {"pipelines": []}
+    no_run = client_for(FakeAuth(allow_run=False))
+    r = no_run.post(f"/pipelines/{name}/replay", json={"entries": ["s@1-0"]}, headers={"Authorization": "Bearer x"})
+    assert r.status_code == 403 and "deltadrain__replay" in r.text
+    # Cookie-only form posts need the same origin.
+    ok = client_for(FakeAuth())
+    ok.cookies.set("_token", "x")
+    assert ok.post(f"/pipelines/{name}/replay", data={"entry": "s@1-0"}).status_code == 403
+    r = ok.post(f"/pipelines/{name}/replay", data={"entry": "s@1-0"}, headers={"Origin": "http://testserver"})
+    assert r.status_code == 400 and "not DEAD" in r.text
