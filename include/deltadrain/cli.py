@@ -158,9 +158,10 @@ def _demo(args) -> int:
 def _bench(args) -> int:
     from pathlib import Path
 
-    from deltadrain.bench import run_bench
+    from deltadrain.bench import run_bench, run_kafka_bench
 
-    report = run_bench(args.count, args.partitions, args.batch, Path(args.workdir) if args.workdir else None)
+    bench = run_kafka_bench if args.source == "kafka" else run_bench
+    report = bench(args.count, args.partitions, args.batch, Path(args.workdir) if args.workdir else None)
     text = json.dumps(report, indent=2, default=str)
     if args.output:
         Path(args.output).write_text(text + "\n")
@@ -220,7 +221,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="start everything, produce sample events, drain them, show where to look")
     p.add_argument("--count", type=int, default=5000)
 
-    p = sub.add_parser("bench", help="measure drain throughput against the raw limits (docs/benchmarks.md)")
+    p = sub.add_parser("bench", help="measure drain throughput against the raw limits, or for Kafka against "
+                                      "Structured Streaming (docs/benchmarks.md)")
+    p.add_argument("--source", choices=["valkey", "kafka"], default="valkey")
     p.add_argument("--count", type=int, default=2_000_000)
     p.add_argument("--partitions", type=int, default=4)
     p.add_argument("--batch", type=int, default=200_000, help="batch cap of the drain runs")
