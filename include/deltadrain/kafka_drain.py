@@ -77,6 +77,8 @@ def kafka_row(ctx: DecodeContext, part: int, offset: int, ts: datetime, key, val
     ext, bad_id = external_id(ctx, key, headers)
     if bad_id:
         return (*meta, fallback, "invalid_utf8", bad_id, value, None, *none)
+    if ctx.id_from != "field":
+        ext = ext or fallback  # the key or header is the identity; without one, the record's place is
     got = decode(value, fields=ctx.fields, id_field=ctx.id_field, required=ctx.required, max_bytes=ctx.max_bytes,
                  fallback_id=fallback, message_id=ext)
     if got.values is None:

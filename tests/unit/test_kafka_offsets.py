@@ -80,6 +80,8 @@ def test_kafka_rows_ids_from_field_key_header_and_the_offset_fallback():
     hdr = ctx(id_from="header", id_header="id")
     assert kafka_row(hdr, 2, 8, TS, None, b'{"amount": 1}', [{"key": "id", "value": b"h-1"}])[7] == "h-1"
     assert kafka_row(hdr, 2, 9, TS, None, b'{"amount": 1}', [{"key": "other", "value": b"x"}])[7] == "clicks-2-9"
+    # The configured source wins over the payload's field: without a header the id is the record's place.
+    assert kafka_row(hdr, 2, 10, TS, None, b'{"event_id": "e9", "amount": 1}', [])[7] == "clicks-2-10"
 
 
 def test_kafka_bad_records_become_dead_letters_with_a_reason():
