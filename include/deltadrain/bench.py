@@ -294,6 +294,7 @@ def run_kafka_bench(count: int, partitions: int, batch: int, workdir: Path | Non
     from deltadrain.produce import produce
 
     workdir = workdir or Path(tempfile.mkdtemp(prefix="deltadrain-bench-"))
+    workdir.mkdir(parents=True, exist_ok=True)
     config, name = _bench_config(workdir, partitions, batch, kind="kafka")
     cfg = load_config(config)
     services.up(cfg, ["kafka"])
@@ -323,6 +324,7 @@ def run_bench(count: int, partitions: int, batch: int, workdir: Path | None = No
     from deltadrain.produce import produce
 
     workdir = workdir or Path(tempfile.mkdtemp(prefix="deltadrain-bench-"))
+    workdir.mkdir(parents=True, exist_ok=True)
     config, name = _bench_config(workdir, partitions, batch)
     cfg = load_config(config)
     services.up(cfg, ["valkey"])

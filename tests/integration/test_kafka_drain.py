@@ -293,6 +293,8 @@ def test_sigkill_at_each_step_boundary_loses_and_duplicates_nothing(point, tmp_p
         assert sum(s.claimed for s in summaries) == 0  # the lake says the batch is done: nothing is re-read
     valid, fallback, bad = expected_counts(result)
     assert_exactly_once(spark, c, p, valid, fallback, bad)
+    # Even the empty run after the kill brought the group offsets up to the lake.
+    assert group_of(c, p) == {k: int(v) for k, v in end_offsets(c, p).items()}
 
 
 @pytest.mark.slow
@@ -324,13 +326,14 @@ def test_two_concurrent_drains_one_reports_the_neighbour(tmp_path, cfg, spark):
 def test_broker_restart_between_read_and_commit(tmp_path, cfg, spark, kafka_broker):
     path, c, p = make_kafka_pipeline(tmp_path, partitions=3)
     result = produce(c, p, 2000, seed=61, malformed_ratio=0.05)
-    run = cli_drain(path, p.name, {"DELTADRAIN_PAUSE_BEFORE_COMMIT_MS": "25000"})
+    run = cli_drain(path, p.name, {"DELTADRAIN_PAUSE_BEFORE_COMMIT_MS": "60000"})
     deadline = time.time() + 180
     while time.time() < deadline and not (c.dlq_path(p) / "_delta_log").exists() and run.poll() is None:
         time.sleep(0.2)
     assert run.poll() is None, run.communicate()[1][-3000:]
     kafka_broker.down()  # the range is read and staged; the commit has not happened
     kafka_broker.up()
+    assert run.poll() is None, "the broker restart took longer than the pause"
     out, err = run.communicate(timeout=600)
     assert run.returncode == 0, err[-3000:]
     s = summary_of(out)
