@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from deltadrain.claim import allocate
+from deltadrain.errors import DeltadrainError
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,7 @@ class Plan:
         return sum(end - start for start, end in self.ranges.values())
 
 
-class OffsetError(ValueError):
+class OffsetError(DeltadrainError):
     """The checkpoint and the topic disagree in a way no policy can settle (the topic was recreated)."""
 
 
