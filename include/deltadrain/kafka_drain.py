@@ -199,13 +199,13 @@ class KafkaDrain(Drain):
             s.gaps = sum(g.size for g in plan.gaps)
             s.gap_ranges = [g.as_dict() for g in plan.gaps]
             if self.source.on_gap == "fail":
-                s.batch, s.positions = expected, checkpoint.positions
+                s.batch, s.positions = expected, positions
                 s.error = (f"retention deleted offsets this pipeline never read: {'; '.join(map(str, plan.gaps))}. "
                            "Nothing was committed; set on_gap: continue to go on past them")
                 raise DrainError(s.error)
             self.commit_extra["gaps"] = s.gap_ranges
         if plan.total == 0:
-            s.batch, s.positions = expected, checkpoint.positions
+            s.batch, s.positions = expected, positions
             # A run killed between its commit and the group-offset commit left lag tools behind.
             self.acknowledge({}, {int(k): int(v) for k, v in positions.items()})
             return
@@ -220,7 +220,7 @@ class KafkaDrain(Drain):
                           F.sum((F.col("_dd_attempts") > 1).cast("int")).alias("again")).collect()[0]
         s.claimed, s.reclaimed = agg.n, agg.again or 0
         if s.claimed == 0:  # offsets without records (transaction markers, compaction): nothing to write
-            s.batch, s.positions = expected, checkpoint.positions
+            s.batch, s.positions = expected, positions
             return
         if self.retries:
             self.commit_extra.setdefault("retries", retry_record(self.retries, {}, s.positions))

@@ -272,6 +272,36 @@ def test_poison_message_holds_its_partition_for_max_retries_runs_then_is_dead(tm
     assert group_of(c, p)["1"] == poison_offset + 1
 
 
+def test_offsets_checkpoint_survives_delta_log_checkpoint_and_cleanup(tmp_path, cfg, spark):
+    import os
+
+    _, c, p = make_kafka_pipeline(tmp_path, partitions=2, batch_cap=100)
+    result = produce(c, p, 300, seed=13, malformed_ratio=0.1)
+    for _ in range(3):
+        drain(c, p, spark=spark)
+    target = str(c.target_path(p))
+    before = lake_checkpoint(spark, c, p)
+    assert before.batch == 3 and before.found_in == "commit"
+    spark.sql(f"ALTER TABLE delta.`{target}` SET TBLPROPERTIES ('delta.logRetentionDuration' = 'interval 1 days', "
+              "'delta.deletedFileRetentionDuration' = 'interval 1 days', 'delta.checkpointInterval' = '1')")
+    log = os.path.join(target, "_delta_log")
+    old = time.time() - 5 * 86400
+    for name in os.listdir(log):
+        os.utime(os.path.join(log, name), (old, old))
+    spark.sql(f"ALTER TABLE delta.`{target}` SET TBLPROPERTIES ('deltadrain.test' = 'cleanup')")
+    assert not os.path.exists(os.path.join(log, f"{before.table_version:020d}.json")), "cleanup did not run"
+    after = lake_checkpoint(spark, c, p)
+    assert after.batch == 3 and after.found_in == "rows"
+    # Rows hold the offset each record was read at; the run goes on from the next one.
+    assert {k: str(int(v) + 1) for k, v in after.positions.items()} == before.positions
+    more = produce(c, p, 50, seed=13, start=300)
+    s = drain(c, p, spark=spark)
+    assert (s.outcome, s.batch, s.claimed) == ("committed", 4, 50)
+    drain_until_done(c, p, spark)
+    valid, fallback, bad = expected_counts(result, more)
+    assert_exactly_once(spark, c, p, valid, fallback, bad)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("point", ["after_claim", "during_merge", "after_commit"])
 def test_sigkill_at_each_step_boundary_loses_and_duplicates_nothing(point, tmp_path, cfg, spark):
