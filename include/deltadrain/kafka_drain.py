@@ -92,7 +92,9 @@ def decode_arrow(batches, ctx: DecodeContext, arrow_schema):
 
     names = arrow_schema.names
     for batch in batches:
-        cols = [batch.column(n).to_pylist() for n in ("partition", "offset", "timestamp", "key", "value", "headers")]
+        # key and headers are only read when the id comes from them: converting them costs as much as decoding
+        cols = [batch.column(n).to_pylist() if n in batch.schema.names else [None] * batch.num_rows
+                for n in ("partition", "offset", "timestamp", "key", "value", "headers")]
         rows = [kafka_row(ctx, *r) for r in zip(*cols, strict=True)]
         if rows:
             yield pa.RecordBatch.from_arrays([pa.array(col, type=arrow_schema.field(i).type)
@@ -132,11 +134,13 @@ class KafkaDrain(Drain):
         df = (reader.option("assign", json.dumps({topic: sorted(ranges)}))
               .option("startingOffsets", offsets_json(topic, {q: r[0] for q, r in ranges.items()}))
               .option("endingOffsets", offsets_json(topic, {q: r[1] for q, r in ranges.items()}))
-              .option("includeHeaders", "true")
+              .option("includeHeaders", str(self.source.id_from == "header").lower())
               .option("minPartitions", str(max(len(ranges), -(-total // TASK_OFFSETS))))
               .load())
         staged = str(self.scratch / "claimed")
-        (df.select("partition", "offset", "timestamp", "key", "value", "headers")
+        columns = ["partition", "offset", "timestamp", "value"] + {"key": ["key"], "header": ["headers"]}.get(
+            self.source.id_from, [])
+        (df.select(*columns)
          .mapInArrow(lambda batches: decode_arrow(batches, ctx, arrow_schema), schema).write.parquet(staged))
         return self.spark.read.parquet(staged)
 
