@@ -310,9 +310,12 @@ def run_kafka_bench(count: int, partitions: int, batch: int, workdir: Path | Non
 
     report["produce"] = _step("produce", produced)
     # The alternative first: the topic was just written, so both read it from the page cache.
+    # The machine may be shared: the 1-minute load average after each phase says how fair the comparison was.
     report["structured_streaming"] = _step("Structured Streaming AvailableNow + foreachBatch MERGE",
                                            lambda: _subphase("structured_streaming", config, name, workdir))
+    report["structured_streaming"]["load_avg_1m_after"] = os.getloadavg()[0]
     report["drain"] = _step("deltadrain drain", lambda: _subphase("drain", config, name, workdir))
+    report["drain"]["load_avg_1m_after"] = os.getloadavg()[0]
     report["ratios"] = {"drain_to_structured_streaming": round(
         report["drain"]["rate"] / report["structured_streaming"]["rate"], 3)}
     return report
