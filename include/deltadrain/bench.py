@@ -1,4 +1,5 @@
-"""`deltadrain bench`: the Valkey drain measured against the raw limits, side by side, in one run.
+"""`deltadrain bench`: the Valkey drain measured against the raw limits, side by side, in one run;
+`--source kafka`: the Kafka drain against Structured Streaming (run_kafka_bench).
 
 Phases (each in a process of its own where peak memory matters, so peaks do not mix):
 1. produce N ~200-byte JSON messages over P stream partitions;
@@ -26,12 +27,16 @@ import yaml
 from deltadrain.paths import PROJECT_ROOT
 
 
-def _bench_config(workdir: Path, partitions: int, batch: int, window: str = "PT1H") -> tuple[Path, str]:
+def _bench_config(workdir: Path, partitions: int, batch: int, window: str = "PT1H",
+                  kind: str = "valkey") -> tuple[Path, str]:
     base = yaml.safe_load((PROJECT_ROOT / "config" / "pipelines.yaml").read_text())
-    pipe = next(p for p in base["pipelines"] if p["source"]["kind"] == "valkey")
+    pipe = next(p for p in base["pipelines"] if p["source"]["kind"] == kind)
     name = f"bench_{int(time.time())}"
     pipe.update(name=name, batch_cap=batch, transform="deltadrain.transforms.identity", dedup_window=window)
-    pipe["source"]["streams"] = [f"{name}:{{{i}}}" for i in range(partitions)]
+    if kind == "valkey":
+        pipe["source"]["streams"] = [f"{name}:{{{i}}}" for i in range(partitions)]
+    else:
+        pipe["source"].update(topic=name, partitions=partitions, group=f"{name}-group")
     pipe["target"] = {"path": name}
     pipe.pop("quality", None)
     base["pipelines"] = [pipe]
@@ -182,6 +187,59 @@ def phase_window(cfg, pipeline, spark, batch_rows: int) -> dict:
     return results
 
 
+def phase_structured_streaming(cfg, pipeline, spark, workdir: Path) -> dict:
+    """The canonical alternative for a Kafka topic: Structured Streaming with Trigger.AvailableNow and
+    foreachBatch MERGE (insert-only on the id) made idempotent by txnAppId/txnVersion = batch id.
+    Same topic, same target columns, same batch size (maxOffsetsPerTrigger = the drain's batch cap)."""
+    from delta.tables import DeltaTable
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import _parse_datatype_string
+
+    from deltadrain.commit import TXN_APP, TXN_VERSION
+    from deltadrain.connections import kafka_spark_options
+    from deltadrain.lake import ensure_table
+
+    schema = pipeline.payload_schema
+    payload = _parse_datatype_string(", ".join(f"`{n}` {t}" for n, t in schema.fields.items()))
+    target = str(workdir / "ss-target")
+    app_id = f"{pipeline.name}-ss"
+    stream = (spark.readStream.format("kafka").options(**kafka_spark_options(cfg, pipeline))
+              .option("subscribe", pipeline.source.topic).option("startingOffsets", "earliest")
+              .option("maxOffsetsPerTrigger", str(pipeline.batch_cap)).load())
+    rows = stream.select(
+        F.from_json(F.col("value").cast("string"), payload).alias("j"), "partition", "offset", "timestamp").select(
+        *[F.col(f"j.`{n}`").alias(n) for n in schema.fields],
+        F.col("partition").cast("string").alias("_dd_partition"), F.col("offset").cast("string").alias("_dd_position"),
+        F.col("offset").alias("_dd_pos_hi"), F.lit(0).cast("long").alias("_dd_pos_lo"),
+        F.col("timestamp").alias("_dd_source_ts"), F.lit(1).alias("_dd_attempts"))
+    batches: list[dict] = []
+
+    def upsert(df, batch_id: int) -> None:
+        started = time.monotonic()
+        session = df.sparkSession
+        out = df.select("*", F.lit(batch_id).cast("long").alias("_dd_batch"), F.lit("ss").alias("_dd_run_id"),
+                        F.current_timestamp().alias("_dd_ingested_at"))
+        ensure_table(session, target, out.schema)
+        session.conf.set(TXN_APP, app_id)
+        session.conf.set(TXN_VERSION, str(batch_id))
+        try:
+            (DeltaTable.forPath(session, target).alias("t").merge(out.alias("s"), "t.event_id = s.event_id")
+             .whenNotMatchedInsertAll().execute())
+        finally:
+            session.conf.unset(TXN_APP)
+            session.conf.unset(TXN_VERSION)
+        batches.append({"batch": batch_id, "seconds": round(time.monotonic() - started, 3)})
+
+    started = time.monotonic()
+    query = (rows.writeStream.foreachBatch(upsert).trigger(availableNow=True)
+             .option("checkpointLocation", str(workdir / "ss-checkpoint")).start())
+    query.awaitTermination()
+    seconds = time.monotonic() - started
+    n = spark.read.format("delta").load(target).count()
+    return {"messages": n, "seconds": round(seconds, 2), "rate": round(n / seconds) if seconds else 0,
+            "batches": len(batches), "runs": batches}
+
+
 def run_phase(phase: str, config: str, pipeline_name: str, workdir: str, arg: int) -> dict:
     from deltadrain.config import load_config
     from deltadrain.spark import get_spark
@@ -198,6 +256,8 @@ def run_phase(phase: str, config: str, pipeline_name: str, workdir: str, arg: in
         out = phase_delta_append(cfg, pipeline, spark, Path(workdir))
     elif phase == "window":
         out = phase_window(cfg, pipeline, spark, arg)
+    elif phase == "structured_streaming":
+        out = phase_structured_streaming(cfg, pipeline, spark, Path(workdir))
     else:
         raise ValueError(phase)
     out.update(memory_report())
@@ -212,27 +272,68 @@ def _subphase(phase: str, config: Path, name: str, workdir: Path, arg: int = 0) 
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def _machine() -> str:
+    return (f"{platform.node()} {platform.machine()}, {os.cpu_count()} cores, "
+            f"{round(os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30)} GiB")
+
+
+def _step(label: str, fn):
+    print(f"[bench] {label} ...", file=sys.stderr, flush=True)
+    started = time.monotonic()
+    out = fn()
+    print(f"[bench] {label}: {json.dumps(out)[:300]} ({time.monotonic() - started:.0f}s)", file=sys.stderr, flush=True)
+    return out
+
+
+def run_kafka_bench(count: int, partitions: int, batch: int, workdir: Path | None = None) -> dict:
+    """deltadrain's Kafka drain against Structured Streaming (AvailableNow + foreachBatch MERGE with
+    txnAppId/txnVersion) on the same topic, same target columns, same batch size, one after the other,
+    each in a fresh driver process (JVM start excluded from both)."""
+    from deltadrain import services
+    from deltadrain.config import load_config
+    from deltadrain.produce import produce
+
+    workdir = workdir or Path(tempfile.mkdtemp(prefix="deltadrain-bench-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    config, name = _bench_config(workdir, partitions, batch, kind="kafka")
+    cfg = load_config(config)
+    services.up(cfg, ["kafka"])
+    pipeline = cfg.pipeline(name)
+    report: dict = {"machine": _machine(), "source": "kafka", "count": count, "partitions": partitions,
+                    "batch_cap": batch}
+
+    def produced() -> dict:
+        started = time.monotonic()
+        r = produce(cfg, pipeline, count, seed=7, progress=True)
+        return {"messages": r.count, "rate": round(r.count / (time.monotonic() - started)),
+                "per_partition": dict(r.per_partition)}
+
+    report["produce"] = _step("produce", produced)
+    # The alternative first: the topic was just written, so both read it from the page cache.
+    # The machine may be shared: the 1-minute load average after each phase says how fair the comparison was.
+    report["structured_streaming"] = _step("Structured Streaming AvailableNow + foreachBatch MERGE",
+                                           lambda: _subphase("structured_streaming", config, name, workdir))
+    report["structured_streaming"]["load_avg_1m_after"] = os.getloadavg()[0]
+    report["drain"] = _step("deltadrain drain", lambda: _subphase("drain", config, name, workdir))
+    report["drain"]["load_avg_1m_after"] = os.getloadavg()[0]
+    report["ratios"] = {"drain_to_structured_streaming": round(
+        report["drain"]["rate"] / report["structured_streaming"]["rate"], 3)}
+    return report
+
+
 def run_bench(count: int, partitions: int, batch: int, workdir: Path | None = None) -> dict:
     from deltadrain import services
     from deltadrain.config import load_config
     from deltadrain.produce import produce
 
     workdir = workdir or Path(tempfile.mkdtemp(prefix="deltadrain-bench-"))
+    workdir.mkdir(parents=True, exist_ok=True)
     config, name = _bench_config(workdir, partitions, batch)
     cfg = load_config(config)
     services.up(cfg, ["valkey"])
     pipeline = cfg.pipeline(name)
-    report: dict = {"machine": f"{platform.node()} {platform.machine()}, {os.cpu_count()} cores, "
-                               f"{round(os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30)} GiB",
-                    "count": count, "partitions": partitions, "batch_cap": batch}
-
-    def step(label: str, fn):
-        print(f"[bench] {label} ...", file=sys.stderr, flush=True)
-        started = time.monotonic()
-        out = fn()
-        print(f"[bench] {label}: {json.dumps(out)[:300]} ({time.monotonic() - started:.0f}s)", file=sys.stderr,
-              flush=True)
-        return out
+    report: dict = {"machine": _machine(), "count": count, "partitions": partitions, "batch_cap": batch}
+    step = _step
 
     def produced(n: int, start: int) -> dict:
         started = time.monotonic()

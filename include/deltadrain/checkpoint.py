@@ -35,6 +35,7 @@ class Checkpoint:
     table_version: int | None = None
     run_id: str | None = None
     found_in: str = "none"  # "commit", "rows" or "none"
+    meta: dict = field(default_factory=dict)  # the whole userMetadata of that commit (source-specific extras)
 
     def as_dict(self) -> dict:
         return {"batch": self.batch, "positions": self.positions, "table_version": self.table_version,
@@ -95,12 +96,12 @@ def read_checkpoint(spark, path: str, pipeline: str, dlq_path: str | None = None
         meta = commit["meta"] or {}
         if meta.get("pipeline") == pipeline and isinstance(meta.get("batch"), int):
             return Checkpoint(meta["batch"], dict(meta.get("positions") or {}), commits[0]["version"],
-                              meta.get("run_id"), "commit")
+                              meta.get("run_id"), "commit", meta)
     batch, version = snapshot_txn(spark, path, pipeline)
     if batch is None:
         return Checkpoint(0, table_version=version)
     commit = find_commit(spark, path, pipeline, batch)
     if commit is not None:
         meta = commit["meta"]
-        return Checkpoint(batch, dict(meta.get("positions") or {}), version, meta.get("run_id"), "commit")
+        return Checkpoint(batch, dict(meta.get("positions") or {}), version, meta.get("run_id"), "commit", meta)
     return Checkpoint(batch, positions_from_rows(spark, path, dlq_path), version, None, "rows")

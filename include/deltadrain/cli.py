@@ -99,6 +99,14 @@ def _status(args) -> int:
         print(f"    {consumer}: {info['claimed']} claimed, idle {info['idle_ms']} ms")
     print(f"  PUBLISHED {st['PUBLISHED']:>10}")
     print(f"  DEAD      {st['DEAD']:>10}   (replayed {st['REPLAYED']})")
+    if st["source"] == "kafka":
+        print("  partition  end offset  lake checkpoint  pending  group offset  published  dead")
+        for part, info in st["partitions"].items():
+            print(f"  {part:>9}  {info['end_offset']:>10}  {str(info['lake_checkpoint']):>15}  {info['pending']:>7}  "
+                  f"{str(info['group_offset']):>12}  {info['published']:>9}  {info['dead']:>4}")
+        for gap in st.get("gaps") or []:
+            print(f"  GAP: partition {gap['partition']} offsets [{gap['start']}, {gap['end']}) were deleted by "
+                  f"retention before they were read ({gap['missing']} messages)")
     cp = st["checkpoint"]
     print(f"  checkpoint: batch {cp['batch']}, table version {cp['table_version']}, positions {cp['positions']}")
     if st["last_batch"]:
@@ -211,9 +219,10 @@ def _demo(args) -> int:
 def _bench(args) -> int:
     from pathlib import Path
 
-    from deltadrain.bench import run_bench
+    from deltadrain.bench import run_bench, run_kafka_bench
 
-    report = run_bench(args.count, args.partitions, args.batch, Path(args.workdir) if args.workdir else None)
+    bench = run_kafka_bench if args.source == "kafka" else run_bench
+    report = bench(args.count, args.partitions, args.batch, Path(args.workdir) if args.workdir else None)
     text = json.dumps(report, indent=2, default=str)
     if args.output:
         Path(args.output).write_text(text + "\n")
@@ -286,7 +295,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="start everything, produce sample events, drain them, show where to look")
     p.add_argument("--count", type=int, default=5000)
 
-    p = sub.add_parser("bench", help="measure drain throughput against the raw limits (docs/benchmarks.md)")
+    p = sub.add_parser("bench", help="measure drain throughput against the raw limits, or for Kafka against "
+                                      "Structured Streaming (docs/benchmarks.md)")
+    p.add_argument("--source", choices=["valkey", "kafka"], default="valkey")
     p.add_argument("--count", type=int, default=2_000_000)
     p.add_argument("--partitions", type=int, default=4)
     p.add_argument("--batch", type=int, default=200_000, help="batch cap of the drain runs")

@@ -100,9 +100,10 @@ def message_id_of(value: Any) -> str | None:
 
 
 def decode(data: bytes | None, *, fields: dict[str, str], id_field: str, required: list[str],
-           max_bytes: int, fallback_id: str | None = None) -> Decoded:
+           max_bytes: int, fallback_id: str | None = None, message_id: str | None = None) -> Decoded:
     """Bytes -> typed values, or the reason they cannot be. `fallback_id` is used when the id is absent
-    (Kafka's topic-partition-offset); without one a missing id is an error."""
+    (Kafka's topic-partition-offset); without one a missing id is an error. `message_id` comes from
+    outside the payload (a Kafka key or header) and wins over the payload's id field."""
     if data is None or len(data) == 0:
         return _bad("empty", "empty payload")
     if len(data) > max_bytes:
@@ -118,7 +119,7 @@ def decode(data: bytes | None, *, fields: dict[str, str], id_field: str, require
     if not isinstance(obj, dict):
         return _bad("not_an_object", f"payload is a JSON {type(obj).__name__}, expected an object")
     raw_id = obj.get(id_field)
-    message_id = message_id_of(raw_id) or (fallback_id if raw_id is None else None)
+    message_id = message_id or message_id_of(raw_id) or (fallback_id if raw_id is None else None)
     if message_id is None:
         what = "missing" if id_field not in obj else ("null" if raw_id is None else f"invalid ({raw_id!r})")
         return _bad("missing_id", f"message id field '{id_field}' is {what}")

@@ -1,8 +1,11 @@
-"""One drain run of a Valkey pipeline, step by step (DESIGN.md "One drain run (Valkey)").
+"""One drain run, step by step (DESIGN.md "One drain run").
 
 read checkpoint -> claim (Spark tasks) -> decode -> dead letters -> MERGE with the checkpoint
 -> compare-and-set outcome -> acknowledge (or release) -> summary. Every step's decision lives in a
 small module of its own; this one only puts them in order.
+
+`Drain` holds what every source shares (transform, poison isolation, dead letters, the commit and
+its outcome); `ValkeyDrain` here and `KafkaDrain` (kafka_drain.py) only claim and acknowledge.
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ class RunSummary:
     acked: int = 0
     released: int = 0
     gaps: int = 0
+    gap_ranges: list = field(default_factory=list)  # Kafka: offsets retention deleted before they were read
     seconds: float = 0.0
     positions: dict = field(default_factory=dict)
     timings: dict = field(default_factory=dict)  # seconds per step
@@ -198,39 +202,22 @@ def find_culprits(indexed, n: int, evaluate) -> list[tuple[int, str]]:
     return sorted(culprits)
 
 
-class ValkeyDrain:
-    """One run. Construct, then call run(); the summary is returned, and printed by the callers."""
+class Drain:
+    """One run. Construct, then call run(); the summary is returned, and printed by the callers.
+
+    Subclasses implement `_run` (claim, then `publish`, then acknowledge) and `settle_culprits`
+    (where a failing message's attempts are counted differs per source)."""
 
     def __init__(self, cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, run_id: str | None = None):
-        if not isinstance(pipeline.source, ValkeySource):
-            raise DrainError(f"pipeline '{pipeline.name}' is not a Valkey pipeline")
         self.cfg, self.pipeline, self.spark = cfg, pipeline, spark
         self.run_id = run_id or new_run_id()
-        self.consumer = f"drain-{self.run_id}"
         self.target = str(cfg.target_path(pipeline))
         self.dlq = str(cfg.dlq_path(pipeline))
-        self.client = valkey_client(cfg, pipeline)
-        self.ctx = claim_context(cfg, pipeline, self.consumer)
         self.summary = RunSummary(pipeline.name, self.run_id)
         self.scratch = state_home() / "staging" / self.run_id  # claim staging of this run, removed at its end
+        self.commit_extra: dict = {}  # more commit metadata, set by a source while it settles its batch
 
-    # -- steps ------------------------------------------------------------------------------------
-
-    def claim(self, quotas: dict[str, int]):
-        """Claimed rows, staged to Parquet by exactly one Spark job: no later action can run a claim
-        (XREADGROUP) a second time, whatever Spark recomputes."""
-        from pyspark.sql.pandas.types import to_arrow_schema
-
-        ctx = self.ctx
-        tasks = [(t.stream, t.quota, t.reclaim) for t in plan(quotas)]
-        schema = claim_schema(self.pipeline)
-        arrow_schema = to_arrow_schema(schema)
-        # One claim task per Spark partition (parallelize keeps the slices), all tasks in parallel.
-        task_df = self.spark.createDataFrame(self.spark.sparkContext.parallelize(tasks, len(tasks)),
-                                             "stream string, quota long, reclaim boolean")
-        staged = str(self.scratch / "claimed")
-        task_df.mapInArrow(lambda batches: claim_arrow(batches, ctx, arrow_schema), schema).write.parquet(staged)
-        return self.spark.read.parquet(staged)
+    # -- shared steps -----------------------------------------------------------------------------
 
     def isolate_culprits(self, good, batch: int):
         """Bisect the good rows for messages that make the transform fail: (culprits, the rest)."""
@@ -252,6 +239,144 @@ class ValkeyDrain:
         culprits = indexed.join(F.broadcast(errors), "_dd_idx").drop("_dd_idx")
         rest = indexed.join(F.broadcast(errors), "_dd_idx", "left_anti").drop("_dd_idx")
         return culprits.cache(), rest
+
+    def settle_culprits(self, culprits):
+        """(dead letters out of retries, [(partition, position)] left for another attempt)."""
+        raise NotImplementedError
+
+    # -- the run ----------------------------------------------------------------------------------
+
+    def run(self) -> RunSummary:
+        started = self._last = time.monotonic()
+        try:
+            self._run()
+        finally:
+            self.summary.seconds = round(time.monotonic() - started, 3)
+            shutil.rmtree(self.scratch, ignore_errors=True)
+            self._finish()
+            # Best effort (never raises): one row per run in the metrics table, failed runs included.
+            record_run_safely(self.spark, self.cfg, self.pipeline, self.summary, backlog=self.backlog_total)
+        return self.summary
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+    def backlog_total(self) -> int | None:
+        """Messages still waiting at the source after the run (for the metrics table), if cheap to know."""
+        return None
+
+    def _finish(self) -> None:
+        """Best-effort cleanup after every run, committed or not."""
+
+    def publish(self, claimed, expected: int, oldest):
+        """Claimed rows -> dead letters, then the one MERGE commit of batch `expected + 1` carrying
+        `summary.positions`. Returns (CommitResult, [(partition, position)] of culprits left for another
+        attempt). Which messages to acknowledge afterwards is the caller's business."""
+        from pyspark.sql import functions as F
+
+        s, p = self.summary, self.pipeline
+        batch = expected + 1
+        bad = claimed.where(F.col("_dd_error_type").isNotNull() & (F.col("_dd_error_type") != "gap"))
+        good = claimed.where(F.col("_dd_error_type").isNull())
+        if not is_table(self.spark, self.target):
+            ensure_table(self.spark, self.target, self._target_schema(good), p.target.partition_by,
+                         p.target.cluster_by)
+
+        rows, offered = self._rows(good, batch)
+        self._lap("transform")
+        pending_culprits: list[tuple[str, str]] = []
+        if rows is None:
+            # The transform failed on this batch: find the messages that make it fail.
+            culprits, good = self.isolate_culprits(good, batch)
+            if culprits is None:
+                raise DrainError(f"batch {batch} failed and no single message explains it: {offered}")
+            dead_culprits, pending_culprits = self.settle_culprits(culprits)
+            s.left_pending = len(pending_culprits)
+            bad = bad.unionByName(dead_culprits)
+            rows, offered = self._rows(good, batch)
+            if rows is None:
+                raise DrainError(f"batch {batch} still fails without its culprits: {offered}")
+
+        # Dead letters first: idempotent, so a crash before the target commit only repeats them.
+        s.dead_lettered = bad.count()
+        if s.dead_lettered:
+            write_dead_letters(self.spark, self.dlq, dead_letter_rows(bad, p.name, batch, self.run_id))
+
+        self._lap("dead letters")
+        failpoints.pause("before_commit")
+        meta = commit_metadata(p.name, batch, self.run_id, s.positions, claimed=s.claimed,
+                               dead_lettered=s.dead_lettered, **self.commit_extra)
+        result = commit_batch(self.spark, self.target, pipeline=p.name, expected_batch=expected, run_id=self.run_id,
+                              rows=dedup_in_batch(rows, p.payload_schema.id_field), id_field=p.payload_schema.id_field,
+                              window_start=(oldest - p.dedup_window) if oldest is not None else None, metadata=meta)
+        rows.unpersist()
+        self._lap("commit")
+        s.outcome = result.outcome.value
+        if result.outcome in (Outcome.COMMITTED, Outcome.ALREADY_COMMITTED):
+            s.written = result.inserted
+            s.duplicates_skipped = offered - result.inserted
+        return result, pending_culprits
+
+    def refuse(self, result, expected: int) -> None:
+        """After a commit that is not ours: name the neighbour, or stop when the table went backwards."""
+        s = self.summary
+        if result.outcome == Outcome.MISMATCH:
+            s.error = (f"table {self.target} holds batch {result.observed_batch} of '{self.pipeline.name}', older "
+                       f"than the {expected} this run started from: the table was restored or replaced; stop and check")
+            raise DrainError(s.error)
+        s.error = f"another writer is ahead (table at batch {result.observed_batch}); this run committed nothing"
+        if result.conflict:
+            s.error += f" ({result.conflict})"
+
+    def _rows(self, good, batch: int):
+        """(transformed rows, cached, and how many) or (None, error) when the transform fails."""
+        from pyspark import StorageLevel
+
+        rows = transformed(target_rows(good, self.pipeline, batch, self.run_id), self.pipeline)
+        rows = rows.persist(StorageLevel.MEMORY_AND_DISK)
+        try:
+            return rows, rows.count()
+        except DrainError:
+            raise
+        except Exception as exc:
+            rows.unpersist()
+            return None, short_error(exc)
+
+    def _lap(self, step: str) -> None:
+        now = time.monotonic()
+        self.summary.timings[step] = round(now - self._last, 3)
+        self._last = now
+
+    def _target_schema(self, good):
+        empty = self.spark.createDataFrame([], good.schema)
+        return transformed(target_rows(empty, self.pipeline, 0, self.run_id), self.pipeline).schema
+
+class ValkeyDrain(Drain):
+    """Claims through the consumer group (XAUTOCLAIM + XREADGROUP), acknowledges with XACK."""
+
+    def __init__(self, cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, run_id: str | None = None):
+        if not isinstance(pipeline.source, ValkeySource):
+            raise DrainError(f"pipeline '{pipeline.name}' is not a Valkey pipeline")
+        super().__init__(cfg, pipeline, spark, run_id)
+        self.consumer = f"drain-{self.run_id}"
+        self.client = valkey_client(cfg, pipeline)
+        self.ctx = claim_context(cfg, pipeline, self.consumer)
+
+    def claim(self, quotas: dict[str, int]):
+        """Claimed rows, staged to Parquet by exactly one Spark job: no later action can run a claim
+        (XREADGROUP) a second time, whatever Spark recomputes."""
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        ctx = self.ctx
+        tasks = [(t.stream, t.quota, t.reclaim) for t in plan(quotas)]
+        schema = claim_schema(self.pipeline)
+        arrow_schema = to_arrow_schema(schema)
+        # One claim task per Spark partition (parallelize keeps the slices), all tasks in parallel.
+        task_df = self.spark.createDataFrame(self.spark.sparkContext.parallelize(tasks, len(tasks)),
+                                             "stream string, quota long, reclaim boolean")
+        staged = str(self.scratch / "claimed")
+        task_df.mapInArrow(lambda batches: claim_arrow(batches, ctx, arrow_schema), schema).write.parquet(staged)
+        return self.spark.read.parquet(staged)
 
     def settle_culprits(self, culprits):
         """Culprits out of retries become dead letters (returned); the others stay pending for
@@ -286,20 +411,8 @@ class ValkeyDrain:
         entries = self.client.xrange(stream, position, position, count=1)
         return entries[0][1].get(VALKEY_FIELD) if entries else None
 
-    # -- the run ----------------------------------------------------------------------------------
-
-    def run(self) -> RunSummary:
-        started = self._last = time.monotonic()
-        try:
-            self._run()
-        finally:
-            self.summary.seconds = round(time.monotonic() - started, 3)
-            shutil.rmtree(self.scratch, ignore_errors=True)
-            self._drop_consumer_if_idle()
-            # Best effort (never raises): one row per run in the metrics table, failed runs included.
-            record_run_safely(self.spark, self.cfg, self.pipeline, self.summary,
-                              backlog=lambda: sum(backlog(self.client, self.pipeline.source).values()))
-        return self.summary
+    def backlog_total(self) -> int:
+        return sum(backlog(self.client, self.pipeline.source).values())
 
     def _run(self) -> None:
         from pyspark.sql import functions as F
@@ -335,45 +448,8 @@ class ValkeyDrain:
         s.positions = merge_positions(checkpoint.positions, {r._dd_partition: r.pos for r in per_partition})
         oldest = min((r.oldest for r in per_partition if r.oldest is not None), default=None)
 
-        bad = claimed.where(F.col("_dd_error_type").isNotNull() & (F.col("_dd_error_type") != "gap"))
-        good = claimed.where(F.col("_dd_error_type").isNull())
-        if not is_table(self.spark, self.target):
-            ensure_table(self.spark, self.target, self._target_schema(good), p.target.partition_by,
-                         p.target.cluster_by)
-
-        rows, offered = self._rows(good, batch)
-        self._lap("transform")
-        pending_culprits: list[tuple[str, str]] = []
-        if rows is None:
-            # The transform failed on this batch: find the messages that make it fail.
-            culprits, good = self.isolate_culprits(good, batch)
-            if culprits is None:
-                raise DrainError(f"batch {batch} failed and no single message explains it: {offered}")
-            dead_culprits, pending_culprits = self.settle_culprits(culprits)
-            s.left_pending = len(pending_culprits)
-            bad = bad.unionByName(dead_culprits)
-            rows, offered = self._rows(good, batch)
-            if rows is None:
-                raise DrainError(f"batch {batch} still fails without its culprits: {offered}")
-
-        # Dead letters first: idempotent, so a crash before the target commit only repeats them.
-        s.dead_lettered = bad.count()
-        if s.dead_lettered:
-            write_dead_letters(self.spark, self.dlq, dead_letter_rows(bad, p.name, batch, self.run_id))
-
-        self._lap("dead letters")
-        failpoints.pause("before_commit")
-        meta = commit_metadata(p.name, batch, self.run_id, s.positions, claimed=s.claimed,
-                               dead_lettered=s.dead_lettered)
-        result = commit_batch(self.spark, self.target, pipeline=p.name, expected_batch=expected, run_id=self.run_id,
-                              rows=dedup_in_batch(rows, p.payload_schema.id_field), id_field=p.payload_schema.id_field,
-                              window_start=(oldest - p.dedup_window) if oldest is not None else None, metadata=meta)
-        rows.unpersist()
-        self._lap("commit")
-        s.outcome = result.outcome.value
+        result, pending_culprits = self.publish(claimed, expected, oldest)
         if result.outcome in (Outcome.COMMITTED, Outcome.ALREADY_COMMITTED):
-            s.written = result.inserted
-            s.duplicates_skipped = offered - result.inserted
             failpoints.hit("after_commit")
             failpoints.pause("after_commit")
             to_ack = claimed
@@ -385,36 +461,10 @@ class ValkeyDrain:
             return
         # Another writer is ahead, or the table went backwards: acknowledge nothing (invariant 5).
         s.released = release(claimed, self.ctx)
-        if result.outcome == Outcome.MISMATCH:
-            s.error = (f"table {self.target} holds batch {result.observed_batch} of '{p.name}', older than the "
-                       f"{expected} this run started from: the table was restored or replaced; stop and check")
-            raise DrainError(s.error)
-        s.error = f"another writer is ahead (table at batch {result.observed_batch}); this run committed nothing"
-        if result.conflict:
-            s.error += f" ({result.conflict})"
+        self.refuse(result, expected)
 
-    def _rows(self, good, batch: int):
-        """(transformed rows, cached, and how many) or (None, error) when the transform fails."""
-        from pyspark import StorageLevel
-
-        rows = transformed(target_rows(good, self.pipeline, batch, self.run_id), self.pipeline)
-        rows = rows.persist(StorageLevel.MEMORY_AND_DISK)
-        try:
-            return rows, rows.count()
-        except DrainError:
-            raise
-        except Exception as exc:
-            rows.unpersist()
-            return None, short_error(exc)
-
-    def _lap(self, step: str) -> None:
-        now = time.monotonic()
-        self.summary.timings[step] = round(now - self._last, 3)
-        self._last = now
-
-    def _target_schema(self, good):
-        empty = self.spark.createDataFrame([], good.schema)
-        return transformed(target_rows(empty, self.pipeline, 0, self.run_id), self.pipeline).schema
+    def _finish(self) -> None:
+        self._drop_consumer_if_idle()
 
     def _drop_consumer_if_idle(self) -> None:
         """A finished run's consumer has nothing pending; remove it so XINFO stays readable."""
@@ -435,4 +485,6 @@ def drain(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark=None, run_id: s
         spark = get_spark(f"deltadrain-drain-{pipeline.name}")
     if isinstance(pipeline.source, ValkeySource):
         return ValkeyDrain(cfg, pipeline, spark, run_id).run()
-    raise DrainError(f"pipeline '{pipeline.name}': Kafka drains are not available in this build yet")
+    from deltadrain.kafka_drain import KafkaDrain  # imports this module: not at the top
+
+    return KafkaDrain(cfg, pipeline, spark, run_id).run()

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from deltadrain.checkpoint import read_checkpoint
-from deltadrain.config import DeltadrainConfig, PipelineConfig, ValkeySource
-from deltadrain.connections import as_text, group_counts, valkey_client
+from deltadrain.config import DeltadrainConfig, KafkaSource, PipelineConfig, ValkeySource
+from deltadrain.connections import as_text, group_counts, kafka_client_conf, valkey_client
 from deltadrain.deadletter import DEAD, REPLAYED
 from deltadrain.lake import is_table, recent_commits
 from deltadrain.metrics import last_runs
@@ -33,6 +33,37 @@ def valkey_counts(client, source: ValkeySource) -> dict:
             "oldest_claim_idle_ms": oldest_idle, "partitions": partitions}
 
 
+def kafka_counts(conf: dict, source: KafkaSource, positions: dict[str, str], published: dict[str, int],
+                 dead: dict[str, int]) -> dict:
+    """Per partition: end offset, lake checkpoint, lag (PENDING), offsets retention deleted unread
+    (gap), the group's committed offset (informational), PUBLISHED and DEAD rows. A range is
+    CLAIMED only while a run holds it in memory; nothing durable is claimed, so CLAIMED is 0."""
+    from deltadrain.kafka_offsets import group_offsets, plan_ranges, watermarks
+
+    marks = watermarks(conf, source.topic)
+    starts = plan_ranges(positions, marks, 1, source.starting_offsets)  # a 1-offset plan: just the starts
+    gaps = {g.partition: g.as_dict() for g in starts.gaps}
+    group = group_offsets(conf, source.group, source.topic, sorted(marks))
+    partitions = {}
+    for part, (low, high) in sorted(marks.items()):
+        key = str(part)
+        next_offset = int(positions[key]) if key in positions else None
+        start = max(next_offset, low) if next_offset is not None else (
+            high if (not positions and source.starting_offsets == "latest") else low)
+        partitions[key] = {"earliest": low, "end_offset": high, "lake_checkpoint": next_offset,
+                           "pending": high - start, "group_offset": group.get(part), "gap": gaps.get(part),
+                           "published": published.get(key, 0), "dead": dead.get(key, 0)}
+    return {"PENDING": sum(v["pending"] for v in partitions.values()), "CLAIMED": 0, "claimed_by": {},
+            "oldest_claim_idle_ms": 0, "gaps": list(gaps.values()), "partitions": partitions}
+
+
+def _per_partition(spark, path: str, column: str, where=None) -> dict[str, int]:
+    df = spark.read.format("delta").load(path)
+    if where is not None:
+        df = df.where(where)
+    return {r[column]: r["count"] for r in df.groupBy(column).count().collect()}
+
+
 def pipeline_status(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark) -> dict:
     target, dlq = str(cfg.target_path(pipeline)), str(cfg.dlq_path(pipeline))
     out: dict = {"pipeline": pipeline.name, "source": pipeline.source.kind}
@@ -44,7 +75,18 @@ def pipeline_status(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark) -> d
         counts = {r.state: r["count"] for r in spark.read.format("delta").load(dlq).groupBy("state").count().collect()}
         dead, replayed = counts.get(DEAD, 0), counts.get(REPLAYED, 0)
     out["DEAD"], out["REPLAYED"] = dead, replayed
-    out["checkpoint"] = read_checkpoint(spark, target, pipeline.name, dlq).as_dict()
+    checkpoint = read_checkpoint(spark, target, pipeline.name, dlq)
+    out["checkpoint"] = checkpoint.as_dict()
+    if isinstance(pipeline.source, KafkaSource):
+        from pyspark.sql import functions as F
+
+        positions = checkpoint.positions
+        if checkpoint.found_in == "rows":  # rows hold the last offset read, the checkpoint the next one
+            positions = {k: str(int(v) + 1) for k, v in positions.items()}
+        published = _per_partition(spark, target, "_dd_partition") if is_table(spark, target) else {}
+        dead_by = (_per_partition(spark, dlq, "partition", (F.col("pipeline") == F.lit(pipeline.name))
+                                  & (F.col("state") == F.lit(DEAD))) if is_table(spark, dlq) else {})
+        out.update(kafka_counts(kafka_client_conf(cfg, pipeline), pipeline.source, positions, published, dead_by))
     out["last_batch"] = None
     if is_table(spark, target):
         for commit in recent_commits(spark, target, 20):

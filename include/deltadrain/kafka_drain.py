@@ -1,0 +1,252 @@
+"""One drain run of a Kafka pipeline (DESIGN.md "One drain run (Kafka)").
+
+read checkpoint (the lake) -> fix the offset ranges (watermarks, batch cap, gaps) -> read exactly
+those ranges with Spark's batch Kafka source, decoding in the same tasks -> dead letters -> MERGE
+with the ending offsets in the same commit -> compare-and-set outcome -> commit the group offsets
+(for lag tools only) -> summary. Everything after the read is the shared `Drain.publish`.
+
+Kafka has no per-message pending list: a message that makes the transform fail holds its
+partition's checkpoint at its offset, and its attempts (the number of runs that tried it) are kept
+in the commit metadata next to the checkpoint, so nothing outside the table can drift from it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from deltadrain import failpoints
+from deltadrain.checkpoint import read_checkpoint
+from deltadrain.config import DeltadrainConfig, KafkaSource, PipelineConfig
+from deltadrain.connections import kafka_client_conf, kafka_spark_options
+from deltadrain.decode import decode
+from deltadrain.drain import Drain, DrainError, claim_schema
+from deltadrain.kafka_offsets import (
+    OffsetError,
+    attempts_so_far,
+    commit_group_offsets,
+    hold_positions,
+    plan_ranges,
+    retry_record,
+    watermarks,
+)
+from deltadrain.outcome import Outcome
+
+TASK_OFFSETS = 100_000  # offsets per Spark task: a busy partition is read by several tasks
+TOMBSTONE = "tombstone: the record has a null value (a delete marker), there is no payload to ingest"
+
+
+@dataclass(frozen=True)
+class DecodeContext:
+    """What a read task needs on an executor (pickled with the task)."""
+
+    topic: str
+    fields: dict[str, str]
+    id_field: str
+    required: list[str]
+    max_bytes: int
+    id_from: str
+    id_header: str | None
+    attempts: dict[tuple[int, int], int] = field(default_factory=dict)  # runs that tried (partition, offset)
+
+
+def external_id(ctx: DecodeContext, key: bytes | None, headers) -> tuple[str | None, str | None]:
+    """(message id from the key or header, or None; an error when that id is unreadable)."""
+    if ctx.id_from == "key":
+        raw = key
+    elif ctx.id_from == "header":
+        raw = next((h["value"] for h in headers or [] if h["key"] == ctx.id_header), None)
+    else:
+        return None, None
+    if raw is None or len(raw) == 0:
+        return None, None  # a null key or missing header: the topic-partition-offset fallback applies
+    try:
+        return bytes(raw).decode("utf-8"), None
+    except UnicodeDecodeError:
+        return None, f"message id {ctx.id_from} is not valid UTF-8"
+
+
+def kafka_row(ctx: DecodeContext, part: int, offset: int, ts: datetime, key, value, headers) -> tuple:
+    """One Kafka record -> one row of `claim_schema` (the same rows the Valkey claim makes)."""
+    none = [None] * len(ctx.fields)
+    meta = (str(part), str(offset), offset, 0, ts, ctx.attempts.get((part, offset), 0) + 1, False)
+    fallback = f"{ctx.topic}-{part}-{offset}"
+    if value is None:
+        return (*meta, fallback, "tombstone", TOMBSTONE, None, None, *none)
+    ext, bad_id = external_id(ctx, key, headers)
+    if bad_id:
+        return (*meta, fallback, "invalid_utf8", bad_id, value, None, *none)
+    if ctx.id_from != "field":
+        ext = ext or fallback  # the key or header is the identity; without one, the record's place is
+    got = decode(value, fields=ctx.fields, id_field=ctx.id_field, required=ctx.required, max_bytes=ctx.max_bytes,
+                 fallback_id=fallback, message_id=ext)
+    if got.values is None:
+        return (*meta, got.message_id or ext, got.error_type, got.error, value, None, *none)
+    return (*meta, got.message_id, None, None, None, None, *got.values)
+
+
+def decode_arrow(batches, ctx: DecodeContext, arrow_schema):
+    """mapInArrow body: Kafka source rows in, claim rows out, column-wise across the JVM boundary."""
+    import pyarrow as pa
+
+    names = arrow_schema.names
+    for batch in batches:
+        # key and headers are only read when the id comes from them: converting them costs as much as decoding
+        cols = [batch.column(n).to_pylist() if n in batch.schema.names else [None] * batch.num_rows
+                for n in ("partition", "offset", "timestamp", "key", "value", "headers")]
+        rows = [kafka_row(ctx, *r) for r in zip(*cols, strict=True)]
+        if rows:
+            yield pa.RecordBatch.from_arrays([pa.array(col, type=arrow_schema.field(i).type)
+                                              for i, col in enumerate(zip(*rows, strict=True))], names)
+
+
+def offsets_json(topic: str, offsets: dict[int, int]) -> str:
+    return json.dumps({topic: {str(p): o for p, o in sorted(offsets.items())}})
+
+
+class KafkaDrain(Drain):
+    """Claims a fixed offset range per partition; acknowledges by committing the group offsets."""
+
+    def __init__(self, cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, run_id: str | None = None):
+        if not isinstance(pipeline.source, KafkaSource):
+            raise DrainError(f"pipeline '{pipeline.name}' is not a Kafka pipeline")
+        super().__init__(cfg, pipeline, spark, run_id)
+        self.source: KafkaSource = pipeline.source
+        self.conf = kafka_client_conf(cfg, pipeline)
+        self.retries: dict = {}  # the previous commit's retry record
+
+    # -- steps ------------------------------------------------------------------------------------
+
+    def read(self, ranges: dict[int, tuple[int, int]], attempts: dict[tuple[int, int], int]):
+        """Exactly `ranges` (end exclusive), decoded in the reading tasks and staged to Parquet by one
+        Spark job, so that later steps never go back to the broker."""
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        p, topic = self.pipeline, self.source.topic
+        schema = claim_schema(p)
+        arrow_schema = to_arrow_schema(schema)
+        ctx = DecodeContext(topic, dict(p.payload_schema.fields), p.payload_schema.id_field,
+                            list(p.payload_schema.required), p.max_message_bytes, self.source.id_from,
+                            self.source.id_header, attempts)
+        total = sum(end - start for start, end in ranges.values())
+        reader = self.spark.read.format("kafka").options(**kafka_spark_options(self.cfg, p))
+        df = (reader.option("assign", json.dumps({topic: sorted(ranges)}))
+              .option("startingOffsets", offsets_json(topic, {q: r[0] for q, r in ranges.items()}))
+              .option("endingOffsets", offsets_json(topic, {q: r[1] for q, r in ranges.items()}))
+              .option("includeHeaders", str(self.source.id_from == "header").lower())
+              .option("minPartitions", str(max(len(ranges), -(-total // TASK_OFFSETS))))
+              .load())
+        staged = str(self.scratch / "claimed")
+        columns = ["partition", "offset", "timestamp", "value"] + {"key": ["key"], "header": ["headers"]}.get(
+            self.source.id_from, [])
+        (df.select(*columns)
+         .mapInArrow(lambda batches: decode_arrow(batches, ctx, arrow_schema), schema).write.parquet(staged))
+        return self.spark.read.parquet(staged)
+
+    def settle_culprits(self, culprits):
+        """Culprits that used their last attempt become dead letters; the others hold their partition
+        (see hold_positions) and their attempts go into this commit's metadata."""
+        rows = culprits.collect()  # at most MAX_CULPRITS rows
+        now = datetime.now(UTC)
+        dead, pending = [], {}
+        max_attempts = self.pipeline.max_retries + 1
+        for r in rows:
+            before = self.retries.get(f"{r._dd_partition}:{r._dd_position}") or {}
+            first = datetime.fromisoformat(before["first"]) if before.get("first") else now
+            if r._dd_attempts >= max_attempts:
+                record = r.asDict()
+                record.update(_dd_error_type="transform", _dd_error=f"transform failed: {r._dd_culprit_error}",
+                              _dd_original=self._original(int(r._dd_partition), int(r._dd_position)),
+                              _dd_first_failure_at=first)
+                dead.append(tuple(record[c] for c in culprits.columns if c != "_dd_culprit_error"))
+            else:
+                pending[(r._dd_partition, r._dd_position)] = {
+                    "attempts": r._dd_attempts, "error": r._dd_culprit_error[:300], "first": first.isoformat(),
+                    "last": now.isoformat()}
+        s = self.summary
+        s.positions = hold_positions(s.positions, list(pending))
+        self.commit_extra["retries"] = retry_record(self.retries, pending, s.positions)
+        schema = culprits.drop("_dd_culprit_error").schema
+        return self.spark.createDataFrame(dead, schema), list(pending)
+
+    def _original(self, part: int, offset: int) -> bytes | None:
+        # The staged rows keep only bad messages' bytes; read the culprit's record from the topic.
+        reader = self.spark.read.format("kafka").options(**kafka_spark_options(self.cfg, self.pipeline))
+        got = (reader.option("assign", json.dumps({self.source.topic: [part]}))
+               .option("startingOffsets", offsets_json(self.source.topic, {part: offset}))
+               .option("endingOffsets", offsets_json(self.source.topic, {part: offset + 1}))
+               .load().select("value").collect())
+        return bytes(got[0].value) if got and got[0].value is not None else None
+
+    # -- the run ----------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        from pyspark.sql import functions as F
+
+        s, p = self.summary, self.pipeline
+        checkpoint = read_checkpoint(self.spark, self.target, p.name, self.dlq)
+        expected = checkpoint.batch
+        s.batch = expected + 1
+        positions = dict(checkpoint.positions)
+        if checkpoint.found_in == "rows":
+            # Rows carry the offset they were read at; the checkpoint is the next one to read.
+            positions = {part: str(int(pos) + 1) for part, pos in positions.items()}
+        self.retries = dict(checkpoint.meta.get("retries") or {})
+        try:
+            plan = plan_ranges(positions, watermarks(self.conf, self.source.topic), p.batch_cap,
+                               self.source.starting_offsets)
+        except OffsetError as exc:
+            raise DrainError(f"pipeline '{p.name}': {exc}") from None
+        self._lap("checkpoint")
+        if plan.gaps:
+            s.gaps = sum(g.size for g in plan.gaps)
+            s.gap_ranges = [g.as_dict() for g in plan.gaps]
+            if self.source.on_gap == "fail":
+                s.batch, s.positions = expected, positions
+                s.error = (f"retention deleted offsets this pipeline never read: {'; '.join(map(str, plan.gaps))}. "
+                           "Nothing was committed; set on_gap: continue to go on past them")
+                raise DrainError(s.error)
+            self.commit_extra["gaps"] = s.gap_ranges
+        if plan.total == 0:
+            s.batch, s.positions = expected, positions
+            # A run killed between its commit and the group-offset commit left lag tools behind.
+            self.acknowledge({}, {int(k): int(v) for k, v in positions.items()})
+            return
+        s.positions = plan.positions
+        claimed = self.read(plan.ranges, attempts_so_far(self.retries))
+        failpoints.hit("after_claim")
+        failpoints.pause("after_claim")
+        self._lap("claim")
+
+        agg = claimed.agg(F.count("*").alias("n"),
+                          F.min(F.when(F.col("_dd_error_type").isNull(), F.col("_dd_source_ts"))).alias("oldest"),
+                          F.sum((F.col("_dd_attempts") > 1).cast("int")).alias("again")).collect()[0]
+        s.claimed, s.reclaimed = agg.n, agg.again or 0
+        if s.claimed == 0:  # offsets without records (transaction markers, compaction): nothing to write
+            s.batch, s.positions = expected, positions
+            return
+        if self.retries:
+            self.commit_extra.setdefault("retries", retry_record(self.retries, {}, s.positions))
+
+        result, _pending = self.publish(claimed, expected, agg.oldest)
+        if result.outcome not in (Outcome.COMMITTED, Outcome.ALREADY_COMMITTED):
+            self.refuse(result, expected)  # nothing to release: a range is not a lease
+            return
+        failpoints.hit("after_commit")
+        failpoints.pause("after_commit")
+        self.acknowledge(plan.ranges, {int(part): int(pos) for part, pos in s.positions.items()})
+        self._lap("ack")
+
+    def acknowledge(self, ranges: dict[int, tuple[int, int]], offsets: dict[int, int]) -> None:
+        """Group offsets = the committed checkpoint (never ahead of it). A failure here loses nothing:
+        the lake already holds the batch; lag tools just see it later."""
+        s = self.summary
+        if not offsets:
+            return
+        try:
+            commit_group_offsets(self.conf, self.source.group, self.source.topic, offsets)
+        except Exception as exc:
+            s.error = f"batch committed, but the group offsets were not: {type(exc).__name__}: {str(exc)[:200]}"
+            return
+        s.acked = sum(min(offsets[q], end) - start for q, (start, end) in ranges.items() if offsets.get(q, 0) > start)

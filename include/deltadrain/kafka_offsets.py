@@ -1,0 +1,153 @@
+"""Kafka offsets: which range a run reads, which offsets retention took, and the group-offset commit.
+
+The lake is the source of truth (DESIGN.md "One drain run (Kafka)"): a partition's checkpoint is
+the next offset to read (the exclusive end of the last committed range). The consumer-group
+offsets are written after each commit for lag tools and are never read back as truth.
+
+`plan_ranges` and `hold_positions` are pure: every decision about offsets is made there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from deltadrain.claim import allocate
+from deltadrain.errors import DeltadrainError
+
+
+@dataclass(frozen=True)
+class Gap:
+    """Offsets [start, end) of a partition that retention deleted before any run read them."""
+
+    partition: int
+    start: int
+    end: int
+
+    @property
+    def size(self) -> int:
+        return self.end - self.start
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "missing": self.size}
+
+    def __str__(self) -> str:
+        return f"partition {self.partition} offsets [{self.start}, {self.end}) ({self.size} messages)"
+
+
+@dataclass(frozen=True)
+class Plan:
+    ranges: dict[int, tuple[int, int]]  # partition -> [start, end): what this run reads
+    gaps: list[Gap]
+    positions: dict[str, str]  # the checkpoint after this run: every known partition's next offset
+
+    @property
+    def total(self) -> int:
+        return sum(end - start for start, end in self.ranges.values())
+
+
+class OffsetError(DeltadrainError):
+    """The checkpoint and the topic disagree in a way no policy can settle (the topic was recreated)."""
+
+
+def plan_ranges(checkpoint: dict[str, str], watermarks: dict[int, tuple[int, int]], cap: int,
+                starting: str = "earliest") -> Plan:
+    """Fix the ranges of one run before reading anything.
+
+    checkpoint: partition -> next offset, from the lake. watermarks: partition -> (earliest
+    available, end) from the broker. A partition the checkpoint does not know starts at `starting`
+    on the pipeline's first run only; one that appears later (added to the topic) starts at its
+    earliest offset, so nothing produced into it before the next run is skipped. The cap is split
+    over partitions by backlog (water-filling), so a busy partition cannot starve the others.
+    """
+    first_run = not checkpoint
+    starts: dict[int, int] = {}
+    gaps: list[Gap] = []
+    for part, (low, high) in sorted(watermarks.items()):
+        if str(part) in checkpoint:
+            start = int(checkpoint[str(part)])
+            if start > high:
+                raise OffsetError(f"partition {part}: the lake checkpoint {start} is past the topic's end offset "
+                                  f"{high}; the topic was deleted and recreated? Stop and check")
+            if low > start:
+                gaps.append(Gap(part, start, low))
+                start = low
+        else:
+            start = high if (first_run and starting == "latest") else low
+        starts[part] = start
+    missing = sorted(set(checkpoint) - {str(p) for p in watermarks})
+    if missing:
+        raise OffsetError(f"partitions {missing} are in the lake checkpoint but not in the topic any more")
+    quotas = allocate(cap, {str(p): watermarks[p][1] - s for p, s in starts.items()})
+    ranges = {p: (s, s + quotas[str(p)]) for p, s in starts.items() if quotas[str(p)] > 0}
+    positions = {**checkpoint, **{str(p): str(s) for p, s in starts.items()}}
+    positions.update({str(p): str(end) for p, (_, end) in ranges.items()})
+    return Plan(ranges, gaps, positions)
+
+
+def hold_positions(positions: dict[str, str], pending: list[tuple[str, str]]) -> dict[str, str]:
+    """A message left for another attempt holds its partition's checkpoint at its offset, so that the
+    next run reads it again (Kafka has no per-message pending list). Rows after it are read again
+    too and land on their existing rows (the MERGE is on the id)."""
+    out = dict(positions)
+    for part, offset in pending:
+        out[part] = str(min(int(out[part]), int(offset))) if part in out else offset
+    return out
+
+
+def retry_record(old: dict, pending: dict[tuple[str, str], dict], positions: dict[str, str]) -> dict:
+    """The attempts of messages that are held for another try, kept in the commit metadata.
+
+    old: the previous commit's record ("partition:offset" -> {...}); pending: this run's culprits left
+    for another attempt. Entries behind the new checkpoint are finished (published or dead) and drop out.
+    """
+    merged = {**old, **{f"{p}:{o}": v for (p, o), v in pending.items()}}
+    return {k: v for k, v in merged.items()
+            if int(k.rsplit(":", 1)[1]) >= int(positions.get(k.rsplit(":", 1)[0], "0"))}
+
+
+def attempts_so_far(record: dict) -> dict[tuple[int, int], int]:
+    return {(int(k.rsplit(":", 1)[0]), int(k.rsplit(":", 1)[1])): int(v["attempts"]) for k, v in record.items()}
+
+
+# -- the broker ---------------------------------------------------------------------------------------
+
+TIMEOUT = 30
+
+
+def watermarks(conf: dict, topic: str) -> dict[int, tuple[int, int]]:
+    """partition -> (earliest available offset, end offset) for every partition the topic has now."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({**conf, "group.id": "deltadrain-watermarks", "enable.auto.commit": False})
+    try:
+        meta = consumer.list_topics(topic, timeout=TIMEOUT).topics.get(topic)
+        if meta is None or meta.error is not None:
+            raise OffsetError(f"topic '{topic}' is not available: {meta.error if meta else 'unknown topic'}")
+        return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=TIMEOUT, cached=False)
+                for p in sorted(meta.partitions)}
+    finally:
+        consumer.close()
+
+
+def commit_group_offsets(conf: dict, group: str, topic: str, offsets: dict[int, int]) -> None:
+    """Tell Kafka how far the lake is, for lag tools (kafka-consumer-groups, Burrow...). Never read back."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({**conf, "group.id": group, "enable.auto.commit": False})
+    try:
+        consumer.commit(offsets=[TopicPartition(topic, p, o) for p, o in sorted(offsets.items())],
+                        asynchronous=False)
+    finally:
+        consumer.close()
+
+
+def group_offsets(conf: dict, group: str, topic: str, partitions: list[int]) -> dict[int, int | None]:
+    """The group's committed offsets (for status and tests; the drain never reads them)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({**conf, "group.id": group, "enable.auto.commit": False})
+    try:
+        got = consumer.committed([TopicPartition(topic, p) for p in partitions], timeout=TIMEOUT)
+        return {tp.partition: (tp.offset if tp.offset >= 0 else None) for tp in got}
+    finally:
+        consumer.close()

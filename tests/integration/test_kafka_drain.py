@@ -1,0 +1,374 @@
+"""The Kafka drain against a real KRaft broker, Spark and Delta, judged by reading the tables back.
+
+Each test has a pipeline of its own (topic, group, tables), so they can share the broker.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+import pytest
+import yaml
+
+from deltadrain.checkpoint import read_checkpoint
+from deltadrain.config import load_config
+from deltadrain.connections import kafka_client_conf
+from deltadrain.drain import drain
+from deltadrain.kafka_offsets import group_offsets, watermarks
+from deltadrain.produce import MALFORMED_KINDS, ensure_topic, generate, produce
+from deltadrain.status import pipeline_status
+from tests.integration.helpers import ROOT, cli_drain, dlq_rows, summary_of, target_ids
+
+pytestmark = pytest.mark.usefixtures("kafka_broker")
+
+# With a topic-partition-offset fallback, a payload without an id is published under that id.
+FALLBACK_KINDS = ("missing_id", "null_id")
+
+
+def make_kafka_pipeline(tmp_path, partitions: int = 4, **overrides):
+    data = yaml.safe_load((ROOT / "config" / "pipelines.yaml").read_text())
+    name = f"k_{uuid.uuid4().hex[:8]}"
+    pipe = next(p for p in data["pipelines"] if p["source"]["kind"] == "kafka")
+    pipe["name"] = name
+    pipe["source"].update({"topic": name, "partitions": partitions, "group": f"{name}-group",
+                           **overrides.pop("source", {})})
+    pipe["target"]["path"] = name
+    pipe.pop("quality", None)
+    pipe.update(overrides)
+    data["pipelines"] = [pipe]
+    data["data_dir"] = str(tmp_path / "lake")
+    path = tmp_path / "pipelines.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    cfg = load_config(path)
+    p = cfg.pipeline(name)
+    ensure_topic(kafka_client_conf(cfg, p), name, partitions)
+    return path, cfg, p
+
+
+def end_offsets(c, p) -> dict[str, str]:
+    return {str(part): str(high) for part, (_, high) in watermarks(kafka_client_conf(c, p), p.source.topic).items()}
+
+
+def lake_checkpoint(spark, c, p):
+    return read_checkpoint(spark, str(c.target_path(p)), p.name, str(c.dlq_path(p)))
+
+
+def group_of(c, p) -> dict[str, int | None]:
+    parts = sorted(watermarks(kafka_client_conf(c, p), p.source.topic))
+    return {str(k): v for k, v in group_offsets(kafka_client_conf(c, p), p.source.group, p.source.topic,
+                                                parts).items()}
+
+
+def assert_group_never_leads(spark, c, p) -> None:
+    lake = lake_checkpoint(spark, c, p).positions
+    for part, offset in group_of(c, p).items():
+        if offset is not None:
+            assert part in lake and offset <= int(lake[part]), f"group offset {offset} leads the lake on {part}"
+
+
+def drain_until_done(c, p, spark, max_runs: int = 12) -> list:
+    summaries = []
+    for _ in range(max_runs):
+        s = drain(c, p, spark=spark)
+        summaries.append(s)
+        assert_group_never_leads(spark, c, p)
+        if s.outcome == "empty":
+            return summaries
+    raise AssertionError(f"not drained after {max_runs} runs: {[s.line() for s in summaries]}")
+
+
+def expected_counts(*results) -> tuple[list[str], int, int]:
+    """(valid ids, messages published under their offset id, dead letters) of produce() results."""
+    valid = [i for r in results for i in r.valid_ids]
+    fallback = sum(r.kinds[k] for r in results for k in FALLBACK_KINDS)
+    bad = sum(r.kinds[k] for r in results for k in MALFORMED_KINDS if k not in FALLBACK_KINDS)
+    return valid, fallback, bad
+
+
+def assert_exactly_once(spark, c, p, valid_ids, fallback: int, bad: int) -> None:
+    ids = target_ids(spark, c, p)
+    assert len(ids) == len(set(ids)), "a message id appears twice in the target"
+    named = {i for i in ids if i.startswith("evt-")}
+    assert named == set(valid_ids), (f"missing {sorted(set(valid_ids) - named)[:5]}, "
+                                     f"unexpected {sorted(named - set(valid_ids))[:5]}")
+    by_offset = [i for i in ids if not i.startswith("evt-")]
+    assert len(by_offset) == fallback and all(i.startswith(f"{p.source.topic}-") for i in by_offset)
+    dead = dlq_rows(spark, c, p)
+    keys = [(r.partition, r.position) for r in dead]
+    assert len(keys) == len(set(keys)), "a message is twice in the DLQ"
+    assert len(dead) == bad
+    # Every offset of the topic is accounted for, and the lake checkpoint is the end of the topic.
+    assert lake_checkpoint(spark, c, p).positions == end_offsets(c, p)
+
+
+def test_kafka_drain_publishes_valid_once_dead_letters_bad_and_checkpoints_end_offsets(tmp_path, cfg, spark,
+                                                                                       capsys):
+    from deltadrain.cli import main
+
+    path, c, p = make_kafka_pipeline(tmp_path, partitions=3)
+    result = produce(c, p, 3000, seed=21, malformed_ratio=0.1)
+    valid, fallback, bad = expected_counts(result)
+    summaries = drain_until_done(c, p, spark)
+    first = summaries[0]
+    assert (first.outcome, first.batch, first.claimed) == ("committed", 1, 3000)
+    assert first.written == len(valid) + fallback and first.dead_lettered == bad and first.acked == 3000
+    assert first.positions == end_offsets(c, p)
+    assert_exactly_once(spark, c, p, valid, fallback, bad)
+    # Group offsets were committed after the lake, equal to it.
+    assert group_of(c, p) == {k: int(v) for k, v in end_offsets(c, p).items()}
+    reasons = {r.error_type for r in dlq_rows(spark, c, p)}
+    assert reasons == {"empty", "oversized", "invalid_utf8", "invalid_json", "not_an_object", "schema"}
+    assert all(r.state == "DEAD" and r.attempts == 1 and r.original is not None for r in dlq_rows(spark, c, p)
+               if r.error_type != "empty")
+    # Draining again finds nothing and changes nothing.
+    again = drain(c, p, spark=spark)
+    assert again.outcome == "empty" and again.batch == 1
+    # Status per partition and the DLQ listing, through the CLI.
+    more = produce(c, p, 100, seed=21, start=3000)
+    assert main(["--config", str(path), "status", p.name, "--json"]) == 0
+    st = json.loads(capsys.readouterr().out)
+    assert st["PENDING"] == 100 and st["CLAIMED"] == 0 and st["DEAD"] == bad
+    assert st["PUBLISHED"] == len(valid) + fallback
+    assert set(st["partitions"]) == {"0", "1", "2"}
+    for part, info in st["partitions"].items():
+        assert info["end_offset"] - info["lake_checkpoint"] == info["pending"] == more.per_partition[int(part)]
+        assert info["group_offset"] == info["lake_checkpoint"] and info["gap"] is None
+    assert sum(i["published"] for i in st["partitions"].values()) == st["PUBLISHED"]
+    assert sum(i["dead"] for i in st["partitions"].values()) == bad
+    assert main(["--config", str(path), "status", p.name]) == 0
+    assert "lake checkpoint" in capsys.readouterr().out
+    assert main(["--config", str(path), "dlq", "list", p.name, "--json", "--limit", "1000"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert len(rows) == bad and all(r["state"] == "DEAD" and r["error"] for r in rows)
+
+
+def test_null_keys_missing_headers_tombstones_and_ids_from_a_header(tmp_path, cfg, spark):
+    from confluent_kafka import Producer
+
+    _, c, p = make_kafka_pipeline(tmp_path, partitions=2, source={"id_from": "header", "id_header": "msg-id"})
+    producer = Producer(kafka_client_conf(c, p))
+    msgs = list(generate(p, 6, seed=5))
+    topic = p.source.topic
+    producer.produce(topic, msgs[0].value, key=None, partition=0, headers=[("msg-id", b"h-0")])  # null key
+    producer.produce(topic, msgs[1].value, key=b"k1", partition=0)  # no headers: the id is topic-0-1
+    producer.produce(topic, msgs[2].value, key=b"k2", partition=1, headers=[("other", b"x")])  # header missing
+    producer.produce(topic, None, key=b"k3", partition=1, headers=[("msg-id", b"h-3")])  # tombstone
+    producer.produce(topic, msgs[4].value, key=None, partition=1, headers=[("msg-id", b"h-0")])  # same id again
+    producer.produce(topic, b"not json", key=None, partition=0, headers=[("msg-id", b"h-5")])
+    producer.flush(30)
+    s = drain(c, p, spark=spark)
+    assert s.outcome == "committed" and s.claimed == 6 and s.written == 3 and s.duplicates_skipped == 1
+    assert sorted(target_ids(spark, c, p)) == sorted(["h-0", f"{topic}-0-1", f"{topic}-1-0"])
+    dead = {r.error_type: r for r in dlq_rows(spark, c, p)}
+    assert set(dead) == {"tombstone", "invalid_json"}
+    assert dead["tombstone"].message_id == "h-3" or dead["tombstone"].message_id == f"{topic}-1-1"
+    assert "null value" in dead["tombstone"].error and dead["tombstone"].original is None
+    assert dead["invalid_json"].message_id == "h-5" and bytes(dead["invalid_json"].original) == b"not json"
+    assert lake_checkpoint(spark, c, p).positions == end_offsets(c, p) == {"0": "3", "1": "3"}
+
+
+def test_six_partitions_one_much_busier_are_all_drained_under_a_batch_cap(tmp_path, cfg, spark):
+    from confluent_kafka import Producer
+
+    _, c, p = make_kafka_pipeline(tmp_path, partitions=6, batch_cap=1200)
+    producer = Producer({**kafka_client_conf(c, p), "linger.ms": 20})
+    msgs = list(generate(p, 3250, seed=33))
+    # Partition 0 gets 3000 messages, the five others 50 each.
+    placement = [0] * 3000 + [1 + i % 5 for i in range(250)]
+    for m, part in zip(msgs, placement, strict=True):
+        producer.produce(p.source.topic, m.value, key=m.partition_key, partition=part)
+    producer.flush(30)
+    first = drain(c, p, spark=spark)
+    # The quiet partitions are read whole in the first batch; the busy one takes the rest of the cap.
+    assert first.claimed == 1200
+    assert {k: int(v) for k, v in first.positions.items()} == {"0": 950, "1": 50, "2": 50, "3": 50, "4": 50, "5": 50}
+    summaries = [first, *drain_until_done(c, p, spark)]
+    assert [x.claimed for x in summaries] == [1200, 1200, 850, 0]
+    assert_exactly_once(spark, c, p, [m.key for m in msgs], 0, 0)
+
+
+def test_a_partition_added_mid_stream_is_picked_up_from_its_beginning(tmp_path, cfg, spark):
+    from confluent_kafka.admin import AdminClient, NewPartitions
+
+    _, c, p = make_kafka_pipeline(tmp_path, partitions=2)
+    one = produce(c, p, 400, seed=44)
+    assert drain(c, p, spark=spark).positions.keys() == {"0", "1"}
+    admin = AdminClient(kafka_client_conf(c, p))
+    admin.create_partitions([NewPartitions(p.source.topic, 4)])[p.source.topic].result(30)
+    deadline = time.time() + 30
+    while len(watermarks(kafka_client_conf(c, p), p.source.topic)) < 4 and time.time() < deadline:
+        time.sleep(0.5)
+    two = produce(c, p, 800, seed=44, start=400)  # spread over four partitions now
+    assert two.per_partition[2] > 0 and two.per_partition[3] > 0
+    s = drain(c, p, spark=spark)
+    assert s.claimed == 800 and set(s.positions) == {"0", "1", "2", "3"}
+    drain_until_done(c, p, spark)
+    assert_exactly_once(spark, c, p, one.valid_ids + two.valid_ids, 0, 0)
+
+
+def test_a_retention_gap_is_reported_with_its_range_and_stops_or_continues_per_policy(tmp_path, cfg, spark):
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    path, c, p = make_kafka_pipeline(tmp_path, partitions=1, batch_cap=100)
+    first = produce(c, p, 100, seed=55)
+    drain(c, p, spark=spark)
+    later = produce(c, p, 300, seed=55, start=100)  # offsets 100..399
+    # Retention takes offsets 100..249 before any run read them.
+    admin = AdminClient(kafka_client_conf(c, p))
+    for fut in admin.delete_records([TopicPartition(p.source.topic, 0, 250)]).values():
+        fut.result(30)
+    with pytest.raises(Exception, match=r"partition 0 offsets \[100, 250\) \(150 messages\)"):
+        drain(c, p, spark=spark)
+    st = pipeline_status(c, p, spark)
+    assert st["gaps"] == [{"partition": 0, "start": 100, "end": 250, "missing": 150}]
+    assert st["partitions"]["0"]["pending"] == 150  # what is left to read: 250..399
+    assert lake_checkpoint(spark, c, p).batch == 1  # on_gap: fail committed nothing
+    # The operator accepts the loss: the next runs go on after the gap and say so.
+    data = yaml.safe_load(path.read_text())
+    data["pipelines"][0]["source"]["on_gap"] = "continue"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    c = load_config(path)
+    p = c.pipeline(p.name)
+    s = drain(c, p, spark=spark)
+    assert s.outcome == "committed" and s.gaps == 150
+    assert s.gap_ranges == [{"partition": 0, "start": 100, "end": 250, "missing": 150}]
+    assert s.positions == {"0": "350"}
+    drain_until_done(c, p, spark)
+    kept = later.valid_ids[150:]
+    assert sorted(target_ids(spark, c, p)) == sorted(first.valid_ids + kept)
+    assert lake_checkpoint(spark, c, p).positions == {"0": "400"}
+    assert pipeline_status(c, p, spark)["gaps"] == []
+
+
+def test_poison_message_holds_its_partition_for_max_retries_runs_then_is_dead(tmp_path, cfg, spark):
+    from confluent_kafka import Producer
+
+    _, c, p = make_kafka_pipeline(tmp_path, partitions=2, max_retries=2, batch_cap=20000)
+    result = produce(c, p, 2000, seed=12)
+    poison = next(m for m in generate(p, 50, seed=99, poison_ratio=1.0) if m.kind == "poison")
+    producer = Producer(kafka_client_conf(c, p))
+    producer.produce(p.source.topic, poison.value, key=poison.partition_key, partition=1)
+    producer.flush(30)
+    poison_offset = int(end_offsets(c, p)["1"]) - 1
+    first = drain(c, p, spark=spark)
+    # Every good message is published by the first run; the poison one holds partition 1 at its offset.
+    assert first.outcome == "committed" and first.written == 2000 and first.left_pending == 1
+    assert first.positions["1"] == str(poison_offset)
+    assert sorted(target_ids(spark, c, p)) == sorted(result.valid_ids)
+    assert group_of(c, p)["1"] == poison_offset  # lag tools see the held message as lag
+    runs = [first]
+    while lake_checkpoint(spark, c, p).positions != end_offsets(c, p):
+        runs.append(drain(c, p, spark=spark))
+        assert len(runs) <= p.max_retries + 1
+    assert len(runs) == p.max_retries + 1  # tried by 1 + max_retries runs, then dead
+    dead = dlq_rows(spark, c, p)
+    assert len(dead) == 1 and dead[0].error_type == "transform" and dead[0].attempts == p.max_retries + 1
+    assert "poison message" in dead[0].error and bytes(dead[0].original) == poison.value
+    assert dead[0].first_failure_at < dead[0].last_failure_at and dead[0].position == str(poison_offset)
+    assert_exactly_once(spark, c, p, result.valid_ids, 0, 1)
+    assert group_of(c, p)["1"] == poison_offset + 1
+
+
+def test_offsets_checkpoint_survives_delta_log_checkpoint_and_cleanup(tmp_path, cfg, spark):
+    import os
+
+    _, c, p = make_kafka_pipeline(tmp_path, partitions=2, batch_cap=100)
+    result = produce(c, p, 300, seed=13, malformed_ratio=0.1)
+    for _ in range(3):
+        drain(c, p, spark=spark)
+    target = str(c.target_path(p))
+    before = lake_checkpoint(spark, c, p)
+    assert before.batch == 3 and before.found_in == "commit"
+    spark.sql(f"ALTER TABLE delta.`{target}` SET TBLPROPERTIES ('delta.logRetentionDuration' = 'interval 1 days', "
+              "'delta.deletedFileRetentionDuration' = 'interval 1 days', 'delta.checkpointInterval' = '1')")
+    log = os.path.join(target, "_delta_log")
+    old = time.time() - 5 * 86400
+    for name in os.listdir(log):
+        os.utime(os.path.join(log, name), (old, old))
+    spark.sql(f"ALTER TABLE delta.`{target}` SET TBLPROPERTIES ('deltadrain.test' = 'cleanup')")
+    assert not os.path.exists(os.path.join(log, f"{before.table_version:020d}.json")), "cleanup did not run"
+    after = lake_checkpoint(spark, c, p)
+    assert after.batch == 3 and after.found_in == "rows"
+    # Rows hold the offset each record was read at; the run goes on from the next one.
+    assert {k: str(int(v) + 1) for k, v in after.positions.items()} == before.positions
+    more = produce(c, p, 50, seed=13, start=300)
+    s = drain(c, p, spark=spark)
+    assert (s.outcome, s.batch, s.claimed) == ("committed", 4, 50)
+    drain_until_done(c, p, spark)
+    valid, fallback, bad = expected_counts(result, more)
+    assert_exactly_once(spark, c, p, valid, fallback, bad)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point", ["after_claim", "during_merge", "after_commit"])
+def test_sigkill_at_each_step_boundary_loses_and_duplicates_nothing(point, tmp_path, cfg, spark):
+    path, c, p = make_kafka_pipeline(tmp_path, partitions=3, batch_cap=5000)
+    result = produce(c, p, 4000, seed=31, malformed_ratio=0.05)
+    env = {"DELTADRAIN_FAILPOINT": point, "DELTADRAIN_FAILPOINT_DELAY_MS": "300"}
+    proc = cli_drain(path, p.name, env)
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == -9, f"the drain was not killed at {point}: rc={proc.returncode}\n{err[-3000:]}"
+    if point == "after_commit":
+        # Committed to the lake, not yet to the group: the group offsets lag, never lead.
+        assert lake_checkpoint(spark, c, p).batch == 1
+        assert all(v is None for v in group_of(c, p).values())
+    else:
+        assert lake_checkpoint(spark, c, p).batch == 0
+    assert_group_never_leads(spark, c, p)
+    summaries = drain_until_done(c, p, spark)
+    if point == "after_commit":
+        assert sum(s.claimed for s in summaries) == 0  # the lake says the batch is done: nothing is re-read
+    valid, fallback, bad = expected_counts(result)
+    assert_exactly_once(spark, c, p, valid, fallback, bad)
+    # Even the empty run after the kill brought the group offsets up to the lake.
+    assert group_of(c, p) == {k: int(v) for k, v in end_offsets(c, p).items()}
+
+
+@pytest.mark.slow
+def test_two_concurrent_drains_one_reports_the_neighbour(tmp_path, cfg, spark):
+    path, c, p = make_kafka_pipeline(tmp_path, partitions=3, batch_cap=1000)
+    result = produce(c, p, 3000, seed=41, malformed_ratio=0.02)
+    slow = cli_drain(path, p.name, {"DELTADRAIN_PAUSE_BEFORE_COMMIT_MS": "90000"})
+    deadline = time.time() + 180  # until the slow one has read its range (its dead letters are written)
+    while time.time() < deadline and not (c.dlq_path(p) / "_delta_log").exists():
+        time.sleep(0.5)
+    assert slow.poll() is None, slow.communicate()[1][-3000:]
+    fast = cli_drain(path, p.name)
+    fast_out, fast_err = fast.communicate(timeout=600)
+    slow_out, slow_err = slow.communicate(timeout=600)
+    assert fast.returncode == 0, fast_err[-3000:]
+    assert slow.returncode == 0, slow_err[-3000:]
+    won, lost = summary_of(fast_out), summary_of(slow_out)
+    # Both read batch 0 and the same ranges; the one that commits second finds the other ahead.
+    assert won["outcome"] == "committed" and won["batch"] == 1 and won["acked"] == 1000
+    assert lost["outcome"] == "ahead" and lost["acked"] == 0 and lost["written"] == 0
+    assert "another writer is ahead" in lost["error"]
+    assert lake_checkpoint(spark, c, p).positions == won["positions"]
+    drain_until_done(c, p, spark)
+    valid, fallback, bad = expected_counts(result)
+    assert_exactly_once(spark, c, p, valid, fallback, bad)
+
+
+@pytest.mark.slow
+def test_broker_restart_between_read_and_commit(tmp_path, cfg, spark, kafka_broker):
+    path, c, p = make_kafka_pipeline(tmp_path, partitions=3)
+    result = produce(c, p, 2000, seed=61, malformed_ratio=0.05)
+    run = cli_drain(path, p.name, {"DELTADRAIN_PAUSE_BEFORE_COMMIT_MS": "60000"})
+    deadline = time.time() + 180
+    while time.time() < deadline and not (c.dlq_path(p) / "_delta_log").exists() and run.poll() is None:
+        time.sleep(0.2)
+    assert run.poll() is None, run.communicate()[1][-3000:]
+    kafka_broker.down()  # the range is read and staged; the commit has not happened
+    kafka_broker.up()
+    assert run.poll() is None, "the broker restart took longer than the pause"
+    out, err = run.communicate(timeout=600)
+    assert run.returncode == 0, err[-3000:]
+    s = summary_of(out)
+    assert s["outcome"] == "committed" and s["acked"] == 2000 and s["error"] is None
+    assert group_of(c, p) == {k: int(v) for k, v in end_offsets(c, p).items()}
+    drain_until_done(c, p, spark)
+    valid, fallback, bad = expected_counts(result)
+    assert_exactly_once(spark, c, p, valid, fallback, bad)

@@ -1,0 +1,93 @@
+"""Kafka offset decisions: range planning, gaps, new partitions, held culprits, message ids. Pure."""
+
+from datetime import UTC, datetime
+
+import pytest
+
+from deltadrain.kafka_drain import TOMBSTONE, DecodeContext, kafka_row
+from deltadrain.kafka_offsets import Gap, OffsetError, hold_positions, plan_ranges, retry_record
+
+
+def test_first_run_reads_from_earliest_up_to_the_end_when_under_the_cap():
+    plan = plan_ranges({}, {0: (0, 10), 1: (5, 8)}, cap=100)
+    assert plan.ranges == {0: (0, 10), 1: (5, 8)} and plan.gaps == [] and plan.total == 13
+    assert plan.positions == {"0": "10", "1": "8"}
+
+
+def test_latest_applies_to_the_first_run_only_new_partitions_start_at_earliest():
+    first = plan_ranges({}, {0: (0, 10), 1: (0, 4)}, cap=100, starting="latest")
+    assert first.ranges == {} and first.positions == {"0": "10", "1": "4"}
+    # Partition 2 appeared after the first commit: its messages are read from its beginning.
+    later = plan_ranges({"0": "10", "1": "4"}, {0: (0, 12), 1: (0, 4), 2: (0, 3)}, cap=100, starting="latest")
+    assert later.ranges == {0: (10, 12), 2: (0, 3)} and later.positions == {"0": "12", "1": "4", "2": "3"}
+
+
+def test_the_cap_is_spread_so_a_busy_partition_does_not_starve_the_others():
+    marks = {0: (0, 1_000_000), **{p: (0, 10) for p in range(1, 6)}}
+    plan = plan_ranges({}, marks, cap=1000)
+    assert plan.total == 1000
+    assert all(plan.ranges[p] == (0, 10) for p in range(1, 6))  # quiet partitions are read whole
+    assert plan.ranges[0] == (0, 950)
+    assert plan.positions["0"] == "950"
+
+
+def test_ending_offsets_are_exclusive_and_continue_from_the_checkpoint():
+    plan = plan_ranges({"0": "7"}, {0: (0, 9)}, cap=5)
+    assert plan.ranges == {0: (7, 9)} and plan.positions == {"0": "9"}
+    assert plan_ranges({"0": "9"}, {0: (0, 9)}, cap=5).ranges == {}
+
+
+def test_retention_gap_is_reported_with_its_range_and_the_read_starts_after_it():
+    plan = plan_ranges({"0": "100", "1": "50"}, {0: (250, 300), 1: (40, 60)}, cap=1000)
+    assert plan.gaps == [Gap(0, 100, 250)] and plan.gaps[0].size == 150
+    assert plan.ranges == {0: (250, 300), 1: (50, 60)}
+    assert "[100, 250)" in str(plan.gaps[0]) and plan.gaps[0].as_dict()["missing"] == 150
+
+
+def test_a_checkpoint_past_the_end_or_a_vanished_partition_stops_the_run():
+    with pytest.raises(OffsetError, match="recreated"):
+        plan_ranges({"0": "500"}, {0: (0, 10)}, cap=10)
+    with pytest.raises(OffsetError, match=r"\['3'\]"):
+        plan_ranges({"0": "5", "3": "1"}, {0: (0, 10)}, cap=10)
+
+
+def test_a_culprit_holds_its_partition_and_its_attempts_are_kept_until_passed():
+    positions = {"0": "100", "1": "40"}
+    held = hold_positions(positions, [("0", "57"), ("0", "80")])
+    assert held == {"0": "57", "1": "40"}
+    record = retry_record({"1:10": {"attempts": 2}}, {("0", "57"): {"attempts": 1}, ("0", "80"): {"attempts": 1}},
+                          held)
+    # "1:10" is behind partition 1's checkpoint: it was published or dead-lettered, so it drops out.
+    assert set(record) == {"0:57", "0:80"}
+
+
+def ctx(**kw):
+    base = dict(topic="clicks", fields={"event_id": "string", "amount": "double"}, id_field="event_id",
+                required=["event_id"], max_bytes=1000, id_from="field", id_header=None, attempts={(0, 5): 2})
+    return DecodeContext(**{**base, **kw})
+
+
+TS = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def test_kafka_rows_ids_from_field_key_header_and_the_offset_fallback():
+    row = kafka_row(ctx(), 0, 5, TS, b"k", b'{"event_id": "e1", "amount": 2}', [])
+    assert row[:8] == ("0", "5", 5, 0, TS, 3, False, "e1") and row[8] is None and row[-2:] == ("e1", 2.0)
+    assert kafka_row(ctx(), 0, 6, TS, None, b'{"amount": 2}', [])[7] == "clicks-0-6"
+    key = kafka_row(ctx(id_from="key"), 1, 6, TS, b"from-key", b'{"event_id": "e1", "amount": 2}', [])
+    assert key[7] == "from-key" and key[-2] == "from-key"
+    assert kafka_row(ctx(id_from="key"), 1, 7, TS, None, b'{"amount": 2}', [])[7] == "clicks-1-7"  # null key
+    hdr = ctx(id_from="header", id_header="id")
+    assert kafka_row(hdr, 2, 8, TS, None, b'{"amount": 1}', [{"key": "id", "value": b"h-1"}])[7] == "h-1"
+    assert kafka_row(hdr, 2, 9, TS, None, b'{"amount": 1}', [{"key": "other", "value": b"x"}])[7] == "clicks-2-9"
+    # The configured source wins over the payload's field: without a header the id is the record's place.
+    assert kafka_row(hdr, 2, 10, TS, None, b'{"event_id": "e9", "amount": 1}', [])[7] == "clicks-2-10"
+
+
+def test_kafka_bad_records_become_dead_letters_with_a_reason():
+    tomb = kafka_row(ctx(), 0, 1, TS, b"k", None, [])
+    assert tomb[8:10] == ("tombstone", TOMBSTONE) and tomb[7] == "clicks-0-1"
+    bad_key = kafka_row(ctx(id_from="key"), 0, 2, TS, b"\xff\xfe", b'{"amount": 1}', [])
+    assert bad_key[8] == "invalid_utf8" and "key is not valid UTF-8" in bad_key[9]
+    wrong = kafka_row(ctx(), 0, 3, TS, None, b'{"event_id": "e", "amount": "x"}', [])
+    assert wrong[8] == "schema" and wrong[10] == b'{"event_id": "e", "amount": "x"}'
