@@ -157,7 +157,8 @@ def backfill(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, start: date
     if not isinstance(pipeline.source, ValkeySource):
         from deltadrain.kafka_history import kafka_interval_rows
 
-        read = lambda scratch: kafka_interval_rows(spark, cfg, pipeline, start, end, str(scratch))  # noqa: E731
+        def read(scratch):
+            return kafka_interval_rows(spark, cfg, pipeline, start, end, str(scratch))
     else:
         ranges = [interval_range(s, start, end) for s in pipeline.source.streams]
         summary.gaps = history_gaps(valkey_client(cfg, pipeline), ranges)

@@ -105,6 +105,35 @@ def offsets_json(topic: str, offsets: dict[int, int]) -> str:
     return json.dumps({topic: {str(p): o for p, o in sorted(offsets.items())}})
 
 
+def read_ranges(spark, cfg: DeltadrainConfig, p: PipelineConfig, ranges: dict[int, tuple[int, int]],
+                attempts: dict[tuple[int, int], int], staged: str):
+    """Exactly `ranges` (end exclusive), decoded in the reading tasks and staged to Parquet by one
+    Spark job, so that later steps never go back to the broker. Drains, backfills and replays read
+    through here."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    source: KafkaSource = p.source
+    topic = source.topic
+    schema = claim_schema(p)
+    arrow_schema = to_arrow_schema(schema)
+    ctx = DecodeContext(topic, dict(p.payload_schema.fields), p.payload_schema.id_field,
+                        list(p.payload_schema.required), p.max_message_bytes, source.id_from,
+                        source.id_header, attempts)
+    total = sum(end - start for start, end in ranges.values())
+    reader = spark.read.format("kafka").options(**kafka_spark_options(cfg, p))
+    df = (reader.option("assign", json.dumps({topic: sorted(ranges)}))
+          .option("startingOffsets", offsets_json(topic, {q: r[0] for q, r in ranges.items()}))
+          .option("endingOffsets", offsets_json(topic, {q: r[1] for q, r in ranges.items()}))
+          .option("includeHeaders", str(source.id_from == "header").lower())
+          .option("minPartitions", str(max(len(ranges), -(-total // TASK_OFFSETS))))
+          .load())
+    columns = ["partition", "offset", "timestamp", "value"] + {"key": ["key"], "header": ["headers"]}.get(
+        source.id_from, [])
+    (df.select(*columns)
+     .mapInArrow(lambda batches: decode_arrow(batches, ctx, arrow_schema), schema).write.parquet(staged))
+    return spark.read.parquet(staged)
+
+
 class KafkaDrain(Drain):
     """Claims a fixed offset range per partition; acknowledges by committing the group offsets."""
 
@@ -119,30 +148,7 @@ class KafkaDrain(Drain):
     # -- steps ------------------------------------------------------------------------------------
 
     def read(self, ranges: dict[int, tuple[int, int]], attempts: dict[tuple[int, int], int]):
-        """Exactly `ranges` (end exclusive), decoded in the reading tasks and staged to Parquet by one
-        Spark job, so that later steps never go back to the broker."""
-        from pyspark.sql.pandas.types import to_arrow_schema
-
-        p, topic = self.pipeline, self.source.topic
-        schema = claim_schema(p)
-        arrow_schema = to_arrow_schema(schema)
-        ctx = DecodeContext(topic, dict(p.payload_schema.fields), p.payload_schema.id_field,
-                            list(p.payload_schema.required), p.max_message_bytes, self.source.id_from,
-                            self.source.id_header, attempts)
-        total = sum(end - start for start, end in ranges.values())
-        reader = self.spark.read.format("kafka").options(**kafka_spark_options(self.cfg, p))
-        df = (reader.option("assign", json.dumps({topic: sorted(ranges)}))
-              .option("startingOffsets", offsets_json(topic, {q: r[0] for q, r in ranges.items()}))
-              .option("endingOffsets", offsets_json(topic, {q: r[1] for q, r in ranges.items()}))
-              .option("includeHeaders", str(self.source.id_from == "header").lower())
-              .option("minPartitions", str(max(len(ranges), -(-total // TASK_OFFSETS))))
-              .load())
-        staged = str(self.scratch / "claimed")
-        columns = ["partition", "offset", "timestamp", "value"] + {"key": ["key"], "header": ["headers"]}.get(
-            self.source.id_from, [])
-        (df.select(*columns)
-         .mapInArrow(lambda batches: decode_arrow(batches, ctx, arrow_schema), schema).write.parquet(staged))
-        return self.spark.read.parquet(staged)
+        return read_ranges(self.spark, self.cfg, self.pipeline, ranges, attempts, str(self.scratch / "claimed"))
 
     def settle_culprits(self, culprits):
         """Culprits that used their last attempt become dead letters; the others hold their partition

@@ -178,8 +178,8 @@ def _enqueue_kafka(cfg, pipeline, entries) -> None:
             failures.append(str(err))
 
     for e in entries:
-        topic, _, part = e["partition"].rpartition("-")
-        kwargs = {"partition": int(part)} if part.isdigit() and topic == source.topic else {}
+        # A Kafka dead letter's partition is the topic partition's number: it goes back there.
+        kwargs = {"partition": int(e["partition"])} if str(e["partition"]).isdigit() else {}
         # Keep the message's identity where the pipeline reads it from (key or header).
         key = e["message_id"] if source.id_from == "key" else None
         headers = [(source.id_header, e["message_id"].encode())] if (

@@ -161,3 +161,37 @@ def test_replay_requests_are_validated_values(cfg):
     ok = parse_request(cfg, {"pipeline": cfg.pipelines[0].name, "error_contains": "x' OR 1=1 --", "since": "",
                              "position_from": "1700000000000-10"})
     assert ok.error_contains == "x' OR 1=1 --" and ok.since is None and ok.dry_run
+
+
+@pytest.mark.slow
+def test_kafka_backfill_and_reprocess_heal_rows_once_without_touching_offsets(tmp_path, spark, kafka_broker):
+    from delta.tables import DeltaTable
+    from pyspark.sql import functions as F
+
+    from tests.integration.test_kafka_drain import drain_until_done as drain_kafka
+    from tests.integration.test_kafka_drain import group_of, lake_checkpoint, make_kafka_pipeline
+
+    path, c, p = make_kafka_pipeline(tmp_path, partitions=3)
+    began = datetime.now(UTC) - timedelta(seconds=1)
+    result = produce(c, p, 400, seed=106, malformed_ratio=0.05)
+    ended = datetime.now(UTC) + timedelta(seconds=1)
+    drain_kafka(c, p, spark)
+    target = str(c.target_path(p))
+    before, group_before = lake_checkpoint(spark, c, p), group_of(c, p)
+    ids = target_ids(spark, c, p)
+    lost = sorted(result.valid_ids)[:5]
+    DeltaTable.forPath(spark, target).delete(F.col("event_id").isin(lost))
+    s = backfill(c, p, spark, began, ended)
+    assert s.read == 400 and s.written == len(lost) and s.acked == 0 and not s.gaps
+    assert sorted(target_ids(spark, c, p)) == sorted(ids)
+    after = lake_checkpoint(spark, c, p)
+    assert (after.batch, after.positions) == (before.batch, before.positions) and group_of(c, p) == group_before
+    assert backfill(c, p, spark, began, ended).written == 0
+
+    victim = lost[0]
+    DeltaTable.forPath(spark, target).update(F.col("event_id") == F.lit(victim), {"customer": F.lit("corrupted")})
+    r = replay(c, spark, ReplayRequest(pipeline=p.name, mode="reprocess", message_ids=[victim], dry_run=False))
+    assert r.selected == 1 and r.written == 1 and not r.skipped
+    rows = spark.read.format("delta").load(target).where(F.col("event_id") == victim).collect()
+    assert len(rows) == 1 and rows[0].customer != "corrupted"
+    assert sorted(target_ids(spark, c, p)) == sorted(ids)

@@ -123,7 +123,7 @@ def replay_params(cfg: DeltadrainConfig) -> dict[str, Param]:
         "until": Param(None, type=["null", "string"], format="date-time", title="Until",
                        description="before this time; must be after 'since'"),
         "partition": Param(None, type=["null", "string"], title="Partition",
-                           description="a stream key (orders:{0}) or topic-partition (clicks-3)"),
+                           description="a stream key (orders:{0}) or a Kafka partition number (3)"),
         "position_from": Param(None, type=["null", "string"], pattern=position, title="Position from",
                                description="stream id (ms-seq) or Kafka offset, inclusive"),
         "position_to": Param(None, type=["null", "string"], pattern=position, title="Position to",
