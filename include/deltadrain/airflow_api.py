@@ -107,6 +107,23 @@ class AirflowApi:
         value = body.get("value")
         return json.loads(value) if isinstance(value, str) and value[:1] in "{[" else value
 
+    def wait_for_drain(self, dag_id: str, timeout: float = 900) -> tuple[str, dict]:
+        """(run id, drain summary) of the first run of an ingest DAG whose drain task succeeded.
+
+        An unpaused DAG also runs on its schedule, and max_active_runs=1 lines runs up: the
+        scheduled run may be the one that drains what a manual trigger was meant for."""
+        deadline = time.monotonic() + timeout
+        while True:
+            for run in reversed(self.runs(dag_id)):
+                if self.task_states(dag_id, run["dag_run_id"]).get("drain") == "success":
+                    return run["dag_run_id"], self.xcom(dag_id, run["dag_run_id"], "drain")
+                if run["state"] == "failed":
+                    raise AirflowApiError(f"run {run['dag_run_id']} of {dag_id} failed: "
+                                          f"{self.task_states(dag_id, run['dag_run_id'])}")
+            if time.monotonic() > deadline:
+                raise AirflowApiError(f"no drain of {dag_id} succeeded within {timeout:.0f}s")
+            time.sleep(3)
+
     def runs(self, dag_id: str, run_type: str | None = None) -> list[dict]:
         query = "?order_by=-run_after&limit=100" + (f"&run_type={self._q(run_type)}" if run_type else "")
         return self.call("GET", f"/api/v2/dags/{self._q(dag_id)}/dagRuns{query}")["dag_runs"]

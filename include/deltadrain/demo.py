@@ -28,16 +28,13 @@ def run_demo(cfg: DeltadrainConfig, count: int = 5000) -> dict:
     api = embedded_api(cfg)
     print(f"== triggering the Airflow DAG {dag_id} (sensor -> spark-submit drain: exactly-once MERGE, "
           "checkpoint in the same commit)")
-    api.wait_for_dag(dag_id)
     for dag in (dag_id, REAPER_DAG):
+        api.wait_for_dag(dag)
         api.unpause(dag)
-    run_id = api.trigger(dag_id)
-    state = api.wait_for_run(dag_id, run_id)
-    print(f"   run {run_id}: {state}")
-    if state != "success":
-        raise services.ServiceError(f"the ingest run ended {state}: see its task log at "
-                                    f"{api.base_url}/dags/{dag_id}/runs/{run_id}")
-    print("   " + json.dumps(api.xcom(dag_id, run_id, "drain")))
+    api.trigger(dag_id)
+    run_id, summary = api.wait_for_drain(dag_id)
+    print(f"   run {run_id}: drain succeeded")
+    print("   " + json.dumps(summary))
     from deltadrain.spark import get_spark
 
     spark = get_spark("deltadrain-demo")
