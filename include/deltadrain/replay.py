@@ -120,9 +120,18 @@ class ReplayResult:
         return json.dumps(asdict(self), default=str)
 
 
-def _position_filter(df, hi: str, lo: str, request: ReplayRequest):
+def _filtered(df, request: ReplayRequest, *, id_col: str, time_col: str, partition_col: str, hi: str, lo: str):
+    """The request's filters on `df`, each bound as a Column literal."""
     from pyspark.sql import functions as F
 
+    if request.message_ids:
+        df = df.where(F.col(id_col).isin([F.lit(m) for m in request.message_ids]))
+    if request.since:
+        df = df.where(F.col(time_col) >= F.lit(request.since))
+    if request.until:
+        df = df.where(F.col(time_col) < F.lit(request.until))
+    if request.partition:
+        df = df.where(F.col(partition_col) == F.lit(request.partition))
     pos = F.struct(F.col(hi), F.col(lo))
     if request.position_from:
         p = StreamId.parse(request.position_from)
@@ -139,17 +148,10 @@ def select_dead_letters(spark, path: str, request: ReplayRequest):
 
     df = spark.read.format("delta").load(path).where(
         (F.col("pipeline") == F.lit(request.pipeline)) & (F.col("state") == F.lit(DEAD)))
-    if request.message_ids:
-        df = df.where(F.col("message_id").isin([F.lit(m) for m in request.message_ids]))
     if request.error_contains:
         df = df.where(F.col("error").contains(F.lit(request.error_contains)))
-    if request.since:
-        df = df.where(F.col("last_failure_at") >= F.lit(request.since))
-    if request.until:
-        df = df.where(F.col("last_failure_at") < F.lit(request.until))
-    if request.partition:
-        df = df.where(F.col("partition") == F.lit(request.partition))
-    df = _position_filter(df, "pos_hi", "pos_lo", request)
+    df = _filtered(df, request, id_col="message_id", time_col="last_failure_at", partition_col="partition",
+                   hi="pos_hi", lo="pos_lo")
     return df.orderBy("partition", "pos_hi", "pos_lo").limit(request.limit)
 
 
@@ -240,17 +242,10 @@ def select_published(spark, path: str, pipeline: PipelineConfig, request: Replay
     from pyspark.sql import functions as F
 
     df = spark.read.format("delta").load(path)
-    id_col = F.col(f"`{pipeline.payload_schema.id_field}`")
-    if request.message_ids:
-        df = df.where(id_col.isin([F.lit(m) for m in request.message_ids]))
-    if request.since:
-        df = df.where(F.col("_dd_source_ts") >= F.lit(request.since))
-    if request.until:
-        df = df.where(F.col("_dd_source_ts") < F.lit(request.until))
-    if request.partition:
-        df = df.where(F.col("_dd_partition") == F.lit(request.partition))
-    df = _position_filter(df, "_dd_pos_hi", "_dd_pos_lo", request)
-    return (df.select(id_col.alias("message_id"), "_dd_partition", "_dd_position", "_dd_pos_hi", "_dd_pos_lo")
+    id_col = f"`{pipeline.payload_schema.id_field}`"
+    df = _filtered(df, request, id_col=id_col, time_col="_dd_source_ts", partition_col="_dd_partition",
+                   hi="_dd_pos_hi", lo="_dd_pos_lo")
+    return (df.select(F.col(id_col).alias("message_id"), "_dd_partition", "_dd_position", "_dd_pos_hi", "_dd_pos_lo")
             .orderBy("_dd_partition", "_dd_pos_hi", "_dd_pos_lo").limit(request.limit))
 
 
