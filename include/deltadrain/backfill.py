@@ -145,8 +145,13 @@ def merge_without_checkpoint(spark, target: str, rows, pipeline: PipelineConfig,
     return {}
 
 
+STEPS = ("read history", "dead letters", "merge")
+
+
 def backfill(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, start: datetime, end: datetime,
-             run_id: str | None = None) -> BackfillSummary:
+             run_id: str | None = None, progress=None) -> BackfillSummary:
+    """Heal [start, end) of the target from the source's retained history. `progress(step)` is called
+    as each of STEPS is done (the CLI's progress bar)."""
     from deltadrain.drain import claim_context, claim_schema, dead_letter_rows, new_run_id
     from deltadrain.history import history_gaps, interval_range, read_history
 
@@ -167,11 +172,19 @@ def backfill(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, start: date
         def read(scratch):
             return read_history(spark, ranges, ctx, claim_schema(pipeline), str(scratch / "history")), []
 
+    done_steps: set[str] = set()
+
+    def step(name: str) -> None:
+        if progress is not None and name not in done_steps:
+            done_steps.add(name)
+            progress(name)
+
     scratch = state_home() / "staging" / run_id
     try:
         claimed, gaps = read(scratch)
         summary.gaps += gaps
         summary.read = claimed.count()
+        step("read history")
         if summary.read:
             rows, bad, skipped = prepare_rows(spark, pipeline, claimed, run_id, scratch)
             summary.skipped_failing = [{"partition": p, "position": pos, "error": e} for p, pos, e in skipped]
@@ -180,6 +193,7 @@ def backfill(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, start: date
                 # The DLQ MERGE on (partition, position) keeps them single whoever writes them first.
                 write_dead_letters(spark, str(cfg.dlq_path(pipeline)),
                                    dead_letter_rows(bad, pipeline.name, NO_BATCH, run_id))
+            step("dead letters")
             target = ensure_target(spark, cfg, pipeline, claimed.schema, run_id)
             offered = rows.count()
             if offered:
@@ -191,6 +205,7 @@ def backfill(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, start: date
                 summary.table_version = metrics.get("version")
                 summary.duplicates_skipped = offered - summary.written
             rows.unpersist()
+        step("merge")
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
         summary.seconds = round(time.monotonic() - began, 3)

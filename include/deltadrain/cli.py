@@ -1,4 +1,5 @@
-"""The `deltadrain` command: services, produce, drain, status, reap, quality, metrics, dlq, bench, jars."""
+"""The `deltadrain` command: services, produce, drain, status, reap, backfill, replay, quality, metrics, dlq,
+bench, jars, demo."""
 
 from __future__ import annotations
 
@@ -239,6 +240,61 @@ def _jars(args) -> int:
     return 0
 
 
+def _steps_bar(desc: str, steps: tuple[str, ...], enabled: bool):
+    """A progress bar over a Spark job's steps (the rows are counted by Spark, not here)."""
+    from tqdm import tqdm
+
+    bar = tqdm(total=len(steps), desc=desc, unit="step", disable=not enabled, file=sys.stderr)
+
+    def advance(name: str) -> None:
+        bar.set_postfix_str(name)
+        bar.update(1)
+
+    return bar, advance
+
+
+@command("backfill")
+def _backfill(args) -> int:
+    from datetime import datetime
+
+    from deltadrain.backfill import STEPS, backfill
+    from deltadrain.spark import get_spark
+
+    cfg = load_config(args.config)
+    pipeline = cfg.pipeline(args.pipeline)
+    try:
+        start, end = datetime.fromisoformat(args.start), datetime.fromisoformat(args.end)
+    except ValueError as exc:
+        raise DeltadrainError(f"--start/--end must be ISO times with a zone, e.g. 2026-05-01T00:00:00+00:00: {exc}") from None
+    spark = get_spark(f"deltadrain-backfill-{pipeline.name}")
+    bar, advance = _steps_bar(f"backfill {pipeline.name}", STEPS, sys.stderr.isatty() and not args.json)
+    with bar:
+        summary = backfill(cfg, pipeline, spark, start, end, progress=advance)
+    print(summary.line())
+    return 0
+
+
+@command("replay")
+def _replay(args) -> int:
+    from deltadrain.replay import STEPS, parse_request, replay
+    from deltadrain.spark import get_spark
+
+    cfg = load_config(args.config)
+    params = {"pipeline": args.pipeline, "mode": args.mode, "message_ids": args.message_id or [],
+              "error_contains": args.error, "since": args.since, "until": args.until, "partition": args.partition,
+              "position_from": args.position_from, "position_to": args.position_to, "limit": args.limit,
+              "dry_run": not args.apply}
+    request = parse_request(cfg, {k: v for k, v in params.items() if v is not None})
+    spark = get_spark(f"deltadrain-replay-{args.pipeline}")
+    bar, advance = _steps_bar(f"replay {args.pipeline} ({args.mode})", STEPS, sys.stderr.isatty() and not args.json)
+    with bar:
+        result = replay(cfg, spark, request, progress=advance)
+    print(json.dumps(json.loads(result.line()), indent=2) if args.json else result.line())
+    if request.dry_run:
+        print(f"dry run: {result.selected} entries would be replayed; add --apply to replay them", file=sys.stderr)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="deltadrain", description=__doc__)
     parser.add_argument("--config", help="pipeline config YAML (default: $DELTADRAIN_CONFIG or config/pipelines.yaml)")
@@ -292,6 +348,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=50)
     p.add_argument("--json", action="store_true")
 
+    p = sub.add_parser("backfill", help="heal [start, end) of a pipeline's table from the source's retained history")
+    p.add_argument("pipeline")
+    p.add_argument("--start", required=True, help="ISO time with a zone (inclusive)")
+    p.add_argument("--end", required=True, help="ISO time with a zone (exclusive)")
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("replay", help="send dead letters back to the source, or reprocess published messages")
+    p.add_argument("pipeline")
+    p.add_argument("--mode", choices=["dlq", "reprocess"], default="dlq")
+    p.add_argument("--message-id", action="append", help="only this message id (repeatable)")
+    p.add_argument("--error", help="dlq mode: only entries whose error contains this text")
+    p.add_argument("--since", help="ISO time (dlq: last failure; reprocess: append time), inclusive")
+    p.add_argument("--until", help="ISO time, exclusive")
+    p.add_argument("--partition", help="a stream key or a Kafka partition number")
+    p.add_argument("--position-from", help="stream id (ms-seq) or Kafka offset, inclusive")
+    p.add_argument("--position-to", help="stream id (ms-seq) or Kafka offset, inclusive")
+    p.add_argument("--limit", type=int, default=1000)
+    p.add_argument("--apply", action="store_true", help="replay for real (default: a dry run that only shows)")
+    p.add_argument("--json", action="store_true")
+
     p = sub.add_parser("demo", help="start everything, produce sample events, drain them, show where to look")
     p.add_argument("--count", type=int, default=5000)
 
@@ -313,6 +389,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command in ("drain", "backfill", "replay"):
+        from deltadrain.logs import configure
+
+        configure()
     try:
         return COMMANDS[args.command](args)
     except ConfigError as exc:

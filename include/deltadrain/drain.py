@@ -29,6 +29,7 @@ from deltadrain.connections import as_text, group_counts, valkey_client, valkey_
 from deltadrain.deadletter import DEAD, write_dead_letters
 from deltadrain.errors import DeltadrainError
 from deltadrain.lake import ensure_table, is_table
+from deltadrain.logs import fields, run_logger
 from deltadrain.metrics import record_run_safely
 from deltadrain.outcome import Outcome
 from deltadrain.paths import state_home
@@ -254,6 +255,10 @@ class Drain:
             self.summary.seconds = round(time.monotonic() - started, 3)
             shutil.rmtree(self.scratch, ignore_errors=True)
             self._finish()
+            s = self.summary
+            run_logger(s.pipeline, s.run_id, s.batch, source=self.pipeline.source.kind).info(
+                "%s", fields(step="end", outcome=s.outcome, claimed=s.claimed, written=s.written,
+                             dead_lettered=s.dead_lettered, acked=s.acked, seconds=s.seconds, error=s.error))
             # Best effort (never raises): one row per run in the metrics table, failed runs included.
             record_run_safely(self.spark, self.cfg, self.pipeline, self.summary, backlog=self.backlog_total)
         return self.summary
@@ -346,6 +351,10 @@ class Drain:
         now = time.monotonic()
         self.summary.timings[step] = round(now - self._last, 3)
         self._last = now
+        s = self.summary
+        run_logger(s.pipeline, s.run_id, s.batch, source=self.pipeline.source.kind).info(
+            "%s", fields(step=step, seconds=s.timings[step], claimed=s.claimed or None,
+                         dead_lettered=s.dead_lettered or None, outcome=s.outcome))
 
     def _target_schema(self, good):
         empty = self.spark.createDataFrame([], good.schema)

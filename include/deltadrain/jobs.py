@@ -20,6 +20,9 @@ def run_job(body: Callable[[object], object]) -> int:
     """Run `body(spark)` and print its result's summary line; exit code 1 with the error line on failure."""
     from pyspark.sql import SparkSession
 
+    from deltadrain.logs import configure
+
+    configure()
     try:
         spark = SparkSession.builder.getOrCreate()  # configured by spark-submit with the cached jars
         result = body(spark)

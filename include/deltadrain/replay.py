@@ -211,12 +211,15 @@ def mark_replayed(spark, path: str, pipeline: str, keys: list[tuple[str, str]], 
     retry_conflicts(merge)
 
 
-def replay_dead_letters(cfg, pipeline: PipelineConfig, spark, request: ReplayRequest, result: ReplayResult):
+def replay_dead_letters(cfg, pipeline: PipelineConfig, spark, request: ReplayRequest, result: ReplayResult,
+                        progress=None):
     path = str(cfg.dlq_path(pipeline))
     if not is_table(spark, path):
         return
     rows = [r.asDict() for r in select_dead_letters(spark, path, request).collect()]
     result.selected = len(rows)
+    if progress is not None:
+        progress("select")
     result.preview = [{"partition": r["partition"], "position": r["position"], "message_id": r["message_id"],
                        "error": (r["error"] or "")[:200]} for r in rows[:PREVIEW]]
     entries = []
@@ -249,7 +252,8 @@ def select_published(spark, path: str, pipeline: PipelineConfig, request: Replay
             .orderBy("_dd_partition", "_dd_pos_hi", "_dd_pos_lo").limit(request.limit))
 
 
-def reprocess(cfg, pipeline: PipelineConfig, spark, request: ReplayRequest, result: ReplayResult) -> None:
+def reprocess(cfg, pipeline: PipelineConfig, spark, request: ReplayRequest, result: ReplayResult,
+              progress=None) -> None:
     """Re-read the selected published messages from the source's retained history and update their
     rows through the current transform. Messages the source no longer holds are reported."""
     from deltadrain.backfill import merge_without_checkpoint, prepare_rows
@@ -259,6 +263,8 @@ def reprocess(cfg, pipeline: PipelineConfig, spark, request: ReplayRequest, resu
         return
     picked = [r.asDict() for r in select_published(spark, target, pipeline, request).collect()]
     result.selected = len(picked)
+    if progress is not None:
+        progress("select")
     result.preview = [{"partition": r["_dd_partition"], "position": r["_dd_position"],
                        "message_id": r["message_id"]} for r in picked[:PREVIEW]]
     if request.dry_run or not picked:
@@ -307,7 +313,12 @@ def read_published_history(spark, cfg, pipeline: PipelineConfig, picked: list[di
                              str(scratch / "history"))
 
 
-def replay(cfg: DeltadrainConfig, spark, request: ReplayRequest, run_id: str | None = None) -> ReplayResult:
+STEPS = ("select", "replay")
+
+
+def replay(cfg: DeltadrainConfig, spark, request: ReplayRequest, run_id: str | None = None,
+           progress=None) -> ReplayResult:
+    """`progress(step)` is called as each of STEPS is done (the CLI's progress bar)."""
     from deltadrain.drain import new_run_id
 
     pipeline = cfg.pipeline(request.pipeline)
@@ -315,9 +326,11 @@ def replay(cfg: DeltadrainConfig, spark, request: ReplayRequest, run_id: str | N
     began = time.monotonic()
     try:
         if request.mode == "dlq":
-            replay_dead_letters(cfg, pipeline, spark, request, result)
+            replay_dead_letters(cfg, pipeline, spark, request, result, progress)
         else:
-            reprocess(cfg, pipeline, spark, request, result)
+            reprocess(cfg, pipeline, spark, request, result, progress)
+        if progress is not None:
+            progress("replay")
     finally:
         result.seconds = round(time.monotonic() - began, 3)
     return result

@@ -195,3 +195,32 @@ def test_kafka_backfill_and_reprocess_heal_rows_once_without_touching_offsets(tm
     rows = spark.read.format("delta").load(target).where(F.col("event_id") == victim).collect()
     assert len(rows) == 1 and rows[0].customer != "corrupted"
     assert sorted(target_ids(spark, c, p)) == sorted(ids)
+
+
+@pytest.mark.slow
+def test_backfill_and_replay_commands(tmp_path, spark, valkey_server):
+    import json
+    import subprocess
+    import sys
+
+    path, c, p = make_pipeline(tmp_path, max_retries=0)
+    client = valkey_client(c, p)
+    began = datetime.now(UTC) - timedelta(seconds=1)
+    result = produce(c, p, 120, seed=107, malformed_ratio=0.1)
+    drain_until_done(c, p, spark, client)
+    delete_rows(spark, c, p, sorted(result.valid_ids)[:2])
+    cli = [sys.executable, "-m", "deltadrain.cli", "--config", str(path)]
+    done = subprocess.run([*cli, "backfill", p.name, "--start", began.isoformat(),
+                           "--end", (datetime.now(UTC) + timedelta(seconds=1)).isoformat()],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    s = json.loads(done.stdout.strip().splitlines()[-1])
+    assert s["mode"] == "backfill" and s["written"] == 2 and s["acked"] == 0
+    assert sorted(target_ids(spark, c, p)) == sorted(result.valid_ids)
+    dry = subprocess.run([*cli, "replay", p.name, "--json"], capture_output=True, text=True, timeout=600)
+    assert dry.returncode == 0, dry.stderr[-2000:]
+    shown = json.loads(dry.stdout)
+    dead = dlq_rows(spark, c, p)
+    assert shown["dry_run"] and shown["selected"] == len(dead) and "add --apply" in dry.stderr
+    bad = subprocess.run([*cli, "replay", p.name, "--limit", "0"], capture_output=True, text=True, timeout=600)
+    assert bad.returncode == 1 and "limit" in bad.stderr
