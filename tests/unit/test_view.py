@@ -72,3 +72,11 @@ def test_preview_is_truncated_and_decodes_bad_bytes():
     assert preview(b"\xff{") == "\ufffd{"
     long = preview(b"x" * (PREVIEW_BYTES + 50))
     assert long == "x" * PREVIEW_BYTES + "…"
+
+
+def test_kafka_pending_is_end_offset_minus_the_lake_checkpoint():
+    from deltadrain.orchestration.view import kafka_pending
+
+    marks = {0: (0, 100), 1: (50, 80), 2: (0, 10)}
+    assert kafka_pending(marks, {"0": "60", "1": "20"}, "earliest") == {"0": 40, "1": 30, "2": 10}
+    assert kafka_pending(marks, {"0": "100"}, "latest") == {"0": 0, "1": 0, "2": 0}

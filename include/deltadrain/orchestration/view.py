@@ -99,8 +99,7 @@ def same_origin(headers: dict[str, str], host: str) -> bool:
 def source_counts(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> dict:
     """PENDING / CLAIMED from the source. Errors are reported by type only (messages may hold hosts)."""
     if not isinstance(pipeline.source, ValkeySource):
-        # Kafka lag (end offsets minus the lake checkpoint) is not computed here yet.
-        return {"PENDING": None, "CLAIMED": None, "source_note": "not available for Kafka sources yet"}
+        return kafka_counts(cfg, pipeline)
     from deltadrain.connections import valkey_client
     from deltadrain.status import valkey_counts
 
@@ -113,6 +112,33 @@ def source_counts(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> dict:
             "oldest_claim_idle_ms": counts["oldest_claim_idle_ms"],
             "partitions": {k: {"pending": v["pending"], "claimed": v["claimed"]}
                            for k, v in counts["partitions"].items()}}
+
+
+def kafka_pending(marks: dict[int, tuple[int, int]], positions: dict[str, str], starting: str) -> dict[str, int]:
+    """Per partition: end offset minus the lake checkpoint (where the next drain starts; a partition
+    the lake has not seen starts at the configured policy)."""
+    out = {}
+    for part, (low, high) in sorted(marks.items()):
+        start = int(positions[str(part)]) if str(part) in positions else (low if starting == "earliest" else high)
+        out[str(part)] = max(0, high - max(start, low))
+    return out
+
+
+def kafka_counts(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> dict:
+    """PENDING from the broker's end offsets and the lake's checkpoint; a Kafka batch claims nothing
+    outside a running drain, so CLAIMED is 0 between runs."""
+    from deltadrain import lakeview
+    from deltadrain.connections import kafka_client_conf
+    from deltadrain.kafka_offsets import watermarks
+
+    try:
+        marks = watermarks({**kafka_client_conf(cfg, pipeline), "socket.timeout.ms": 3000}, pipeline.source.topic)
+    except Exception as exc:
+        return {"PENDING": None, "CLAIMED": None, "source_note": f"source unreachable ({type(exc).__name__})"}
+    positions = (lakeview.last_commit(cfg, pipeline) or {}).get("positions") or {}
+    pending = kafka_pending(marks, positions, pipeline.source.starting_offsets)
+    return {"PENDING": sum(pending.values()), "CLAIMED": 0,
+            "partitions": {k: {"pending": v, "claimed": 0} for k, v in pending.items()}}
 
 
 def pipeline_view(cfg: DeltadrainConfig, pipeline: PipelineConfig, dlq_state: str | None = "DEAD",
