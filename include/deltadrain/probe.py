@@ -101,3 +101,11 @@ def probe(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> Probe:
     if isinstance(pipeline.source, ValkeySource):
         return probe_valkey(cfg, pipeline)
     return probe_kafka(cfg, pipeline)
+
+
+def probe_named(config: str | None, pipeline: str) -> dict:
+    """probe() of a pipeline named in a config file (what sensors and triggers carry around)."""
+    from deltadrain.config import load_config
+
+    cfg = load_config(config)
+    return probe(cfg, cfg.pipeline(pipeline)).as_dict()

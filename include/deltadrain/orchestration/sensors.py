@@ -34,11 +34,9 @@ class SourceWorkSensor(BaseSensorOperator):
         self.deferrable = deferrable
 
     def _probe(self) -> dict:
-        from deltadrain.config import load_config
-        from deltadrain.probe import probe
+        from deltadrain.probe import probe_named
 
-        cfg = load_config(self.config)
-        return probe(cfg, cfg.pipeline(self.pipeline)).as_dict()
+        return probe_named(self.config, self.pipeline)
 
     def poke(self, context) -> PokeReturnValue:
         if is_backfill(context):

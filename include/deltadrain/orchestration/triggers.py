@@ -29,11 +29,9 @@ class SourceWorkTrigger(BaseTrigger):
                  "deadline": self.deadline})
 
     def _probe(self) -> dict:
-        from deltadrain.config import load_config
-        from deltadrain.probe import probe
+        from deltadrain.probe import probe_named
 
-        cfg = load_config(self.config)
-        return probe(cfg, cfg.pipeline(self.pipeline)).as_dict()
+        return probe_named(self.config, self.pipeline)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         while True:
