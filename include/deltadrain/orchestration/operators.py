@@ -32,8 +32,9 @@ class DeltadrainJobFailed(Exception):
 def deltadrain_run_id(context) -> str:
     """A run id that names the Airflow run and try, safe in Valkey consumer names and file paths."""
     ti = context["ti"]
-    raw = f"af-{ti.dag_id}-{ti.run_id}-try{ti.try_number}"
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", raw)[:120]
+    base = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"af-{ti.dag_id}-{ti.run_id}")[:110]
+    # The try number is always kept: two tries of one task are two runs for the commit protocol.
+    return f"{base}-try{ti.try_number}"
 
 
 class DeltadrainSparkOperator(SparkSubmitOperator):
