@@ -28,13 +28,13 @@ def minute_floor(t: datetime) -> datetime:
 
 
 @pytest.mark.slow
-def test_airflow_end_to_end(tmp_path, spark, valkey_server):
+def test_airflow_end_to_end(tmp_path, monkeypatch, spark, valkey_server):
     path, c, p = make_pipeline(tmp_path, schedule="* * * * *", max_retries=0)
     data = yaml.safe_load(path.read_text())
     data["pipelines"][0]["airflow"] = {"wait_timeout": "PT20S", "poll_interval": "PT2S", "retries": 0}
     path.write_text(yaml.safe_dump(data))
     c = type(c).model_validate(data).model_copy(update={"source_file": path})
-    os.environ["DELTADRAIN_CONFIG"] = str(path)  # what the standalone's DAG processor parses
+    monkeypatch.setenv("DELTADRAIN_CONFIG", str(path))  # what the standalone's DAG processor parses
     client = valkey_client(c, p)
     dag_id = ingest_dag_id(p.name)
     try:
