@@ -129,10 +129,12 @@ def kafka_counts(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> dict:
     outside a running drain, so CLAIMED is 0 between runs."""
     from deltadrain import lakeview
     from deltadrain.connections import kafka_client_conf
-    from deltadrain.kafka_offsets import watermarks
+    from deltadrain.kafka_offsets import OffsetError, watermarks
 
     try:
         marks = watermarks({**kafka_client_conf(cfg, pipeline), "socket.timeout.ms": 3000}, pipeline.source.topic)
+    except OffsetError:  # the broker answered: the topic does not exist (yet)
+        return {"PENDING": None, "CLAIMED": None, "source_note": f"topic '{pipeline.source.topic}' does not exist yet"}
     except Exception as exc:
         return {"PENDING": None, "CLAIMED": None, "source_note": f"source unreachable ({type(exc).__name__})"}
     positions = (lakeview.last_commit(cfg, pipeline) or {}).get("positions") or {}
