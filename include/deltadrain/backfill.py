@@ -20,7 +20,7 @@ from deltadrain.config import DeltadrainConfig, PipelineConfig, ValkeySource
 from deltadrain.connections import valkey_client
 from deltadrain.deadletter import write_dead_letters
 from deltadrain.errors import DeltadrainError
-from deltadrain.lake import ensure_table, is_table, recent_commits, retry_conflicts
+from deltadrain.lake import recent_commits, retry_conflicts
 from deltadrain.paths import state_home
 
 NO_BATCH = 0  # the batch number of rows a backfill or replay wrote; drained batches start at 1
@@ -62,12 +62,9 @@ def check_interval(start: datetime, end: datetime) -> tuple[datetime, datetime]:
 def prepare_rows(spark, pipeline: PipelineConfig, claimed, run_id: str, scratch):
     """History rows -> (transformed good rows, bad rows, [(partition, position, error)] of rows the
     transform fails on). Malformed rows are data (the DLQ); transform failures are left alone."""
-    from pyspark.sql import functions as F
+    from deltadrain.drain import isolate_culprits, short_error, split_claimed, target_rows, transformed
 
-    from deltadrain.drain import find_culprits, short_error, target_rows, transformed
-
-    bad = claimed.where(F.col("_dd_error_type").isNotNull() & (F.col("_dd_error_type") != "gap"))
-    good = claimed.where(F.col("_dd_error_type").isNull())
+    good, bad = split_claimed(claimed)
 
     def build(df):
         return transformed(target_rows(df, pipeline, NO_BATCH, run_id), pipeline)
@@ -81,33 +78,14 @@ def prepare_rows(spark, pipeline: PipelineConfig, claimed, run_id: str, scratch)
     except Exception as exc:
         rows.unpersist()
         first_error = short_error(exc)
-    staged = str(scratch / "indexed")
-    spark.createDataFrame(good.rdd.zipWithIndex().map(lambda pair: (*pair[0], pair[1])),
-                          good.schema.add("_dd_idx", "long")).write.mode("overwrite").parquet(staged)
-    indexed = spark.read.parquet(staged)
-    found = find_culprits(indexed, indexed.count(),
-                          lambda part: build(part).write.format("noop").mode("overwrite").save())
-    if not found:
+    culprits, rest = isolate_culprits(spark, pipeline, good, NO_BATCH, run_id, str(scratch / "indexed"))
+    if culprits is None:
         raise BackfillError(f"the transform fails on this range and no single message explains it: {first_error}")
-    culprits = spark.createDataFrame(found, "_dd_idx long, _dd_culprit_error string")
-    skipped = [(r._dd_partition, r._dd_position, r._dd_culprit_error) for r in
-               indexed.join(F.broadcast(culprits), "_dd_idx").select(
-                   "_dd_partition", "_dd_position", "_dd_culprit_error").collect()]
-    rest = indexed.join(F.broadcast(culprits), "_dd_idx", "left_anti").drop("_dd_idx")
+    skipped = [(r._dd_partition, r._dd_position, r._dd_culprit_error)
+               for r in culprits.select("_dd_partition", "_dd_position", "_dd_culprit_error").collect()]
     rows = build(rest).cache()
     rows.count()
     return rows, bad, skipped
-
-
-def ensure_target(spark, cfg: DeltadrainConfig, pipeline: PipelineConfig, good_schema, run_id: str) -> str:
-    from deltadrain.drain import target_rows, transformed
-
-    target = str(cfg.target_path(pipeline))
-    if not is_table(spark, target):
-        empty = spark.createDataFrame([], good_schema)
-        schema = transformed(target_rows(empty, pipeline, 0, run_id), pipeline).schema
-        ensure_table(spark, target, schema, pipeline.target.partition_by, pipeline.target.cluster_by)
-    return target
 
 
 def merge_without_checkpoint(spark, target: str, rows, pipeline: PipelineConfig, metadata: dict, *,
@@ -152,7 +130,7 @@ def backfill(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, start: date
              run_id: str | None = None, progress=None) -> BackfillSummary:
     """Heal [start, end) of the target from the source's retained history. `progress(step)` is called
     as each of STEPS is done (the CLI's progress bar)."""
-    from deltadrain.drain import claim_context, claim_schema, dead_letter_rows, new_run_id
+    from deltadrain.drain import claim_context, claim_schema, dead_letter_rows, ensure_target, new_run_id
     from deltadrain.history import history_gaps, interval_range, read_history
 
     start, end = check_interval(start, end)
@@ -194,7 +172,8 @@ def backfill(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, start: date
                 write_dead_letters(spark, str(cfg.dlq_path(pipeline)),
                                    dead_letter_rows(bad, pipeline.name, NO_BATCH, run_id))
             step("dead letters")
-            target = ensure_target(spark, cfg, pipeline, claimed.schema, run_id)
+            target = str(cfg.target_path(pipeline))
+            ensure_target(spark, target, pipeline, claimed.schema, run_id)
             offered = rows.count()
             if offered:
                 meta = {"deltadrain": 1, "pipeline": pipeline.name, "kind": "backfill", "run_id": run_id,

@@ -30,6 +30,15 @@ def _print(rows, as_json: bool) -> None:
         print("  ".join(f"{k}={v}" for k, v in row.items() if v is not None))
 
 
+def _pipeline_session(args, purpose: str):
+    """(config, the pipeline named on the command line, a Spark session) for the commands that read tables."""
+    from deltadrain.spark import get_spark
+
+    cfg = load_config(args.config)
+    pipeline = cfg.pipeline(args.pipeline)
+    return cfg, pipeline, get_spark(f"deltadrain-{purpose}-{pipeline.name}")
+
+
 @command("services")
 def _services(args) -> int:
     from deltadrain import services
@@ -83,12 +92,9 @@ def _reap(args) -> int:
 
 @command("status")
 def _status(args) -> int:
-    from deltadrain.spark import get_spark
     from deltadrain.status import pipeline_status
 
-    cfg = load_config(args.config)
-    pipeline = cfg.pipeline(args.pipeline)
-    spark = get_spark("deltadrain-status")
+    cfg, pipeline, spark = _pipeline_session(args, "status")
     st = pipeline_status(cfg, pipeline, spark)
     if args.json:
         print(json.dumps(st, indent=2, default=str))
@@ -121,11 +127,8 @@ def _status(args) -> int:
 @command("quality")
 def _quality(args) -> int:
     from deltadrain.quality import QualityFailed, check_batch, check_table
-    from deltadrain.spark import get_spark
 
-    cfg = load_config(args.config)
-    pipeline = cfg.pipeline(args.pipeline)
-    spark = get_spark("deltadrain-quality")
+    cfg, pipeline, spark = _pipeline_session(args, "quality")
     failed = None
     try:
         if args.batch is not None:
@@ -156,11 +159,8 @@ def _quality(args) -> int:
 @command("metrics")
 def _metrics(args) -> int:
     from deltadrain.metrics import last_runs, render_chart
-    from deltadrain.spark import get_spark
 
-    cfg = load_config(args.config)
-    pipeline = cfg.pipeline(args.pipeline)
-    spark = get_spark("deltadrain-metrics")
+    cfg, pipeline, spark = _pipeline_session(args, "metrics")
     runs = last_runs(spark, cfg, pipeline, args.last)
     chart = str(render_chart(spark, cfg, pipeline, args.chart)) if args.chart else None
     if args.json:
@@ -258,15 +258,12 @@ def _backfill(args) -> int:
     from datetime import datetime
 
     from deltadrain.backfill import STEPS, backfill
-    from deltadrain.spark import get_spark
 
-    cfg = load_config(args.config)
-    pipeline = cfg.pipeline(args.pipeline)
     try:
         start, end = datetime.fromisoformat(args.start), datetime.fromisoformat(args.end)
     except ValueError as exc:
         raise DeltadrainError(f"--start/--end must be ISO times with a zone, e.g. 2026-05-01T00:00:00+00:00: {exc}") from None
-    spark = get_spark(f"deltadrain-backfill-{pipeline.name}")
+    cfg, pipeline, spark = _pipeline_session(args, "backfill")
     bar, advance = _steps_bar(f"backfill {pipeline.name}", STEPS, sys.stderr.isatty() and not args.json)
     with bar:
         summary = backfill(cfg, pipeline, spark, start, end, progress=advance)
@@ -276,6 +273,8 @@ def _backfill(args) -> int:
 
 @command("replay")
 def _replay(args) -> int:
+    from dataclasses import asdict
+
     from deltadrain.replay import STEPS, parse_request, replay
     from deltadrain.spark import get_spark
 
@@ -289,7 +288,7 @@ def _replay(args) -> int:
     bar, advance = _steps_bar(f"replay {args.pipeline} ({args.mode})", STEPS, sys.stderr.isatty() and not args.json)
     with bar:
         result = replay(cfg, spark, request, progress=advance)
-    print(json.dumps(json.loads(result.line()), indent=2) if args.json else result.line())
+    print(json.dumps(asdict(result), indent=2, default=str) if args.json else result.line())
     if request.dry_run:
         print(f"dry run: {result.selected} entries would be replayed; add --apply to replay them", file=sys.stderr)
     return 0

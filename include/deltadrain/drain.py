@@ -203,6 +203,45 @@ def find_culprits(indexed, n: int, evaluate) -> list[tuple[int, str]]:
     return sorted(culprits)
 
 
+def split_claimed(claimed):
+    """(rows that decoded, rows for the DLQ). Gap markers are reported, never written as rows."""
+    from pyspark.sql import functions as F
+
+    error = F.col("_dd_error_type")
+    return claimed.where(error.isNull()), claimed.where(error.isNotNull() & (error != "gap"))
+
+
+def ensure_target(spark, target: str, pipeline: PipelineConfig, good_schema, run_id: str) -> None:
+    """Create the target table, with the schema the transform gives claimed rows, if it is missing."""
+    if not is_table(spark, target):
+        empty = spark.createDataFrame([], good_schema)
+        schema = transformed(target_rows(empty, pipeline, 0, run_id), pipeline).schema
+        ensure_table(spark, target, schema, pipeline.target.partition_by, pipeline.target.cluster_by)
+
+
+def isolate_culprits(spark, pipeline: PipelineConfig, good, batch: int, run_id: str, staged: str):
+    """Bisect `good` for messages that make the transform fail: (culprits with `_dd_culprit_error`,
+    the rest), or (None, good) when no single message explains a failure. Drains, backfills and
+    replays isolate their culprits here."""
+    from pyspark.sql import functions as F
+
+    spark.createDataFrame(good.rdd.zipWithIndex().map(lambda pair: (*pair[0], pair[1])),
+                          good.schema.add("_dd_idx", "long")).write.mode("overwrite").parquet(staged)
+    indexed = spark.read.parquet(staged)
+
+    def evaluate(part) -> None:
+        rows = transformed(target_rows(part, pipeline, batch, run_id), pipeline)
+        rows.write.format("noop").mode("overwrite").save()
+
+    found = find_culprits(indexed, indexed.count(), evaluate)
+    if not found:
+        return None, good
+    errors = spark.createDataFrame(found, "_dd_idx long, _dd_culprit_error string")
+    culprits = indexed.join(F.broadcast(errors), "_dd_idx").drop("_dd_idx")
+    rest = indexed.join(F.broadcast(errors), "_dd_idx", "left_anti").drop("_dd_idx")
+    return culprits.cache(), rest
+
+
 class Drain:
     """One run. Construct, then call run(); the summary is returned, and printed by the callers.
 
@@ -221,25 +260,7 @@ class Drain:
     # -- shared steps -----------------------------------------------------------------------------
 
     def isolate_culprits(self, good, batch: int):
-        """Bisect the good rows for messages that make the transform fail: (culprits, the rest)."""
-        from pyspark.sql import functions as F
-
-        staged = str(self.scratch / "indexed")
-        self.spark.createDataFrame(good.rdd.zipWithIndex().map(lambda pair: (*pair[0], pair[1])),
-                                   good.schema.add("_dd_idx", "long")).write.parquet(staged)
-        indexed = self.spark.read.parquet(staged)
-
-        def evaluate(part) -> None:
-            rows = transformed(target_rows(part, self.pipeline, batch, self.run_id), self.pipeline)
-            rows.write.format("noop").mode("overwrite").save()
-
-        found = find_culprits(indexed, indexed.count(), evaluate)
-        if not found:
-            return None, good
-        errors = self.spark.createDataFrame(found, "_dd_idx long, _dd_culprit_error string")
-        culprits = indexed.join(F.broadcast(errors), "_dd_idx").drop("_dd_idx")
-        rest = indexed.join(F.broadcast(errors), "_dd_idx", "left_anti").drop("_dd_idx")
-        return culprits.cache(), rest
+        return isolate_culprits(self.spark, self.pipeline, good, batch, self.run_id, str(self.scratch / "indexed"))
 
     def settle_culprits(self, culprits):
         """(dead letters out of retries, [(partition, position)] left for another attempt)."""
@@ -277,15 +298,11 @@ class Drain:
         """Claimed rows -> dead letters, then the one MERGE commit of batch `expected + 1` carrying
         `summary.positions`. Returns (CommitResult, [(partition, position)] of culprits left for another
         attempt). Which messages to acknowledge afterwards is the caller's business."""
-        from pyspark.sql import functions as F
 
         s, p = self.summary, self.pipeline
         batch = expected + 1
-        bad = claimed.where(F.col("_dd_error_type").isNotNull() & (F.col("_dd_error_type") != "gap"))
-        good = claimed.where(F.col("_dd_error_type").isNull())
-        if not is_table(self.spark, self.target):
-            ensure_table(self.spark, self.target, self._target_schema(good), p.target.partition_by,
-                         p.target.cluster_by)
+        good, bad = split_claimed(claimed)
+        ensure_target(self.spark, self.target, p, good.schema, self.run_id)
 
         rows, offered = self._rows(good, batch)
         self._lap("transform")
@@ -355,10 +372,6 @@ class Drain:
         run_logger(s.pipeline, s.run_id, s.batch, source=self.pipeline.source.kind).info(
             "%s", fields(step=step, seconds=s.timings[step], claimed=s.claimed or None,
                          dead_lettered=s.dead_lettered or None, outcome=s.outcome))
-
-    def _target_schema(self, good):
-        empty = self.spark.createDataFrame([], good.schema)
-        return transformed(target_rows(empty, self.pipeline, 0, self.run_id), self.pipeline).schema
 
 class ValkeyDrain(Drain):
     """Claims through the consumer group (XAUTOCLAIM + XREADGROUP), acknowledges with XACK."""

@@ -20,7 +20,7 @@ READ_CHUNK = 5_000
 
 @dataclass(frozen=True)
 class StreamRange:
-    """Entries of `stream` with lo <= id <= hi (integer comparison), optionally only `ids`."""
+    """Entries of `stream` with lo <= id <= hi (integer comparison), or only the given `ids`."""
 
     stream: str
     lo: str
@@ -36,27 +36,35 @@ def interval_range(stream: str, start: datetime, end: datetime) -> StreamRange:
 
 
 def read_range(rng: StreamRange, ctx: ClaimContext) -> Iterator[tuple]:
-    """Executor side: decoded rows (claim shape) of the entries in `rng`, read with XRANGE."""
+    """Executor side: decoded rows (claim shape) of the entries in `rng`, read with XRANGE: the picked
+    ids one by one (pipelined), or the whole id range page by page."""
     from deltadrain.produce import VALKEY_FIELD
 
     client = _client(ctx)
-    wanted = set(rng.ids)
-    cursor = rng.lo
-    hi = StreamId.parse(rng.hi)
+    for entries in (_picked(client, rng) if rng.ids else _pages(client, rng)):
+        for entry_id, fields in entries:
+            yield _row(ctx, rng.stream, as_text(entry_id), (fields or {}).get(VALKEY_FIELD), 1, False, None)
+    client.close()
+
+
+def _picked(client, rng: StreamRange):
+    """Scattered published ids (a reprocess) must not cost a scan of everything between them."""
+    for start in range(0, len(rng.ids), READ_CHUNK):
+        pipe = client.pipeline(transaction=False)
+        for entry_id in rng.ids[start:start + READ_CHUNK]:
+            pipe.xrange(rng.stream, min=entry_id, max=entry_id, count=1)
+        yield [entry for found in pipe.execute() for entry in found]
+
+
+def _pages(client, rng: StreamRange):
+    cursor, hi = rng.lo, StreamId.parse(rng.hi)
     while True:
         entries = client.xrange(rng.stream, min=cursor, max=rng.hi, count=READ_CHUNK)
-        for entry_id, fields in entries:
-            pos = as_text(entry_id)
-            if wanted and pos not in wanted:
-                continue
-            yield _row(ctx, rng.stream, pos, (fields or {}).get(VALKEY_FIELD), 1, False, None)
-        if len(entries) < READ_CHUNK:
-            break
+        yield entries
+        if len(entries) < READ_CHUNK or StreamId.parse(entries[-1][0]) >= hi:
+            return
         last = StreamId.parse(entries[-1][0])
-        if last >= hi:
-            break
         cursor = f"{last.ms}-{last.seq + 1}"  # exclusive start without the "(" syntax
-    client.close()
 
 
 def history_gaps(client, ranges: list[StreamRange]) -> list[dict]:

@@ -49,16 +49,11 @@ class OffsetError(DeltadrainError):
     """The checkpoint and the topic disagree in a way no policy can settle (the topic was recreated)."""
 
 
-def plan_ranges(checkpoint: dict[str, str], watermarks: dict[int, tuple[int, int]], cap: int,
-                starting: str = "earliest") -> Plan:
-    """Fix the ranges of one run before reading anything.
-
-    checkpoint: partition -> next offset, from the lake. watermarks: partition -> (earliest
-    available, end) from the broker. A partition the checkpoint does not know starts at `starting`
-    on the pipeline's first run only; one that appears later (added to the topic) starts at its
-    earliest offset, so nothing produced into it before the next run is skipped. The cap is split
-    over partitions by backlog (water-filling), so a busy partition cannot starve the others.
-    """
+def start_offsets(checkpoint: dict[str, str], watermarks: dict[int, tuple[int, int]],
+                  starting: str = "earliest") -> tuple[dict[int, int], list[Gap]]:
+    """Where the next run starts in each partition, and the offsets retention deleted before any run
+    read them. A partition the checkpoint does not know starts at `starting` on the pipeline's first
+    run only; one that appears later (added to the topic) starts at its earliest offset."""
     first_run = not checkpoint
     starts: dict[int, int] = {}
     gaps: list[Gap] = []
@@ -74,6 +69,19 @@ def plan_ranges(checkpoint: dict[str, str], watermarks: dict[int, tuple[int, int
         else:
             start = high if (first_run and starting == "latest") else low
         starts[part] = start
+    return starts, gaps
+
+
+def plan_ranges(checkpoint: dict[str, str], watermarks: dict[int, tuple[int, int]], cap: int,
+                starting: str = "earliest") -> Plan:
+    """Fix the ranges of one run before reading anything.
+
+    checkpoint: partition -> next offset, from the lake. watermarks: partition -> (earliest
+    available, end) from the broker. Starts as start_offsets() says, so nothing produced into a new
+    partition before the next run is skipped. The cap is split over partitions by backlog
+    (water-filling), so a busy partition cannot starve the others.
+    """
+    starts, gaps = start_offsets(checkpoint, watermarks, starting)
     missing = sorted(set(checkpoint) - {str(p) for p in watermarks})
     if missing:
         raise OffsetError(f"partitions {missing} are in the lake checkpoint but not in the topic any more")

@@ -70,30 +70,24 @@ def probe_valkey(cfg: DeltadrainConfig, pipeline: PipelineConfig, client=None) -
 
 
 def probe_kafka(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> Probe:
-    from confluent_kafka import Consumer, TopicPartition
-
+    """End offsets beyond the group's committed offsets, which trail the lake checkpoint (no Spark here)."""
     from deltadrain.connections import kafka_client_conf
+    from deltadrain.kafka_offsets import OffsetError, group_offsets, start_offsets, watermarks
 
     source = pipeline.source
+    conf = kafka_client_conf(cfg, pipeline)
     out = Probe(pipeline.name)
-    consumer = Consumer({**kafka_client_conf(cfg, pipeline), "group.id": source.group,
-                         "enable.auto.commit": False})
     try:
-        meta = consumer.list_topics(source.topic, timeout=10)
-        topic = meta.topics.get(source.topic)
-        if topic is None or topic.error is not None:
-            return out
-        parts = [TopicPartition(source.topic, p) for p in sorted(topic.partitions)]
-        committed = {tp.partition: tp.offset for tp in consumer.committed(parts, timeout=10)}
-        for tp in parts:
-            low, high = consumer.get_watermark_offsets(tp, timeout=10)
-            done = committed.get(tp.partition, -1)
-            start = done if done >= 0 else (low if source.starting_offsets == "earliest" else high)
-            new = max(0, high - max(start, low))
-            out.new += new
-            out.partitions[f"{source.topic}-{tp.partition}"] = {"new": new, "end": high}
-    finally:
-        consumer.close()
+        marks = watermarks(conf, source.topic)
+    except OffsetError:  # no topic yet: nothing to drain
+        return out
+    committed = group_offsets(conf, source.group, source.topic, sorted(marks))
+    starts, _ = start_offsets({str(p): str(o) for p, o in committed.items() if o is not None}, marks,
+                              source.starting_offsets)
+    for part, (_, high) in sorted(marks.items()):
+        new = max(0, high - starts[part])
+        out.new += new
+        out.partitions[f"{source.topic}-{part}"] = {"new": new, "end": high}
     return out
 
 

@@ -34,24 +34,22 @@ def valkey_counts(client, source: ValkeySource) -> dict:
 
 
 def kafka_counts(conf: dict, source: KafkaSource, positions: dict[str, str], published: dict[str, int],
-                 dead: dict[str, int]) -> dict:
+                 dead: dict[str, int], with_group: bool = True) -> dict:
     """Per partition: end offset, lake checkpoint, lag (PENDING), offsets retention deleted unread
     (gap), the group's committed offset (informational), PUBLISHED and DEAD rows. A range is
     CLAIMED only while a run holds it in memory; nothing durable is claimed, so CLAIMED is 0."""
-    from deltadrain.kafka_offsets import group_offsets, plan_ranges, watermarks
+    from deltadrain.kafka_offsets import group_offsets, start_offsets, watermarks
 
     marks = watermarks(conf, source.topic)
-    starts = plan_ranges(positions, marks, 1, source.starting_offsets)  # a 1-offset plan: just the starts
-    gaps = {g.partition: g.as_dict() for g in starts.gaps}
-    group = group_offsets(conf, source.group, source.topic, sorted(marks))
+    starts, gap_list = start_offsets(positions, marks, source.starting_offsets)
+    gaps = {g.partition: g.as_dict() for g in gap_list}
+    group = group_offsets(conf, source.group, source.topic, sorted(marks)) if with_group else {}
     partitions = {}
     for part, (low, high) in sorted(marks.items()):
         key = str(part)
-        next_offset = int(positions[key]) if key in positions else None
-        start = max(next_offset, low) if next_offset is not None else (
-            high if (not positions and source.starting_offsets == "latest") else low)
-        partitions[key] = {"earliest": low, "end_offset": high, "lake_checkpoint": next_offset,
-                           "pending": high - start, "group_offset": group.get(part), "gap": gaps.get(part),
+        partitions[key] = {"earliest": low, "end_offset": high,
+                           "lake_checkpoint": int(positions[key]) if key in positions else None,
+                           "pending": high - starts[part], "group_offset": group.get(part), "gap": gaps.get(part),
                            "published": published.get(key, 0), "dead": dead.get(key, 0)}
     return {"PENDING": sum(v["pending"] for v in partitions.values()), "CLAIMED": 0, "claimed_by": {},
             "oldest_claim_idle_ms": 0, "gaps": list(gaps.values()), "partitions": partitions}

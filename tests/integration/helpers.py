@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -29,12 +30,30 @@ def make_pipeline(tmp_path: Path, **overrides):
     pipe["target"]["path"] = name
     pipe.pop("quality", None)
     pipe.update(overrides)
+    return write_config(tmp_path, data, pipe)
+
+
+def write_config(tmp_path: Path, data: dict, pipe: dict):
+    """`data` (the example config) with `pipe` as its only pipeline and tables under tmp_path: (path, cfg, p)."""
     data["pipelines"] = [pipe]
     data["data_dir"] = str(tmp_path / "lake")
     path = tmp_path / "pipelines.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     cfg = load_config(path)
-    return path, cfg, cfg.pipeline(name)
+    return path, cfg, cfg.pipeline(pipe["name"])
+
+
+def clean_up_delta_log(spark, target: str, version: int) -> None:
+    """Age the table's log, then let Delta itself checkpoint and remove expired commit files; asserts
+    that commit `version` is gone (so a checkpoint reader must do without its commitInfo)."""
+    spark.sql(f"ALTER TABLE delta.`{target}` SET TBLPROPERTIES ('delta.logRetentionDuration' = 'interval 1 days', "
+              "'delta.deletedFileRetentionDuration' = 'interval 1 days', 'delta.checkpointInterval' = '1')")
+    log = os.path.join(target, "_delta_log")
+    old = time.time() - 5 * 86400
+    for name in os.listdir(log):
+        os.utime(os.path.join(log, name), (old, old))
+    spark.sql(f"ALTER TABLE delta.`{target}` SET TBLPROPERTIES ('deltadrain.test' = 'cleanup')")
+    assert not os.path.exists(os.path.join(log, f"{version:020d}.json")), "cleanup did not run"
 
 
 def target_ids(spark, cfg, pipeline) -> list[str]:

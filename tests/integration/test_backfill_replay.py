@@ -175,7 +175,11 @@ def test_kafka_backfill_and_reprocess_heal_rows_once_without_touching_offsets(tm
     began = datetime.now(UTC) - timedelta(seconds=1)
     result = produce(c, p, 400, seed=106, malformed_ratio=0.05)
     ended = datetime.now(UTC) + timedelta(seconds=1)
+    from deltadrain.probe import probe
+
+    assert probe(c, p).new == 400  # what the ingest DAG's sensor sees
     drain_kafka(c, p, spark)
+    assert probe(c, p).new == 0  # group offsets committed after the drain's commits
     target = str(c.target_path(p))
     before, group_before = lake_checkpoint(spark, c, p), group_of(c, p)
     ids = target_ids(spark, c, p)

@@ -19,7 +19,15 @@ from deltadrain.drain import drain
 from deltadrain.kafka_offsets import group_offsets, watermarks
 from deltadrain.produce import MALFORMED_KINDS, ensure_topic, generate, produce
 from deltadrain.status import pipeline_status
-from tests.integration.helpers import ROOT, cli_drain, dlq_rows, summary_of, target_ids
+from tests.integration.helpers import (
+    ROOT,
+    clean_up_delta_log,
+    cli_drain,
+    dlq_rows,
+    summary_of,
+    target_ids,
+    write_config,
+)
 
 pytestmark = pytest.mark.usefixtures("kafka_broker")
 
@@ -37,12 +45,7 @@ def make_kafka_pipeline(tmp_path, partitions: int = 4, **overrides):
     pipe["target"]["path"] = name
     pipe.pop("quality", None)
     pipe.update(overrides)
-    data["pipelines"] = [pipe]
-    data["data_dir"] = str(tmp_path / "lake")
-    path = tmp_path / "pipelines.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    cfg = load_config(path)
-    p = cfg.pipeline(name)
+    path, cfg, p = write_config(tmp_path, data, pipe)
     ensure_topic(kafka_client_conf(cfg, p), name, partitions)
     return path, cfg, p
 
@@ -273,7 +276,6 @@ def test_poison_message_holds_its_partition_for_max_retries_runs_then_is_dead(tm
 
 
 def test_offsets_checkpoint_survives_delta_log_checkpoint_and_cleanup(tmp_path, cfg, spark):
-    import os
 
     _, c, p = make_kafka_pipeline(tmp_path, partitions=2, batch_cap=100)
     result = produce(c, p, 300, seed=13, malformed_ratio=0.1)
@@ -282,14 +284,7 @@ def test_offsets_checkpoint_survives_delta_log_checkpoint_and_cleanup(tmp_path, 
     target = str(c.target_path(p))
     before = lake_checkpoint(spark, c, p)
     assert before.batch == 3 and before.found_in == "commit"
-    spark.sql(f"ALTER TABLE delta.`{target}` SET TBLPROPERTIES ('delta.logRetentionDuration' = 'interval 1 days', "
-              "'delta.deletedFileRetentionDuration' = 'interval 1 days', 'delta.checkpointInterval' = '1')")
-    log = os.path.join(target, "_delta_log")
-    old = time.time() - 5 * 86400
-    for name in os.listdir(log):
-        os.utime(os.path.join(log, name), (old, old))
-    spark.sql(f"ALTER TABLE delta.`{target}` SET TBLPROPERTIES ('deltadrain.test' = 'cleanup')")
-    assert not os.path.exists(os.path.join(log, f"{before.table_version:020d}.json")), "cleanup did not run"
+    clean_up_delta_log(spark, target, before.table_version)
     after = lake_checkpoint(spark, c, p)
     assert after.batch == 3 and after.found_in == "rows"
     # Rows hold the offset each record was read at; the run goes on from the next one.

@@ -18,6 +18,7 @@ from deltadrain.reap import REAPER, reap
 from deltadrain.status import pipeline_status
 from tests.integration.helpers import (
     assert_exactly_once,
+    clean_up_delta_log,
     cli_drain,
     dlq_rows,
     drain_until_done,
@@ -148,7 +149,6 @@ def test_poison_message_among_10000_is_isolated_and_dead_after_max_retries(tmp_p
 
 
 def test_checkpoint_survives_delta_log_checkpoint_and_cleanup(tmp_path, cfg, spark):
-    import os
 
     _, c, p = make_pipeline(tmp_path, batch_cap=100)
     client = valkey_client(c, p)
@@ -158,16 +158,7 @@ def test_checkpoint_survives_delta_log_checkpoint_and_cleanup(tmp_path, cfg, spa
     target = str(c.target_path(p))
     before = read_checkpoint(spark, target, p.name, str(c.dlq_path(p)))
     assert before.batch == 3 and before.found_in == "commit"
-    # Age the log, then let Delta itself checkpoint and clean up expired commit files.
-    spark.sql(f"ALTER TABLE delta.`{target}` SET TBLPROPERTIES ('delta.logRetentionDuration' = 'interval 1 days', "
-              "'delta.deletedFileRetentionDuration' = 'interval 1 days', "
-              "'delta.checkpointInterval' = '1')")
-    log = os.path.join(target, "_delta_log")
-    old = time.time() - 5 * 86400
-    for name in os.listdir(log):
-        os.utime(os.path.join(log, name), (old, old))
-    spark.sql(f"ALTER TABLE delta.`{target}` SET TBLPROPERTIES ('deltadrain.test' = 'cleanup')")
-    assert not os.path.exists(os.path.join(log, f"{before.table_version:020d}.json")), "cleanup did not run"
+    clean_up_delta_log(spark, target, before.table_version)
     after = read_checkpoint(spark, target, p.name, str(c.dlq_path(p)))
     assert after.batch == 3 and after.found_in == "rows"
     assert after.positions == before.positions

@@ -75,8 +75,15 @@ def test_preview_is_truncated_and_decodes_bad_bytes():
 
 
 def test_kafka_pending_is_end_offset_minus_the_lake_checkpoint():
-    from deltadrain.orchestration.view import kafka_pending
+    # The view and status share kafka_offsets.start_offsets (the drain's own start rule).
+    from deltadrain.kafka_offsets import start_offsets
+
+    def pending(marks, positions, starting):
+        starts, _ = start_offsets(positions, marks, starting)
+        return {str(p): marks[p][1] - s for p, s in starts.items()}
 
     marks = {0: (0, 100), 1: (50, 80), 2: (0, 10)}
-    assert kafka_pending(marks, {"0": "60", "1": "20"}, "earliest") == {"0": 40, "1": 30, "2": 10}
-    assert kafka_pending(marks, {"0": "100"}, "latest") == {"0": 0, "1": 0, "2": 0}
+    assert pending(marks, {"0": "60", "1": "20"}, "earliest") == {"0": 40, "1": 30, "2": 10}
+    assert pending(marks, {}, "latest") == {"0": 0, "1": 0, "2": 0}
+    # A partition added after the first run starts at its earliest offset, whatever `starting` says.
+    assert pending(marks, {"0": "100"}, "latest") == {"0": 0, "1": 30, "2": 10}

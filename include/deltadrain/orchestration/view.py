@@ -114,33 +114,24 @@ def source_counts(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> dict:
                            for k, v in counts["partitions"].items()}}
 
 
-def kafka_pending(marks: dict[int, tuple[int, int]], positions: dict[str, str], starting: str) -> dict[str, int]:
-    """Per partition: end offset minus the lake checkpoint (where the next drain starts; a partition
-    the lake has not seen starts at the configured policy)."""
-    out = {}
-    for part, (low, high) in sorted(marks.items()):
-        start = int(positions[str(part)]) if str(part) in positions else (low if starting == "earliest" else high)
-        out[str(part)] = max(0, high - max(start, low))
-    return out
-
-
 def kafka_counts(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> dict:
-    """PENDING from the broker's end offsets and the lake's checkpoint; a Kafka batch claims nothing
-    outside a running drain, so CLAIMED is 0 between runs."""
+    """PENDING from the broker's end offsets and the lake's checkpoint (status.kafka_counts, with the
+    checkpoint read by delta-rs); a Kafka batch claims nothing outside a running drain: CLAIMED 0."""
     from deltadrain import lakeview
     from deltadrain.connections import kafka_client_conf
-    from deltadrain.kafka_offsets import OffsetError, watermarks
+    from deltadrain.kafka_offsets import OffsetError
+    from deltadrain.status import kafka_counts as counts
 
+    positions = (lakeview.last_commit(cfg, pipeline) or {}).get("positions") or {}
     try:
-        marks = watermarks({**kafka_client_conf(cfg, pipeline), "socket.timeout.ms": 3000}, pipeline.source.topic)
-    except OffsetError:  # the broker answered: the topic does not exist (yet)
-        return {"PENDING": None, "CLAIMED": None, "source_note": f"topic '{pipeline.source.topic}' does not exist yet"}
+        got = counts({**kafka_client_conf(cfg, pipeline), "socket.timeout.ms": 3000}, pipeline.source, positions,
+                     {}, {}, with_group=False)
+    except OffsetError as exc:  # the broker answered: no such topic (yet), or a recreated one
+        return {"PENDING": None, "CLAIMED": None, "source_note": str(exc)}
     except Exception as exc:
         return {"PENDING": None, "CLAIMED": None, "source_note": f"source unreachable ({type(exc).__name__})"}
-    positions = (lakeview.last_commit(cfg, pipeline) or {}).get("positions") or {}
-    pending = kafka_pending(marks, positions, pipeline.source.starting_offsets)
-    return {"PENDING": sum(pending.values()), "CLAIMED": 0,
-            "partitions": {k: {"pending": v, "claimed": 0} for k, v in pending.items()}}
+    return {"PENDING": got["PENDING"], "CLAIMED": 0,
+            "partitions": {k: {"pending": v["pending"], "claimed": 0} for k, v in got["partitions"].items()}}
 
 
 def pipeline_view(cfg: DeltadrainConfig, pipeline: PipelineConfig, dlq_state: str | None = "DEAD",
