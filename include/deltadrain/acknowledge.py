@@ -55,15 +55,29 @@ def _release_task(rows: Iterator, ctx: ClaimContext) -> Iterator[int]:
     yield done
 
 
-def _positions(df):
-    return df.select("_dd_partition", "_dd_position", "_dd_attempts").rdd.map(tuple)
+def _in_tasks(df, task) -> int:
+    """Run `task` over the (partition, position, attempts) rows of `df` in Spark tasks; rows cross
+    to Python column-wise (Arrow), not pickled one by one. Returns the sum of what the tasks count."""
+    import pyarrow as pa
+    from pyspark.sql import functions as F
+
+    def body(batches):
+        def rows():
+            for batch in batches:
+                yield from zip(*(batch.column(i).to_pylist() for i in range(3)), strict=True)
+
+        for done in task(rows()):
+            yield pa.RecordBatch.from_pydict({"done": pa.array([done], pa.int64())})
+
+    out = df.select("_dd_partition", "_dd_position", "_dd_attempts").mapInArrow(body, "done long")
+    return int(out.agg(F.sum("done")).first()[0] or 0)
 
 
 def acknowledge(df, ctx: ClaimContext) -> int:
     """XACK every entry in `df` (columns _dd_partition, _dd_position, _dd_attempts)."""
     pid = os.getpid()
-    return int(_positions(df).mapPartitions(lambda rows: _ack_task(rows, ctx, pid)).sum())
+    return _in_tasks(df, lambda rows: _ack_task(rows, ctx, pid))
 
 
 def release(df, ctx: ClaimContext) -> int:
-    return int(_positions(df).mapPartitions(lambda rows: _release_task(rows, ctx)).sum())
+    return _in_tasks(df, lambda rows: _release_task(rows, ctx))

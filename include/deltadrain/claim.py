@@ -13,7 +13,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from deltadrain.decode import decode
+from deltadrain.connections import as_text
+from deltadrain.decode import BatchDecoder
 from deltadrain.positions import StreamId
 
 READ_CHUNK = 5_000  # entries per XREADGROUP / XAUTOCLAIM call
@@ -85,20 +86,71 @@ def failure_field(stream: str, position: str) -> str:
     return f"{stream}\x00{position}"
 
 
-def _row(ctx: ClaimContext, stream: str, entry_id, data: bytes | None, attempts: int, reclaimed: bool,
-         last_failure: dict | None) -> tuple:
-    pos = StreamId.parse(entry_id)
-    meta = (stream, str(pos), pos.ms, pos.seq, source_time(pos), attempts, reclaimed)
-    if attempts > ctx.max_attempts:
-        last = (last_failure or {}).get("error", "no error was recorded")
-        reason = f"delivered {attempts} times without a committed batch (max_retries={ctx.max_attempts - 1}); last error: {last}"
-        first = (last_failure or {}).get("first")
-        first_at = datetime.fromisoformat(first) if first else None
-        return (*meta, None, "max_retries", reason, data, first_at, *([None] * len(ctx.fields)))
-    got = decode(data, fields=ctx.fields, id_field=ctx.id_field, required=ctx.required, max_bytes=ctx.max_bytes)
-    if got.values is None:
-        return (*meta, got.message_id, got.error_type, got.error, data, None, *([None] * len(ctx.fields)))
-    return (*meta, got.message_id, None, None, None, None, *got.values)
+GAP = "entry was deleted from the stream (MAXLEN trimming or XDEL) before it was processed"
+
+
+@dataclass
+class Entries:
+    """A chunk of one stream's claimed entries, column by column (one Arrow record batch later).
+    `preset` holds the rows whose verdict is known before decoding: gaps and retries run out."""
+
+    stream: str
+    positions: list = field(default_factory=list)
+    data: list = field(default_factory=list)
+    attempts: list = field(default_factory=list)
+    reclaimed: list = field(default_factory=list)
+    preset: dict = field(default_factory=dict)
+
+    def add(self, position: str, data, attempts: int, reclaimed: bool, preset: tuple | None = None) -> None:
+        if preset is not None:
+            self.preset[len(self.positions)] = preset
+        self.positions.append(position)
+        self.data.append(data)
+        self.attempts.append(attempts)
+        self.reclaimed.append(reclaimed)
+
+    @classmethod
+    def fresh(cls, stream: str, entries) -> Entries:
+        """First deliveries (XREADGROUP >, or history reads): attempt 1, nothing preset."""
+        from deltadrain.produce import VALKEY_FIELD
+
+        return cls(stream, [as_text(e[0]) for e in entries], [(e[1] or {}).get(VALKEY_FIELD) for e in entries],
+                   [1] * len(entries), [False] * len(entries))
+
+
+def retries_run_out(ctx: ClaimContext, attempts: int, data, last_failure: dict | None) -> tuple | None:
+    """The preset verdict of an entry delivered more than max_retries + 1 times, else None."""
+    if attempts <= ctx.max_attempts:
+        return None
+    last = (last_failure or {}).get("error", "no error was recorded")
+    reason = (f"delivered {attempts} times without a committed batch (max_retries={ctx.max_attempts - 1}); "
+              f"last error: {last}")
+    first = (last_failure or {}).get("first")
+    return None, "max_retries", reason, data, datetime.fromisoformat(first) if first else None
+
+
+def decoder_for(ctx: ClaimContext, arrow_schema) -> BatchDecoder:
+    return BatchDecoder(fields=ctx.fields, id_field=ctx.id_field, required=ctx.required, max_bytes=ctx.max_bytes,
+                        types={f.name: f.type for f in arrow_schema if f.name in ctx.fields})
+
+
+def record_batch(chunk: Entries, decoder: BatchDecoder, arrow_schema):
+    """One chunk -> one Arrow record batch of the claim schema; the payloads decoded column-wise."""
+    import pyarrow as pa
+
+    n = len(chunk.positions)
+    his, los = [], []
+    for position in chunk.positions:
+        hi, _, lo = position.partition("-")
+        his.append(int(hi))
+        los.append(int(lo))
+    ms = pa.array(his, pa.int64())
+    cols = {"_dd_partition": pa.array([chunk.stream] * n, pa.string()),
+            "_dd_position": pa.array(chunk.positions, pa.string()), "_dd_pos_hi": ms,
+            "_dd_pos_lo": pa.array(los, pa.int64()), "_dd_source_ts": ms.cast(pa.timestamp("ms", tz="UTC")),
+            "_dd_attempts": pa.array(chunk.attempts, pa.int32()), "_dd_reclaimed": pa.array(chunk.reclaimed, pa.bool_())}
+    cols.update(decoder.columns(chunk.data, preset=chunk.preset))
+    return pa.RecordBatch.from_arrays([cols[f.name].cast(f.type) for f in arrow_schema], schema=arrow_schema)
 
 
 def _client(ctx: ClaimContext):
@@ -108,8 +160,8 @@ def _client(ctx: ClaimContext):
     return valkey.Valkey.from_url(url, username=ctx.username, password=ctx.password, socket_timeout=60)
 
 
-def run_claim(task: ClaimTask, ctx: ClaimContext) -> Iterator[tuple]:
-    """Executor side: claim up to task.quota entries of one stream and yield decoded rows."""
+def run_claim(task: ClaimTask, ctx: ClaimContext) -> Iterator[Entries]:
+    """Executor side: claim up to task.quota entries of one stream, a chunk at a time."""
     from deltadrain.produce import VALKEY_FIELD
 
     client = _client(ctx)
@@ -119,67 +171,44 @@ def run_claim(task: ClaimTask, ctx: ClaimContext) -> Iterator[tuple]:
         while True:
             count = min(READ_CHUNK, task.quota - got)
             cursor, entries, deleted = _xautoclaim(client, task.stream, ctx, cursor, count)
+            chunk = Entries(task.stream)
             for gone in deleted:
                 # In the PEL but trimmed from the stream (MAXLEN/XDEL) before it was processed:
                 # a gap that must be reported, never skipped in silence (invariant 1).
-                pos = StreamId.parse(gone)
-                yield (task.stream, str(pos), pos.ms, pos.seq, source_time(pos), 0, True, None, "gap",
-                       "entry was deleted from the stream (MAXLEN trimming or XDEL) before it was processed",
-                       None, None, *([None] * len(ctx.fields)))
+                chunk.add(str(StreamId.parse(gone)), None, 0, True, preset=(None, "gap", GAP, None, None))
             if entries:
                 counts = _delivery_counts(client, task.stream, ctx, entries)
                 failures = _failures(client, ctx, task.stream, entries, counts)
                 for entry_id, fields in entries:
-                    pos = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+                    pos = as_text(entry_id)
                     data = (fields or {}).get(VALKEY_FIELD)
-                    yield _row(ctx, task.stream, pos, data, counts.get(pos, 2), True, failures.get(pos))
+                    attempts = counts.get(pos, 2)
+                    chunk.add(pos, data, attempts, True, retries_run_out(ctx, attempts, data, failures.get(pos)))
                 got += len(entries)
+            if chunk.positions:
+                yield chunk
             if cursor in ("0-0", b"0-0") or got >= task.quota:
                 break
     while got < task.quota:
         resp = client.xreadgroup(ctx.group, ctx.consumer, {task.stream: ">"}, count=min(READ_CHUNK, task.quota - got))
         if not resp or not resp[0][1]:
             break
-        for entry_id, fields in resp[0][1]:
-            yield _row(ctx, task.stream, entry_id, (fields or {}).get(VALKEY_FIELD), 1, False, None)
+        yield Entries.fresh(task.stream, resp[0][1])
         got += len(resp[0][1])
     client.close()
-
-
-ARROW_ROWS = 8_192  # rows per Arrow record batch handed back to the JVM
-
-
-def arrow_batches(rows: Iterator[tuple], arrow_schema) -> Iterator:
-    """Rows -> Arrow record batches of ARROW_ROWS rows (what mapInArrow hands back to the JVM)."""
-    import pyarrow as pa
-
-    def flush(chunk):
-        cols = zip(*chunk, strict=True)
-        return pa.RecordBatch.from_arrays([pa.array(col, type=arrow_schema.field(i).type)
-                                           for i, col in enumerate(cols)], arrow_schema.names)
-
-    chunk: list[tuple] = []
-    for row in rows:
-        chunk.append(row)
-        if len(chunk) >= ARROW_ROWS:
-            yield flush(chunk)
-            chunk = []
-    if chunk:
-        yield flush(chunk)
 
 
 def claim_arrow(task_batches, ctx: ClaimContext, arrow_schema):
     """mapInArrow body: task rows in, claimed rows out as Arrow record batches.
 
-    Arrow instead of pickled rows: the claim's output crosses from Python to the JVM column-wise,
-    which is what keeps the drain near the raw XREADGROUP rate.
+    Arrow instead of pickled rows, and payloads decoded column-wise (deltadrain.decode.BatchDecoder):
+    that is what keeps the claim near the raw XREADGROUP rate.
     """
-    def rows():
-        for batch in task_batches:
-            for task in batch.to_pylist():
-                yield from run_claim(ClaimTask(task["stream"], task["quota"], task["reclaim"]), ctx)
-
-    return arrow_batches(rows(), arrow_schema)
+    decoder = decoder_for(ctx, arrow_schema)
+    for batch in task_batches:
+        for task in batch.to_pylist():
+            for chunk in run_claim(ClaimTask(task["stream"], task["quota"], task["reclaim"]), ctx):
+                yield record_batch(chunk, decoder, arrow_schema)
 
 
 def _xautoclaim(client, stream: str, ctx: ClaimContext, cursor, count: int):
@@ -192,17 +221,16 @@ def _xautoclaim(client, stream: str, ctx: ClaimContext, cursor, count: int):
 
 def _delivery_counts(client, stream: str, ctx: ClaimContext, entries) -> dict[str, int]:
     """XAUTOCLAIM does not return delivery counts; XPENDING for the claimed range does."""
-    ids = [e[0].decode() if isinstance(e[0], bytes) else e[0] for e in entries]
+    ids = [as_text(e[0]) for e in entries]
     lo = min(ids, key=StreamId.parse)
     hi = max(ids, key=StreamId.parse)
     rows = client.xpending_range(stream, ctx.group, min=lo, max=hi, count=len(ids) * 2 + 10,
                                  consumername=ctx.consumer)
-    return {(r["message_id"].decode() if isinstance(r["message_id"], bytes) else r["message_id"]):
-            int(r["times_delivered"]) for r in rows}
+    return {as_text(r["message_id"]): int(r["times_delivered"]) for r in rows}
 
 
 def _failures(client, ctx: ClaimContext, stream: str, entries, counts: dict[str, int]) -> dict[str, dict]:
-    keys = [e[0].decode() if isinstance(e[0], bytes) else e[0] for e in entries]
+    keys = [as_text(e[0]) for e in entries]
     keys = [k for k in keys if counts.get(k, 2) > ctx.max_attempts]
     if not keys:
         return {}

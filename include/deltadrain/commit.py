@@ -32,12 +32,19 @@ class CommitResult:
     conflict: str | None = None
 
 
-def merge_condition(id_field: str, window_start: datetime | None):
+def merge_condition(id_field: str, window_start: datetime | None, id_range: tuple[str, str] | None = None):
+    """The MERGE's match: same id, within the dedup window. `id_range` (the batch's lowest and highest
+    id) changes nothing about which rows match, but as literals Delta can skip every file whose id
+    statistics lie outside it: with ids that grow over time (sequence numbers, ULIDs, UUIDv7) the
+    MERGE then reads little more than the files of the last batches."""
     from pyspark.sql import functions as F
 
-    cond = F.col(f"t.`{id_field}`") == F.col(f"s.`{id_field}`")
+    target_id = F.col(f"t.`{id_field}`")
+    cond = target_id == F.col(f"s.`{id_field}`")
     if window_start is not None:
         cond = cond & (F.col("t._dd_source_ts") >= F.lit(window_start))
+    if id_range is not None:
+        cond = cond & (target_id >= F.lit(id_range[0])) & (target_id <= F.lit(id_range[1]))
     return cond
 
 
@@ -47,7 +54,7 @@ def _landed(spark, path: str, pipeline: str, batch: int, run_id: str) -> bool:
 
 
 def commit_batch(spark, path: str, *, pipeline: str, expected_batch: int, run_id: str, rows, id_field: str,
-                 window_start: datetime | None, metadata: str) -> CommitResult:
+                 window_start: datetime | None, metadata: str, id_range: tuple[str, str] | None = None) -> CommitResult:
     from delta.tables import DeltaTable
 
     target = expected_batch + 1
@@ -62,7 +69,7 @@ def commit_batch(spark, path: str, *, pipeline: str, expected_batch: int, run_id
             try:
                 failpoints.hit_later("during_merge")
                 (DeltaTable.forPath(spark, path).alias("t")
-                 .merge(rows.alias("s"), merge_condition(id_field, window_start))
+                 .merge(rows.alias("s"), merge_condition(id_field, window_start, id_range))
                  .whenNotMatchedInsertAll().execute())
                 failpoints.fail("after_merge")  # tests: the commit landed but its reply was lost
                 break

@@ -142,6 +142,9 @@ class SchemaConfig(_Model):
     def _id_known(self):
         if self.id_field not in self.fields:
             raise ValueError(f"id_field '{self.id_field}' is not one of the fields")
+        if self.fields[self.id_field] != "string":
+            raise ValueError(f"id_field '{self.id_field}' must be of type string: ids are merged on their text "
+                             "(integer ids in payloads are accepted and stored as text)")
         unknown = [r for r in self.required if r not in self.fields]
         if unknown:
             raise ValueError(f"required names unknown fields {unknown}")

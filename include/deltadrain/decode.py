@@ -137,7 +137,188 @@ def decode(data: bytes | None, *, fields: dict[str, str], id_field: str, require
             continue
         try:
             values.append(CONVERTERS[kind](value))
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError, OSError):  # OverflowError: a huge int for a double
             shown = json.dumps(value)[:60]
             return _bad("schema", f"field '{name}' should be {kind}, got {shown}", message_id)
     return Decoded(tuple(values), message_id, None, None)
+
+
+# -- many messages at once ----------------------------------------------------------------------
+#
+# The per-message decoder above is the definition of what a message means. Decoding a batch one
+# message at a time in Python costs ~10 us a message, so batches are parsed column-wise by Arrow's
+# JSON reader, and every message that Arrow's reading could possibly disagree with `decode` about
+# is handed to `decode` itself. Rules that keep the two identical (tests/unit/test_decode_many.py
+# checks them message by message):
+# - only schemas of string/long/int/double/boolean/timestamp fields with a string id take this path;
+# - Arrow sees only payloads that are one JSON object on one line ('{' first, '}' last, no CR/LF),
+#   so the n lines it reads are the n payloads, or it fails;
+# - a chunk Arrow refuses (invalid JSON or UTF-8, a wrong type, a duplicate key, a number out of
+#   range, an impossible date) is split in halves until the refused messages are alone; those go
+#   to `decode`;
+# - accepted rows still go to `decode` when their id is not plainly printable, a required field is
+#   null, a double is not finite, or a timestamp is not plain ISO 8601 with an optional 'Z'.
+
+FAST_KINDS = {"string": "string", "long": "int64", "int": "int32", "integer": "int32", "double": "float64",
+              "boolean": "bool", "timestamp": "string"}  # timestamps are read as text, converted below
+PLAIN_TIMESTAMP = r"^[1-9][0-9]{3}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,6})?Z?$"
+PLAIN_ID = r"^[\x21-\x7e](.*[\x21-\x7e])?$"
+LEAF = 8  # a refused chunk this small is decoded message by message
+OUT_COLUMNS = ("_dd_message_id", "_dd_error_type", "_dd_error", "_dd_original", "_dd_first_failure_at")
+
+
+def _one_object_per_line(value) -> bool:
+    return (value is not None and len(value) > 1 and value[0] == 0x7B and value[-1] == 0x7D
+            and b"\n" not in value and b"\r" not in value)
+
+
+class BatchDecoder:
+    """Decodes lists of payloads into Arrow columns: `OUT_COLUMNS` plus the payload fields, typed as
+    `types` (name -> Arrow type) says. Picklable: built on the driver, used in Spark tasks."""
+
+    def __init__(self, *, fields: dict[str, str], id_field: str, required: list[str], max_bytes: int, types: dict):
+        self.fields, self.id_field, self.required, self.max_bytes = dict(fields), id_field, list(required), max_bytes
+        self.types = dict(types)
+        self.fast = fields.get(id_field) == "string" and all(kind in FAST_KINDS for kind in fields.values())
+
+    def one(self, value, fallback_id=None, message_id=None) -> Decoded:
+        return decode(value, fields=self.fields, id_field=self.id_field, required=self.required,
+                      max_bytes=self.max_bytes, fallback_id=fallback_id, message_id=message_id)
+
+    def columns(self, values: list, *, fallback_ids: list | None = None, message_ids: list | None = None,
+                preset: dict | None = None) -> dict:
+        """Column name -> Arrow array, one row per value, in order. `preset` maps a row index to its
+        (message_id, error_type, error, original, first_failure_at): rows decided before decoding."""
+        import pyarrow as pa
+
+        preset = preset or {}
+        n = len(values)
+        candidates, slow = [], []
+        for i, value in enumerate(values):
+            if self.fast and i not in preset and len(value or b"") <= self.max_bytes and _one_object_per_line(value):
+                candidates.append(i)
+            else:
+                slow.append(i)
+        fast_rows, fast_cols = self._fast(values, candidates, fallback_ids, message_ids, slow)
+        slow.sort()
+        slow_cols = self._slow(values, slow, fallback_ids, message_ids, preset)
+        if not slow:
+            return fast_cols
+        if not fast_rows:
+            return slow_cols
+        import numpy as np
+
+        order = np.empty(n, dtype=np.int64)
+        order[np.concatenate([np.asarray(fast_rows, dtype=np.int64), np.asarray(slow, dtype=np.int64)])] = np.arange(n)
+        take = pa.array(order)
+        return {name: pa.concat_arrays([fast_cols[name], slow_cols[name]]).take(take) for name in fast_cols}
+
+    # -- the Arrow path ---------------------------------------------------------------------------
+
+    def _parse(self, chunk: list):
+        import io
+
+        import pyarrow as pa
+        import pyarrow.compute as pc
+        import pyarrow.json as pj
+
+        pa.array(chunk, pa.binary()).cast(pa.string())  # raises on invalid UTF-8 anywhere in a payload
+        data = b"\n".join(chunk)
+        schema = pa.schema([(name, FAST_KINDS[kind]) for name, kind in self.fields.items()])
+        table = pj.read_json(io.BytesIO(data),
+                             read_options=pj.ReadOptions(use_threads=False, block_size=max(len(data) + 16, 1 << 20)),
+                             parse_options=pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore"))
+        if table.num_rows != len(chunk):
+            raise ValueError("one line did not give one row")
+        # Timestamps: plain ISO 8601 text is converted here (an impossible date refuses the chunk);
+        # anything else is left null and marked for `decode`.
+        unusual = pa.array([False] * len(chunk))
+        for i, (name, kind) in enumerate(self.fields.items()):
+            if kind != "timestamp":
+                continue
+            text = table.column(name).combine_chunks()
+            ok = pc.fill_null(pc.match_substring_regex(text, PLAIN_TIMESTAMP), False)
+            unusual = pc.or_(unusual, pc.and_(text.is_valid(), pc.invert(ok)))
+            plain = pc.if_else(ok, pc.replace_substring_regex(text, "Z$", ""), pa.nulls(len(text), pa.string()))
+            table = table.set_column(i, name, pc.cast(pc.cast(plain, pa.timestamp("us")), pa.timestamp("us", tz="UTC")))
+        return table.append_column("__unusual", unusual)
+
+    def _accepted(self, values: list, rows: list, slow: list, out: list) -> None:
+        """Parse `rows` with Arrow; refused chunks are halved until the refused rows are alone."""
+        if not rows:
+            return
+        try:
+            out.append((rows, self._parse([values[i] for i in rows])))
+        except Exception:
+            if len(rows) <= LEAF:
+                slow.extend(rows)
+            else:
+                mid = len(rows) // 2
+                self._accepted(values, rows[:mid], slow, out)
+                self._accepted(values, rows[mid:], slow, out)
+
+    def _fast(self, values, candidates, fallback_ids, message_ids, slow):
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        parsed: list = []
+        self._accepted(values, candidates, slow, parsed)
+        if not parsed:
+            return [], {}
+        rows = [i for part, _ in parsed for i in part]
+        table = pa.concat_tables([t for _, t in parsed])
+        none = pa.nulls(len(rows), pa.string())
+        ext = pa.array([message_ids[i] or None for i in rows], pa.string()) if message_ids else none
+        fallback = pa.array([fallback_ids[i] for i in rows], pa.string()) if fallback_ids else none
+        raw_id = table.column(self.id_field).combine_chunks()
+        plain = pc.fill_null(pc.match_substring_regex(raw_id, PLAIN_ID), False)
+        # Rows whose meaning `decode` must settle: an unusual id, or none to fall back on.
+        refer = pc.and_(ext.is_null(), pc.or_(pc.and_(raw_id.is_valid(), pc.invert(plain)),
+                                              pc.and_(raw_id.is_null(), fallback.is_null())))
+        refer = pc.or_(refer, table.column("__unusual").combine_chunks())
+        cols = {}
+        for name, kind in self.fields.items():
+            col = table.column(name).combine_chunks()
+            if name == self.id_field:
+                continue
+            if name in self.required:
+                refer = pc.or_(refer, col.is_null())
+            if kind == "double":
+                refer = pc.or_(refer, pc.fill_null(pc.invert(pc.is_finite(col)), False))
+            cols[name] = col
+        message_id = pc.coalesce(ext, raw_id, fallback)
+        cols[self.id_field] = message_id
+        keep = pc.invert(refer)
+        slow.extend(i for i, r in zip(rows, refer.to_pylist(), strict=True) if r)
+        fast_rows = [i for i, r in zip(rows, refer.to_pylist(), strict=True) if not r]
+        m = len(fast_rows)
+        out = {"_dd_message_id": message_id.filter(keep), "_dd_error_type": pa.nulls(m, pa.string()),
+               "_dd_error": pa.nulls(m, pa.string()), "_dd_original": pa.nulls(m, pa.binary()),
+               "_dd_first_failure_at": pa.nulls(m, pa.timestamp("us", tz="UTC"))}
+        for name in self.fields:
+            out[name] = cols[name].filter(keep).cast(self.types[name])
+        return fast_rows, out
+
+    # -- message by message -----------------------------------------------------------------------
+
+    def _slow(self, values, rows, fallback_ids, message_ids, preset) -> dict:
+        import pyarrow as pa
+
+        records = []
+        nothing = (None,) * len(self.fields)
+        for i in rows:
+            if i in preset:
+                records.append((*preset[i], *nothing))
+                continue
+            got = self.one(values[i], fallback_ids[i] if fallback_ids else None,
+                           message_ids[i] if message_ids else None)
+            if got.values is None:
+                records.append((got.message_id or (message_ids[i] if message_ids else None), got.error_type,
+                                got.error, values[i], None, *nothing))
+            else:
+                records.append((got.message_id, None, None, None, None, *got.values))
+        names = [*OUT_COLUMNS, *self.fields]
+        types = [pa.string(), pa.string(), pa.string(), pa.binary(), pa.timestamp("us", tz="UTC"),
+                 *(self.types[name] for name in self.fields)]
+        columns = list(zip(*records, strict=True)) if records else [()] * len(names)
+        return {name: pa.array(list(col), type=kind) for name, kind, col in zip(names, types, columns, strict=True)}

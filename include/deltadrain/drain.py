@@ -256,6 +256,7 @@ class Drain:
         self.summary = RunSummary(pipeline.name, self.run_id)
         self.scratch = state_home() / "staging" / self.run_id  # claim staging of this run, removed at its end
         self.commit_extra: dict = {}  # more commit metadata, set by a source while it settles its batch
+        self.id_range: tuple[str, str] | None = None  # the batch's lowest and highest id, found by _rows
 
     # -- shared steps -----------------------------------------------------------------------------
 
@@ -330,7 +331,8 @@ class Drain:
                                dead_lettered=s.dead_lettered, **self.commit_extra)
         result = commit_batch(self.spark, self.target, pipeline=p.name, expected_batch=expected, run_id=self.run_id,
                               rows=dedup_in_batch(rows, p.payload_schema.id_field), id_field=p.payload_schema.id_field,
-                              window_start=(oldest - p.dedup_window) if oldest is not None else None, metadata=meta)
+                              window_start=(oldest - p.dedup_window) if oldest is not None else None, metadata=meta,
+                              id_range=self.id_range)
         rows.unpersist()
         self._lap("commit")
         s.outcome = result.outcome.value
@@ -351,18 +353,23 @@ class Drain:
             s.error += f" ({result.conflict})"
 
     def _rows(self, good, batch: int):
-        """(transformed rows, cached, and how many) or (None, error) when the transform fails."""
+        """(transformed rows, cached, and how many) or (None, error) when the transform fails. The same
+        pass finds the batch's id range for the MERGE (`self.id_range`)."""
         from pyspark import StorageLevel
+        from pyspark.sql import functions as F
 
         rows = transformed(target_rows(good, self.pipeline, batch, self.run_id), self.pipeline)
         rows = rows.persist(StorageLevel.MEMORY_AND_DISK)
+        ids = F.col(f"`{self.pipeline.payload_schema.id_field}`")
         try:
-            return rows, rows.count()
+            n, lo, hi = rows.agg(F.count(F.lit(1)), F.min(ids), F.max(ids)).first()
         except DrainError:
             raise
         except Exception as exc:
             rows.unpersist()
             return None, short_error(exc)
+        self.id_range = (lo, hi) if lo is not None else None
+        return rows, n
 
     def _lap(self, step: str) -> None:
         now = time.monotonic()

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 
-from deltadrain.claim import ClaimContext, _client, _row, arrow_batches
+from deltadrain.claim import ClaimContext, Entries, _client, decoder_for, record_batch
 from deltadrain.connections import as_text
 from deltadrain.positions import StreamId
 
@@ -35,15 +35,13 @@ def interval_range(stream: str, start: datetime, end: datetime) -> StreamRange:
     return StreamRange(stream, f"{lo_ms}-0", f"{hi_ms}-{2**64 - 1}")
 
 
-def read_range(rng: StreamRange, ctx: ClaimContext) -> Iterator[tuple]:
-    """Executor side: decoded rows (claim shape) of the entries in `rng`, read with XRANGE: the picked
+def read_range(rng: StreamRange, ctx: ClaimContext) -> Iterator[Entries]:
+    """Executor side: the entries in `rng` (claim shape, not claimed), read with XRANGE: the picked
     ids one by one (pipelined), or the whole id range page by page."""
-    from deltadrain.produce import VALKEY_FIELD
-
     client = _client(ctx)
     for entries in (_picked(client, rng) if rng.ids else _pages(client, rng)):
-        for entry_id, fields in entries:
-            yield _row(ctx, rng.stream, as_text(entry_id), (fields or {}).get(VALKEY_FIELD), 1, False, None)
+        if entries:
+            yield Entries.fresh(rng.stream, entries)
     client.close()
 
 
@@ -103,13 +101,12 @@ def read_history(spark, ranges: list[StreamRange], ctx: ClaimContext, schema, st
     arrow_schema = to_arrow_schema(schema)
 
     def body(batches):
-        def rows():
-            for batch in batches:
-                for task in batch.to_pylist():
-                    yield from read_range(StreamRange(task["stream"], task["lo"], task["hi"],
-                                                      tuple(task["ids"] or ())), ctx)
-
-        return arrow_batches(rows(), arrow_schema)
+        decoder = decoder_for(ctx, arrow_schema)
+        for batch in batches:
+            for task in batch.to_pylist():
+                for chunk in read_range(StreamRange(task["stream"], task["lo"], task["hi"], tuple(task["ids"] or ())),
+                                        ctx):
+                    yield record_batch(chunk, decoder, arrow_schema)
 
     tasks = [(r.stream, r.lo, r.hi, list(r.ids)) for r in ranges]
     task_df = spark.createDataFrame(spark.sparkContext.parallelize(tasks, max(1, len(tasks))),

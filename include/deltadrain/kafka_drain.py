@@ -20,7 +20,7 @@ from deltadrain import failpoints
 from deltadrain.checkpoint import read_checkpoint
 from deltadrain.config import DeltadrainConfig, KafkaSource, PipelineConfig
 from deltadrain.connections import kafka_client_conf, kafka_spark_options
-from deltadrain.decode import decode
+from deltadrain.decode import BatchDecoder
 from deltadrain.drain import Drain, DrainError, claim_schema
 from deltadrain.kafka_offsets import (
     OffsetError,
@@ -67,38 +67,45 @@ def external_id(ctx: DecodeContext, key: bytes | None, headers) -> tuple[str | N
         return None, f"message id {ctx.id_from} is not valid UTF-8"
 
 
-def kafka_row(ctx: DecodeContext, part: int, offset: int, ts: datetime, key, value, headers) -> tuple:
-    """One Kafka record -> one row of `claim_schema` (the same rows the Valkey claim makes)."""
-    none = [None] * len(ctx.fields)
-    meta = (str(part), str(offset), offset, 0, ts, ctx.attempts.get((part, offset), 0) + 1, False)
-    fallback = f"{ctx.topic}-{part}-{offset}"
-    if value is None:
-        return (*meta, fallback, "tombstone", TOMBSTONE, None, None, *none)
-    ext, bad_id = external_id(ctx, key, headers)
-    if bad_id:
-        return (*meta, fallback, "invalid_utf8", bad_id, value, None, *none)
+def kafka_batch(ctx: DecodeContext, decoder: BatchDecoder, arrow_schema, batch):
+    """Kafka source rows (partition, offset, timestamp, value, and key or headers when the id comes
+    from them) -> one record batch of `claim_schema`, the same rows the Valkey claim makes."""
+    import pyarrow as pa
+
+    n = batch.num_rows
+    parts, offsets = batch.column("partition").to_pylist(), batch.column("offset").to_pylist()
+    values = batch.column("value").to_pylist()
+    fallback = [f"{ctx.topic}-{part}-{offset}" for part, offset in zip(parts, offsets, strict=True)]
+    preset = {i: (fallback[i], "tombstone", TOMBSTONE, None, None) for i, value in enumerate(values) if value is None}
+    message_ids = None
     if ctx.id_from != "field":
-        ext = ext or fallback  # the key or header is the identity; without one, the record's place is
-    got = decode(value, fields=ctx.fields, id_field=ctx.id_field, required=ctx.required, max_bytes=ctx.max_bytes,
-                 fallback_id=fallback, message_id=ext)
-    if got.values is None:
-        return (*meta, got.message_id or ext, got.error_type, got.error, value, None, *none)
-    return (*meta, got.message_id, None, None, None, None, *got.values)
+        # The key or header is the identity; without one (null key, missing header), the record's place is.
+        column = batch.column("key" if ctx.id_from == "key" else "headers").to_pylist()
+        message_ids = []
+        for i, got in enumerate(column):
+            ext, bad_id = external_id(ctx, got if ctx.id_from == "key" else None,
+                                      got if ctx.id_from == "header" else None)
+            if bad_id and i not in preset:
+                preset[i] = (fallback[i], "invalid_utf8", bad_id, values[i], None)
+            message_ids.append(ext or fallback[i])
+    attempts = ([ctx.attempts.get(key, 0) + 1 for key in zip(parts, offsets, strict=True)] if ctx.attempts
+                else [1] * n)
+    offset = batch.column("offset")
+    cols = {"_dd_partition": batch.column("partition").cast(pa.string()), "_dd_position": offset.cast(pa.string()),
+            "_dd_pos_hi": offset, "_dd_pos_lo": pa.array([0] * n, pa.int64()),
+            "_dd_source_ts": batch.column("timestamp"), "_dd_attempts": pa.array(attempts, pa.int32()),
+            "_dd_reclaimed": pa.array([False] * n, pa.bool_())}
+    cols.update(decoder.columns(values, fallback_ids=fallback, message_ids=message_ids, preset=preset))
+    return pa.RecordBatch.from_arrays([cols[f.name].cast(f.type) for f in arrow_schema], schema=arrow_schema)
 
 
 def decode_arrow(batches, ctx: DecodeContext, arrow_schema):
     """mapInArrow body: Kafka source rows in, claim rows out, column-wise across the JVM boundary."""
-    import pyarrow as pa
-
-    names = arrow_schema.names
+    decoder = BatchDecoder(fields=ctx.fields, id_field=ctx.id_field, required=ctx.required, max_bytes=ctx.max_bytes,
+                           types={f.name: f.type for f in arrow_schema if f.name in ctx.fields})
     for batch in batches:
-        # key and headers are only read when the id comes from them: converting them costs as much as decoding
-        cols = [batch.column(n).to_pylist() if n in batch.schema.names else [None] * batch.num_rows
-                for n in ("partition", "offset", "timestamp", "key", "value", "headers")]
-        rows = [kafka_row(ctx, *r) for r in zip(*cols, strict=True)]
-        if rows:
-            yield pa.RecordBatch.from_arrays([pa.array(col, type=arrow_schema.field(i).type)
-                                              for i, col in enumerate(zip(*rows, strict=True))], names)
+        if batch.num_rows:
+            yield kafka_batch(ctx, decoder, arrow_schema, batch)
 
 
 def offsets_json(topic: str, offsets: dict[int, int]) -> str:

@@ -21,6 +21,10 @@ LOG4J = Path(__file__).parent / "resources" / "log4j2.properties"
 # Small-machine defaults: a drain batch is thousands to a few million rows, not a cluster job.
 DEFAULT_CONF = {
     "spark.sql.shuffle.partitions": "4",
+    # Delta rebuilds a table's file list (its state) with this many tasks on every new snapshot, i.e.
+    # before every MERGE. At Delta's default of 50, a one-row MERGE costs ~3.5 s on 2 cores; at 4, ~1 s
+    # (docs/benchmarks.md). Raise both on a cluster with large tables.
+    "spark.databricks.delta.snapshotPartitions": "4",
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
     "spark.sql.session.timeZone": "UTC",

@@ -84,6 +84,12 @@ def test_id_field_must_be_a_declared_field():
     assert "field 'schema'" in error_of(data) and "nope" in error_of(data)
 
 
+def test_id_field_must_be_text():
+    data = example()
+    data["pipelines"][0]["schema"]["fields"]["event_id"] = "long"
+    assert "field 'schema'" in error_of(data) and "must be of type string" in error_of(data)
+
+
 def test_unnamed_pipeline_is_named_by_position():
     data = example()
     del data["pipelines"][1]["name"]

@@ -2,9 +2,11 @@
 
 from datetime import UTC, datetime
 
+import pyarrow as pa
 import pytest
 
-from deltadrain.kafka_drain import TOMBSTONE, DecodeContext, kafka_row
+from deltadrain.decode import BatchDecoder
+from deltadrain.kafka_drain import TOMBSTONE, DecodeContext, kafka_batch
 from deltadrain.kafka_offsets import Gap, OffsetError, hold_positions, plan_ranges, retry_record
 
 
@@ -68,6 +70,24 @@ def ctx(**kw):
 
 
 TS = datetime(2026, 1, 1, tzinfo=UTC)
+CLAIM = pa.schema([("_dd_partition", pa.string()), ("_dd_position", pa.string()), ("_dd_pos_hi", pa.int64()),
+                   ("_dd_pos_lo", pa.int64()), ("_dd_source_ts", pa.timestamp("us", tz="UTC")),
+                   ("_dd_attempts", pa.int32()), ("_dd_reclaimed", pa.bool_()), ("_dd_message_id", pa.string()),
+                   ("_dd_error_type", pa.string()), ("_dd_error", pa.string()), ("_dd_original", pa.binary()),
+                   ("_dd_first_failure_at", pa.timestamp("us", tz="UTC")), ("event_id", pa.string()),
+                   ("amount", pa.float64())])
+HEADERS = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
+
+
+def kafka_row(c: DecodeContext, part, offset, ts, key, value, headers) -> tuple:
+    """One Kafka record through the drain's column-wise decoding, back as one claim row."""
+    source = pa.RecordBatch.from_pydict(
+        {"partition": pa.array([part], pa.int32()), "offset": pa.array([offset], pa.int64()),
+         "timestamp": pa.array([ts], pa.timestamp("us", tz="UTC")), "key": pa.array([key], pa.binary()),
+         "value": pa.array([value], pa.binary()), "headers": pa.array([headers], HEADERS)})
+    decoder = BatchDecoder(fields=c.fields, id_field=c.id_field, required=c.required, max_bytes=c.max_bytes,
+                           types={"event_id": pa.string(), "amount": pa.float64()})
+    return tuple(kafka_batch(c, decoder, CLAIM, source).to_pylist()[0].values())
 
 
 def test_kafka_rows_ids_from_field_key_header_and_the_offset_fallback():

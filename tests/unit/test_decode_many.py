@@ -1,0 +1,128 @@
+"""The column-wise decoder must say exactly what `decode` says, message by message."""
+
+import json
+import random
+from decimal import Decimal
+
+import pyarrow as pa
+
+from deltadrain.decode import BatchDecoder, decode
+
+FIELDS = {"event_id": "string", "customer": "string", "amount": "double", "quantity": "long", "small": "int",
+          "flag": "boolean", "status": "string", "event_time": "timestamp"}
+REQUIRED = ["event_id", "customer", "event_time"]
+TYPES = {"event_id": pa.string(), "customer": pa.string(), "amount": pa.float64(), "quantity": pa.int64(),
+         "small": pa.int32(), "flag": pa.bool_(), "status": pa.string(), "event_time": pa.timestamp("us", tz="UTC")}
+MAX = 600
+
+
+def good(i: int, **change) -> dict:
+    body = {"event_id": f"evt-{i:06d}", "customer": f"c{i % 7}", "amount": round(i * 1.37, 2), "quantity": i,
+            "small": i % 100, "flag": i % 2 == 0, "status": "paid", "event_time": "2026-01-08T00:00:00.005000Z",
+            "note": "x" * (i % 30)}
+    body.update(change)
+    return {k: v for k, v in body.items() if v is not ...}
+
+
+def enc(obj) -> bytes:
+    return json.dumps(obj).encode()
+
+
+# Every way we know that Arrow's JSON reading and `decode` could part; each must end as `decode` says.
+TRICKY = [
+    None, b"", b"{}", b"   ", b"[1]", b"1", b"null", b'"text"', b"{oops", b'{"event_id": "a"} x',
+    b'{"event_id": "a"}{"event_id": "b"}', b'\xef\xbb\xbf' + enc(good(1)), enc(good(2)) + b"\n",
+    b"{\n" + enc(good(3))[1:], enc(good(4)).replace(b", ", b",\r"), b'{"note": "\xff", "event_id": "x"}',
+    enc(good(5)).replace(b'"paid"', b'"\xed\xa0\x80"'), b"x" * (MAX + 1), enc(good(6, note="y" * MAX)),
+    enc(good(7, event_id=...)), enc(good(8, event_id=None)), enc(good(9, event_id="")), enc(good(10, event_id="  ")),
+    enc(good(11, event_id=" lead")), enc(good(12, event_id="trail\t")), enc(good(13, event_id=12345)),
+    enc(good(14, event_id=1.5)), enc(good(15, event_id=True)), enc(good(16, event_id="\x1cid")),
+    enc(good(17, event_id="caf\u00e9")), enc(good(18, event_id="a\nb")), enc(good(19, customer=None)),
+    enc(good(20, customer=...)), enc(good(21, customer=42)), enc(good(22, amount="1.5")), enc(good(23, amount=True)),
+    enc(good(24, amount=7)), b'{"event_id": "n1", "customer": "c", "event_time": "2026-01-01T00:00:00Z", "amount": NaN}',
+    b'{"event_id": "n2", "customer": "c", "event_time": "2026-01-01T00:00:00Z", "amount": Infinity}',
+    b'{"event_id": "n3", "customer": "c", "event_time": "2026-01-01T00:00:00Z", "amount": 1e400}',
+    b'{"event_id": "n4", "customer": "c", "event_time": "2026-01-01T00:00:00Z", "amount": 1e-400}',
+    b'{"event_id": "n5", "customer": "c", "event_time": "2026-01-01T00:00:00Z", "amount": 1' + b"0" * 400 + b"}",
+    enc(good(25, quantity=1.0)), enc(good(26, quantity="3")), enc(good(27, quantity=2**63)),
+    enc(good(28, quantity=-(2**63))), enc(good(29, quantity=True)), enc(good(30, small=2**31)),
+    enc(good(31, small=-(2**31))), enc(good(32, flag=1)), enc(good(33, flag="true")), enc(good(34, flag=None)),
+    enc(good(35, event_time="2026-02-30T00:00:00Z")), enc(good(36, event_time="2026-01-08")),
+    enc(good(37, event_time="2026-01-08 10:00:00")), enc(good(38, event_time="2026-01-08T10:00:00+02:00")),
+    enc(good(39, event_time="2026-01-08T10:00:00.1234567Z")), enc(good(40, event_time="2026-01-08T10:00:00.5")),
+    enc(good(41, event_time=1767225600000)), enc(good(42, event_time=1.5)), enc(good(43, event_time="yesterday")),
+    enc(good(44, event_time="2026-01-08T24:00:00Z")), enc(good(45, event_time="2026-01-08T23:59:60Z")),
+    enc(good(46, event_time="0000-01-08T00:00:00Z")), enc(good(47, event_time="2026-13-01T00:00:00Z")),
+    enc(good(48, event_time="2026-01-08T10:00:00z")), enc(good(49, event_time="2026-01-08T10:00Z")),
+    b'{"event_id": "d1", "event_id": "d2", "customer": "c", "event_time": "2026-01-01T00:00:00Z"}',
+    b'{"event_id": "u1", "customer": "a\\u0000b", "event_time": "2026-01-01T00:00:00Z"}',
+    b'{"event_id": "u2", "customer": "\\ud83d\\ude00", "event_time": "2026-01-01T00:00:00Z"}',
+    b'{"event_id": "u3", "customer": "c", "event_time": "2026-01-01T00:00:00Z", "x": {"event_id": 1}}',
+    b'{"event_id": "u4", "customer": "c", "event_time": "2026-01-01T00:00:00Z",}',
+    b"{'event_id': 'u5'}", b'{"event_id": "u6", "customer": "c\tb", "event_time": "2026-01-01T00:00:00Z"}',
+    b'{"event_id": "u7", "customer": "c", "event_time": "2026-01-01T00:00:00Z", "quantity": 01}',
+    b'{"event_id": "u8", "customer": "c", "event_time": "2026-01-01T00:00:00Z", "quantity": -0}',
+    b'{"event_id": "u9", "customer": "c", "event_time": "2026-01-01T00:00:00Z", "amount": -0.0}',
+]
+
+
+def expected(value, fallback_id=None, message_id=None) -> tuple:
+    got = decode(value, fields=FIELDS, id_field="event_id", required=REQUIRED, max_bytes=MAX,
+                 fallback_id=fallback_id, message_id=message_id)
+    if got.values is None:
+        return (got.message_id or message_id, got.error_type, got.error, value, None, *([None] * len(FIELDS)))
+    return (got.message_id, None, None, None, None, *got.values)
+
+
+def rows_of(columns: dict) -> list[tuple]:
+    names = ["_dd_message_id", "_dd_error_type", "_dd_error", "_dd_original", "_dd_first_failure_at", *FIELDS]
+    return list(zip(*(columns[n].to_pylist() for n in names), strict=True))
+
+
+def decoder() -> BatchDecoder:
+    return BatchDecoder(fields=FIELDS, id_field="event_id", required=REQUIRED, max_bytes=MAX, types=TYPES)
+
+
+def check(values, **kw) -> None:
+    out = decoder().columns(values, **kw)
+    assert all(len(col) == len(values) for col in out.values())
+    fb, ids = kw.get("fallback_ids"), kw.get("message_ids")
+    for i, (got, value) in enumerate(zip(rows_of(out), values, strict=True)):
+        assert got == expected(value, fb[i] if fb else None, ids[i] if ids else None), (i, value)
+
+
+def test_every_tricky_payload_alone_and_among_good_ones():
+    for value in TRICKY:
+        check([value])
+    rng = random.Random(3)
+    mixed = [enc(good(i)) for i in range(2000)]
+    for value in TRICKY:
+        mixed.insert(rng.randrange(len(mixed)), value)
+    check(mixed)
+
+
+def test_fallback_and_external_ids():
+    values = [enc(good(i)) for i in range(300)] + TRICKY
+    random.Random(5).shuffle(values)
+    fallback = [f"topic-0-{i}" for i in range(len(values))]
+    check(values, fallback_ids=fallback)
+    external = [f"key-{i}" if i % 3 else None for i in range(len(values))]
+    check(values, fallback_ids=fallback, message_ids=external)
+
+
+def test_preset_rows_keep_their_verdict():
+    values = [enc(good(i)) for i in range(20)]
+    preset = {3: ("m3", "max_retries", "delivered 5 times", values[3], None), 7: (None, "gap", "deleted", None, None)}
+    rows = rows_of(decoder().columns(values, preset=preset))
+    assert rows[3][:4] == ("m3", "max_retries", "delivered 5 times", values[3])
+    assert rows[7][:3] == (None, "gap", "deleted") and rows[7][5:] == (None,) * len(FIELDS)
+    assert rows[4] == expected(values[4])
+
+
+def test_other_schemas_are_decoded_message_by_message():
+    d = BatchDecoder(fields={"event_id": "string", "price": "decimal(18,2)"}, id_field="event_id", required=[],
+                     max_bytes=MAX, types={"event_id": pa.string(), "price": pa.decimal128(18, 2)})
+    assert not d.fast
+    out = d.columns([b'{"event_id": "a", "price": 1.5}', b"{"])
+    assert out["price"].to_pylist()[0] == Decimal("1.5")
+    assert out["_dd_error_type"].to_pylist() == [None, "invalid_json"]
