@@ -202,10 +202,10 @@ class BatchDecoder:
         fast_rows, fast_cols = self._fast(values, candidates, fallback_ids, message_ids, slow)
         slow.sort()
         slow_cols = self._slow(values, slow, fallback_ids, message_ids, preset)
-        if not slow:
-            return fast_cols
         if not fast_rows:
             return slow_cols
+        if not slow:
+            return fast_cols
         import numpy as np
 
         order = np.empty(n, dtype=np.int64)

@@ -257,6 +257,7 @@ class Drain:
         self.scratch = state_home() / "staging" / self.run_id  # claim staging of this run, removed at its end
         self.commit_extra: dict = {}  # more commit metadata, set by a source while it settles its batch
         self.id_range: tuple[str, str] | None = None  # the batch's lowest and highest id, found by _rows
+        self.unique_ids = False  # no id twice in the batch, found by _rows
 
     # -- shared steps -----------------------------------------------------------------------------
 
@@ -330,7 +331,8 @@ class Drain:
         meta = commit_metadata(p.name, batch, self.run_id, s.positions, claimed=s.claimed,
                                dead_lettered=s.dead_lettered, **self.commit_extra)
         result = commit_batch(self.spark, self.target, pipeline=p.name, expected_batch=expected, run_id=self.run_id,
-                              rows=dedup_in_batch(rows, p.payload_schema.id_field), id_field=p.payload_schema.id_field,
+                              rows=rows if self.unique_ids else dedup_in_batch(rows, p.payload_schema.id_field),
+                              id_field=p.payload_schema.id_field,
                               window_start=(oldest - p.dedup_window) if oldest is not None else None, metadata=meta,
                               id_range=self.id_range)
         rows.unpersist()
@@ -362,13 +364,14 @@ class Drain:
         rows = rows.persist(StorageLevel.MEMORY_AND_DISK)
         ids = F.col(f"`{self.pipeline.payload_schema.id_field}`")
         try:
-            n, lo, hi = rows.agg(F.count(F.lit(1)), F.min(ids), F.max(ids)).first()
+            n, distinct, lo, hi = rows.agg(F.count(F.lit(1)), F.count_distinct(ids), F.min(ids), F.max(ids)).first()
         except DrainError:
             raise
         except Exception as exc:
             rows.unpersist()
             return None, short_error(exc)
         self.id_range = (lo, hi) if lo is not None else None
+        self.unique_ids = distinct == n  # then the MERGE needs no in-batch dedup (a shuffle and sort)
         return rows, n
 
     def _lap(self, step: str) -> None:

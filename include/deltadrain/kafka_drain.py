@@ -113,10 +113,15 @@ def offsets_json(topic: str, offsets: dict[int, int]) -> str:
 
 
 def read_ranges(spark, cfg: DeltadrainConfig, p: PipelineConfig, ranges: dict[int, tuple[int, int]],
-                attempts: dict[tuple[int, int], int], staged: str):
-    """Exactly `ranges` (end exclusive), decoded in the reading tasks and staged to Parquet by one
-    Spark job, so that later steps never go back to the broker. Drains, backfills and replays read
-    through here."""
+                attempts: dict[tuple[int, int], int], staged: str | None):
+    """Exactly `ranges` (end exclusive), decoded in the reading tasks. Drains, backfills and replays
+    read through here.
+
+    With `staged`, the rows are written to Parquet there by one Spark job, so that later steps never
+    go back to the broker. Without, they come back persisted (memory, then disk) and the caller's
+    first action reads them: a fixed offset range reads the same records every time, so a recomputed
+    partition (a lost executor) changes nothing, and the drain saves writing and reading Parquet."""
+    from pyspark import StorageLevel
     from pyspark.sql.pandas.types import to_arrow_schema
 
     source: KafkaSource = p.source
@@ -136,8 +141,10 @@ def read_ranges(spark, cfg: DeltadrainConfig, p: PipelineConfig, ranges: dict[in
           .load())
     columns = ["partition", "offset", "timestamp", "value"] + {"key": ["key"], "header": ["headers"]}.get(
         source.id_from, [])
-    (df.select(*columns)
-     .mapInArrow(lambda batches: decode_arrow(batches, ctx, arrow_schema), schema).write.parquet(staged))
+    decoded = df.select(*columns).mapInArrow(lambda batches: decode_arrow(batches, ctx, arrow_schema), schema)
+    if staged is None:
+        return decoded.persist(StorageLevel.MEMORY_AND_DISK)
+    decoded.write.parquet(staged)
     return spark.read.parquet(staged)
 
 
@@ -151,11 +158,13 @@ class KafkaDrain(Drain):
         self.source: KafkaSource = pipeline.source
         self.conf = kafka_client_conf(cfg, pipeline)
         self.retries: dict = {}  # the previous commit's retry record
+        self.claimed = None  # the read rows, persisted until the run ends
 
     # -- steps ------------------------------------------------------------------------------------
 
     def read(self, ranges: dict[int, tuple[int, int]], attempts: dict[tuple[int, int], int]):
-        return read_ranges(self.spark, self.cfg, self.pipeline, ranges, attempts, str(self.scratch / "claimed"))
+        self.claimed = read_ranges(self.spark, self.cfg, self.pipeline, ranges, attempts, None)
+        return self.claimed
 
     def settle_culprits(self, culprits):
         """Culprits that used their last attempt become dead letters; the others hold their partition
@@ -228,13 +237,13 @@ class KafkaDrain(Drain):
             return
         s.positions = plan.positions
         claimed = self.read(plan.ranges, attempts_so_far(self.retries))
-        failpoints.hit("after_claim")
-        failpoints.pause("after_claim")
-        self._lap("claim")
-
+        # This first action reads the ranges (and fills the persisted rows).
         agg = claimed.agg(F.count("*").alias("n"),
                           F.min(F.when(F.col("_dd_error_type").isNull(), F.col("_dd_source_ts"))).alias("oldest"),
                           F.sum((F.col("_dd_attempts") > 1).cast("int")).alias("again")).collect()[0]
+        failpoints.hit("after_claim")
+        failpoints.pause("after_claim")
+        self._lap("claim")
         s.claimed, s.reclaimed = agg.n, agg.again or 0
         if s.claimed == 0:  # offsets without records (transaction markers, compaction): nothing to write
             s.batch, s.positions = expected, positions
@@ -250,6 +259,10 @@ class KafkaDrain(Drain):
         failpoints.pause("after_commit")
         self.acknowledge(plan.ranges, {int(part): int(pos) for part, pos in s.positions.items()})
         self._lap("ack")
+
+    def _finish(self) -> None:
+        if self.claimed is not None:
+            self.claimed.unpersist()
 
     def acknowledge(self, ranges: dict[int, tuple[int, int]], offsets: dict[int, int]) -> None:
         """Group offsets = the committed checkpoint (never ahead of it). A failure here loses nothing:

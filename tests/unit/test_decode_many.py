@@ -110,6 +110,12 @@ def test_fallback_and_external_ids():
     check(values, fallback_ids=fallback, message_ids=external)
 
 
+def test_an_empty_list_gives_empty_columns():
+    out = decoder().columns([])
+    assert set(out) == {"_dd_message_id", "_dd_error_type", "_dd_error", "_dd_original", "_dd_first_failure_at",
+                        *FIELDS} and all(len(col) == 0 for col in out.values())
+
+
 def test_preset_rows_keep_their_verdict():
     values = [enc(good(i)) for i in range(20)]
     preset = {3: ("m3", "max_retries", "delivered 5 times", values[3], None), 7: (None, "gap", "deleted", None, None)}
