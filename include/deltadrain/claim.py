@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 
 from deltadrain.connections import as_text
 from deltadrain.decode import BatchDecoder
@@ -76,10 +76,6 @@ def plan(quotas: dict[str, int]) -> list[ClaimTask]:
         offsets = range(0, quota, TASK_QUOTA)
         tasks += [ClaimTask(stream, min(TASK_QUOTA, quota - start), reclaim=start == 0) for start in offsets]
     return tasks
-
-
-def source_time(pos: StreamId) -> datetime:
-    return datetime.fromtimestamp(pos.ms / 1000, tz=UTC)
 
 
 def failure_field(stream: str, position: str) -> str:
