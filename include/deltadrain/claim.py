@@ -125,7 +125,8 @@ def retries_run_out(ctx: ClaimContext, attempts: int, data, last_failure: dict |
     return None, "max_retries", reason, data, datetime.fromisoformat(first) if first else None
 
 
-def decoder_for(ctx: ClaimContext, arrow_schema) -> BatchDecoder:
+def decoder_for(ctx, arrow_schema) -> BatchDecoder:
+    """The decoder of a claim or Kafka read context (fields, id_field, required, max_bytes)."""
     return BatchDecoder(fields=ctx.fields, id_field=ctx.id_field, required=ctx.required, max_bytes=ctx.max_bytes,
                         types={f.name: f.type for f in arrow_schema if f.name in ctx.fields})
 

@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 
 from deltadrain import failpoints
 from deltadrain.checkpoint import read_checkpoint
+from deltadrain.claim import decoder_for
 from deltadrain.config import DeltadrainConfig, KafkaSource, PipelineConfig
 from deltadrain.connections import kafka_client_conf, kafka_spark_options
 from deltadrain.decode import BatchDecoder
@@ -101,8 +102,7 @@ def kafka_batch(ctx: DecodeContext, decoder: BatchDecoder, arrow_schema, batch):
 
 def decode_arrow(batches, ctx: DecodeContext, arrow_schema):
     """mapInArrow body: Kafka source rows in, claim rows out, column-wise across the JVM boundary."""
-    decoder = BatchDecoder(fields=ctx.fields, id_field=ctx.id_field, required=ctx.required, max_bytes=ctx.max_bytes,
-                           types={f.name: f.type for f in arrow_schema if f.name in ctx.fields})
+    decoder = decoder_for(ctx, arrow_schema)
     for batch in batches:
         if batch.num_rows:
             yield kafka_batch(ctx, decoder, arrow_schema, batch)
