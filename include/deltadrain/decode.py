@@ -174,7 +174,7 @@ def _one_object_per_line(value) -> bool:
 
 class BatchDecoder:
     """Decodes lists of payloads into Arrow columns: `OUT_COLUMNS` plus the payload fields, typed as
-    `types` (name -> Arrow type) says. Picklable: built on the driver, used in Spark tasks."""
+    `types` (name -> Arrow type) says. Built in each Spark task (claim.decoder_for)."""
 
     def __init__(self, *, fields: dict[str, str], id_field: str, required: list[str], max_bytes: int, types: dict):
         self.fields, self.id_field, self.required, self.max_bytes = dict(fields), id_field, list(required), max_bytes
