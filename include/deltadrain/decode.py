@@ -289,8 +289,9 @@ class BatchDecoder:
         message_id = pc.coalesce(ext, raw_id, fallback)
         cols[self.id_field] = message_id
         keep = pc.invert(refer)
-        slow.extend(i for i, r in zip(rows, refer.to_pylist(), strict=True) if r)
-        fast_rows = [i for i, r in zip(rows, refer.to_pylist(), strict=True) if not r]
+        referred = refer.to_pylist()
+        slow.extend(i for i, r in zip(rows, referred, strict=True) if r)
+        fast_rows = [i for i, r in zip(rows, referred, strict=True) if not r]
         m = len(fast_rows)
         out = {"_dd_message_id": message_id.filter(keep), "_dd_error_type": pa.nulls(m, pa.string()),
                "_dd_error": pa.nulls(m, pa.string()), "_dd_original": pa.nulls(m, pa.binary()),

@@ -76,7 +76,8 @@ def kafka_batch(ctx: DecodeContext, decoder: BatchDecoder, arrow_schema, batch):
     n = batch.num_rows
     parts, offsets = batch.column("partition").to_pylist(), batch.column("offset").to_pylist()
     values = batch.column("value").to_pylist()
-    fallback = [f"{ctx.topic}-{part}-{offset}" for part, offset in zip(parts, offsets, strict=True)]
+    places = list(zip(parts, offsets, strict=True))
+    fallback = [f"{ctx.topic}-{part}-{offset}" for part, offset in places]
     preset = {i: (fallback[i], "tombstone", TOMBSTONE, None, None) for i, value in enumerate(values) if value is None}
     message_ids = None
     if ctx.id_from != "field":
@@ -89,8 +90,7 @@ def kafka_batch(ctx: DecodeContext, decoder: BatchDecoder, arrow_schema, batch):
             if bad_id and i not in preset:
                 preset[i] = (fallback[i], "invalid_utf8", bad_id, values[i], None)
             message_ids.append(ext or fallback[i])
-    attempts = ([ctx.attempts.get(key, 0) + 1 for key in zip(parts, offsets, strict=True)] if ctx.attempts
-                else [1] * n)
+    attempts = [ctx.attempts.get(place, 0) + 1 for place in places] if ctx.attempts else [1] * n
     offset = batch.column("offset")
     cols = {"_dd_partition": batch.column("partition").cast(pa.string()), "_dd_position": offset.cast(pa.string()),
             "_dd_pos_hi": offset, "_dd_pos_lo": pa.array([0] * n, pa.int64()),
