@@ -22,7 +22,7 @@ from deltadrain.claim import decoder_for
 from deltadrain.config import DeltadrainConfig, KafkaSource, PipelineConfig
 from deltadrain.connections import kafka_client_conf, kafka_spark_options
 from deltadrain.decode import BatchDecoder
-from deltadrain.drain import Drain, DrainError, claim_schema
+from deltadrain.drain import BatchStats, Drain, DrainError, batch_stats_columns, claim_schema
 from deltadrain.kafka_offsets import (
     OffsetError,
     attempts_so_far,
@@ -237,10 +237,12 @@ class KafkaDrain(Drain):
             return
         s.positions = plan.positions
         claimed = self.read(plan.ranges, attempts_so_far(self.retries))
-        # This first action reads the ranges (and fills the persisted rows).
+        # This first action reads the ranges (and fills the persisted rows); it also counts what the
+        # commit needs to know, so that no later pass goes over the rows before the MERGE.
         agg = claimed.agg(F.count("*").alias("n"),
                           F.min(F.when(F.col("_dd_error_type").isNull(), F.col("_dd_source_ts"))).alias("oldest"),
-                          F.sum((F.col("_dd_attempts") > 1).cast("int")).alias("again")).collect()[0]
+                          F.sum((F.col("_dd_attempts") > 1).cast("int")).alias("again"),
+                          *batch_stats_columns(p.payload_schema.id_field)).collect()[0]
         failpoints.hit("after_claim")
         failpoints.pause("after_claim")
         self._lap("claim")
@@ -251,7 +253,7 @@ class KafkaDrain(Drain):
         if self.retries:
             self.commit_extra.setdefault("retries", retry_record(self.retries, {}, s.positions))
 
-        result, _pending = self.publish(claimed, expected, agg.oldest)
+        result, _pending = self.publish(claimed, expected, agg.oldest, BatchStats.of(agg))
         if result.outcome not in (Outcome.COMMITTED, Outcome.ALREADY_COMMITTED):
             self.refuse(result, expected)  # nothing to release: a range is not a lease
             return

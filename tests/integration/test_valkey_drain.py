@@ -30,9 +30,15 @@ from tests.integration.helpers import (
 
 pytestmark = pytest.mark.usefixtures("valkey_server")
 
+HANDLER, IDENTITY = "deltadrain.transforms.sample_orders", "deltadrain.transforms.identity"
+# The identity transform takes the drain's shortcut (no pass of its own before the MERGE): the
+# tests that judge counts, duplicates and kills run both ways.
+BOTH_TRANSFORMS = pytest.mark.parametrize("transform", [HANDLER, IDENTITY], ids=["handler", "identity"])
 
-def test_valid_messages_published_once_bad_ones_dead_lettered_with_reasons(tmp_path, cfg, spark):
-    _, c, p = make_pipeline(tmp_path)
+
+@BOTH_TRANSFORMS
+def test_valid_messages_published_once_bad_ones_dead_lettered_with_reasons(transform, tmp_path, cfg, spark):
+    _, c, p = make_pipeline(tmp_path, transform=transform)
     client = valkey_client(c, p)
     result = produce(c, p, 3000, seed=21, malformed_ratio=0.1)
     summaries = drain_until_done(c, p, spark, client)
@@ -60,8 +66,9 @@ def test_valid_messages_published_once_bad_ones_dead_lettered_with_reasons(tmp_p
     assert_exactly_once(spark, c, p, client, result.valid_ids, bad)
 
 
-def test_same_id_twice_in_a_batch_and_across_batches_is_written_once(tmp_path, cfg, spark):
-    _, c, p = make_pipeline(tmp_path, partitions=2)
+@BOTH_TRANSFORMS
+def test_same_id_twice_in_a_batch_and_across_batches_is_written_once(transform, tmp_path, cfg, spark):
+    _, c, p = make_pipeline(tmp_path, partitions=2, transform=transform)
     client = valkey_client(c, p)
     msgs = list(generate(p, 5, seed=3))
     stream = p.source.streams[0]
@@ -182,11 +189,13 @@ def test_a_commit_whose_reply_is_lost_is_already_committed_and_acknowledged(tmp_
     assert_exactly_once(spark, c, p, client, result.valid_ids, sum(result.kinds[k] for k in MALFORMED_KINDS))
 
 @pytest.mark.slow
-@pytest.mark.parametrize("point", ["after_claim", "during_merge", "after_commit", "during_ack"])
-def test_sigkill_at_each_step_boundary_loses_and_duplicates_nothing(point, tmp_path, cfg, spark):
+@pytest.mark.parametrize(("point", "transform"), [
+    ("after_claim", HANDLER), ("during_merge", HANDLER), ("after_commit", HANDLER), ("during_ack", HANDLER),
+    ("during_merge", IDENTITY), ("after_commit", IDENTITY)])
+def test_sigkill_at_each_step_boundary_loses_and_duplicates_nothing(point, transform, tmp_path, cfg, spark):
     # One stream: its entries are acknowledged by one task, chunk after chunk, so a kill during the
     # acknowledgement really leaves some acknowledged and some not.
-    path, c, p = make_pipeline(tmp_path, min_idle_ms=0, batch_cap=5000, partitions=1)
+    path, c, p = make_pipeline(tmp_path, min_idle_ms=0, batch_cap=5000, partitions=1, transform=transform)
     client = valkey_client(c, p)
     result = produce(c, p, 4000, seed=31, malformed_ratio=0.05)
     env = {"DELTADRAIN_FAILPOINT": point, "DELTADRAIN_FAILPOINT_DELAY_MS": "300"}
