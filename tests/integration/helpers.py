@@ -11,6 +11,7 @@ import time
 import uuid
 from pathlib import Path
 
+import pytest
 import yaml
 
 from deltadrain.config import load_config
@@ -18,6 +19,11 @@ from deltadrain.drain import drain
 from deltadrain.reap import reap
 
 ROOT = Path(__file__).resolve().parents[2]
+
+HANDLER, IDENTITY = "deltadrain.transforms.sample_orders", "deltadrain.transforms.identity"
+# The identity transform takes the drain's shortcut (no pass of its own before the MERGE): the
+# tests that judge counts, duplicates and kills run both ways.
+BOTH_TRANSFORMS = pytest.mark.parametrize("transform", [HANDLER, IDENTITY], ids=["handler", "identity"])
 
 
 def make_pipeline(tmp_path: Path, **overrides):

@@ -20,6 +20,9 @@ from deltadrain.kafka_offsets import group_offsets, watermarks
 from deltadrain.produce import MALFORMED_KINDS, ensure_topic, generate, produce
 from deltadrain.status import pipeline_status
 from tests.integration.helpers import (
+    BOTH_TRANSFORMS,
+    HANDLER,
+    IDENTITY,
     ROOT,
     clean_up_delta_log,
     cli_drain,
@@ -33,12 +36,6 @@ pytestmark = pytest.mark.usefixtures("kafka_broker")
 
 # With a topic-partition-offset fallback, a payload without an id is published under that id.
 FALLBACK_KINDS = ("missing_id", "null_id")
-
-
-HANDLER, IDENTITY = "deltadrain.transforms.sample_orders", "deltadrain.transforms.identity"
-# The identity transform takes the drain's shortcut (no pass of its own before the MERGE): the
-# tests that judge counts, duplicates and kills run both ways.
-BOTH_TRANSFORMS = pytest.mark.parametrize("transform", [HANDLER, IDENTITY], ids=["handler", "identity"])
 
 
 def make_kafka_pipeline(tmp_path, partitions: int = 4, **overrides):

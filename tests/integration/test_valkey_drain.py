@@ -17,6 +17,9 @@ from deltadrain.produce import MALFORMED_KINDS, generate, produce
 from deltadrain.reap import REAPER, reap
 from deltadrain.status import pipeline_status
 from tests.integration.helpers import (
+    BOTH_TRANSFORMS,
+    HANDLER,
+    IDENTITY,
     assert_exactly_once,
     clean_up_delta_log,
     cli_drain,
@@ -29,11 +32,6 @@ from tests.integration.helpers import (
 )
 
 pytestmark = pytest.mark.usefixtures("valkey_server")
-
-HANDLER, IDENTITY = "deltadrain.transforms.sample_orders", "deltadrain.transforms.identity"
-# The identity transform takes the drain's shortcut (no pass of its own before the MERGE): the
-# tests that judge counts, duplicates and kills run both ways.
-BOTH_TRANSFORMS = pytest.mark.parametrize("transform", [HANDLER, IDENTITY], ids=["handler", "identity"])
 
 
 @BOTH_TRANSFORMS
