@@ -132,30 +132,43 @@ def transformed(rows, pipeline: PipelineConfig):
 
 @dataclass(frozen=True)
 class BatchStats:
-    """What `publish` must know about a batch before its MERGE, aggregated by the source over its
-    claimed rows (`batch_stats_columns`, with the counts the source takes anyway), so that a batch
-    under the identity transform needs no pass of its own over the rows."""
+    """What `publish` must know about a batch before its MERGE. Under the identity transform the
+    source aggregates it over its claimed rows, with the counts it takes anyway; otherwise the
+    transform pass (`Drain._rows`) does, over the transformed rows."""
 
-    good: int  # rows that decoded
+    good: int  # rows to offer the MERGE
     distinct: int  # distinct ids among them
     lo: str | None  # their lowest and highest id
     hi: str | None
-    bad: int  # rows for the DLQ
+    bad: int | None  # rows for the DLQ; None when not counted yet
 
     @classmethod
     def of(cls, row) -> BatchStats:
-        return cls(int(row._dd_good or 0), int(row._dd_distinct or 0), row._dd_lo, row._dd_hi, int(row._dd_bad or 0))
+        bad = None if row._dd_bad is None else int(row._dd_bad)
+        return cls(int(row._dd_good or 0), int(row._dd_distinct or 0), row._dd_lo, row._dd_hi, bad)
+
+    @property
+    def id_range(self) -> tuple[str, str] | None:
+        return (self.lo, self.hi) if self.lo is not None else None
+
+    @property
+    def unique(self) -> bool:
+        """No id twice: the MERGE needs no in-batch dedup (a shuffle and sort)."""
+        return self.distinct == self.good
 
 
-def batch_stats_columns(id_field: str) -> list:
-    """Aggregate columns over claimed rows for BatchStats.of (gap markers count as neither)."""
+def batch_stats_columns(id_field: str, claimed: bool = True) -> list:
+    """Aggregate columns for BatchStats.of. Over claimed rows, the good ones are those without an
+    error type and the dead letters are counted (gap markers count as neither); over transformed
+    rows every row is good."""
     from pyspark.sql import functions as F
 
     error = F.col("_dd_error_type")
-    ids = F.when(error.isNull(), F.col(f"`{id_field}`"))
-    return [F.sum(error.isNull().cast("long")).alias("_dd_good"), F.count_distinct(ids).alias("_dd_distinct"),
-            F.min(ids).alias("_dd_lo"), F.max(ids).alias("_dd_hi"),
-            F.sum((error.isNotNull() & (error != "gap")).cast("long")).alias("_dd_bad")]
+    good = error.isNull() if claimed else F.lit(True)
+    bad = (error.isNotNull() & (error != "gap")).cast("long") if claimed else F.lit(None).cast("long")
+    ids = F.when(good, F.col(f"`{id_field}`"))
+    return [F.sum(good.cast("long")).alias("_dd_good"), F.count_distinct(ids).alias("_dd_distinct"),
+            F.min(ids).alias("_dd_lo"), F.max(ids).alias("_dd_hi"), F.sum(bad).alias("_dd_bad")]
 
 
 def dedup_in_batch(df, id_field: str):
@@ -284,8 +297,8 @@ class Drain:
         self.summary = RunSummary(pipeline.name, self.run_id)
         self.scratch = state_home() / "staging" / self.run_id  # claim staging of this run, removed at its end
         self.commit_extra: dict = {}  # more commit metadata, set by a source while it settles its batch
-        self.id_range: tuple[str, str] | None = None  # the batch's lowest and highest id, found by _rows
-        self.unique_ids = False  # no id twice in the batch, found by _rows
+        # Nothing can fail between decode and MERGE: the source counts the batch, no transform pass.
+        self.identity_transform = load_transform(pipeline.transform) is identity
 
     # -- shared steps -----------------------------------------------------------------------------
 
@@ -329,9 +342,10 @@ class Drain:
         `summary.positions`. Returns (CommitResult, [(partition, position)] of culprits left for another
         attempt). Which messages to acknowledge afterwards is the caller's business.
 
-        With `stats` and the identity transform, nothing can fail between the decode and the MERGE, so
-        the MERGE reads the claimed rows directly; any other transform runs over the batch once before
-        the commit (`_rows`), so that a message it fails on is isolated instead of failing the commit."""
+        `stats` comes from the source under the identity transform (`identity_transform`): nothing can
+        fail between the decode and the MERGE, so the MERGE reads the claimed rows directly. Any other
+        transform runs over the batch once before the commit (`_rows`), so that a message it fails on
+        is isolated instead of failing the commit, and that pass counts the batch."""
 
         s, p = self.summary, self.pipeline
         batch = expected + 1
@@ -339,30 +353,25 @@ class Drain:
         ensure_target(self.spark, self.target, p, good.schema, self.run_id)
 
         pending_culprits: list[tuple[str, str]] = []
-        if stats is not None and load_transform(p.transform) is identity:
-            rows, offered = target_rows(good, p, batch, self.run_id), stats.good
-            self.id_range = (stats.lo, stats.hi) if stats.lo is not None else None
-            self.unique_ids = stats.distinct == stats.good
-            dead = stats.bad
+        if stats is None:
+            rows, stats = self._rows(good, batch)
         else:
-            rows, offered = self._rows(good, batch)
-            dead = None  # counted below
+            rows = target_rows(good, p, batch, self.run_id)
         self._lap("transform")
         if rows is None:
-            # The transform failed on this batch: find the messages that make it fail.
+            # The transform failed on this batch (`stats` is its error): find the messages that make it fail.
             culprits, good = self.isolate_culprits(good, batch)
             if culprits is None:
-                raise DrainError(f"batch {batch} failed and no single message explains it: {offered}")
+                raise DrainError(f"batch {batch} failed and no single message explains it: {stats}")
             dead_culprits, pending_culprits = self.settle_culprits(culprits)
             s.left_pending = len(pending_culprits)
             bad = bad.unionByName(dead_culprits)
-            dead = None
-            rows, offered = self._rows(good, batch)
+            rows, stats = self._rows(good, batch)
             if rows is None:
-                raise DrainError(f"batch {batch} still fails without its culprits: {offered}")
+                raise DrainError(f"batch {batch} still fails without its culprits: {stats}")
 
         # Dead letters first: idempotent, so a crash before the target commit only repeats them.
-        s.dead_lettered = bad.count() if dead is None else dead
+        s.dead_lettered = bad.count() if stats.bad is None else stats.bad
         if s.dead_lettered:
             write_dead_letters(self.spark, self.dlq, dead_letter_rows(bad, p.name, batch, self.run_id))
 
@@ -371,16 +380,16 @@ class Drain:
         meta = commit_metadata(p.name, batch, self.run_id, s.positions, claimed=s.claimed,
                                dead_lettered=s.dead_lettered, **self.commit_extra)
         result = commit_batch(self.spark, self.target, pipeline=p.name, expected_batch=expected, run_id=self.run_id,
-                              rows=rows if self.unique_ids else dedup_in_batch(rows, p.payload_schema.id_field),
+                              rows=rows if stats.unique else dedup_in_batch(rows, p.payload_schema.id_field),
                               id_field=p.payload_schema.id_field,
                               window_start=(oldest - p.dedup_window) if oldest is not None else None, metadata=meta,
-                              id_range=self.id_range)
+                              id_range=stats.id_range)
         rows.unpersist()
         self._lap("commit")
         s.outcome = result.outcome.value
         if result.outcome in (Outcome.COMMITTED, Outcome.ALREADY_COMMITTED):
             s.written = result.inserted
-            s.duplicates_skipped = offered - result.inserted
+            s.duplicates_skipped = stats.good - result.inserted
         return result, pending_culprits
 
     def refuse(self, result, expected: int) -> None:
@@ -395,24 +404,19 @@ class Drain:
             s.error += f" ({result.conflict})"
 
     def _rows(self, good, batch: int):
-        """(transformed rows, cached, and how many) or (None, error) when the transform fails. The same
-        pass finds the batch's id range for the MERGE (`self.id_range`)."""
+        """(transformed rows, cached, and their BatchStats) or (None, error) when the transform fails."""
         from pyspark import StorageLevel
-        from pyspark.sql import functions as F
 
         rows = transformed(target_rows(good, self.pipeline, batch, self.run_id), self.pipeline)
         rows = rows.persist(StorageLevel.MEMORY_AND_DISK)
-        ids = F.col(f"`{self.pipeline.payload_schema.id_field}`")
         try:
-            n, distinct, lo, hi = rows.agg(F.count(F.lit(1)), F.count_distinct(ids), F.min(ids), F.max(ids)).first()
+            row = rows.agg(*batch_stats_columns(self.pipeline.payload_schema.id_field, claimed=False)).first()
         except DrainError:
             raise
         except Exception as exc:
             rows.unpersist()
             return None, short_error(exc)
-        self.id_range = (lo, hi) if lo is not None else None
-        self.unique_ids = distinct == n  # then the MERGE needs no in-batch dedup (a shuffle and sort)
-        return rows, n
+        return rows, BatchStats.of(row)
 
     def _lap(self, step: str) -> None:
         now = time.monotonic()
@@ -519,9 +523,11 @@ class ValkeyDrain(Drain):
             return
         s.positions = merge_positions(checkpoint.positions, {r._dd_partition: r.pos for r in per_partition})
         oldest = min((r.oldest for r in per_partition if r.oldest is not None), default=None)
-        # Ids are compared across partitions, so their counts are not per partition; reading two
-        # columns of the staged claim costs a fraction of a pass over the rows.
-        stats = BatchStats.of(claimed.agg(*batch_stats_columns(p.payload_schema.id_field)).first())
+        stats = None
+        if self.identity_transform:
+            # Ids are compared across partitions, so these counts are not per partition; reading two
+            # columns of the staged claim costs a fraction of a pass over the rows.
+            stats = BatchStats.of(claimed.agg(*batch_stats_columns(p.payload_schema.id_field)).first())
 
         result, pending_culprits = self.publish(claimed, expected, oldest, stats)
         if result.outcome in (Outcome.COMMITTED, Outcome.ALREADY_COMMITTED):

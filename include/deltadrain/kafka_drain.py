@@ -237,12 +237,12 @@ class KafkaDrain(Drain):
             return
         s.positions = plan.positions
         claimed = self.read(plan.ranges, attempts_so_far(self.retries))
-        # This first action reads the ranges (and fills the persisted rows); it also counts what the
-        # commit needs to know, so that no later pass goes over the rows before the MERGE.
+        # This first action reads the ranges (and fills the persisted rows). Under the identity
+        # transform it also counts what the commit needs, so no later pass precedes the MERGE.
+        stats_columns = batch_stats_columns(p.payload_schema.id_field) if self.identity_transform else []
         agg = claimed.agg(F.count("*").alias("n"),
                           F.min(F.when(F.col("_dd_error_type").isNull(), F.col("_dd_source_ts"))).alias("oldest"),
-                          F.sum((F.col("_dd_attempts") > 1).cast("int")).alias("again"),
-                          *batch_stats_columns(p.payload_schema.id_field)).collect()[0]
+                          F.sum((F.col("_dd_attempts") > 1).cast("int")).alias("again"), *stats_columns).collect()[0]
         failpoints.hit("after_claim")
         failpoints.pause("after_claim")
         self._lap("claim")
@@ -253,7 +253,8 @@ class KafkaDrain(Drain):
         if self.retries:
             self.commit_extra.setdefault("retries", retry_record(self.retries, {}, s.positions))
 
-        result, _pending = self.publish(claimed, expected, agg.oldest, BatchStats.of(agg))
+        result, _pending = self.publish(claimed, expected, agg.oldest,
+                                       BatchStats.of(agg) if stats_columns else None)
         if result.outcome not in (Outcome.COMMITTED, Outcome.ALREADY_COMMITTED):
             self.refuse(result, expected)  # nothing to release: a range is not a lease
             return
