@@ -9,6 +9,7 @@ offsets are written after each commit for lag tools and are never read back as t
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass
 
 from deltadrain.claim import allocate
@@ -120,6 +121,42 @@ def attempts_so_far(record: dict) -> dict[tuple[int, int], int]:
 # -- the broker ---------------------------------------------------------------------------------------
 
 TIMEOUT = 30
+# What a broker answers while it starts, restarts or moves a group or partition leader: the same
+# request succeeds moments later. librdkafka does not flag these retriable on committed() and commit().
+TRANSIENT = frozenset({"NOT_COORDINATOR", "COORDINATOR_LOAD_IN_PROGRESS", "COORDINATOR_NOT_AVAILABLE",
+                       "NOT_LEADER_FOR_PARTITION", "LEADER_NOT_AVAILABLE", "_TRANSPORT"})
+
+
+def transient(error) -> bool:
+    """A KafkaError worth asking again (until the deadline) rather than failing the caller."""
+    return error.retriable() or error.name() in TRANSIENT
+
+
+def patiently(call, deadline_s: float = TIMEOUT, pause: float = 0.2):
+    """call(), asked again after a transient broker error until `deadline_s` has passed; any other
+    error, or a transient one past the deadline, is raised as it came."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    deadline = time.monotonic() + deadline_s
+    while True:
+        try:
+            return call()
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            if not isinstance(error, KafkaError) or not transient(error) or time.monotonic() + pause > deadline:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, 2.0)
+
+
+def _checked(partitions):
+    """Raise the first per-partition error of a committed()/commit() answer, so `patiently` sees it."""
+    from confluent_kafka import KafkaException
+
+    for tp in partitions or []:
+        if tp.error is not None:
+            raise KafkaException(tp.error)
+    return partitions
 
 
 def watermarks(conf: dict, topic: str) -> dict[int, tuple[int, int]]:
@@ -128,10 +165,11 @@ def watermarks(conf: dict, topic: str) -> dict[int, tuple[int, int]]:
 
     consumer = Consumer({**conf, "group.id": "deltadrain-watermarks", "enable.auto.commit": False})
     try:
-        meta = consumer.list_topics(topic, timeout=TIMEOUT).topics.get(topic)
+        meta = patiently(lambda: consumer.list_topics(topic, timeout=TIMEOUT)).topics.get(topic)
         if meta is None or meta.error is not None:
             raise OffsetError(f"topic '{topic}' is not available: {meta.error if meta else 'unknown topic'}")
-        return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=TIMEOUT, cached=False)
+        return {p: patiently(lambda p=p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=TIMEOUT,
+                                                                        cached=False))
                 for p in sorted(meta.partitions)}
     finally:
         consumer.close()
@@ -143,8 +181,8 @@ def commit_group_offsets(conf: dict, group: str, topic: str, offsets: dict[int, 
 
     consumer = Consumer({**conf, "group.id": group, "enable.auto.commit": False})
     try:
-        consumer.commit(offsets=[TopicPartition(topic, p, o) for p, o in sorted(offsets.items())],
-                        asynchronous=False)
+        patiently(lambda: _checked(consumer.commit(
+            offsets=[TopicPartition(topic, p, o) for p, o in sorted(offsets.items())], asynchronous=False)))
     finally:
         consumer.close()
 
@@ -155,7 +193,8 @@ def group_offsets(conf: dict, group: str, topic: str, partitions: list[int]) -> 
 
     consumer = Consumer({**conf, "group.id": group, "enable.auto.commit": False})
     try:
-        got = consumer.committed([TopicPartition(topic, p) for p in partitions], timeout=TIMEOUT)
+        got = patiently(lambda: _checked(consumer.committed([TopicPartition(topic, p) for p in partitions],
+                                                            timeout=TIMEOUT)))
         return {tp.partition: (tp.offset if tp.offset >= 0 else None) for tp in got}
     finally:
         consumer.close()

@@ -17,6 +17,7 @@ from deltadrain.config import load_config
 from deltadrain.connections import kafka_client_conf
 from deltadrain.drain import drain
 from deltadrain.kafka_offsets import group_offsets, watermarks
+from deltadrain.probe import probe
 from deltadrain.produce import MALFORMED_KINDS, ensure_topic, generate, produce
 from deltadrain.status import pipeline_status
 from tests.integration.helpers import (
@@ -365,6 +366,8 @@ def test_broker_restart_between_read_and_commit(tmp_path, cfg, spark, kafka_brok
     assert run.poll() is None, run.communicate()[1][-3000:]
     kafka_broker.down()  # the range is read and staged; the commit has not happened
     kafka_broker.up()
+    # What the ingest DAG's sensor asks at once, while the restarted broker still loads its groups.
+    assert probe(c, p).new == 2000
     assert run.poll() is None, "the broker restart took longer than the pause"
     out, err = run.communicate(timeout=600)
     assert run.returncode == 0, err[-3000:]

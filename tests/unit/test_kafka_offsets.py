@@ -1,6 +1,8 @@
 """Kafka offset decisions: range planning, gaps, new partitions, held culprits, message ids. Pure."""
 
+import time
 from datetime import UTC, datetime
+from types import SimpleNamespace
 
 import pyarrow as pa
 import pytest
@@ -111,3 +113,55 @@ def test_kafka_bad_records_become_dead_letters_with_a_reason():
     assert bad_key[8] == "invalid_utf8" and "key is not valid UTF-8" in bad_key[9]
     wrong = kafka_row(ctx(), 0, 3, TS, None, b'{"event_id": "e", "amount": "x"}', [])
     assert wrong[8] == "schema" and wrong[10] == b'{"event_id": "e", "amount": "x"}'
+
+
+def _flaky(errors: list, result="answer"):
+    """A broker call that fails with `errors` (KafkaError codes) in turn, then answers."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    calls = []
+
+    def call():
+        calls.append(1)
+        if len(calls) <= len(errors):
+            raise KafkaException(KafkaError(errors[len(calls) - 1]))
+        return result
+
+    return call, calls
+
+
+def test_a_broker_that_is_loading_its_groups_is_asked_again_until_it_answers():
+    from confluent_kafka import KafkaError
+
+    from deltadrain.kafka_offsets import patiently
+
+    call, calls = _flaky([KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError.NOT_COORDINATOR])
+    assert patiently(call, deadline_s=5, pause=0.01) == "answer" and len(calls) == 3
+
+
+def test_a_lasting_or_real_broker_error_is_raised_not_retried_forever():
+    from confluent_kafka import KafkaError, KafkaException
+
+    from deltadrain.kafka_offsets import patiently
+
+    call, calls = _flaky([KafkaError.GROUP_AUTHORIZATION_FAILED])
+    with pytest.raises(KafkaException, match="GROUP_AUTHORIZATION_FAILED|[Aa]uthoriz"):
+        patiently(call, deadline_s=5, pause=0.01)
+    assert len(calls) == 1  # not transient: raised at once
+    call, calls = _flaky([KafkaError.NOT_COORDINATOR] * 1000)
+    started = time.monotonic()
+    with pytest.raises(KafkaException):
+        patiently(call, deadline_s=0.3, pause=0.01)
+    assert 2 <= len(calls) < 1000 and time.monotonic() - started < 2  # gave up at the deadline
+
+
+def test_a_per_partition_error_in_a_committed_answer_is_raised():
+    from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
+    from deltadrain.kafka_offsets import _checked
+
+    ok = [TopicPartition("t", 0, 5)]
+    assert _checked(ok) == ok
+    bad = SimpleNamespace(topic="t", partition=1, offset=-1001, error=KafkaError(KafkaError.NOT_COORDINATOR))
+    with pytest.raises(KafkaException):
+        _checked([*ok, bad])
