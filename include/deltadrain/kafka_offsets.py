@@ -164,13 +164,16 @@ def watermarks(conf: dict, topic: str) -> dict[int, tuple[int, int]]:
     from confluent_kafka import Consumer, TopicPartition
 
     consumer = Consumer({**conf, "group.id": "deltadrain-watermarks", "enable.auto.commit": False})
-    try:
-        meta = patiently(lambda: consumer.list_topics(topic, timeout=TIMEOUT)).topics.get(topic)
+
+    def read() -> dict[int, tuple[int, int]]:
+        meta = consumer.list_topics(topic, timeout=TIMEOUT).topics.get(topic)
         if meta is None or meta.error is not None:
             raise OffsetError(f"topic '{topic}' is not available: {meta.error if meta else 'unknown topic'}")
-        return {p: patiently(lambda p=p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=TIMEOUT,
-                                                                        cached=False))
+        return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=TIMEOUT, cached=False)
                 for p in sorted(meta.partitions)}
+
+    try:
+        return patiently(read)  # one deadline for the whole answer, not one per partition
     finally:
         consumer.close()
 

@@ -48,11 +48,13 @@ def ensure_table(spark, path: str, schema, partition_by: list[str] = (), cluster
             raise
 
 
-def _snapshot(spark, path: str):
-    jvm = spark._jvm
-    log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
-    none = jvm.scala.Option.empty()
-    return log.update(False, none, none)
+def _delta_log(spark, path: str):
+    return spark._jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
+
+
+def _snapshot(spark, path: str, log=None):
+    none = spark._jvm.scala.Option.empty()
+    return (log or _delta_log(spark, path)).update(False, none, none)
 
 
 def table_version(spark, path: str) -> int | None:
@@ -80,17 +82,17 @@ def recent_commits(spark, path: str, limit: int = 100) -> list[dict]:
     commitInfo lives only in commit files, which log cleanup may remove; the answer stops at the
     first one missing, and callers must cope with an empty answer.
     """
-    jvm = spark._jvm
-    log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
-    latest = int(_snapshot(spark, path).version())
-    conf = log.newDeltaHadoopConf()
+    log = _delta_log(spark, path)
+    latest = int(_snapshot(spark, path, log).version())
+    conf, log_dir, store = log.newDeltaHadoopConf(), log.logPath(), log.store()
+    fs = log_dir.getFileSystem(conf)
     out = []
     for version in range(latest, max(latest - limit, -1), -1):
-        file = jvm.org.apache.hadoop.fs.Path(log.logPath(), f"{version:020d}.json")
-        if not file.getFileSystem(conf).exists(file):
+        file = spark._jvm.org.apache.hadoop.fs.Path(log_dir, f"{version:020d}.json")
+        if not fs.exists(file):
             break
         # Line by line: Delta writes commitInfo first, and one long string through py4j costs ~40 ms.
-        lines = log.store().read(file, conf)
+        lines = store.read(file, conf)
         info = next(filter(None, (commit_info(lines.apply(k)) for k in range(lines.length()))), None)
         if info is not None:
             out.append({"version": version, **info})
