@@ -35,6 +35,7 @@ from deltadrain.outcome import Outcome
 from deltadrain.paths import state_home
 from deltadrain.positions import merge_positions
 from deltadrain.secrets import credentials
+from deltadrain.stage import BatchStats, Staged, stage
 from deltadrain.transforms import identity, load_transform
 
 MAX_CULPRITS = 32  # beyond this many failing messages in one batch, fail the run instead of bisecting on
@@ -130,45 +131,14 @@ def transformed(rows, pipeline: PipelineConfig):
     return out
 
 
-@dataclass(frozen=True)
-class BatchStats:
-    """What `publish` must know about a batch before its MERGE. Under the identity transform the
-    source aggregates it over its claimed rows, with the counts it takes anyway; otherwise the
-    transform pass (`Drain._rows`) does, over the transformed rows."""
-
-    good: int  # rows to offer the MERGE
-    distinct: int  # distinct ids among them
-    lo: str | None  # their lowest and highest id
-    hi: str | None
-    bad: int | None  # rows for the DLQ; None when not counted yet
-
-    @classmethod
-    def of(cls, row) -> BatchStats:
-        bad = None if row._dd_bad is None else int(row._dd_bad)
-        return cls(int(row._dd_good or 0), int(row._dd_distinct or 0), row._dd_lo, row._dd_hi, bad)
-
-    @property
-    def id_range(self) -> tuple[str, str] | None:
-        return (self.lo, self.hi) if self.lo is not None else None
-
-    @property
-    def unique(self) -> bool:
-        """No id twice: the MERGE needs no in-batch dedup (a shuffle and sort)."""
-        return self.distinct == self.good
-
-
-def batch_stats_columns(id_field: str, claimed: bool = True) -> list:
-    """Aggregate columns for BatchStats.of. Over claimed rows, the good ones are those without an
-    error type and the dead letters are counted (gap markers count as neither); over transformed
-    rows every row is good."""
+def batch_stats_columns(id_field: str) -> list:
+    """Aggregate columns for BatchStats.of over transformed rows (every one of them is good; the
+    dead letters were counted by the staging)."""
     from pyspark.sql import functions as F
 
-    error = F.col("_dd_error_type")
-    good = error.isNull() if claimed else F.lit(True)
-    bad = (error.isNotNull() & (error != "gap")).cast("long") if claimed else F.lit(None).cast("long")
-    ids = F.when(good, F.col(f"`{id_field}`"))
-    return [F.sum(good.cast("long")).alias("_dd_good"), F.count_distinct(ids).alias("_dd_distinct"),
-            F.min(ids).alias("_dd_lo"), F.max(ids).alias("_dd_hi"), F.sum(bad).alias("_dd_bad")]
+    ids = F.col(f"`{id_field}`")
+    return [F.count("*").alias("_dd_good"), F.count_distinct(ids).alias("_dd_distinct"),
+            F.min(ids).alias("_dd_lo"), F.max(ids).alias("_dd_hi"), F.lit(None).cast("long").alias("_dd_bad")]
 
 
 def dedup_in_batch(df, id_field: str):
@@ -410,7 +380,7 @@ class Drain:
         rows = transformed(target_rows(good, self.pipeline, batch, self.run_id), self.pipeline)
         rows = rows.persist(StorageLevel.MEMORY_AND_DISK)
         try:
-            row = rows.agg(*batch_stats_columns(self.pipeline.payload_schema.id_field, claimed=False)).first()
+            row = rows.agg(*batch_stats_columns(self.pipeline.payload_schema.id_field)).first()
         except DrainError:
             raise
         except Exception as exc:
@@ -438,21 +408,16 @@ class ValkeyDrain(Drain):
         self.client = valkey_client(cfg, pipeline)
         self.ctx = claim_context(cfg, pipeline, self.consumer)
 
-    def claim(self, quotas: dict[str, int]):
-        """Claimed rows, staged to Parquet by exactly one Spark job: no later action can run a claim
+    def claim(self, quotas: dict[str, int]) -> Staged:
+        """Claim and stage the batch in exactly one Spark job: no later action can run a claim
         (XREADGROUP) a second time, whatever Spark recomputes."""
-        from pyspark.sql.pandas.types import to_arrow_schema
-
         ctx = self.ctx
         tasks = [(t.stream, t.quota, t.reclaim) for t in plan(quotas)]
-        schema = claim_schema(self.pipeline)
-        arrow_schema = to_arrow_schema(schema)
         # One claim task per Spark partition (parallelize keeps the slices), all tasks in parallel.
         task_df = self.spark.createDataFrame(self.spark.sparkContext.parallelize(tasks, len(tasks)),
                                              "stream string, quota long, reclaim boolean")
-        staged = str(self.scratch / "claimed")
-        task_df.mapInArrow(lambda batches: claim_arrow(batches, ctx, arrow_schema), schema).write.parquet(staged)
-        return self.spark.read.parquet(staged)
+        return stage(task_df, lambda batches, arrow_schema: claim_arrow(batches, ctx, arrow_schema),
+                     claim_schema(self.pipeline), self.pipeline.payload_schema.id_field, str(self.scratch / "claimed"))
 
     def settle_culprits(self, culprits):
         """Culprits out of retries become dead letters (returned); the others stay pending for
@@ -505,31 +470,19 @@ class ValkeyDrain(Drain):
         if sum(quotas.values()) == 0:
             s.batch, s.positions = expected, checkpoint.positions
             return
-        claimed = self.claim(quotas)
+        staged = self.claim(quotas)
         failpoints.hit("after_claim")
         failpoints.pause("after_claim")
 
         self._lap("claim")
-        per_partition = claimed.groupBy("_dd_partition").agg(
-            F.count("*").alias("n"), F.sum(F.col("_dd_reclaimed").cast("int")).alias("reclaimed"),
-            F.sum((F.col("_dd_error_type") == "gap").cast("int")).alias("gaps"),
-            F.min(F.when(F.col("_dd_error_type").isNull(), F.col("_dd_source_ts"))).alias("oldest"),
-            F.max_by("_dd_position", F.struct("_dd_pos_hi", "_dd_pos_lo")).alias("pos")).collect()
-        s.claimed = sum(r.n for r in per_partition)
-        s.reclaimed = sum(r.reclaimed or 0 for r in per_partition)
-        s.gaps = sum(r.gaps or 0 for r in per_partition)
+        s.claimed, s.reclaimed, s.gaps = staged.total.rows, staged.total.reclaimed, staged.total.gaps
         if s.claimed == 0:
             s.batch, s.positions = expected, checkpoint.positions
             return
-        s.positions = merge_positions(checkpoint.positions, {r._dd_partition: r.pos for r in per_partition})
-        oldest = min((r.oldest for r in per_partition if r.oldest is not None), default=None)
-        stats = None
-        if self.identity_transform:
-            # Ids are compared across partitions, so these counts are not per partition; reading two
-            # columns of the staged claim costs a fraction of a pass over the rows.
-            stats = BatchStats.of(claimed.agg(*batch_stats_columns(p.payload_schema.id_field)).first())
-
-        result, pending_culprits = self.publish(claimed, expected, oldest, stats)
+        s.positions = merge_positions(checkpoint.positions, staged.positions)
+        claimed = staged.rows(self.spark, claim_schema(p))
+        stats = staged.stats() if self.identity_transform else None
+        result, pending_culprits = self.publish(claimed, expected, staged.total.oldest, stats)
         if result.outcome in (Outcome.COMMITTED, Outcome.ALREADY_COMMITTED):
             failpoints.hit("after_commit")
             failpoints.pause("after_commit")

@@ -14,6 +14,7 @@ from datetime import datetime
 from deltadrain.claim import ClaimContext, Entries, _client, decoder_for, record_batch
 from deltadrain.connections import as_text
 from deltadrain.positions import StreamId
+from deltadrain.stage import stage
 
 READ_CHUNK = 5_000
 
@@ -96,11 +97,8 @@ def history_gaps(client, ranges: list[StreamRange]) -> list[dict]:
 
 def read_history(spark, ranges: list[StreamRange], ctx: ClaimContext, schema, staged: str):
     """The rows of `ranges`, read by one Spark task per range and staged to Parquet at `staged`."""
-    from pyspark.sql.pandas.types import to_arrow_schema
 
-    arrow_schema = to_arrow_schema(schema)
-
-    def body(batches):
+    def produce(batches, arrow_schema):
         decoder = decoder_for(ctx, arrow_schema)
         for batch in batches:
             for task in batch.to_pylist():
@@ -111,5 +109,4 @@ def read_history(spark, ranges: list[StreamRange], ctx: ClaimContext, schema, st
     tasks = [(r.stream, r.lo, r.hi, list(r.ids)) for r in ranges]
     task_df = spark.createDataFrame(spark.sparkContext.parallelize(tasks, max(1, len(tasks))),
                                     "stream string, lo string, hi string, ids array<string>")
-    task_df.mapInArrow(body, schema).write.mode("overwrite").parquet(staged)
-    return spark.read.parquet(staged)
+    return stage(task_df, produce, schema, ctx.id_field, staged).rows(spark, schema)

@@ -22,7 +22,7 @@ from deltadrain.claim import decoder_for
 from deltadrain.config import DeltadrainConfig, KafkaSource, PipelineConfig
 from deltadrain.connections import kafka_client_conf, kafka_spark_options
 from deltadrain.decode import BatchDecoder
-from deltadrain.drain import BatchStats, Drain, DrainError, batch_stats_columns, claim_schema
+from deltadrain.drain import Drain, DrainError, claim_schema
 from deltadrain.kafka_offsets import (
     OffsetError,
     attempts_so_far,
@@ -33,6 +33,7 @@ from deltadrain.kafka_offsets import (
     watermarks,
 )
 from deltadrain.outcome import Outcome
+from deltadrain.stage import Staged, stage
 
 TASK_OFFSETS = 100_000  # offsets per Spark task: a busy partition is read by several tasks
 TOMBSTONE = "tombstone: the record has a null value (a delete marker), there is no payload to ingest"
@@ -113,21 +114,12 @@ def offsets_json(topic: str, offsets: dict[int, int]) -> str:
 
 
 def read_ranges(spark, cfg: DeltadrainConfig, p: PipelineConfig, ranges: dict[int, tuple[int, int]],
-                attempts: dict[tuple[int, int], int], staged: str | None):
-    """Exactly `ranges` (end exclusive), decoded in the reading tasks. Drains, backfills and replays
-    read through here.
-
-    With `staged`, the rows are written to Parquet there by one Spark job, so that later steps never
-    go back to the broker. Without, they come back persisted (memory, then disk) and the caller's
-    first action reads them: a fixed offset range reads the same records every time, so a recomputed
-    partition (a lost executor) changes nothing, and the drain saves writing and reading Parquet."""
-    from pyspark import StorageLevel
-    from pyspark.sql.pandas.types import to_arrow_schema
-
+                attempts: dict[tuple[int, int], int], staged: str) -> Staged:
+    """Exactly `ranges` (end exclusive), decoded and staged to Parquet at `staged` by the reading
+    tasks, in one Spark job: later steps never go back to the broker. Drains, backfills and replays
+    read through here."""
     source: KafkaSource = p.source
     topic = source.topic
-    schema = claim_schema(p)
-    arrow_schema = to_arrow_schema(schema)
     ctx = DecodeContext(topic, dict(p.payload_schema.fields), p.payload_schema.id_field,
                         list(p.payload_schema.required), p.max_message_bytes, source.id_from,
                         source.id_header, attempts)
@@ -141,11 +133,8 @@ def read_ranges(spark, cfg: DeltadrainConfig, p: PipelineConfig, ranges: dict[in
           .load())
     columns = ["partition", "offset", "timestamp", "value"] + {"key": ["key"], "header": ["headers"]}.get(
         source.id_from, [])
-    decoded = df.select(*columns).mapInArrow(lambda batches: decode_arrow(batches, ctx, arrow_schema), schema)
-    if staged is None:
-        return decoded.persist(StorageLevel.MEMORY_AND_DISK)
-    decoded.write.parquet(staged)
-    return spark.read.parquet(staged)
+    return stage(df.select(*columns), lambda batches, arrow_schema: decode_arrow(batches, ctx, arrow_schema),
+                 claim_schema(p), p.payload_schema.id_field, staged)
 
 
 class KafkaDrain(Drain):
@@ -158,13 +147,8 @@ class KafkaDrain(Drain):
         self.source: KafkaSource = pipeline.source
         self.conf = kafka_client_conf(cfg, pipeline)
         self.retries: dict = {}  # the previous commit's retry record
-        self.claimed = None  # the read rows, persisted until the run ends
 
     # -- steps ------------------------------------------------------------------------------------
-
-    def read(self, ranges: dict[int, tuple[int, int]], attempts: dict[tuple[int, int], int]):
-        self.claimed = read_ranges(self.spark, self.cfg, self.pipeline, ranges, attempts, None)
-        return self.claimed
 
     def settle_culprits(self, culprits):
         """Culprits that used their last attempt become dead letters; the others hold their partition
@@ -204,8 +188,6 @@ class KafkaDrain(Drain):
     # -- the run ----------------------------------------------------------------------------------
 
     def _run(self) -> None:
-        from pyspark.sql import functions as F
-
         s, p = self.summary, self.pipeline
         checkpoint = read_checkpoint(self.spark, self.target, p.name, self.dlq)
         expected = checkpoint.batch
@@ -236,25 +218,20 @@ class KafkaDrain(Drain):
             self.acknowledge({}, {int(k): int(v) for k, v in positions.items()})
             return
         s.positions = plan.positions
-        claimed = self.read(plan.ranges, attempts_so_far(self.retries))
-        # This first action reads the ranges (and fills the persisted rows). Under the identity
-        # transform it also counts what the commit needs, so no later pass precedes the MERGE.
-        stats_columns = batch_stats_columns(p.payload_schema.id_field) if self.identity_transform else []
-        agg = claimed.agg(F.count("*").alias("n"),
-                          F.min(F.when(F.col("_dd_error_type").isNull(), F.col("_dd_source_ts"))).alias("oldest"),
-                          F.sum((F.col("_dd_attempts") > 1).cast("int")).alias("again"), *stats_columns).collect()[0]
+        staged = read_ranges(self.spark, self.cfg, p, plan.ranges, attempts_so_far(self.retries),
+                             str(self.scratch / "claimed"))
         failpoints.hit("after_claim")
         failpoints.pause("after_claim")
         self._lap("claim")
-        s.claimed, s.reclaimed = agg.n, agg.again or 0
+        s.claimed, s.reclaimed = staged.total.rows, staged.total.again
         if s.claimed == 0:  # offsets without records (transaction markers, compaction): nothing to write
             s.batch, s.positions = expected, positions
             return
         if self.retries:
             self.commit_extra.setdefault("retries", retry_record(self.retries, {}, s.positions))
 
-        result, _pending = self.publish(claimed, expected, agg.oldest,
-                                       BatchStats.of(agg) if stats_columns else None)
+        result, _pending = self.publish(staged.rows(self.spark, claim_schema(p)), expected, staged.total.oldest,
+                                        staged.stats() if self.identity_transform else None)
         if result.outcome not in (Outcome.COMMITTED, Outcome.ALREADY_COMMITTED):
             self.refuse(result, expected)  # nothing to release: a range is not a lease
             return
@@ -262,10 +239,6 @@ class KafkaDrain(Drain):
         failpoints.pause("after_commit")
         self.acknowledge(plan.ranges, {int(part): int(pos) for part, pos in s.positions.items()})
         self._lap("ack")
-
-    def _finish(self) -> None:
-        if self.claimed is not None:
-            self.claimed.unpersist()
 
     def acknowledge(self, ranges: dict[int, tuple[int, int]], offsets: dict[int, int]) -> None:
         """Group offsets = the committed checkpoint (never ahead of it). A failure here loses nothing:

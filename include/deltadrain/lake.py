@@ -44,7 +44,9 @@ def ensure_table(spark, path: str, schema, partition_by: list[str] = (), cluster
     try:
         builder.execute()
     except Exception as exc:
-        if not (is_conflict(exc) or "already exists" in str(exc).lower()) or not is_table(spark, path):
+        # The loser of a creation race: this session's cached view of the path still says "no table"
+        # (is_table), so ask the freshly read log whether the winner's table is there.
+        if not (is_conflict(exc) or "already exists" in str(exc).lower()) or _snapshot(spark, path).version() < 0:
             raise
 
 

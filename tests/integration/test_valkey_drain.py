@@ -93,6 +93,27 @@ def test_stream_ids_that_compare_wrongly_as_strings(tmp_path, cfg, spark):
     assert_exactly_once(spark, c, p, client, [m.key for m in msgs], 0)
 
 
+def test_times_before_1900_survive_the_staging(tmp_path, cfg, spark):
+    """The claim tasks stage rows with pyarrow; Spark must read them back unchanged, old timestamps
+    included (Spark refuses pre-1900 times from Parquet files it cannot date)."""
+    from datetime import UTC, datetime
+
+    _, c, p = make_pipeline(tmp_path, partitions=1)
+    client = valkey_client(c, p)
+    msgs = list(generate(p, 3, seed=8))
+    old = [json.loads(m.value) | {"event_time": t} for m, t in
+           zip(msgs, ["1850-03-01T12:00:00Z", "1582-10-04T00:00:00Z", "2026-11-23T04:30:00.123456Z"], strict=True)]
+    for payload in old:
+        client.xadd(p.source.streams[0], {b"data": json.dumps(payload).encode()})
+    s = drain(c, p, spark=spark)
+    assert (s.outcome, s.written, s.dead_lettered) == ("committed", 3, 0)
+    rows = {r.event_id: r for r in spark.read.format("delta").load(str(c.target_path(p))).collect()}
+    for payload in old:
+        row = rows[payload["event_id"]]
+        assert row.event_time.astimezone(UTC) == datetime.fromisoformat(payload["event_time"])
+        assert (row.amount, row.quantity, row.customer) == (payload["amount"], payload["quantity"], payload["customer"])
+
+
 def test_batch_cap_bounds_a_run_and_status_shows_the_lifecycle(tmp_path, cfg, spark):
     _, c, p = make_pipeline(tmp_path, batch_cap=400)
     client = valkey_client(c, p)

@@ -1,0 +1,228 @@
+"""Stage: the tasks that claim and decode a batch write its rows to Parquet, and report what they wrote.
+
+One Spark job per batch does the source's work (XAUTOCLAIM/XREADGROUP, a Kafka offset range, a
+history read), the decoding and the writing. Each task writes its rows with pyarrow (no row
+conversion and Parquet encoding in the JVM) and returns one small report per source partition:
+counts, the oldest source time, the highest position, the id range and 64-bit hashes of the ids.
+From those the driver knows the run summary, the positions and `BatchStats` without another pass
+over the rows, and the later steps read the staged files, never the source again (a claim must
+run exactly once).
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from deltadrain.positions import StreamId
+
+# Marks a staged file as written with the proleptic Gregorian calendar (as Spark 3+ writes). Spark
+# refuses to read dates before 1582 and timestamps before 1900 from a file without a writer version.
+SPARK_FILE_METADATA = {b"org.apache.spark.version": b"4.1.1"}
+
+
+@dataclass(frozen=True)
+class BatchStats:
+    """What `Drain.publish` must know about a batch before its MERGE. The staging reports give it
+    under the identity transform; otherwise the transform pass (`Drain._rows`) counts the
+    transformed rows."""
+
+    good: int  # rows to offer the MERGE
+    distinct: int  # distinct ids among them (a lower bound when counted by hash: see `unique`)
+    lo: str | None  # their lowest and highest id
+    hi: str | None
+    bad: int | None  # rows for the DLQ; None when not counted yet
+
+    @classmethod
+    def of(cls, row) -> BatchStats:
+        """From a Spark aggregate row (`drain.batch_stats_columns`)."""
+        bad = None if row._dd_bad is None else int(row._dd_bad)
+        return cls(int(row._dd_good or 0), int(row._dd_distinct or 0), row._dd_lo, row._dd_hi, bad)
+
+    @property
+    def id_range(self) -> tuple[str, str] | None:
+        return (self.lo, self.hi) if self.lo is not None else None
+
+    @property
+    def unique(self) -> bool:
+        """No id twice: the MERGE needs no in-batch dedup (a shuffle and sort). Distinct hashes mean
+        distinct ids; a hash collision only costs a dedup that was not needed."""
+        return self.distinct == self.good
+
+
+def id_hashes(ids) -> bytes:
+    """Stable 64-bit hashes of an Arrow array of ids (the same in every Python worker, unlike
+    Python's own salted hash)."""
+    import numpy as np
+    import pandas as pd
+
+    if len(ids) == 0:
+        return b""
+    return pd.util.hash_array(ids.to_numpy(zero_copy_only=False)).astype(np.uint64).tobytes()
+
+
+@dataclass
+class Tally:
+    """One source partition's rows in one task (or, summed, in the whole batch)."""
+
+    rows: int = 0
+    reclaimed: int = 0  # Valkey: taken over with XAUTOCLAIM
+    again: int = 0  # delivered or read before (attempts > 1)
+    gaps: int = 0  # markers of entries deleted before they were read
+    bad: int = 0  # rows for the DLQ
+    good: int = 0
+    oldest: datetime | None = None  # of the good rows
+    pos: StreamId | None = None  # highest position, gap markers included
+    id_lo: str | None = None
+    id_hi: str | None = None
+    hashes: list = field(default_factory=list)  # bytes of uint64 hashes of the good rows' ids
+
+    def add(self, other: Tally) -> None:
+        self.rows += other.rows
+        self.reclaimed += other.reclaimed
+        self.again += other.again
+        self.gaps += other.gaps
+        self.bad += other.bad
+        self.good += other.good
+        self.oldest = _least(self.oldest, other.oldest)
+        self.pos = _greatest(self.pos, other.pos)
+        self.id_lo = _least(self.id_lo, other.id_lo)
+        self.id_hi = _greatest(self.id_hi, other.id_hi)
+        self.hashes += other.hashes
+
+
+def _least(a, b):
+    return b if a is None else a if b is None else min(a, b)
+
+
+def _greatest(a, b):
+    return b if a is None else a if b is None else max(a, b)
+
+
+def tally(batch, id_field: str) -> Iterator[tuple[str, Tally]]:
+    """(partition, Tally) for each source partition in one record batch of the claim schema."""
+    import pyarrow.compute as pc
+
+    parts = batch.column("_dd_partition")
+    values = pc.unique(parts).to_pylist()
+    for value in values:
+        sub = batch if len(values) == 1 else batch.filter(pc.equal(parts, value))
+        error = sub.column("_dd_error_type")
+        good = pc.is_null(error)
+        gaps = pc.fill_null(pc.equal(error, "gap"), False).true_count
+        ids = pc.drop_null(pc.filter(sub.column(id_field), good))
+        his = sub.column("_dd_pos_hi")
+        top = pc.max(his).as_py()
+        t = Tally(rows=sub.num_rows, reclaimed=pc.fill_null(sub.column("_dd_reclaimed"), False).true_count,
+                  again=pc.fill_null(pc.greater(sub.column("_dd_attempts"), 1), False).true_count, gaps=gaps,
+                  good=good.true_count, bad=sub.num_rows - good.true_count - gaps,
+                  oldest=pc.min(pc.filter(sub.column("_dd_source_ts"), good)).as_py(),
+                  pos=StreamId(top, pc.max(pc.filter(sub.column("_dd_pos_lo"), pc.equal(his, top))).as_py()),
+                  hashes=[id_hashes(ids)])
+        if len(ids):
+            bounds = pc.min_max(ids).as_py()
+            t.id_lo, t.id_hi = bounds["min"], bounds["max"]
+        yield value, t
+
+
+def write_and_report(batches: Iterable, directory: str, arrow_schema, id_field: str) -> Iterator:
+    """Executor side: write the claim record batches to one Parquet file in `directory` and yield
+    one report row (`report_arrow_schema`) per source partition. The file is renamed into place
+    only when complete; a failed task attempt's file is never named in a report, so never read."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    tallies: dict[str, Tally] = {}
+    writer, path = None, None
+    try:
+        for batch in batches:
+            if batch.num_rows == 0:
+                continue
+            if writer is None:
+                os.makedirs(directory, exist_ok=True)
+                path = os.path.join(directory, f"part-{uuid.uuid4().hex}.parquet")
+                writer = pq.ParquetWriter(path + ".tmp", arrow_schema.with_metadata(SPARK_FILE_METADATA))
+            writer.write_batch(batch)
+            for part, t in tally(batch, id_field):
+                tallies.setdefault(part, Tally()).add(t)
+    finally:
+        if writer is not None:
+            writer.close()
+    if path is None:
+        return
+    os.replace(path + ".tmp", path)
+    rows = [{"file": path, "partition": part, "rows": t.rows, "reclaimed": t.reclaimed, "again": t.again,
+             "gaps": t.gaps, "bad": t.bad, "good": t.good, "oldest": t.oldest,
+             "pos_hi": t.pos.ms if t.pos else None, "pos_lo": t.pos.seq if t.pos else None,
+             "id_lo": t.id_lo, "id_hi": t.id_hi, "id_hashes": b"".join(t.hashes)} for part, t in tallies.items()]
+    yield pa.RecordBatch.from_pylist(rows, schema=report_arrow_schema())
+
+
+def report_arrow_schema():
+    """What a task reports per source partition (Spark's schema for it is derived from this one)."""
+    import pyarrow as pa
+
+    return pa.schema([("file", pa.string()), ("partition", pa.string()), ("rows", pa.int64()),
+                      ("reclaimed", pa.int64()), ("again", pa.int64()), ("gaps", pa.int64()), ("bad", pa.int64()),
+                      ("good", pa.int64()), ("oldest", pa.timestamp("us", tz="UTC")), ("pos_hi", pa.int64()),
+                      ("pos_lo", pa.int64()), ("id_lo", pa.string()), ("id_hi", pa.string()),
+                      ("id_hashes", pa.binary())])
+
+
+@dataclass
+class Staged:
+    """A staged batch: its files, what each source partition holds, and the batch's totals."""
+
+    files: list[str]
+    partitions: dict[str, Tally]
+    total: Tally
+
+    @classmethod
+    def of(cls, reports: Iterable) -> Staged:
+        """Sum the task reports (Spark rows, or anything with the report's fields as attributes)."""
+        files: set[str] = set()
+        partitions: dict[str, Tally] = {}
+        for r in reports:
+            files.add(r.file)
+            pos = StreamId(r.pos_hi, r.pos_lo) if r.pos_hi is not None else None
+            t = Tally(rows=r.rows, reclaimed=r.reclaimed, again=r.again, gaps=r.gaps, bad=r.bad, good=r.good,
+                      oldest=r.oldest, pos=pos, id_lo=r.id_lo, id_hi=r.id_hi, hashes=[bytes(r.id_hashes or b"")])
+            partitions.setdefault(r.partition, Tally()).add(t)
+        total = Tally()
+        for t in partitions.values():
+            total.add(t)
+        return cls(sorted(files), partitions, total)
+
+    @property
+    def positions(self) -> dict[str, str]:
+        """Per partition, the highest position staged."""
+        return {part: str(t.pos) for part, t in self.partitions.items() if t.pos is not None}
+
+    def stats(self) -> BatchStats:
+        import numpy as np
+
+        hashes = np.frombuffer(b"".join(self.total.hashes), dtype=np.uint64)
+        return BatchStats(self.total.good, int(np.unique(hashes).size), self.total.id_lo, self.total.id_hi,
+                          self.total.bad)
+
+    def rows(self, spark, schema):
+        """The staged rows (claim schema) as a DataFrame."""
+        if not self.files:
+            return spark.createDataFrame([], schema)
+        return spark.read.schema(schema).parquet(*self.files)
+
+
+def stage(tasks, produce, schema, id_field: str, directory: str) -> Staged:
+    """Run `produce` (input record batches -> claim record batches; a mapInArrow body) over the
+    `tasks` DataFrame in one Spark job whose tasks stage their rows in `directory`."""
+    from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
+
+    arrow_schema = to_arrow_schema(schema)
+
+    def body(batches):
+        yield from write_and_report(produce(batches, arrow_schema), directory, arrow_schema, id_field)
+
+    return Staged.of(tasks.mapInArrow(body, from_arrow_schema(report_arrow_schema())).collect())
