@@ -19,10 +19,6 @@ from datetime import datetime
 
 from deltadrain.positions import StreamId
 
-# Marks a staged file as written with the proleptic Gregorian calendar (as Spark 3+ writes). Spark
-# refuses to read dates before 1582 and timestamps before 1900 from a file without a writer version.
-SPARK_FILE_METADATA = {b"org.apache.spark.version": b"4.1.1"}
-
 
 @dataclass(frozen=True)
 class BatchStats:
@@ -144,7 +140,7 @@ def write_and_report(batches: Iterable, directory: str, arrow_schema, id_field: 
             if writer is None:
                 os.makedirs(directory, exist_ok=True)
                 path = os.path.join(directory, f"part-{uuid.uuid4().hex}.parquet")
-                writer = pq.ParquetWriter(path + ".tmp", arrow_schema.with_metadata(SPARK_FILE_METADATA))
+                writer = pq.ParquetWriter(path + ".tmp", arrow_schema)
             writer.write_batch(batch)
             for part, t in tally(batch, id_field):
                 tallies.setdefault(part, Tally()).add(t)

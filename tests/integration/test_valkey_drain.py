@@ -94,8 +94,8 @@ def test_stream_ids_that_compare_wrongly_as_strings(tmp_path, cfg, spark):
 
 
 def test_times_before_1900_survive_the_staging(tmp_path, cfg, spark):
-    """The claim tasks stage rows with pyarrow; Spark must read them back unchanged, old timestamps
-    included (Spark refuses pre-1900 times from Parquet files it cannot date)."""
+    """The claim tasks stage rows with pyarrow; Spark must read them back unchanged, times before the
+    Gregorian switch and before 1900 (where Spark's calendar rebasing could shift them) included."""
     from datetime import UTC, datetime
 
     _, c, p = make_pipeline(tmp_path, partitions=1)
