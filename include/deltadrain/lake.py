@@ -29,10 +29,14 @@ def is_table(spark, path: str) -> bool:
 
 def ensure_table(spark, path: str, schema, partition_by: list[str] = (), cluster_by: list[str] = (),
                  properties: dict[str, str] | None = None) -> None:
-    """Create the table if it is missing; two creators racing is fine (the loser sees the winner's)."""
+    """Create the table if it is missing; two creators racing is fine (the loser takes the winner's).
+
+    Existence is read from the log itself, not from this session's cached view of the path (what
+    `is_table` answers): a table another process created since is not in that view, and the
+    builder's own lookup fails on it with DELTA_TABLE_NOT_FOUND. Reading the log refreshes the view."""
     from delta.tables import DeltaTable
 
-    if is_table(spark, path):
+    if _exists(spark, path):
         return
     builder = DeltaTable.createIfNotExists(spark).location(path).addColumns(schema)
     if partition_by:
@@ -43,10 +47,10 @@ def ensure_table(spark, path: str, schema, partition_by: list[str] = (), cluster
         builder = builder.property(key, value)
     try:
         builder.execute()
-    except Exception as exc:
-        # The loser of a creation race: this session's cached view of the path still says "no table"
-        # (is_table), so ask the freshly read log whether the winner's table is there.
-        if not (is_conflict(exc) or "already exists" in str(exc).lower()) or _snapshot(spark, path).version() < 0:
+    except Exception:
+        # Lost a creation race (ProtocolChangedException, or the lookup above): the winner's table
+        # is there. Anything else leaves no table, and is raised.
+        if not _exists(spark, path):
             raise
 
 
@@ -57,6 +61,10 @@ def _delta_log(spark, path: str):
 def _snapshot(spark, path: str, log=None):
     none = spark._jvm.scala.Option.empty()
     return (log or _delta_log(spark, path)).update(False, none, none)
+
+
+def _exists(spark, path: str) -> bool:
+    return int(_snapshot(spark, path).version()) >= 0
 
 
 def table_version(spark, path: str) -> int | None:

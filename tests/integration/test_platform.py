@@ -47,6 +47,25 @@ def test_delta_merge_with_set_transaction_in_the_project_session(spark, tmp_path
                                                        for k, v in a["txn"].items() if k != "lastUpdated"} == {"appId": "platform-test", "version": 1}
 
 
+def test_a_table_another_process_created_meanwhile_is_taken_as_it_is(spark, tmp_path):
+    """A table another process created after this session cached "no table" at the path (here
+    delta-rs; in the stale-run test a second drain) is taken as it is: not re-created, not
+    replaced, no error. (The simultaneous race itself is timing-bound; the stale-run and
+    concurrent-drain tests meet it.)"""
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    from deltadrain.lake import _snapshot, ensure_table, is_table, table_version
+
+    path = str(tmp_path / "raced")
+    assert _snapshot(spark, path).version() == -1  # as a drain's checkpoint read: the session caches "no table"
+    write_deltalake(path, pa.table({"id": pa.array([7], pa.int64())}))
+    assert not is_table(spark, path)  # still cached: the trap
+    ensure_table(spark, path, spark.range(1).schema)
+    assert table_version(spark, path) == 0
+    assert [r.id for r in spark.read.format("delta").load(path).collect()] == [7]
+
+
 def test_valkey_xadd_xreadgroup_xack_roundtrip_with_aof(valkey_server, cfg):
     from deltadrain.connections import valkey_client
 
