@@ -480,7 +480,7 @@ class ValkeyDrain(Drain):
             s.batch, s.positions = expected, checkpoint.positions
             return
         s.positions = merge_positions(checkpoint.positions, staged.positions)
-        claimed = staged.rows(self.spark, claim_schema(p))
+        claimed = staged.rows(self.spark)
         stats = staged.stats() if self.identity_transform else None
         result, pending_culprits = self.publish(claimed, expected, staged.total.oldest, stats)
         if result.outcome in (Outcome.COMMITTED, Outcome.ALREADY_COMMITTED):

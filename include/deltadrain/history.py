@@ -109,4 +109,4 @@ def read_history(spark, ranges: list[StreamRange], ctx: ClaimContext, schema, st
     tasks = [(r.stream, r.lo, r.hi, list(r.ids)) for r in ranges]
     task_df = spark.createDataFrame(spark.sparkContext.parallelize(tasks, max(1, len(tasks))),
                                     "stream string, lo string, hi string, ids array<string>")
-    return stage(task_df, produce, schema, ctx.id_field, staged).rows(spark, schema)
+    return stage(task_df, produce, schema, ctx.id_field, staged).rows(spark)

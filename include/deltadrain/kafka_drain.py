@@ -230,7 +230,7 @@ class KafkaDrain(Drain):
         if self.retries:
             self.commit_extra.setdefault("retries", retry_record(self.retries, {}, s.positions))
 
-        result, _pending = self.publish(staged.rows(self.spark, claim_schema(p)), expected, staged.total.oldest,
+        result, _pending = self.publish(staged.rows(self.spark), expected, staged.total.oldest,
                                         staged.stats() if self.identity_transform else None)
         if result.outcome not in (Outcome.COMMITTED, Outcome.ALREADY_COMMITTED):
             self.refuse(result, expected)  # nothing to release: a range is not a lease

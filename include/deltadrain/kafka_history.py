@@ -55,7 +55,7 @@ def kafka_interval_rows(spark, cfg: DeltadrainConfig, pipeline: PipelineConfig, 
     if not ranges:
         return spark.createDataFrame([], _schema(pipeline)), gaps
     staged = read_ranges(spark, cfg, pipeline, ranges, {}, f"{scratch}/history")
-    return staged.rows(spark, _schema(pipeline)), gaps
+    return staged.rows(spark), gaps
 
 
 def kafka_offset_rows(spark, cfg: DeltadrainConfig, pipeline: PipelineConfig, picks: list[tuple[str, int]],
@@ -74,7 +74,7 @@ def kafka_offset_rows(spark, cfg: DeltadrainConfig, pipeline: PipelineConfig, pi
             ranges[p] = (min(lo, offset), max(hi, offset + 1))
     if not ranges:
         return spark.createDataFrame([], _schema(pipeline))
-    rows = read_ranges(spark, cfg, pipeline, ranges, {}, staged).rows(spark, _schema(pipeline))
+    rows = read_ranges(spark, cfg, pipeline, ranges, {}, staged).rows(spark)
     wanted = spark.createDataFrame([(str(p), str(o)) for p, o in picks], "_dd_partition string, _dd_position string")
     return rows.join(F.broadcast(wanted), ["_dd_partition", "_dd_position"], "left_semi")
 

@@ -175,6 +175,7 @@ class Staged:
     files: list[str]
     partitions: dict[str, Tally]
     total: Tally
+    schema: object = None  # the Spark schema the rows were staged with (claim schema)
 
     @classmethod
     def of(cls, reports: Iterable) -> Staged:
@@ -204,11 +205,11 @@ class Staged:
         return BatchStats(self.total.good, int(np.unique(hashes).size), self.total.id_lo, self.total.id_hi,
                           self.total.bad)
 
-    def rows(self, spark, schema):
-        """The staged rows (claim schema) as a DataFrame."""
+    def rows(self, spark):
+        """The staged rows as a DataFrame of the schema they were staged with."""
         if not self.files:
-            return spark.createDataFrame([], schema)
-        return spark.read.schema(schema).parquet(*self.files)
+            return spark.createDataFrame([], self.schema)
+        return spark.read.schema(self.schema).parquet(*self.files)
 
 
 def stage(tasks, produce, schema, id_field: str, directory: str) -> Staged:
@@ -221,4 +222,6 @@ def stage(tasks, produce, schema, id_field: str, directory: str) -> Staged:
     def body(batches):
         yield from write_and_report(produce(batches, arrow_schema), directory, arrow_schema, id_field)
 
-    return Staged.of(tasks.mapInArrow(body, from_arrow_schema(report_arrow_schema())).collect())
+    staged = Staged.of(tasks.mapInArrow(body, from_arrow_schema(report_arrow_schema())).collect())
+    staged.schema = schema
+    return staged
