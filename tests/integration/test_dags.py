@@ -192,3 +192,27 @@ def test_replay_dag_refuses_bad_params_with_a_clear_message(pipeline_dags):
     run = run_dag(REPLAY_DAG, bad)
     assert run["states"] == {"validate": "failed", "replay": "upstream_failed"}, run["log"][-3000:]
     assert "time range is inverted" in run["log"]
+
+
+def test_an_airflow_cli_call_waits_for_a_busy_metadata_db_instead_of_failing(airflow_db):
+    """The scheduler and a CLI call (`airflow backfill create` in the end-to-end test) share one SQLite
+    file; a writer holding it longer than SQLite's default 5 s must not fail the other one."""
+    import sqlite3
+    import time
+    from pathlib import Path
+
+    airflow = str(Path(sys.executable).parent / "airflow")
+    holder = sqlite3.connect(Path(airflow_db) / "airflow.db", isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # the write lock, as a scheduler loop holds it
+    try:
+        call = subprocess.Popen([airflow, "pools", "set", "deltadrain_lock_probe", "1", "waits for the lock"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(15)  # CLI start-up (a few seconds) plus well over the 5 s it used to wait
+        assert call.poll() is None, call.communicate()  # still waiting, not failed
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    out, err = call.communicate(timeout=120)
+    assert call.returncode == 0, err[-2000:]
+    with sqlite3.connect(Path(airflow_db) / "airflow.db") as db:
+        assert db.execute("SELECT slots FROM slot_pool WHERE pool = 'deltadrain_lock_probe'").fetchall() == [(1,)]

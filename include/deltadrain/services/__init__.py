@@ -226,6 +226,10 @@ def airflow_env(cfg: DeltadrainConfig) -> dict[str, str]:
         env["AIRFLOW_CONN_SPARK_DEFAULT"] = json.dumps({"conn_type": "spark", "host": "local[*]"})
     if "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN" not in os.environ:
         env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = f"sqlite:///{home / 'airflow.db'}"
+        # Wait for another process's write lock instead of failing after SQLite's 5 s.
+        for key in ("AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS", "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS_ASYNC"):
+            if key not in os.environ:
+                env[key] = "deltadrain.services.airflow_db.SQLITE_CONNECT_ARGS"
     return env
 
 
