@@ -4,6 +4,12 @@ The MERGE is insert-only and carries the SetTransaction (appId = pipeline, versi
 the positions as commit metadata. Its condition adds a window on the source time so that the
 rows a MERGE must read do not grow with the table: a redelivered message keeps its position and
 so its source time, and a business id repeated later is caught within `dedup_window`.
+
+A batch that finds no table creates it (`NewTable`): its rows are appended as the table's first
+commit, version 0, with the same txn and metadata. That is the MERGE's effect on an empty table,
+without a commit that only creates it and without a cold MERGE. Only one writer can commit
+version 0, so a creator that loses the race (another drain, a backfill) gets a conflict and
+MERGEs into the winner's table instead: nothing can be appended on top of rows it did not see.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ from datetime import datetime
 
 from deltadrain import failpoints
 from deltadrain.checkpoint import find_commit
-from deltadrain.lake import is_conflict, snapshot_txn, table_version
+from deltadrain.lake import exists, inserted_rows, is_conflict, snapshot_txn, table_version
 from deltadrain.outcome import Outcome, decide
 
 TXN_APP = "spark.databricks.delta.write.txnAppId"
@@ -30,6 +36,16 @@ class CommitResult:
     table_version: int | None
     inserted: int
     conflict: str | None = None
+
+
+@dataclass(frozen=True)
+class NewTable:
+    """The layout a batch that finds no target table creates it with."""
+    partition_by: tuple[str, ...] = ()
+
+
+# Delta's answer to an append in "error if exists" mode that found a table: someone created it first.
+PATH_EXISTS = "DELTA_PATH_EXISTS"
 
 
 def merge_condition(id_field: str, window_start: datetime | None, id_range: tuple[str, str] | None = None):
@@ -54,7 +70,10 @@ def _landed(spark, path: str, pipeline: str, batch: int, run_id: str) -> bool:
 
 
 def commit_batch(spark, path: str, *, pipeline: str, expected_batch: int, run_id: str, rows, id_field: str,
-                 window_start: datetime | None, metadata: str, id_range: tuple[str, str] | None = None) -> CommitResult:
+                 window_start: datetime | None, metadata: str, id_range: tuple[str, str] | None = None,
+                 create: NewTable | None = None) -> CommitResult:
+    """Commit batch `expected_batch + 1`: MERGE `rows`, or create the table with them when `create`
+    is given and there is none. Conflicts with writers that did not move the batch are retried."""
     from delta.tables import DeltaTable
 
     target = expected_batch + 1
@@ -64,17 +83,30 @@ def commit_batch(spark, path: str, *, pipeline: str, expected_batch: int, run_id
     spark.conf.set(TXN_APP, pipeline)
     spark.conf.set(TXN_VERSION, str(target))
     spark.conf.set(USER_METADATA, metadata)
+    creating = False
     try:
         for attempt in range(CONFLICT_RETRIES + 1):
             try:
                 failpoints.hit_later("during_merge")
-                (DeltaTable.forPath(spark, path).alias("t")
-                 .merge(rows.alias("s"), merge_condition(id_field, window_start, id_range))
-                 .whenNotMatchedInsertAll().execute())
+                creating = create is not None and not exists(spark, path)
+                if creating:
+                    # "errorifexists": a table created since the check fails this write (DELTA_PATH_EXISTS),
+                    # one created during it fails its commit (a conflict); both end in the MERGE below.
+                    (rows.write.format("delta").mode("errorifexists").partitionBy(*create.partition_by)
+                     .option("txnAppId", pipeline).option("txnVersion", target).option("userMetadata", metadata)
+                     .save(path))
+                else:
+                    (DeltaTable.forPath(spark, path).alias("t")
+                     .merge(rows.alias("s"), merge_condition(id_field, window_start, id_range))
+                     .whenNotMatchedInsertAll().execute())
                 failpoints.fail("after_merge")  # tests: the commit landed but its reply was lost
                 break
             except Exception as exc:
-                if is_conflict(exc):
+                # Delta raises a conflict before it writes; any other error may come after our commit
+                # landed (a lost reply), and only then may a table found after a creation be ours.
+                landed = not is_conflict(exc) and _landed(spark, path, pipeline, target, run_id)
+                lost_creation = creating and not landed and (PATH_EXISTS in str(exc) or exists(spark, path))
+                if is_conflict(exc) or lost_creation:
                     conflict = type(exc).__name__ + ": " + str(exc).splitlines()[0][:300]
                     # A writer that did not move this pipeline's batch (a backfill, a quarantine,
                     # OPTIMIZE) only made us re-read: try again. A neighbour's batch is final.
@@ -83,7 +115,7 @@ def commit_batch(spark, path: str, *, pipeline: str, expected_batch: int, run_id
                         conflict = None
                         time.sleep(0.5 * (attempt + 1))
                         continue
-                elif _landed(spark, path, pipeline, target, run_id):
+                elif landed:
                     lost_reply = True  # the error came after the commit landed; the table decides below
                 else:
                     raise
@@ -102,5 +134,5 @@ def commit_batch(spark, path: str, *, pipeline: str, expected_batch: int, run_id
     # "Already committed": the batch is ours, but this call did not see it land (its reply was lost).
     wrote_now = ours and not lost_reply and (version_before is None or commit["version"] > version_before)
     outcome = decide(expected_batch, observed, ours, wrote_now)
-    inserted = int(commit["metrics"].get("numTargetRowsInserted", 0)) if ours else 0
+    inserted = inserted_rows(commit["metrics"]) if ours else 0
     return CommitResult(outcome, observed, version, inserted, conflict)

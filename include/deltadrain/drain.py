@@ -23,7 +23,7 @@ from deltadrain import failpoints
 from deltadrain.acknowledge import acknowledge, release
 from deltadrain.checkpoint import META_COLUMNS, commit_metadata, read_checkpoint
 from deltadrain.claim import ClaimContext, allocate, claim_arrow, failure_field, plan
-from deltadrain.commit import commit_batch
+from deltadrain.commit import NewTable, commit_batch
 from deltadrain.config import DeltadrainConfig, PipelineConfig, ValkeySource
 from deltadrain.connections import as_text, group_counts, valkey_client, valkey_url
 from deltadrain.deadletter import DEAD, write_dead_letters
@@ -320,7 +320,11 @@ class Drain:
         s, p = self.summary, self.pipeline
         batch = expected + 1
         good, bad = split_claimed(claimed)
-        ensure_target(self.spark, self.target, p, good.schema, self.run_id)
+        # A missing table is created by this batch's commit (`NewTable`); a clustered one first by
+        # the table builder, which declares its clustering.
+        create = None if p.target.cluster_by else NewTable(tuple(p.target.partition_by))
+        if create is None:
+            ensure_target(self.spark, self.target, p, good.schema, self.run_id)
 
         pending_culprits: list[tuple[str, str]] = []
         if stats is None:
@@ -353,7 +357,7 @@ class Drain:
                               rows=rows if stats.unique else dedup_in_batch(rows, p.payload_schema.id_field),
                               id_field=p.payload_schema.id_field,
                               window_start=(oldest - p.dedup_window) if oldest is not None else None, metadata=meta,
-                              id_range=stats.id_range)
+                              id_range=stats.id_range, create=create)
         rows.unpersist()
         self._lap("commit")
         s.outcome = result.outcome.value

@@ -27,31 +27,47 @@ def is_table(spark, path: str) -> bool:
     return DeltaTable.isDeltaTable(spark, path)
 
 
+CREATE_ATTEMPTS = 5
+
+
 def ensure_table(spark, path: str, schema, partition_by: list[str] = (), cluster_by: list[str] = (),
                  properties: dict[str, str] | None = None) -> None:
     """Create the table if it is missing; two creators racing is fine (the loser takes the winner's).
 
-    Existence is read from the log itself, not from this session's cached view of the path (what
-    `is_table` answers): a table another process created since is not in that view, and the
-    builder's own lookup fails on it with DELTA_TABLE_NOT_FOUND. Reading the log refreshes the view."""
+    Existence is read from the log itself (`exists`), never from this session's cached view of the
+    path. While another process creates the table, its `_delta_log` directory exists before its
+    first commit does; Delta's table builder takes such a directory for a table and fails with
+    DELTA_TABLE_NOT_FOUND, and so it would forever after a creator that died there. So a plain
+    table is created by writing no rows in "error if exists" mode, which goes by the commits; the
+    builder is used only for what a write cannot declare (clustering, properties), and waits for
+    a creator under way."""
     from delta.tables import DeltaTable
 
-    if _exists(spark, path):
-        return
-    builder = DeltaTable.createIfNotExists(spark).location(path).addColumns(schema)
-    if partition_by:
-        builder = builder.partitionedBy(*partition_by)
-    if cluster_by:
-        builder = builder.clusterBy(*cluster_by)
-    for key, value in (properties or {}).items():
-        builder = builder.property(key, value)
-    try:
-        builder.execute()
-    except Exception:
-        # Lost a creation race (ProtocolChangedException, or the lookup above): the winner's table
-        # is there. Anything else leaves no table, and is raised.
-        if not _exists(spark, path):
-            raise
+    for attempt in range(CREATE_ATTEMPTS):
+        if exists(spark, path):
+            return
+        try:
+            if cluster_by or properties:
+                builder = DeltaTable.createIfNotExists(spark).location(path).addColumns(schema)
+                if partition_by:
+                    builder = builder.partitionedBy(*partition_by)
+                if cluster_by:
+                    builder = builder.clusterBy(*cluster_by)
+                for key, value in (properties or {}).items():
+                    builder = builder.property(key, value)
+                builder.execute()
+            else:
+                (spark.createDataFrame([], schema).write.format("delta").mode("errorifexists")
+                 .partitionBy(*partition_by).save(path))
+            return
+        except Exception:
+            # Lost a creation race (DELTA_PATH_EXISTS, a conflict on version 0): the winner's table
+            # is there. Or a creation is under way: its first commit lands soon. Else, raised.
+            if exists(spark, path):
+                return
+            if attempt == CREATE_ATTEMPTS - 1:
+                raise
+            time.sleep(0.5 * (attempt + 1))
 
 
 def _delta_log(spark, path: str):
@@ -63,8 +79,15 @@ def _snapshot(spark, path: str, log=None):
     return (log or _delta_log(spark, path)).update(False, none, none)
 
 
-def _exists(spark, path: str) -> bool:
+def exists(spark, path: str) -> bool:
+    """Whether a table is at `path` now, read from its log (this session's cached view may be stale)."""
     return int(_snapshot(spark, path).version()) >= 0
+
+
+def inserted_rows(metrics: dict) -> int:
+    """Rows a batch commit inserted: a MERGE's numTargetRowsInserted, or numOutputRows of the append
+    that created the table with its first batch."""
+    return int(metrics.get("numTargetRowsInserted", metrics.get("numOutputRows", 0)))
 
 
 def table_version(spark, path: str) -> int | None:

@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 
 from deltadrain.config import DeltadrainConfig, PipelineConfig
 from deltadrain.deadletter import DEAD, REPLAYED
+from deltadrain.lake import inserted_rows
 from deltadrain.metrics import metrics_path
 
 PREVIEW_BYTES = 120
@@ -145,5 +146,5 @@ def last_commit(cfg: DeltadrainConfig, pipeline: PipelineConfig, search: int = 2
             return {"batch": meta["batch"], "run_id": meta.get("run_id"), "positions": meta.get("positions") or {},
                     "table_version": commit.get("version"),
                     "at": datetime.fromtimestamp(commit["timestamp"] / 1000, UTC) if commit.get("timestamp") else None,
-                    "written": int(metrics.get("numTargetRowsInserted", 0))}
+                    "written": inserted_rows(metrics)}
     return None

@@ -6,7 +6,7 @@ from deltadrain.checkpoint import read_checkpoint
 from deltadrain.config import DeltadrainConfig, KafkaSource, PipelineConfig, ValkeySource
 from deltadrain.connections import as_text, group_counts, kafka_client_conf, valkey_client
 from deltadrain.deadletter import DEAD, REPLAYED
-from deltadrain.lake import is_table, recent_commits
+from deltadrain.lake import inserted_rows, is_table, recent_commits
 from deltadrain.metrics import last_runs
 
 
@@ -92,7 +92,7 @@ def pipeline_status(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark) -> d
             if meta.get("pipeline") == pipeline.name and isinstance(meta.get("batch"), int):
                 out["last_batch"] = {"batch": meta.get("batch"), "run_id": meta.get("run_id"),
                                      "table_version": commit["version"], "at": commit["timestamp"],
-                                     "written": int(commit["metrics"].get("numTargetRowsInserted", 0)),
+                                     "written": inserted_rows(commit["metrics"]),
                                      "claimed": meta.get("claimed"), "dead_lettered": meta.get("dead_lettered")}
                 break
     out["last_runs"] = last_runs(spark, cfg, pipeline, 5)

@@ -66,6 +66,34 @@ def test_a_table_another_process_created_meanwhile_is_taken_as_it_is(spark, tmp_
     assert [r.id for r in spark.read.format("delta").load(path).collect()] == [7]
 
 
+def test_a_creation_under_way_or_abandoned_does_not_fail_table_creation(spark, tmp_path):
+    """Another creator's `_delta_log` directory exists before its first commit, and stays if that
+    creator died: Delta's table builder fails on it with DELTA_TABLE_NOT_FOUND (the stale-run test
+    met this in CI). A plain table is created all the same; a clustered one, which only the builder
+    can declare, waits for the creator under way and takes its table."""
+    import threading
+
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    from deltadrain.lake import ensure_table, exists, table_version
+
+    abandoned = tmp_path / "abandoned"
+    (abandoned / "_delta_log").mkdir(parents=True)
+    assert not exists(spark, str(abandoned))
+    ensure_table(spark, str(abandoned), spark.range(1).schema)
+    assert table_version(spark, str(abandoned)) == 0
+
+    under_way = tmp_path / "under_way"
+    (under_way / "_delta_log").mkdir(parents=True)
+    creator = threading.Timer(1.5, write_deltalake, (str(under_way), pa.table({"id": pa.array([7], pa.int64())})))
+    creator.start()
+    ensure_table(spark, str(under_way), spark.range(1).schema, cluster_by=["id"])
+    creator.join()
+    assert table_version(spark, str(under_way)) == 0
+    assert [r.id for r in spark.read.format("delta").load(str(under_way)).collect()] == [7]
+
+
 def test_valkey_xadd_xreadgroup_xack_roundtrip_with_aof(valkey_server, cfg):
     from deltadrain.connections import valkey_client
 

@@ -207,6 +207,75 @@ def test_a_commit_whose_reply_is_lost_is_already_committed_and_acknowledged(tmp_
     assert s.written == len(result.valid_ids)
     assert_exactly_once(spark, c, p, client, result.valid_ids, sum(result.kinds[k] for k in MALFORMED_KINDS))
 
+def test_the_first_batch_creates_the_table_in_one_commit_with_its_checkpoint(tmp_path, cfg, spark):
+    from delta.tables import DeltaTable
+
+    from deltadrain.lake import snapshot_txn
+
+    _, c, p = make_pipeline(tmp_path)
+    client = valkey_client(c, p)
+    result = produce(c, p, 300, seed=93, malformed_ratio=0.1)
+    s = drain(c, p, spark=spark)
+    assert s.outcome == "committed" and s.batch == 1 and s.written == len(result.valid_ids) and s.acked == 300
+    target = str(c.target_path(p))
+    history = DeltaTable.forPath(spark, target).history().collect()
+    assert [(h.version, h.operation) for h in history] == [(0, "WRITE")]  # no commit that only creates it
+    assert snapshot_txn(spark, target, p.name) == (1, 0)
+    checkpoint = read_checkpoint(spark, target, p.name)
+    assert (checkpoint.batch, checkpoint.positions, checkpoint.found_in) == (1, s.positions, "commit")
+    assert pipeline_status(c, p, spark)["last_batch"]["written"] == len(result.valid_ids)
+    assert_exactly_once(spark, c, p, client, result.valid_ids, sum(result.kinds[k] for k in MALFORMED_KINDS))
+    second = produce(c, p, 50, seed=94, start=300)
+    assert drain(c, p, spark=spark).written == 50  # later batches MERGE into it
+    assert_exactly_once(spark, c, p, client, result.valid_ids + second.valid_ids,
+                        sum(result.kinds[k] for k in MALFORMED_KINDS))
+
+
+def test_a_first_batch_of_only_bad_messages_creates_the_table_with_its_checkpoint(tmp_path, cfg, spark):
+    _, c, p = make_pipeline(tmp_path)
+    client = valkey_client(c, p)
+    result = produce(c, p, 40, seed=96, malformed_ratio=1.0)
+    assert not result.valid_ids
+    s = drain(c, p, spark=spark)
+    assert s.outcome == "committed" and s.written == 0 and s.dead_lettered == 40 and s.acked == 40
+    checkpoint = read_checkpoint(spark, str(c.target_path(p)), p.name)
+    assert (checkpoint.batch, checkpoint.positions) == (1, s.positions) and len(s.positions) == 4
+    assert target_ids(spark, c, p) == []
+    assert_exactly_once(spark, c, p, client, [], 40)
+
+
+def test_a_table_created_after_the_first_batch_looked_is_merged_into(tmp_path, cfg, spark, monkeypatch):
+    """The first batch found no table, but a backfill created one (with some of the same ids) before
+    the batch's append: the append is refused and the batch MERGEs, so nothing is written twice."""
+    from datetime import UTC, datetime, timedelta
+
+    import deltadrain.commit
+    from deltadrain.backfill import backfill
+
+    _, c, p = make_pipeline(tmp_path)
+    client = valkey_client(c, p)
+    began = datetime.now(UTC) - timedelta(seconds=1)
+    early = produce(c, p, 120, seed=97)
+    middle = datetime.now(UTC) + timedelta(milliseconds=50)
+    while datetime.now(UTC) < middle + timedelta(milliseconds=50):
+        time.sleep(0.01)
+    late = produce(c, p, 80, seed=98, start=120)
+    healed = backfill(c, p, spark, began, middle)
+    assert healed.written == 120
+    looked = []
+    real_exists = deltadrain.commit.exists
+
+    def stale_exists(spark_, path):  # what a check made just before the backfill's commit answers
+        looked.append(path)
+        return False if len(looked) == 1 else real_exists(spark_, path)
+
+    monkeypatch.setattr(deltadrain.commit, "exists", stale_exists)
+    s = drain(c, p, spark=spark)
+    assert len(looked) == 2  # the append was refused, the retry MERGEd
+    assert s.outcome == "committed" and s.written == 80 and s.duplicates_skipped == 120 and s.acked == 200
+    assert_exactly_once(spark, c, p, client, early.valid_ids + late.valid_ids, 0)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("point", "transform"), [
     ("after_claim", HANDLER), ("during_merge", HANDLER), ("after_commit", HANDLER), ("during_ack", HANDLER),
