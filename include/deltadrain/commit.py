@@ -7,7 +7,7 @@ so its source time, and a business id repeated later is caught within `dedup_win
 
 A batch that finds no table creates it (`NewTable`): its rows are appended as the table's first
 commit, version 0, with the same txn and metadata. That is the MERGE's effect on an empty table,
-without a commit that only creates it and without a cold MERGE. Only one writer can commit
+without a commit that only creates the table first. Only one writer can commit
 version 0, so a creator that loses the race (another drain, a backfill) gets a conflict and
 MERGEs into the winner's table instead: nothing can be appended on top of rows it did not see.
 """
