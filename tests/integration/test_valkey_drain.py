@@ -354,7 +354,7 @@ def test_valkey_restart_between_claim_and_ack(tmp_path, cfg, spark, valkey_serve
     client = valkey_client(c, p)
     result = produce(c, p, 2000, seed=61, malformed_ratio=0.05)
     run = cli_drain(path, p.name, {"DELTADRAIN_PAUSE_AFTER_COMMIT_MS": "20000"})
-    merge_commit = c.target_path(p) / "_delta_log" / f"{1:020d}.json"  # version 0 creates the table
+    merge_commit = c.target_path(p) / "_delta_log" / f"{0:020d}.json"  # the first batch creates the table
     deadline = time.time() + 240
     while time.time() < deadline and not merge_commit.exists() and run.poll() is None:
         time.sleep(0.2)
