@@ -147,13 +147,15 @@ def commit_info(line: str) -> dict | None:
             "timestamp": datetime.fromtimestamp(millis / 1000, UTC) if millis is not None else None}
 
 
-def retry_conflicts(action: Callable[[], T], attempts: int = 5, pause: float = 0.5) -> T:
-    """Run a Delta write, retrying when it lost a race (for idempotent writes only)."""
+def retry_conflicts(action: Callable[[], T], attempts: int = 5, pause: float = 0.5, extra: tuple[str, ...] = ()) -> T:
+    """Run a Delta write, retrying when it lost a race (for idempotent writes only). `extra`: more
+    error names that mean a lost race for this write."""
     for attempt in range(attempts):
         try:
             return action()
         except Exception as exc:
-            if not is_conflict(exc) or attempt == attempts - 1:
+            lost = is_conflict(exc) or any(name in f"{type(exc).__name__} {exc}" for name in extra)
+            if not lost or attempt == attempts - 1:
                 raise
             time.sleep(pause * (attempt + 1))
     raise AssertionError("unreachable")

@@ -212,6 +212,42 @@ def test_metrics_rows_for_each_drain_and_a_chart(tmp_path, cfg, spark, capsys):
     assert out.count(" run ") == 3 and "batch 1 committed: claimed 150 written 150" in out
 
 
+
+def test_the_first_runs_of_several_pipelines_at_once_create_the_metrics_table_and_each_row_lands_once(
+        tmp_path, cfg, spark, caplog):
+    """The metrics table is created by the first row appended to it (delta-rs, no Spark job). Four
+    runs finishing at the same instant race for that creation: the losers append again, and the
+    table holds each run once, readable by Spark with the metrics columns."""
+    import threading
+
+    from deltadrain.drain import RunSummary
+    from deltadrain.metrics import METRICS_SCHEMA, record_run
+
+    _, c, p = make_pipeline(tmp_path, partitions=1)
+    runs = [RunSummary(f"{p.name}_{i}", f"run-{i}", batch=1, outcome="committed", claimed=10 + i, written=10 + i,
+                       seconds=1.0, timings={"commit": 0.5}) for i in range(4)]
+    start, failed = threading.Barrier(len(runs)), []
+
+    def finish(summary):
+        start.wait()
+        try:
+            record_run(spark, c, p, summary, backlog=0)
+        except Exception as exc:  # a thread's exception would otherwise vanish
+            failed.append(exc)
+
+    caplog.set_level(logging.DEBUG, logger="deltadrain.metrics")
+    threads = [threading.Thread(target=finish, args=(r,)) for r in runs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failed == []
+    got = table(spark, metrics_path(c))
+    assert [f.name for f in got.schema.fields] == [col.split()[0] for col in METRICS_SCHEMA.split(", ")]
+    assert sorted((r.run_id, r.claimed) for r in got.collect()) == [(f"run-{i}", 10 + i) for i in range(4)]
+    # Nobody needed the Spark fallback: a lost creation race is retried by delta-rs itself.
+    assert "appending with Spark" not in caplog.text
+
 def drop_batch_column(df):
     """A broken handler for the test below: it loses a column the drain needs."""
     return df.drop("_dd_batch")
