@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -285,10 +286,31 @@ def _step(label: str, fn):
     return out
 
 
-def run_kafka_bench(count: int, partitions: int, batch: int, workdir: Path | None = None) -> dict:
+def combine_rounds(rounds: list[dict]) -> dict:
+    """Per-round results of both sides -> each side's rate over all rounds and their ratio (pure).
+
+    The ratio of the summed rates weighs every message alike; the per-round ratios show the spread.
+    """
+    def overall(side: str) -> dict:
+        messages = sum(r[side]["messages"] for r in rounds)
+        seconds = round(sum(r[side]["seconds"] for r in rounds), 2)
+        return {"messages": messages, "seconds": seconds, "rate": round(messages / seconds) if seconds else 0}
+
+    ss, dr = overall("structured_streaming"), overall("drain")
+    per_round = [round(r["drain"]["rate"] / r["structured_streaming"]["rate"], 3) for r in rounds]
+    return {"structured_streaming": ss, "drain": dr,
+            "ratios": {"drain_to_structured_streaming": round(dr["rate"] / ss["rate"], 3) if ss["rate"] else None,
+                       "per_round": per_round}}
+
+
+def run_kafka_bench(count: int, partitions: int, batch: int, workdir: Path | None = None, rounds: int = 1) -> dict:
     """deltadrain's Kafka drain against Structured Streaming (AvailableNow + foreachBatch MERGE with
     txnAppId/txnVersion) on the same topic, same target columns, same batch size, one after the other,
-    each in a fresh driver process (JVM start excluded from both)."""
+    each in a fresh driver process (JVM start excluded from both).
+
+    With `rounds` > 1 both sides drain the topic again into fresh tables, in alternating order, so
+    that neither side always runs first; a single run of each moves by ±10 % on a small machine,
+    mostly in its cold first batch."""
     from deltadrain import services
     from deltadrain.config import load_config
     from deltadrain.produce import produce
@@ -308,16 +330,30 @@ def run_kafka_bench(count: int, partitions: int, batch: int, workdir: Path | Non
         return {"messages": r.count, "rate": round(r.count / (time.monotonic() - started)),
                 "per_partition": dict(r.per_partition)}
 
+    def phase(side: str, label: str) -> dict:
+        out = _step(label, lambda: _subphase(side, config, name, workdir))
+        # The machine may be shared: the 1-minute load average after each phase says how fair it was.
+        out["load_avg_1m_after"] = os.getloadavg()[0]
+        return out
+
     report["produce"] = _step("produce", produced)
-    # The alternative first: the topic was just written, so both read it from the page cache.
-    # The machine may be shared: the 1-minute load average after each phase says how fair the comparison was.
-    report["structured_streaming"] = _step("Structured Streaming AvailableNow + foreachBatch MERGE",
-                                           lambda: _subphase("structured_streaming", config, name, workdir))
-    report["structured_streaming"]["load_avg_1m_after"] = os.getloadavg()[0]
-    report["drain"] = _step("deltadrain drain", lambda: _subphase("drain", config, name, workdir))
-    report["drain"]["load_avg_1m_after"] = os.getloadavg()[0]
-    report["ratios"] = {"drain_to_structured_streaming": round(
-        report["drain"]["rate"] / report["structured_streaming"]["rate"], 3)}
+    results = []
+    for i in range(rounds):
+        if i:  # fresh tables: the drain starts from its (empty) lake, the alternative from a new checkpoint
+            for left in ("lake", "ss-target", "ss-checkpoint"):
+                shutil.rmtree(workdir / left, ignore_errors=True)
+        # The alternative first in round 1: the topic was just written, so both read it from the page cache.
+        order = ["structured_streaming", "drain"] if i % 2 == 0 else ["drain", "structured_streaming"]
+        labels = {"structured_streaming": "Structured Streaming AvailableNow + foreachBatch MERGE",
+                  "drain": "deltadrain drain"}
+        results.append({side: phase(side, f"round {i + 1}/{rounds}: {labels[side]}") for side in order})
+    if rounds == 1:
+        report.update(results[0])
+        report["ratios"] = {"drain_to_structured_streaming": round(
+            report["drain"]["rate"] / report["structured_streaming"]["rate"], 3)}
+    else:
+        report.update(combine_rounds(results))
+        report["rounds"] = results
     return report
 
 

@@ -222,8 +222,16 @@ def _bench(args) -> int:
 
     from deltadrain.bench import run_bench, run_kafka_bench
 
-    bench = run_kafka_bench if args.source == "kafka" else run_bench
-    report = bench(args.count, args.partitions, args.batch, Path(args.workdir) if args.workdir else None)
+    workdir = Path(args.workdir) if args.workdir else None
+    if args.rounds < 1:
+        raise DeltadrainError(f"bench --rounds must be at least 1, got {args.rounds}")
+    if args.source == "kafka":
+        report = run_kafka_bench(args.count, args.partitions, args.batch, workdir, rounds=args.rounds)
+    elif args.rounds != 1:
+        raise DeltadrainError("bench --rounds applies to --source kafka only (the Valkey bench compares "
+                              "against raw limits measured in the same run)")
+    else:
+        report = run_bench(args.count, args.partitions, args.batch, workdir)
     text = json.dumps(report, indent=2, default=str)
     if args.output:
         Path(args.output).write_text(text + "\n")
@@ -378,6 +386,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=int, default=200_000, help="batch cap of the drain runs")
     p.add_argument("--workdir", help="where the bench's tables go (default: a new temp dir)")
     p.add_argument("--output", help="also write the JSON report here")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="Kafka: drain the topic this many times with each side, alternating which goes first")
 
     p = sub.add_parser("jars", help="fetch the JVM artefacts into the jar cache (mvn)")
     p.add_argument("--verbose", action="store_true")

@@ -24,3 +24,13 @@ def test_unknown_pipeline_is_a_config_error_with_exit_2(capsys):
     assert main(["drain", "nope"]) == 2
     err = capsys.readouterr().err
     assert "no pipeline named 'nope'" in err and "configured: orders, clicks" in err
+
+
+def test_bench_rounds_apply_to_kafka_only_and_are_positive(capsys):
+    from deltadrain.cli import main
+
+    assert build_parser().parse_args(["bench", "--source", "kafka", "--rounds", "3"]).rounds == 3
+    assert main(["bench", "--rounds", "2"]) != 0
+    assert "--rounds applies to --source kafka only" in capsys.readouterr().err
+    assert main(["bench", "--source", "kafka", "--rounds", "0"]) != 0
+    assert "at least 1, got 0" in capsys.readouterr().err
