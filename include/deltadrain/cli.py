@@ -107,10 +107,11 @@ def _status(args) -> int:
     print(f"  PUBLISHED {st['PUBLISHED']:>10}")
     print(f"  DEAD      {st['DEAD']:>10}   (replayed {st['REPLAYED']})")
     if st["source"] == "kafka":
-        print("  partition  end offset  lake checkpoint  pending  group offset  published  dead")
+        print("  partition  end offset  lake checkpoint  pending  claimed range  group offset  published  dead")
         for part, info in st["partitions"].items():
+            held = "[{}, {})".format(*info["claimed_range"]) if info["claimed_range"] else "-"
             print(f"  {part:>9}  {info['end_offset']:>10}  {str(info['lake_checkpoint']):>15}  {info['pending']:>7}  "
-                  f"{str(info['group_offset']):>12}  {info['published']:>9}  {info['dead']:>4}")
+                  f"{held:>13}  {str(info['group_offset']):>12}  {info['published']:>9}  {info['dead']:>4}")
         for gap in st.get("gaps") or []:
             print(f"  GAP: partition {gap['partition']} offsets [{gap['start']}, {gap['end']}) were deleted by "
                   f"retention before they were read ({gap['missing']} messages)")

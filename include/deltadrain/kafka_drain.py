@@ -13,6 +13,7 @@ in the commit metadata next to the checkpoint, so nothing outside the table can 
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -25,16 +26,20 @@ from deltadrain.decode import BatchDecoder
 from deltadrain.drain import Drain, DrainError, claim_schema
 from deltadrain.kafka_offsets import (
     OffsetError,
+    announce_claims,
     attempts_so_far,
     commit_group_offsets,
     hold_positions,
     plan_ranges,
     retry_record,
     watermarks,
+    withdraw_claims,
 )
+from deltadrain.logs import run_logger
 from deltadrain.outcome import Outcome
 from deltadrain.stage import Staged, stage
 
+NOTICE_WAIT_S = 15  # how long a run waits, after its read, for its claim notices to land
 TASK_OFFSETS = 100_000  # offsets per Spark task: a busy partition is read by several tasks
 TOMBSTONE = "tombstone: the record has a null value (a delete marker), there is no payload to ingest"
 
@@ -147,6 +152,8 @@ class KafkaDrain(Drain):
         self.source: KafkaSource = pipeline.source
         self.conf = kafka_client_conf(cfg, pipeline)
         self.retries: dict = {}  # the previous commit's retry record
+        self.noticed: list[int] = []  # partitions carrying this run's claim notice (until the group commit)
+        self._notice: threading.Thread | None = None
 
     # -- steps ------------------------------------------------------------------------------------
 
@@ -218,8 +225,10 @@ class KafkaDrain(Drain):
             self.acknowledge({}, {int(k): int(v) for k, v in positions.items()})
             return
         s.positions = plan.positions
+        self.announce(plan.ranges, positions)
         staged = read_ranges(self.spark, self.cfg, p, plan.ranges, attempts_so_far(self.retries),
                              str(self.scratch / "claimed"))
+        self._settle_notice()  # before the group-offset commit, which must come after it
         failpoints.hit("after_claim")
         failpoints.pause("after_claim")
         self._lap("claim")
@@ -240,6 +249,44 @@ class KafkaDrain(Drain):
         self.acknowledge(plan.ranges, {int(part): int(pos) for part, pos in s.positions.items()})
         self._lap("ack")
 
+    def announce(self, ranges: dict[int, tuple[int, int]], lake: dict[str, str]) -> None:
+        """Claim notices on the group offsets (status shows the running batch's ranges), committed in
+        a thread while Spark reads the ranges: informational, so it neither delays nor fails the run."""
+        self.noticed = sorted(ranges)
+
+        def notice() -> None:
+            try:
+                announce_claims(self.conf, self.source.group, self.source.topic, ranges,
+                                {int(k): int(v) for k, v in lake.items()}, self.run_id)
+            except Exception as exc:
+                self._warn("could not put claim notices on the group offsets", exc)
+
+        self._notice = threading.Thread(target=notice, name=f"claim-notice-{self.run_id}", daemon=True)
+        self._notice.start()
+
+    def _settle_notice(self) -> None:
+        """Wait for the notices, so that they land before the group-offset commit. One that lands
+        after it anyway (a broker slower than NOTICE_WAIT_S) claims nothing behind the lake's
+        checkpoint (`kafka_offsets.claimed`) and its offsets never lead that checkpoint."""
+        if self._notice is not None:
+            self._notice.join(NOTICE_WAIT_S)
+            self._notice = None
+
+    def _finish(self) -> None:
+        """A run that did not commit its group offsets takes its claim notices off: its ranges go
+        back to PENDING in status (a killed run's notices stay until the next run's group commit)."""
+        self._settle_notice()
+        if self.noticed:
+            try:
+                withdraw_claims(self.conf, self.source.group, self.source.topic, self.noticed, self.run_id)
+            except Exception as exc:
+                self._warn("could not take the claim notices off the group offsets", exc)
+
+    def _warn(self, what: str, exc: Exception) -> None:
+        s = self.summary
+        run_logger(s.pipeline, s.run_id, s.batch, source="kafka").warning(
+            "%s (status may show stale CLAIMED ranges): %s: %s", what, type(exc).__name__, str(exc)[:200])
+
     def acknowledge(self, ranges: dict[int, tuple[int, int]], offsets: dict[int, int]) -> None:
         """Group offsets = the committed checkpoint (never ahead of it). A failure here loses nothing:
         the lake already holds the batch; lag tools just see it later."""
@@ -251,4 +298,5 @@ class KafkaDrain(Drain):
         except Exception as exc:
             s.error = f"batch committed, but the group offsets were not: {type(exc).__name__}: {str(exc)[:200]}"
             return
+        self.noticed = []  # the commit carried no metadata: this run's notices are gone
         s.acked = sum(min(offsets[q], end) - start for q, (start, end) in ranges.items() if offsets.get(q, 0) > start)

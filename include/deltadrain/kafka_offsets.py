@@ -9,6 +9,7 @@ offsets are written after each commit for lag tools and are never read back as t
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import asdict, dataclass
 
@@ -118,6 +119,36 @@ def attempts_so_far(record: dict) -> dict[tuple[int, int], int]:
     return {(int(k.rsplit(":", 1)[0]), int(k.rsplit(":", 1)[1])): int(v["attempts"]) for k, v in record.items()}
 
 
+# -- claim notices: the range of a running batch, for status ----------------------------------------
+
+NOTICE = "deltadrain_claim"
+
+
+def claim_notice(run_id: str, start: int, end: int, since_ms: int) -> str:
+    """The group-offset metadata that tells status a run is reading [start, end) of a partition."""
+    return json.dumps({NOTICE: {"run": run_id, "range": [start, end], "since_ms": since_ms}}, separators=(",", ":"))
+
+
+def read_notice(metadata: str | None) -> dict | None:
+    """The claim notice in a group offset's metadata; None for none (empty, or another tool's text)."""
+    try:
+        notice = json.loads(metadata or "").get(NOTICE)
+        start, end = (int(x) for x in notice["range"])
+        return {"run": str(notice["run"]), "range": [start, end], "since_ms": int(notice["since_ms"])}
+    except (ValueError, TypeError, AttributeError, KeyError):
+        return None
+
+
+def claimed(notice: dict | None, start: int, end_offset: int) -> int:
+    """How many offsets of a partition a notice still claims: those of its range the lake has not
+    passed (`start`, the next offset to read) and the topic still holds. A notice left by a run that
+    died, or whose batch landed before its group offsets did, claims nothing past the lake."""
+    if notice is None:
+        return 0
+    lo, hi = notice["range"]
+    return max(0, min(hi, end_offset) - max(lo, start))
+
+
 # -- the broker ---------------------------------------------------------------------------------------
 
 TIMEOUT = 30
@@ -180,24 +211,67 @@ def watermarks(conf: dict, topic: str) -> dict[int, tuple[int, int]]:
 
 def commit_group_offsets(conf: dict, group: str, topic: str, offsets: dict[int, int]) -> None:
     """Tell Kafka how far the lake is, for lag tools (kafka-consumer-groups, Burrow...). Never read back."""
+    from confluent_kafka import TopicPartition
+
+    # No metadata: this also takes off the run's claim notices.
+    _commit(conf, group, [TopicPartition(topic, p, o) for p, o in sorted(offsets.items())])
+
+
+def _commit(conf: dict, group: str, offsets: list, deadline_s: float = TIMEOUT) -> None:
+    from confluent_kafka import Consumer
+
+    consumer = Consumer({**conf, "group.id": group, "enable.auto.commit": False})
+    try:
+        patiently(lambda: _checked(consumer.commit(offsets=offsets, asynchronous=False)), deadline_s)
+    finally:
+        consumer.close()
+
+
+def committed(conf: dict, group: str, topic: str, partitions: list[int],
+              deadline_s: float = TIMEOUT) -> dict[int, tuple[int | None, str | None]]:
+    """partition -> (the group's committed offset or None, its metadata)."""
     from confluent_kafka import Consumer, TopicPartition
 
     consumer = Consumer({**conf, "group.id": group, "enable.auto.commit": False})
     try:
-        patiently(lambda: _checked(consumer.commit(
-            offsets=[TopicPartition(topic, p, o) for p, o in sorted(offsets.items())], asynchronous=False)))
+        got = patiently(lambda: _checked(consumer.committed([TopicPartition(topic, p) for p in partitions],
+                                                            timeout=min(TIMEOUT, deadline_s))), deadline_s)
+        return {tp.partition: (tp.offset if tp.offset >= 0 else None, tp.metadata or None) for tp in got}
     finally:
         consumer.close()
 
 
 def group_offsets(conf: dict, group: str, topic: str, partitions: list[int]) -> dict[int, int | None]:
     """The group's committed offsets (for status and tests; the drain never reads them)."""
-    from confluent_kafka import Consumer, TopicPartition
+    return {p: offset for p, (offset, _) in committed(conf, group, topic, partitions).items()}
 
-    consumer = Consumer({**conf, "group.id": group, "enable.auto.commit": False})
-    try:
-        got = patiently(lambda: _checked(consumer.committed([TopicPartition(topic, p) for p in partitions],
-                                                            timeout=TIMEOUT)))
-        return {tp.partition: (tp.offset if tp.offset >= 0 else None) for tp in got}
-    finally:
-        consumer.close()
+
+def announce_claims(conf: dict, group: str, topic: str, ranges: dict[int, tuple[int, int]], lake: dict[int, int],
+                    run_id: str, deadline_s: float = 10) -> None:
+    """Put a claim notice on the group offset of each partition a run reads, so that status can show
+    the range of a running batch (Kafka has no pending list). The offsets do not move; a partition
+    the group never committed gets the lake's position (`lake`, else the range's start), so they
+    never lead the lake checkpoint. A neighbour's group commit landing between the read and this
+    commit is set back until its next one: lag tools would show lag that is not there for a while."""
+    from confluent_kafka import TopicPartition
+
+    current = committed(conf, group, topic, sorted(ranges), deadline_s)
+    since = int(time.time() * 1000)
+    offsets = []
+    for p, (start, end) in sorted(ranges.items()):
+        offset = current[p][0] if current[p][0] is not None else lake.get(p, start)
+        offsets.append(TopicPartition(topic, p, offset, metadata=claim_notice(run_id, start, end, since)))
+    _commit(conf, group, offsets, deadline_s)
+
+
+def withdraw_claims(conf: dict, group: str, topic: str, partitions: list[int], run_id: str,
+                    deadline_s: float = 10) -> None:
+    """Take this run's claim notices off (a run that failed or lost the race); notices of other runs
+    and the offsets stay as they are."""
+    from confluent_kafka import TopicPartition
+
+    current = committed(conf, group, topic, partitions, deadline_s)
+    ours = [TopicPartition(topic, p, offset) for p, (offset, meta) in sorted(current.items())
+            if offset is not None and (read_notice(meta) or {}).get("run") == run_id]
+    if ours:
+        _commit(conf, group, ours, deadline_s)

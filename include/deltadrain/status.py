@@ -35,24 +35,40 @@ def valkey_counts(client, source: ValkeySource) -> dict:
 
 def kafka_counts(conf: dict, source: KafkaSource, positions: dict[str, str], published: dict[str, int],
                  dead: dict[str, int], with_group: bool = True) -> dict:
-    """Per partition: end offset, lake checkpoint, lag (PENDING), offsets retention deleted unread
-    (gap), the group's committed offset (informational), PUBLISHED and DEAD rows. A range is
-    CLAIMED only while a run holds it in memory; nothing durable is claimed, so CLAIMED is 0."""
-    from deltadrain.kafka_offsets import group_offsets, start_offsets, watermarks
+    """Per partition: end offset, lake checkpoint, PENDING (after the checkpoint, not claimed), CLAIMED
+    (inside the range of a running batch, from the claim notice on the group offset: see
+    kafka_offsets.announce_claims), offsets retention deleted unread (gap), the group's committed
+    offset (informational), PUBLISHED and DEAD rows. Without the group (`with_group=False`) nothing
+    is known to be claimed."""
+    import time
+
+    from deltadrain.kafka_offsets import claimed, committed, read_notice, start_offsets, watermarks
 
     marks = watermarks(conf, source.topic)
     starts, gap_list = start_offsets(positions, marks, source.starting_offsets)
     gaps = {g.partition: g.as_dict() for g in gap_list}
-    group = group_offsets(conf, source.group, source.topic, sorted(marks)) if with_group else {}
-    partitions = {}
+    group = committed(conf, source.group, source.topic, sorted(marks)) if with_group else {}
+    now_ms = int(time.time() * 1000)
+    partitions, claimed_by = {}, {}
     for part, (low, high) in sorted(marks.items()):
         key = str(part)
+        offset, meta = group.get(part, (None, None))
+        notice = read_notice(meta)
+        held = claimed(notice, starts[part], high)
         partitions[key] = {"earliest": low, "end_offset": high,
                            "lake_checkpoint": int(positions[key]) if key in positions else None,
-                           "pending": high - starts[part], "group_offset": group.get(part), "gap": gaps.get(part),
-                           "published": published.get(key, 0), "dead": dead.get(key, 0)}
-    return {"PENDING": sum(v["pending"] for v in partitions.values()), "CLAIMED": 0, "claimed_by": {},
-            "oldest_claim_idle_ms": 0, "gaps": list(gaps.values()), "partitions": partitions}
+                           "pending": high - starts[part] - held, "claimed": held,
+                           "claimed_range": notice["range"] if held else None, "group_offset": offset,
+                           "gap": gaps.get(part), "published": published.get(key, 0), "dead": dead.get(key, 0)}
+        if held:
+            run = claimed_by.setdefault(notice["run"], {"claimed": 0, "idle_ms": now_ms - notice["since_ms"],
+                                                        "ranges": {}})
+            run["claimed"] += held
+            run["ranges"][key] = notice["range"]
+    return {"PENDING": sum(v["pending"] for v in partitions.values()),
+            "CLAIMED": sum(v["claimed"] for v in partitions.values()), "claimed_by": claimed_by,
+            "oldest_claim_idle_ms": max((v["idle_ms"] for v in claimed_by.values()), default=0),
+            "gaps": list(gaps.values()), "partitions": partitions}
 
 
 def _per_partition(spark, path: str, column: str, where=None) -> dict[str, int]:

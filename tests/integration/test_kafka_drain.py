@@ -16,10 +16,18 @@ from deltadrain.checkpoint import read_checkpoint
 from deltadrain.config import load_config
 from deltadrain.connections import kafka_client_conf
 from deltadrain.drain import drain
-from deltadrain.kafka_offsets import group_offsets, watermarks
+from deltadrain.kafka_offsets import (
+    announce_claims,
+    commit_group_offsets,
+    committed,
+    group_offsets,
+    read_notice,
+    watermarks,
+    withdraw_claims,
+)
 from deltadrain.probe import probe
 from deltadrain.produce import MALFORMED_KINDS, ensure_topic, generate, produce
-from deltadrain.status import pipeline_status
+from deltadrain.status import kafka_counts, pipeline_status
 from tests.integration.helpers import (
     BOTH_TRANSFORMS,
     HANDLER,
@@ -69,10 +77,12 @@ def group_of(c, p) -> dict[str, int | None]:
 
 
 def assert_group_never_leads(spark, c, p) -> None:
+    """A partition the lake does not know yet is read from its start, offset 0 in these topics (a
+    claim notice puts that offset on the group before the first commit)."""
     lake = lake_checkpoint(spark, c, p).positions
     for part, offset in group_of(c, p).items():
         if offset is not None:
-            assert part in lake and offset <= int(lake[part]), f"group offset {offset} leads the lake on {part}"
+            assert offset <= int(lake.get(part, 0)), f"group offset {offset} leads the lake on {part}"
 
 
 def drain_until_done(c, p, spark, max_runs: int = 12) -> list:
@@ -315,9 +325,11 @@ def test_sigkill_at_each_step_boundary_loses_and_duplicates_nothing(point, trans
     out, err = proc.communicate(timeout=600)
     assert proc.returncode == -9, f"the drain was not killed at {point}: rc={proc.returncode}\n{err[-3000:]}"
     if point == "after_commit":
-        # Committed to the lake, not yet to the group: the group offsets lag, never lead.
+        # Committed to the lake, not yet to the group: the group offsets lag (still where the claim
+        # notices put them, the start), never lead, and the notices claim nothing behind the lake.
         assert lake_checkpoint(spark, c, p).batch == 1
-        assert all(v is None for v in group_of(c, p).values())
+        assert set(group_of(c, p).values()) == {0}
+        assert pipeline_status(c, p, spark)["CLAIMED"] == 0
     else:
         assert lake_checkpoint(spark, c, p).batch == 0
     assert_group_never_leads(spark, c, p)
@@ -377,3 +389,95 @@ def test_broker_restart_between_read_and_commit(tmp_path, cfg, spark, kafka_brok
     drain_until_done(c, p, spark)
     valid, fallback, bad = expected_counts(result)
     assert_exactly_once(spark, c, p, valid, fallback, bad)
+
+
+def test_claim_notices_move_no_offset_and_a_run_withdraws_only_its_own(tmp_path, cfg):
+    path, c, p = make_kafka_pipeline(tmp_path, partitions=2)
+    produce(c, p, 200, seed=81)
+    conf, group, topic = kafka_client_conf(c, p), p.source.group, p.source.topic
+    ends = {part: high for part, (_, high) in watermarks(conf, topic).items()}
+    assert min(ends.values()) >= 40
+    commit_group_offsets(conf, group, topic, {0: 10})
+    announce_claims(conf, group, topic, {0: (20, 40)}, {0: 20}, "run-a")
+    announce_claims(conf, group, topic, {1: (0, 30)}, {}, "run-b")  # never committed: the range's start
+    got = committed(conf, group, topic, [0, 1])
+    assert got[0][0] == 10 and read_notice(got[0][1])["run"] == "run-a" and read_notice(got[0][1])["range"] == [20, 40]
+    assert got[1][0] == 0 and read_notice(got[1][1])["range"] == [0, 30]
+
+    st = kafka_counts(conf, p.source, {"0": "20", "1": "0"}, {}, {})
+    assert st["partitions"]["0"]["claimed"] == 20 and st["partitions"]["0"]["pending"] == ends[0] - 40
+    assert st["partitions"]["1"]["claimed"] == 30 and st["partitions"]["1"]["pending"] == ends[1] - 30
+    assert st["CLAIMED"] == 50 and set(st["claimed_by"]) == {"run-a", "run-b"}
+    assert st["claimed_by"]["run-a"]["ranges"] == {"0": [20, 40]} and st["claimed_by"]["run-a"]["idle_ms"] >= 0
+    assert st["PENDING"] + st["CLAIMED"] == ends[0] - 20 + ends[1]
+
+    withdraw_claims(conf, group, topic, [0, 1], "run-a")
+    got = committed(conf, group, topic, [0, 1])
+    assert got[0] == (10, None) and read_notice(got[1][1])["run"] == "run-b"
+    # The group commit after a batch takes every notice off.
+    commit_group_offsets(conf, group, topic, {0: 40, 1: 30})
+    assert committed(conf, group, topic, [0, 1]) == {0: (40, None), 1: (30, None)}
+
+
+@pytest.mark.slow
+def test_status_shows_a_running_batchs_ranges_as_claimed_and_a_killed_runs_notices_block_nothing(
+        tmp_path, cfg, spark):
+    path, c, p = make_kafka_pipeline(tmp_path, partitions=3, batch_cap=5000)
+    result = produce(c, p, 3000, seed=71, malformed_ratio=0.02)
+    conf = kafka_client_conf(c, p)
+    ends = end_offsets(c, p)
+    run = cli_drain(path, p.name, {"DELTADRAIN_PAUSE_AFTER_CLAIM_MS": "120000"})
+    st, deadline = None, time.time() + 180
+    while time.time() < deadline and run.poll() is None:
+        st = kafka_counts(conf, p.source, {}, {}, {})
+        if st["CLAIMED"]:
+            break
+        time.sleep(0.5)
+    assert run.poll() is None, run.communicate()[1][-3000:]
+    # The running batch: everything is claimed, nothing pending, one run holds every partition's range.
+    assert (st["CLAIMED"], st["PENDING"]) == (3000, 0)
+    assert {k: v["claimed_range"] for k, v in st["partitions"].items()} == {k: [0, int(v)] for k, v in ends.items()}
+    ((run_id, held),) = st["claimed_by"].items()
+    assert held["claimed"] == 3000 and held["ranges"] == {k: [0, int(v)] for k, v in ends.items()}
+    assert_group_never_leads(spark, c, p)
+
+    run.kill()
+    run.communicate(timeout=60)
+    # Killed: its notices stay (status cannot tell a dead run from a slow one) and show their age ...
+    st = pipeline_status(c, p, spark)
+    assert st["CLAIMED"] == 3000 and set(st["claimed_by"]) == {run_id}
+    time.sleep(0.2)
+    assert pipeline_status(c, p, spark)["claimed_by"][run_id]["idle_ms"] > st["claimed_by"][run_id]["idle_ms"]
+    # ... and block nothing: the next run reads the same ranges, commits them and takes them off.
+    s = drain(c, p, spark=spark)
+    assert s.outcome == "committed" and s.claimed == 3000 and s.run_id != run_id
+    st = pipeline_status(c, p, spark)
+    assert (st["CLAIMED"], st["PENDING"], st["claimed_by"]) == (0, 0, {})
+    assert all(v["claimed_range"] is None for v in st["partitions"].values())
+    assert group_of(c, p) == {k: int(v) for k, v in ends.items()}
+    valid, fallback, bad = expected_counts(result)
+    assert_exactly_once(spark, c, p, valid, fallback, bad)
+
+
+def test_a_run_that_fails_after_its_read_takes_its_claim_notices_off(tmp_path, cfg, spark, monkeypatch):
+    from deltadrain.kafka_drain import KafkaDrain
+
+    path, c, p = make_kafka_pipeline(tmp_path, partitions=2)
+    produce(c, p, 100, seed=83)
+    conf, group, topic = kafka_client_conf(c, p), p.source.group, p.source.topic
+    seen = {}
+
+    def broken(self, *args, **kwargs):
+        seen.update(committed(conf, group, topic, [0, 1]))
+        raise RuntimeError("executor lost")
+
+    monkeypatch.setattr(KafkaDrain, "publish", broken)
+    with pytest.raises(RuntimeError, match="executor lost"):
+        drain(c, p, spark=spark)
+    # During the run both partitions carried its notice; after the failure neither does, and the
+    # offsets did not move: everything is PENDING again.
+    runs = {read_notice(meta)["run"] for _, meta in seen.values()}
+    assert set(seen) == {0, 1} and len(runs) == 1
+    assert committed(conf, group, topic, [0, 1]) == {0: (0, None), 1: (0, None)}
+    st = kafka_counts(conf, p.source, {}, {}, {})
+    assert (st["CLAIMED"], st["PENDING"]) == (0, 100)

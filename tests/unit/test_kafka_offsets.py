@@ -9,7 +9,16 @@ import pytest
 
 from deltadrain.decode import BatchDecoder
 from deltadrain.kafka_drain import TOMBSTONE, DecodeContext, kafka_batch
-from deltadrain.kafka_offsets import Gap, OffsetError, hold_positions, plan_ranges, retry_record
+from deltadrain.kafka_offsets import (
+    Gap,
+    OffsetError,
+    claim_notice,
+    claimed,
+    hold_positions,
+    plan_ranges,
+    read_notice,
+    retry_record,
+)
 
 
 def test_first_run_reads_from_earliest_up_to_the_end_when_under_the_cap():
@@ -165,3 +174,27 @@ def test_a_per_partition_error_in_a_committed_answer_is_raised():
     bad = SimpleNamespace(topic="t", partition=1, offset=-1001, error=KafkaError(KafkaError.NOT_COORDINATOR))
     with pytest.raises(KafkaException):
         _checked([*ok, bad])
+
+
+def test_a_claim_notice_reads_back_and_other_metadata_is_no_notice():
+    text = claim_notice("run-1", 20, 40, 1_700_000_000_000)
+    assert len(text) < 200  # far under the broker's offset.metadata.max.bytes (4096)
+    assert read_notice(text) == {"run": "run-1", "range": [20, 40], "since_ms": 1_700_000_000_000}
+    for other in (None, "", "lag-tool v2", "[1, 2]", '{"deltadrain_claim": 3}', '{"x": {"run": "a"}}',
+                  '{"deltadrain_claim": {"run": "a", "range": [1], "since_ms": 0}}',
+                  '{"deltadrain_claim": {"run": "a", "range": ["x", 2], "since_ms": 0}}'):
+        assert read_notice(other) is None, other
+
+
+@pytest.mark.parametrize(("lake", "end_offset", "expected"), [
+    (20, 100, 20),  # a running batch: its whole range
+    (30, 100, 10),  # the lake passed part of it (a newer batch landed): only the rest
+    (40, 100, 0),  # its batch landed, the group commit did not (killed after the commit)
+    (50, 100, 0),  # further batches landed since
+    (20, 35, 15),  # retention or a recreated topic: no more than the topic holds
+    (0, 100, 20),  # a notice ahead of the lake (a run that read after a gap): its range only
+])
+def test_a_notice_claims_only_what_the_lake_has_not_passed(lake, end_offset, expected):
+    notice = read_notice(claim_notice("r", 20, 40, 0))
+    assert claimed(notice, lake, end_offset) == expected
+    assert claimed(None, lake, end_offset) == 0

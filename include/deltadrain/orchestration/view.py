@@ -115,8 +115,8 @@ def source_counts(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> dict:
 
 
 def kafka_counts(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> dict:
-    """PENDING from the broker's end offsets and the lake's checkpoint (status.kafka_counts, with the
-    checkpoint read by delta-rs); a Kafka batch claims nothing outside a running drain: CLAIMED 0."""
+    """PENDING and CLAIMED from the broker's end offsets, the group's claim notices and the lake's
+    checkpoint (status.kafka_counts, with the checkpoint read by delta-rs)."""
     from deltadrain import lakeview
     from deltadrain.connections import kafka_client_conf
     from deltadrain.kafka_offsets import OffsetError
@@ -125,13 +125,14 @@ def kafka_counts(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> dict:
     positions = (lakeview.last_commit(cfg, pipeline) or {}).get("positions") or {}
     try:
         got = counts({**kafka_client_conf(cfg, pipeline), "socket.timeout.ms": 3000}, pipeline.source, positions,
-                     {}, {}, with_group=False)
+                     {}, {})
     except OffsetError as exc:  # the broker answered: no such topic (yet), or a recreated one
         return {"PENDING": None, "CLAIMED": None, "source_note": str(exc)}
     except Exception as exc:
         return {"PENDING": None, "CLAIMED": None, "source_note": f"source unreachable ({type(exc).__name__})"}
-    return {"PENDING": got["PENDING"], "CLAIMED": 0,
-            "partitions": {k: {"pending": v["pending"], "claimed": 0} for k, v in got["partitions"].items()}}
+    return {"PENDING": got["PENDING"], "CLAIMED": got["CLAIMED"], "claimed_by": got["claimed_by"],
+            "oldest_claim_idle_ms": got["oldest_claim_idle_ms"],
+            "partitions": {k: {"pending": v["pending"], "claimed": v["claimed"]} for k, v in got["partitions"].items()}}
 
 
 def pipeline_view(cfg: DeltadrainConfig, pipeline: PipelineConfig, dlq_state: str | None = "DEAD",
