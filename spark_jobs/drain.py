@@ -1,7 +1,7 @@
 """spark-submit entry point of one drain run (what the Airflow ingest DAG submits).
 
-Thin on purpose: the run is deltadrain.drain (or deltadrain.backfill when the Airflow run is a
-backfill of an interval). Prints `deltadrain-summary: {json}` on success and
+Thin on purpose: the run is deltadrain.catchup (drain runs while full batches wait), or
+deltadrain.backfill when the Airflow run is a backfill of an interval. Prints `deltadrain-summary: {json}` on success and
 `deltadrain: error: ...` with a non-zero exit on failure (deltadrain.jobs).
 """
 
@@ -29,9 +29,10 @@ def main() -> int:
             from deltadrain.backfill import backfill
 
             return backfill(cfg, pipeline, spark, args.backfill_start, args.backfill_end, run_id=args.run_id)
-        from deltadrain.drain import drain
+        from deltadrain.catchup import drain_batches
 
-        return drain(cfg, pipeline, spark=spark, run_id=args.run_id)
+        # One batch, or more while full ones wait (the pipeline's airflow.max_batches_per_run).
+        return drain_batches(cfg, pipeline, spark, run_id=args.run_id)
 
     return run_job(body)
 

@@ -12,14 +12,14 @@ import sys
 from deltadrain.config import load_config
 from deltadrain.errors import DeltadrainError
 from deltadrain.jobs import ERROR_PREFIX, SUMMARY_PREFIX
-from deltadrain.quality import QualityFailed, check_batch, check_table
+from deltadrain.quality import BatchesFailed, QualityFailed, check_batches, check_table
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("pipeline")
     scope = parser.add_mutually_exclusive_group(required=True)
-    scope.add_argument("--batch", type=int)
+    scope.add_argument("--batch", type=int, nargs="+", help="one or more batches (a drain task's catch-up)")
     scope.add_argument("--table", action="store_true")
     parser.add_argument("--config")
     parser.add_argument("--run-id")
@@ -33,16 +33,18 @@ def main() -> int:
         spark = SparkSession.builder.getOrCreate()  # configured by spark-submit with the cached jars
         try:
             if args.batch is not None:
-                report = check_batch(cfg, pipeline, spark, args.batch, run_id=args.run_id)
+                report = check_batches(cfg, pipeline, spark, args.batch, run_id=args.run_id)
             else:
-                report = check_table(cfg, pipeline, spark, run_id=args.run_id)
+                report = check_table(cfg, pipeline, spark, run_id=args.run_id).as_dict()
+        except BatchesFailed as exc:
+            report, failed = exc.summary, exc
         except QualityFailed as exc:
-            report, failed = exc.report, exc
+            report, failed = exc.report.as_dict(), exc
     except DeltadrainError as exc:
         print(f"{ERROR_PREFIX}{exc}", flush=True)
         return 1
-    print(f"Data Docs: {report.data_docs}", flush=True)
-    print(SUMMARY_PREFIX + json.dumps(report.as_dict(), default=str), flush=True)
+    print(f"Data Docs: {report['data_docs']}", flush=True)
+    print(SUMMARY_PREFIX + json.dumps(report, default=str), flush=True)
     if failed is not None:
         print(f"{ERROR_PREFIX}{failed}", flush=True)
         return 1

@@ -74,8 +74,15 @@ def _drain(args) -> int:
     from deltadrain.drain import drain
 
     cfg = load_config(args.config)
-    summary = drain(cfg, cfg.pipeline(args.pipeline), run_id=args.run_id)
-    print(summary.line())
+    if args.max_batches < 1:
+        raise DeltadrainError(f"--max-batches must be at least 1, got {args.max_batches}")
+    if args.max_batches == 1:
+        print(drain(cfg, cfg.pipeline(args.pipeline), run_id=args.run_id).line())
+        return 0
+    from deltadrain.catchup import drain_batches
+
+    print(drain_batches(cfg, cfg.pipeline(args.pipeline), None, run_id=args.run_id,
+                        max_batches=args.max_batches).line())
     return 0
 
 
@@ -322,9 +329,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--poison-ratio", type=float, default=0.0)
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
 
-    p = sub.add_parser("drain", help="run one exactly-once drain batch of a pipeline")
+    p = sub.add_parser("drain", help="run one exactly-once drain batch of a pipeline (or more: --max-batches)")
     p.add_argument("pipeline")
     p.add_argument("--run-id", help="identifies this run in commits, claims and logs (default: generated)")
+    p.add_argument("--max-batches", type=int, default=1,
+                   help="go on with another batch while the last one was full, up to N batches and the "
+                        "pipeline's airflow.max_drain_time (default 1); prints one summary of them all")
 
     p = sub.add_parser("reap", help="take over stuck claims and remove dead consumers")
     p.add_argument("pipeline", nargs="?", help="default: every Valkey pipeline")

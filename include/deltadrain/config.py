@@ -194,11 +194,23 @@ class AirflowSettings(_Model):
     # How long the sensor waits for work before the run is skipped, and how often it looks.
     wait_timeout: timedelta = timedelta(minutes=4)
     poll_interval: timedelta = timedelta(seconds=10)
+    # Catch-up: a drain task goes on with another batch while the last one was full (more is waiting),
+    # up to this many batches and none started after max_drain_time, in one Spark session: a backlog
+    # pays the JVM start and the cold first batch once. Each batch is its own commit and quality check.
+    max_batches_per_run: int = Field(10, ge=1, le=1000)
+    max_drain_time: timedelta = timedelta(minutes=10)
 
     @field_validator("start_date")
     @classmethod
     def _aware(cls, v):
         return v if v.tzinfo else v.replace(tzinfo=UTC)
+
+    @model_validator(mode="after")
+    def _drain_time_fits(self):
+        if self.max_drain_time >= self.execution_timeout:
+            raise ValueError(f"max_drain_time ({self.max_drain_time}) must be shorter than execution_timeout "
+                             f"({self.execution_timeout}): the last batch started must still finish in the task")
+        return self
 
 
 class PipelineConfig(_Model):

@@ -407,6 +407,49 @@ def batch_to_check(summary) -> int | None:
     return None
 
 
+def batches_to_check(summary: dict) -> list[int]:
+    """The batches a drain task's summary leaves to check: all the batches of a catch-up
+    (`deltadrain.catchup`), or the one of a single run."""
+    if summary.get("batches") is not None:
+        return [int(b) for b in summary["batches"]]
+    batch = batch_to_check(summary)
+    return [] if batch is None else [batch]
+
+
+def check_batches(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, batches: list[int],
+                  run_id: str | None = None) -> dict:
+    """check_batch for each batch, all of them even when one fails. One batch: its report. Several:
+    one summary of them (success, failed expectations per batch, rows, quarantined, each report).
+    Raises QualityFailed for the first batch that failed under `on_failure: fail`, after all ran."""
+    reports, failure = [], None
+    for batch in batches:
+        try:
+            reports.append(check_batch(cfg, pipeline, spark, batch, run_id=run_id))
+        except QualityFailed as exc:
+            reports.append(exc.report)
+            failure = failure or exc
+    if len(reports) == 1:
+        out = reports[0].as_dict()
+    else:
+        out = {"pipeline": pipeline.name, "scope": "batches", "batches": batches, "policy": reports[0].policy,
+               "success": all(r.success for r in reports),
+               "failed": [f"batch {r.batch}: {name}" for r in reports for name in r.failed],
+               "rows_checked": sum(r.rows_checked for r in reports),
+               "quarantined": sum(r.quarantined for r in reports), "data_docs": reports[-1].data_docs,
+               "results_table": reports[-1].results_table, "reports": [r.as_dict() for r in reports]}
+    if failure is not None:
+        raise BatchesFailed(out, failure)
+    return out
+
+
+class BatchesFailed(DeltadrainError):
+    """check_batches: a batch failed under `on_failure: fail`; `summary` holds every batch's outcome."""
+
+    def __init__(self, summary: dict, first: QualityFailed):
+        self.summary = summary
+        super().__init__(str(first))
+
+
 def check_batch(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, batch: int,
                 run_id: str | None = None) -> QualityReport:
     """Validate the rows batch `batch` wrote; apply the pipeline's failure policy."""

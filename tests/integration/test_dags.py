@@ -89,15 +89,19 @@ def run_dag(dag_id: str, run_conf: dict | None = None) -> dict:
 
 @pytest.mark.slow
 def test_ingest_dag_drains_through_spark_submit(pipeline_dags, spark):
-    path, c, p = pipeline_dags()
+    # 400 messages, batches of 150: one drain task catches up in three batches (two full ones).
+    path, c, p = pipeline_dags(batch_cap=150)
     client = valkey_client(c, p)
     result = produce(c, p, 400, seed=91, malformed_ratio=0.1)
     run = run_dag(ingest_dag_id(p.name))
     assert run["states"] == {"wait_for_work": "success", "drain": "success", "quality": "success"}, \
         run["log"][-3000:]
     summary = run["xcoms"]["drain"]
-    report = run["xcoms"]["quality"]  # the default suite on the batch the drain committed
-    assert report["batch"] == summary["batch"] and report["success"] and report["rows_checked"] == summary["written"]
+    assert summary["batches"] == [1, 2, 3] and [r["claimed"] for r in summary["runs"]] == [150, 150, 100]
+    assert summary["claimed"] == 400 and "not full" in summary["stopped"]
+    report = run["xcoms"]["quality"]  # the default suite on every batch the drain committed
+    assert report["batches"] == [1, 2, 3] and [r["batch"] for r in report["reports"]] == [1, 2, 3]
+    assert report["success"] and report["rows_checked"] == summary["written"]
     assert "Data Docs: file://" in run["log"]
     assert summary["outcome"] == "committed" and summary["written"] == len(result.valid_ids)
     assert "deltadrain drain summary:" in run["log"]  # the summary is shown in the task log too

@@ -424,3 +424,38 @@ def test_the_spark_submit_entry_point_drains(tmp_path, cfg, spark):
     # spark-submit's PythonRunner merges the Python driver's stderr into its stdout.
     assert bad.returncode != 0 and "deltadrain: error: " in bad.stdout + bad.stderr
     assert "no pipeline named 'nope'" in bad.stdout + bad.stderr
+
+
+@pytest.mark.slow
+def test_the_spark_submit_entry_point_catches_up_in_full_batches_up_to_its_limit(tmp_path, cfg, spark):
+    """A backlog of five full batches: the first job drains three (max_batches_per_run), the second
+    the other two and stops on the empty run after them; every batch is its own commit and metrics row."""
+    import os
+    import subprocess
+
+    from deltadrain.metrics import last_runs
+    from deltadrain.paths import PROJECT_ROOT
+    from deltadrain.spark import spark_submit_command
+
+    path, c, p = make_pipeline(tmp_path, batch_cap=200, airflow={"max_batches_per_run": 3})
+    client = valkey_client(c, p)
+    result = produce(c, p, 1000, seed=83, malformed_ratio=0.05)
+
+    def job(run_id: str) -> dict:
+        cmd = spark_submit_command(str(PROJECT_ROOT / "spark_jobs" / "drain.py"),
+                                   [p.name, "--config", str(path), "--run-id", run_id])
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env={**os.environ})
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        return summary_of(done.stdout)
+
+    first = job("catchup-a")
+    assert first["batches"] == [1, 2, 3] and first["claimed"] == 600 and first["acked"] == 600
+    assert "max_batches_per_run (3)" in first["stopped"]
+    assert [r["run_id"] for r in first["runs"]] == ["catchup-a", "catchup-a-2", "catchup-a-3"]
+    second = job("catchup-b")
+    assert second["batches"] == [4, 5] and second["claimed"] == 400 and second["outcome"] == "committed"
+    assert second["batch"] == 5 and "ended empty" in second["stopped"]
+    assert_exactly_once(spark, c, p, client, result.valid_ids, sum(result.kinds[k] for k in MALFORMED_KINDS))
+    runs = last_runs(spark, c, p, 10)
+    assert sorted(r["batch"] for r in runs if r["outcome"] == "committed") == [1, 2, 3, 4, 5]
+    assert len({r["run_id"] for r in runs}) == len(runs) == 6  # the empty run after batch 5 too

@@ -34,3 +34,12 @@ def test_bench_rounds_apply_to_kafka_only_and_are_positive(capsys):
     assert "--rounds applies to --source kafka only" in capsys.readouterr().err
     assert main(["bench", "--source", "kafka", "--rounds", "0"]) != 0
     assert "at least 1, got 0" in capsys.readouterr().err
+
+
+def test_drain_max_batches_is_positive(capsys):
+    from deltadrain.cli import main
+
+    assert build_parser().parse_args(["drain", "orders", "--max-batches", "5"]).max_batches == 5
+    assert build_parser().parse_args(["drain", "orders"]).max_batches == 1
+    assert main(["drain", "orders", "--max-batches", "0"]) != 0
+    assert "--max-batches must be at least 1, got 0" in capsys.readouterr().err

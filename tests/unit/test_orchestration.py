@@ -47,3 +47,23 @@ def test_the_drain_job_gets_the_interval_only_in_a_backfill():
 
 def test_names():
     assert ingest_dag_id("orders") == "deltadrain__orders__ingest" and pool_name("orders") == "deltadrain_orders"
+
+
+def test_the_quality_job_gets_every_batch_the_drain_task_committed():
+    from airflow.sdk.exceptions import AirflowSkipException
+
+    from deltadrain.orchestration.operators import QualityOperator
+
+    op = QualityOperator(task_id="quality", pipeline="orders", drain_task="drain")
+
+    def ctx(summary):
+        c = context("scheduled")
+        c["ti"].xcom_pull = lambda task_ids: summary
+        return c
+
+    args = op.job_args(ctx({"outcome": "committed", "batch": 6, "batches": [4, 5, 6]}))
+    assert args[args.index("--batch"):] == ["--batch", "4", "5", "6"]
+    args = op.job_args(ctx({"outcome": "committed", "batch": 2}))
+    assert args[args.index("--batch"):] == ["--batch", "2"]
+    with pytest.raises(AirflowSkipException, match="no batch to check"):
+        op.job_args(ctx({"outcome": "empty", "batch": 3, "batches": []}))

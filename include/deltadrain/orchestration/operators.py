@@ -106,6 +106,9 @@ class DeltadrainSparkOperator(SparkSubmitOperator):
                                       f"last lines: {' | '.join(self._tail[-5:])}")
         if self._summary.get("error") and self._summary.get("outcome") not in (None, "ahead"):
             raise DeltadrainJobFailed(f"deltadrain {self.job} of '{self.pipeline}': {self._summary['error']}")
+        if self._summary.get("later_error"):
+            self.log.warning("deltadrain %s of '%s' stopped after batches %s: %s (the next run meets it first)",
+                             self.job, self.pipeline, self._summary.get("batches"), self._summary["later_error"])
         self.log.info("deltadrain %s summary:\n%s", self.job, json.dumps(self._summary, indent=2, default=str))
         return self._summary
 
@@ -171,14 +174,14 @@ class QualityOperator(DeltadrainSparkOperator):
             return [*args, "--table"]
         from airflow.sdk.exceptions import AirflowSkipException
 
-        from deltadrain.quality import batch_to_check
+        from deltadrain.quality import batches_to_check
 
         summary = context["ti"].xcom_pull(task_ids=self.drain_task) or {}
-        batch = batch_to_check(summary)
-        if batch is None:
+        batches = batches_to_check(summary)
+        if not batches:
             # Backfills and replays write batch-less rows: the daily whole-table check covers them.
             raise AirflowSkipException(f"no batch to check (drain outcome: {summary.get('outcome', summary.get('mode'))})")
-        return [*args, "--batch", str(batch)]
+        return [*args, "--batch", *map(str, batches)]
 
     def execute(self, context) -> Any:
         report = super().execute(context)
