@@ -420,7 +420,7 @@ def check_batches(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, batche
                   run_id: str | None = None) -> dict:
     """check_batch for each batch, all of them even when one fails. One batch: its report. Several:
     one summary of them (success, failed expectations per batch, rows, quarantined, each report).
-    Raises QualityFailed for the first batch that failed under `on_failure: fail`, after all ran."""
+    Raises BatchesFailed (with that summary) when a batch failed under `on_failure: fail`, after all ran."""
     reports, failure = [], None
     for batch in batches:
         try:

@@ -284,3 +284,20 @@ def test_the_spark_submit_entry_point_checks_a_batch(tmp_path, cfg, spark):
     assert (report["run_id"], report["batch"], report["success"]) == ("dq1", 1, False)
     assert f"Data Docs: {report['data_docs']}" in done.stdout
     assert [r["run_id"] for r in last_results(spark, c, p)] == ["dq1"]
+
+
+def test_a_catch_ups_batches_are_all_checked_even_when_the_first_fails(tmp_path, cfg, spark):
+    from deltadrain.quality import BatchesFailed, check_batches
+
+    path, c, p = make_pipeline(tmp_path, partitions=2, batch_cap=100, quality=quality("fail"))
+    produce(c, p, 200, seed=7)
+    assert [drain(c, p, spark=spark).batch for _ in range(2)] == [1, 2]
+    with pytest.raises(BatchesFailed) as info:
+        check_batches(c, p, spark, [1, 2])
+    out = info.value.summary
+    assert "batch 1 failed data quality" in str(info.value)
+    assert out["batches"] == [1, 2] and not out["success"] and out["rows_checked"] == 200
+    assert [r["batch"] for r in out["reports"]] == [1, 2]
+    assert {f.split(":")[0] for f in out["failed"]} == {"batch 1", "batch 2"}
+    rows = table(spark, results_path(c)).where(f"pipeline = '{p.name}'").collect()
+    assert sorted(r.batch for r in rows) == [1, 2]  # the second batch was checked after the first failed
