@@ -7,7 +7,8 @@ Phases (each in a process of its own where peak memory matters, so peaks do not 
 3. the drain: batches of `--batch` until the backlog is gone (JVM start excluded);
 4. raw write limit: plain Delta append of the same rows (read back from the drained table);
 5. fixed overhead: a one-message batch;
-6. driver memory as the backlog grows 10x: peak RSS of the driver (Python) and of its JVM;
+6. driver memory as the backlog grows 10x: peak RSS of the driver (Python) and of its JVM, and the
+   JVM's live heap after the last batch (used heap after a full GC: what it retains, not what G1 grew to);
 7. batch time into a target holding 1x and 100x rows (the MERGE's window keeps the scan bounded).
 """
 
@@ -75,6 +76,15 @@ def memory_report() -> dict:
     jvm = _jvm_pids(me)
     return {"driver_python_peak_mib": round(_peak_rss_kib(me) / 1024, 1),
             "driver_jvm_peak_mib": round(sum(_peak_rss_kib(p) for p in jvm) / 1024, 1)}
+
+
+def jvm_live_heap_mib(spark) -> float:
+    """Used heap of the driver JVM right after a full GC: the live set. Its peak RSS only says how far
+    the collector let the heap grow, up to spark.driver.memory; this says what the driver holds on to."""
+    jvm = spark.sparkContext._jvm
+    jvm.java.lang.System.gc()
+    used = jvm.java.lang.management.ManagementFactory.getMemoryMXBean().getHeapMemoryUsage().getUsed()
+    return round(used / 2**20, 1)
 
 
 # -- phases run inside one Spark driver process ------------------------------------------------------
@@ -253,6 +263,7 @@ def run_phase(phase: str, config: str, pipeline_name: str, workdir: str, arg: in
         out = phase_raw_read(cfg, pipeline, spark)
     elif phase == "drain":
         out = phase_drain(cfg, pipeline, spark)
+        out["driver_jvm_live_heap_mib"] = jvm_live_heap_mib(spark)  # after the timing: it runs a full GC
     elif phase == "append":
         out = phase_delta_append(cfg, pipeline, spark, Path(workdir))
     elif phase == "window":
@@ -399,6 +410,8 @@ def run_bench(count: int, partitions: int, batch: int, workdir: Path | None = No
             report["drain"]["driver_python_peak_mib"] / report["drain_small"]["driver_python_peak_mib"], 3),
         "driver_jvm_memory_10x_backlog": round(
             report["drain"]["driver_jvm_peak_mib"] / report["drain_small"]["driver_jvm_peak_mib"], 3),
+        "driver_jvm_live_heap_10x_backlog": round(
+            report["drain"]["driver_jvm_live_heap_mib"] / report["drain_small"]["driver_jvm_live_heap_mib"], 3),
         "batch_time_100x_to_1x": report["window"]["ratio_100x_to_1x"],
     }
     return report

@@ -7,6 +7,7 @@ once per task instead of once per batch. `next_batch` decides, purely, whether t
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -62,8 +63,6 @@ class CatchUp:
         return out
 
     def line(self) -> str:
-        import json
-
         return json.dumps(self.as_dict(), default=str)
 
 

@@ -97,6 +97,14 @@ def _reap(args) -> int:
     return 0
 
 
+def stale_reason(st: dict) -> str:
+    after = st["stale_after_ms"]
+    if st["source"] == "kafka":
+        return (f"older than the drain task's execution_timeout ({after} ms): its run is gone, "
+                "the next drain reads the range again")
+    return f"idle over min_idle_ms ({after} ms): the next drain or the reaper takes these entries over"
+
+
 @command("status")
 def _status(args) -> int:
     from deltadrain.status import pipeline_status
@@ -110,7 +118,8 @@ def _status(args) -> int:
     print(f"  PENDING   {st.get('PENDING', 0):>10}")
     print(f"  CLAIMED   {st.get('CLAIMED', 0):>10}   oldest claim idle {st.get('oldest_claim_idle_ms', 0)} ms")
     for consumer, info in (st.get("claimed_by") or {}).items():
-        print(f"    {consumer}: {info['claimed']} claimed, idle {info['idle_ms']} ms")
+        print(f"    {consumer}: {info['claimed']} claimed, idle {info['idle_ms']} ms"
+              + (f"  STALE: {stale_reason(st)}" if info.get("stale") else ""))
     print(f"  PUBLISHED {st['PUBLISHED']:>10}")
     print(f"  DEAD      {st['DEAD']:>10}   (replayed {st['REPLAYED']})")
     if st["source"] == "kafka":

@@ -2,7 +2,8 @@
 
 Off unless the variable is set; the crash tests use them to stop a run exactly at a step boundary
 (after claim, during MERGE, after commit before ack, during ack) and then check that the next runs
-lose and duplicate nothing.
+lose and duplicate nothing. DELTADRAIN_FAILPOINT_SKIP=K lets the point pass K times in a process
+before it fires: a catch-up task killed in its second batch, after the first one committed.
 """
 
 from __future__ import annotations
@@ -13,21 +14,33 @@ import threading
 
 ENV = "DELTADRAIN_FAILPOINT"
 DELAY_ENV = "DELTADRAIN_FAILPOINT_DELAY_MS"
+SKIP_ENV = "DELTADRAIN_FAILPOINT_SKIP"
+
+_passed: dict[str, int] = {}  # how often each armed point was reached in this process
 
 
 def armed(name: str) -> bool:
     return os.environ.get(ENV) == name
 
 
+def _fires(name: str) -> bool:
+    """Armed, and reached more than DELTADRAIN_FAILPOINT_SKIP times before (counted here)."""
+    if not armed(name):
+        return False
+    seen = _passed.get(name, 0)
+    _passed[name] = seen + 1
+    return seen >= int(os.environ.get(SKIP_ENV, "0"))
+
+
 def hit(name: str, pid: int | None = None) -> None:
     """SIGKILL the driver (or `pid`) when the failpoint `name` is armed."""
-    if armed(name):
+    if _fires(name):
         os.kill(pid or os.getpid(), signal.SIGKILL)
 
 
 def hit_later(name: str) -> None:
     """For 'during' points: SIGKILL this process after DELTADRAIN_FAILPOINT_DELAY_MS, whatever it is doing."""
-    if armed(name):
+    if _fires(name):
         delay = int(os.environ.get(DELAY_ENV, "500")) / 1000
         timer = threading.Timer(delay, os.kill, (os.getpid(), signal.SIGKILL))
         timer.daemon = True
@@ -48,5 +61,5 @@ class InjectedFailure(RuntimeError):
 
 
 def fail(name: str) -> None:
-    if armed(name):
+    if _fires(name):
         raise InjectedFailure(f"failpoint {name}")

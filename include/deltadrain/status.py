@@ -10,6 +10,24 @@ from deltadrain.lake import inserted_rows, is_table, recent_commits
 from deltadrain.metrics import last_runs
 
 
+def stale_after_ms(pipeline: PipelineConfig) -> int:
+    """How long a claim may sit before its run is taken for gone. Valkey: min_idle_ms, after which the
+    next drain or the reaper takes the entries over. Kafka: the drain task's execution_timeout, which
+    Airflow kills the task at; the next drain reads such a range again whatever the notice says."""
+    if isinstance(pipeline.source, ValkeySource):
+        return pipeline.min_idle_ms
+    return int(pipeline.airflow.execution_timeout.total_seconds() * 1000)
+
+
+def mark_stale(counts: dict, after_ms: int) -> dict:
+    """Flag each claimant idle longer than `after_ms` and count what they hold as STALE_CLAIMED."""
+    for claim in (counts.get("claimed_by") or {}).values():
+        claim["stale"] = claim["idle_ms"] > after_ms
+    counts["STALE_CLAIMED"] = sum(c["claimed"] for c in (counts.get("claimed_by") or {}).values() if c["stale"])
+    counts["stale_after_ms"] = after_ms
+    return counts
+
+
 def valkey_counts(client, source: ValkeySource) -> dict:
     pending = claimed = 0
     consumers: dict[str, dict] = {}
@@ -82,7 +100,7 @@ def pipeline_status(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark) -> d
     target, dlq = str(cfg.target_path(pipeline)), str(cfg.dlq_path(pipeline))
     out: dict = {"pipeline": pipeline.name, "source": pipeline.source.kind}
     if isinstance(pipeline.source, ValkeySource):
-        out.update(valkey_counts(valkey_client(cfg, pipeline), pipeline.source))
+        out.update(mark_stale(valkey_counts(valkey_client(cfg, pipeline), pipeline.source), stale_after_ms(pipeline)))
     out["PUBLISHED"] = spark.read.format("delta").load(target).count() if is_table(spark, target) else 0
     dead = replayed = 0
     if is_table(spark, dlq):
@@ -100,7 +118,8 @@ def pipeline_status(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark) -> d
         published = _per_partition(spark, target, "_dd_partition") if is_table(spark, target) else {}
         dead_by = (_per_partition(spark, dlq, "partition", (F.col("pipeline") == F.lit(pipeline.name))
                                   & (F.col("state") == F.lit(DEAD))) if is_table(spark, dlq) else {})
-        out.update(kafka_counts(kafka_client_conf(cfg, pipeline), pipeline.source, positions, published, dead_by))
+        out.update(mark_stale(kafka_counts(kafka_client_conf(cfg, pipeline), pipeline.source, positions, published,
+                                           dead_by), stale_after_ms(pipeline)))
     out["last_batch"] = None
     if is_table(spark, target):
         for commit in recent_commits(spark, target, 20):

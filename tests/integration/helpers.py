@@ -123,9 +123,10 @@ def assert_exactly_once(spark, cfg, pipeline, client, valid_ids, bad_count: int)
     assert pending(client, pipeline) == 0
 
 
-def cli_drain(config: Path, pipeline: str, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
+def cli_drain(config: Path, pipeline: str, env: dict | None = None, timeout: int = 600,
+              args: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
     return subprocess.Popen(
-        [sys.executable, "-m", "deltadrain.cli", "--config", str(config), "drain", pipeline],
+        [sys.executable, "-m", "deltadrain.cli", "--config", str(config), "drain", pipeline, *args],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})}, cwd=ROOT)
 
 

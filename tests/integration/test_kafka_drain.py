@@ -343,6 +343,28 @@ def test_sigkill_at_each_step_boundary_loses_and_duplicates_nothing(point, trans
 
 
 @pytest.mark.slow
+def test_sigkill_after_a_later_catch_up_batchs_commit_loses_and_duplicates_nothing(tmp_path, cfg, spark):
+    """A catch-up task killed after its second batch's commit, before that batch's group commit: the
+    lake holds two batches, the group offsets the first one's ends, and the next runs read only the rest."""
+    path, c, p = make_kafka_pipeline(tmp_path, partitions=3, batch_cap=1000)
+    result = produce(c, p, 3000, seed=39, malformed_ratio=0.05)
+    env = {"DELTADRAIN_FAILPOINT": "after_commit", "DELTADRAIN_FAILPOINT_SKIP": "1"}
+    proc = cli_drain(path, p.name, env, args=("--max-batches", "3"))
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == -9, f"the drain was not killed: rc={proc.returncode}\n{err[-3000:]}"
+    lake = lake_checkpoint(spark, c, p)
+    assert lake.batch == 2 and sum(int(v) for v in lake.positions.values()) == 2000
+    assert sum(v or 0 for v in group_of(c, p).values()) == 1000  # the first batch's group commit only
+    assert pipeline_status(c, p, spark)["CLAIMED"] == 0  # the dead run's notices are behind the lake
+    assert_group_never_leads(spark, c, p)
+    summaries = drain_until_done(c, p, spark)
+    assert sum(s.claimed for s in summaries) == 1000  # the third thousand, nothing read twice
+    valid, fallback, bad = expected_counts(result)
+    assert_exactly_once(spark, c, p, valid, fallback, bad)
+    assert group_of(c, p) == {k: int(v) for k, v in end_offsets(c, p).items()}
+
+
+@pytest.mark.slow
 def test_two_concurrent_drains_one_reports_the_neighbour(tmp_path, cfg, spark):
     path, c, p = make_kafka_pipeline(tmp_path, partitions=3, batch_cap=1000)
     result = produce(c, p, 3000, seed=41, malformed_ratio=0.02)
@@ -422,7 +444,9 @@ def test_claim_notices_move_no_offset_and_a_run_withdraws_only_its_own(tmp_path,
 @pytest.mark.slow
 def test_status_shows_a_running_batchs_ranges_as_claimed_and_a_killed_runs_notices_block_nothing(
         tmp_path, cfg, spark):
-    path, c, p = make_kafka_pipeline(tmp_path, partitions=3, batch_cap=5000)
+    # A short execution_timeout: a notice older than that is from a run Airflow would have killed.
+    path, c, p = make_kafka_pipeline(tmp_path, partitions=3, batch_cap=5000,
+                                     airflow={"execution_timeout": 15, "max_drain_time": 5})
     result = produce(c, p, 3000, seed=71, malformed_ratio=0.02)
     conf = kafka_client_conf(c, p)
     ends = end_offsets(c, p)
@@ -443,16 +467,22 @@ def test_status_shows_a_running_batchs_ranges_as_claimed_and_a_killed_runs_notic
 
     run.kill()
     run.communicate(timeout=60)
-    # Killed: its notices stay (status cannot tell a dead run from a slow one) and show their age ...
+    # Killed: its notices stay and show their age; a notice is only known stale once it is older
+    # than the drain task's execution_timeout ...
     st = pipeline_status(c, p, spark)
     assert st["CLAIMED"] == 3000 and set(st["claimed_by"]) == {run_id}
-    time.sleep(0.2)
-    assert pipeline_status(c, p, spark)["claimed_by"][run_id]["idle_ms"] > st["claimed_by"][run_id]["idle_ms"]
+    assert st["stale_after_ms"] == 15_000
+    if st["claimed_by"][run_id]["idle_ms"] <= 15_000:
+        assert (st["claimed_by"][run_id]["stale"], st["STALE_CLAIMED"]) == (False, 0)
+    time.sleep(max(0.2, (15_000 - st["claimed_by"][run_id]["idle_ms"]) / 1000 + 0.5))
+    later = pipeline_status(c, p, spark)
+    assert later["claimed_by"][run_id]["idle_ms"] > max(st["claimed_by"][run_id]["idle_ms"], 15_000)
+    assert later["claimed_by"][run_id]["stale"] and later["STALE_CLAIMED"] == 3000 and later["CLAIMED"] == 3000
     # ... and block nothing: the next run reads the same ranges, commits them and takes them off.
     s = drain(c, p, spark=spark)
     assert s.outcome == "committed" and s.claimed == 3000 and s.run_id != run_id
     st = pipeline_status(c, p, spark)
-    assert (st["CLAIMED"], st["PENDING"], st["claimed_by"]) == (0, 0, {})
+    assert (st["CLAIMED"], st["PENDING"], st["claimed_by"], st["STALE_CLAIMED"]) == (0, 0, {}, 0)
     assert all(v["claimed_range"] is None for v in st["partitions"].values())
     assert group_of(c, p) == {k: int(v) for k, v in ends.items()}
     valid, fallback, bad = expected_counts(result)

@@ -47,6 +47,20 @@ def test_delta_merge_with_set_transaction_in_the_project_session(spark, tmp_path
                                                        for k, v in a["txn"].items() if k != "lastUpdated"} == {"appId": "platform-test", "version": 1}
 
 
+def test_the_benchs_live_heap_probe_sees_what_the_driver_jvm_holds(spark):
+    """bench.jvm_live_heap_mib counts 32 MiB the driver holds, and is steady while nothing changes.
+    (Py4J keeps arrays it handed out alive, so letting them go is not part of this check.)"""
+    from deltadrain.bench import jvm_live_heap_mib
+
+    gateway = spark.sparkContext._gateway
+    before = jvm_live_heap_mib(spark)
+    again = jvm_live_heap_mib(spark)
+    held = [gateway.new_array(gateway.jvm.long, 2**19) for _ in range(8)]  # 4 MiB each
+    with_it = jvm_live_heap_mib(spark)
+    assert abs(again - before) < 8 and with_it - again > 28, (before, again, with_it)
+    assert len(held) == 8
+
+
 def test_a_table_another_process_created_meanwhile_is_taken_as_it_is(spark, tmp_path):
     """A table another process created after this session cached "no table" at the path (here
     delta-rs; in the stale-run test a second drain) is taken as it is: not re-created, not

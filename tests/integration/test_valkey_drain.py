@@ -15,7 +15,7 @@ from deltadrain.connections import valkey_client
 from deltadrain.drain import drain
 from deltadrain.produce import MALFORMED_KINDS, generate, produce
 from deltadrain.reap import REAPER, reap
-from deltadrain.status import pipeline_status
+from deltadrain.status import mark_stale, pipeline_status, stale_after_ms, valkey_counts
 from tests.integration.helpers import (
     BOTH_TRANSFORMS,
     HANDLER,
@@ -140,7 +140,12 @@ def test_reaper_takes_over_claims_of_a_dead_consumer(tmp_path, cfg, spark):
         client.xgroup_create(stream, p.source.group, id="0", mkstream=True)
         client.xreadgroup(p.source.group, "crashed-drain", {stream: ">"}, count=50)
     assert pending(client, p) == 200
+    # Status flags a claimant idle over min_idle_ms as stale: its entries are anyone's to take over.
+    fresh = mark_stale(valkey_counts(client, p.source), stale_after_ms(p))["claimed_by"]["crashed-drain"]
+    assert fresh["claimed"] == 200 and fresh["stale"] == (fresh["idle_ms"] > 200)
     time.sleep(0.3)
+    st = pipeline_status(c, p, spark)
+    assert st["claimed_by"]["crashed-drain"]["stale"] and st["STALE_CLAIMED"] == 200 == st["CLAIMED"]
     report = reap(c, p, client)
     assert report["taken_over"] == 200
     assert sorted(report["consumers_removed"]) == sorted(f"{s}/crashed-drain" for s in p.source.streams)
@@ -300,6 +305,27 @@ def test_sigkill_at_each_step_boundary_loses_and_duplicates_nothing(point, trans
     if point in ("after_commit", "during_ack"):
         assert sum(s.written for s in summaries) == 0  # all rows were in the killed run's commit
         assert sum(s.duplicates_skipped for s in summaries) > 0
+    assert_exactly_once(spark, c, p, client, result.valid_ids, sum(result.kinds[k] for k in MALFORMED_KINDS))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point", ["during_merge", "after_commit"])
+def test_sigkill_in_a_later_batch_of_a_catch_up_loses_and_duplicates_nothing(point, tmp_path, cfg, spark):
+    """A catch-up task killed in its second batch: the first batch stays committed and acknowledged,
+    the second one's entries stay pending (committed or not), and the next runs finish the job."""
+    path, c, p = make_pipeline(tmp_path, min_idle_ms=0, batch_cap=1000, partitions=2)
+    client = valkey_client(c, p)
+    result = produce(c, p, 3000, seed=37, malformed_ratio=0.05)
+    env = {"DELTADRAIN_FAILPOINT": point, "DELTADRAIN_FAILPOINT_SKIP": "1", "DELTADRAIN_FAILPOINT_DELAY_MS": "300"}
+    proc = cli_drain(path, p.name, env, args=("--max-batches", "3"))
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == -9, f"the drain was not killed at {point}: rc={proc.returncode}\n{err[-3000:]}"
+    checkpoint = read_checkpoint(spark, str(c.target_path(p)), p.name).batch
+    assert checkpoint == (2 if point == "after_commit" else 1)
+    assert pending(client, p) == 1000  # the first batch was acknowledged, the second one was not
+    summaries = drain_until_done(c, p, spark, client)
+    if point == "after_commit":
+        assert summaries[0].duplicates_skipped > 0  # the second batch's rows, already in the lake
     assert_exactly_once(spark, c, p, client, result.valid_ids, sum(result.kinds[k] for k in MALFORMED_KINDS))
 
 

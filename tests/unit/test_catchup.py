@@ -60,3 +60,19 @@ def test_max_drain_time_must_leave_the_last_batch_time_to_finish():
         AirflowSettings(max_drain_time=timedelta(minutes=30), execution_timeout=timedelta(minutes=30))
     with pytest.raises(ValueError):
         AirflowSettings(max_batches_per_run=0)
+
+
+def test_a_failpoint_with_a_skip_count_passes_that_often_before_it_fires(monkeypatch):
+    """What the catch-up kill tests rely on: DELTADRAIN_FAILPOINT_SKIP=1 lets the first batch through."""
+    from deltadrain import failpoints
+
+    monkeypatch.setattr(failpoints, "_passed", {})
+    monkeypatch.setenv(failpoints.ENV, "after_merge")
+    monkeypatch.setenv(failpoints.SKIP_ENV, "1")
+    failpoints.fail("after_claim")  # not armed: neither fires nor counts
+    failpoints.fail("after_merge")  # the first batch passes
+    with pytest.raises(failpoints.InjectedFailure):
+        failpoints.fail("after_merge")
+    with pytest.raises(failpoints.InjectedFailure):
+        failpoints.fail("after_merge")  # and it keeps firing, as an unskipped point does
+    assert failpoints._passed == {"after_merge": 3}

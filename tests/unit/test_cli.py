@@ -43,3 +43,26 @@ def test_drain_max_batches_is_positive(capsys):
     assert build_parser().parse_args(["drain", "orders"]).max_batches == 1
     assert main(["drain", "orders", "--max-batches", "0"]) != 0
     assert "--max-batches must be at least 1, got 0" in capsys.readouterr().err
+
+
+def test_stale_claims_are_flagged_by_the_sources_own_limit():
+    """Valkey: idle over min_idle_ms (reclaimable); Kafka: older than the drain task's execution_timeout."""
+    from pathlib import Path
+
+    from deltadrain.cli import stale_reason
+    from deltadrain.config import load_config
+    from deltadrain.status import mark_stale, stale_after_ms
+
+    cfg = load_config(Path(__file__).resolve().parents[2] / "config" / "pipelines.yaml")
+    valkey = next(p for p in cfg.pipelines if p.source.kind == "valkey")
+    kafka = next(p for p in cfg.pipelines if p.source.kind == "kafka")
+    assert stale_after_ms(valkey) == valkey.min_idle_ms
+    assert stale_after_ms(kafka) == kafka.airflow.execution_timeout.total_seconds() * 1000
+    counts = {"claimed_by": {"a": {"claimed": 5, "idle_ms": 1000}, "b": {"claimed": 7, "idle_ms": 1001},
+                             "c": {"claimed": 2, "idle_ms": 5000}}}
+    mark_stale(counts, 1000)
+    assert {k: v["stale"] for k, v in counts["claimed_by"].items()} == {"a": False, "b": True, "c": True}
+    assert (counts["STALE_CLAIMED"], counts["stale_after_ms"]) == (9, 1000)
+    assert mark_stale({"claimed_by": {}}, 10)["STALE_CLAIMED"] == 0
+    assert "execution_timeout (1000 ms)" in stale_reason({"source": "kafka", "stale_after_ms": 1000})
+    assert "reaper" in stale_reason({"source": "valkey", "stale_after_ms": 1000})

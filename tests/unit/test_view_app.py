@@ -61,3 +61,17 @@ def test_reading_and_replaying_need_the_permissions(client_for, cfg):
     assert ok.post(f"/pipelines/{name}/replay", data={"entry": "s@1-0"}).status_code == 403
     r = ok.post(f"/pipelines/{name}/replay", data={"entry": "s@1-0"}, headers={"Origin": "http://testserver"})
     assert r.status_code == 400 and "not DEAD" in r.text
+
+
+def test_the_page_names_who_holds_claims_and_flags_stale_ones():
+    from deltadrain.orchestration.view import _templates
+
+    v = {"pipeline": "orders", "source": "valkey", "partitions": ["s0"], "PENDING": 0, "CLAIMED": 12,
+         "oldest_claim_idle_ms": 90_000, "stale_after_ms": 60_000, "last_batches": [], "dead_letters": [],
+         "claimed_by": {"drain-live": {"claimed": 5, "idle_ms": 100, "stale": False},
+                        "<b>drain-gone</b>": {"claimed": 7, "idle_ms": 90_000, "stale": True}}}
+    page = _templates().get_template("pipeline.html.j2").render(v=v, state="DEAD", triggered=[], replay_dag="r")
+    assert 'id="claim-drain-live"' in page and "drain-live\n(5, idle 100 ms)" in page
+    stale = page.split('id="claim-&lt;b&gt;drain-gone&lt;/b&gt;"')[1].split("</span>")[0]
+    assert 'class="bad"' in stale and "(7, idle 90,000 ms, stale)" in stale and "or the reaper" in stale
+    assert "<b>drain-gone" not in page  # names are escaped

@@ -108,10 +108,7 @@ def source_counts(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> dict:
         counts = valkey_counts(client, pipeline.source)
     except Exception as exc:  # the view still shows the lake side
         return {"PENDING": None, "CLAIMED": None, "source_note": f"source unreachable ({type(exc).__name__})"}
-    return {"PENDING": counts["PENDING"], "CLAIMED": counts["CLAIMED"], "claimed_by": counts["claimed_by"],
-            "oldest_claim_idle_ms": counts["oldest_claim_idle_ms"],
-            "partitions": {k: {"pending": v["pending"], "claimed": v["claimed"]}
-                           for k, v in counts["partitions"].items()}}
+    return _claims(counts, pipeline)
 
 
 def kafka_counts(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> dict:
@@ -130,9 +127,19 @@ def kafka_counts(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> dict:
         return {"PENDING": None, "CLAIMED": None, "source_note": str(exc)}
     except Exception as exc:
         return {"PENDING": None, "CLAIMED": None, "source_note": f"source unreachable ({type(exc).__name__})"}
-    return {"PENDING": got["PENDING"], "CLAIMED": got["CLAIMED"], "claimed_by": got["claimed_by"],
-            "oldest_claim_idle_ms": got["oldest_claim_idle_ms"],
-            "partitions": {k: {"pending": v["pending"], "claimed": v["claimed"]} for k, v in got["partitions"].items()}}
+    return _claims(got, pipeline)
+
+
+def _claims(counts: dict, pipeline: PipelineConfig) -> dict:
+    """What the page shows of a source's counts: totals, who holds claims (stale ones flagged), partitions."""
+    from deltadrain.status import mark_stale, stale_after_ms
+
+    mark_stale(counts, stale_after_ms(pipeline))
+    return {"PENDING": counts["PENDING"], "CLAIMED": counts["CLAIMED"], "claimed_by": counts["claimed_by"],
+            "oldest_claim_idle_ms": counts["oldest_claim_idle_ms"], "STALE_CLAIMED": counts["STALE_CLAIMED"],
+            "stale_after_ms": counts["stale_after_ms"],
+            "partitions": {k: {"pending": v["pending"], "claimed": v["claimed"]}
+                           for k, v in counts["partitions"].items()}}
 
 
 def pipeline_view(cfg: DeltadrainConfig, pipeline: PipelineConfig, dlq_state: str | None = "DEAD",
