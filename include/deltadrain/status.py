@@ -21,9 +21,10 @@ def stale_after_ms(pipeline: PipelineConfig) -> int:
 
 def mark_stale(counts: dict, after_ms: int) -> dict:
     """Flag each claimant idle longer than `after_ms` and count what they hold as STALE_CLAIMED."""
-    for claim in (counts.get("claimed_by") or {}).values():
+    claims = (counts.get("claimed_by") or {}).values()
+    for claim in claims:
         claim["stale"] = claim["idle_ms"] > after_ms
-    counts["STALE_CLAIMED"] = sum(c["claimed"] for c in (counts.get("claimed_by") or {}).values() if c["stale"])
+    counts["STALE_CLAIMED"] = sum(c["claimed"] for c in claims if c["stale"])
     counts["stale_after_ms"] = after_ms
     return counts
 
@@ -100,7 +101,7 @@ def pipeline_status(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark) -> d
     target, dlq = str(cfg.target_path(pipeline)), str(cfg.dlq_path(pipeline))
     out: dict = {"pipeline": pipeline.name, "source": pipeline.source.kind}
     if isinstance(pipeline.source, ValkeySource):
-        out.update(mark_stale(valkey_counts(valkey_client(cfg, pipeline), pipeline.source), stale_after_ms(pipeline)))
+        out.update(valkey_counts(valkey_client(cfg, pipeline), pipeline.source))
     out["PUBLISHED"] = spark.read.format("delta").load(target).count() if is_table(spark, target) else 0
     dead = replayed = 0
     if is_table(spark, dlq):
@@ -118,8 +119,8 @@ def pipeline_status(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark) -> d
         published = _per_partition(spark, target, "_dd_partition") if is_table(spark, target) else {}
         dead_by = (_per_partition(spark, dlq, "partition", (F.col("pipeline") == F.lit(pipeline.name))
                                   & (F.col("state") == F.lit(DEAD))) if is_table(spark, dlq) else {})
-        out.update(mark_stale(kafka_counts(kafka_client_conf(cfg, pipeline), pipeline.source, positions, published,
-                                           dead_by), stale_after_ms(pipeline)))
+        out.update(kafka_counts(kafka_client_conf(cfg, pipeline), pipeline.source, positions, published, dead_by))
+    mark_stale(out, stale_after_ms(pipeline))  # both sources' claimants, now in `out`
     out["last_batch"] = None
     if is_table(spark, target):
         for commit in recent_commits(spark, target, 20):
