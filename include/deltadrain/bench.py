@@ -78,13 +78,23 @@ def memory_report() -> dict:
             "driver_jvm_peak_mib": round(sum(_peak_rss_kib(p) for p in jvm) / 1024, 1)}
 
 
-def jvm_live_heap_mib(spark) -> float:
+def jvm_live_heap_mib(spark, settle_rounds: int = 6) -> float:
     """Used heap of the driver JVM right after a full GC: the live set. Its peak RSS only says how far
     the collector let the heap grow, up to spark.driver.memory; this says what the driver holds on to."""
+    # One GC is not enough: it clears the weak references through which Spark's ContextCleaner
+    # learns that a broadcast or shuffle is gone, and the cleaner frees those blocks only afterwards,
+    # on its own thread. So collect until two readings agree.
     jvm = spark.sparkContext._jvm
-    jvm.java.lang.System.gc()
-    used = jvm.java.lang.management.ManagementFactory.getMemoryMXBean().getHeapMemoryUsage().getUsed()
-    return round(used / 2**20, 1)
+    bean = jvm.java.lang.management.ManagementFactory.getMemoryMXBean()
+    last = None
+    for _ in range(settle_rounds):
+        jvm.java.lang.System.gc()
+        used = bean.getHeapMemoryUsage().getUsed() / 2**20
+        if last is not None and abs(used - last) < 1:
+            break
+        last = used
+        time.sleep(0.2)
+    return round(used, 1)
 
 
 # -- phases run inside one Spark driver process ------------------------------------------------------

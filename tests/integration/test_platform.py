@@ -48,17 +48,20 @@ def test_delta_merge_with_set_transaction_in_the_project_session(spark, tmp_path
 
 
 def test_the_benchs_live_heap_probe_sees_what_the_driver_jvm_holds(spark):
-    """bench.jvm_live_heap_mib counts 32 MiB the driver holds, and is steady while nothing changes.
+    """bench.jvm_live_heap_mib counts 128 MiB the driver holds, and is steady while nothing changes.
+    The session has run other tests, so Spark and Delta may still free a little in the background
+    (a single GC once read 12.8 MiB less on the next call); the tolerances are sized to that. G1
+    counts a 4 MiB array as five 1 MiB regions, hence up to 160 MiB for the 128.
     (Py4J keeps arrays it handed out alive, so letting them go is not part of this check.)"""
     from deltadrain.bench import jvm_live_heap_mib
 
     gateway = spark.sparkContext._gateway
     before = jvm_live_heap_mib(spark)
     again = jvm_live_heap_mib(spark)
-    held = [gateway.new_array(gateway.jvm.long, 2**19) for _ in range(8)]  # 4 MiB each
+    held = [gateway.new_array(gateway.jvm.long, 2**19) for _ in range(32)]  # 4 MiB each
     with_it = jvm_live_heap_mib(spark)
-    assert abs(again - before) < 8 and with_it - again > 28, (before, again, with_it)
-    assert len(held) == 8
+    assert abs(again - before) < 16 and 112 < with_it - again < 200, (before, again, with_it)
+    assert len(held) == 32
 
 
 def test_a_table_another_process_created_meanwhile_is_taken_as_it_is(spark, tmp_path):
