@@ -101,7 +101,7 @@ def jvm_live_heap_mib(spark, settle_rounds: int = 6) -> float:
 
 def phase_raw_read(cfg, pipeline, spark) -> dict:
     """XREADGROUP only, with its own group and the drain's own task plan: the read limit."""
-    from deltadrain.claim import _client, allocate, plan
+    from deltadrain.claim import READ_CHUNK, _client, allocate, plan, read_new
     from deltadrain.drain import backlog, claim_context
 
     client_ctx = claim_context(cfg, pipeline, "raw-reader")
@@ -120,10 +120,11 @@ def phase_raw_read(cfg, pipeline, spark) -> dict:
         c = _client(ctx)
         got = 0
         while got < task.quota:
-            resp = c.xreadgroup(ctx.group, ctx.consumer, {task.stream: ">"}, count=min(5000, task.quota - got))
-            if not resp or not resp[0][1]:
+            # The claim's own read (unparsed replies, READ_CHUNK at a time): the limit is the read alone.
+            entries = read_new(c, ctx.group, ctx.consumer, task.stream, min(READ_CHUNK, task.quota - got))
+            if not entries:
                 break
-            got += len(resp[0][1])
+            got += len(entries)
         yield got
 
     started = time.monotonic()

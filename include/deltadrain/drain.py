@@ -460,8 +460,6 @@ class ValkeyDrain(Drain):
         return sum(backlog(self.client, self.pipeline.source).values())
 
     def _run(self) -> None:
-        from pyspark.sql import functions as F
-
         s, p = self.summary, self.pipeline
         source: ValkeySource = p.source
         ensure_groups(self.client, source)
@@ -490,15 +488,11 @@ class ValkeyDrain(Drain):
         if result.outcome in (Outcome.COMMITTED, Outcome.ALREADY_COMMITTED):
             failpoints.hit("after_commit")
             failpoints.pause("after_commit")
-            to_ack = claimed
-            if pending_culprits:
-                keep = self.spark.createDataFrame(pending_culprits, "_dd_partition string, _dd_position string")
-                to_ack = claimed.join(F.broadcast(keep), ["_dd_partition", "_dd_position"], "left_anti")
-            s.acked = acknowledge(to_ack, self.ctx)
+            s.acked = acknowledge(staged.files, self.ctx, keep=frozenset(pending_culprits))
             self._lap("ack")
             return
         # Another writer is ahead, or the table went backwards: acknowledge nothing (invariant 5).
-        s.released = release(claimed, self.ctx)
+        s.released = release(staged.files, self.ctx)
         self.refuse(result, expected)
 
     def _finish(self) -> None:

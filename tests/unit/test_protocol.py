@@ -109,3 +109,36 @@ def test_a_commit_files_commit_info_gives_the_checkpoint_metadata_and_its_time()
     got = commit_info(json.dumps(ict))
     assert got["timestamp"] == datetime.fromtimestamp(1, UTC) and got["meta"] is None
     assert commit_info(json.dumps({"add": {"path": "part-0.parquet"}})) is None and commit_info("") is None
+
+
+def test_an_unparsed_xreadgroup_reply_gives_positions_and_payloads():
+    from deltadrain.claim import Entries, payload_of
+
+    assert payload_of([b"data", b"{}"], b"data") == b"{}"
+    assert payload_of([b"other", b"x", b"data", b"{}"], b"data") == b"{}"  # not the first field
+    assert payload_of([b"data", b"x"], b"other") is None
+    assert payload_of([], b"data") is None and payload_of(None, b"data") is None
+    chunk = Entries.unparsed("s", [[b"5-9", [b"data", b"a"]], [b"5-10", [b"x", b"1"]]])
+    assert (chunk.positions, chunk.data, chunk.attempts, chunk.reclaimed) == (
+        ["5-9", "5-10"], [b"a", None], [1, 1], [False, False])
+
+
+def test_claim_record_batches_split_positions_into_integer_pairs():
+    import pyarrow as pa
+
+    from deltadrain.claim import Entries, record_batch
+    from deltadrain.decode import BatchDecoder
+
+    schema = pa.schema([("_dd_partition", pa.string()), ("_dd_position", pa.string()), ("_dd_pos_hi", pa.int64()),
+                        ("_dd_pos_lo", pa.int64()), ("_dd_source_ts", pa.timestamp("us", tz="UTC")),
+                        ("_dd_attempts", pa.int32()), ("_dd_reclaimed", pa.bool_()), ("_dd_message_id", pa.string()),
+                        ("_dd_error_type", pa.string()), ("_dd_error", pa.string()), ("_dd_original", pa.binary()),
+                        ("_dd_first_failure_at", pa.timestamp("us", tz="UTC")), ("event_id", pa.string())])
+    decoder = BatchDecoder(fields={"event_id": "string"}, id_field="event_id", required=[], max_bytes=100,
+                           types={"event_id": pa.string()})
+    chunk = Entries.unparsed("s", [[b"1795472338020-9", [b"data", b'{"event_id": "a"}']],
+                                   [b"1795472338020-10", [b"data", b"{"]]])
+    got = record_batch(chunk, decoder, schema).to_pydict()
+    assert got["_dd_pos_hi"] == [1795472338020, 1795472338020] and got["_dd_pos_lo"] == [9, 10]
+    assert [t.timestamp() for t in got["_dd_source_ts"]] == [1795472338.02, 1795472338.02]
+    assert got["event_id"] == ["a", None] and got["_dd_error_type"] == [None, "invalid_json"]
