@@ -6,8 +6,8 @@ long enough for the next drain's XAUTOCLAIM, without counting a delivery.
 
 Both run in the driver over the staged claim files, reading only the partition, position and
 attempts columns, ACK_CHUNK rows at a time: the driver's memory stays bounded by the chunk, not the
-batch. A Spark job for this cost 1.2-3.0 s per 200 000-entry batch (bench run 7), mostly job and
-Python-worker start; the XACKs themselves take well under a second.
+batch. As a Spark job this took about 1 s per warm 200 000-entry batch (up to 3 s), from the driver
+about 0.5 s (docs/benchmarks.md, "eighth round").
 """
 
 from __future__ import annotations

@@ -1,0 +1,30 @@
+"""Set up a Valkey before/after comparison for `bench/ab_valkey.sh`: one bench pipeline over four
+streams, MESSAGES produced once, and four copies of its config (before1, after1, before2, after2),
+each with a consumer group and a lake of its own, so that every run drains the same entries.
+
+    DELTADRAIN_HOME=/tmp/ddab DELTADRAIN_VALKEY_PORT=26996 \\
+        .venv/bin/python bench/ab_setup_valkey.py WORKDIR MESSAGES     # prints the pipeline name
+"""
+
+import sys
+from pathlib import Path
+
+import yaml
+
+from deltadrain import services
+from deltadrain.bench import _bench_config
+from deltadrain.config import load_config
+from deltadrain.produce import produce
+
+work = Path(sys.argv[1])
+work.mkdir(parents=True, exist_ok=True)
+config, name = _bench_config(work, 4, 200_000)
+cfg = load_config(config)
+services.up(cfg, ["valkey"])
+produce(cfg, cfg.pipeline(name), int(sys.argv[2]), seed=11, progress=False)
+for tag in ("before1", "after1", "before2", "after2"):
+    doc = yaml.safe_load(config.read_text())
+    doc["pipelines"][0]["source"]["group"] = f"ab-{tag}"
+    doc["data_dir"] = str(work / f"lake_{tag}")
+    (work / f"{tag}.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+print(name)
