@@ -101,7 +101,7 @@ def jvm_live_heap_mib(spark, settle_rounds: int = 6) -> float:
 
 def phase_raw_read(cfg, pipeline, spark) -> dict:
     """XREADGROUP only, with its own group and the drain's own task plan: the read limit."""
-    from deltadrain.claim import READ_CHUNK, _client, allocate, plan, read_new
+    from deltadrain.claim import READ_CHUNK, _client, allocate, plan, read_new, reader
     from deltadrain.drain import backlog, claim_context
 
     client_ctx = claim_context(cfg, pipeline, "raw-reader")
@@ -117,7 +117,7 @@ def phase_raw_read(cfg, pipeline, spark) -> dict:
     tasks = plan(allocate(total, {s: client.xlen(s) for s in pipeline.source.streams}))
 
     def read(task):
-        c = _client(ctx)
+        c = reader(ctx)
         got = 0
         while got < task.quota:
             # The claim's own read (unparsed replies, READ_CHUNK at a time): the limit is the read alone.

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 
-from deltadrain.claim import ClaimContext, Entries, _client, decoder_for, record_batch
+from deltadrain.claim import ClaimContext, Entries, decoder_for, reader, record_batch
 from deltadrain.connections import as_text
 from deltadrain.positions import StreamId
 from deltadrain.stage import stage
@@ -39,10 +39,10 @@ def interval_range(stream: str, start: datetime, end: datetime) -> StreamRange:
 def read_range(rng: StreamRange, ctx: ClaimContext) -> Iterator[Entries]:
     """Executor side: the entries in `rng` (claim shape, not claimed), read with XRANGE: the picked
     ids one by one (pipelined), or the whole id range page by page."""
-    client = _client(ctx)
+    client = reader(ctx)
     for entries in (_picked(client, rng) if rng.ids else _pages(client, rng)):
         if entries:
-            yield Entries.fresh(rng.stream, entries)
+            yield Entries.unparsed(rng.stream, entries)
     client.close()
 
 
