@@ -10,6 +10,9 @@ Phases (each in a process of its own where peak memory matters, so peaks do not 
 6. driver memory as the backlog grows 10x: peak RSS of the driver (Python) and of its JVM, and the
    JVM's live heap after the last batch (used heap after a full GC: what it retains, not what G1 grew to);
 7. batch time into a target holding 1x and 100x rows (the MERGE's window keeps the scan bounded).
+
+The drain phases also report where the CPU went (`cpu_by_role`): on a small machine the drain's rate
+is set by the cores it shares with the source's server, not by any one step's latency.
 """
 
 from __future__ import annotations
@@ -78,6 +81,60 @@ def memory_report() -> dict:
             "driver_jvm_peak_mib": round(sum(_peak_rss_kib(p) for p in jvm) / 1024, 1)}
 
 
+HZ = os.sysconf("SC_CLK_TCK")
+ROLES = ("driver_python", "driver_jvm", "python_workers", "source_server")
+
+
+def _processes() -> dict[int, tuple[int, int, float, float, bytes]]:
+    """pid -> (parent, process group, own CPU seconds, reaped children's CPU seconds, argv[0])."""
+    out = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()
+            argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            continue
+        # After the command name: state, ppid, pgrp, ... utime (11), stime, cutime, cstime (14).
+        out[int(pid)] = (int(stat[1]), int(stat[2]), (int(stat[11]) + int(stat[12])) / HZ,
+                         (int(stat[13]) + int(stat[14])) / HZ, argv0)
+    return out
+
+
+def cpu_by_role(server_group: int | None = None) -> dict[str, float]:
+    """CPU seconds used so far by the processes a drain runs on, by role: this driver process, its
+    Spark JVM (driver and, in local mode, the executors), the JVM's Python workers (counting those
+    that have exited: their parents reaped them), and the source's server (its process group). Also
+    `machine_busy`: all cores' non-idle seconds. Differences of two readings say where a phase's CPU
+    went. Linux only (/proc)."""
+    procs = _processes()
+    children: dict[int, list[int]] = {}
+    for pid, (parent, *_rest) in procs.items():
+        children.setdefault(parent, []).append(pid)
+    me = os.getpid()
+    jvms = [p for p in children.get(me, []) if procs[p][4].endswith(b"java")]
+    workers, stack = 0.0, [c for j in jvms for c in children.get(j, [])]
+    while stack:  # the pyspark daemon, its forked workers and anything they started
+        pid = stack.pop()
+        workers += procs[pid][2] + procs[pid][3]
+        stack += children.get(pid, [])
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return {"driver_python": procs[me][2] if me in procs else 0.0,
+            "driver_jvm": sum(procs[j][2] for j in jvms),
+            "python_workers": workers + sum(procs[j][3] for j in jvms),
+            "source_server": sum(own + reaped for _, group, own, reaped, _ in procs.values() if group == server_group)
+            if server_group else 0.0,
+            "machine_busy": (sum(fields) - fields[3] - fields[4]) / HZ}  # all but idle and iowait
+
+
+def cpu_report(before: dict, after: dict, messages: int, seconds: float) -> dict:
+    """Where a phase's CPU went: core-seconds per 100 000 messages by role, and the cores the whole
+    machine kept busy on average (anything else running on it shows there, not under a role)."""
+    used = {k: after[k] - before[k] for k in after}
+    per = 100_000 / messages if messages else 0.0
+    return {"core_seconds_per_100k": {k: round(used[k] * per, 3) for k in (*ROLES, "machine_busy")},
+            "cores_busy": round(used["machine_busy"] / seconds, 2) if seconds else 0.0}
+
+
 def jvm_live_heap_mib(spark, settle_rounds: int = 6) -> float:
     """Used heap of the driver JVM right after a full GC: the live set. Its peak RSS only says how far
     the collector let the heap grow, up to spark.driver.memory; this says what the driver holds on to."""
@@ -99,7 +156,7 @@ def jvm_live_heap_mib(spark, settle_rounds: int = 6) -> float:
 
 # -- phases run inside one Spark driver process ------------------------------------------------------
 
-def phase_raw_read(cfg, pipeline, spark) -> dict:
+def phase_raw_read(cfg, pipeline, spark, server_group: int | None = None) -> dict:
     """XREADGROUP only, with its own group and the drain's own task plan: the read limit."""
     from deltadrain.claim import READ_CHUNK, _client, allocate, plan, read_new, reader
     from deltadrain.drain import backlog, claim_context
@@ -127,18 +184,21 @@ def phase_raw_read(cfg, pipeline, spark) -> dict:
             got += len(entries)
         yield got
 
+    cpu_before = cpu_by_role(server_group)
     started = time.monotonic()
     n = spark.sparkContext.parallelize(tasks, len(tasks)).flatMap(read).sum()
     seconds = time.monotonic() - started
+    cpu = cpu_report(cpu_before, cpu_by_role(server_group), n, seconds)
     for stream in pipeline.source.streams:
         client.xgroup_destroy(stream, "bench-raw")
-    return {"messages": int(n), "seconds": round(seconds, 2), "rate": round(n / seconds)}
+    return {"messages": int(n), "seconds": round(seconds, 2), "rate": round(n / seconds), "cpu": cpu}
 
 
-def phase_drain(cfg, pipeline, spark) -> dict:
+def phase_drain(cfg, pipeline, spark, server_group: int | None = None) -> dict:
     from deltadrain.drain import drain
 
     runs = []
+    cpu_before = cpu_by_role(server_group)
     started = time.monotonic()
     while True:
         s = drain(cfg, pipeline, spark=spark)
@@ -148,7 +208,7 @@ def phase_drain(cfg, pipeline, spark) -> dict:
     seconds = time.monotonic() - started
     n = sum(r["claimed"] for r in runs)
     return {"messages": n, "seconds": round(seconds, 2), "rate": round(n / seconds) if seconds else 0,
-            "batches": len(runs), "runs": runs}
+            "batches": len(runs), "runs": runs, "cpu": cpu_report(cpu_before, cpu_by_role(server_group), n, seconds)}
 
 
 def phase_delta_append(cfg, pipeline, spark, workdir: Path) -> dict:
@@ -213,7 +273,7 @@ def phase_window(cfg, pipeline, spark, batch_rows: int) -> dict:
     return results
 
 
-def phase_structured_streaming(cfg, pipeline, spark, workdir: Path) -> dict:
+def phase_structured_streaming(cfg, pipeline, spark, workdir: Path, server_group: int | None = None) -> dict:
     """The canonical alternative for a Kafka topic: Structured Streaming with Trigger.AvailableNow and
     foreachBatch MERGE (insert-only on the id) made idempotent by txnAppId/txnVersion = batch id.
     Same topic, same target columns, same batch size (maxOffsetsPerTrigger = the drain's batch cap)."""
@@ -256,35 +316,40 @@ def phase_structured_streaming(cfg, pipeline, spark, workdir: Path) -> dict:
             session.conf.unset(TXN_VERSION)
         batches.append({"batch": batch_id, "seconds": round(time.monotonic() - started, 3)})
 
+    cpu_before = cpu_by_role(server_group)
     started = time.monotonic()
     query = (rows.writeStream.foreachBatch(upsert).trigger(availableNow=True)
              .option("checkpointLocation", str(workdir / "ss-checkpoint")).start())
     query.awaitTermination()
     seconds = time.monotonic() - started
+    cpu_after = cpu_by_role(server_group)
     n = spark.read.format("delta").load(target).count()
     return {"messages": n, "seconds": round(seconds, 2), "rate": round(n / seconds) if seconds else 0,
-            "batches": len(batches), "runs": batches}
+            "batches": len(batches), "runs": batches, "cpu": cpu_report(cpu_before, cpu_after, n, seconds)}
 
 
 def run_phase(phase: str, config: str, pipeline_name: str, workdir: str, arg: int) -> dict:
+    from deltadrain import services
     from deltadrain.config import load_config
     from deltadrain.spark import get_spark
 
     cfg = load_config(config)
     pipeline = cfg.pipeline(pipeline_name)
+    server = services.valkey_service(cfg) if pipeline.source.kind == "valkey" else services.kafka_service(cfg)
+    group = server.pid()  # services start in a session of their own: the pid is the process group
     spark = get_spark(f"deltadrain-bench-{phase}")
     spark.sparkContext.setLogLevel("ERROR")
     if phase == "raw_read":
-        out = phase_raw_read(cfg, pipeline, spark)
+        out = phase_raw_read(cfg, pipeline, spark, group)
     elif phase == "drain":
-        out = phase_drain(cfg, pipeline, spark)
+        out = phase_drain(cfg, pipeline, spark, group)
         out["driver_jvm_live_heap_mib"] = jvm_live_heap_mib(spark)  # after the timing: it runs a full GC
     elif phase == "append":
         out = phase_delta_append(cfg, pipeline, spark, Path(workdir))
     elif phase == "window":
         out = phase_window(cfg, pipeline, spark, arg)
     elif phase == "structured_streaming":
-        out = phase_structured_streaming(cfg, pipeline, spark, Path(workdir))
+        out = phase_structured_streaming(cfg, pipeline, spark, Path(workdir), group)
     else:
         raise ValueError(phase)
     out.update(memory_report())

@@ -15,3 +15,17 @@ def test_rounds_combine_into_overall_rates_and_keep_the_spread():
     assert got["drain"] == {"messages": 4_000_000, "seconds": 160.0, "rate": 25_000}
     # Every message weighs alike: 25 000 / 33 333, not the mean of the per-round ratios (0.7).
     assert got["ratios"] == {"drain_to_structured_streaming": 0.75, "per_round": [0.8, 0.667]}
+
+
+def test_cpu_report_gives_core_seconds_per_100k_messages_and_the_cores_kept_busy():
+    from deltadrain.bench import cpu_report
+
+    before = {"driver_python": 1.0, "driver_jvm": 10.0, "python_workers": 0.0, "source_server": 5.0,
+              "machine_busy": 100.0}
+    after = {"driver_python": 1.5, "driver_jvm": 40.0, "python_workers": 14.0, "source_server": 13.0,
+             "machine_busy": 160.0}
+    got = cpu_report(before, after, 1_000_000, 40.0)
+    assert got == {"core_seconds_per_100k": {"driver_python": 0.05, "driver_jvm": 3.0, "python_workers": 1.4,
+                                             "source_server": 0.8, "machine_busy": 6.0},
+                   "cores_busy": 1.5}
+    assert cpu_report(before, after, 0, 0.0)["cores_busy"] == 0.0
