@@ -1,7 +1,9 @@
 """What the batch cap buys (docs/benchmarks.md, "ninth round"): one Spark session drains the same
 backlog in rounds of MESSAGES_PER_ROUND entries, each round with one batch cap, the caps in rotating
 order, after a warm-up of two 200 000-entry batches. Per round: msg/s, the batches' seconds, and where
-the CPU went (core-seconds per 100 000 messages by role, `bench.cpu_by_role`).
+the CPU went (core-seconds per 100 000 messages by role, `bench.cpu_by_role`). Before the drains, the
+raw XREADGROUP limit over the whole backlog (`bench.phase_raw_read`, a group of its own), so that the
+ratios to it are side by side.
 
     DELTADRAIN_HOME=/tmp/ddsizes DELTADRAIN_VALKEY_PORT=26994 \\
         .venv/bin/python bench/batch_sizes.py WORKDIR [CAPS] [ROUNDS] [MESSAGES_PER_ROUND] > out.json
@@ -17,7 +19,7 @@ import time
 from pathlib import Path
 
 from deltadrain import services
-from deltadrain.bench import _bench_config, _machine, cpu_by_role, cpu_report
+from deltadrain.bench import _bench_config, _machine, cpu_by_role, cpu_report, phase_raw_read
 from deltadrain.config import load_config
 from deltadrain.drain import drain
 from deltadrain.produce import produce
@@ -42,7 +44,7 @@ def main(workdir: Path, caps: list[int], rounds: int, per_round: int) -> dict:
 
     def drained(cap: int, messages: int) -> dict:
         pipeline = base.model_copy(update={"batch_cap": cap})
-        before, started, batches = cpu_by_role(server.pid()), time.monotonic(), []
+        before, started, batches = cpu_by_role(server.pid(), spark), time.monotonic(), []
         while sum(b["claimed"] for b in batches) < messages:
             s = drain(cfg, pipeline, spark=spark)
             if s.outcome != "committed":
@@ -51,8 +53,10 @@ def main(workdir: Path, caps: list[int], rounds: int, per_round: int) -> dict:
         seconds = time.monotonic() - started
         n = sum(b["claimed"] for b in batches)
         return {"cap": cap, "messages": n, "seconds": round(seconds, 2), "rate": round(n / seconds),
-                "batches": batches, "cpu": cpu_report(before, cpu_by_role(server.pid()), n, seconds)}
+                "batches": batches, "cpu": cpu_report(before, cpu_by_role(server.pid(), spark), n, seconds)}
 
+    raw = phase_raw_read(cfg, base, spark, server.pid())
+    print(json.dumps({"raw_read": raw}), file=sys.stderr, flush=True)
     warm_up = [drained(cap, cap) for cap in WARM_UP]
     measured = []
     for r in range(rounds):
@@ -66,9 +70,10 @@ def main(workdir: Path, caps: list[int], rounds: int, per_round: int) -> dict:
         mine = [m for m in measured if m["cap"] == cap]
         n, seconds = sum(m["messages"] for m in mine), sum(m["seconds"] for m in mine)
         summary[str(cap)] = {"messages": n, "seconds": round(seconds, 2), "rate": round(n / seconds),
-                             "per_round": [m["rate"] for m in mine]}
+                             "to_raw_read": round(n / seconds / raw["rate"], 3), "per_round": [m["rate"] for m in mine]}
     return {"machine": _machine(), "produced": produced, "caps": caps, "rounds": rounds,
-            "messages_per_round": per_round, "summary": summary, "warm_up": warm_up, "measured": measured}
+            "messages_per_round": per_round, "raw_read": raw, "summary": summary, "warm_up": warm_up,
+            "measured": measured}
 
 
 if __name__ == "__main__":

@@ -100,12 +100,13 @@ def _processes() -> dict[int, tuple[int, int, float, float, bytes]]:
     return out
 
 
-def cpu_by_role(server_group: int | None = None) -> dict[str, float]:
+def cpu_by_role(server_group: int | None = None, spark=None) -> dict[str, float]:
     """CPU seconds used so far by the processes a drain runs on, by role: this driver process, its
     Spark JVM (driver and, in local mode, the executors), the JVM's Python workers (counting those
     that have exited: their parents reaped them), and the source's server (its process group). Also
-    `machine_busy`: all cores' non-idle seconds. Differences of two readings say where a phase's CPU
-    went. Linux only (/proc)."""
+    `machine_busy`: all cores' non-idle seconds, and with `spark`, `driver_jvm_jit`: the seconds
+    HotSpot's compiler threads spent compiling (part of the JVM's CPU). Differences of two readings
+    say where a phase's CPU went. Linux only (/proc)."""
     procs = _processes()
     children: dict[int, list[int]] = {}
     for pid, (parent, *_rest) in procs.items():
@@ -118,7 +119,11 @@ def cpu_by_role(server_group: int | None = None) -> dict[str, float]:
         workers += procs[pid][2] + procs[pid][3]
         stack += children.get(pid, [])
     fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    return {"driver_python": procs[me][2] if me in procs else 0.0,
+    jit = {}
+    if spark is not None:  # from the JVM itself: compiler threads come and go, /proc forgets the gone ones
+        bean = spark.sparkContext._jvm.java.lang.management.ManagementFactory.getCompilationMXBean()
+        jit["driver_jvm_jit"] = bean.getTotalCompilationTime() / 1000
+    return {**jit, "driver_python": procs[me][2] if me in procs else 0.0,
             "driver_jvm": sum(procs[j][2] for j in jvms),
             "python_workers": workers + sum(procs[j][3] for j in jvms),
             "source_server": sum(own + reaped for _, group, own, reaped, _ in procs.values() if group == server_group)
@@ -131,7 +136,8 @@ def cpu_report(before: dict, after: dict, messages: int, seconds: float) -> dict
     machine kept busy on average (anything else running on it shows there, not under a role)."""
     used = {k: after[k] - before[k] for k in after}
     per = 100_000 / messages if messages else 0.0
-    return {"core_seconds_per_100k": {k: round(used[k] * per, 3) for k in (*ROLES, "machine_busy")},
+    return {"core_seconds_per_100k": {k: round(used[k] * per, 3) for k in (*ROLES, "driver_jvm_jit", "machine_busy")
+                                      if k in used},
             "cores_busy": round(used["machine_busy"] / seconds, 2) if seconds else 0.0}
 
 
@@ -184,11 +190,11 @@ def phase_raw_read(cfg, pipeline, spark, server_group: int | None = None) -> dic
             got += len(entries)
         yield got
 
-    cpu_before = cpu_by_role(server_group)
+    cpu_before = cpu_by_role(server_group, spark)
     started = time.monotonic()
     n = spark.sparkContext.parallelize(tasks, len(tasks)).flatMap(read).sum()
     seconds = time.monotonic() - started
-    cpu = cpu_report(cpu_before, cpu_by_role(server_group), n, seconds)
+    cpu = cpu_report(cpu_before, cpu_by_role(server_group, spark), n, seconds)
     for stream in pipeline.source.streams:
         client.xgroup_destroy(stream, "bench-raw")
     return {"messages": int(n), "seconds": round(seconds, 2), "rate": round(n / seconds), "cpu": cpu}
@@ -198,7 +204,7 @@ def phase_drain(cfg, pipeline, spark, server_group: int | None = None) -> dict:
     from deltadrain.drain import drain
 
     runs = []
-    cpu_before = cpu_by_role(server_group)
+    cpu_before = cpu_by_role(server_group, spark)
     started = time.monotonic()
     while True:
         s = drain(cfg, pipeline, spark=spark)
@@ -208,7 +214,7 @@ def phase_drain(cfg, pipeline, spark, server_group: int | None = None) -> dict:
     seconds = time.monotonic() - started
     n = sum(r["claimed"] for r in runs)
     return {"messages": n, "seconds": round(seconds, 2), "rate": round(n / seconds) if seconds else 0,
-            "batches": len(runs), "runs": runs, "cpu": cpu_report(cpu_before, cpu_by_role(server_group), n, seconds)}
+            "batches": len(runs), "runs": runs, "cpu": cpu_report(cpu_before, cpu_by_role(server_group, spark), n, seconds)}
 
 
 def phase_delta_append(cfg, pipeline, spark, workdir: Path) -> dict:
@@ -316,13 +322,13 @@ def phase_structured_streaming(cfg, pipeline, spark, workdir: Path, server_group
             session.conf.unset(TXN_VERSION)
         batches.append({"batch": batch_id, "seconds": round(time.monotonic() - started, 3)})
 
-    cpu_before = cpu_by_role(server_group)
+    cpu_before = cpu_by_role(server_group, spark)
     started = time.monotonic()
     query = (rows.writeStream.foreachBatch(upsert).trigger(availableNow=True)
              .option("checkpointLocation", str(workdir / "ss-checkpoint")).start())
     query.awaitTermination()
     seconds = time.monotonic() - started
-    cpu_after = cpu_by_role(server_group)
+    cpu_after = cpu_by_role(server_group, spark)
     n = spark.read.format("delta").load(target).count()
     return {"messages": n, "seconds": round(seconds, 2), "rate": round(n / seconds) if seconds else 0,
             "batches": len(batches), "runs": batches, "cpu": cpu_report(cpu_before, cpu_after, n, seconds)}

@@ -70,19 +70,20 @@ BURN = "import time\nt = time.process_time()\nwhile time.process_time() - t < {s
 def test_the_benchs_cpu_accounting_puts_each_process_under_its_role(spark):
     """bench.cpu_by_role on real processes: a stand-in server in a session of its own burns 1 core-second,
     the Spark job's Python workers 2 x 0.6, this driver 0.5; each shows under its own role, and the
-    machine's busy time covers them all."""
+    machine's busy time covers them all. (How much the JIT compiles for one job is the JVM's business:
+    only that it is read.)"""
     from deltadrain.bench import cpu_by_role, cpu_report
 
     server = subprocess.Popen([sys.executable, "-c", BURN.format(s=1.0) + "print('burnt', flush=True)\ntime.sleep(60)"],
                               start_new_session=True, stdout=subprocess.PIPE, text=True)
     try:
-        before = cpu_by_role(server.pid)
+        before = cpu_by_role(server.pid, spark)
         started = time.monotonic()
         sc = spark.sparkContext
         assert sc.parallelize(range(2), 2).mapPartitions(lambda _: [exec(BURN.format(s=0.6)) or 1]).sum() == 2
         exec(BURN.format(s=0.5))
         assert server.stdout.readline().strip() == "burnt"
-        after = cpu_by_role(server.pid)
+        after = cpu_by_role(server.pid, spark)
     finally:
         server.kill()
         server.wait()
@@ -90,7 +91,7 @@ def test_the_benchs_cpu_accounting_puts_each_process_under_its_role(spark):
     assert 0.95 <= used["source_server"] < 1.3, used  # the server's own start may precede `before`
     assert 1.2 <= used["python_workers"] < 3.0, used  # plus the workers' start and their imports
     assert 0.5 <= used["driver_python"] < 1.2, used
-    assert used["driver_jvm"] > 0, used
+    assert used["driver_jvm"] > 0 and 0 <= used["driver_jvm_jit"] < 30, used
     assert used["machine_busy"] >= used["source_server"] + used["python_workers"] + used["driver_python"] - 0.1, used
     report = cpu_report(before, after, 200_000, time.monotonic() - started)
     assert report["core_seconds_per_100k"]["source_server"] == round(used["source_server"] / 2, 3)

@@ -29,3 +29,5 @@ def test_cpu_report_gives_core_seconds_per_100k_messages_and_the_cores_kept_busy
                                              "source_server": 0.8, "machine_busy": 6.0},
                    "cores_busy": 1.5}
     assert cpu_report(before, after, 0, 0.0)["cores_busy"] == 0.0
+    with_jit = cpu_report({**before, "driver_jvm_jit": 2.0}, {**after, "driver_jvm_jit": 14.0}, 1_000_000, 40.0)
+    assert with_jit["core_seconds_per_100k"]["driver_jvm_jit"] == 1.2
