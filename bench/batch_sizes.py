@@ -33,8 +33,8 @@ def main(workdir: Path, caps: list[int], rounds: int, per_round: int) -> dict:
     config, name = _bench_config(workdir, 4, caps[0])
     cfg = load_config(config)
     base = cfg.pipeline(name)
-    server = services.valkey_service(cfg)
     services.up(cfg, ["valkey"])
+    server = services.valkey_service(cfg).pid()  # its process group: services start in a session of their own
     total = sum(WARM_UP) + per_round * len(caps) * rounds
     started = time.monotonic()
     produce(cfg, base, total, seed=7, progress=False)
@@ -44,7 +44,7 @@ def main(workdir: Path, caps: list[int], rounds: int, per_round: int) -> dict:
 
     def drained(cap: int, messages: int) -> dict:
         pipeline = base.model_copy(update={"batch_cap": cap})
-        before, started, batches = cpu_by_role(server.pid(), spark), time.monotonic(), []
+        before, started, batches = cpu_by_role(server, spark), time.monotonic(), []
         while sum(b["claimed"] for b in batches) < messages:
             s = drain(cfg, pipeline, spark=spark)
             if s.outcome != "committed":
@@ -53,9 +53,9 @@ def main(workdir: Path, caps: list[int], rounds: int, per_round: int) -> dict:
         seconds = time.monotonic() - started
         n = sum(b["claimed"] for b in batches)
         return {"cap": cap, "messages": n, "seconds": round(seconds, 2), "rate": round(n / seconds),
-                "batches": batches, "cpu": cpu_report(before, cpu_by_role(server.pid(), spark), n, seconds)}
+                "batches": batches, "cpu": cpu_report(before, cpu_by_role(server, spark), n, seconds)}
 
-    raw = phase_raw_read(cfg, base, spark, server.pid())
+    raw = phase_raw_read(cfg, base, spark, server)
     print(json.dumps({"raw_read": raw}), file=sys.stderr, flush=True)
     warm_up = [drained(cap, cap) for cap in WARM_UP]
     measured = []

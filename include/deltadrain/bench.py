@@ -30,6 +30,7 @@ from pathlib import Path
 import yaml
 
 from deltadrain.paths import PROJECT_ROOT
+from deltadrain.services.process import all_pids, proc_stat
 
 
 def _bench_config(workdir: Path, partitions: int, batch: int, window: str = "PT1H",
@@ -61,26 +62,6 @@ def _peak_rss_kib(pid: int) -> int:
     return 0
 
 
-def _jvm_pids(parent: int) -> list[int]:
-    out = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except (FileNotFoundError, IndexError):
-            continue
-        if int(stat[1]) == parent and b"java" in cmd:
-            out.append(int(pid))
-    return out
-
-
-def memory_report() -> dict:
-    me = os.getpid()
-    jvm = _jvm_pids(me)
-    return {"driver_python_peak_mib": round(_peak_rss_kib(me) / 1024, 1),
-            "driver_jvm_peak_mib": round(sum(_peak_rss_kib(p) for p in jvm) / 1024, 1)}
-
-
 HZ = os.sysconf("SC_CLK_TCK")
 ROLES = ("driver_python", "driver_jvm", "python_workers", "source_server")
 
@@ -88,16 +69,31 @@ ROLES = ("driver_python", "driver_jvm", "python_workers", "source_server")
 def _processes() -> dict[int, tuple[int, int, float, float, bytes]]:
     """pid -> (parent, process group, own CPU seconds, reaped children's CPU seconds, argv[0])."""
     out = {}
-    for pid in filter(str.isdigit, os.listdir("/proc")):
+    for pid in all_pids():
+        stat = proc_stat(pid)
         try:
-            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()
             argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
-        except (FileNotFoundError, ProcessLookupError, IndexError):
+        except (FileNotFoundError, ProcessLookupError):
+            stat = None
+        if stat is None:  # gone meanwhile
             continue
         # After the command name: state, ppid, pgrp, ... utime (11), stime, cutime, cstime (14).
-        out[int(pid)] = (int(stat[1]), int(stat[2]), (int(stat[11]) + int(stat[12])) / HZ,
-                         (int(stat[13]) + int(stat[14])) / HZ, argv0)
+        out[pid] = (int(stat[1]), int(stat[2]), (int(stat[11]) + int(stat[12])) / HZ,
+                    (int(stat[13]) + int(stat[14])) / HZ, argv0)
     return out
+
+
+def _jvm_pids(parent: int, procs: dict | None = None) -> list[int]:
+    """The Spark JVMs a driver process started (spark-submit execs java in place)."""
+    procs = _processes() if procs is None else procs
+    return [pid for pid, (ppid, *_, argv0) in procs.items() if ppid == parent and argv0.endswith(b"java")]
+
+
+def memory_report() -> dict:
+    me = os.getpid()
+    jvm = _jvm_pids(me)
+    return {"driver_python_peak_mib": round(_peak_rss_kib(me) / 1024, 1),
+            "driver_jvm_peak_mib": round(sum(_peak_rss_kib(p) for p in jvm) / 1024, 1)}
 
 
 def cpu_by_role(server_group: int | None = None, spark=None) -> dict[str, float]:
@@ -112,7 +108,7 @@ def cpu_by_role(server_group: int | None = None, spark=None) -> dict[str, float]
     for pid, (parent, *_rest) in procs.items():
         children.setdefault(parent, []).append(pid)
     me = os.getpid()
-    jvms = [p for p in children.get(me, []) if procs[p][4].endswith(b"java")]
+    jvms = _jvm_pids(me, procs)
     workers, stack = 0.0, [c for j in jvms for c in children.get(j, [])]
     while stack:  # the pyspark daemon, its forked workers and anything they started
         pid = stack.pop()

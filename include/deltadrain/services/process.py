@@ -48,14 +48,15 @@ def group_alive(pgid: int) -> bool:
         return False
     except PermissionError:
         return True
-    return any(_pgid_of(p) == pgid and _state_of(p) != "Z" for p in _all_pids())
+    return any(_pgid_of(p) == pgid and _state_of(p) != "Z" for p in all_pids())
 
 
-def _all_pids() -> list[int]:
+def all_pids() -> list[int]:
     return [int(d) for d in os.listdir("/proc") if d.isdigit()]
 
 
-def _stat(pid: int) -> list[str] | None:
+def proc_stat(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name (state, ppid, pgrp, ...), None when it is gone."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(") ", 1)[1].split()
@@ -64,12 +65,12 @@ def _stat(pid: int) -> list[str] | None:
 
 
 def _pgid_of(pid: int) -> int | None:
-    st = _stat(pid)
+    st = proc_stat(pid)
     return int(st[2]) if st else None
 
 
 def _state_of(pid: int) -> str | None:
-    st = _stat(pid)
+    st = proc_stat(pid)
     return st[0] if st else None
 
 
