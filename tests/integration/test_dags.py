@@ -220,3 +220,42 @@ def test_an_airflow_cli_call_waits_for_a_busy_metadata_db_instead_of_failing(air
     assert call.returncode == 0, err[-2000:]
     with sqlite3.connect(Path(airflow_db) / "airflow.db") as db:
         assert db.execute("SELECT slots FROM slot_pool WHERE pool = 'deltadrain_lock_probe'").fetchall() == [(1,)]
+
+
+# A savepoint that reads and then writes, as `airflow backfill create` clears a finished run, while
+# another process commits a write in between (the scheduler, in the end-to-end test's CI failure).
+READ_THEN_WRITE_IN_A_SAVEPOINT = """
+import sqlite3, sys, threading
+from sqlalchemy import select, update
+from airflow.models.pool import Pool
+from airflow.utils.session import create_session
+
+def other_process_writes():
+    with sqlite3.connect(sys.argv[1], timeout=60) as other:
+        # A write that changes the file (SQLite skips an UPDATE that changes nothing).
+        other.execute("UPDATE slot_pool SET description = 'probe ' || random() WHERE pool = 'default_pool'")
+
+with create_session() as session:
+    with session.begin_nested():
+        session.scalars(select(Pool)).all()
+        other = threading.Thread(target=other_process_writes)
+        other.start()
+        other.join(3)
+        session.execute(update(Pool).where(Pool.pool == "default_pool").values(slots=Pool.slots))
+other.join()
+print("written")
+"""
+
+
+def test_a_savepoint_that_writes_holds_the_metadata_dbs_write_lock_from_its_start(airflow_db):
+    from pathlib import Path
+
+    db = str(Path(airflow_db) / "airflow.db")
+    assert os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_SESSION_MAKER"] == "deltadrain.services.airflow_db.session_maker"
+    run = [sys.executable, "-c", READ_THEN_WRITE_IN_A_SAVEPOINT, db]
+    done = subprocess.run(run, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "written" in done.stdout, done.stderr[-3000:]
+    # Airflow's own session factory: the write fails at once, although the lock timeout is 60 s.
+    plain = {k: v for k, v in os.environ.items() if k != "AIRFLOW__DATABASE__SQL_ALCHEMY_SESSION_MAKER"}
+    done = subprocess.run(run, capture_output=True, text=True, timeout=300, env=plain)
+    assert done.returncode != 0 and "database is locked" in done.stderr, (done.stdout, done.stderr[-3000:])

@@ -226,10 +226,13 @@ def airflow_env(cfg: DeltadrainConfig) -> dict[str, str]:
         env["AIRFLOW_CONN_SPARK_DEFAULT"] = json.dumps({"conn_type": "spark", "host": "local[*]"})
     if "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN" not in os.environ:
         env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = f"sqlite:///{home / 'airflow.db'}"
-        # Wait for another process's write lock instead of failing after SQLite's 5 s.
-        for key in ("AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS", "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS_ASYNC"):
-            if key not in os.environ:
-                env[key] = "deltadrain.services.airflow_db.SQLITE_CONNECT_ARGS"
+        # Wait for another process's write lock instead of failing after SQLite's 5 s, and let a
+        # savepoint that will write hold the write lock from its start (see services.airflow_db).
+        for key, value in (("SQL_ALCHEMY_CONNECT_ARGS", "SQLITE_CONNECT_ARGS"),
+                           ("SQL_ALCHEMY_CONNECT_ARGS_ASYNC", "SQLITE_CONNECT_ARGS"),
+                           ("SQL_ALCHEMY_SESSION_MAKER", "session_maker")):
+            if f"AIRFLOW__DATABASE__{key}" not in os.environ:
+                env[f"AIRFLOW__DATABASE__{key}"] = f"deltadrain.services.airflow_db.{value}"
     return env
 
 
