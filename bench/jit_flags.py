@@ -26,8 +26,10 @@ import yaml
 
 def run(config: str, batches: int, opts: str) -> dict:
     """One drain process: BATCHES batches under `opts`, measured batch by batch."""
+    from deltadrain.bench import HZ
     from deltadrain.config import load_config
     from deltadrain.drain import drain
+    from deltadrain.services.process import proc_stat
     from deltadrain.spark import DEFAULT_CONF, get_spark
 
     cfg = load_config(config)
@@ -38,11 +40,11 @@ def run(config: str, batches: int, opts: str) -> dict:
     spark.sparkContext.setLogLevel("ERROR")
     beans = spark._jvm.java.lang.management.ManagementFactory
     compiler = beans.getCompilationMXBean()
-    stat = Path(f"/proc/{spark._jvm.java.lang.ProcessHandle.current().pid()}/stat")
+    jvm = int(spark._jvm.java.lang.ProcessHandle.current().pid())
 
     def jvm_cpu() -> float:
-        fields = stat.read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / 100  # utime + stime, in clock ticks of 1/100 s
+        fields = proc_stat(jvm)
+        return (int(fields[11]) + int(fields[12])) / HZ  # utime + stime
 
     def code_cache_mib() -> float:
         return sum(p.getUsage().getUsed() for p in beans.getMemoryPoolMXBeans() if "Code" in p.getName()) / 2**20
