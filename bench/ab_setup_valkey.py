@@ -9,10 +9,8 @@ each with a consumer group and a lake of its own, so that every run drains the s
 import sys
 from pathlib import Path
 
-import yaml
-
 from deltadrain import services
-from deltadrain.bench import _bench_config
+from deltadrain.bench import _bench_config, _config_copy
 from deltadrain.config import load_config
 from deltadrain.produce import produce
 
@@ -23,8 +21,5 @@ cfg = load_config(config)
 services.up(cfg, ["valkey"])
 produce(cfg, cfg.pipeline(name), int(sys.argv[2]), seed=11, progress=False)
 for tag in ("before1", "after1", "before2", "after2"):
-    doc = yaml.safe_load(config.read_text())
-    doc["pipelines"][0]["source"]["group"] = f"ab-{tag}"
-    doc["data_dir"] = str(work / f"lake_{tag}")
-    (work / f"{tag}.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    _config_copy(config, tag)
 print(name)

@@ -21,12 +21,10 @@ import sys
 import time
 from pathlib import Path
 
-import yaml
-
 
 def run(config: str, batches: int, opts: str) -> dict:
     """One drain process: BATCHES batches under `opts`, measured batch by batch."""
-    from deltadrain.bench import HZ
+    from deltadrain.bench import own_cpu_seconds
     from deltadrain.config import load_config
     from deltadrain.drain import drain
     from deltadrain.services.process import proc_stat
@@ -43,8 +41,7 @@ def run(config: str, batches: int, opts: str) -> dict:
     jvm = int(spark._jvm.java.lang.ProcessHandle.current().pid())
 
     def jvm_cpu() -> float:
-        fields = proc_stat(jvm)
-        return (int(fields[11]) + int(fields[12])) / HZ  # utime + stime
+        return own_cpu_seconds(proc_stat(jvm))
 
     def code_cache_mib() -> float:
         return sum(p.getUsage().getUsed() for p in beans.getMemoryPoolMXBeans() if "Code" in p.getName()) / 2**20
@@ -74,7 +71,7 @@ def summary(batches: list[dict]) -> dict | None:
 
 def main(workdir: Path, rounds: int, batches: int, cap: int, flag_sets: list[str]) -> dict:
     from deltadrain import services
-    from deltadrain.bench import _bench_config, _machine
+    from deltadrain.bench import _bench_config, _config_copy, _machine
     from deltadrain.config import load_config
     from deltadrain.produce import produce
 
@@ -86,11 +83,7 @@ def main(workdir: Path, rounds: int, batches: int, cap: int, flag_sets: list[str
     runs = []
     for r in range(rounds):
         for i, opts in enumerate(flag_sets):
-            doc = yaml.safe_load(config.read_text())
-            doc["pipelines"][0]["source"]["group"] = f"jit-{r}-{i}"
-            doc["data_dir"] = str(workdir / f"lake_{r}_{i}")
-            copy = workdir / f"run_{r}_{i}.yaml"
-            copy.write_text(yaml.safe_dump(doc, sort_keys=False))
+            copy = _config_copy(config, f"run_{r}_{i}")
             started = time.monotonic()
             done = subprocess.run([sys.executable, __file__, "--run", str(copy), str(batches), opts],
                                   capture_output=True, text=True)

@@ -52,6 +52,17 @@ def _bench_config(workdir: Path, partitions: int, batch: int, window: str = "PT1
     return path, name
 
 
+def _config_copy(config: Path, tag: str) -> Path:
+    """A copy of a bench config beside it with a consumer group and a lake of its own (`TAG.yaml`), so
+    that several runs drain the same Valkey entries."""
+    doc = yaml.safe_load(config.read_text())
+    doc["pipelines"][0]["source"]["group"] = f"bench-{tag}"
+    doc["data_dir"] = str(config.parent / f"lake_{tag}")
+    copy = config.parent / f"{tag}.yaml"
+    copy.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return copy
+
+
 def _peak_rss_kib(pid: int) -> int:
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -63,6 +74,13 @@ def _peak_rss_kib(pid: int) -> int:
 
 
 HZ = os.sysconf("SC_CLK_TCK")
+
+
+def own_cpu_seconds(stat: list[str]) -> float:
+    """utime + stime of a `proc_stat` row (fields 11 and 12 after the command name)."""
+    return (int(stat[11]) + int(stat[12])) / HZ
+
+
 ROLES = ("driver_python", "driver_jvm", "python_workers", "source_server")
 
 
@@ -78,8 +96,7 @@ def _processes() -> dict[int, tuple[int, int, float, float, bytes]]:
         if stat is None:  # gone meanwhile
             continue
         # After the command name: state, ppid, pgrp, ... utime (11), stime, cutime, cstime (14).
-        out[pid] = (int(stat[1]), int(stat[2]), (int(stat[11]) + int(stat[12])) / HZ,
-                    (int(stat[13]) + int(stat[14])) / HZ, argv0)
+        out[pid] = (int(stat[1]), int(stat[2]), own_cpu_seconds(stat), (int(stat[13]) + int(stat[14])) / HZ, argv0)
     return out
 
 
