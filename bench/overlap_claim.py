@@ -19,7 +19,7 @@ import time
 
 from deltadrain.claim import allocate, claim_arrow, plan
 from deltadrain.config import load_config
-from deltadrain.connections import group_counts
+from deltadrain.connections import group_counts, valkey_client
 from deltadrain.drain import ValkeyDrain, claim_schema, drain, new_run_id
 from deltadrain.spark import get_spark
 from deltadrain.stage import stage
@@ -90,7 +90,7 @@ def overlapped(cfg, pipeline, spark, batches: int) -> list[dict]:
 
 def read_back(cfg, pipeline, spark) -> dict:
     rows = spark.read.format("delta").load(str(cfg.target_path(pipeline)))
-    client = ValkeyDrain(cfg, pipeline, spark).client
+    client = valkey_client(cfg, pipeline)
     return {"rows": rows.count(), "distinct_ids": rows.select(pipeline.payload_schema.id_field).distinct().count(),
             "pending": sum(group_counts(client, s, pipeline.source.group)[1] for s in pipeline.source.streams)}
 
