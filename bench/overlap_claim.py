@@ -14,77 +14,54 @@ batch's entries. Every run's table is read back: rows, distinct ids, and nothing
 
 import json
 import sys
-import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
-from deltadrain.claim import allocate, claim_arrow, plan
+from deltadrain.claim import allocate
 from deltadrain.config import load_config
 from deltadrain.connections import group_counts, valkey_client
-from deltadrain.drain import ValkeyDrain, claim_schema, drain, new_run_id
+from deltadrain.drain import ValkeyDrain, new_run_id
 from deltadrain.spark import get_spark
-from deltadrain.stage import stage
 
 
 class Prefetching(ValkeyDrain):
-    """A run whose claim may have been done before it started (`ahead`), and which calls
-    `on_claimed` when its own claim is done, before its commit."""
+    """A run that, once its own claim is done and before its commit, starts the claim of the run
+    after it (`following`: an executor and that run). A run whose claim was started so (`ahead`)
+    waits for it in its claim step."""
 
     ahead = None
-    on_claimed = None
+    following = None
 
-    def claim(self, quotas):
-        return self.ahead if self.ahead is not None else super().claim(quotas)
+    def claim(self, quotas, reclaim=True):
+        staged = self.ahead.result() if self.ahead is not None else None
+        return staged if staged is not None else super().claim(quotas, reclaim)
 
     def claim_new_entries(self):
         source = self.pipeline.source
-        lag = {s: group_counts(self.client, s, source.group)[0] for s in source.streams}
-        quotas = allocate(self.pipeline.batch_cap, lag)
-        if not sum(quotas.values()):
-            return None
-        tasks = [(t.stream, t.quota, False) for t in plan(quotas)]
-        task_df = self.spark.createDataFrame(self.spark.sparkContext.parallelize(tasks, len(tasks)),
-                                             "stream string, quota long, reclaim boolean")
-        ctx = self.ctx
-        return stage(task_df, lambda batches, schema: claim_arrow(batches, ctx, schema), claim_schema(self.pipeline),
-                     self.pipeline.payload_schema.id_field, str(self.scratch / "claimed"))
+        quotas = allocate(self.pipeline.batch_cap,
+                          {s: group_counts(self.client, s, source.group)[0] for s in source.streams})
+        return super().claim(quotas, reclaim=False) if sum(quotas.values()) else None  # not self.ahead's wait
 
     def publish(self, *args, **kwargs):
-        if self.on_claimed is not None:
-            self.on_claimed()
+        if self.following is not None:
+            pool, after = self.following
+            after.ahead = pool.submit(after.claim_new_entries)
         return super().publish(*args, **kwargs)
 
 
-def one_after_another(cfg, pipeline, spark, batches: int) -> list[dict]:
+def drain_batches(cfg, pipeline, spark, batches: int, overlap: bool) -> list[dict]:
+    base = new_run_id()
+    runs = [Prefetching(cfg, pipeline, spark, run_id=f"{base}-{i}") for i in range(batches)]
     out = []
-    for _ in range(batches):
-        s = drain(cfg, pipeline, spark=spark)
-        out.append({"seconds": s.seconds, "timings": s.timings})
-    return out
-
-
-def overlapped(cfg, pipeline, spark, batches: int) -> list[dict]:
-    out, base = [], new_run_id()
-    following, thread, box = None, None, {}
-    for i in range(batches):
-        run = following or Prefetching(cfg, pipeline, spark, run_id=f"{base}-{i}")
-        started = time.monotonic()
-        if thread is not None:
-            thread.join()  # the seconds waited here are part of this batch's
-            run.ahead = box.pop("staged")
-        following = Prefetching(cfg, pipeline, spark, run_id=f"{base}-{i + 1}") if i + 1 < batches else None
-        thread = None
-
-        def claim_following(nxt=following):
-            nonlocal thread
-            if nxt is not None:
-                thread = threading.Thread(target=lambda: box.__setitem__("staged", nxt.claim_new_entries()))
-                thread.start()
-
-        run.on_claimed = claim_following
-        s = run.run()
-        if s.outcome != "committed":
-            raise RuntimeError(f"batch {s.batch} ended {s.outcome}: {s.error}")
-        out.append({"seconds": round(time.monotonic() - started, 3), "timings": s.timings})
+    with ThreadPoolExecutor(1) as pool:
+        if overlap:
+            for run, after in zip(runs, runs[1:], strict=False):
+                run.following = (pool, after)
+        for run in runs:
+            s = run.run()
+            if s.outcome != "committed":
+                raise RuntimeError(f"batch {s.batch} ended {s.outcome}: {s.error}")
+            out.append({"seconds": s.seconds, "timings": s.timings})
     return out
 
 
@@ -103,8 +80,7 @@ def main(workdir: str, batches: int, order: list[str]) -> dict:
         cfg = load_config(f"{workdir}/{tag}.yaml")
         pipeline = cfg.pipelines[0]
         started = time.monotonic()
-        way = overlapped if tag.startswith("after") else one_after_another
-        batch_runs = way(cfg, pipeline, spark, batches)
+        batch_runs = drain_batches(cfg, pipeline, spark, batches, overlap=tag.startswith("after"))
         total = round(time.monotonic() - started, 2)
         report["runs"][tag] = {"seconds": total, "batches": batch_runs, **read_back(cfg, pipeline, spark)}
         print(tag, total, [b["seconds"] for b in batch_runs], file=sys.stderr, flush=True)

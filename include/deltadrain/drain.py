@@ -412,11 +412,12 @@ class ValkeyDrain(Drain):
         self.client = valkey_client(cfg, pipeline)
         self.ctx = claim_context(cfg, pipeline, self.consumer)
 
-    def claim(self, quotas: dict[str, int]) -> Staged:
+    def claim(self, quotas: dict[str, int], reclaim: bool = True) -> Staged:
         """Claim and stage the batch in exactly one Spark job: no later action can run a claim
-        (XREADGROUP) a second time, whatever Spark recomputes."""
+        (XREADGROUP) a second time, whatever Spark recomputes. `reclaim=False` takes new entries
+        only, never idle ones with XAUTOCLAIM."""
         ctx = self.ctx
-        tasks = [(t.stream, t.quota, t.reclaim) for t in plan(quotas)]
+        tasks = [(t.stream, t.quota, t.reclaim and reclaim) for t in plan(quotas)]
         # One claim task per Spark partition (parallelize keeps the slices), all tasks in parallel.
         task_df = self.spark.createDataFrame(self.spark.sparkContext.parallelize(tasks, len(tasks)),
                                              "stream string, quota long, reclaim boolean")
