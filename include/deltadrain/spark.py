@@ -48,9 +48,13 @@ def check_java() -> None:
 
 def spark_conf(extra: dict[str, str] | None = None) -> dict[str, str]:
     """The full conf of a deltadrain session; spark-submit in the DAGs passes the same."""
+    from deltadrain.jvm_archive import java_options
+
     conf = {**DEFAULT_CONF, **DELTA_CONF, "spark.jars": ",".join(str(j) for j in classpath("spark")),
             # Python workers must run this interpreter (its venv has deltadrain), not `python3` on PATH.
             "spark.pyspark.python": sys.executable, "spark.pyspark.driver.python": sys.executable}
+    # The class-data archive `make install` built, if any: the driver JVM starts ~4 s sooner.
+    conf["spark.driver.extraJavaOptions"] += f" {java_options()}"
     conf.update(extra or {})
     return conf
 

@@ -1,0 +1,72 @@
+"""The class-data archive on real parts: built by a real training drain (its own Valkey and lake),
+mapped by a driver that spark-submit starts with the project's conf, and harmless when it is broken."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from deltadrain import jvm_archive
+from deltadrain.spark import spark_submit_command
+
+# Runs under spark-submit: a Delta round trip, then which archives the driver JVM has mapped.
+PROBE = """
+import json, sys
+from pathlib import Path
+from pyspark.sql import SparkSession
+
+spark = SparkSession.builder.getOrCreate()
+spark.sparkContext.setLogLevel("ERROR")
+spark.range(100).write.format("delta").save(sys.argv[1])
+rows = spark.read.format("delta").load(sys.argv[1]).count()
+pid = int(spark._jvm.java.lang.ProcessHandle.current().pid())
+maps = Path(f"/proc/{pid}/maps").read_text().splitlines()
+print(json.dumps({"rows": rows, "mapped": sorted({m.split()[-1] for m in maps if m.endswith(".jsa")})}))
+"""
+
+
+def _probe(tmp_path, name: str) -> tuple[dict, subprocess.CompletedProcess]:
+    script = tmp_path / "probe.py"
+    script.write_text(PROBE)
+    done = subprocess.run(spark_submit_command(str(script), [str(tmp_path / name)]),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    # stdout is the script's alone: the JVM's warnings go to stderr.
+    lines = [line for line in done.stdout.splitlines() if line.strip()]
+    assert len(lines) == 1, done.stdout[-2000:]
+    return json.loads(lines[0]), done
+
+
+@pytest.mark.slow
+def test_a_real_training_drain_builds_the_archive_that_a_submitted_driver_maps(tmp_path, monkeypatch):
+    cds = tmp_path / "cds"
+    cds.mkdir()
+    stale = cds / "drain-0123456789abcdef0123.jsa"  # another JDK's or jar set's
+    stale.write_bytes(b"old")
+    monkeypatch.setattr(jvm_archive, "archive_dir", lambda: cds)
+
+    path, built = jvm_archive.build()
+    assert built and path.parent == cds and path.stat().st_size > 50 * 2**20
+    assert not stale.exists() and not list(cds.glob("*.partial"))
+    # The training drained every batch for real, dead letters included.
+    runs = [json.loads(line) for line in path.with_suffix(".log").read_text().splitlines()
+            if line.startswith('{"pipeline"')]
+    assert [r["outcome"] for r in runs] == ["committed"] * 3
+    assert sum(r["claimed"] for r in runs) == jvm_archive.TRAINING_MESSAGES
+    assert all(r["dead_lettered"] > 0 and r["acked"] == r["claimed"] for r in runs)
+    assert jvm_archive.build() == (path, False)  # up to date: nothing to do
+
+    out, _ = _probe(tmp_path, "t1")
+    assert out["rows"] == 100 and str(path) in out["mapped"]
+
+
+@pytest.mark.slow
+def test_a_broken_archive_only_costs_the_faster_start(tmp_path, monkeypatch):
+    path = tmp_path / "drain-broken.jsa"
+    path.write_bytes(b"not an archive" * 1000)  # e.g. a copy cut short
+    monkeypatch.setattr(jvm_archive, "archive_path", lambda: path)
+
+    out, _ = _probe(tmp_path, "t2")  # HotSpot starts without sharing, and says so on stderr at most
+    assert out["rows"] == 100 and str(path) not in out["mapped"]

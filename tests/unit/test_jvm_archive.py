@@ -1,0 +1,55 @@
+"""The class-data archive's decisions: which archive a JDK and jar set get, and when a driver uses one."""
+
+from __future__ import annotations
+
+from deltadrain import jvm_archive
+from deltadrain.config import load_config
+
+JDK = [("/jdk/release", 1000, 1), ("/jdk/lib/server/libjvm.so", 22_000_000, 2)]
+JARS = [("/jars/spark-core.jar", 15_000_000, 3), ("/cache/delta-spark.jar", 6_000_000, 4)]
+
+
+def test_the_fingerprint_follows_every_file_an_archive_depends_on_not_their_order():
+    base = jvm_archive.fingerprint(JDK, JARS)
+    assert jvm_archive.fingerprint(list(reversed(JDK)), list(reversed(JARS))) == base
+    changed = [
+        (JDK, [*JARS, ("/cache/extra.jar", 10, 5)]),  # a jar more
+        (JDK, JARS[:1]),  # a jar less
+        (JDK, [JARS[0], ("/cache/delta-spark.jar", 6_000_001, 4)]),  # rebuilt: another size
+        (JDK, [JARS[0], ("/cache/delta-spark.jar", 6_000_000, 9)]),  # or another mtime
+        ([JDK[0], ("/jdk/lib/server/libjvm.so", 22_000_000, 7)], JARS),  # a JDK update
+    ]
+    prints = {jvm_archive.fingerprint(jdk, jars) for jdk, jars in changed}
+    assert len(prints) == len(changed) and base not in prints
+
+
+def test_a_driver_maps_the_archive_only_when_one_was_built_for_its_jdk_and_jars(tmp_path, monkeypatch):
+    path = tmp_path / "drain-abc.jsa"
+    monkeypatch.setattr(jvm_archive, "archive_path", lambda: path)
+    assert jvm_archive.java_options() == jvm_archive.JVM_LOGGING
+    path.write_bytes(b"archive")
+    assert jvm_archive.java_options() == f"{jvm_archive.JVM_LOGGING} -XX:SharedArchiveFile={path}"
+    monkeypatch.setattr(jvm_archive, "archive_path", lambda: None)  # no JDK found
+    assert jvm_archive.java_options() == jvm_archive.JVM_LOGGING
+
+
+def test_the_session_conf_keeps_its_log4j_option_and_adds_the_archives(tmp_path, monkeypatch):
+    from deltadrain import spark
+
+    path = tmp_path / "drain-abc.jsa"
+    path.write_bytes(b"archive")
+    monkeypatch.setattr(jvm_archive, "archive_path", lambda: path)
+    opts = spark.spark_conf()["spark.driver.extraJavaOptions"].split()
+    assert opts[0] == f"-Dlog4j2.configurationFile=file:{spark.LOG4J}"
+    assert f"-XX:SharedArchiveFile={path}" in opts and "-Xlog:all=warning:stderr" in opts
+    # The JVM's own warnings must not reach stdout, where a run prints its JSON summary.
+    assert opts.index("-Xlog:disable") < opts.index("-Xlog:all=warning:stderr")
+
+
+def test_the_training_drain_uses_a_private_pipeline_and_lake(tmp_path):
+    cfg = load_config(jvm_archive._training_config(tmp_path))
+    (pipeline,) = cfg.pipelines
+    assert pipeline.source.kind == "valkey" and pipeline.source.url is None  # the private Valkey
+    assert all(s.startswith("jvm_archive:") for s in pipeline.source.streams)
+    assert pipeline.batch_cap == jvm_archive.TRAINING_BATCH and not pipeline.quality.expectations
+    assert cfg.lake_dir() == tmp_path / "lake"
