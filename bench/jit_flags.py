@@ -11,7 +11,8 @@ alternate, so the machine's drift spreads over all.
     DELTADRAIN_HOME=/tmp/ddjit DELTADRAIN_VALKEY_PORT=26993 \\
         .venv/bin/python bench/jit_flags.py WORKDIR ROUNDS BATCHES CAP "" "-XX:TieredStopAtLevel=1" ... > out.json
 
-An empty string is the default JVM.
+An empty string is the default JVM, without the class-data archive that `make install` builds (the
+options given replace the project's): pass `-XX:SharedArchiveFile=.cache/jars/cds/drain-....jsa` to use it.
 """
 
 import json

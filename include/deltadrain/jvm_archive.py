@@ -3,7 +3,7 @@
 Every drain task starts a JVM that loads some 25 000 classes (Spark, Delta, Parquet, Arrow) before
 its first commit. HotSpot can map them from an archive instead (AppCDS, `-XX:SharedArchiveFile`).
 `make install` builds one by running a small real drain (a private Valkey, a throwaway lake) with
-`-XX:ArchiveClassesAtExit`; a one-message drain process then starts about 4 s sooner
+`-XX:ArchiveClassesAtExit`; a one-message drain process then ends about 4 s sooner
 (docs/benchmarks.md, "twelfth round").
 
 An archive belongs to one JDK and one set of jars. Its file name is their fingerprint, so after a
@@ -25,7 +25,6 @@ from pathlib import Path
 
 from deltadrain.paths import PROJECT_ROOT, jar_cache
 
-FIX = "make install"  # or `deltadrain jvm-archive`
 # The JVM's own warnings (an archive it cannot use, for one) go to stderr: stdout carries a run's
 # JSON summary.
 JVM_LOGGING = "-Xlog:disable -Xlog:all=warning:stderr"
