@@ -13,9 +13,11 @@ The JVM checks the archive itself too and, if it does not match, starts without 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -30,6 +32,7 @@ from deltadrain.paths import PROJECT_ROOT, jar_cache
 JVM_LOGGING = "-Xlog:disable -Xlog:all=warning:stderr"
 TRAINING_MESSAGES = 3_000
 TRAINING_BATCH = 1_000
+TRAINING_TIMEOUT = 600  # seconds; the training takes about a minute on 2 cores
 
 
 def archive_dir() -> Path:
@@ -93,14 +96,23 @@ def build(*, force: bool = False) -> tuple[Path, bool]:
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f"{path.stem}.{os.getpid()}.partial")
     log = path.with_suffix(".log")
+    workdir = Path(tempfile.mkdtemp(prefix="deltadrain-jvm-archive-"))
     with log.open("w") as out:
-        done = subprocess.run([sys.executable, "-m", "deltadrain.jvm_archive", "--train", str(partial)],
-                              stdout=out, stderr=subprocess.STDOUT, timeout=900)
-    if done.returncode != 0 or not partial.exists():
-        partial.unlink(missing_ok=True)
+        # Its own process group: whatever it leaves behind (its JVM, if it was killed) can be stopped.
+        child = subprocess.Popen([sys.executable, "-m", "deltadrain.jvm_archive", "--train", str(partial),
+                                  str(workdir)], stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            # The training stops itself after TRAINING_TIMEOUT (and its Valkey with it); this is the backstop.
+            code = child.wait(timeout=TRAINING_TIMEOUT + 120)
+        except subprocess.TimeoutExpired:
+            code = None
+        finally:
+            _clean_up(child.pid, workdir)
+    if code != 0 or not partial.exists():
+        partial.unlink(missing_ok=True)  # a JVM also writes an archive when its drain failed: not this one
+        ended = "was killed after the time limit" if code is None else f"exited {code}"
         tail = log.read_text()[-1500:]
-        raise ArchiveError(f"the training drain exited {done.returncode} without an archive; its log is "
-                           f"{log}:\n{tail}")
+        raise ArchiveError(f"the training drain {ended} without an archive; its log is {log}:\n{tail}")
     os.replace(partial, path)  # sessions never see a half-written archive
     for old in path.parent.glob("drain-*.jsa"):
         if old != path:
@@ -110,6 +122,24 @@ def build(*, force: bool = False) -> tuple[Path, bool]:
 
 class ArchiveError(RuntimeError):
     pass
+
+
+def _clean_up(group: int, workdir: Path) -> None:
+    """After the training, even a killed one: no JVM of it may write an archive later, and its Valkey
+    (a service in a session of its own) and state home go. A no-op after a clean run."""
+    from deltadrain.services.process import pid_alive
+
+    pids = [group]
+    valkey_pid = workdir / "home" / "services" / "valkey" / "valkey.pid"
+    if valkey_pid.exists():
+        pids.append(int(valkey_pid.read_text().strip()))
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while any(pid_alive(p) for p in pids[1:]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    shutil.rmtree(workdir, ignore_errors=True)
 
 
 def _free_port() -> int:
@@ -136,12 +166,11 @@ def _training_config(workdir: Path) -> Path:
     return path
 
 
-def train(out: Path) -> None:
+def train(out: Path, workdir: Path) -> None:
     """Run drains end to end in a JVM that writes the classes it loaded to `out` when it exits.
 
-    Runs in a process of its own (`build`): the private Valkey and state home come from the
-    environment, which must be set before deltadrain reads it."""
-    workdir = Path(tempfile.mkdtemp(prefix="deltadrain-jvm-archive-"))
+    Runs in a process of its own (`build`): the private Valkey and state home (in `workdir`) come
+    from the environment, which must be set before deltadrain reads it."""
     os.environ["DELTADRAIN_HOME"] = str(workdir / "home")
     os.environ["DELTADRAIN_VALKEY_PORT"] = str(_free_port())
     from deltadrain import services
@@ -150,18 +179,29 @@ def train(out: Path) -> None:
     from deltadrain.produce import produce
     from deltadrain.spark import DEFAULT_CONF, get_spark
 
+    def give_up(*_):
+        raise ArchiveError(f"the training drain took longer than {TRAINING_TIMEOUT} s")
+
+    signal.signal(signal.SIGALRM, give_up)
+    signal.alarm(TRAINING_TIMEOUT)
     cfg = load_config(_training_config(workdir))
     pipeline = cfg.pipelines[0]
     services.up(cfg, ["valkey"])
+    spark = None
     try:
         # Malformed messages too, so the dead-letter MERGE's classes are in the archive.
         produce(cfg, pipeline, TRAINING_MESSAGES, seed=1, malformed_ratio=0.02, progress=False)
         opts = f"{DEFAULT_CONF['spark.driver.extraJavaOptions']} {JVM_LOGGING} -XX:ArchiveClassesAtExit={out}"
         spark = get_spark("deltadrain-jvm-archive", extra={"spark.driver.extraJavaOptions": opts})
         for _ in range(TRAINING_MESSAGES // TRAINING_BATCH):  # the first creates the table, the rest MERGE
-            print(drain(cfg, pipeline, spark=spark).line(), flush=True)
-        _stop_jvm(spark)
+            summary = drain(cfg, pipeline, spark=spark)
+            print(summary.line(), flush=True)
+            if summary.outcome != "committed":
+                raise ArchiveError(f"training batch {summary.batch} ended {summary.outcome}: {summary.error}")
     finally:
+        signal.alarm(0)
+        if spark is not None:
+            _stop_jvm(spark)  # also after a failure, so that no JVM writes `out` once this process is gone
         services.down(cfg, ["valkey"])
         shutil.rmtree(workdir, ignore_errors=True)
 
@@ -183,7 +223,7 @@ def _stop_jvm(spark, timeout: float = 300) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--train":
-        train(Path(sys.argv[2]))
+    if len(sys.argv) == 4 and sys.argv[1] == "--train":
+        train(Path(sys.argv[2]), Path(sys.argv[3]))
     else:
-        sys.exit("usage: python -m deltadrain.jvm_archive --train OUT.jsa")
+        sys.exit("usage: python -m deltadrain.jvm_archive --train OUT.jsa WORKDIR")

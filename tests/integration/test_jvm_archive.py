@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import subprocess
+import tempfile
+import time
+from pathlib import Path
 
 import pytest
 
@@ -39,6 +42,18 @@ def _probe(tmp_path, name: str) -> tuple[dict, subprocess.CompletedProcess]:
     return json.loads(lines[0]), done
 
 
+def _processes_naming(text: str) -> list[str]:
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmdline:
+            found.append(f"{proc.name}: {cmdline[:200]}")
+    return found
+
+
 @pytest.mark.slow
 def test_a_real_training_drain_builds_the_archive_that_a_submitted_driver_maps(tmp_path, monkeypatch):
     cds = tmp_path / "cds"
@@ -46,6 +61,19 @@ def test_a_real_training_drain_builds_the_archive_that_a_submitted_driver_maps(t
     stale = cds / "drain-0123456789abcdef0123.jsa"  # another JDK's or jar set's
     stale.write_bytes(b"old")
     monkeypatch.setattr(jvm_archive, "archive_dir", lambda: cds)
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))  # the training's state home and Valkey
+
+    # A training SIGKILLed in its second batch: no archive, and nothing of it left running that could
+    # write one later (its JVM) or hold a port (its Valkey).
+    monkeypatch.setenv("DELTADRAIN_FAILPOINT", "after_claim")
+    monkeypatch.setenv("DELTADRAIN_FAILPOINT_SKIP", "1")
+    with pytest.raises(jvm_archive.ArchiveError, match="exited -9 without an archive"):
+        jvm_archive.build()
+    time.sleep(2)
+    assert sorted(p.name for p in cds.iterdir()) == sorted([stale.name, jvm_archive.archive_path().with_suffix(".log").name])
+    assert _processes_naming(str(tmp_path)) == [] and list((tmp_path / "tmp").iterdir()) == []
+    monkeypatch.delenv("DELTADRAIN_FAILPOINT")
 
     path, built = jvm_archive.build()
     assert built and path.parent == cds and path.stat().st_size > 50 * 2**20
