@@ -4,6 +4,7 @@ VENV  := .venv
 BIN   := $(VENV)/bin
 STAMP := $(VENV)/.installed
 JARS  := .cache/jars
+LOG_STORE := jvm/logstore/pom.xml $(wildcard jvm/logstore/src/main/java/dev/deltadrain/storage/*.java)
 
 .PHONY: install jars jvm-archive demo test test-fast lint bench lock services-down clean
 
@@ -19,7 +20,8 @@ $(STAMP): requirements.txt constraints.txt pyproject.toml
 
 jars: $(JARS)/spark/.complete $(JARS)/kafka/.complete
 
-$(JARS)/spark/.complete $(JARS)/kafka/.complete &: jvm/spark/pom.xml jvm/kafka/pom.xml | $(STAMP)
+# Fetched with mvn from jvm/spark and jvm/kafka; the spark kind also gets the log store built from jvm/logstore.
+$(JARS)/spark/.complete $(JARS)/kafka/.complete &: jvm/spark/pom.xml jvm/kafka/pom.xml $(LOG_STORE) | $(STAMP)
 	$(BIN)/deltadrain jars
 
 # The Spark driver's class-data archive, made from a small real drain (private Valkey, throwaway lake):

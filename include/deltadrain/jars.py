@@ -1,4 +1,5 @@
-"""The JVM artefacts: fetched once from Maven Central with `mvn` into a git-ignored cache.
+"""The JVM artefacts: fetched once from Maven Central with `mvn` into a git-ignored cache, plus
+deltadrain's own Delta log store (jvm/logstore), built with `mvn package` into the spark kind.
 
 Spark sessions, spark-submit and the Kafka broker only ever read this cache; nothing is resolved
 at job run time (no --packages, no Ivy), so a job never depends on a registry being reachable.
@@ -17,6 +18,10 @@ from deltadrain.paths import jar_cache, jvm_dir
 
 KINDS = ("spark", "kafka")
 FIX = "make jars"
+# Built from jvm/logstore (not fetched) into the spark kind: the log store every session commits with.
+LOG_STORE_ARTIFACT = "deltadrain-logstore"
+LOG_STORE_CLASS = "dev.deltadrain.storage.LocalLinkLogStore"
+_REQUIRED = {"spark": (LOG_STORE_ARTIFACT,)}
 _MARKER = ".complete"
 _JAR_NAME = re.compile(r"^(?P<artifact>.+?)-(?P<version>\d+\.\d+[\w.\-]*)\.jar$")
 
@@ -42,27 +47,42 @@ def jars_to_keep(fetched: list[str], provided: set[str]) -> list[str]:
     return sorted(j for j in fetched if artifact_name(j) not in provided)
 
 
+def _mvn(args: list[str], *, quiet: bool) -> None:
+    cmd = ["mvn", "-B", *(["-q"] if quiet else []), *args]
+    done = subprocess.run(cmd, capture_output=quiet, text=True)
+    if done.returncode != 0:
+        tail = (done.stdout or "")[-2000:] if quiet else ""
+        raise PrerequisiteError(f"`{' '.join(cmd)}` failed (exit {done.returncode}).\n{tail}")
+
+
+def build_log_store(out_dir: Path, *, quiet: bool = True) -> Path:
+    """Compile jvm/logstore (mvn package, its build kept outside the source tree) into `out_dir`."""
+    with tempfile.TemporaryDirectory(dir=out_dir) as build:
+        _mvn(["-f", str(jvm_dir() / "logstore" / "pom.xml"), "package", f"-Ddeltadrain.build.dir={build}"],
+             quiet=quiet)
+        (jar,) = Path(build).glob(f"{LOG_STORE_ARTIFACT}-*.jar")
+        return Path(shutil.move(str(jar), out_dir / jar.name))
+
+
 def fetch(kind: str, *, quiet: bool = True) -> Path:
-    """Fill the cache for `kind` from its pom (jvm/<kind>/pom.xml). Idempotent."""
+    """Fill the cache for `kind` from its pom (jvm/<kind>/pom.xml), plus, for spark, the log store
+    built from jvm/logstore. Idempotent."""
     if kind not in KINDS:
         raise ValueError(f"unknown jar kind {kind!r}; expected one of {KINDS}")
     if shutil.which("mvn") is None:
         raise PrerequisiteError(
-            "Maven (mvn) is not on PATH; it fetches the Delta, Spark-Kafka and Kafka broker jars. "
+            "Maven (mvn) is not on PATH; it fetches the Delta, Spark-Kafka and Kafka broker jars and "
+            "builds deltadrain's Delta log store. "
             "Install it (Debian: `apt-get install -y maven`), then run `make jars`."
         )
     target = jar_cache() / kind
     pom = jvm_dir() / kind / "pom.xml"
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as staging:
-        cmd = ["mvn", "-B", "-f", str(pom), "dependency:copy-dependencies",
-               "-DincludeScope=runtime", f"-DoutputDirectory={staging}"]
-        if quiet:
-            cmd.insert(1, "-q")
-        done = subprocess.run(cmd, capture_output=quiet, text=True)
-        if done.returncode != 0:
-            tail = (done.stdout or "")[-2000:] if quiet else ""
-            raise PrerequisiteError(f"`{' '.join(cmd)}` failed (exit {done.returncode}).\n{tail}")
+        _mvn(["-f", str(pom), "dependency:copy-dependencies", "-DincludeScope=runtime",
+              f"-DoutputDirectory={staging}"], quiet=quiet)
+        if kind == "spark":
+            build_log_store(Path(staging), quiet=quiet)
         fetched = [p.name for p in Path(staging).glob("*.jar")]
         provided = {artifact_name(p.name) for p in pyspark_jars_dir().glob("*.jar")} if kind == "spark" else set()
         keep = jars_to_keep(fetched, provided)
@@ -86,6 +106,7 @@ def classpath(kind: str) -> list[Path]:
         )
     jars = [target / name for name in marker.read_text().split()]
     missing = [j.name for j in jars if not j.exists()]
+    missing += [f"{a}-*.jar" for a in _REQUIRED.get(kind, ()) if not any(artifact_name(j.name) == a for j in jars)]
     if missing:
         raise PrerequisiteError(f"The {kind} jar cache ({target}) lacks {missing[:3]}; run `{FIX}` again.")
     return jars

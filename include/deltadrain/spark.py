@@ -9,11 +9,14 @@ import sys
 from pathlib import Path
 
 from deltadrain.errors import PrerequisiteError
-from deltadrain.jars import classpath
+from deltadrain.jars import LOG_STORE_CLASS, classpath
 
 DELTA_CONF = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
     "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+    # Delta's own store for file: paths can let two writers both commit one version (check, then a
+    # rename that replaces); ours publishes a commit with a hard link, refused if the version exists.
+    "spark.delta.logStore.file.impl": LOG_STORE_CLASS,
 }
 
 LOG4J = Path(__file__).parent / "resources" / "log4j2.properties"

@@ -305,6 +305,9 @@ def test_jars_are_fetched_before_anything_reads_them():
     assert "dependency:copy-dependencies" in script and "-DincludeScope=runtime" in script
     for pom in ("/src/jvm/spark/pom.xml", "/src/jvm/kafka/pom.xml"):
         assert pom in script, f"the jars service does not fetch {pom}"
+    # The log store every session's conf names is built into the spark jars, and a change to it refetches.
+    assert "-f /src/jvm/logstore/pom.xml package" in script and "/jars/spark/" in script
+    assert "find /src/jvm/logstore" in script
     readers = {n: s for n, s in services().items() if "DELTADRAIN_JARS" in environment(s)}
     assert {"spark-worker"} <= set(readers) and any("airflow" in n for n in readers)
     for name, svc in readers.items():
