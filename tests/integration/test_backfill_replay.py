@@ -146,6 +146,32 @@ def test_dlq_replay_with_filters_and_dry_run(tmp_path, spark, valkey_server):
     assert len(dlq_rows(spark, c, p)) == len(dead) + 1
 
 
+@pytest.mark.slow
+def test_two_replays_at_once_mark_both_entries_replayed(tmp_path, spark, valkey_server):
+    # Two replay DAG runs started together (the view's "Replay selected" does that) both rewrite the
+    # DLQ table's one file; each commit must land or conflict and retry, never replace the other's.
+    from concurrent.futures import ThreadPoolExecutor
+
+    path, c, p = make_pipeline(tmp_path, max_retries=0, transform="deltadrain.transforms.identity")
+    client = valkey_client(c, p)
+    produce(c, p, 200, seed=107, malformed_ratio=0.1)
+    drain_until_done(c, p, spark, client)
+    dead = sorted(dlq_rows(spark, c, p), key=lambda r: (r.partition, r.pos_hi, r.pos_lo))
+    for round_ in range(2):
+        picked = dead[2 * round_:2 * round_ + 2]
+        requests = [ReplayRequest(pipeline=p.name, partition=r.partition, position_from=r.position,
+                                  position_to=r.position, dry_run=False) for r in picked]
+        with ThreadPoolExecutor(2) as pool:
+            done = list(pool.map(lambda q: replay(c, spark, q), requests))
+        assert [d.replayed for d in done] == [1, 1]
+        by_key = {(r.partition, r.position): r for r in dlq_rows(spark, c, p)}
+        assert [by_key[(r.partition, r.position)].replay_run_id for r in picked] == [d.run_id for d in done]
+        assert sum(r.state == "REPLAYED" for r in by_key.values()) == 2 * (round_ + 1)
+    # The four replayed copies are still malformed: drained, they are dead letters again, once each.
+    drain_until_done(c, p, spark, client)
+    assert len(dlq_rows(spark, c, p)) == len(dead) + 4
+
+
 def test_replay_requests_are_validated_values(cfg):
     with pytest.raises(DeltadrainError, match="not configured"):
         parse_request(cfg, {"pipeline": "nope"})

@@ -26,7 +26,7 @@ import org.apache.hadoop.fs.Path;
  * <p>A Delta commit is correct only if writing version N fails when N already exists. Delta's
  * default store for {@code file:} paths checks that the file is absent and then renames over it
  * (rename(2) replaces), so two writers of one version can both pass the check: both believe they
- * committed and one commit, with its checkpoint, is silently gone. Here the commit is written to a
+ * committed and one commit is silently gone. Here the commit is written to a
  * hidden temporary file, synced, and published with a hard link, which the kernel refuses
  * atomically when the name exists. Nothing writes Hadoop {@code .crc} side files: a checksum
  * written apart from its file is what a lost race leaves mismatched.
@@ -58,9 +58,9 @@ public class LocalLinkLogStore extends HadoopFileSystemLogStore {
         out.flush();
         channel.force(true); // a power cut must not leave a published but empty commit
       }
-      // A checksum left by Hadoop's file system for an earlier file of this name would not match.
-      Files.deleteIfExists(dir.resolve("." + target.getFileName() + ".crc"));
       if (overwrite) {
+        // A checksum Hadoop's file system left for the file being replaced would not match the new one.
+        Files.deleteIfExists(dir.resolve("." + target.getFileName() + ".crc"));
         Files.move(temp, target, StandardCopyOption.ATOMIC_MOVE, StandardCopyOption.REPLACE_EXISTING);
       } else {
         publish(temp, target);
