@@ -29,16 +29,15 @@ import time
 import uuid
 from datetime import UTC, datetime
 
-from overlap_claim import read_back
+from overlap_claim import run_order
 
+from deltadrain.acknowledge import acknowledge
 from deltadrain.checkpoint import commit_metadata, read_checkpoint
 from deltadrain.claim import allocate, claim_arrow, plan
 from deltadrain.commit import USER_METADATA, merge_condition
-from deltadrain.config import load_config
 from deltadrain.drain import ValkeyDrain, backlog, claim_schema, ensure_groups, new_run_id
 from deltadrain.positions import merge_positions
-from deltadrain.spark import get_spark
-from deltadrain.stage import Staged, Tally, report_arrow_schema, tally
+from deltadrain.stage import Staged, StagingFile, report_arrow_schema
 
 
 def scala_list(jvm, items):
@@ -58,20 +57,11 @@ def claim_into_writer(ctx, claim_arrow_schema, target_arrow_schema, columns, id_
         import pyarrow.compute as pc
         import pyarrow.parquet as pq
 
-        tallies: dict[str, Tally] = {}
-        writer = path = None
+        staging = StagingFile(stage_dir, claim_arrow_schema, id_field)
         now = datetime.now(UTC)
         try:
             for batch in claim_arrow(batches, ctx, claim_arrow_schema):
-                if batch.num_rows == 0:
-                    continue
-                if writer is None:
-                    os.makedirs(stage_dir, exist_ok=True)
-                    path = os.path.join(stage_dir, f"part-{uuid.uuid4().hex}.parquet")
-                    writer = pq.ParquetWriter(path + ".tmp", claim_arrow_schema)
-                writer.write_batch(batch)
-                for part, t in tally(batch, id_field):
-                    tallies.setdefault(part, Tally()).add(t)
+                staging.write(batch)
                 good = batch.filter(pc.is_null(batch.column("_dd_error_type")))
                 n = good.num_rows
                 if n:
@@ -80,19 +70,14 @@ def claim_into_writer(ctx, claim_arrow_schema, target_arrow_schema, columns, id_
                              "_dd_ingested_at": pa.array([now] * n, pa.timestamp("us", tz="UTC"))}
                     arrays = [extra[c] if c in extra else good.column(c) for c in columns]
                     yield pa.RecordBatch.from_arrays(arrays, schema=target_arrow_schema)
-        finally:
-            if writer is not None:
-                writer.close()
-        if path is None:
-            return
-        os.replace(path + ".tmp", path)
-        rows = [{"file": path, "partition": part, "rows": t.rows, "reclaimed": t.reclaimed, "again": t.again,
-                 "gaps": t.gaps, "bad": t.bad, "good": t.good, "oldest": t.oldest,
-                 "pos_hi": t.pos.ms if t.pos else None, "pos_lo": t.pos.seq if t.pos else None,
-                 "id_lo": t.id_lo, "id_hi": t.id_hi, "id_hashes": b"".join(t.hashes)} for part, t in tallies.items()]
-        os.makedirs(report_dir, exist_ok=True)
-        pq.write_table(pa.Table.from_pylist(rows, schema=report_arrow_schema()),
-                       os.path.join(report_dir, f"{uuid.uuid4().hex}.parquet"))
+        except BaseException:
+            staging.close(complete=False)
+            raise
+        staging.close()
+        if staging.report:
+            os.makedirs(report_dir, exist_ok=True)
+            pq.write_table(pa.Table.from_pylist(staging.report, schema=report_arrow_schema()),
+                           os.path.join(report_dir, f"{uuid.uuid4().hex}.parquet"))
 
     return body
 
@@ -165,13 +150,12 @@ class DirectDrain(ValkeyDrain):
             spark.conf.unset(USER_METADATA)
         s.outcome, s.written = "committed", stats.good
         self._lap("commit")
-        from deltadrain.acknowledge import acknowledge
-
         s.acked = acknowledge(staged.files, self.ctx)
         self._lap("ack")
 
 
 def drain_batches(cfg, pipeline, spark, batches: int, direct: bool) -> list[dict]:
+    """The `direct` ("after") configs drain with DirectDrain, the others with the drain as it is."""
     base = new_run_id()
     kind = DirectDrain if direct else ValkeyDrain
     out = []
@@ -183,20 +167,7 @@ def drain_batches(cfg, pipeline, spark, batches: int, direct: bool) -> list[dict
     return out
 
 
-def main(workdir: str, batches: int, order: list[str]) -> dict:
-    spark = get_spark("direct-write")
-    spark.sparkContext.setLogLevel("ERROR")
-    report = {"command": " ".join(["bench/direct_write.py", *sys.argv[1:]]), "runs": {}}
-    for tag in order:
-        cfg = load_config(f"{workdir}/{tag}.yaml")
-        pipeline = cfg.pipelines[0]
-        started = time.monotonic()
-        batch_runs = drain_batches(cfg, pipeline, spark, batches, direct=tag.startswith("after"))
-        total = round(time.monotonic() - started, 2)
-        report["runs"][tag] = {"seconds": total, "batches": batch_runs, **read_back(cfg, pipeline, spark)}
-        print(tag, total, [b["seconds"] for b in batch_runs], file=sys.stderr, flush=True)
-    return report
-
-
 if __name__ == "__main__":
-    print(json.dumps(main(sys.argv[1], int(sys.argv[2]), sys.argv[3].split(",")), indent=1))
+    report = run_order("direct-write", "bench/direct_write.py", sys.argv[1], int(sys.argv[2]), sys.argv[3].split(","),
+                       drain_batches)
+    print(json.dumps(report, indent=1))

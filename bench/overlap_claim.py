@@ -72,15 +72,18 @@ def read_back(cfg, pipeline, spark) -> dict:
             "pending": sum(group_counts(client, s, pipeline.source.group)[1] for s in pipeline.source.streams)}
 
 
-def main(workdir: str, batches: int, order: list[str]) -> dict:
-    spark = get_spark("overlap-claim")
+def run_order(app: str, script: str, workdir: str, batches: int, order: list[str], drain) -> dict:
+    """Drain `batches` batches for each config tag in `order`, in one Spark session, with
+    `drain(cfg, pipeline, spark, batches, after)` (after: the tag starts with "after"); time each
+    run and read its table back. Shared by the A/B experiments of this directory."""
+    spark = get_spark(app)
     spark.sparkContext.setLogLevel("ERROR")
-    report = {"command": " ".join(["bench/overlap_claim.py", *sys.argv[1:]]), "runs": {}}
+    report = {"command": " ".join([script, workdir, str(batches), ",".join(order)]), "runs": {}}
     for tag in order:
         cfg = load_config(f"{workdir}/{tag}.yaml")
         pipeline = cfg.pipelines[0]
         started = time.monotonic()
-        batch_runs = drain_batches(cfg, pipeline, spark, batches, overlap=tag.startswith("after"))
+        batch_runs = drain(cfg, pipeline, spark, batches, tag.startswith("after"))
         total = round(time.monotonic() - started, 2)
         report["runs"][tag] = {"seconds": total, "batches": batch_runs, **read_back(cfg, pipeline, spark)}
         print(tag, total, [b["seconds"] for b in batch_runs], file=sys.stderr, flush=True)
@@ -88,4 +91,6 @@ def main(workdir: str, batches: int, order: list[str]) -> dict:
 
 
 if __name__ == "__main__":
-    print(json.dumps(main(sys.argv[1], int(sys.argv[2]), sys.argv[3].split(",")), indent=1))
+    report = run_order("overlap-claim", "bench/overlap_claim.py", sys.argv[1], int(sys.argv[2]),
+                       sys.argv[3].split(","), drain_batches)
+    print(json.dumps(report, indent=1))

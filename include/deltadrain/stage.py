@@ -124,37 +124,68 @@ def tally(batch, id_field: str) -> Iterator[tuple[str, Tally]]:
         yield value, t
 
 
-def write_and_report(batches: Iterable, directory: str, arrow_schema, id_field: str) -> Iterator:
-    """Executor side: write the claim record batches to one Parquet file in `directory` and yield
-    one report row (`report_arrow_schema`) per source partition. The file is renamed into place
-    only when complete; a failed task attempt's file is never named in a report, so never read."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+class StagingFile:
+    """Executor side: one task's staging file. `write` the claim record batches, then `close`; its
+    report rows (`report_arrow_schema`, one per source partition) are then in `report`. The file is
+    renamed into place only when complete: a failed task attempt's file is never named in a report,
+    so never read."""
 
-    tallies: dict[str, Tally] = {}
-    writer, path = None, None
+    def __init__(self, directory: str, arrow_schema, id_field: str):
+        self.directory, self.arrow_schema, self.id_field = directory, arrow_schema, id_field
+        self.tallies: dict[str, Tally] = {}
+        self.path: str | None = None
+        self._writer = None
+
+    def write(self, batch) -> None:
+        import pyarrow.parquet as pq
+
+        if batch.num_rows == 0:
+            return
+        if self._writer is None:
+            os.makedirs(self.directory, exist_ok=True)
+            self.path = os.path.join(self.directory, f"part-{uuid.uuid4().hex}.parquet")
+            self._writer = pq.ParquetWriter(self.path + ".tmp", self.arrow_schema)
+        self._writer.write_batch(batch)
+        for part, t in tally(batch, self.id_field):
+            self.tallies.setdefault(part, Tally()).add(t)
+
+    def close(self, complete: bool = True) -> None:
+        """Close the writer; when `complete`, put the file in place."""
+        if self._writer is None:
+            return
+        self._writer.close()
+        self._writer = None
+        if complete:
+            os.replace(self.path + ".tmp", self.path)
+
+    @property
+    def report(self) -> list[dict]:
+        return report_rows(self.path, self.tallies) if self.path is not None else []
+
+
+def write_and_report(batches: Iterable, directory: str, arrow_schema, id_field: str) -> Iterator:
+    """Executor side: write the claim record batches to one staging file (`StagingFile`) in
+    `directory` and yield its report."""
+    import pyarrow as pa
+
+    staging = StagingFile(directory, arrow_schema, id_field)
     try:
         for batch in batches:
-            if batch.num_rows == 0:
-                continue
-            if writer is None:
-                os.makedirs(directory, exist_ok=True)
-                path = os.path.join(directory, f"part-{uuid.uuid4().hex}.parquet")
-                writer = pq.ParquetWriter(path + ".tmp", arrow_schema)
-            writer.write_batch(batch)
-            for part, t in tally(batch, id_field):
-                tallies.setdefault(part, Tally()).add(t)
-    finally:
-        if writer is not None:
-            writer.close()
-    if path is None:
-        return
-    os.replace(path + ".tmp", path)
-    rows = [{"file": path, "partition": part, "rows": t.rows, "reclaimed": t.reclaimed, "again": t.again,
+            staging.write(batch)
+    except BaseException:
+        staging.close(complete=False)
+        raise
+    staging.close()
+    if staging.report:
+        yield pa.RecordBatch.from_pylist(staging.report, schema=report_arrow_schema())
+
+
+def report_rows(path: str, tallies: dict[str, Tally]) -> list[dict]:
+    """The report (`report_arrow_schema`) of one staged file: a row per source partition."""
+    return [{"file": path, "partition": part, "rows": t.rows, "reclaimed": t.reclaimed, "again": t.again,
              "gaps": t.gaps, "bad": t.bad, "good": t.good, "oldest": t.oldest,
              "pos_hi": t.pos.ms if t.pos else None, "pos_lo": t.pos.seq if t.pos else None,
              "id_lo": t.id_lo, "id_hi": t.id_hi, "id_hashes": b"".join(t.hashes)} for part, t in tallies.items()]
-    yield pa.RecordBatch.from_pylist(rows, schema=report_arrow_schema())
 
 
 def report_arrow_schema():
