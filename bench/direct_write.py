@@ -74,9 +74,10 @@ def claim_into_writer(ctx, claim_arrow_schema, target_arrow_schema, columns, id_
             staging.close(complete=False)
             raise
         staging.close()
-        if staging.report:
+        report = staging.report
+        if report:
             os.makedirs(report_dir, exist_ok=True)
-            pq.write_table(pa.Table.from_pylist(staging.report, schema=report_arrow_schema()),
+            pq.write_table(pa.Table.from_pylist(report, schema=report_arrow_schema()),
                            os.path.join(report_dir, f"{uuid.uuid4().hex}.parquet"))
 
     return body

@@ -176,8 +176,9 @@ def write_and_report(batches: Iterable, directory: str, arrow_schema, id_field: 
         staging.close(complete=False)
         raise
     staging.close()
-    if staging.report:
-        yield pa.RecordBatch.from_pylist(staging.report, schema=report_arrow_schema())
+    report = staging.report
+    if report:
+        yield pa.RecordBatch.from_pylist(report, schema=report_arrow_schema())
 
 
 def report_rows(path: str, tallies: dict[str, Tally]) -> list[dict]:
