@@ -75,3 +75,28 @@ def test_concurrent_delta_commits_go_through_it_and_none_is_lost(spark, tmp_path
     log = Path(path) / "_delta_log"
     # Delta's default store would have left a .json.crc beside every commit.
     assert not [p.name for p in log.iterdir() if p.name.endswith(".json.crc") or p.name.endswith(".tmp")]
+
+
+@pytest.mark.slow
+def test_a_stale_checksum_an_older_race_left_fails_reads_until_it_is_deleted(spark, tmp_path):
+    # The repair README.md gives for a table damaged before this store: the race left one writer's
+    # commit beside Hadoop's checksum of the other's, and deleting that checksum makes it readable.
+    path = str(tmp_path / "t")
+    spark.range(3).write.format("delta").save(path)
+    spark.range(3, 5).write.format("delta").mode("append").save(path)
+    log = tmp_path / "t" / "_delta_log"
+    commit = log / f"{1:020d}.json"
+    winner = commit.read_text()
+    loser = "\n".join(" " + line for line in winner.splitlines())  # the same actions, other bytes
+    commit.unlink()
+    write(spark, new_store(spark, DELTA_DEFAULT), commit, loser, False)  # with its Hadoop checksum
+    commit.write_text(winner)  # the other writer's rename replaced the file, not the checksum
+    stale = log / f".{1:020d}.json.crc"
+    assert stale.exists()
+    delta_log = spark._jvm.org.apache.spark.sql.delta.DeltaLog
+    delta_log.clearCache()
+    with pytest.raises(Py4JJavaError, match="ChecksumException"):
+        spark.read.format("delta").load(path).count()
+    stale.unlink()
+    delta_log.clearCache()
+    assert sorted(r.id for r in spark.read.format("delta").load(path).collect()) == [0, 1, 2, 3, 4]
