@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from deltadrain.config import load_config
 from deltadrain.errors import ConfigError, DeltadrainError
+from deltadrain.lake import damaged_log
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {}
 
@@ -450,6 +451,12 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:
+        hint = damaged_log(exc)
+        if hint is None:
+            raise
+        print(f"deltadrain: error: {hint}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ import traceback
 from collections.abc import Callable
 
 from deltadrain.errors import DeltadrainError
+from deltadrain.lake import damaged_log
 
 SUMMARY_PREFIX = "deltadrain-summary: "
 ERROR_PREFIX = "deltadrain: error: "
@@ -32,7 +33,7 @@ def run_job(body: Callable[[object], object]) -> int:
     except Exception as exc:
         traceback.print_exc()
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        print(f"{ERROR_PREFIX}{type(exc).__name__}: {first[:500]}", flush=True)
+        print(f"{ERROR_PREFIX}{damaged_log(exc) or f'{type(exc).__name__}: {first[:500]}'}", flush=True)
         return 1
     print(f"{SUMMARY_PREFIX}{result.line()}", flush=True)
     return 0

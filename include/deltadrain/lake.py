@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -19,6 +20,26 @@ def is_conflict(exc: BaseException) -> bool:
     """A commit lost a race with another writer (Delta optimistic concurrency)."""
     text = f"{type(exc).__name__} {exc}"
     return any(name in text for name in CONFLICTS)
+
+
+# Hadoop's words for a file whose side checksum (.NAME.crc) does not match it, and the file it names.
+_CHECKSUM = re.compile(r"ChecksumException: Checksum error: (?:file:)?(?P<path>\S*/_delta_log/(?P<name>\d{20}\.json))")
+
+
+def damaged_log(exc: BaseException) -> str | None:
+    """What to do about a Delta commit file that fails Hadoop's checksum, or None for other errors.
+
+    Before deltadrain's log store, two writers racing for one version could leave one's commit
+    beside Hadoop's checksum of the other's, and every read of the table then fails (README.md)."""
+    match = _CHECKSUM.search(str(exc))
+    if match is None:
+        return None
+    path, name = match["path"], match["name"]
+    crc = f"{path[: -len(name)]}.{name}.crc"
+    return (f"the Delta table's commit {path} does not match Hadoop's checksum of it, {crc}: two writers "
+            f"raced for that version before deltadrain's log store. Delete {crc} (Hadoop's file, not "
+            f"Delta's {name[:-5]}.crc) and the table reads again; the commit that lost the race is gone, and "
+            f"for a target table a backfill over its time heals the gap (README.md, log store)")
 
 
 def is_table(spark, path: str) -> bool:

@@ -12,6 +12,7 @@ from py4j.protocol import Py4JJavaError
 
 from bench.log_store_race import DELTA_DEFAULT, new_store, race, write
 from deltadrain.jars import LOG_STORE_CLASS
+from deltadrain.lake import damaged_log
 
 
 def hadoop_path(spark, path: Path):
@@ -95,8 +96,10 @@ def test_a_stale_checksum_an_older_race_left_fails_reads_until_it_is_deleted(spa
     assert stale.exists()
     delta_log = spark._jvm.org.apache.spark.sql.delta.DeltaLog
     delta_log.clearCache()
-    with pytest.raises(Py4JJavaError, match="ChecksumException"):
+    with pytest.raises(Py4JJavaError, match="ChecksumException") as failure:
         spark.read.format("delta").load(path).count()
+    # What the CLI and the Airflow task print for it: the file to delete.
+    assert f"Delete {stale} (Hadoop's file" in damaged_log(failure.value)
     stale.unlink()
     delta_log.clearCache()
     assert sorted(r.id for r in spark.read.format("delta").load(path).collect()) == [0, 1, 2, 3, 4]

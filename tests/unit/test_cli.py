@@ -66,3 +66,38 @@ def test_stale_claims_are_flagged_by_the_sources_own_limit():
     assert mark_stale({"claimed_by": {}}, 10)["STALE_CLAIMED"] == 0
     assert "execution_timeout (1000 ms)" in stale_reason({"source": "kafka", "stale_after_ms": 1000})
     assert "reaper" in stale_reason({"source": "valkey", "stale_after_ms": 1000})
+
+
+# What Py4J reports when Hadoop finds a commit file that does not match its side checksum (the
+# lines that matter, from a real read of such a table: tests/integration/test_log_store.py).
+CHECKSUM_FAILURE = (
+    "An error occurred while calling o61.count.\n"
+    ": org.apache.spark.SparkException: Job aborted due to stage failure: ...\n"
+    "Caused by: org.apache.hadoop.fs.ChecksumException: Checksum error: "
+    "file:/lake/dlq/orders/_delta_log/00000000000000000002.json at 0 exp: -1380157321 got: -150498726\n"
+    "\tat org.apache.hadoop.fs.FSInputChecker.readChecksumChunk(FSInputChecker.java:308)\n")
+
+
+def test_a_commit_failing_its_checksum_is_explained_with_the_file_to_delete(monkeypatch, capsys):
+    from deltadrain import cli
+    from deltadrain.lake import damaged_log
+
+    hint = damaged_log(RuntimeError(CHECKSUM_FAILURE))
+    assert "Delete /lake/dlq/orders/_delta_log/.00000000000000000002.json.crc" in hint
+    assert "not Delta's 00000000000000000002.crc" in hint and "backfill" in hint
+    assert damaged_log(RuntimeError("ChecksumException: Checksum error: file:/data/part-0001.parquet")) is None
+    assert damaged_log(RuntimeError("An error occurred while calling o61.count.")) is None
+
+    def status(args):
+        raise RuntimeError(CHECKSUM_FAILURE)
+
+    monkeypatch.setitem(cli.COMMANDS, "status", status)
+    assert cli.main(["status", "orders"]) == 1
+    assert capsys.readouterr().err == f"deltadrain: error: {hint}\n"
+
+    def other(args):
+        raise RuntimeError("something else")
+
+    monkeypatch.setitem(cli.COMMANDS, "status", other)
+    with pytest.raises(RuntimeError, match="something else"):
+        cli.main(["status", "orders"])
