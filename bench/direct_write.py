@@ -57,9 +57,8 @@ def claim_into_writer(ctx, claim_arrow_schema, target_arrow_schema, columns, id_
         import pyarrow.compute as pc
         import pyarrow.parquet as pq
 
-        staging = StagingFile(stage_dir, claim_arrow_schema, id_field)
         now = datetime.now(UTC)
-        try:
+        with StagingFile(stage_dir, claim_arrow_schema, id_field) as staging:
             for batch in claim_arrow(batches, ctx, claim_arrow_schema):
                 staging.write(batch)
                 good = batch.filter(pc.is_null(batch.column("_dd_error_type")))
@@ -70,10 +69,6 @@ def claim_into_writer(ctx, claim_arrow_schema, target_arrow_schema, columns, id_
                              "_dd_ingested_at": pa.array([now] * n, pa.timestamp("us", tz="UTC"))}
                     arrays = [extra[c] if c in extra else good.column(c) for c in columns]
                     yield pa.RecordBatch.from_arrays(arrays, schema=target_arrow_schema)
-        except BaseException:
-            staging.close(complete=False)
-            raise
-        staging.close()
         report = staging.report
         if report:
             os.makedirs(report_dir, exist_ok=True)

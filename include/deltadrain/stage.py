@@ -125,10 +125,10 @@ def tally(batch, id_field: str) -> Iterator[tuple[str, Tally]]:
 
 
 class StagingFile:
-    """Executor side: one task's staging file. `write` the claim record batches, then `close`; its
-    report rows (`report_arrow_schema`, one per source partition) are then in `report`. The file is
-    renamed into place only when complete: a failed task attempt's file is never named in a report,
-    so never read."""
+    """Executor side: one task's staging file, a context manager. `write` the claim record batches
+    inside it; after a clean exit its report rows (`report_arrow_schema`, one per source partition)
+    are in `report`. The file is renamed into place only when complete: a failed task attempt's file
+    is never named in a report, so never read."""
 
     def __init__(self, directory: str, arrow_schema, id_field: str):
         self.directory, self.arrow_schema, self.id_field = directory, arrow_schema, id_field
@@ -149,13 +149,16 @@ class StagingFile:
         for part, t in tally(batch, self.id_field):
             self.tallies.setdefault(part, Tally()).add(t)
 
-    def close(self, complete: bool = True) -> None:
-        """Close the writer; when `complete`, put the file in place."""
+    def __enter__(self) -> StagingFile:
+        return self
+
+    def __exit__(self, kind, value, traceback) -> None:
+        """Close the writer; put the file in place only when no error left the block."""
         if self._writer is None:
             return
         self._writer.close()
         self._writer = None
-        if complete:
+        if kind is None:
             os.replace(self.path + ".tmp", self.path)
 
     @property
@@ -168,14 +171,9 @@ def write_and_report(batches: Iterable, directory: str, arrow_schema, id_field: 
     `directory` and yield its report."""
     import pyarrow as pa
 
-    staging = StagingFile(directory, arrow_schema, id_field)
-    try:
+    with StagingFile(directory, arrow_schema, id_field) as staging:
         for batch in batches:
             staging.write(batch)
-    except BaseException:
-        staging.close(complete=False)
-        raise
-    staging.close()
     report = staging.report
     if report:
         yield pa.RecordBatch.from_pylist(report, schema=report_arrow_schema())
