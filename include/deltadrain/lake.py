@@ -37,7 +37,7 @@ def damaged_log(exc: BaseException) -> str | None:
     path, name = match["path"], match["name"]
     crc = f"{path[: -len(name)]}.{name}.crc"
     return (f"the Delta table's commit {path} does not match Hadoop's checksum of it, {crc}. Two writers "
-            f"racing for that version before deltadrain's log store leave exactly this: Delete {crc} "
+            f"racing for that version before deltadrain's log store leave exactly this: delete {crc} "
             f"(Hadoop's file, not Delta's {name[:-5]}.crc) and the table reads again; the commit that lost "
             f"the race is gone, and for a target table a backfill over its time heals the gap (README.md, "
             f"log store). If no such race can have happened, the disk damaged the commit: restore it instead")

@@ -99,7 +99,7 @@ def test_a_stale_checksum_an_older_race_left_fails_reads_until_it_is_deleted(spa
     with pytest.raises(Py4JJavaError, match="ChecksumException") as failure:
         spark.read.format("delta").load(path).count()
     # What the CLI and the Airflow task print for it: the file to delete.
-    assert f"Delete {stale} (Hadoop's file" in damaged_log(failure.value)
+    assert f"delete {stale} (Hadoop's file" in damaged_log(failure.value)
     stale.unlink()
     delta_log.clearCache()
     assert sorted(r.id for r in spark.read.format("delta").load(path).collect()) == [0, 1, 2, 3, 4]

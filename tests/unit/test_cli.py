@@ -83,7 +83,7 @@ def test_a_commit_failing_its_checksum_is_explained_with_the_file_to_delete(monk
     from deltadrain.lake import damaged_log
 
     hint = damaged_log(RuntimeError(CHECKSUM_FAILURE))
-    assert "Delete /lake/dlq/orders/_delta_log/.00000000000000000002.json.crc" in hint
+    assert "delete /lake/dlq/orders/_delta_log/.00000000000000000002.json.crc" in hint
     assert "not Delta's 00000000000000000002.crc" in hint and "backfill" in hint
     assert damaged_log(RuntimeError("ChecksumException: Checksum error: file:/data/part-0001.parquet")) is None
     assert damaged_log(RuntimeError("An error occurred while calling o61.count.")) is None
