@@ -49,18 +49,23 @@ def test_delta_merge_with_set_transaction_in_the_project_session(spark, tmp_path
 
 def test_the_benchs_live_heap_probe_sees_what_the_driver_jvm_holds(spark):
     """bench.jvm_live_heap_mib counts 128 MiB the driver holds, and is steady while nothing changes.
-    The session has run other tests, so Spark and Delta may still free a little in the background
-    (a single GC once read 12.8 MiB less on the next call); the tolerances are sized to that. G1
-    counts a 4 MiB array as five 1 MiB regions, hence up to 160 MiB for the 128.
+    The session has run other tests, so Spark and Delta may still free memory in the background
+    (one CI run read 12.8 MiB less on the next call, another failed here once): so the baseline is
+    taken only once two probes in a row agree, and only then is the 128 MiB added. G1 counts a
+    4 MiB array as five 1 MiB regions, hence up to 160 MiB for the 128.
     (Py4J keeps arrays it handed out alive, so letting them go is not part of this check.)"""
     from deltadrain.bench import jvm_live_heap_mib
 
     gateway = spark.sparkContext._gateway
-    before = jvm_live_heap_mib(spark)
-    again = jvm_live_heap_mib(spark)
+    readings = [jvm_live_heap_mib(spark)]
+    for _ in range(10):
+        readings.append(jvm_live_heap_mib(spark))
+        if abs(readings[-1] - readings[-2]) < 2:
+            break
+    assert abs(readings[-1] - readings[-2]) < 2, readings  # the probe settles when nothing changes
     held = [gateway.new_array(gateway.jvm.long, 2**19) for _ in range(32)]  # 4 MiB each
     with_it = jvm_live_heap_mib(spark)
-    assert abs(again - before) < 16 and 112 < with_it - again < 200, (before, again, with_it)
+    assert 112 < with_it - readings[-1] < 200, (readings, with_it)
     assert len(held) == 32
 
 
