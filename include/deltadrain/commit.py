@@ -27,6 +27,17 @@ TXN_APP = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION = "spark.databricks.delta.write.txnVersion"
 USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
 CONFLICT_RETRIES = 4
+# Besides the message id, the target column whose values never repeat in a batch's files.
+UNIQUE_COLUMNS = ("_dd_position",)
+
+
+def no_dictionary(column: str) -> str:
+    """Session conf that makes Parquet write `column` without first trying a dictionary. For values
+    that never repeat the writer always drops that dictionary and writes them plain, so the attempt is
+    only CPU: about 0.1 s of a 200 000-row MERGE, with the same encodings and file sizes
+    (docs/benchmarks.md, "fourteenth round"). Spark copies session conf into each write's Hadoop
+    conf, where parquet-java reads per-column switches."""
+    return f"parquet.enable.dictionary#{column}"
 
 
 @dataclass
@@ -80,9 +91,10 @@ def commit_batch(spark, path: str, *, pipeline: str, expected_batch: int, run_id
     version_before = table_version(spark, path)
     conflict = None
     lost_reply = False
-    spark.conf.set(TXN_APP, pipeline)
-    spark.conf.set(TXN_VERSION, str(target))
-    spark.conf.set(USER_METADATA, metadata)
+    write_conf = {TXN_APP: pipeline, TXN_VERSION: str(target), USER_METADATA: metadata,
+                  **{no_dictionary(c): "false" for c in (id_field, *UNIQUE_COLUMNS)}}
+    for key, value in write_conf.items():
+        spark.conf.set(key, value)
     creating = False
     try:
         for attempt in range(CONFLICT_RETRIES + 1):
@@ -121,7 +133,7 @@ def commit_batch(spark, path: str, *, pipeline: str, expected_batch: int, run_id
                     raise
                 break
     finally:
-        for key in (TXN_APP, TXN_VERSION, USER_METADATA):
+        for key in write_conf:
             spark.conf.unset(key)
     # Fast path: our own commit among the newest ones settles it (reading the snapshot's txn set
     # rebuilds Delta state, seconds per run). Otherwise the snapshot's txn version decides.

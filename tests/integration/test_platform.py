@@ -47,6 +47,45 @@ def test_delta_merge_with_set_transaction_in_the_project_session(spark, tmp_path
                                                        for k, v in a["txn"].items() if k != "lastUpdated"} == {"appId": "platform-test", "version": 1}
 
 
+def test_a_commit_writes_the_id_and_position_without_a_dictionary_and_restores_the_session(spark, tmp_path):
+    """commit_batch switches Parquet's dictionary off for the id and the position only, in both the
+    creating append and the MERGE, and leaves the session's conf as it found it. Real batches never
+    repeat those values, so Parquet would drop the dictionary anyway; these rows repeat every column,
+    so that a dictionary left on shows in the files' encodings."""
+    import pyarrow.parquet as pq
+
+    from deltadrain.commit import NewTable, commit_batch, no_dictionary
+
+    path = tmp_path / "t"
+
+    def rows(batch: int):
+        return spark.range(2000).selectExpr(
+            f"format_string('evt-%d-%d', {batch}, id % 5) AS event_id", "'orders:0' AS _dd_partition",
+            f"'{batch}-0' AS _dd_position", "'x' AS note")
+
+    def encodings(files) -> dict:
+        seen = {}
+        for f in files:
+            meta = pq.ParquetFile(f).metadata
+            for i in range(meta.num_columns):
+                seen.setdefault(meta.schema.column(i).name, set()).update(meta.row_group(0).column(i).encodings)
+        return seen
+
+    for batch in (0, 1):
+        before = set(path.glob("*.parquet"))
+        result = commit_batch(spark, str(path), pipeline="dict", expected_batch=batch, run_id=f"r{batch}",
+                              rows=rows(batch), id_field="event_id", window_start=None,
+                              metadata=json.dumps({"pipeline": "dict", "batch": batch + 1, "run_id": f"r{batch}"}),
+                              create=NewTable() if batch == 0 else None)
+        assert result.outcome.value == "committed", result
+        new = set(path.glob("*.parquet")) - before
+        seen = encodings(new)
+        assert new and not any("DICTIONARY" in e for c in ("event_id", "_dd_position") for e in seen[c]), seen
+        assert all(any("DICTIONARY" in e for e in seen[c]) for c in ("_dd_partition", "note")), seen
+    assert spark.read.format("delta").load(str(path)).count() == 4000
+    assert all(spark.conf.get(no_dictionary(c), None) is None for c in ("event_id", "_dd_position"))
+
+
 def test_the_benchs_live_heap_probe_sees_what_the_driver_jvm_holds(spark):
     """bench.jvm_live_heap_mib counts 128 MiB the driver holds, and is steady while nothing changes.
     The session has run other tests, so Spark and Delta may still free memory in the background
