@@ -93,6 +93,7 @@ def commit_batch(spark, path: str, *, pipeline: str, expected_batch: int, run_id
     lost_reply = False
     write_conf = {TXN_APP: pipeline, TXN_VERSION: str(target), USER_METADATA: metadata,
                   **{no_dictionary(c): "false" for c in (id_field, *UNIQUE_COLUMNS)}}
+    previous = {key: spark.conf.get(key, None) for key in write_conf}
     for key, value in write_conf.items():
         spark.conf.set(key, value)
     creating = False
@@ -133,8 +134,11 @@ def commit_batch(spark, path: str, *, pipeline: str, expected_batch: int, run_id
                     raise
                 break
     finally:
-        for key in write_conf:
-            spark.conf.unset(key)
+        for key, value in previous.items():  # as it was: a switch the user's session set stays
+            if value is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, value)
     # Fast path: our own commit among the newest ones settles it (reading the snapshot's txn set
     # rebuilds Delta state, seconds per run). Otherwise the snapshot's txn version decides.
     commit = find_commit(spark, path, pipeline, target)

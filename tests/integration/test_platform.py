@@ -57,6 +57,7 @@ def test_a_commit_writes_the_id_and_position_without_a_dictionary_and_restores_t
     from deltadrain.commit import NewTable, commit_batch, no_dictionary
 
     path = tmp_path / "t"
+    spark.conf.set(no_dictionary("note"), "true")  # the session's own switch for another column stays
 
     def rows(batch: int):
         return spark.range(2000).selectExpr(
@@ -84,6 +85,8 @@ def test_a_commit_writes_the_id_and_position_without_a_dictionary_and_restores_t
         assert all(any("DICTIONARY" in e for e in seen[c]) for c in ("_dd_partition", "note")), seen
     assert spark.read.format("delta").load(str(path)).count() == 4000
     assert all(spark.conf.get(no_dictionary(c), None) is None for c in ("event_id", "_dd_position"))
+    assert spark.conf.get(no_dictionary("note")) == "true"
+    spark.conf.unset(no_dictionary("note"))
 
 
 def test_the_benchs_live_heap_probe_sees_what_the_driver_jvm_holds(spark):
