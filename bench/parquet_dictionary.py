@@ -1,8 +1,8 @@
 """What Parquet's dictionary attempt on unique string columns costs a drain's MERGE (docs/benchmarks.md,
 "fourteenth round").
 
-Parquet's writer starts every column chunk with a dictionary and falls back to plain encoding once
-the dictionary outgrows its page; for a column whose values are all distinct (the message id, the
+Parquet's writer starts every column chunk with a dictionary and falls back to plain encoding when
+the dictionary does not pay; for a column whose values are all distinct (the message id, the
 source position) the attempt buys nothing. parquet-java takes a per-column switch,
 `parquet.enable.dictionary#COLUMN`, which Spark copies from the session conf into every write.
 

@@ -91,10 +91,10 @@ def commit_batch(spark, path: str, *, pipeline: str, expected_batch: int, run_id
     version_before = table_version(spark, path)
     conflict = None
     lost_reply = False
-    write_conf = {TXN_APP: pipeline, TXN_VERSION: str(target), USER_METADATA: metadata,
-                  **{no_dictionary(c): "false" for c in (id_field, *UNIQUE_COLUMNS)}}
-    previous = {key: spark.conf.get(key, None) for key in write_conf}
-    for key, value in write_conf.items():
+    txn_conf = {TXN_APP: pipeline, TXN_VERSION: str(target), USER_METADATA: metadata}
+    plain = {no_dictionary(c): "false" for c in (id_field, *UNIQUE_COLUMNS)}
+    previous = {key: spark.conf.get(key, None) for key in plain}  # a switch the user's session set stays
+    for key, value in {**txn_conf, **plain}.items():
         spark.conf.set(key, value)
     creating = False
     try:
@@ -134,7 +134,9 @@ def commit_batch(spark, path: str, *, pipeline: str, expected_batch: int, run_id
                     raise
                 break
     finally:
-        for key, value in previous.items():  # as it was: a switch the user's session set stays
+        for key in txn_conf:  # never left for a later write to carry
+            spark.conf.unset(key)
+        for key, value in previous.items():
             if value is None:
                 spark.conf.unset(key)
             else:

@@ -54,7 +54,7 @@ def test_a_commit_writes_the_id_and_position_without_a_dictionary_and_restores_t
     so that a dictionary left on shows in the files' encodings."""
     import pyarrow.parquet as pq
 
-    from deltadrain.commit import NewTable, commit_batch, no_dictionary
+    from deltadrain.commit import TXN_APP, TXN_VERSION, USER_METADATA, NewTable, commit_batch, no_dictionary
 
     path = tmp_path / "t"
     spark.conf.set(no_dictionary("note"), "true")  # the session's own switch for another column stays
@@ -86,6 +86,7 @@ def test_a_commit_writes_the_id_and_position_without_a_dictionary_and_restores_t
     assert spark.read.format("delta").load(str(path)).count() == 4000
     assert all(spark.conf.get(no_dictionary(c), None) is None for c in ("event_id", "_dd_position"))
     assert spark.conf.get(no_dictionary("note")) == "true"
+    assert all(spark.conf.get(key, None) is None for key in (TXN_APP, TXN_VERSION, USER_METADATA))
     spark.conf.unset(no_dictionary("note"))
 
 
