@@ -8,6 +8,7 @@ section or DELTADRAIN_<NAME>_PORT.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import secrets
@@ -298,6 +299,22 @@ def up(cfg: DeltadrainConfig, names: list[str] | None = None) -> list[dict]:
         if name == "airflow":
             ensure_airflow_pools(cfg)
     return out
+
+
+@contextlib.contextmanager
+def running(cfg: DeltadrainConfig, names: list[str]):
+    """The named services up for the block. Those this call started are stopped after it, and those
+    that were already running are left as they were: a benchmark must neither leave a server of its
+    own behind nor stop the user's."""
+    started: list[str] = []
+    try:
+        for name in select(names):
+            if up(cfg, [name])[0]["result"] == "started":
+                started.append(name)
+        yield
+    finally:
+        if started:
+            down(cfg, started)
 
 
 def down(cfg: DeltadrainConfig, names: list[str] | None = None) -> list[dict]:
