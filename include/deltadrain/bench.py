@@ -54,28 +54,36 @@ def _bench_config(workdir: Path, partitions: int, batch: int, window: str = "PT1
 
 
 @contextlib.contextmanager
-def source_dropped_after(cfg, pipeline):
-    """The bench's own source data is deleted after the block, whatever happened in it: its Valkey
-    streams and the pipeline's keys, or its Kafka topic. Otherwise they stay in the server's
-    memory and files (after Valkey run 12's 2.2 million entries, a server of 687 MiB resident)."""
+def bench_source(cfg, pipeline):
+    """The pipeline's source server up for the block, and stopped after it if the bench started it
+    (`services.running`); the bench's own source data deleted after it, whatever happened in it.
+    Otherwise both stay: after Valkey run 12's 2.2 million entries, a server of 687 MiB resident."""
+    from deltadrain import services
+
+    with services.running(cfg, [pipeline.source.kind]):
+        try:
+            yield
+        finally:
+            _drop_source(cfg, pipeline)
+
+
+def _drop_source(cfg, pipeline) -> None:
+    """Delete the bench pipeline's Valkey streams and failure counts, or its Kafka topic."""
     from deltadrain.config import ValkeySource
     from deltadrain.connections import kafka_client_conf, valkey_client
+    from deltadrain.drain import failures_key
 
-    try:
-        yield
-    finally:
-        if isinstance(pipeline.source, ValkeySource):
-            client = valkey_client(cfg, pipeline)
-            keys = [*pipeline.source.streams, *client.scan_iter(match=f"deltadrain:{{{pipeline.name}}}:*")]
-            for key in keys:  # one at a time: a cluster refuses keys of several slots in one DEL
-                client.delete(key)
-        else:
-            from confluent_kafka.admin import AdminClient
+    if isinstance(pipeline.source, ValkeySource):
+        client = valkey_client(cfg, pipeline)
+        for key in (*pipeline.source.streams, failures_key(pipeline.name)):
+            client.delete(key)  # one key a DEL: a cluster refuses keys of several slots in one
+        return
+    from confluent_kafka.admin import AdminClient
 
-            admin = AdminClient(kafka_client_conf(cfg, pipeline))
-            for fut in admin.delete_topics([pipeline.source.topic]).values():
-                with contextlib.suppress(Exception):  # never created (the run failed before producing)
-                    fut.result(30)
+    admin = AdminClient(kafka_client_conf(cfg, pipeline))
+    for fut in admin.delete_topics([pipeline.source.topic]).values():
+        with contextlib.suppress(Exception):  # never created (the run failed before producing)
+            fut.result(30)
 
 
 def _config_copy(config: Path, tag: str) -> Path:
@@ -447,99 +455,109 @@ def run_kafka_bench(count: int, partitions: int, batch: int, workdir: Path | Non
     With `rounds` > 1 both sides drain the topic again into fresh tables, in alternating order, so
     that neither side always runs first; a single run of each moves by ±10 % on a small machine,
     mostly in its cold first batch."""
-    from deltadrain import services
     from deltadrain.config import load_config
-    from deltadrain.produce import produce
 
     workdir = workdir or Path(tempfile.mkdtemp(prefix="deltadrain-bench-"))
     workdir.mkdir(parents=True, exist_ok=True)
     config, name = _bench_config(workdir, partitions, batch, kind="kafka")
     cfg = load_config(config)
-    with services.running(cfg, ["kafka"]), source_dropped_after(cfg, cfg.pipeline(name)):
-        pipeline = cfg.pipeline(name)
-        report: dict = {"machine": _machine(), "source": "kafka", "count": count, "partitions": partitions,
-                        "batch_cap": batch}
+    with bench_source(cfg, cfg.pipeline(name)):
+        return _kafka_rounds(cfg, config, name, workdir, count, partitions, batch, rounds)
 
-        def produced() -> dict:
-            started = time.monotonic()
-            r = produce(cfg, pipeline, count, seed=7, progress=True)
-            return {"messages": r.count, "rate": round(r.count / (time.monotonic() - started)),
-                    "per_partition": dict(r.per_partition)}
 
-        def phase(side: str, label: str) -> dict:
-            out = _step(label, lambda: _subphase(side, config, name, workdir))
-            # The machine may be shared: the 1-minute load average after each phase says how fair it was.
-            out["load_avg_1m_after"] = os.getloadavg()[0]
-            return out
+def _kafka_rounds(cfg, config: Path, name: str, workdir: Path, count: int, partitions: int, batch: int,
+                  rounds: int) -> dict:
+    from deltadrain.produce import produce
 
-        report["produce"] = _step("produce", produced)
-        results = []
-        for i in range(rounds):
-            if i:  # fresh tables: the drain starts from its (empty) lake, the alternative from a new checkpoint
-                for left in ("lake", "ss-target", "ss-checkpoint"):
-                    shutil.rmtree(workdir / left, ignore_errors=True)
-            # The alternative first in round 1: the topic was just written, so both read it from the page cache.
-            order = ["structured_streaming", "drain"] if i % 2 == 0 else ["drain", "structured_streaming"]
-            labels = {"structured_streaming": "Structured Streaming AvailableNow + foreachBatch MERGE",
-                      "drain": "deltadrain drain"}
-            results.append({side: phase(side, f"round {i + 1}/{rounds}: {labels[side]}") for side in order})
-        if rounds == 1:
-            report.update(results[0])
-            report["ratios"] = {"drain_to_structured_streaming": round(
-                report["drain"]["rate"] / report["structured_streaming"]["rate"], 3)}
-        else:
-            report.update(combine_rounds(results))
-            report["rounds"] = results
-        return report
+    pipeline = cfg.pipeline(name)
+    report: dict = {"machine": _machine(), "source": "kafka", "count": count, "partitions": partitions,
+                    "batch_cap": batch}
+
+    def produced() -> dict:
+        started = time.monotonic()
+        r = produce(cfg, pipeline, count, seed=7, progress=True)
+        return {"messages": r.count, "rate": round(r.count / (time.monotonic() - started)),
+                "per_partition": dict(r.per_partition)}
+
+    def phase(side: str, label: str) -> dict:
+        out = _step(label, lambda: _subphase(side, config, name, workdir))
+        # The machine may be shared: the 1-minute load average after each phase says how fair it was.
+        out["load_avg_1m_after"] = os.getloadavg()[0]
+        return out
+
+    report["produce"] = _step("produce", produced)
+    results = []
+    for i in range(rounds):
+        if i:  # fresh tables: the drain starts from its (empty) lake, the alternative from a new checkpoint
+            for left in ("lake", "ss-target", "ss-checkpoint"):
+                shutil.rmtree(workdir / left, ignore_errors=True)
+        # The alternative first in round 1: the topic was just written, so both read it from the page cache.
+        order = ["structured_streaming", "drain"] if i % 2 == 0 else ["drain", "structured_streaming"]
+        labels = {"structured_streaming": "Structured Streaming AvailableNow + foreachBatch MERGE",
+                  "drain": "deltadrain drain"}
+        results.append({side: phase(side, f"round {i + 1}/{rounds}: {labels[side]}") for side in order})
+    if rounds == 1:
+        report.update(results[0])
+        report["ratios"] = {"drain_to_structured_streaming": round(
+            report["drain"]["rate"] / report["structured_streaming"]["rate"], 3)}
+    else:
+        report.update(combine_rounds(results))
+        report["rounds"] = results
+    return report
 
 
 def run_bench(count: int, partitions: int, batch: int, workdir: Path | None = None) -> dict:
-    from deltadrain import services
     from deltadrain.config import load_config
-    from deltadrain.produce import produce
 
     workdir = workdir or Path(tempfile.mkdtemp(prefix="deltadrain-bench-"))
     workdir.mkdir(parents=True, exist_ok=True)
     config, name = _bench_config(workdir, partitions, batch)
     cfg = load_config(config)
-    with services.running(cfg, ["valkey"]), source_dropped_after(cfg, cfg.pipeline(name)):
-        pipeline = cfg.pipeline(name)
-        report: dict = {"machine": _machine(), "count": count, "partitions": partitions, "batch_cap": batch}
-        step = _step
+    with bench_source(cfg, cfg.pipeline(name)):
+        return _valkey_phases(cfg, config, name, workdir, count, partitions, batch)
 
-        def produced(n: int, start: int) -> dict:
-            started = time.monotonic()
-            r = produce(cfg, pipeline, n, seed=7, start=start, progress=True)
-            return {"messages": r.count, "rate": round(r.count / (time.monotonic() - started))}
 
-        # Small backlog first (memory at 1/10 of the backlog), then the full one; same batch cap for both,
-        # so that the driver's peaks compare backlogs, not batch sizes.
-        small = max(count // 10, 1)
-        report["produce_small"] = step("produce small backlog", lambda: produced(small, 0))
-        report["drain_small"] = step("drain small backlog", lambda: _subphase("drain", config, name, workdir))
-        report["produce"] = step("produce full backlog", lambda: produced(count, small))
-        report["raw_read"] = step("raw XREADGROUP", lambda: _subphase("raw_read", config, name, workdir))
-        report["drain"] = step("drain full backlog", lambda: _subphase("drain", config, name, workdir))
-        report["delta_append"] = step("plain Delta append", lambda: _subphase("append", config, name, workdir))
+def _valkey_phases(cfg, config: Path, name: str, workdir: Path, count: int, partitions: int,
+                   batch: int) -> dict:
+    from deltadrain.produce import produce
 
-        def one_message() -> dict:
-            produce(cfg, pipeline, 1, seed=8, start=0)
-            return _subphase("drain", config, name, workdir)
+    pipeline = cfg.pipeline(name)
+    report: dict = {"machine": _machine(), "count": count, "partitions": partitions, "batch_cap": batch}
+    step = _step
 
-        report["one_message"] = step("one-message batch", one_message)
-        report["window"] = step("1x vs 100x target", lambda: _subphase("window", config, name, workdir, 10_000))
-        slower_raw = min(report["raw_read"]["rate"], report["delta_append"]["rate"])
-        report["ratios"] = {
-            "drain_to_slower_raw_limit": round(report["drain"]["rate"] / slower_raw, 3),
-            "driver_python_memory_10x_backlog": round(
-                report["drain"]["driver_python_peak_mib"] / report["drain_small"]["driver_python_peak_mib"], 3),
-            "driver_jvm_memory_10x_backlog": round(
-                report["drain"]["driver_jvm_peak_mib"] / report["drain_small"]["driver_jvm_peak_mib"], 3),
-            "driver_jvm_live_heap_10x_backlog": round(
-                report["drain"]["driver_jvm_live_heap_mib"] / report["drain_small"]["driver_jvm_live_heap_mib"], 3),
-            "batch_time_100x_to_1x": report["window"]["ratio_100x_to_1x"],
-        }
-        return report
+    def produced(n: int, start: int) -> dict:
+        started = time.monotonic()
+        r = produce(cfg, pipeline, n, seed=7, start=start, progress=True)
+        return {"messages": r.count, "rate": round(r.count / (time.monotonic() - started))}
+
+    # Small backlog first (memory at 1/10 of the backlog), then the full one; same batch cap for both,
+    # so that the driver's peaks compare backlogs, not batch sizes.
+    small = max(count // 10, 1)
+    report["produce_small"] = step("produce small backlog", lambda: produced(small, 0))
+    report["drain_small"] = step("drain small backlog", lambda: _subphase("drain", config, name, workdir))
+    report["produce"] = step("produce full backlog", lambda: produced(count, small))
+    report["raw_read"] = step("raw XREADGROUP", lambda: _subphase("raw_read", config, name, workdir))
+    report["drain"] = step("drain full backlog", lambda: _subphase("drain", config, name, workdir))
+    report["delta_append"] = step("plain Delta append", lambda: _subphase("append", config, name, workdir))
+
+    def one_message() -> dict:
+        produce(cfg, pipeline, 1, seed=8, start=0)
+        return _subphase("drain", config, name, workdir)
+
+    report["one_message"] = step("one-message batch", one_message)
+    report["window"] = step("1x vs 100x target", lambda: _subphase("window", config, name, workdir, 10_000))
+    slower_raw = min(report["raw_read"]["rate"], report["delta_append"]["rate"])
+    report["ratios"] = {
+        "drain_to_slower_raw_limit": round(report["drain"]["rate"] / slower_raw, 3),
+        "driver_python_memory_10x_backlog": round(
+            report["drain"]["driver_python_peak_mib"] / report["drain_small"]["driver_python_peak_mib"], 3),
+        "driver_jvm_memory_10x_backlog": round(
+            report["drain"]["driver_jvm_peak_mib"] / report["drain_small"]["driver_jvm_peak_mib"], 3),
+        "driver_jvm_live_heap_10x_backlog": round(
+            report["drain"]["driver_jvm_live_heap_mib"] / report["drain_small"]["driver_jvm_live_heap_mib"], 3),
+        "batch_time_100x_to_1x": report["window"]["ratio_100x_to_1x"],
+    }
+    return report
 
 
 if __name__ == "__main__":

@@ -99,12 +99,13 @@ def test_airflow_standalone_up_down(tmp_path):
 
 
 def test_a_bench_stops_only_the_server_it_started_and_drops_its_own_source(tmp_path, monkeypatch):
-    """`deltadrain bench` starts Valkey or Kafka if needed (`services.running`): a server it started is
-    stopped afterwards, one that was running is left running, and the bench's streams and pipeline
-    keys are deleted even when a phase fails (`bench.source_dropped_after`)."""
+    """`deltadrain bench` starts Valkey or Kafka if needed (`bench.bench_source`, `services.running`): a
+    server it started is stopped afterwards, one that was running is left running, and the bench's
+    streams and pipeline keys are deleted even when a phase fails."""
     from deltadrain import services
-    from deltadrain.bench import source_dropped_after
+    from deltadrain.bench import bench_source
     from deltadrain.connections import valkey_client
+    from deltadrain.drain import failures_key
     from deltadrain.produce import produce
     from tests.integration.helpers import make_pipeline
 
@@ -114,18 +115,18 @@ def test_a_bench_stops_only_the_server_it_started_and_drops_its_own_source(tmp_p
     home = Path(env["DELTADRAIN_HOME"])
     _, cfg, p = make_pipeline(tmp_path, partitions=2)  # ports and home are read from the env when used
     failed = pytest.raises(RuntimeError, match="a phase failed")
-    with failed, services.running(cfg, ["valkey"]), source_dropped_after(cfg, p):
+    with failed, bench_source(cfg, p):
         assert services.FACTORIES["valkey"](cfg).status()["state"] == "running"
         produce(cfg, p, 50, seed=3)
         client = valkey_client(cfg, p)
-        client.hset(f"deltadrain:{{{p.name}}}:failures", "x", "1")
+        client.hset(failures_key(p.name), "x", "1")
         assert sum(client.xlen(s) for s in p.source.streams) == 50
         raise RuntimeError("a phase failed")
     assert processes_under(home) == []  # it started the server, so it stopped it
 
     services.up(cfg, ["valkey"])
     try:
-        with services.running(cfg, ["valkey"]), source_dropped_after(cfg, p):
+        with bench_source(cfg, p):
             produce(cfg, p, 10, seed=4)
         client = valkey_client(cfg, p)
         assert services.FACTORIES["valkey"](cfg).status()["state"] == "running"  # not its server to stop
