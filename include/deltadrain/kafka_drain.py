@@ -37,7 +37,7 @@ from deltadrain.kafka_offsets import (
 )
 from deltadrain.logs import run_logger
 from deltadrain.outcome import Outcome
-from deltadrain.stage import Staged, stage
+from deltadrain.stage import BatchStats, Staged, stage
 
 NOTICE_WAIT_S = 15  # how long a run waits, after its read, for its claim notices to land
 TASK_OFFSETS = 100_000  # offsets per Spark task: a busy partition is read by several tasks
@@ -206,7 +206,7 @@ class KafkaDrain(Drain):
         self.retries = dict(checkpoint.meta.get("retries") or {})
         try:
             plan = plan_ranges(positions, watermarks(self.conf, self.source.topic), p.batch_cap,
-                               self.source.starting_offsets)
+                               self.source.starting_offsets, first_run=expected == 0)
         except OffsetError as exc:
             raise DrainError(f"pipeline '{p.name}': {exc}") from None
         self._lap("checkpoint")
@@ -219,6 +219,9 @@ class KafkaDrain(Drain):
                            "Nothing was committed; set on_gap: continue to go on past them")
                 raise DrainError(s.error)
             self.commit_extra["gaps"] = s.gap_ranges
+        if plan.total == 0 and expected == 0 and self.source.starting_offsets == "latest" and plan.positions:
+            self._start_at(plan)
+            return
         if plan.total == 0:
             s.batch, s.positions = expected, positions
             # A run killed between its commit and the group-offset commit left lag tools behind.
@@ -248,6 +251,22 @@ class KafkaDrain(Drain):
         failpoints.pause("after_commit")
         self.acknowledge(plan.ranges, {int(part): int(pos) for part, pos in s.positions.items()})
         self._lap("ack")
+
+    def _start_at(self, plan) -> None:
+        """Commit batch 1 without rows, carrying where the pipeline starts. A first run under
+        `starting_offsets: latest` reads nothing (it starts at the end offsets), and a checkpoint kept
+        nowhere would make every later run a first run, each starting at the then-current end and
+        skipping what came in between."""
+        s = self.summary
+        s.positions = plan.positions
+        self.commit_extra["started_at"] = self.source.starting_offsets
+        nothing = self.spark.createDataFrame([], claim_schema(self.pipeline))
+        stats = BatchStats(0, 0, None, None, 0) if self.identity_transform else None
+        result, _ = self.publish(nothing, 0, None, stats)
+        if result.outcome not in (Outcome.COMMITTED, Outcome.ALREADY_COMMITTED):
+            self.refuse(result, 0)  # another first run started the pipeline: its start stands
+            return
+        self.acknowledge({}, {int(part): int(pos) for part, pos in s.positions.items()})
 
     def announce(self, ranges: dict[int, tuple[int, int]], lake: dict[str, str]) -> None:
         """Claim notices on the group offsets (status shows the running batch's ranges), committed in

@@ -52,11 +52,14 @@ class OffsetError(DeltadrainError):
 
 
 def start_offsets(checkpoint: dict[str, str], watermarks: dict[int, tuple[int, int]],
-                  starting: str = "earliest") -> tuple[dict[int, int], list[Gap]]:
+                  starting: str = "earliest", first_run: bool | None = None) -> tuple[dict[int, int], list[Gap]]:
     """Where the next run starts in each partition, and the offsets retention deleted before any run
     read them. A partition the checkpoint does not know starts at `starting` on the pipeline's first
-    run only; one that appears later (added to the topic) starts at its earliest offset."""
-    first_run = not checkpoint
+    run only (no batch committed yet; without `first_run`, an empty checkpoint); one that appears
+    later (added to the topic) starts at its earliest offset. A `latest` first run therefore reads
+    nothing, and must commit where it started (`kafka_drain`), or the next run would be a first run too."""
+    if first_run is None:
+        first_run = not checkpoint
     starts: dict[int, int] = {}
     gaps: list[Gap] = []
     for part, (low, high) in sorted(watermarks.items()):
@@ -75,7 +78,7 @@ def start_offsets(checkpoint: dict[str, str], watermarks: dict[int, tuple[int, i
 
 
 def plan_ranges(checkpoint: dict[str, str], watermarks: dict[int, tuple[int, int]], cap: int,
-                starting: str = "earliest") -> Plan:
+                starting: str = "earliest", first_run: bool | None = None) -> Plan:
     """Fix the ranges of one run before reading anything.
 
     checkpoint: partition -> next offset, from the lake. watermarks: partition -> (earliest
@@ -83,7 +86,7 @@ def plan_ranges(checkpoint: dict[str, str], watermarks: dict[int, tuple[int, int
     partition before the next run is skipped. The cap is split over partitions by backlog
     (water-filling), so a busy partition cannot starve the others.
     """
-    starts, gaps = start_offsets(checkpoint, watermarks, starting)
+    starts, gaps = start_offsets(checkpoint, watermarks, starting, first_run)
     missing = sorted(set(checkpoint) - {str(p) for p in watermarks})
     if missing:
         raise OffsetError(f"partitions {missing} are in the lake checkpoint but not in the topic any more")

@@ -20,10 +20,13 @@ class Probe:
     reclaimable: int = 0
     idle_consumers: int = 0  # consumers with nothing pending, unseen for min_idle_ms: the reaper removes them
     partitions: dict = field(default_factory=dict)
+    # A Kafka pipeline under `starting_offsets: latest` that no run has started yet: its first run
+    # reads nothing but commits where the pipeline starts, so it must run before anything is "new".
+    unstarted: bool = False
 
     @property
     def has_work(self) -> bool:
-        return self.new > 0 or self.reclaimable > 0
+        return self.new > 0 or self.reclaimable > 0 or self.unstarted
 
     def as_dict(self) -> dict:
         return {**asdict(self), "has_work": self.has_work}
@@ -82,8 +85,11 @@ def probe_kafka(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> Probe:
     except OffsetError:  # no topic yet: nothing to drain
         return out
     committed = group_offsets(conf, source.group, source.topic, sorted(marks))
-    starts, _ = start_offsets({str(p): str(o) for p, o in committed.items() if o is not None}, marks,
-                              source.starting_offsets)
+    known = {str(p): str(o) for p, o in committed.items() if o is not None}
+    # No group offsets: never started, or they expired (the broker drops an idle group's after
+    # `offsets.retention.minutes`); a drain then only commits them again.
+    out.unstarted = not known and source.starting_offsets == "latest"
+    starts, _ = start_offsets(known, marks, source.starting_offsets)
     for part, (_, high) in sorted(marks.items()):
         new = max(0, high - starts[part])
         out.new += new

@@ -53,7 +53,7 @@ def valkey_counts(client, source: ValkeySource) -> dict:
 
 
 def kafka_counts(conf: dict, source: KafkaSource, positions: dict[str, str], published: dict[str, int],
-                 dead: dict[str, int], with_group: bool = True) -> dict:
+                 dead: dict[str, int], with_group: bool = True, first_run: bool | None = None) -> dict:
     """Per partition: end offset, lake checkpoint, PENDING (after the checkpoint, not claimed), CLAIMED
     (inside the range of a running batch, from the claim notice on the group offset: see
     kafka_offsets.announce_claims), offsets retention deleted unread (gap), the group's committed
@@ -64,7 +64,7 @@ def kafka_counts(conf: dict, source: KafkaSource, positions: dict[str, str], pub
     from deltadrain.kafka_offsets import claimed, committed, read_notice, start_offsets, watermarks
 
     marks = watermarks(conf, source.topic)
-    starts, gap_list = start_offsets(positions, marks, source.starting_offsets)
+    starts, gap_list = start_offsets(positions, marks, source.starting_offsets, first_run)
     gaps = {g.partition: g.as_dict() for g in gap_list}
     group = committed(conf, source.group, source.topic, sorted(marks)) if with_group else {}
     now_ms = int(time.time() * 1000)
@@ -119,7 +119,8 @@ def pipeline_status(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark) -> d
         published = _per_partition(spark, target, "_dd_partition") if is_table(spark, target) else {}
         dead_by = (_per_partition(spark, dlq, "partition", (F.col("pipeline") == F.lit(pipeline.name))
                                   & (F.col("state") == F.lit(DEAD))) if is_table(spark, dlq) else {})
-        out.update(kafka_counts(kafka_client_conf(cfg, pipeline), pipeline.source, positions, published, dead_by))
+        out.update(kafka_counts(kafka_client_conf(cfg, pipeline), pipeline.source, positions, published, dead_by,
+                                first_run=checkpoint.batch == 0))
     mark_stale(out, stale_after_ms(pipeline))  # both sources' claimants, now in `out`
     out["last_batch"] = None
     if is_table(spark, target):

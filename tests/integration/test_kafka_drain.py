@@ -228,6 +228,32 @@ def test_a_partition_added_mid_stream_is_picked_up_from_its_beginning(tmp_path, 
     assert_exactly_once(spark, c, p, one.valid_ids + two.valid_ids, 0, 0)
 
 
+def test_latest_starts_at_the_end_offsets_once_and_then_reads_everything_after_them(tmp_path, cfg, spark):
+    _, c, p = make_kafka_pipeline(tmp_path, partitions=2, source={"starting_offsets": "latest"})
+    produce(c, p, 40, seed=61)  # before the pipeline's first run: never ingested
+    first_probe = probe(c, p)
+    assert first_probe.unstarted and first_probe.has_work, "the sensor must let the first run start the pipeline"
+    first = drain(c, p, spark=spark)
+    assert (first.outcome, first.batch, first.claimed, first.written) == ("committed", 1, 0, 0), first.line()
+    start = end_offsets(c, p)
+    checkpoint = lake_checkpoint(spark, c, p)
+    assert (checkpoint.batch, checkpoint.positions) == (1, start)
+    assert checkpoint.meta["started_at"] == "latest"
+    assert group_of(c, p) == {k: int(v) for k, v in start.items()}
+    assert not probe(c, p).has_work
+    # Runs after the first start where it left off, not at the then-current end.
+    after = produce(c, p, 60, seed=61, start=40)
+    assert probe(c, p).new == 60
+    s = drain(c, p, spark=spark)
+    assert (s.outcome, s.batch, s.claimed, s.written) == ("committed", 2, 60, 60), s.line()
+    assert drain(c, p, spark=spark).outcome == "empty"
+    ids = target_ids(spark, c, p)
+    assert sorted(ids) == sorted(after.valid_ids)
+    assert lake_checkpoint(spark, c, p).positions == end_offsets(c, p)
+    status = pipeline_status(c, p, spark)
+    assert (status["PENDING"], status["PUBLISHED"]) == (0, 60)
+
+
 def test_a_retention_gap_is_reported_with_its_range_and_stops_or_continues_per_policy(tmp_path, cfg, spark):
     from confluent_kafka import TopicPartition
     from confluent_kafka.admin import AdminClient

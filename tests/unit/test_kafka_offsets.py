@@ -35,6 +35,15 @@ def test_latest_applies_to_the_first_run_only_new_partitions_start_at_earliest()
     assert later.ranges == {0: (10, 12), 2: (0, 3)} and later.positions == {"0": "12", "1": "4", "2": "3"}
 
 
+def test_latest_is_for_a_pipeline_with_no_batch_not_for_a_checkpoint_without_positions():
+    marks = {0: (5, 10), 1: (0, 4)}
+    assert plan_ranges({}, marks, cap=100, starting="latest", first_run=True).ranges == {}
+    # A committed batch whose positions could not be read back (rows recovery of a table that holds no
+    # rows yet): every partition is read from its earliest offset, never skipped to the end.
+    later = plan_ranges({}, marks, cap=100, starting="latest", first_run=False)
+    assert later.ranges == {0: (5, 10), 1: (0, 4)} and later.positions == {"0": "10", "1": "4"}
+
+
 def test_the_cap_is_spread_so_a_busy_partition_does_not_starve_the_others():
     marks = {0: (0, 1_000_000), **{p: (0, 10) for p in range(1, 6)}}
     plan = plan_ranges({}, marks, cap=1000)
