@@ -61,21 +61,25 @@ def find_commit(spark, path: str, pipeline: str, batch: int) -> dict | None:
     return None
 
 
-def positions_from_rows(spark, path: str, dlq_path: str | None) -> dict[str, str]:
-    """Per partition, the highest position (compared as integers) any drained row of the target or DLQ holds.
+def positions_from_rows(spark, path: str, dlq_path: str | None, batch: int) -> dict[str, str]:
+    """Per partition, the highest position (compared as integers) any row of a committed batch (up
+    to `batch`) holds, in the target or the DLQ.
 
     Rows written by backfills and replays carry batch 0: they may lie beyond the live checkpoint
-    (a backfill of a recent interval), so they never count here.
+    (a backfill of a recent interval), so they never count here. Nor do dead letters of a later
+    batch: they are written before their batch's commit, which a run killed in between never made.
     """
     from pyspark.sql import functions as F
 
     frames = []
     if is_table(spark, path):
-        frames.append(spark.read.format("delta").load(path).where("_dd_batch > 0").select(
+        drained = (F.col("_dd_batch") > 0) & (F.col("_dd_batch") <= F.lit(batch))
+        frames.append(spark.read.format("delta").load(path).where(drained).select(
             F.col("_dd_partition").alias("p"), F.col("_dd_position").alias("pos"),
             F.col("_dd_pos_hi").alias("hi"), F.col("_dd_pos_lo").alias("lo")))
     if dlq_path and is_table(spark, dlq_path):
-        frames.append(spark.read.format("delta").load(dlq_path).where("batch > 0").select(
+        drained = (F.col("batch") > 0) & (F.col("batch") <= F.lit(batch))
+        frames.append(spark.read.format("delta").load(dlq_path).where(drained).select(
             F.col("partition").alias("p"), F.col("position").alias("pos"),
             F.col("pos_hi").alias("hi"), F.col("pos_lo").alias("lo")))
     if not frames:
@@ -104,4 +108,4 @@ def read_checkpoint(spark, path: str, pipeline: str, dlq_path: str | None = None
     if commit is not None:
         meta = commit["meta"]
         return Checkpoint(batch, dict(meta.get("positions") or {}), version, meta.get("run_id"), "commit", meta)
-    return Checkpoint(batch, positions_from_rows(spark, path, dlq_path), version, None, "rows")
+    return Checkpoint(batch, positions_from_rows(spark, path, dlq_path, batch), version, None, "rows")

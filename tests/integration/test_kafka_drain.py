@@ -340,6 +340,38 @@ def test_offsets_checkpoint_survives_delta_log_checkpoint_and_cleanup(tmp_path, 
     assert_exactly_once(spark, c, p, valid, fallback, bad)
 
 
+def test_rows_recovery_ignores_dead_letters_of_a_batch_that_never_committed(tmp_path, cfg, spark, monkeypatch):
+    """Dead letters are written before their batch's commit. A run that dies in between leaves them
+    with a batch number the table never reached; were they counted when the positions must be read
+    back from the rows (log cleanup took the commit file), the next run would start after them and
+    skip the valid messages of that batch that lay before them."""
+    import deltadrain.drain as drain_module
+
+    _, c, p = make_kafka_pipeline(tmp_path, partitions=1)
+    one = produce(c, p, 50, seed=71)
+    assert drain(c, p, spark=spark).batch == 1
+    two = produce(c, p, 100, seed=71, start=50, malformed_ratio=0.2)
+    _, _, bad = expected_counts(two)
+    assert bad > 0
+
+    def died_before_the_commit(*args, **kwargs):
+        raise RuntimeError("the run died between its dead letters and its commit")
+
+    with monkeypatch.context() as m:
+        m.setattr(drain_module, "commit_batch", died_before_the_commit)
+        with pytest.raises(RuntimeError, match="died between"):
+            drain(c, p, spark=spark)
+    assert {r.batch for r in dlq_rows(spark, c, p)} == {2}  # the dead letters of the batch that never was
+    before = lake_checkpoint(spark, c, p)
+    clean_up_delta_log(spark, str(c.target_path(p)), before.table_version)
+    after = lake_checkpoint(spark, c, p)
+    assert (after.batch, after.found_in) == (1, "rows")
+    assert {k: str(int(v) + 1) for k, v in after.positions.items()} == before.positions == {"0": "50"}
+    drain_until_done(c, p, spark)
+    valid, fallback, bad = expected_counts(one, two)
+    assert_exactly_once(spark, c, p, valid, fallback, bad)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("point", "transform"), [
     ("after_claim", HANDLER), ("during_merge", HANDLER), ("after_commit", HANDLER), ("during_merge", IDENTITY)])
