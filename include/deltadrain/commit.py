@@ -151,6 +151,6 @@ def commit_batch(spark, path: str, *, pipeline: str, expected_batch: int, run_id
         observed, version = snapshot_txn(spark, path, pipeline)
     # "Already committed": the batch is ours, but this call did not see it land (its reply was lost).
     wrote_now = ours and not lost_reply and (version_before is None or commit["version"] > version_before)
-    outcome = decide(expected_batch, observed, ours, wrote_now)
+    outcome = decide(expected_batch, observed, ours, wrote_now, conflicted=conflict is not None and not ours)
     inserted = inserted_rows(commit["metrics"]) if ours else 0
     return CommitResult(outcome, observed, version, inserted, conflict)

@@ -23,7 +23,7 @@ from deltadrain import failpoints
 from deltadrain.acknowledge import acknowledge, release
 from deltadrain.checkpoint import META_COLUMNS, commit_metadata, read_checkpoint
 from deltadrain.claim import ClaimContext, allocate, claim_arrow, failure_field, plan
-from deltadrain.commit import NewTable, commit_batch
+from deltadrain.commit import CONFLICT_RETRIES, NewTable, commit_batch
 from deltadrain.config import DeltadrainConfig, PipelineConfig, ValkeySource
 from deltadrain.connections import as_text, group_counts, valkey_client, valkey_url
 from deltadrain.deadletter import DEAD, write_dead_letters
@@ -369,6 +369,11 @@ class Drain:
     def refuse(self, result, expected: int) -> None:
         """After a commit that is not ours: name the neighbour, or stop when the table went backwards."""
         s = self.summary
+        if result.outcome == Outcome.CONFLICT:
+            s.error = (f"batch {expected + 1} was not committed: other writers' commits to {self.target} conflicted "
+                       f"with it {CONFLICT_RETRIES + 1} times in a row ({result.conflict}). Nothing was "
+                       "acknowledged; the next run takes these messages again")
+            raise DrainError(s.error)
         if result.outcome == Outcome.MISMATCH:
             s.error = (f"table {self.target} holds batch {result.observed_batch} of '{self.pipeline.name}', older "
                        f"than the {expected} this run started from: the table was restored or replaced; stop and check")

@@ -485,3 +485,144 @@ def test_the_spark_submit_entry_point_catches_up_in_full_batches_up_to_its_limit
     runs = last_runs(spark, c, p, 10)
     assert sorted(r["batch"] for r in runs if r["outcome"] == "committed") == [1, 2, 3, 4, 5]
     assert len({r["run_id"] for r in runs}) == len(runs) == 6  # the empty run after batch 5 too
+
+
+class WriterDuringMerge:
+    """Makes another writer commit to the table *while* the drain's MERGE runs, for the first
+    `times` attempts of its commit: a real Delta conflict, at a moment no sleep can aim at.
+
+    Each attempt of `commit_batch` starts at its `during_merge` failpoint, which arms a gate. A
+    Python UDF put in the MERGE's source then holds its Spark task (in a Python worker) until a
+    driver thread has run `commit()` on the same table, so that commit lands after the MERGE read
+    the table and before the MERGE commits.
+
+    `commit` must write through a session of its own (`spark.newSession()`): the drain's txn and
+    commit metadata are session conf while it commits, and would be stamped on a commit made in its
+    session, as if that commit were the batch."""
+
+    def __init__(self, gate_dir, commit, times: int):
+        self.gate, self.commit, self.times = gate_dir, commit, times
+        self.gate.mkdir()
+        self.attempts = 0
+        self.done: list[int] = []
+        self.errors: list[BaseException] = []
+
+    def install(self, monkeypatch, id_field: str) -> None:
+        import threading
+
+        from pyspark.sql import functions as F
+
+        import deltadrain.drain
+        from deltadrain import failpoints
+
+        gate = str(self.gate)
+
+        def wait_for_writer(value):
+            import os
+            import time as t
+
+            for name in sorted(os.listdir(gate)):
+                if name.startswith("go-"):
+                    n = name[3:]
+                    try:  # one task per attempt takes the gate and waits for the other writer
+                        os.close(os.open(os.path.join(gate, f"taken-{n}"), os.O_CREAT | os.O_EXCL))
+                    except FileExistsError:
+                        continue
+                    deadline = t.time() + 120
+                    while not os.path.exists(os.path.join(gate, f"done-{n}")) and t.time() < deadline:
+                        t.sleep(0.05)
+            return True
+
+        gate_udf = F.udf(wait_for_writer, "boolean")
+        real_commit, real_hit_later = deltadrain.drain.commit_batch, failpoints.hit_later
+
+        def commit_batch(spark, path, **kwargs):
+            kwargs["rows"] = kwargs["rows"].where(gate_udf(F.col(f"`{id_field}`")))
+            return real_commit(spark, path, **kwargs)
+
+        def writer(n: int) -> None:
+            try:
+                while not (self.gate / f"taken-{n}").exists():
+                    time.sleep(0.05)
+                self.commit()
+                self.done.append(n)
+            except BaseException as exc:  # reported by the test, not lost in a thread
+                self.errors.append(exc)
+            finally:
+                (self.gate / f"done-{n}").touch()
+
+        def hit_later(name: str) -> None:
+            if name == "during_merge":
+                self.attempts += 1
+                if self.attempts <= self.times:
+                    threading.Thread(target=writer, args=(self.attempts,), daemon=True).start()
+                    (self.gate / f"go-{self.attempts}").touch()
+            real_hit_later(name)
+
+        monkeypatch.setattr(deltadrain.drain, "commit_batch", commit_batch)
+        monkeypatch.setattr(failpoints, "hit_later", hit_later)
+
+
+def test_a_commit_that_other_writers_keep_beating_is_a_conflict_that_acks_nothing(tmp_path, cfg, spark,
+                                                                                   monkeypatch):
+    """Writers that do not move the batch (here a table property change, as maintenance makes) win
+    every retry: the run reports a conflict (not a restored table), commits and acknowledges nothing,
+    and releases its claims; the next run commits the batch."""
+    from deltadrain.commit import CONFLICT_RETRIES
+    from deltadrain.drain import DrainError
+
+    _, c, p = make_pipeline(tmp_path)
+    client = valkey_client(c, p)
+    first = produce(c, p, 50, seed=101)
+    assert drain(c, p, spark=spark).outcome == "committed"
+    second = produce(c, p, 200, seed=101, start=50)
+    target = str(c.target_path(p))
+    n = iter(range(1, 100))
+    other = spark.newSession()
+    writer = WriterDuringMerge(
+        tmp_path / "gate", lambda: other.sql(f"ALTER TABLE delta.`{target}` SET TBLPROPERTIES "
+                                             f"('deltadrain.test.maintenance' = '{next(n)}')"),
+        times=CONFLICT_RETRIES + 1)
+    with monkeypatch.context() as m:
+        writer.install(m, p.payload_schema.id_field)
+        with pytest.raises(DrainError, match="conflicted with it") as failed:
+            drain(c, p, spark=spark)
+    assert not writer.errors and writer.done == list(range(1, CONFLICT_RETRIES + 2))
+    assert "restored" not in str(failed.value)
+    assert read_checkpoint(spark, target, p.name).batch == 1
+    assert sorted(target_ids(spark, c, p)) == sorted(first.valid_ids)  # nothing of the batch landed
+    assert pending(client, p) == 200  # nothing acknowledged; released for the next run
+    s = drain(c, p, spark=spark)
+    assert (s.outcome, s.batch, s.written, s.acked) == ("committed", 2, 200, 200)
+    assert_exactly_once(spark, c, p, client, first.valid_ids + second.valid_ids, 0)
+
+
+def test_a_backfill_that_commits_during_the_drains_merge_is_retried_over_once_per_id(tmp_path, cfg, spark,
+                                                                                      monkeypatch):
+    """A backfill MERGEs part of the batch's messages while the live drain's MERGE runs: the drain's
+    commit conflicts, it retries on the new table, and every id is in the target once."""
+    from datetime import UTC, datetime, timedelta
+
+    from deltadrain.backfill import backfill
+
+    _, c, p = make_pipeline(tmp_path)
+    client = valkey_client(c, p)
+    first = produce(c, p, 30, seed=103)
+    assert drain(c, p, spark=spark).outcome == "committed"
+    began = datetime.now(UTC) - timedelta(milliseconds=10)
+    early = produce(c, p, 120, seed=103, start=30)
+    middle = datetime.now(UTC) + timedelta(milliseconds=50)
+    while datetime.now(UTC) < middle + timedelta(milliseconds=50):
+        time.sleep(0.01)
+    late = produce(c, p, 80, seed=103, start=150)
+    healed = []
+    other = spark.newSession()
+    writer = WriterDuringMerge(tmp_path / "gate", lambda: healed.append(backfill(c, p, other, began, middle)),
+                               times=1)
+    with monkeypatch.context() as m:
+        writer.install(m, p.payload_schema.id_field)
+        s = drain(c, p, spark=spark)
+    assert not writer.errors and writer.done == [1] and writer.attempts == 2  # one conflict, one retry
+    assert healed[0].written == 120
+    assert (s.outcome, s.batch, s.written, s.duplicates_skipped, s.acked) == ("committed", 2, 80, 120, 200), s.line()
+    assert_exactly_once(spark, c, p, client, first.valid_ids + early.valid_ids + late.valid_ids, 0)

@@ -92,6 +92,16 @@ def test_compare_and_set_outcomes(expected, observed, ours, now, outcome):
     assert decide(expected, observed, ours, now) == outcome
 
 
+@pytest.mark.parametrize("expected,observed,outcome", [
+    (4, 4, Outcome.CONFLICT),  # writers that did not move the batch kept winning: retry later
+    (0, None, Outcome.CONFLICT),  # the same before the first batch
+    (4, 5, Outcome.AHEAD),  # a neighbour's batch won the conflict
+    (4, 2, Outcome.MISMATCH),  # conflicts do not explain a table that went backwards
+])
+def test_a_commit_that_lost_every_retry_to_conflicts(expected, observed, outcome):
+    assert decide(expected, observed, False, False, conflicted=True) == outcome
+
+
 def test_a_commit_files_commit_info_gives_the_checkpoint_metadata_and_its_time():
     from datetime import UTC, datetime
 
