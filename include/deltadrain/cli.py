@@ -1,4 +1,4 @@
-"""The `deltadrain` command: services, produce, drain, status, reap, backfill, replay, quality, metrics, dlq,
+"""The `deltadrain` command: services, pools, produce, drain, status, reap, backfill, replay, quality, metrics, dlq,
 bench, jars, demo."""
 
 from __future__ import annotations
@@ -55,6 +55,16 @@ def _services(args) -> int:
               f"(password in {services.airflow_password_file()})")
     if args.action == "status":
         return 0 if all(r["state"] == "running" for r in rows) else 3
+    return 0
+
+
+@command("pools")
+def _pools(args) -> int:
+    from deltadrain import services
+
+    cfg = load_config(args.config)
+    names = services.ensure_airflow_pools(cfg, services.pools_env(cfg))
+    _print([{"pool": n, "slots": 1} for n in names], args.json)
     return 0
 
 
@@ -342,6 +352,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("services", help="start, stop or check the embedded Valkey, Kafka and Airflow")
     p.add_argument("action", choices=["up", "down", "status"])
     p.add_argument("--only", help="comma-separated subset of valkey,kafka,airflow")
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("pools", help="create or update the Airflow pool of every pipeline (after adding one); "
+                                     "the Airflow that AIRFLOW_HOME names, else the embedded one")
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("produce", help="write deterministic sample events to a pipeline's source")
