@@ -308,3 +308,24 @@ def test_deltadrain_pools_on_an_unmigrated_metadata_db_names_the_fix(tmp_path):
     assert done.returncode == 1, (done.stdout, done.stderr[-3000:])
     err = done.stderr
     assert "creating the Airflow pools" in err and "airflow db migrate" in err and "Traceback" not in err, err[-3000:]
+
+
+def test_a_replay_trigger_without_a_pipeline_is_refused_by_airflows_param_validation(airflow_db):
+    """The REST API and the trigger form validate a run's conf with the serialized DAG's Params
+    (`params.deep_merge(conf).validate()` in create_dagrun): a conf that names no pipeline must be
+    refused there, not replayed on whichever pipeline comes first in the YAML."""
+    from airflow.exceptions import ParamValidationError
+    from airflow.serialization.serialized_objects import DagSerialization
+
+    from deltadrain.config import load_config
+
+    names = [p.name for p in load_config().pipelines]
+    assert len(names) > 1  # with one pipeline a default could not be told from the choice
+    dag = DagSerialization.from_dict(DagSerialization.to_dict(dagbag().get_dag(REPLAY_DAG)))
+    for conf in ({}, {"mode": "dlq", "dry_run": False}):
+        with pytest.raises(ParamValidationError, match="pipeline"):
+            dag.params.deep_merge(conf).validate()
+    with pytest.raises(ParamValidationError, match="pipeline"):
+        dag.params.deep_merge({"pipeline": "nope"}).validate()
+    for name in names:
+        assert dag.params.deep_merge({"pipeline": name}).validate()["pipeline"] == name

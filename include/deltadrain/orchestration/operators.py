@@ -142,6 +142,8 @@ class ReplayOperator(DeltadrainSparkOperator):
 
     def job_args(self, context) -> list[str]:
         request = context["ti"].xcom_pull(task_ids=self.request_task)
+        # The pipeline comes with the request: errors and the log name the one asked for.
+        self.pipeline = (request or {}).get("pipeline") or self.pipeline
         args = ["--request", json.dumps(request)]
         if self.config:
             args += ["--config", self.config]
