@@ -448,6 +448,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _unreachable(exc: Exception, args) -> str | None:
+    """A connection failure to the command's Valkey or Kafka, said in one line with the fix."""
+    from deltadrain.connections import unreachable_source
+
+    try:
+        cfg = load_config(args.config)
+    except DeltadrainError:
+        return None
+    name = getattr(args, "pipeline", None)
+    return unreachable_source(exc, cfg, [p for p in cfg.pipelines if p.name == name])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -466,7 +478,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except Exception as exc:
-        hint = damaged_log(exc)
+        hint = damaged_log(exc) or _unreachable(exc, args)
         if hint is None:
             raise
         print(f"deltadrain: error: {hint}", file=sys.stderr)
