@@ -89,3 +89,25 @@ def test_a_failed_replay_names_the_pipeline_it_was_asked_for(monkeypatch):
     with pytest.raises(DeltadrainJobFailed) as failed:
         op.execute(ctx)
     assert str(failed.value) == "deltadrain replay of 'clicks' failed: no DLQ table yet"
+
+
+def test_the_ingest_sensor_defers_through_a_source_outage_but_not_through_a_config_error(monkeypatch, tmp_path):
+    """Nothing listens at the Valkey port: the first probe (in the worker) fails to connect. The run
+    must then wait in the triggerer, as the trigger does through outages, not fail."""
+    from airflow.sdk.exceptions import TaskDeferred
+
+    from deltadrain.errors import ConfigError
+    from deltadrain.orchestration.sensors import SourceWorkSensor
+    from deltadrain.orchestration.triggers import SourceWorkTrigger
+    from tests.conftest import free_port
+
+    monkeypatch.setenv("DELTADRAIN_VALKEY_PORT", str(free_port()))
+    sensor = SourceWorkSensor(task_id="wait_for_work", pipeline="orders", timeout=60, poke_interval=1)
+    assert not sensor.poke({})
+    with pytest.raises(TaskDeferred) as deferred:
+        sensor.execute({})
+    assert isinstance(deferred.value.trigger, SourceWorkTrigger) and deferred.value.trigger.pipeline == "orders"
+    broken = SourceWorkSensor(task_id="wait_for_work", pipeline="orders", config=str(tmp_path / "missing.yaml"),
+                              timeout=60, poke_interval=1)
+    with pytest.raises(ConfigError, match="config file not found"):
+        broken.execute({})
