@@ -181,7 +181,7 @@ class QualityOperator(DeltadrainSparkOperator):
         summary = context["ti"].xcom_pull(task_ids=self.drain_task) or {}
         batches = batches_to_check(summary)
         if not batches:
-            # Backfills and replays write batch-less rows: the daily whole-table check covers them.
+            # A backfill commits no batch (its rows carry batch 0): the daily whole-table check covers them.
             raise AirflowSkipException(f"no batch to check (drain outcome: {summary.get('outcome', summary.get('mode'))})")
         return [*args, "--batch", *map(str, batches)]
 
