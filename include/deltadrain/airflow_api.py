@@ -45,6 +45,9 @@ class AirflowApi:
                 return exc.code, json.loads(text)
             except ValueError:
                 return exc.code, {"detail": text.decode("utf-8", "replace")[:500]}
+        except OSError as exc:  # refused, unresolvable, timed out: no HTTP answer at all
+            raise AirflowApiError(f"cannot reach Airflow's REST API at {self.base_url}: "
+                                  f"{getattr(exc, 'reason', None) or exc}") from exc
 
     def token(self) -> str:
         if self._token is None:

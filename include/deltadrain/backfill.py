@@ -23,7 +23,7 @@ from deltadrain.errors import DeltadrainError
 from deltadrain.lake import recent_commits, retry_conflicts
 from deltadrain.paths import state_home
 
-NO_BATCH = 0  # the batch number of rows a backfill or replay wrote; drained batches start at 1
+NO_BATCH = 0  # the batch number of rows a backfill inserts (a reprocess keeps a row's); drained batches start at 1
 
 
 class BackfillError(DeltadrainError):

@@ -1,4 +1,4 @@
-"""The `deltadrain` command: services, produce, drain, status, reap, backfill, replay, quality, metrics, dlq,
+"""The `deltadrain` command: services, pools, produce, drain, status, reap, backfill, replay, quality, metrics, dlq,
 bench, jars, demo."""
 
 from __future__ import annotations
@@ -55,6 +55,16 @@ def _services(args) -> int:
               f"(password in {services.airflow_password_file()})")
     if args.action == "status":
         return 0 if all(r["state"] == "running" for r in rows) else 3
+    return 0
+
+
+@command("pools")
+def _pools(args) -> int:
+    from deltadrain import services
+
+    cfg = load_config(args.config)
+    names = services.ensure_airflow_pools(cfg, services.pools_env(cfg))
+    _print([{"pool": n, "slots": 1} for n in names], args.json)
     return 0
 
 
@@ -344,6 +354,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--only", help="comma-separated subset of valkey,kafka,airflow")
     p.add_argument("--json", action="store_true")
 
+    p = sub.add_parser("pools", help="create or update the Airflow pool of every pipeline (after adding one); "
+                                     "the Airflow that AIRFLOW_HOME names, else the embedded one")
+    p.add_argument("--json", action="store_true")
+
     p = sub.add_parser("produce", help="write deterministic sample events to a pipeline's source")
     p.add_argument("pipeline")
     p.add_argument("--count", type=int, required=True)
@@ -434,6 +448,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _unreachable(exc: Exception, args) -> str | None:
+    """A connection failure to the command's Valkey or Kafka, said in one line with the fix."""
+    from deltadrain.connections import unreachable_source
+
+    try:
+        cfg = load_config(args.config)
+    except DeltadrainError:
+        return None
+    name = getattr(args, "pipeline", None)
+    return unreachable_source(exc, cfg, [p for p in cfg.pipelines if p.name == name])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -452,7 +478,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except Exception as exc:
-        hint = damaged_log(exc)
+        hint = damaged_log(exc) or _unreachable(exc, args)
         if hint is None:
             raise
         print(f"deltadrain: error: {hint}", file=sys.stderr)

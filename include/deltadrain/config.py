@@ -8,6 +8,7 @@ secret is refused with a message that says where to put it instead.
 from __future__ import annotations
 
 import re
+import urllib.parse
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Annotated, Literal
@@ -68,6 +69,12 @@ class ValkeySource(_Model):
             raise ValueError("must start with valkey://, valkeys://, redis:// or rediss://")
         if v is not None and re.match(r"^\w+://[^/@]*:[^/@]+@", v):
             raise ValueError("carries a password; put it in password_env or an Airflow connection")
+        # valkey-py also reads credentials from the query string (?password=..., ?username=...).
+        query = urllib.parse.parse_qs(urllib.parse.urlsplit(v or "").query, keep_blank_values=True)
+        creds = sorted(k for k in query if k.lower() in SECRET_KEYS | {"username", "user"})
+        if creds:
+            raise ValueError(f"carries credentials in its query string ({', '.join(creds)}); name an environment "
+                             "variable (password_env) or an Airflow connection (connection_id) instead")
         return v
 
     @field_validator("streams")

@@ -5,6 +5,10 @@ from __future__ import annotations
 from deltadrain.config import DeltadrainConfig, KafkaSource, PipelineConfig, ValkeySource
 from deltadrain.secrets import credentials
 
+# librdkafka's codes for "no broker answered" (as opposed to a broker that answered with an error).
+KAFKA_UNREACHABLE = frozenset({"_TRANSPORT", "_ALL_BROKERS_DOWN", "_TIMED_OUT", "_RESOLVE"})
+KAFKA_LOGIN_REFUSED = frozenset({"_AUTHENTICATION", "SASL_AUTHENTICATION_FAILED"})
+
 
 def as_text(value) -> str:
     """Valkey replies come as bytes; names and ids are compared as text."""
@@ -92,3 +96,59 @@ def kafka_spark_options(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> dict
         opts["kafka.ssl.truststore.type"] = "PEM"
         opts["kafka.ssl.truststore.location"] = sec.ssl_ca_location
     return opts
+
+
+def _failure(exc: BaseException) -> tuple[str, bool, str] | None:
+    """(source kind, whether it was a refused login, the reason) when exc or one of its causes is a
+    connection failure to Valkey or Kafka."""
+    for _ in range(10):
+        if exc is None:
+            return None
+        if type(exc).__module__.startswith("valkey"):
+            import valkey.exceptions as v
+
+            if isinstance(exc, v.ConnectionError | v.TimeoutError):
+                return "valkey", isinstance(exc, v.AuthenticationError), str(exc)
+        if type(exc).__name__ == "KafkaException" and exc.args and hasattr(exc.args[0], "name"):
+            error = exc.args[0]
+            if error.name() in KAFKA_UNREACHABLE or error.name() in KAFKA_LOGIN_REFUSED:
+                return "kafka", error.name() in KAFKA_LOGIN_REFUSED, f"{error.name()}: {error.str()}"
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def _address(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> str:
+    """host:port of a pipeline's source, without anything else of its URL."""
+    import urllib.parse
+
+    source = pipeline.source
+    if isinstance(source, ValkeySource):
+        url = urllib.parse.urlsplit(valkey_url(cfg, source))
+        return f"{url.hostname}:{url.port or 6379}"
+    return kafka_bootstrap(cfg, source)
+
+
+def unreachable_source(exc: BaseException, cfg: DeltadrainConfig, pipelines: list[PipelineConfig]) -> str | None:
+    """A connection failure to the Valkey or Kafka of `pipelines` as one line that names the service,
+    its address and the fix; None when exc is no such failure."""
+    found = _failure(exc)
+    if found is None:
+        return None
+    kind, login, reason = found
+    service = {"valkey": "Valkey", "kafka": "Kafka"}[kind]
+    ours = [p for p in pipelines if p.source.kind == kind] or [p for p in cfg.pipelines if p.source.kind == kind]
+    field = "url" if kind == "valkey" else "bootstrap_servers"
+    where = ", ".join(sorted({_address(cfg, p) for p in ours})) or "(no such pipeline)"
+    names = ", ".join(f"'{p.name}'" for p in ours)
+    reason = " ".join(reason.split())[:300]
+    if login:
+        return (f"{service} at {where} refused the login of pipeline {names} ({reason}): check the password "
+                f"in the environment variable or Airflow connection that password_env/connection_id names")
+    embedded = [p for p in ours if getattr(p.source, field) is None]
+    fixes = []
+    if embedded:
+        fixes.append(f"start the embedded {service} with `deltadrain services up` (its port: services.{kind}_port "
+                     f"in the config or DELTADRAIN_{kind.upper()}_PORT)")
+    if len(embedded) < len(ours):
+        fixes.append(f"check source.{field} of pipeline {names} in {cfg.source_file} and that the server runs")
+    return f"cannot reach {service} at {where} for pipeline {names} ({reason}): " + "; or ".join(fixes)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from deltadrain.config import DeltadrainConfig, PipelineConfig, ValkeySource
 from deltadrain.connections import as_text, valkey_client
+from deltadrain.errors import DeltadrainError
 
 REAPER = "deltadrain-reaper"
 PAGE = 1_000
@@ -17,7 +18,9 @@ PAGE = 1_000
 
 def reap(cfg: DeltadrainConfig, pipeline: PipelineConfig, client=None) -> dict:
     source = pipeline.source
-    assert isinstance(source, ValkeySource)
+    if not isinstance(source, ValkeySource):
+        raise DeltadrainError(f"pipeline '{pipeline.name}' reads Kafka; reap is for Valkey pipelines only (a Kafka "
+                              "drain holds no claims: a failed run's offsets are read again by the next drain)")
     client = client or valkey_client(cfg, pipeline)
     idle = pipeline.min_idle_ms
     report = {"pipeline": pipeline.name, "taken_over": 0, "consumers_removed": [], "streams": {}}

@@ -160,9 +160,12 @@ def _enqueue_valkey(cfg, pipeline, entries) -> None:
     from deltadrain.produce import VALKEY_FIELD
 
     client = valkey_client(cfg, pipeline)
+    # The stream's MAXLEN holds for replayed entries as for produced ones (approximate: whole nodes).
+    maxlen = pipeline.source.maxlen
+    trim = {"maxlen": maxlen, "approximate": True} if maxlen else {}
     pipe = client.pipeline(transaction=False)
     for e in entries:
-        pipe.xadd(e["partition"], {VALKEY_FIELD: e["original"], b"replay_of": e["position"].encode()})
+        pipe.xadd(e["partition"], {VALKEY_FIELD: e["original"], b"replay_of": e["position"].encode()}, **trim)
     pipe.execute()
 
 

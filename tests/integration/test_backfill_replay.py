@@ -146,6 +146,27 @@ def test_dlq_replay_with_filters_and_dry_run(tmp_path, spark, valkey_server):
     assert len(dlq_rows(spark, c, p)) == len(dead) + 1
 
 
+@pytest.mark.parametrize("maxlen", [50, None])
+def test_replayed_dead_letters_are_appended_under_the_streams_maxlen(tmp_path, valkey_server, maxlen):
+    """config's maxlen is applied by every producer of a stream: replay's XADD trims as produce does
+    (approximately: whole nodes of 100 entries go), and without maxlen it keeps everything."""
+    from deltadrain.produce import VALKEY_FIELD
+    from deltadrain.replay import _enqueue_valkey
+
+    _, c, p = make_pipeline(tmp_path, partitions=1)
+    p = p.model_copy(update={"source": p.source.model_copy(update={"maxlen": maxlen})})
+    client, stream = valkey_client(c, p), p.source.streams[0]
+    pipe = client.pipeline(transaction=False)
+    for i in range(1000):
+        pipe.xadd(stream, {VALKEY_FIELD: b"x%d" % i})
+    pipe.execute()
+    _enqueue_valkey(c, p, [{"partition": stream, "original": b"{}", "position": "1-0"}])
+    length = client.xlen(stream)
+    assert (50 <= length < 150) if maxlen else length == 1001
+    last = client.xrevrange(stream, count=1)[0][1]
+    assert last[b"replay_of"] == b"1-0" and last[VALKEY_FIELD] == b"{}"
+
+
 @pytest.mark.slow
 def test_two_replays_at_once_mark_both_entries_replayed(tmp_path, spark, valkey_server):
     # Two replay DAG runs started together (the view's "Replay selected" does that) both rewrite the

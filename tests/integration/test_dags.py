@@ -259,3 +259,73 @@ def test_a_savepoint_that_writes_holds_the_metadata_dbs_write_lock_from_its_star
     plain = {k: v for k, v in os.environ.items() if k != "AIRFLOW__DATABASE__SQL_ALCHEMY_SESSION_MAKER"}
     done = subprocess.run(run, capture_output=True, text=True, timeout=300, env=plain)
     assert done.returncode != 0 and "database is locked" in done.stderr, (done.stdout, done.stderr[-3000:])
+
+
+def test_deltadrain_pools_creates_the_pool_of_every_pipeline_and_of_one_added_later(tmp_path, airflow_db):
+    """The drain and quality tasks sit in `deltadrain_<pipeline>`; Airflow never schedules a task whose
+    pool does not exist, so `deltadrain pools` (run by `services up` and Compose's start, and by hand
+    after adding a pipeline) must create them in the metadata DB, with one slot, idempotently."""
+    import sqlite3
+    from pathlib import Path
+
+    path, c, p = make_pipeline(tmp_path)
+    db = Path(airflow_db) / "airflow.db"
+
+    def pools() -> dict[str, int]:
+        with sqlite3.connect(db) as conn:
+            return dict(conn.execute("SELECT pool, slots FROM slot_pool WHERE pool LIKE 'deltadrain_t%'"))
+
+    def run_pools() -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "deltadrain.cli", "--config", str(path), "pools", "--json"],
+                              capture_output=True, text=True, timeout=300, env={**os.environ})
+
+    assert pool_name(p.name) not in pools()
+    done = run_pools()
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout) == [{"pool": pool_name(p.name), "slots": 1}]
+    assert pools()[pool_name(p.name)] == 1
+
+    # A pipeline added to the config gets its pool; a pool widened by hand is set back to one slot.
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE slot_pool SET slots = 4 WHERE pool = ?", (pool_name(p.name),))
+    data = yaml.safe_load(path.read_text())
+    added = {**data["pipelines"][0], "name": f"{p.name}_b", "target": {"path": f"{p.name}_b"}}
+    data["pipelines"].append(added)
+    path.write_text(yaml.safe_dump(data))
+    assert pool_name(added["name"]) not in pools()
+    done = run_pools()
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert {k: v for k, v in pools().items() if k in (pool_name(p.name), pool_name(added["name"]))} == {
+        pool_name(p.name): 1, pool_name(added["name"]): 1}
+
+
+def test_deltadrain_pools_on_an_unmigrated_metadata_db_names_the_fix(tmp_path):
+    home = tmp_path / "airflow-home"
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"}
+    done = subprocess.run([sys.executable, "-m", "deltadrain.cli", "pools"], capture_output=True, text=True,
+                          timeout=300, env={**env, "AIRFLOW_HOME": str(home)})
+    assert done.returncode == 1, (done.stdout, done.stderr[-3000:])
+    err = done.stderr
+    assert "creating the Airflow pools" in err and "airflow db migrate" in err and "Traceback" not in err, err[-3000:]
+
+
+def test_a_replay_trigger_without_a_pipeline_is_refused_by_airflows_param_validation(airflow_db):
+    """The REST API and the trigger form validate a run's conf with the serialized DAG's Params
+    (`params.deep_merge(conf).validate()` in create_dagrun): a conf that names no pipeline must be
+    refused there, not replayed on whichever pipeline comes first in the YAML."""
+    from airflow.exceptions import ParamValidationError
+    from airflow.serialization.serialized_objects import DagSerialization
+
+    from deltadrain.config import load_config
+
+    names = [p.name for p in load_config().pipelines]
+    assert len(names) > 1  # with one pipeline a default could not be told from the choice
+    dag = DagSerialization.from_dict(DagSerialization.to_dict(dagbag().get_dag(REPLAY_DAG)))
+    for conf in ({}, {"mode": "dlq", "dry_run": False}):
+        with pytest.raises(ParamValidationError, match="pipeline"):
+            dag.params.deep_merge(conf).validate()
+    with pytest.raises(ParamValidationError, match="pipeline"):
+        dag.params.deep_merge({"pipeline": "nope"}).validate()
+    for name in names:
+        assert dag.params.deep_merge({"pipeline": name}).validate()["pipeline"] == name

@@ -101,3 +101,69 @@ def test_a_commit_failing_its_checksum_is_explained_with_the_file_to_delete(monk
     monkeypatch.setitem(cli.COMMANDS, "status", other)
     with pytest.raises(RuntimeError, match="something else"):
         cli.main(["status", "orders"])
+
+
+@pytest.fixture
+def closed_port() -> int:
+    from tests.conftest import free_port
+
+    return free_port()  # bound and closed again: nothing listens there
+
+
+@pytest.mark.parametrize("argv", [["reap", "orders"], ["reap"], ["produce", "orders", "--count", "3", "--no-progress"]])
+def test_an_unreachable_valkey_is_one_line_with_its_address_and_the_fix(argv, closed_port, monkeypatch, capsys):
+    from deltadrain.cli import main
+
+    monkeypatch.setenv("DELTADRAIN_VALKEY_PORT", str(closed_port))
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"deltadrain: error: cannot reach Valkey at 127.0.0.1:{closed_port} for pipeline 'orders'")
+    assert "refused" in err and "`deltadrain services up`" in err and "DELTADRAIN_VALKEY_PORT" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_an_unreachable_valkey_of_a_configured_url_points_at_the_config_file(tmp_path, closed_port, capsys):
+    import yaml
+
+    from deltadrain.cli import main
+    from tests.conftest import ROOT
+
+    data = yaml.safe_load((ROOT / "config" / "pipelines.yaml").read_text())
+    data["pipelines"][0]["source"]["url"] = f"valkey://127.0.0.1:{closed_port}/0"
+    path = tmp_path / "pipelines.yaml"
+    path.write_text(yaml.safe_dump(data))
+    assert main(["--config", str(path), "reap", "orders"]) == 1
+    err = capsys.readouterr().err
+    assert f"cannot reach Valkey at 127.0.0.1:{closed_port}" in err
+    assert f"check source.url of pipeline 'orders' in {path}" in err and "services up" not in err
+
+
+def test_an_unreachable_kafka_is_one_line_with_its_address_and_the_fix(closed_port, monkeypatch, capsys):
+    from deltadrain.cli import main
+
+    monkeypatch.setenv("DELTADRAIN_KAFKA_PORT", str(closed_port))
+    assert main(["produce", "clicks", "--count", "3", "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"deltadrain: error: cannot reach Kafka at 127.0.0.1:{closed_port} for pipeline 'clicks'")
+    assert "`deltadrain services up`" in err and "DELTADRAIN_KAFKA_PORT" in err
+
+
+def test_reap_of_a_kafka_pipeline_is_refused_clearly(capsys):
+    from deltadrain.cli import main
+
+    assert main(["reap", "clicks"]) == 1
+    assert "pipeline 'clicks' reads Kafka; reap is for Valkey pipelines only" in capsys.readouterr().err
+
+
+def test_a_refused_valkey_login_points_at_the_secret_not_at_services_up(cfg):
+    import valkey.exceptions
+
+    from deltadrain.connections import unreachable_source
+
+    try:
+        raise RuntimeError("claiming failed") from valkey.exceptions.AuthenticationError("invalid password")
+    except RuntimeError as exc:
+        line = unreachable_source(exc, cfg, [cfg.pipeline("orders")])
+    assert line.startswith("Valkey at 127.0.0.1:") and "refused the login of pipeline 'orders'" in line
+    assert "password_env/connection_id" in line and "services up" not in line
+    assert unreachable_source(ValueError("not a connection"), cfg, []) is None

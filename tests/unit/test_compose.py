@@ -396,3 +396,13 @@ def test_compose_config_differs_only_in_source_addresses():
     # The YAML itself too, so that no setting differs by being spelled out at its default.
     raw = {p: yaml.safe_load(p.read_text()) for p in (BASE_CONFIG, COMPOSE_CONFIG)}
     assert without_addresses(raw[COMPOSE_CONFIG]) == without_addresses(raw[BASE_CONFIG])
+
+
+def test_airflow_creates_the_pipeline_pools_before_it_schedules():
+    """Tasks in a pool that does not exist are never scheduled: the pools exist before standalone runs."""
+    for name, svc in airflow_services().items():
+        script = resolve(svc["command"][2])
+        lines = [line.strip() for line in script.splitlines()]
+        assert "deltadrain pools" in lines, f"{name}: its start does not run `deltadrain pools`"
+        assert lines.index("airflow db migrate") < lines.index("deltadrain pools") \
+            < lines.index("exec airflow standalone"), f"{name}: migrate, then pools, then standalone"

@@ -69,6 +69,23 @@ def test_password_inside_url_is_refused():
     assert "field 'source.url'" in msg and "hunter2" not in msg
 
 
+@pytest.mark.parametrize("url", ["redis://host:6379/0?password=hunter2", "valkey://host:6379/0?db=0&Password=hunter2",
+                                 "rediss://host:6379?username=bob&password=hunter2", "valkey://host?username=bob"])
+def test_credentials_in_the_url_query_are_refused(url):
+    # valkey-py's from_url takes ?password= and ?username= as connection arguments.
+    data = example()
+    data["pipelines"][0]["source"]["url"] = url
+    msg = error_of(data, "conf/pipes.yaml")
+    assert "conf/pipes.yaml" in msg and "pipeline 'orders', field 'source.url'" in msg
+    assert "query string" in msg and "password_env" in msg and "connection_id" in msg and "hunter2" not in msg
+
+
+def test_a_url_with_harmless_query_parameters_is_accepted():
+    data = example()
+    data["pipelines"][0]["source"]["url"] = "valkey://host:6379/0?socket_timeout=5&db=1"
+    assert parse_config(data, Path("x.yaml")).pipeline("orders").source.url.endswith("?socket_timeout=5&db=1")
+
+
 def test_unknown_field_and_bad_types_are_named():
     data = example()
     data["pipelines"][0]["batchcap"] = 5

@@ -67,3 +67,47 @@ def test_the_quality_job_gets_every_batch_the_drain_task_committed():
     assert args[args.index("--batch"):] == ["--batch", "2"]
     with pytest.raises(AirflowSkipException, match="no batch to check"):
         op.job_args(ctx({"outcome": "empty", "batch": 3, "batches": []}))
+
+
+def test_a_failed_replay_names_the_pipeline_it_was_asked_for(monkeypatch):
+    """The replay task is not built for one pipeline: its errors name the pipeline of the request."""
+    from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+
+    from deltadrain import spark
+    from deltadrain.jobs import ERROR_PREFIX
+    from deltadrain.orchestration.operators import DeltadrainJobFailed, ReplayOperator
+
+    def failing_submit(self, context):
+        list(self._watch([f"{ERROR_PREFIX}no DLQ table yet"]))  # what spark-submit's output carries
+        raise RuntimeError("spark-submit exited with 1")
+
+    monkeypatch.setattr(spark, "spark_conf", lambda: {})
+    monkeypatch.setattr(SparkSubmitOperator, "execute", failing_submit)
+    op = ReplayOperator(task_id="replay", request_task="validate")
+    ctx = context("manual")
+    ctx["ti"].xcom_pull = lambda task_ids: {"pipeline": "clicks", "mode": "dlq"}
+    with pytest.raises(DeltadrainJobFailed) as failed:
+        op.execute(ctx)
+    assert str(failed.value) == "deltadrain replay of 'clicks' failed: no DLQ table yet"
+
+
+def test_the_ingest_sensor_defers_through_a_source_outage_but_not_through_a_config_error(monkeypatch, tmp_path):
+    """Nothing listens at the Valkey port: the first probe (in the worker) fails to connect. The run
+    must then wait in the triggerer, as the trigger does through outages, not fail."""
+    from airflow.sdk.exceptions import TaskDeferred
+
+    from deltadrain.errors import ConfigError
+    from deltadrain.orchestration.sensors import SourceWorkSensor
+    from deltadrain.orchestration.triggers import SourceWorkTrigger
+    from tests.conftest import free_port
+
+    monkeypatch.setenv("DELTADRAIN_VALKEY_PORT", str(free_port()))
+    sensor = SourceWorkSensor(task_id="wait_for_work", pipeline="orders", timeout=60, poke_interval=1)
+    assert not sensor.poke({})
+    with pytest.raises(TaskDeferred) as deferred:
+        sensor.execute({})
+    assert isinstance(deferred.value.trigger, SourceWorkTrigger) and deferred.value.trigger.pipeline == "orders"
+    broken = SourceWorkSensor(task_id="wait_for_work", pipeline="orders", config=str(tmp_path / "missing.yaml"),
+                              timeout=60, poke_interval=1)
+    with pytest.raises(ConfigError, match="config file not found"):
+        broken.execute({})

@@ -11,6 +11,7 @@ from deltadrain.orchestration.view import (
     parse_entry,
     same_origin,
     selection_to_confs,
+    self_api_url,
 )
 
 DEAD = {("orders:{0}", "1-0"): "a", ("orders:{0}", "2-0"): None, ("orders:{1}", "1-1"): "b",
@@ -87,3 +88,25 @@ def test_kafka_pending_is_end_offset_minus_the_lake_checkpoint():
     assert pending(marks, {}, "latest") == {"0": 0, "1": 0, "2": 0}
     # A partition added after the first run starts at its earliest offset, whatever `starting` says.
     assert pending(marks, {"0": "100"}, "latest") == {"0": 0, "1": 30, "2": 10}
+
+
+def test_the_view_calls_the_api_where_the_server_listens_not_where_the_browser_was():
+    # Compose: the browser's (and base_url's) 127.0.0.1:8088 is mapped to the container's 8080.
+    assert self_api_url("0.0.0.0", 8080, "http://127.0.0.1:8088", tls=False) == "http://127.0.0.1:8080"
+    assert self_api_url("0.0.0.0", 8080, None, tls=False) == "http://127.0.0.1:8080"
+    # Served under a path: the path of base_url, the host and port of the listener.
+    assert self_api_url("0.0.0.0", 8080, "https://airflow.example.com/af/", tls=False) == "http://127.0.0.1:8080/af"
+    assert self_api_url("10.1.2.3", 9000, "", tls=False) == "http://10.1.2.3:9000"
+    assert self_api_url("::", 8080, None, tls=False) == "http://[::1]:8080"
+    # TLS: the certificate names base_url's host.
+    assert self_api_url("0.0.0.0", 8443, "https://airflow.example.com/", tls=True) == "https://airflow.example.com"
+    assert self_api_url("0.0.0.0", 8443, None, tls=True) == "https://127.0.0.1:8443"
+
+
+def test_airflow_base_url_reads_the_api_servers_own_settings(monkeypatch):
+    from deltadrain.orchestration.view import airflow_base_url
+
+    monkeypatch.setenv("AIRFLOW__API__HOST", "0.0.0.0")
+    monkeypatch.setenv("AIRFLOW__API__PORT", "8080")
+    monkeypatch.setenv("AIRFLOW__API__BASE_URL", "http://127.0.0.1:8088")
+    assert airflow_base_url() == "http://127.0.0.1:8080"

@@ -75,3 +75,21 @@ def test_the_page_names_who_holds_claims_and_flags_stale_ones():
     stale = page.split('id="claim-&lt;b&gt;drain-gone&lt;/b&gt;"')[1].split("</span>")[0]
     assert 'class="bad"' in stale and "(7, idle 90,000 ms, stale)" in stale and "or the reaper" in stale
     assert "<b>drain-gone" not in page  # names are escaped
+
+
+def test_a_replay_that_cannot_reach_airflow_is_a_502_with_the_reason(client_for, cfg, monkeypatch):
+    """The view triggers the replay DAG through Airflow's REST API; nothing listens at the API's port
+    here, so the call is refused: the user gets 502 naming the address and the reason, not a bare 500."""
+    from deltadrain import lakeview
+    from tests.conftest import free_port
+
+    name = cfg.pipelines[0].name
+    port = free_port()
+    monkeypatch.setenv("AIRFLOW__API__HOST", "0.0.0.0")
+    monkeypatch.setenv("AIRFLOW__API__PORT", str(port))
+    monkeypatch.setattr(lakeview, "dead_letter_keys", lambda c, p: {("s", "1-0"): "a"})
+    r = client_for(FakeAuth()).post(f"/pipelines/{name}/replay", json={"entries": ["s@1-0"]},
+                                    headers={"Authorization": "Bearer x"})
+    assert r.status_code == 502, r.text
+    assert f"cannot reach Airflow's REST API at http://127.0.0.1:{port}" in r.json()["detail"]
+    assert "refused" in r.json()["detail"].lower()

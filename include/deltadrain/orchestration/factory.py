@@ -111,7 +111,9 @@ def replay_params(cfg: DeltadrainConfig) -> dict[str, Param]:
     names = [p.name for p in cfg.pipelines]
     position = r"^[0-9]+(-[0-9]+)?$"
     return {
-        "pipeline": Param(names[0], type="string", enum=names, title="Pipeline"),
+        # No default: a trigger that names no pipeline is refused, never replayed on the YAML's first one.
+        "pipeline": Param(type="string", enum=names, title="Pipeline",
+                          description="required: the pipeline whose dead letters or messages to replay"),
         "mode": Param("dlq", type="string", enum=["dlq", "reprocess"], title="Mode",
                       description="dlq: send DEAD entries back to the source. reprocess: re-read PUBLISHED "
                                   "messages from the source's retained history through the current transform."),

@@ -142,6 +142,8 @@ class ReplayOperator(DeltadrainSparkOperator):
 
     def job_args(self, context) -> list[str]:
         request = context["ti"].xcom_pull(task_ids=self.request_task)
+        # The pipeline comes with the request: errors and the log name the one asked for.
+        self.pipeline = (request or {}).get("pipeline") or self.pipeline
         args = ["--request", json.dumps(request)]
         if self.config:
             args += ["--config", self.config]
@@ -179,7 +181,7 @@ class QualityOperator(DeltadrainSparkOperator):
         summary = context["ti"].xcom_pull(task_ids=self.drain_task) or {}
         batches = batches_to_check(summary)
         if not batches:
-            # Backfills and replays write batch-less rows: the daily whole-table check covers them.
+            # A backfill commits no batch (its rows carry batch 0): the daily whole-table check covers them.
             raise AirflowSkipException(f"no batch to check (drain outcome: {summary.get('outcome', summary.get('mode'))})")
         return [*args, "--batch", *map(str, batches)]
 

@@ -22,7 +22,8 @@ def is_backfill(context) -> bool:
 class SourceWorkSensor(BaseSensorOperator):
     """Waits (deferred) until the pipeline's source has new messages or reclaimable claims.
 
-    A backfill run re-reads history instead of waiting for new data, so it passes at once.
+    A backfill run re-reads history instead of waiting for new data, so it passes at once. A source
+    that cannot be probed counts as "no work yet": the sensor defers and the trigger keeps trying.
     """
 
     template_fields = ("pipeline",)
@@ -41,7 +42,16 @@ class SourceWorkSensor(BaseSensorOperator):
     def poke(self, context) -> PokeReturnValue:
         if is_backfill(context):
             return PokeReturnValue(True, {"status": BACKFILL})
-        found = self._probe()
+        from deltadrain.errors import ConfigError
+
+        try:
+            found = self._probe()
+        except ConfigError:
+            raise  # waiting would not fix the config: fail the run now
+        except Exception as exc:
+            # A source that is down is waited for, as the trigger does, not a failed run.
+            self.log.warning("deltadrain: probing %s failed (%s); waiting", self.pipeline, exc)
+            return PokeReturnValue(False)
         self.log.info("deltadrain: %s: %s new, %s reclaimable", self.pipeline, found["new"], found["reclaimable"])
         return PokeReturnValue(found["has_work"], {"status": "work", "probe": found})
 

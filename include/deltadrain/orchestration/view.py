@@ -192,11 +192,25 @@ def caller_token(request) -> tuple[str | None, bool]:
     return request.cookies.get(COOKIE_NAME_JWT_TOKEN), True
 
 
-def airflow_base_url(request) -> str:
+def self_api_url(host: str, port: int, base_url: str | None, tls: bool) -> str:
+    """Where this API server reaches its own REST API: the address it listens on, under base_url's path
+    (Airflow serves under it). Neither the browser's Host header nor base_url's host: behind Compose's
+    port mapping or a proxy they name an address the server itself may not reach. With TLS the
+    certificate names base_url's host, so base_url is taken as it is."""
+    base = urllib.parse.urlsplit(base_url or "")
+    if tls and base.netloc:
+        return base_url.rstrip("/")
+    host = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(host.strip(), host.strip())
+    netloc = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return f"{'https' if tls else 'http'}://{netloc}{base.path.rstrip('/')}"
+
+
+def airflow_base_url() -> str:
     from airflow.configuration import conf
 
-    base = conf.get("api", "base_url", fallback=None)
-    return (base or str(request.base_url).split(URL_PREFIX)[0]).rstrip("/")
+    return self_api_url(conf.get("api", "host", fallback="0.0.0.0"), conf.getint("api", "port", fallback=8080),
+                        conf.get("api", "base_url", fallback=None),
+                        bool(conf.get("api", "ssl_cert", fallback="")))
 
 
 def create_app():
@@ -282,8 +296,7 @@ def create_app():
 
         try:
             selected = [parse_entry(str(v)) for v in values]
-            result = await run_in_threadpool(trigger_replays, cfg, pipeline, selected, token,
-                                             airflow_base_url(request))
+            result = await run_in_threadpool(trigger_replays, cfg, pipeline, selected, token, airflow_base_url())
         except SelectionError as exc:
             raise HTTPException(400, str(exc)) from None
         except DeltadrainError as exc:

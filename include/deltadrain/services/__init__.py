@@ -277,18 +277,49 @@ def select(names: list[str] | None) -> list[str]:
     return [n for n in ALL if n in chosen]
 
 
-def ensure_airflow_pools(cfg: DeltadrainConfig) -> None:
-    """One pool per pipeline (one slot: a pipeline's drains never run side by side), made idempotently."""
+def pool_specs(cfg: DeltadrainConfig) -> dict[str, dict]:
+    """One pool per pipeline, one slot: a pipeline's drains and table checks never run side by side."""
     from deltadrain.orchestration.names import pool_name
 
-    pools = {pool_name(p.name): {"slots": 1, "description": f"deltadrain: drains of {p.name}",
-                                 "include_deferred": False} for p in cfg.pipelines}
-    spec = airflow_home() / "deltadrain_pools.json"
-    spec.write_text(json.dumps(pools, indent=2))
-    done = subprocess.run([str(Path(sys.executable).parent / "airflow"), "pools", "import", str(spec)],
-                          env={**os.environ, **airflow_env(cfg)}, capture_output=True, text=True, timeout=300)
+    return {pool_name(p.name): {"slots": 1, "description": f"deltadrain: drains of {p.name}",
+                                "include_deferred": False} for p in cfg.pipelines}
+
+
+def pools_env(cfg: DeltadrainConfig) -> dict[str, str]:
+    """The environment of the Airflow whose pools `deltadrain pools` sets: the one AIRFLOW_HOME names
+    when it is set (Compose's container, an Airflow of your own), else the embedded one."""
+    if "AIRFLOW_HOME" in os.environ:
+        return dict(os.environ)
+    return {**os.environ, **airflow_env(cfg)}
+
+
+def airflow_cli() -> str:
+    """This environment's `airflow` (next to its python, else on PATH)."""
+    sibling = Path(sys.executable).parent / "airflow"
+    found = str(sibling) if sibling.exists() else shutil.which("airflow")
+    if found is None:
+        raise PrerequisiteError("the `airflow` command is not installed in this environment: run `make install`")
+    return found
+
+
+def ensure_airflow_pools(cfg: DeltadrainConfig, env: dict[str, str] | None = None) -> list[str]:
+    """Create each pipeline's pool, or set it back to one slot (idempotent); returns the pool names.
+
+    A task in a pool that does not exist is never scheduled, so this runs whenever the config gains
+    a pipeline: `services up` and Compose's start call it, and `deltadrain pools` by hand."""
+    import tempfile
+
+    pools = pool_specs(cfg)
+    env = env if env is not None else {**os.environ, **airflow_env(cfg)}
+    with tempfile.NamedTemporaryFile("w", prefix="deltadrain-pools-", suffix=".json") as spec:
+        json.dump(pools, spec, indent=2)
+        spec.flush()
+        done = subprocess.run([airflow_cli(), "pools", "import", spec.name], env=env, capture_output=True,
+                              text=True, timeout=300)
     if done.returncode != 0:
-        raise ServiceError(f"creating Airflow pools failed: {(done.stderr or done.stdout).strip()[-800:]}")
+        # Airflow's own last lines say why (an unmigrated DB: "Please run `airflow db migrate`").
+        raise ServiceError(f"creating the Airflow pools {sorted(pools)} failed: {(done.stderr or done.stdout).strip()[-800:]}")
+    return sorted(pools)
 
 
 def up(cfg: DeltadrainConfig, names: list[str] | None = None) -> list[dict]:
