@@ -297,7 +297,9 @@ def test_sigkill_at_each_step_boundary_loses_and_duplicates_nothing(point, trans
     assert proc.returncode == -9, f"the drain was not killed at {point}: rc={proc.returncode}\n{err[-3000:]}"
     if point in ("after_commit", "during_ack"):
         assert read_checkpoint(spark, str(c.target_path(p)), p.name).batch == 1
-    if point in ("after_claim", "after_commit"):
+    if point == "during_merge":  # killed before its commit landed, or this would be the after_commit case
+        assert read_checkpoint(spark, str(c.target_path(p)), p.name).batch == 0
+    if point in ("after_claim", "during_merge", "after_commit"):
         assert pending(client, p) == 4000
     if point == "during_ack":
         assert 0 < pending(client, p) < 4000
