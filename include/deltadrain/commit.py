@@ -91,6 +91,9 @@ def commit_batch(spark, path: str, *, pipeline: str, expected_batch: int, run_id
     version_before = table_version(spark, path)
     conflict = None
     lost_reply = False
+    # Session conf, as MERGE takes them: a write by another thread of this session while the commit
+    # runs would carry them too (tests that race a writer give it a session of its own). Nothing else
+    # in a drain process writes while it commits.
     txn_conf = {TXN_APP: pipeline, TXN_VERSION: str(target), USER_METADATA: metadata}
     plain = {no_dictionary(c): "false" for c in (id_field, *UNIQUE_COLUMNS)}
     previous = {key: spark.conf.get(key, None) for key in plain}  # a switch the user's session set stays

@@ -168,11 +168,37 @@ def test_replayed_dead_letters_are_appended_under_the_streams_maxlen(tmp_path, v
 
 
 @pytest.mark.slow
-def test_two_replays_at_once_mark_both_entries_replayed(tmp_path, spark, valkey_server):
+def test_two_replays_at_once_mark_both_entries_replayed(tmp_path, spark, valkey_server, monkeypatch):
     # Two replay DAG runs started together (the view's "Replay selected" does that) both rewrite the
     # DLQ table's one file; each commit must land or conflict and retry, never replace the other's.
+    # Their marking MERGEs start together (a barrier), so that they read the same table version and
+    # one of them really loses the race, which the test checks.
+    import threading
     from concurrent.futures import ThreadPoolExecutor
 
+    import deltadrain.replay
+    from deltadrain.lake import is_conflict
+
+    together, lost = threading.Barrier(2, timeout=300), []
+    real_retry = deltadrain.replay.retry_conflicts
+
+    def both_at_once(action, *args, **kwargs):
+        first = [True]
+
+        def attempt():
+            if first[0]:
+                first[0] = False
+                together.wait()
+            try:
+                return action()
+            except Exception as exc:
+                if is_conflict(exc):
+                    lost.append(type(exc).__name__)
+                raise
+
+        return real_retry(attempt, *args, **kwargs)
+
+    monkeypatch.setattr(deltadrain.replay, "retry_conflicts", both_at_once)
     path, c, p = make_pipeline(tmp_path, max_retries=0, transform="deltadrain.transforms.identity")
     client = valkey_client(c, p)
     produce(c, p, 200, seed=107, malformed_ratio=0.1)
@@ -182,8 +208,10 @@ def test_two_replays_at_once_mark_both_entries_replayed(tmp_path, spark, valkey_
         picked = dead[2 * round_:2 * round_ + 2]
         requests = [ReplayRequest(pipeline=p.name, partition=r.partition, position_from=r.position,
                                   position_to=r.position, dry_run=False) for r in picked]
+        lost.clear()
         with ThreadPoolExecutor(2) as pool:
             done = list(pool.map(lambda q: replay(c, spark, q), requests))
+        assert lost, "the two marking commits did not collide"
         assert [d.replayed for d in done] == [1, 1]
         by_key = {(r.partition, r.position): r for r in dlq_rows(spark, c, p)}
         assert [by_key[(r.partition, r.position)].replay_run_id for r in picked] == [d.run_id for d in done]
