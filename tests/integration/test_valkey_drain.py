@@ -598,3 +598,62 @@ def test_a_gap_found_by_a_run_that_dies_is_carried_by_the_next_commit(tmp_path, 
     assert not _covers(got["unread"], ids[20:21])
     assert read_checkpoint(spark, str(c.target_path(p)), p.name).meta["gaps"] == s.gap_ranges
     assert sorted(target_ids(spark, c, p)) == sorted(m.key for m in msgs[20:])
+
+
+def _pel(client, stream: str, group: str) -> dict[str, tuple[str, int, int]]:
+    """id -> (owner, delivery count, idle ms) of every pending entry."""
+    return {r["message_id"].decode(): (r["consumer"].decode(), r["times_delivered"], r["time_since_delivered"])
+            for r in client.xpending_range(stream, group, min="-", max="+", count=1000)}
+
+
+def test_a_release_moves_only_the_entries_its_run_still_holds(tmp_path, cfg, spark):
+    """A run that lost the race releases its claims; the reaper had meanwhile handed some of them to
+    another live run B, which must keep them (owner and delivery count unchanged, not made idle)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from deltadrain.acknowledge import release
+    from deltadrain.drain import claim_context
+
+    _, c, p = make_pipeline(tmp_path, partitions=1, min_idle_ms=60_000)
+    client = valkey_client(c, p)
+    stream, group = p.source.streams[0], p.source.group
+    ids = _append(client, stream, generate(p, 12, seed=105))
+    client.xgroup_create(stream, group, id="0")
+    client.xreadgroup(group, "drain-a", {stream: ">"}, count=10)  # run A claims 0..9
+    client.xclaim(stream, group, "drain-b", 0, ids[:4])  # the reaper's hand-over: B's now (delivered twice)
+    client.xdel(stream, ids[7])  # deleted while A holds it
+    before = _pel(client, stream, group)
+    staged = tmp_path / "claimed.parquet"
+    pq.write_table(pa.table({"_dd_partition": [stream] * 10, "_dd_position": ids[:10],
+                             "_dd_attempts": pa.array([1] * 10, pa.int32())}), staged)
+    released = release([str(staged)], claim_context(c, p, "drain-a"))
+    after = _pel(client, stream, group)
+    assert released == 5  # 4, 5, 6, 8, 9
+    for i in ids[:4]:  # B's: untouched
+        assert after[i][:2] == before[i][:2] == ("drain-b", 2) and after[i][2] < 60_000
+    for i in ids[4:7] + ids[8:10]:  # A's own: released, idle long enough to be reclaimed, no delivery counted
+        assert after[i][:2] == ("drain-a", 1) and after[i][2] >= 60_000
+    assert after[ids[7]][0] == "drain-a"  # deleted: left pending for XAUTOCLAIM to report as a gap
+    assert set(after) == set(before)
+    # The next claim takes A's released entries only (and reports the deleted one), never B's.
+    _, taken, deleted = client.xautoclaim(stream, group, "drain-c", 60_000, start_id="0-0", count=100)
+    assert sorted(entry_id.decode() for entry_id, _ in taken) == sorted(ids[4:7] + ids[8:10])
+    assert [i.decode() for i in deleted] == [ids[7]]
+
+
+def test_the_reaper_leaves_a_deleted_pending_entry_for_the_drain_to_report(tmp_path, cfg, spark):
+    _, c, p = make_pipeline(tmp_path, partitions=1, min_idle_ms=100)
+    client = valkey_client(c, p)
+    stream = p.source.streams[0]
+    msgs = list(generate(p, 10, seed=106))
+    ids = _append(client, stream, msgs)
+    client.xgroup_create(stream, p.source.group, id="0")
+    client.xreadgroup(p.source.group, "crashed-drain", {stream: ">"}, count=10)
+    client.xdel(stream, ids[6])
+    time.sleep(0.2)
+    report = reap(c, p, client)
+    assert report["taken_over"] == 9 and report["consumers_removed"] == []  # it still holds the deleted one
+    s = drain(c, p, spark=spark)
+    assert s.written == 9 and [g["ids"] for g in s.gap_ranges] == [[ids[6]]]
+    assert pending(client, p) == 0
