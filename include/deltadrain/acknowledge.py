@@ -2,7 +2,10 @@
 
 Only entries of a committed batch are acknowledged (invariants 4 and 5). A release hands the
 entries back for immediate re-claiming: XCLAIM ... IDLE <min_idle_ms> JUSTID makes them look idle
-long enough for the next drain's XAUTOCLAIM, without counting a delivery.
+long enough for the next drain's XAUTOCLAIM, without counting a delivery. It moves only the entries
+this run's consumer still holds (`claim_held`): by the time a run loses its race, the reaper may
+have handed some of its entries to another live run, and taking them back would expose them to a
+third run's claim (one more delivery each, toward max_retries and the DLQ).
 
 Both run in the driver over the staged claim files, reading only the partition, position and
 attempts columns, ACK_CHUNK rows at a time: the driver's memory stays bounded by the chunk, not the
@@ -17,9 +20,39 @@ from collections.abc import Iterable, Iterator
 
 from deltadrain import failpoints
 from deltadrain.claim import ClaimContext, _client, failure_field
+from deltadrain.connections import as_text
 
 ACK_CHUNK = 2_000  # entries per XACK / XCLAIM call
 COLUMNS = ["_dd_partition", "_dd_position", "_dd_attempts"]
+
+# XCLAIM alone takes an entry from whoever holds it, and silently drops one that was deleted from
+# the stream from the pending list. In one script (atomic, no other command in between), move only
+# the ids that ARGV[2] still holds and that the stream still has; a deleted one stays pending, for
+# the next XAUTOCLAIM to report as a gap.
+# KEYS[1] stream; ARGV: group, holder, new owner, min idle ms, idle ms to set, ids...
+_CLAIM_HELD = """
+local moved = {}
+for i = 6, #ARGV do
+  local id = ARGV[i]
+  local held = redis.call('XPENDING', KEYS[1], ARGV[1], id, id, 1, ARGV[2])
+  if #held == 1 and #redis.call('XRANGE', KEYS[1], id, id) == 1 then
+    local got = redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[3], ARGV[4], id, 'IDLE', ARGV[5], 'JUSTID')
+    if #got == 1 then
+      moved[#moved + 1] = got[1]
+    end
+  end
+end
+return moved
+"""
+
+
+def claim_held(client, stream: str, group: str, holder: str, to: str, min_idle_ms: int, idle_ms: int,
+               ids: list[str]) -> list[str]:
+    """XCLAIM ... JUSTID of those `ids` that `holder` still holds and the stream still has: the ids moved."""
+    if not ids:
+        return []
+    moved = client.eval(_CLAIM_HELD, 1, stream, group, holder, to, min_idle_ms, idle_ms, *ids)
+    return [as_text(i) for i in moved]
 
 
 def staged_entries(files: Iterable[str], keep: frozenset = frozenset()) -> Iterator[tuple[str, list]]:
@@ -55,12 +88,13 @@ def acknowledge(files: Iterable[str], ctx: ClaimContext, keep: frozenset = froze
 
 
 def release(files: Iterable[str], ctx: ClaimContext) -> int:
+    """Make the staged entries this run's consumer still holds reclaimable at once; leave the rest."""
     client = _client(ctx)
     done = 0
     try:
         for stream, entries in staged_entries(files):
-            done += len(client.xclaim(stream, ctx.group, ctx.consumer, 0, [position for position, _ in entries],
-                                      idle=max(ctx.min_idle_ms, 1), justid=True))
+            done += len(claim_held(client, stream, ctx.group, ctx.consumer, ctx.consumer, 0,
+                                   max(ctx.min_idle_ms, 1), [position for position, _ in entries]))
     finally:
         client.close()
     return done

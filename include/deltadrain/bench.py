@@ -68,14 +68,15 @@ def bench_source(cfg, pipeline):
 
 
 def _drop_source(cfg, pipeline) -> None:
-    """Delete the bench pipeline's Valkey streams and failure counts, or its Kafka topic."""
+    """Delete the bench pipeline's Valkey streams, failure counts and gap records, or its Kafka topic."""
     from deltadrain.config import ValkeySource
     from deltadrain.connections import kafka_client_conf, valkey_client
     from deltadrain.drain import failures_key
+    from deltadrain.gaps import gaps_key
 
     if isinstance(pipeline.source, ValkeySource):
         client = valkey_client(cfg, pipeline)
-        for key in (*pipeline.source.streams, failures_key(pipeline.name)):
+        for key in (*pipeline.source.streams, failures_key(pipeline.name), gaps_key(pipeline.name)):
             client.delete(key)  # one key a DEL: a cluster refuses keys of several slots in one
         return
     from confluent_kafka.admin import AdminClient

@@ -15,6 +15,7 @@ from datetime import datetime
 
 from deltadrain.connections import as_text
 from deltadrain.decode import BatchDecoder
+from deltadrain.gaps import deleted_while_pending, record
 from deltadrain.positions import StreamId
 
 READ_CHUNK = 5_000  # entries per XREADGROUP / XAUTOCLAIM call
@@ -44,6 +45,7 @@ class ClaimContext:
     required: list[str]
     max_bytes: int
     failures_key: str
+    gaps_key: str = ""  # where deleted-while-pending gaps are recorded (deltadrain.gaps)
 
 
 def allocate(cap: int, backlog: dict[str, int]) -> dict[str, int]:
@@ -170,9 +172,14 @@ def run_claim(task: ClaimTask, ctx: ClaimContext) -> Iterator[Entries]:
             count = min(READ_CHUNK, task.quota - got)
             cursor, entries, deleted = _xautoclaim(client, task.stream, ctx, cursor, count)
             chunk = Entries(task.stream)
+            gap = deleted_while_pending(task.stream, deleted)
+            if gap is not None and ctx.gaps_key:
+                # XAUTOCLAIM has just dropped these ids from the pending list: record them now, or a
+                # run that dies before its commit loses the only trace of them (invariant 1).
+                record(client, ctx.gaps_key, [gap])
             for gone in deleted:
                 # In the PEL but trimmed from the stream (MAXLEN/XDEL) before it was processed:
-                # a gap that must be reported, never skipped in silence (invariant 1).
+                # a gap marker, counted by the staging, never written as a row.
                 chunk.add(str(StreamId.parse(gone)), None, 0, True, preset=(None, "gap", GAP, None, None))
             if entries:
                 counts = _delivery_counts(client, task.stream, ctx, entries)

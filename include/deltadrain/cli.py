@@ -142,6 +142,10 @@ def _status(args) -> int:
         for gap in st.get("gaps") or []:
             print(f"  GAP: partition {gap['partition']} offsets [{gap['start']}, {gap['end']}) were deleted by "
                   f"retention before they were read ({gap['missing']} messages)")
+    else:
+        for gap in st.get("gaps") or []:
+            size = "unknown number of entries" if gap["missing"] is None else f"{gap['missing']} entries"
+            print(f"  GAP: stream {gap['partition']} ids {gap['from']} .. {gap['to']} ({size}): {gap['reason']}")
     cp = st["checkpoint"]
     print(f"  checkpoint: batch {cp['batch']}, table version {cp['table_version']}, positions {cp['positions']}")
     if st["last_batch"]:

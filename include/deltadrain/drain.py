@@ -28,6 +28,8 @@ from deltadrain.config import DeltadrainConfig, PipelineConfig, ValkeySource
 from deltadrain.connections import as_text, group_counts, valkey_client, valkey_url
 from deltadrain.deadletter import DEAD, write_dead_letters
 from deltadrain.errors import DeltadrainError
+from deltadrain.gaps import as_ranges, count, forget, gaps_key, recorded, stream_state, unread_gap
+from deltadrain.gaps import record as record_gaps
 from deltadrain.lake import ensure_table, is_table
 from deltadrain.logs import fields, run_logger
 from deltadrain.metrics import record_run_safely
@@ -60,7 +62,9 @@ class RunSummary:
     acked: int = 0
     released: int = 0
     gaps: int = 0
-    gap_ranges: list = field(default_factory=list)  # Kafka: offsets retention deleted before they were read
+    # Kafka: offsets retention deleted before they were read. Valkey: entries removed before the group
+    # read them or while pending, as recorded and not yet carried by a commit (deltadrain.gaps).
+    gap_ranges: list = field(default_factory=list)
     seconds: float = 0.0
     positions: dict = field(default_factory=dict)
     timings: dict = field(default_factory=dict)  # seconds per step
@@ -110,7 +114,8 @@ def claim_context(cfg: DeltadrainConfig, pipeline: PipelineConfig, consumer: str
         url=valkey_url(cfg, source), username=creds.username, password=creds.password, group=source.group,
         consumer=consumer, min_idle_ms=pipeline.min_idle_ms, max_attempts=pipeline.max_retries + 1,
         fields=dict(schema.fields), id_field=schema.id_field, required=list(schema.required),
-        max_bytes=pipeline.max_message_bytes, failures_key=failures_key(pipeline.name))
+        max_bytes=pipeline.max_message_bytes, failures_key=failures_key(pipeline.name),
+        gaps_key=gaps_key(pipeline.name))
 
 
 def target_rows(good, pipeline: PipelineConfig, batch: int, run_id: str):
@@ -474,16 +479,19 @@ class ValkeyDrain(Drain):
         batch = expected + 1
         s.batch = batch
         quotas = allocate(p.batch_cap, backlog(self.client, source))
+        self.find_unread_gaps()  # before this run's XREADGROUP moves the group past them
         self._lap("checkpoint")
         if sum(quotas.values()) == 0:
             s.batch, s.positions = expected, checkpoint.positions
+            self.report_gaps()
             return
         staged = self.claim(quotas)
         failpoints.hit("after_claim")
         failpoints.pause("after_claim")
 
         self._lap("claim")
-        s.claimed, s.reclaimed, s.gaps = staged.total.rows, staged.total.reclaimed, staged.total.gaps
+        s.claimed, s.reclaimed = staged.total.rows, staged.total.reclaimed
+        carried = self.report_gaps()
         if s.claimed == 0:
             s.batch, s.positions = expected, checkpoint.positions
             return
@@ -492,6 +500,7 @@ class ValkeyDrain(Drain):
         stats = staged.stats() if self.identity_transform else None
         result, pending_culprits = self.publish(claimed, expected, staged.total.oldest, stats)
         if result.outcome in (Outcome.COMMITTED, Outcome.ALREADY_COMMITTED):
+            forget(self.client, self.ctx.gaps_key, carried)  # a committed batch's metadata holds them now
             failpoints.hit("after_commit")
             failpoints.pause("after_commit")
             s.acked = acknowledge(staged.files, self.ctx, keep=frozenset(pending_culprits))
@@ -500,6 +509,30 @@ class ValkeyDrain(Drain):
         # Another writer is ahead, or the table went backwards: acknowledge nothing (invariant 5).
         s.released = release(staged.files, self.ctx)
         self.refuse(result, expected)
+
+    def find_unread_gaps(self) -> None:
+        """Record the entries each stream lost before the group read them (two XINFO calls a stream)."""
+        source: ValkeySource = self.pipeline.source
+        found = [gap for stream in source.streams
+                 if (st := stream_state(self.client, stream, source.group)) is not None
+                 and (gap := unread_gap(stream, st)) is not None]
+        record_gaps(self.client, self.ctx.gaps_key, found)
+
+    def report_gaps(self) -> dict[str, str]:
+        """Every recorded gap no commit has carried yet (this run's, and those of runs that died or
+        lost the race after recording theirs) goes into the summary, the log and this run's commit
+        metadata. Returns them as recorded, for `forget` after the commit."""
+        s = self.summary
+        carried = recorded(self.client, self.ctx.gaps_key)
+        s.gap_ranges = as_ranges(carried)
+        s.gaps = count(s.gap_ranges)
+        if s.gap_ranges:
+            self.commit_extra["gaps"] = s.gap_ranges
+            log = run_logger(s.pipeline, s.run_id, s.batch, source=self.pipeline.source.kind)
+            for g in s.gap_ranges:
+                log.warning("%s", fields(step="gap", partition=g["partition"], kind=g["kind"], first=g["from"],
+                                         last=g["to"], missing=g["missing"], reason=g["reason"]))
+        return carried
 
     def _finish(self) -> None:
         self._drop_consumer_if_idle()

@@ -2,12 +2,14 @@
 
 Taken-over entries are moved to the reaper's consumer with their idle time kept at min_idle_ms
 (XCLAIM ... IDLE ... JUSTID, which does not count a delivery), so the next drain's XAUTOCLAIM takes
-them at once. A drain that wakes up after its entries were taken over still cannot duplicate or
-lose anything: its commit is compare-and-set on the batch sequence, and the MERGE is on the id.
+them at once. Only what the consumer still holds and the stream still has moves (`claim_held`). A
+drain that wakes up after its entries were taken over still cannot duplicate or lose anything: its
+commit is compare-and-set on the batch sequence, and the MERGE is on the id.
 """
 
 from __future__ import annotations
 
+from deltadrain.acknowledge import claim_held
 from deltadrain.config import DeltadrainConfig, PipelineConfig, ValkeySource
 from deltadrain.connections import as_text, valkey_client
 from deltadrain.errors import DeltadrainError
@@ -36,16 +38,20 @@ def reap(cfg: DeltadrainConfig, pipeline: PipelineConfig, client=None) -> dict:
             name = as_text(consumer["name"])
             if name == REAPER or int(consumer["pending"]) == 0:
                 continue
+            start = "-"
             while True:
-                rows = client.xpending_range(stream, source.group, min="-", max="+", count=PAGE,
+                rows = client.xpending_range(stream, source.group, min=start, max="+", count=PAGE,
                                              consumername=name, idle=idle)
                 if not rows:
                     break
                 ids = [as_text(r["message_id"]) for r in rows]
-                claimed = client.xclaim(stream, source.group, REAPER, idle, ids, idle=max(idle, 1), justid=True)
-                moved += len(claimed)
-                if len(rows) < PAGE or not claimed:
+                # Entries deleted from the stream stay with `name` for the next drain's XAUTOCLAIM to
+                # report as gaps (a plain XCLAIM would drop them from the pending list in silence),
+                # so page on past them instead of starting over.
+                moved += len(claim_held(client, stream, source.group, name, REAPER, idle, max(idle, 1), ids))
+                if len(rows) < PAGE:
                     break
+                start = f"({ids[-1]}"
         removed = []
         for consumer in client.xinfo_consumers(stream, source.group):
             name = as_text(consumer["name"])

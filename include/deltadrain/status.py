@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
+
 from deltadrain.checkpoint import read_checkpoint
 from deltadrain.config import DeltadrainConfig, KafkaSource, PipelineConfig, ValkeySource
 from deltadrain.connections import as_text, group_counts, kafka_client_conf, valkey_client
 from deltadrain.deadletter import DEAD, REPLAYED
+from deltadrain.gaps import as_ranges, gaps_key, recorded, stream_state, unread_gap
 from deltadrain.lake import inserted_rows, is_table, recent_commits
 from deltadrain.metrics import last_runs
 
@@ -29,17 +32,23 @@ def mark_stale(counts: dict, after_ms: int) -> dict:
     return counts
 
 
-def valkey_counts(client, source: ValkeySource) -> dict:
+def valkey_counts(client, source: ValkeySource, gaps_at: str | None = None) -> dict:
+    """Counts per stream, and the gaps: those recorded in the hash `gaps_at` that no commit carries yet, and
+    those the next drain will find (entries removed before the group read them)."""
     pending = claimed = 0
     consumers: dict[str, dict] = {}
     oldest_idle = 0
     partitions = {}
+    gaps = recorded(client, gaps_at) if gaps_at else {}
     for stream in source.streams:
         lag, in_pel = group_counts(client, stream, source.group)
         length = client.xlen(stream)
         pending += lag
         claimed += in_pel
         partitions[stream] = {"length": length, "pending": lag, "claimed": in_pel}
+        st = stream_state(client, stream, source.group)
+        if st is not None and (gap := unread_gap(stream, st)) is not None:
+            gaps[gap.field] = json.dumps(gap.as_dict(), sort_keys=True)
         if in_pel:
             for c in client.xinfo_consumers(stream, source.group):
                 entry = consumers.setdefault(as_text(c["name"]), {"claimed": 0, "idle_ms": int(c["idle"])})
@@ -49,7 +58,7 @@ def valkey_counts(client, source: ValkeySource) -> dict:
             if first:
                 oldest_idle = max(oldest_idle, int(first[0]["time_since_delivered"]))
     return {"PENDING": pending, "CLAIMED": claimed, "claimed_by": {k: v for k, v in consumers.items() if v["claimed"]},
-            "oldest_claim_idle_ms": oldest_idle, "partitions": partitions}
+            "oldest_claim_idle_ms": oldest_idle, "partitions": partitions, "gaps": as_ranges(gaps)}
 
 
 def kafka_counts(conf: dict, source: KafkaSource, positions: dict[str, str], published: dict[str, int],
@@ -101,7 +110,7 @@ def pipeline_status(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark) -> d
     target, dlq = str(cfg.target_path(pipeline)), str(cfg.dlq_path(pipeline))
     out: dict = {"pipeline": pipeline.name, "source": pipeline.source.kind}
     if isinstance(pipeline.source, ValkeySource):
-        out.update(valkey_counts(valkey_client(cfg, pipeline), pipeline.source))
+        out.update(valkey_counts(valkey_client(cfg, pipeline), pipeline.source, gaps_key(pipeline.name)))
     out["PUBLISHED"] = spark.read.format("delta").load(target).count() if is_table(spark, target) else 0
     dead = replayed = 0
     if is_table(spark, dlq):

@@ -13,6 +13,7 @@ import pytest
 from deltadrain.checkpoint import read_checkpoint
 from deltadrain.connections import valkey_client
 from deltadrain.drain import drain
+from deltadrain.positions import StreamId
 from deltadrain.produce import MALFORMED_KINDS, generate, produce
 from deltadrain.reap import REAPER, reap
 from deltadrain.status import mark_stale, pipeline_status, stale_after_ms, valkey_counts
@@ -628,3 +629,174 @@ def test_a_backfill_that_commits_during_the_drains_merge_is_retried_over_once_pe
     assert healed[0].written == 120
     assert (s.outcome, s.batch, s.written, s.duplicates_skipped, s.acked) == ("committed", 2, 80, 120, 200), s.line()
     assert_exactly_once(spark, c, p, client, first.valid_ids + early.valid_ids + late.valid_ids, 0)
+
+
+def _append(client, stream: str, msgs) -> list[str]:
+    return [client.xadd(stream, {b"data": m.value}).decode() for m in msgs]
+
+
+def _covers(gap: dict, ids: list[str]) -> bool:
+    lo, hi = StreamId.parse(gap["from"]), StreamId.parse(gap["to"])
+    return all(lo <= StreamId.parse(i) <= hi for i in ids)
+
+
+def test_entries_trimmed_before_the_group_read_them_are_a_reported_gap(tmp_path, cfg, spark, caplog, capsys):
+    from deltadrain.cli import main
+
+    path, c, p = make_pipeline(tmp_path, partitions=2)
+    client = valkey_client(c, p)
+    trimmed_stream, other = p.source.streams
+    msgs = list(generate(p, 110, seed=101))
+    ids = _append(client, trimmed_stream, msgs[:100])
+    _append(client, other, msgs[100:])
+    assert client.xtrim(trimmed_stream, maxlen=60, approximate=False) == 40
+    gone, kept = ids[:40], ids[40:]
+    st = pipeline_status(c, p, spark)  # status shows it before any drain
+    assert [(g["partition"], g["missing"]) for g in st["gaps"]] == [(trimmed_stream, 40)]
+    assert main(["--config", str(path), "status", p.name]) == 0
+    assert f"GAP: stream {trimmed_stream} ids 0-1 .. " in capsys.readouterr().out
+    caplog.set_level("WARNING", logger="deltadrain.run")
+    s = drain(c, p, spark=spark)
+    assert (s.outcome, s.written, s.gaps) == ("committed", 70, 40)
+    assert len(s.gap_ranges) == 1
+    gap = s.gap_ranges[0]
+    assert (gap["partition"], gap["kind"], gap["missing"]) == (trimmed_stream, "unread", 40)
+    assert _covers(gap, gone) and not _covers(gap, kept[:1])  # up to the first entry left, not beyond
+    assert any("step=gap" in r.getMessage() and trimmed_stream in r.getMessage() for r in caplog.records)
+    cp = read_checkpoint(spark, str(c.target_path(p)), p.name)
+    assert cp.batch == 1 and cp.meta["gaps"] == s.gap_ranges
+    assert sorted(target_ids(spark, c, p)) == sorted(m.key for m in msgs[40:])
+    # Reported once: the next batch, and status, find no gap any more.
+    _append(client, other, generate(p, 5, seed=101, start=110))
+    again = drain(c, p, spark=spark)
+    assert (again.outcome, again.written, again.gaps, again.gap_ranges) == ("committed", 5, 0, [])
+    assert "gaps" not in read_checkpoint(spark, str(c.target_path(p)), p.name).meta
+    assert pipeline_status(c, p, spark)["gaps"] == []
+
+
+def test_an_entry_deleted_while_pending_is_reported_with_its_id(tmp_path, cfg, spark):
+    _, c, p = make_pipeline(tmp_path, partitions=1, min_idle_ms=100)
+    client = valkey_client(c, p)
+    stream = p.source.streams[0]
+    msgs = list(generate(p, 20, seed=102))
+    ids = _append(client, stream, msgs)
+    client.xgroup_create(stream, p.source.group, id="0")
+    client.xreadgroup(p.source.group, "crashed-drain", {stream: ">"}, count=10)  # reads 10 and dies
+    assert client.xdel(stream, ids[4]) == 1
+    time.sleep(0.2)
+    s = drain(c, p, spark=spark)
+    # The deleted entry left the pending list with XAUTOCLAIM: 19 to acknowledge.
+    assert (s.outcome, s.reclaimed, s.written, s.acked, s.gaps) == ("committed", 10, 19, 19, 1)
+    assert [(g["partition"], g["kind"], g["from"], g["to"], g["missing"], g["ids"]) for g in s.gap_ranges] == [
+        (stream, "pending", ids[4], ids[4], 1, [ids[4]])]
+    assert read_checkpoint(spark, str(c.target_path(p)), p.name).meta["gaps"] == s.gap_ranges
+    assert sorted(target_ids(spark, c, p)) == sorted(m.key for i, m in enumerate(msgs) if i != 4)
+    assert pending(client, p) == 0
+    assert drain(c, p, spark=spark).gap_ranges == []  # carried by one commit, then forgotten
+
+
+def test_deleting_or_trimming_acknowledged_entries_is_no_gap(tmp_path, cfg, spark):
+    _, c, p = make_pipeline(tmp_path, partitions=1)
+    client = valkey_client(c, p)
+    stream = p.source.streams[0]
+    ids = _append(client, stream, generate(p, 30, seed=103))
+    assert drain(c, p, spark=spark).acked == 30
+    # The first, a middle and the last delivered entry (max-deleted-entry-id = last-delivered-id).
+    assert client.xdel(stream, ids[0], ids[10], ids[29]) == 3
+    quiet = drain(c, p, spark=spark)
+    assert (quiet.outcome, quiet.gaps, quiet.gap_ranges) == ("empty", 0, [])
+    _append(client, stream, generate(p, 10, seed=103, start=30))
+    more = drain(c, p, spark=spark)
+    assert (more.outcome, more.written, more.gaps, more.gap_ranges) == ("committed", 10, 0, [])
+    assert "gaps" not in read_checkpoint(spark, str(c.target_path(p)), p.name).meta
+    client.xtrim(stream, maxlen=0, approximate=False)  # everything was read and acknowledged
+    _append(client, stream, generate(p, 3, seed=103, start=40))
+    last = drain(c, p, spark=spark)
+    assert (last.outcome, last.written, last.gaps, last.gap_ranges) == ("committed", 3, 0, [])
+    assert pipeline_status(c, p, spark)["gaps"] == []
+    assert len(target_ids(spark, c, p)) == 43
+
+
+@pytest.mark.slow
+def test_a_gap_found_by_a_run_that_dies_is_carried_by_the_next_commit(tmp_path, cfg, spark):
+    """The killed run's XREADGROUP moved the group past the trimmed entries and its XAUTOCLAIM dropped the
+    deleted pending one from the pending list: only its gap records can still tell of them."""
+    path, c, p = make_pipeline(tmp_path, partitions=1, min_idle_ms=0)
+    client = valkey_client(c, p)
+    stream = p.source.streams[0]
+    msgs = list(generate(p, 50, seed=104))
+    ids = _append(client, stream, msgs)
+    client.xgroup_create(stream, p.source.group, id="0")
+    client.xreadgroup(p.source.group, "crashed-drain", {stream: ">"}, count=5)
+    # Trimmed: 0-4 while pending, 5-19 before the group read them.
+    assert client.xtrim(stream, minid=ids[20], approximate=False) == 20
+    proc = cli_drain(path, p.name, {"DELTADRAIN_FAILPOINT": "after_claim"})
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == -9, err[-3000:]
+    s = drain(c, p, spark=spark)
+    assert s.outcome == "committed" and s.written == 30
+    got = {g["kind"]: g for g in s.gap_ranges}
+    assert got["pending"]["ids"] == ids[:5] and got["pending"]["missing"] == 5 and s.gaps == 20
+    assert got["unread"]["missing"] == 15 and _covers(got["unread"], ids[5:20])
+    assert not _covers(got["unread"], ids[20:21])
+    assert read_checkpoint(spark, str(c.target_path(p)), p.name).meta["gaps"] == s.gap_ranges
+    assert sorted(target_ids(spark, c, p)) == sorted(m.key for m in msgs[20:])
+
+
+def _pel(client, stream: str, group: str) -> dict[str, tuple[str, int, int]]:
+    """id -> (owner, delivery count, idle ms) of every pending entry."""
+    return {r["message_id"].decode(): (r["consumer"].decode(), r["times_delivered"], r["time_since_delivered"])
+            for r in client.xpending_range(stream, group, min="-", max="+", count=1000)}
+
+
+def test_a_release_moves_only_the_entries_its_run_still_holds(tmp_path, cfg, spark):
+    """A run that lost the race releases its claims; the reaper had meanwhile handed some of them to
+    another live run B, which must keep them (owner and delivery count unchanged, not made idle)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from deltadrain.acknowledge import release
+    from deltadrain.drain import claim_context
+
+    _, c, p = make_pipeline(tmp_path, partitions=1, min_idle_ms=60_000)
+    client = valkey_client(c, p)
+    stream, group = p.source.streams[0], p.source.group
+    ids = _append(client, stream, generate(p, 12, seed=105))
+    client.xgroup_create(stream, group, id="0")
+    client.xreadgroup(group, "drain-a", {stream: ">"}, count=10)  # run A claims 0..9
+    client.xclaim(stream, group, "drain-b", 0, ids[:4])  # the reaper's hand-over: B's now (delivered twice)
+    client.xdel(stream, ids[7])  # deleted while A holds it
+    before = _pel(client, stream, group)
+    staged = tmp_path / "claimed.parquet"
+    pq.write_table(pa.table({"_dd_partition": [stream] * 10, "_dd_position": ids[:10],
+                             "_dd_attempts": pa.array([1] * 10, pa.int32())}), staged)
+    released = release([str(staged)], claim_context(c, p, "drain-a"))
+    after = _pel(client, stream, group)
+    assert released == 5  # 4, 5, 6, 8, 9
+    for i in ids[:4]:  # B's: untouched
+        assert after[i][:2] == before[i][:2] == ("drain-b", 2) and after[i][2] < 60_000
+    for i in ids[4:7] + ids[8:10]:  # A's own: released, idle long enough to be reclaimed, no delivery counted
+        assert after[i][:2] == ("drain-a", 1) and after[i][2] >= 60_000
+    assert after[ids[7]][0] == "drain-a"  # deleted: left pending for XAUTOCLAIM to report as a gap
+    assert set(after) == set(before)
+    # The next claim takes A's released entries only (and reports the deleted one), never B's.
+    _, taken, deleted = client.xautoclaim(stream, group, "drain-c", 60_000, start_id="0-0", count=100)
+    assert sorted(entry_id.decode() for entry_id, _ in taken) == sorted(ids[4:7] + ids[8:10])
+    assert [i.decode() for i in deleted] == [ids[7]]
+
+
+def test_the_reaper_leaves_a_deleted_pending_entry_for_the_drain_to_report(tmp_path, cfg, spark):
+    _, c, p = make_pipeline(tmp_path, partitions=1, min_idle_ms=100)
+    client = valkey_client(c, p)
+    stream = p.source.streams[0]
+    msgs = list(generate(p, 10, seed=106))
+    ids = _append(client, stream, msgs)
+    client.xgroup_create(stream, p.source.group, id="0")
+    client.xreadgroup(p.source.group, "crashed-drain", {stream: ">"}, count=10)
+    client.xdel(stream, ids[6])
+    time.sleep(0.2)
+    report = reap(c, p, client)
+    assert report["taken_over"] == 9 and report["consumers_removed"] == []  # it still holds the deleted one
+    s = drain(c, p, spark=spark)
+    assert s.written == 9 and [g["ids"] for g in s.gap_ranges] == [[ids[6]]]
+    assert pending(client, p) == 0

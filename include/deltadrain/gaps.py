@@ -1,0 +1,203 @@
+"""Gaps: Valkey entries deleted before the drain got them (invariant 1: reported, never skipped).
+
+Two ways an entry can go before it is in the target or the DLQ:
+- removed before the group read it (MAXLEN/MINID trimming, XDEL): `unread_gap` decides from what
+  XINFO STREAM and XINFO GROUPS say, before the run's XREADGROUP moves the group past it;
+- deleted while pending: XAUTOCLAIM names such ids and drops them from the pending list
+  (`deleted_while_pending`).
+
+Either way the gap is recorded in the pipeline's gaps hash before the group or the pending list
+forgets it, so a run that dies or loses the race after that does not lose the report: the next
+committed batch carries every recorded gap in its commit metadata, then forgets the ones it carried.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from deltadrain.connections import as_text
+from deltadrain.positions import StreamId
+
+SEQ_MAX = 2**64 - 1
+ZERO = StreamId(0, 0)
+LISTED_IDS = 100  # ids listed in a deleted-while-pending gap; `missing` always counts them all
+
+
+def _entries(n: int) -> str:
+    return "1 entry was" if n == 1 else f"{n} entries were"
+
+
+def gaps_key(pipeline: str) -> str:
+    return f"deltadrain:{{{pipeline}}}:gaps"
+
+
+def successor(i: StreamId) -> StreamId:
+    return StreamId(i.ms, i.seq + 1) if i.seq < SEQ_MAX else StreamId(i.ms + 1, 0)
+
+
+def predecessor(i: StreamId) -> StreamId:
+    return StreamId(i.ms, i.seq - 1) if i.seq else StreamId(i.ms - 1, SEQ_MAX)
+
+
+@dataclass(frozen=True)
+class Gap:
+    """Entries of one stream between `first` and `last` (inclusive) that no run will ever get.
+    `missing` is how many, or None when the server's counters cannot tell."""
+
+    partition: str
+    kind: str  # "unread" (removed before delivery) or "pending" (deleted while pending)
+    first: str
+    last: str
+    missing: int | None
+    reason: str
+    ids: tuple[str, ...] = ()
+
+    @property
+    def field(self) -> str:
+        """Its field in the gaps hash: the same gap found again by another run lands on the same field."""
+        return f"{self.partition}\x00{self.kind}\x00{self.first}"
+
+    def as_dict(self) -> dict:
+        out = {"partition": self.partition, "kind": self.kind, "from": self.first, "to": self.last,
+               "missing": self.missing, "reason": self.reason}
+        if self.ids:
+            out["ids"] = list(self.ids)
+        return out
+
+
+@dataclass(frozen=True)
+class StreamState:
+    """What XINFO STREAM and XINFO GROUPS (one group) say, as the gap decision needs it."""
+
+    length: int
+    entries_added: int | None  # every entry ever appended (Valkey 7+)
+    first: StreamId | None  # the first entry still in the stream; None when it is empty
+    last: StreamId  # last-generated-id
+    max_deleted: StreamId  # the highest id XDEL removed; 0-0 when none
+    delivered: StreamId  # the group's last-delivered-id
+    entries_read: int | None  # the group's logical read counter; None when the server lost track
+
+    @classmethod
+    def of(cls, stream: dict, group: dict | None) -> StreamState:
+        """From valkey-py's xinfo_stream() and this group's row of xinfo_groups() (None: no group yet,
+        which the drain creates at 0-0)."""
+        def sid(value) -> StreamId:
+            return StreamId.parse(as_text(value)) if value else ZERO
+
+        length = int(stream["length"])
+        first = sid(stream.get("recorded-first-entry-id") or (stream.get("first-entry") or [None])[0])
+        added, read = stream.get("entries-added"), (group or {}).get("entries-read")
+        return cls(length=length, entries_added=None if added is None else int(added),
+                   first=first if length else None, last=sid(stream.get("last-generated-id")),
+                   max_deleted=sid(stream.get("max-deleted-entry-id")),
+                   delivered=sid((group or {}).get("last-delivered-id")),
+                   entries_read=None if read is None else int(read))
+
+
+def unread_gap(stream: str, st: StreamState) -> Gap | None:
+    """Entries after the group's last-delivered-id (`got`) that the stream no longer holds, or None.
+
+    Entries the group was delivered (ids <= got) are never a gap here: trimming or XDEL of them
+    after their acknowledgement loses nothing, and one deleted while pending is XAUTOCLAIM's to report.
+    - Every entry left is after `got` (or none is left): the entries after `got` ever appended are
+      entries_added minus those appended up to `got`, and all that are left are among them, so the
+      difference with the length is exact. Those appended up to `got` are 0 when `got` is 0-0, else
+      the group's read counter; when the server lost that counter, the gap is only possible, and
+      reported as such with an unknown size.
+    - Otherwise trimming removed nothing after `got`; only an XDEL beyond it did (max-deleted-entry-id
+      > got): that entry at least, how many more is not known without scanning the stream.
+    Ids are compared as integer pairs (StreamId), never as strings."""
+    got = st.delivered
+    if got >= st.last or (st.entries_added is not None and st.entries_added == st.length):
+        return None  # nothing appended after it, or nothing ever removed
+    start = str(successor(got))
+    if st.first is None or st.first > got:
+        end = st.last if st.first is None else predecessor(st.first)
+        if st.max_deleted > got:
+            end = max(end, st.max_deleted)  # also XDELs among the entries left
+        if end < successor(got):
+            return None  # the first entry left directly follows `got`, and no XDEL was beyond it
+        before = 0 if got == ZERO else st.entries_read
+        where = "the stream is empty" if st.first is None else f"its first entry is {st.first}"
+        if before is None or st.entries_added is None:
+            return Gap(stream, "unread", start, str(end), None,
+                       f"entries after {got} up to {end} may have been removed (trimming or XDEL) before the group "
+                       f"read them ({where}); the server's counters cannot tell whether any were")
+        missing = st.entries_added - before - st.length
+        if missing <= 0:
+            return None
+        return Gap(stream, "unread", start, str(end), missing,
+                   f"{_entries(missing)} removed after {got} (MAXLEN/MINID trimming or XDEL) before the group "
+                   f"read them; {where}")
+    if st.max_deleted > got:
+        return Gap(stream, "unread", start, str(st.max_deleted), None,
+                   f"entries after {got} up to {st.max_deleted} were deleted (XDEL) before the group read them; "
+                   f"at least {st.max_deleted} itself, how many in all is not known")
+    return None
+
+
+def deleted_while_pending(stream: str, ids: list) -> Gap | None:
+    """The gap of ids XAUTOCLAIM reported as deleted from the stream while they were pending."""
+    if not ids:
+        return None
+    ordered = sorted({StreamId.parse(i) for i in ids})
+    listed = tuple(str(i) for i in ordered[:LISTED_IDS])
+    return Gap(stream, "pending", str(ordered[0]), str(ordered[-1]), len(ordered),
+               f"{_entries(len(ordered))} deleted from the stream (MAXLEN trimming or XDEL) while pending, "
+               f"before any run committed them", listed)
+
+
+# -- the server side (small; the decisions are above) ------------------------------------------
+
+def stream_state(client, stream: str, group: str) -> StreamState | None:
+    """Two XINFO calls; None when the stream does not exist."""
+    try:
+        info = client.xinfo_stream(stream)
+    except Exception as exc:
+        if "no such key" in str(exc).lower():
+            return None
+        raise
+    mine = next((g for g in client.xinfo_groups(stream) if as_text(g["name"]) == group), None)
+    return StreamState.of(info, mine)
+
+
+def record(client, key: str, gaps: list[Gap]) -> None:
+    if gaps:
+        client.hset(key, mapping={g.field: json.dumps(g.as_dict(), sort_keys=True) for g in gaps})
+
+
+def recorded(client, key: str) -> dict[str, str]:
+    """Field -> JSON of every gap not yet carried by a commit (a handful: one per stream and run)."""
+    return {as_text(f): as_text(v) for f, v in client.hgetall(key).items()}
+
+
+# Forget only the fields a commit carried as they were: a run that recorded the same gap again,
+# wider, in the meantime keeps its version for the next commit.
+_FORGET = """
+local n = 0
+for i = 1, #ARGV, 2 do
+  if redis.call('HGET', KEYS[1], ARGV[i]) == ARGV[i + 1] then
+    n = n + redis.call('HDEL', KEYS[1], ARGV[i])
+  end
+end
+return n
+"""
+
+
+def forget(client, key: str, carried: dict[str, str]) -> int:
+    if not carried:
+        return 0
+    return int(client.eval(_FORGET, 1, key, *[x for item in carried.items() for x in item]))
+
+
+def as_ranges(carried: dict[str, str]) -> list[dict]:
+    """The recorded gaps as the run summary and the commit metadata list them, in a stable order."""
+    gaps = [json.loads(v) for v in carried.values()]
+    return sorted(gaps, key=lambda g: (g["partition"], StreamId.parse(g["from"]), g["kind"]))
+
+
+def count(gaps: list[dict]) -> int:
+    """The summary's `gaps`: entries known to be missing, and one for each range of unknown size, so
+    that a run with any gap never shows 0."""
+    return sum(1 if g["missing"] is None else g["missing"] for g in gaps)
