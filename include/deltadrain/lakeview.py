@@ -131,20 +131,49 @@ def last_batches(cfg: DeltadrainConfig, pipeline: PipelineConfig, n: int = 10) -
     return out
 
 
-def last_commit(cfg: DeltadrainConfig, pipeline: PipelineConfig, search: int = 20) -> dict | None:
-    """The newest commit of the target that carries this pipeline's batch metadata (the checkpoint's fast path)."""
-    table = open_table(str(cfg.target_path(pipeline)))
-    if table is None:
-        return None
+def _batch_commits(table, pipeline: PipelineConfig, search: int):
+    """(commit, its deltadrain metadata) of the newest `search` commits that carry a batch of `pipeline`."""
     for commit in table.history(search):
         try:
             meta = json.loads(commit.get("userMetadata") or "null")
         except ValueError:
             meta = None
         if isinstance(meta, dict) and meta.get("pipeline") == pipeline.name and isinstance(meta.get("batch"), int):
-            metrics = commit.get("operationMetrics") or {}
-            return {"batch": meta["batch"], "run_id": meta.get("run_id"), "positions": meta.get("positions") or {},
-                    "table_version": commit.get("version"),
-                    "at": datetime.fromtimestamp(commit["timestamp"] / 1000, UTC) if commit.get("timestamp") else None,
-                    "written": inserted_rows(metrics)}
+            yield commit, meta
+
+
+def _at(commit: dict) -> datetime | None:
+    return datetime.fromtimestamp(commit["timestamp"] / 1000, UTC) if commit.get("timestamp") else None
+
+
+def last_commit(cfg: DeltadrainConfig, pipeline: PipelineConfig, search: int = 20) -> dict | None:
+    """The newest commit of the target that carries this pipeline's batch metadata (the checkpoint's fast path)."""
+    table = open_table(str(cfg.target_path(pipeline)))
+    if table is None:
+        return None
+    for commit, meta in _batch_commits(table, pipeline, search):
+        return {"batch": meta["batch"], "run_id": meta.get("run_id"), "positions": meta.get("positions") or {},
+                "table_version": commit.get("version"), "at": _at(commit),
+                "written": inserted_rows(commit.get("operationMetrics") or {})}
     return None
+
+
+def gap_row(gap: dict) -> dict:
+    """One gap of a commit's metadata as the page lists it. Valkey's name an id range (`from`/`to`,
+    inclusive) and say why; Kafka's an offset range (`start`/`end`, end exclusive)."""
+    if "start" in gap:
+        return {"partition": str(gap["partition"]), "kind": "retention",
+                "range": f"offsets {gap['start']} to {int(gap['end']) - 1}", "missing": gap.get("missing"),
+                "reason": "retention deleted these offsets before any run read them"}
+    return {"partition": gap["partition"], "kind": gap.get("kind", ""), "range": f"{gap['from']} to {gap['to']}",
+            "missing": gap.get("missing"), "reason": gap.get("reason", "")}
+
+
+def recorded_gaps(cfg: DeltadrainConfig, pipeline: PipelineConfig, search: int = 100) -> list[dict]:
+    """Gaps (messages the source lost before a run got them, invariant 1) that the pipeline's newest
+    `search` commits recorded, newest first, with the batch and time of the commit that carries each."""
+    table = open_table(str(cfg.target_path(pipeline)))
+    if table is None:
+        return []
+    return [{"batch": meta["batch"], "at": _at(commit), **gap_row(g)}
+            for commit, meta in _batch_commits(table, pipeline, search) for g in meta.get("gaps") or []]

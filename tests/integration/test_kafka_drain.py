@@ -272,6 +272,10 @@ def test_a_retention_gap_is_reported_with_its_range_and_stops_or_continues_per_p
     assert st["gaps"] == [{"partition": 0, "start": 100, "end": 250, "missing": 150}]
     assert st["partitions"]["0"]["pending"] == 150  # what is left to read: 250..399
     assert lake_checkpoint(spark, c, p).batch == 1  # on_gap: fail committed nothing
+    from deltadrain.orchestration.view import pipeline_view
+
+    view = pipeline_view(c, p)  # the Airflow view shows the gap that stops the runs
+    assert [(g["partition"], g["range"], g["missing"]) for g in view["open_gaps"]] == [("0", "offsets 100 to 249", 150)]
     # The operator accepts the loss: the next runs go on after the gap and say so.
     data = yaml.safe_load(path.read_text())
     data["pipelines"][0]["source"]["on_gap"] = "continue"
@@ -287,6 +291,9 @@ def test_a_retention_gap_is_reported_with_its_range_and_stops_or_continues_per_p
     assert sorted(target_ids(spark, c, p)) == sorted(first.valid_ids + kept)
     assert lake_checkpoint(spark, c, p).positions == {"0": "400"}
     assert pipeline_status(c, p, spark)["gaps"] == []
+    view = pipeline_view(c, p)  # read past: no longer open, recorded by the commit that went on after it
+    assert view["open_gaps"] == []
+    assert [(g["batch"], g["range"], g["missing"]) for g in view["gaps"]] == [(s.batch, "offsets 100 to 249", 150)]
 
 
 def test_poison_message_holds_its_partition_for_max_retries_runs_then_is_dead(tmp_path, cfg, spark):

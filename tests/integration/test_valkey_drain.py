@@ -672,18 +672,34 @@ def test_entries_trimmed_before_the_group_read_them_are_a_reported_gap(tmp_path,
     assert (again.outcome, again.written, again.gaps, again.gap_ranges) == ("committed", 5, 0, [])
     assert "gaps" not in read_checkpoint(spark, str(c.target_path(p)), p.name).meta
     assert pipeline_status(c, p, spark)["gaps"] == []
+    # The Airflow view lists the gap with the batch whose commit recorded it (read with delta-rs).
+    from deltadrain.orchestration.view import _templates, pipeline_view
+
+    view = pipeline_view(c, p)
+    assert [(g["batch"], g["partition"], g["kind"], g["range"], g["missing"]) for g in view["gaps"]] == [
+        (1, trimmed_stream, "unread", f"{gap['from']} to {gap['to']}", 40)]
+    page = _templates().get_template("pipeline.html.j2").render(v=view, state="DEAD", replay_dag="r", triggered=[])
+    assert f"{gap['from']} to {gap['to']}" in page and "none in the last" not in page
 
 
-def test_an_entry_deleted_while_pending_is_reported_with_its_id(tmp_path, cfg, spark):
+def _read_by_a_crashed_drain(tmp_path, produced: int, seed: int, deleted: int):
+    """One stream of `produced` entries; a drain read the first 10 and died, then entry `deleted`
+    was deleted from the stream while pending. Returns (cfg, pipeline, client, messages, ids)."""
     _, c, p = make_pipeline(tmp_path, partitions=1, min_idle_ms=100)
     client = valkey_client(c, p)
     stream = p.source.streams[0]
-    msgs = list(generate(p, 20, seed=102))
+    msgs = list(generate(p, produced, seed=seed))
     ids = _append(client, stream, msgs)
     client.xgroup_create(stream, p.source.group, id="0")
-    client.xreadgroup(p.source.group, "crashed-drain", {stream: ">"}, count=10)  # reads 10 and dies
-    assert client.xdel(stream, ids[4]) == 1
-    time.sleep(0.2)
+    client.xreadgroup(p.source.group, "crashed-drain", {stream: ">"}, count=10)
+    assert client.xdel(stream, ids[deleted]) == 1
+    time.sleep(0.2)  # past min_idle_ms
+    return c, p, client, msgs, ids
+
+
+def test_an_entry_deleted_while_pending_is_reported_with_its_id(tmp_path, cfg, spark):
+    c, p, client, msgs, ids = _read_by_a_crashed_drain(tmp_path, 20, seed=102, deleted=4)
+    stream = p.source.streams[0]
     s = drain(c, p, spark=spark)
     # The deleted entry left the pending list with XAUTOCLAIM: 19 to acknowledge.
     assert (s.outcome, s.reclaimed, s.written, s.acked, s.gaps) == ("committed", 10, 19, 19, 1)
@@ -786,15 +802,7 @@ def test_a_release_moves_only_the_entries_its_run_still_holds(tmp_path, cfg, spa
 
 
 def test_the_reaper_leaves_a_deleted_pending_entry_for_the_drain_to_report(tmp_path, cfg, spark):
-    _, c, p = make_pipeline(tmp_path, partitions=1, min_idle_ms=100)
-    client = valkey_client(c, p)
-    stream = p.source.streams[0]
-    msgs = list(generate(p, 10, seed=106))
-    ids = _append(client, stream, msgs)
-    client.xgroup_create(stream, p.source.group, id="0")
-    client.xreadgroup(p.source.group, "crashed-drain", {stream: ">"}, count=10)
-    client.xdel(stream, ids[6])
-    time.sleep(0.2)
+    c, p, client, _, ids = _read_by_a_crashed_drain(tmp_path, 10, seed=106, deleted=6)
     report = reap(c, p, client)
     assert report["taken_over"] == 9 and report["consumers_removed"] == []  # it still holds the deleted one
     s = drain(c, p, spark=spark)

@@ -75,6 +75,18 @@ def test_preview_is_truncated_and_decodes_bad_bytes():
     assert long == "x" * PREVIEW_BYTES + "…"
 
 
+def test_gap_rows_show_valkey_id_ranges_and_kafka_offsets_alike():
+    from deltadrain.lakeview import gap_row
+
+    valkey = gap_row({"partition": "orders:{0}", "kind": "unread", "from": "5-0", "to": "9-3", "missing": None,
+                      "reason": "trimmed"})
+    assert valkey == {"partition": "orders:{0}", "kind": "unread", "range": "5-0 to 9-3", "missing": None,
+                      "reason": "trimmed"}
+    kafka = gap_row({"partition": 2, "start": 100, "end": 140, "missing": 40})  # end exclusive
+    assert (kafka["partition"], kafka["kind"], kafka["range"], kafka["missing"]) == ("2", "retention",
+                                                                                     "offsets 100 to 139", 40)
+
+
 def test_kafka_pending_is_end_offset_minus_the_lake_checkpoint():
     # The view and status share kafka_offsets.start_offsets (the drain's own start rule).
     from deltadrain.kafka_offsets import start_offsets

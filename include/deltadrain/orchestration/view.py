@@ -127,7 +127,8 @@ def kafka_counts(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> dict:
         return {"PENDING": None, "CLAIMED": None, "source_note": str(exc)}
     except Exception as exc:
         return {"PENDING": None, "CLAIMED": None, "source_note": f"source unreachable ({type(exc).__name__})"}
-    return _claims(got, pipeline)
+    # Offsets retention deleted past the checkpoint: the next run stops on them (on_gap: fail) or records them.
+    return {**_claims(got, pipeline), "open_gaps": [lakeview.gap_row(g) for g in got.get("gaps") or []]}
 
 
 def _claims(counts: dict, pipeline: PipelineConfig) -> dict:
@@ -157,6 +158,7 @@ def pipeline_view(cfg: DeltadrainConfig, pipeline: PipelineConfig, dlq_state: st
     out["DEAD"], out["REPLAYED"] = counts.get("DEAD", 0), counts.get("REPLAYED", 0)
     out["lag"] = (out["PENDING"] + out["CLAIMED"]) if out["PENDING"] is not None else None
     out["last_commit"] = lakeview.last_commit(cfg, pipeline)
+    out["gaps"] = lakeview.recorded_gaps(cfg, pipeline)
     out["last_batches"] = lakeview.last_batches(cfg, pipeline, batches)
     out["dead_letters"] = lakeview.dead_letters(cfg, pipeline, dlq_state, dlq_limit)
     out["read_seconds"] = round(time.monotonic() - began, 3)
