@@ -123,6 +123,16 @@ def merge_without_checkpoint(spark, target: str, rows, pipeline: PipelineConfig,
     return {}
 
 
+def offered_rows(rows) -> tuple[int, datetime | None]:
+    """(how many rows, their oldest source time, UTC) in one pass; times as epoch microseconds, so
+    that no Python time zone comes into it."""
+    from pyspark.sql import functions as F
+
+    got = rows.agg(F.count("*").alias("n"), F.min(F.unix_micros("_dd_source_ts")).alias("oldest")).first()
+    oldest = None if got.oldest is None else datetime.fromtimestamp(got.oldest / 1_000_000, UTC)
+    return int(got.n), oldest
+
+
 STEPS = ("read history", "dead letters", "merge")
 
 
@@ -174,12 +184,14 @@ def backfill(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, start: date
             step("dead letters")
             target = str(cfg.target_path(pipeline))
             ensure_target(spark, target, pipeline, claimed.schema, run_id)
-            offered = rows.count()
+            offered, oldest = offered_rows(rows)
             if offered:
                 meta = {"deltadrain": 1, "pipeline": pipeline.name, "kind": "backfill", "run_id": run_id,
                         "interval": [start.isoformat(), end.isoformat()]}
+                # From the oldest source time among the rows, as a drain's window: a Kafka record can be
+                # stamped (CreateTime) long before the interval its offset lies in.
                 metrics = merge_without_checkpoint(spark, target, rows, pipeline, meta,
-                                                   window_start=start - pipeline.dedup_window)
+                                                   window_start=min(start, oldest or start) - pipeline.dedup_window)
                 summary.written = metrics.get("numTargetRowsInserted", 0)
                 summary.table_version = metrics.get("version")
                 summary.duplicates_skipped = offered - summary.written

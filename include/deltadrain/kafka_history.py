@@ -50,8 +50,11 @@ def kafka_interval_rows(spark, cfg: DeltadrainConfig, pipeline: PipelineConfig, 
 
     conf = kafka_client_conf(cfg, pipeline)
     topic = pipeline.source.topic
-    ranges = {p: r for p, r in interval_offsets(conf, topic, start, end).items() if r[1] > r[0]}
-    gaps = interval_gaps(watermarks(conf, topic), ranges)
+    found = interval_offsets(conf, topic, start, end)
+    # Gaps from every partition's range, empty ones too: when retention took the whole interval both
+    # bounds land on the earliest offset left, and that empty range is the only sign of it.
+    gaps = interval_gaps(watermarks(conf, topic), found)
+    ranges = {p: r for p, r in found.items() if r[1] > r[0]}
     if not ranges:
         return spark.createDataFrame([], _schema(pipeline)), gaps
     staged = read_ranges(spark, cfg, pipeline, ranges, {}, f"{scratch}/history")

@@ -28,6 +28,7 @@ from deltadrain.lake import is_table, retry_conflicts
 from deltadrain.paths import state_home
 from deltadrain.positions import StreamId
 
+LONG_MAX = 2**63 - 1  # the position columns are longs
 MAX_LIMIT = 100_000  # entries are handled on the driver; bigger replays run in several goes
 PREVIEW = 20
 
@@ -138,7 +139,9 @@ def _filtered(df, request: ReplayRequest, *, id_col: str, time_col: str, partiti
         df = df.where(pos >= F.struct(F.lit(p.ms).cast("long"), F.lit(p.seq).cast("long")))
     if request.position_to:
         p = StreamId.parse(request.position_to)
-        df = df.where(pos <= F.struct(F.lit(p.ms).cast("long"), F.lit(p.seq).cast("long")))
+        # A stream id without its sequence covers that whole millisecond, as XRANGE reads an end bound.
+        seq = p.seq if "-" in request.position_to else LONG_MAX
+        df = df.where(pos <= F.struct(F.lit(p.ms).cast("long"), F.lit(seq).cast("long")))
     return df
 
 

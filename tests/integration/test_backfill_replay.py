@@ -303,3 +303,69 @@ def test_backfill_and_replay_commands(tmp_path, spark, valkey_server):
     assert shown["dry_run"] and shown["selected"] == len(dead) and "add --apply" in dry.stderr
     bad = subprocess.run([*cli, "replay", p.name, "--limit", "0"], capture_output=True, text=True, timeout=600)
     assert bad.returncode == 1 and "limit" in bad.stderr
+
+
+def test_a_kafka_backfill_does_not_duplicate_a_record_stamped_long_before_its_interval(tmp_path, spark,
+                                                                                       kafka_broker):
+    """The interval picks offsets by timestamp, but a record's CreateTime is the producer's: one
+    stamped 10 days back sits among records of today. Its row must still be found by the MERGE (the
+    dedup window starts from the rows' oldest source time), or every backfill inserts it again."""
+    from confluent_kafka import Producer
+
+    from deltadrain.connections import kafka_client_conf
+    from deltadrain.produce import generate
+    from tests.integration.test_kafka_drain import drain_until_done as drain_kafka
+    from tests.integration.test_kafka_drain import make_kafka_pipeline
+
+    _, c, p = make_kafka_pipeline(tmp_path, partitions=1)
+    began = datetime.now(UTC) - timedelta(seconds=5)
+    msgs = list(generate(p, 30, seed=83))
+    stamped = int((datetime.now(UTC) - timedelta(days=10)).timestamp() * 1000)
+    producer = Producer(kafka_client_conf(c, p))
+    for i, m in enumerate(msgs):  # timestamp 0: the producer's clock
+        producer.produce(p.source.topic, value=m.value, key=m.partition_key, partition=0,
+                         timestamp=stamped if i == 15 else 0)
+    assert producer.flush(30) == 0
+    drain_kafka(c, p, spark)
+    for _ in range(2):
+        healed = backfill(c, p, spark, began, datetime.now(UTC) + timedelta(seconds=1))
+        assert (healed.read, healed.written, healed.duplicates_skipped) == (30, 0, 30)
+    ids = target_ids(spark, c, p)
+    assert len(ids) == len(set(ids)) == 30
+
+
+def test_a_kafka_backfill_of_an_interval_retention_took_whole_reports_the_gap(tmp_path, spark, kafka_broker):
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    from deltadrain.connections import kafka_client_conf
+    from tests.integration.test_kafka_drain import make_kafka_pipeline
+
+    _, c, p = make_kafka_pipeline(tmp_path, partitions=1)
+    began = datetime.now(UTC) - timedelta(seconds=5)
+    produce(c, p, 50, seed=85)
+    ended = datetime.now(UTC) + timedelta(seconds=1)
+    admin = AdminClient(kafka_client_conf(c, p))
+    for fut in admin.delete_records([TopicPartition(p.source.topic, 0, 50)]).values():
+        fut.result(30)  # retention took all 50
+    healed = backfill(c, p, spark, began, ended)
+    assert (healed.read, healed.written) == (0, 0)
+    assert [(g["partition"], g["to"]) for g in healed.gaps] == [("0", "49")], healed.gaps
+
+
+def test_a_replay_position_bound_without_a_sequence_covers_that_whole_millisecond(spark):
+    from deltadrain.replay import _filtered
+
+    df = spark.createDataFrame([("a", 1700000000000, 0), ("b", 1700000000000, 3), ("c", 1700000000001, 0)],
+                               "id string, hi long, lo long")
+
+    def picked(**bounds) -> list[str]:
+        request = ReplayRequest(pipeline="orders", **bounds)
+        got = _filtered(df, request, id_col="id", time_col="id", partition_col="id", hi="hi", lo="lo")
+        return sorted(r.id for r in got.collect())
+
+    assert picked(position_to="1700000000000") == ["a", "b"]  # as XRANGE reads an end bound
+    assert picked(position_to="1700000000000-0") == ["a"]
+    assert picked(position_from="1700000000000") == ["a", "b", "c"]
+    assert picked(position_from="1700000000000-1", position_to="1700000000001") == ["b", "c"]
+    assert picked(position_to="1700000000000-3") == ["a", "b"]  # Kafka offsets compare the same way (lo 0)

@@ -130,7 +130,8 @@ def replay_params(cfg: DeltadrainConfig) -> dict[str, Param]:
         "position_from": Param(None, type=["null", "string"], pattern=position, title="Position from",
                                description="stream id (ms-seq) or Kafka offset, inclusive"),
         "position_to": Param(None, type=["null", "string"], pattern=position, title="Position to",
-                             description="stream id (ms-seq) or Kafka offset, inclusive"),
+                             description="stream id (ms-seq; ms alone takes that whole millisecond) or Kafka "
+                                         "offset, inclusive"),
         "limit": Param(1000, type="integer", minimum=1, maximum=MAX_LIMIT, title="Limit"),
         "dry_run": Param(True, type="boolean", title="Dry run",
                          description="only show what would be replayed"),
