@@ -105,7 +105,9 @@ def last_runs(spark, cfg: DeltadrainConfig, pipeline: PipelineConfig, n: int = 1
     for r in rows:
         item = r.asDict()
         item["timings"] = json.loads(item["timings"]) if item["timings"] else {}
-        out.append(item)
+        # PySpark gives timestamps as naive local times of this process; the chart and --json say UTC.
+        out.append({k: v.astimezone(UTC) if isinstance(v, datetime) and v.tzinfo is None else v
+                    for k, v in item.items()})
     return out
 
 

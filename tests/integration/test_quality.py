@@ -301,3 +301,27 @@ def test_a_catch_ups_batches_are_all_checked_even_when_the_first_fails(tmp_path,
     assert {f.split(":")[0] for f in out["failed"]} == {"batch 1", "batch 2"}
     rows = table(spark, results_path(c)).where(f"pipeline = '{p.name}'").collect()
     assert sorted(r.batch for r in rows) == [1, 2]  # the second batch was checked after the first failed
+
+
+def test_run_times_are_utc_whatever_the_processs_time_zone(tmp_path, cfg, spark, monkeypatch):
+    """PySpark hands timestamps to Python as naive times of the process's zone; the metrics chart and
+    `metrics --json` label them UTC, so they must be converted, not taken as they come."""
+    import time
+    from datetime import UTC, datetime
+
+    from deltadrain.metrics import chart_html
+
+    _, c, p = make_pipeline(tmp_path, partitions=1)
+    produce(c, p, 5, seed=7)
+    drain(c, p, spark=spark)
+    now = datetime.now(UTC)
+    monkeypatch.setenv("TZ", "Asia/Kathmandu")  # UTC+05:45: no whole-hour offset can pass by chance
+    time.tzset()
+    try:
+        [run] = last_runs(spark, c, p, 5)
+        page = chart_html(p.name, [run])
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    assert run["finished_at"].tzinfo is not None and abs((run["finished_at"] - now).total_seconds()) < 120
+    assert f"<td>{run['finished_at']:%Y-%m-%d %H:%M}" in page and run["finished_at"].utcoffset().total_seconds() == 0
