@@ -20,7 +20,7 @@ from deltadrain.config import DeltadrainConfig, PipelineConfig, ValkeySource
 from deltadrain.connections import valkey_client
 from deltadrain.deadletter import write_dead_letters
 from deltadrain.errors import DeltadrainError
-from deltadrain.lake import recent_commits, retry_conflicts
+from deltadrain.lake import is_table, recent_commits, retry_conflicts
 from deltadrain.paths import state_home
 
 NO_BATCH = 0  # the batch number of rows a backfill inserts (a reprocess keeps a row's); drained batches start at 1
@@ -41,6 +41,7 @@ class BackfillSummary:
     duplicates_skipped: int = 0
     dead_lettered: int = 0
     skipped_failing: list = field(default_factory=list)  # transform failures: left to the live drain
+    skipped_quarantined: int = 0  # messages a batch check moved to the quarantine: not put back
     gaps: list = field(default_factory=list)
     acked: int = 0  # always 0: a backfill never acknowledges
     table_version: int | None = None
@@ -123,6 +124,17 @@ def merge_without_checkpoint(spark, target: str, rows, pipeline: PipelineConfig,
     return {}
 
 
+def without_quarantined(spark, rows, quarantine: str):
+    """`rows` minus the messages (partition and position) a batch check quarantined. Re-read from
+    the source they are the same messages, and the MERGE on the id would put them back into the
+    target, where only the whole-table check (which never quarantines) would see them again. An id
+    sent again (a new position) is a new message and is written."""
+    if not is_table(spark, quarantine):
+        return rows
+    held = spark.read.format("delta").load(quarantine).select("_dd_partition", "_dd_position").distinct()
+    return rows.join(held, ["_dd_partition", "_dd_position"], "left_anti")
+
+
 def offered_rows(rows) -> tuple[int, datetime | None]:
     """(how many rows, their oldest source time, UTC) in one pass; times as epoch microseconds, so
     that no Python time zone comes into it."""
@@ -184,13 +196,15 @@ def backfill(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, start: date
             step("dead letters")
             target = str(cfg.target_path(pipeline))
             ensure_target(spark, target, pipeline, claimed.schema, run_id)
-            offered, oldest = offered_rows(rows)
+            kept = without_quarantined(spark, rows, str(cfg.quarantine_path(pipeline)))
+            offered, oldest = offered_rows(kept)
+            summary.skipped_quarantined = rows.count() - offered
             if offered:
                 meta = {"deltadrain": 1, "pipeline": pipeline.name, "kind": "backfill", "run_id": run_id,
                         "interval": [start.isoformat(), end.isoformat()]}
                 # From the oldest source time among the rows, as a drain's window: a Kafka record can be
                 # stamped (CreateTime) long before the interval its offset lies in.
-                metrics = merge_without_checkpoint(spark, target, rows, pipeline, meta,
+                metrics = merge_without_checkpoint(spark, target, kept, pipeline, meta,
                                                    window_start=min(start, oldest or start) - pipeline.dedup_window)
                 summary.written = metrics.get("numTargetRowsInserted", 0)
                 summary.table_version = metrics.get("version")

@@ -61,9 +61,11 @@ def find_commit(spark, path: str, pipeline: str, batch: int) -> dict | None:
     return None
 
 
-def positions_from_rows(spark, path: str, dlq_path: str | None, batch: int) -> dict[str, str]:
+def positions_from_rows(spark, path: str, dlq_path: str | None, batch: int,
+                        quarantine_path: str | None = None) -> dict[str, str]:
     """Per partition, the highest position (compared as integers) any row of a committed batch (up
-    to `batch`) holds, in the target or the DLQ.
+    to `batch`) holds, in the target, the DLQ or the quarantine (rows a batch check moved out of
+    the target: their messages were drained all the same).
 
     Rows written by backfills and replays carry batch 0: they may lie beyond the live checkpoint
     (a backfill of a recent interval), so they never count here. Nor do dead letters of a later
@@ -72,24 +74,28 @@ def positions_from_rows(spark, path: str, dlq_path: str | None, batch: int) -> d
     from pyspark.sql import functions as F
 
     frames = []
-    if is_table(spark, path):
-        drained = (F.col("_dd_batch") > 0) & (F.col("_dd_batch") <= F.lit(batch))
-        frames.append(spark.read.format("delta").load(path).where(drained).select(
-            F.col("_dd_partition").alias("p"), F.col("_dd_position").alias("pos"),
-            F.col("_dd_pos_hi").alias("hi"), F.col("_dd_pos_lo").alias("lo")))
+    drained = (F.col("_dd_batch") > 0) & (F.col("_dd_batch") <= F.lit(batch))
+    for table in (path, quarantine_path):
+        if table and is_table(spark, table):
+            frames.append(spark.read.format("delta").load(table).where(drained).select(
+                F.col("_dd_partition").alias("p"), F.col("_dd_position").alias("pos"),
+                F.col("_dd_pos_hi").alias("hi"), F.col("_dd_pos_lo").alias("lo")))
     if dlq_path and is_table(spark, dlq_path):
-        drained = (F.col("batch") > 0) & (F.col("batch") <= F.lit(batch))
-        frames.append(spark.read.format("delta").load(dlq_path).where(drained).select(
+        dead = (F.col("batch") > 0) & (F.col("batch") <= F.lit(batch))
+        frames.append(spark.read.format("delta").load(dlq_path).where(dead).select(
             F.col("partition").alias("p"), F.col("position").alias("pos"),
             F.col("pos_hi").alias("hi"), F.col("pos_lo").alias("lo")))
     if not frames:
         return {}
-    df = frames[0] if len(frames) == 1 else frames[0].unionByName(frames[1])
+    df = frames[0]
+    for more in frames[1:]:
+        df = df.unionByName(more)
     rows = df.where("p IS NOT NULL").groupBy("p").agg(F.max_by("pos", F.struct("hi", "lo")).alias("pos")).collect()
     return {r.p: r.pos for r in rows}
 
 
-def read_checkpoint(spark, path: str, pipeline: str, dlq_path: str | None = None) -> Checkpoint:
+def read_checkpoint(spark, path: str, pipeline: str, dlq_path: str | None = None,
+                    quarantine_path: str | None = None) -> Checkpoint:
     if not is_table(spark, path):
         return Checkpoint(0)
     # Fast path: the newest commits. Only deltadrain writes this pipeline's txn, always with its
@@ -108,4 +114,5 @@ def read_checkpoint(spark, path: str, pipeline: str, dlq_path: str | None = None
     if commit is not None:
         meta = commit["meta"]
         return Checkpoint(batch, dict(meta.get("positions") or {}), version, meta.get("run_id"), "commit", meta)
-    return Checkpoint(batch, positions_from_rows(spark, path, dlq_path, batch), version, None, "rows")
+    return Checkpoint(batch, positions_from_rows(spark, path, dlq_path, batch, quarantine_path), version, None,
+                      "rows")

@@ -292,6 +292,10 @@ class DeltadrainConfig(_Model):
     def dlq_path(self, pipeline: PipelineConfig) -> Path:
         return self.lake_dir() / "_deltadrain" / "dlq" / pipeline.name
 
+    def quarantine_path(self, pipeline: PipelineConfig) -> Path:
+        """Where the batch checks move rows that break the pipeline's suite (`quality.quarantine`)."""
+        return self.lake_dir() / "_deltadrain" / "quarantine" / pipeline.name
+
 
 def _where(data: dict, loc: tuple) -> tuple[str | None, str]:
     """Turn a pydantic error location into (pipeline name, dotted field)."""

@@ -269,6 +269,7 @@ class Drain:
         self.run_id = run_id or new_run_id()
         self.target = str(cfg.target_path(pipeline))
         self.dlq = str(cfg.dlq_path(pipeline))
+        self.quarantine = str(cfg.quarantine_path(pipeline))
         self.summary = RunSummary(pipeline.name, self.run_id)
         self.scratch = state_home() / "staging" / self.run_id  # claim staging of this run, removed at its end
         self.commit_extra: dict = {}  # more commit metadata, set by a source while it settles its batch
@@ -474,7 +475,7 @@ class ValkeyDrain(Drain):
         s, p = self.summary, self.pipeline
         source: ValkeySource = p.source
         ensure_groups(self.client, source)
-        checkpoint = read_checkpoint(self.spark, self.target, p.name, self.dlq)
+        checkpoint = read_checkpoint(self.spark, self.target, p.name, self.dlq, self.quarantine)
         expected = checkpoint.batch
         batch = expected + 1
         s.batch = batch

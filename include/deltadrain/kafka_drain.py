@@ -196,7 +196,7 @@ class KafkaDrain(Drain):
 
     def _run(self) -> None:
         s, p = self.summary, self.pipeline
-        checkpoint = read_checkpoint(self.spark, self.target, p.name, self.dlq)
+        checkpoint = read_checkpoint(self.spark, self.target, p.name, self.dlq, self.quarantine)
         expected = checkpoint.batch
         s.batch = expected + 1
         positions = dict(checkpoint.positions)

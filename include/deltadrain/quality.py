@@ -230,7 +230,7 @@ def results_path(cfg: DeltadrainConfig) -> Path:
 
 
 def quarantine_path(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> Path:
-    return cfg.lake_dir() / "_deltadrain" / "quarantine" / pipeline.name
+    return cfg.quarantine_path(pipeline)
 
 
 def docs_dir(pipeline: PipelineConfig) -> Path:

@@ -117,7 +117,7 @@ def pipeline_status(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark) -> d
         counts = {r.state: r["count"] for r in spark.read.format("delta").load(dlq).groupBy("state").count().collect()}
         dead, replayed = counts.get(DEAD, 0), counts.get(REPLAYED, 0)
     out["DEAD"], out["REPLAYED"] = dead, replayed
-    checkpoint = read_checkpoint(spark, target, pipeline.name, dlq)
+    checkpoint = read_checkpoint(spark, target, pipeline.name, dlq, str(cfg.quarantine_path(pipeline)))
     out["checkpoint"] = checkpoint.as_dict()
     if isinstance(pipeline.source, KafkaSource):
         from pyspark.sql import functions as F

@@ -325,3 +325,30 @@ def test_run_times_are_utc_whatever_the_processs_time_zone(tmp_path, cfg, spark,
         time.tzset()
     assert run["finished_at"].tzinfo is not None and abs((run["finished_at"] - now).total_seconds()) < 120
     assert f"<td>{run['finished_at']:%Y-%m-%d %H:%M}" in page and run["finished_at"].utcoffset().total_seconds() == 0
+
+
+def test_a_backfill_leaves_quarantined_messages_in_the_quarantine(tmp_path, cfg, spark):
+    """A backfill re-reads the same messages a batch check quarantined; put back by the MERGE on the
+    id, they would sit in the target unchecked (the whole-table check never quarantines). An id sent
+    again at a new position is a new message and is written."""
+    from datetime import UTC, datetime, timedelta
+
+    from deltadrain.backfill import backfill
+    from deltadrain.checkpoint import positions_from_rows
+
+    began = datetime.now(UTC) - timedelta(seconds=5)
+    _, c, p, client, result = drained(tmp_path, spark, 300, quality=quality("quarantine"))
+    bad = over_limit(spark, c, p, 1)
+    first = read_checkpoint(spark, str(c.target_path(p)), p.name)
+    assert bad and check_batch(c, p, spark, 1).quarantined == len(bad)
+    healed = backfill(c, p, spark, began, datetime.now(UTC) + timedelta(seconds=1))
+    assert (healed.read, healed.skipped_quarantined, healed.written) == (300, len(bad), 0), healed.line()
+    assert set(target_ids(spark, c, p)).isdisjoint(bad)
+    # The same id sent again (a new stream entry) is written.
+    again = next(m for m in generate(p, 300, seed=7) if m.key in bad)
+    client.xadd(p.source.streams[0], {b"data": again.value})
+    assert drain(c, p, spark=spark).written == 1
+    # Rows the quarantine holds count when positions must be read back from the rows (log cleanup):
+    # batch 1's positions are those of all its 300 messages, quarantined or not.
+    assert positions_from_rows(spark, str(c.target_path(p)), str(c.dlq_path(p)), 1,
+                               str(quarantine_path(c, p))) == first.positions
