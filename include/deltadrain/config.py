@@ -321,7 +321,16 @@ def parse_config(data: object, source: Path) -> DeltadrainConfig:
             where = f"pipeline '{pipeline}', field '{field}'" if pipeline else f"field '{field}'"
             lines.append(f"{source}: {where}: {msg}")
         raise ConfigError("\n".join(lines)) from None
-    return cfg.model_copy(update={"source_file": source.resolve()})
+    cfg = cfg.model_copy(update={"source_file": source.resolve()})
+    # One table per pipeline: the checks, backfills and replays of one would act on the other's rows.
+    seen: dict[Path, str] = {}
+    for p in cfg.pipelines:
+        path = cfg.target_path(p).resolve()
+        if path in seen:
+            raise ConfigError(f"{source}: pipeline '{p.name}', field 'target.path': {path} is already the target "
+                              f"of pipeline '{seen[path]}'; each pipeline needs a table of its own")
+        seen[path] = p.name
+    return cfg
 
 
 def load_config(path: str | Path | None = None) -> DeltadrainConfig:

@@ -138,3 +138,11 @@ def test_unknown_pipeline_lists_the_configured_ones():
     cfg = load_config(EXAMPLE)
     with pytest.raises(ConfigError, match="configured: orders, clicks"):
         cfg.pipeline("nope")
+
+
+def test_two_pipelines_with_one_target_table_are_refused():
+    data = example()
+    data["pipelines"][1]["target"]["path"] = data["pipelines"][0]["target"]["path"] + "/"  # the same table
+    msg = error_of(data, "conf/pipes.yaml")
+    assert msg.startswith("conf/pipes.yaml: pipeline 'clicks', field 'target.path'")
+    assert "already the target of pipeline 'orders'" in msg
