@@ -655,6 +655,11 @@ def test_entries_trimmed_before_the_group_read_them_are_a_reported_gap(tmp_path,
     assert [(g["partition"], g["missing"]) for g in st["gaps"]] == [(trimmed_stream, 40)]
     assert main(["--config", str(path), "status", p.name]) == 0
     assert f"GAP: stream {trimmed_stream} ids 0-1 .. " in capsys.readouterr().out
+    from deltadrain.orchestration.view import _templates, pipeline_view
+
+    # The Airflow view shows it too, open until a run has recorded it.
+    assert [(g["partition"], g["kind"], g["missing"]) for g in pipeline_view(c, p)["open_gaps"]] == [
+        (trimmed_stream, "unread", 40)]
     caplog.set_level("WARNING", logger="deltadrain.run")
     s = drain(c, p, spark=spark)
     assert (s.outcome, s.written, s.gaps) == ("committed", 70, 40)
@@ -673,9 +678,8 @@ def test_entries_trimmed_before_the_group_read_them_are_a_reported_gap(tmp_path,
     assert "gaps" not in read_checkpoint(spark, str(c.target_path(p)), p.name).meta
     assert pipeline_status(c, p, spark)["gaps"] == []
     # The Airflow view lists the gap with the batch whose commit recorded it (read with delta-rs).
-    from deltadrain.orchestration.view import _templates, pipeline_view
-
     view = pipeline_view(c, p)
+    assert view["open_gaps"] == []
     assert [(g["batch"], g["partition"], g["kind"], g["range"], g["missing"]) for g in view["gaps"]] == [
         (1, trimmed_stream, "unread", f"{gap['from']} to {gap['to']}", 40)]
     page = _templates().get_template("pipeline.html.j2").render(v=view, state="DEAD", replay_dag="r", triggered=[])

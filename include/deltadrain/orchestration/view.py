@@ -100,15 +100,18 @@ def source_counts(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> dict:
     """PENDING / CLAIMED from the source. Errors are reported by type only (messages may hold hosts)."""
     if not isinstance(pipeline.source, ValkeySource):
         return kafka_counts(cfg, pipeline)
+    from deltadrain import lakeview
     from deltadrain.connections import valkey_client
+    from deltadrain.gaps import gaps_key
     from deltadrain.status import valkey_counts
 
     try:
         client = valkey_client(cfg, pipeline, socket_timeout=3, socket_connect_timeout=3)
-        counts = valkey_counts(client, pipeline.source)
+        counts = valkey_counts(client, pipeline.source, gaps_key(pipeline.name))
     except Exception as exc:  # the view still shows the lake side
         return {"PENDING": None, "CLAIMED": None, "source_note": f"source unreachable ({type(exc).__name__})"}
-    return _claims(counts, pipeline)
+    # Entries removed before the group read them, or recorded by a run no commit has carried yet.
+    return {**_claims(counts, pipeline), "open_gaps": [lakeview.gap_row(g) for g in counts.get("gaps") or []]}
 
 
 def kafka_counts(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> dict:
