@@ -20,7 +20,7 @@ from deltadrain import services
 from deltadrain.config import load_config
 from deltadrain.connections import valkey_client
 from deltadrain.drain import ensure_groups
-from deltadrain.gaps import gaps_key, recorded, stream_state, unread_gap
+from deltadrain.gaps import gaps_key, recorded, unread_gaps
 from deltadrain.produce import produce
 
 
@@ -35,8 +35,7 @@ def main(count: int = 200_000, rounds: int = 300) -> dict:
             times, found = [], []
             for _ in range(rounds):
                 began = time.perf_counter()
-                found = [g for s in p.source.streams if (st := stream_state(client, s, p.source.group)) is not None
-                         and (g := unread_gap(s, st)) is not None]
+                found = unread_gaps(client, p.source.streams, p.source.group)
                 recorded(client, gaps_key(p.name))
                 times.append(time.perf_counter() - began)
             lengths = {s: client.xlen(s) for s in p.source.streams}

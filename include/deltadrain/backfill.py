@@ -198,7 +198,7 @@ def backfill(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, start: date
             ensure_target(spark, target, pipeline, claimed.schema, run_id)
             kept = without_quarantined(spark, rows, str(cfg.quarantine_path(pipeline)))
             offered, oldest = offered_rows(kept)
-            summary.skipped_quarantined = rows.count() - offered
+            summary.skipped_quarantined = 0 if kept is rows else rows.count() - offered
             if offered:
                 meta = {"deltadrain": 1, "pipeline": pipeline.name, "kind": "backfill", "run_id": run_id,
                         "interval": [start.isoformat(), end.isoformat()]}

@@ -63,7 +63,7 @@ def _pools(args) -> int:
     from deltadrain import services
 
     cfg = load_config(args.config)
-    names = services.ensure_airflow_pools(cfg, services.pools_env(cfg))
+    names = services.ensure_airflow_pools(cfg, services.pools_env())
     _print([{"pool": n, "slots": 1} for n in names], args.json)
     return 0
 

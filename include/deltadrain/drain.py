@@ -28,7 +28,7 @@ from deltadrain.config import DeltadrainConfig, PipelineConfig, ValkeySource
 from deltadrain.connections import as_text, group_counts, valkey_client, valkey_url
 from deltadrain.deadletter import DEAD, write_dead_letters
 from deltadrain.errors import DeltadrainError
-from deltadrain.gaps import as_ranges, count, forget, gaps_key, recorded, stream_state, unread_gap
+from deltadrain.gaps import as_ranges, count, forget, gaps_key, recorded, unread_gaps
 from deltadrain.gaps import record as record_gaps
 from deltadrain.lake import ensure_table, is_table
 from deltadrain.logs import fields, run_logger
@@ -514,10 +514,7 @@ class ValkeyDrain(Drain):
     def find_unread_gaps(self) -> None:
         """Record the entries each stream lost before the group read them (two XINFO calls a stream)."""
         source: ValkeySource = self.pipeline.source
-        found = [gap for stream in source.streams
-                 if (st := stream_state(self.client, stream, source.group)) is not None
-                 and (gap := unread_gap(stream, st)) is not None]
-        record_gaps(self.client, self.ctx.gaps_key, found)
+        record_gaps(self.client, self.ctx.gaps_key, unread_gaps(self.client, source.streams, source.group))
 
     def report_gaps(self) -> dict[str, str]:
         """Every recorded gap no commit has carried yet (this run's, and those of runs that died or

@@ -162,9 +162,20 @@ def stream_state(client, stream: str, group: str) -> StreamState | None:
     return StreamState.of(info, mine)
 
 
+def unread_gaps(client, streams, group: str) -> list[Gap]:
+    """`unread_gap` of each stream that exists (two XINFO calls a stream)."""
+    return [gap for stream in streams
+            if (st := stream_state(client, stream, group)) is not None and (gap := unread_gap(stream, st)) is not None]
+
+
+def as_recorded(gaps: list[Gap]) -> dict[str, str]:
+    """Gaps as the gaps hash holds them: field -> JSON."""
+    return {g.field: json.dumps(g.as_dict(), sort_keys=True) for g in gaps}
+
+
 def record(client, key: str, gaps: list[Gap]) -> None:
     if gaps:
-        client.hset(key, mapping={g.field: json.dumps(g.as_dict(), sort_keys=True) for g in gaps})
+        client.hset(key, mapping=as_recorded(gaps))
 
 
 def recorded(client, key: str) -> dict[str, str]:

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import json
-
 from deltadrain.checkpoint import read_checkpoint
 from deltadrain.config import DeltadrainConfig, KafkaSource, PipelineConfig, ValkeySource
 from deltadrain.connections import as_text, group_counts, kafka_client_conf, valkey_client
 from deltadrain.deadletter import DEAD, REPLAYED
-from deltadrain.gaps import as_ranges, gaps_key, recorded, stream_state, unread_gap
+from deltadrain.gaps import as_ranges, as_recorded, gaps_key, recorded, unread_gaps
 from deltadrain.lake import inserted_rows, is_table, recent_commits
 from deltadrain.metrics import last_runs
 
@@ -39,16 +37,14 @@ def valkey_counts(client, source: ValkeySource, gaps_at: str | None = None) -> d
     consumers: dict[str, dict] = {}
     oldest_idle = 0
     partitions = {}
-    gaps = recorded(client, gaps_at) if gaps_at else {}
+    gaps = {**(recorded(client, gaps_at) if gaps_at else {}),
+            **as_recorded(unread_gaps(client, source.streams, source.group))}
     for stream in source.streams:
         lag, in_pel = group_counts(client, stream, source.group)
         length = client.xlen(stream)
         pending += lag
         claimed += in_pel
         partitions[stream] = {"length": length, "pending": lag, "claimed": in_pel}
-        st = stream_state(client, stream, source.group)
-        if st is not None and (gap := unread_gap(stream, st)) is not None:
-            gaps[gap.field] = json.dumps(gap.as_dict(), sort_keys=True)
         if in_pel:
             for c in client.xinfo_consumers(stream, source.group):
                 entry = consumers.setdefault(as_text(c["name"]), {"claimed": 0, "idle_ms": int(c["idle"])})

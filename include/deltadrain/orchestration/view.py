@@ -100,7 +100,6 @@ def source_counts(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> dict:
     """PENDING / CLAIMED from the source. Errors are reported by type only (messages may hold hosts)."""
     if not isinstance(pipeline.source, ValkeySource):
         return kafka_counts(cfg, pipeline)
-    from deltadrain import lakeview
     from deltadrain.connections import valkey_client
     from deltadrain.gaps import gaps_key
     from deltadrain.status import valkey_counts
@@ -110,8 +109,7 @@ def source_counts(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> dict:
         counts = valkey_counts(client, pipeline.source, gaps_key(pipeline.name))
     except Exception as exc:  # the view still shows the lake side
         return {"PENDING": None, "CLAIMED": None, "source_note": f"source unreachable ({type(exc).__name__})"}
-    # Entries removed before the group read them, or recorded by a run no commit has carried yet.
-    return {**_claims(counts, pipeline), "open_gaps": [lakeview.gap_row(g) for g in counts.get("gaps") or []]}
+    return _claims(counts, pipeline)
 
 
 def kafka_counts(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> dict:
@@ -130,12 +128,14 @@ def kafka_counts(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> dict:
         return {"PENDING": None, "CLAIMED": None, "source_note": str(exc)}
     except Exception as exc:
         return {"PENDING": None, "CLAIMED": None, "source_note": f"source unreachable ({type(exc).__name__})"}
-    # Offsets retention deleted past the checkpoint: the next run stops on them (on_gap: fail) or records them.
-    return {**_claims(got, pipeline), "open_gaps": [lakeview.gap_row(g) for g in got.get("gaps") or []]}
+    return _claims(got, pipeline)
 
 
 def _claims(counts: dict, pipeline: PipelineConfig) -> dict:
-    """What the page shows of a source's counts: totals, who holds claims (stale ones flagged), partitions."""
+    """What the page shows of a source's counts: totals, who holds claims (stale ones flagged), partitions,
+    and the open gaps: what the next run reports (Valkey: entries removed before the group read them,
+    or recorded by a run no commit carried yet; Kafka: offsets retention deleted past the checkpoint)."""
+    from deltadrain import lakeview
     from deltadrain.status import mark_stale, stale_after_ms
 
     mark_stale(counts, stale_after_ms(pipeline))
@@ -143,7 +143,8 @@ def _claims(counts: dict, pipeline: PipelineConfig) -> dict:
             "oldest_claim_idle_ms": counts["oldest_claim_idle_ms"], "STALE_CLAIMED": counts["STALE_CLAIMED"],
             "stale_after_ms": counts["stale_after_ms"],
             "partitions": {k: {"pending": v["pending"], "claimed": v["claimed"]}
-                           for k, v in counts["partitions"].items()}}
+                           for k, v in counts["partitions"].items()},
+            "open_gaps": [lakeview.gap_row(g) for g in counts.get("gaps") or []]}
 
 
 def pipeline_view(cfg: DeltadrainConfig, pipeline: PipelineConfig, dlq_state: str | None = "DEAD",

@@ -285,12 +285,10 @@ def pool_specs(cfg: DeltadrainConfig) -> dict[str, dict]:
                                 "include_deferred": False} for p in cfg.pipelines}
 
 
-def pools_env(cfg: DeltadrainConfig) -> dict[str, str]:
+def pools_env() -> dict[str, str] | None:
     """The environment of the Airflow whose pools `deltadrain pools` sets: the one AIRFLOW_HOME names
-    when it is set (Compose's container, an Airflow of your own), else the embedded one."""
-    if "AIRFLOW_HOME" in os.environ:
-        return dict(os.environ)
-    return {**os.environ, **airflow_env(cfg)}
+    when it is set (Compose's container, an Airflow of your own), else (None) the embedded one."""
+    return dict(os.environ) if "AIRFLOW_HOME" in os.environ else None
 
 
 def airflow_cli() -> str:
@@ -304,6 +302,7 @@ def airflow_cli() -> str:
 
 def ensure_airflow_pools(cfg: DeltadrainConfig, env: dict[str, str] | None = None) -> list[str]:
     """Create each pipeline's pool, or set it back to one slot (idempotent); returns the pool names.
+    `env`: the environment of the Airflow to act on (`pools_env`); None, the embedded one.
 
     A task in a pool that does not exist is never scheduled, so this runs whenever the config gains
     a pipeline: `services up` and Compose's start call it, and `deltadrain pools` by hand."""
