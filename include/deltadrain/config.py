@@ -110,6 +110,9 @@ class KafkaSource(_Model):
     group: str = "deltadrain"
     security: KafkaSecurity = KafkaSecurity()
     starting_offsets: Literal["earliest", "latest"] = "earliest"
+    # read_committed: a transactional producer's aborted records are never data, and an open
+    # transaction's records wait for its end. read_uncommitted reads them all (Kafka's default).
+    isolation_level: Literal["read_committed", "read_uncommitted"] = "read_committed"
     # Where the message id comes from; falls back to topic-partition-offset when absent.
     id_from: Literal["field", "key", "header"] = "field"
     id_header: str | None = None

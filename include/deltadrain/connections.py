@@ -80,10 +80,17 @@ def kafka_client_conf(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> dict[s
     return conf
 
 
+def kafka_consumer_conf(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> dict[str, str]:
+    """kafka_client_conf for the clients that read offsets: the end offsets they see must be the ones
+    Spark reads up to (under read_committed, the last stable offset)."""
+    return {**kafka_client_conf(cfg, pipeline), "isolation.level": pipeline.source.isolation_level}
+
+
 def kafka_spark_options(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> dict[str, str]:
     """The same settings for Spark's Kafka source (Java client names, JAAS for SASL)."""
     servers, sec, creds = _kafka_settings(cfg, pipeline)
-    opts = {"kafka.bootstrap.servers": servers, "kafka.security.protocol": sec.protocol}
+    opts = {"kafka.bootstrap.servers": servers, "kafka.security.protocol": sec.protocol,
+            "kafka.isolation.level": pipeline.source.isolation_level}
     if creds is not None:
         module = ("org.apache.kafka.common.security.plain.PlainLoginModule" if sec.sasl_mechanism == "PLAIN"
                   else "org.apache.kafka.common.security.scram.ScramLoginModule")

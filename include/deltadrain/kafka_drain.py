@@ -21,7 +21,7 @@ from deltadrain import failpoints
 from deltadrain.checkpoint import read_checkpoint
 from deltadrain.claim import decoder_for
 from deltadrain.config import DeltadrainConfig, KafkaSource, PipelineConfig
-from deltadrain.connections import kafka_client_conf, kafka_spark_options
+from deltadrain.connections import kafka_consumer_conf, kafka_spark_options
 from deltadrain.decode import BatchDecoder
 from deltadrain.drain import Drain, DrainError, claim_schema
 from deltadrain.kafka_offsets import (
@@ -150,7 +150,7 @@ class KafkaDrain(Drain):
             raise DrainError(f"pipeline '{pipeline.name}' is not a Kafka pipeline")
         super().__init__(cfg, pipeline, spark, run_id)
         self.source: KafkaSource = pipeline.source
-        self.conf = kafka_client_conf(cfg, pipeline)
+        self.conf = kafka_consumer_conf(cfg, pipeline)
         self.retries: dict = {}  # the previous commit's retry record
         self.noticed: list[int] = []  # partitions carrying this run's claim notice (until the group commit)
         self._notice: threading.Thread | None = None
@@ -236,20 +236,24 @@ class KafkaDrain(Drain):
         failpoints.pause("after_claim")
         self._lap("claim")
         s.claimed, s.reclaimed = staged.total.rows, staged.total.again
-        if s.claimed == 0:  # offsets without records (transaction markers, compaction): nothing to write
-            s.batch, s.positions = expected, positions
-            return
         if self.retries:
             self.commit_extra.setdefault("retries", retry_record(self.retries, {}, s.positions))
 
-        result, _pending = self.publish(staged.rows(self.spark), expected, staged.total.oldest,
-                                        staged.stats() if self.identity_transform else None)
+        if s.claimed:
+            rows, oldest = staged.rows(self.spark), staged.total.oldest
+            stats = staged.stats() if self.identity_transform else None
+        else:
+            # Offsets without readable records (an aborted transaction and its markers, compacted
+            # records): the commit carries the positions alone, or every run would read them again.
+            (rows, stats), oldest = self._no_rows(), None
+        result, _pending = self.publish(rows, expected, oldest, stats)
         if result.outcome not in (Outcome.COMMITTED, Outcome.ALREADY_COMMITTED):
             self.refuse(result, expected)  # nothing to release: a range is not a lease
             return
         failpoints.hit("after_commit")
         failpoints.pause("after_commit")
-        self.acknowledge(plan.ranges, {int(part): int(pos) for part, pos in s.positions.items()})
+        self.acknowledge(plan.ranges if s.claimed else {},
+                         {int(part): int(pos) for part, pos in s.positions.items()})
         self._lap("ack")
 
     def _start_at(self, plan) -> None:
@@ -260,13 +264,17 @@ class KafkaDrain(Drain):
         s = self.summary
         s.positions = plan.positions
         self.commit_extra["started_at"] = self.source.starting_offsets
-        nothing = self.spark.createDataFrame([], claim_schema(self.pipeline))
-        stats = BatchStats(0, 0, None, None, 0) if self.identity_transform else None
+        nothing, stats = self._no_rows()
         result, _ = self.publish(nothing, 0, None, stats)
         if result.outcome not in (Outcome.COMMITTED, Outcome.ALREADY_COMMITTED):
             self.refuse(result, 0)  # another first run started the pipeline: its start stands
             return
         self.acknowledge({}, {int(part): int(pos) for part, pos in s.positions.items()})
+
+    def _no_rows(self):
+        """(an empty batch, its stats) for a commit that carries positions alone."""
+        nothing = self.spark.createDataFrame([], claim_schema(self.pipeline))
+        return nothing, BatchStats(0, 0, None, None, 0) if self.identity_transform else None
 
     def announce(self, ranges: dict[int, tuple[int, int]], lake: dict[str, str]) -> None:
         """Claim notices on the group offsets (status shows the running batch's ranges), committed in

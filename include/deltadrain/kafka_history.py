@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from deltadrain.config import DeltadrainConfig, PipelineConfig
-from deltadrain.connections import kafka_client_conf
+from deltadrain.connections import kafka_consumer_conf
 from deltadrain.kafka_offsets import TIMEOUT, watermarks
 
 
@@ -48,7 +48,7 @@ def kafka_interval_rows(spark, cfg: DeltadrainConfig, pipeline: PipelineConfig, 
     """(rows of the records appended in [start, end), gaps) — the backfill's read."""
     from deltadrain.kafka_drain import read_ranges
 
-    conf = kafka_client_conf(cfg, pipeline)
+    conf = kafka_consumer_conf(cfg, pipeline)
     topic = pipeline.source.topic
     found = interval_offsets(conf, topic, start, end)
     # Gaps from every partition's range, empty ones too: when retention took the whole interval both
@@ -68,7 +68,7 @@ def kafka_offset_rows(spark, cfg: DeltadrainConfig, pipeline: PipelineConfig, pi
 
     from deltadrain.kafka_drain import read_ranges
 
-    marks = watermarks(kafka_client_conf(cfg, pipeline), pipeline.source.topic)
+    marks = watermarks(kafka_consumer_conf(cfg, pipeline), pipeline.source.topic)
     ranges: dict[int, tuple[int, int]] = {}
     for part, offset in picks:
         p = int(part)

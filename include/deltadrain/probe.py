@@ -74,11 +74,11 @@ def probe_valkey(cfg: DeltadrainConfig, pipeline: PipelineConfig, client=None) -
 
 def probe_kafka(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> Probe:
     """End offsets beyond the group's committed offsets, which trail the lake checkpoint (no Spark here)."""
-    from deltadrain.connections import kafka_client_conf
+    from deltadrain.connections import kafka_consumer_conf
     from deltadrain.kafka_offsets import OffsetError, group_offsets, start_offsets, watermarks
 
     source = pipeline.source
-    conf = kafka_client_conf(cfg, pipeline)
+    conf = kafka_consumer_conf(cfg, pipeline)
     out = Probe(pipeline.name)
     try:
         marks = watermarks(conf, source.topic)

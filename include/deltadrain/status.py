@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from deltadrain.checkpoint import read_checkpoint
 from deltadrain.config import DeltadrainConfig, KafkaSource, PipelineConfig, ValkeySource
-from deltadrain.connections import as_text, group_counts, kafka_client_conf, valkey_client
+from deltadrain.connections import as_text, group_counts, kafka_consumer_conf, valkey_client
 from deltadrain.deadletter import DEAD, REPLAYED
 from deltadrain.gaps import as_ranges, as_recorded, gaps_key, recorded, unread_gaps
 from deltadrain.lake import inserted_rows, is_table, recent_commits
@@ -124,7 +124,7 @@ def pipeline_status(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark) -> d
         published = _per_partition(spark, target, "_dd_partition") if is_table(spark, target) else {}
         dead_by = (_per_partition(spark, dlq, "partition", (F.col("pipeline") == F.lit(pipeline.name))
                                   & (F.col("state") == F.lit(DEAD))) if is_table(spark, dlq) else {})
-        out.update(kafka_counts(kafka_client_conf(cfg, pipeline), pipeline.source, positions, published, dead_by,
+        out.update(kafka_counts(kafka_consumer_conf(cfg, pipeline), pipeline.source, positions, published, dead_by,
                                 first_run=checkpoint.batch == 0))
     mark_stale(out, stale_after_ms(pipeline))  # both sources' claimants, now in `out`
     out["last_batch"] = None

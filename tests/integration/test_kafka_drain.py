@@ -254,6 +254,58 @@ def test_latest_starts_at_the_end_offsets_once_and_then_reads_everything_after_t
     assert (status["PENDING"], status["PUBLISHED"]) == (0, 60)
 
 
+def in_transaction(producer, p, messages, *, commit: bool) -> list[str]:
+    """Send `messages` in one Kafka transaction, spread over partitions 0 and 1, then commit or abort it."""
+    producer.begin_transaction()
+    for m in messages:
+        producer.produce(p.source.topic, m.value, key=m.partition_key, partition=m.index % 2)
+    producer.flush(30)  # an abort purges what was not sent yet: these records must reach the log
+    (producer.commit_transaction if commit else producer.abort_transaction)(30)
+    return [m.key for m in messages]
+
+
+def test_a_transactional_producers_aborted_and_open_records_never_land(tmp_path, cfg, spark):
+    """Read committed: aborted records are not data, an open transaction's records wait for its end,
+    and a range that holds nothing readable (aborted records, markers) still moves the checkpoint."""
+    from confluent_kafka import Producer
+
+    _, c, p = make_kafka_pipeline(tmp_path, partitions=2)
+    producer = Producer({**kafka_client_conf(c, p), "transactional.id": f"{p.name}-tx"})
+    producer.init_transactions(60)
+    kept = in_transaction(producer, p, list(generate(p, 50, seed=71)), commit=True)
+    in_transaction(producer, p, list(generate(p, 30, seed=71, start=50)), commit=False)
+    kept += in_transaction(producer, p, list(generate(p, 20, seed=71, start=80)), commit=True)
+    kept += produce(c, p, 10, seed=71, start=100).valid_ids  # and records outside any transaction
+    # 110 records and a commit or abort marker per transaction and partition are in the log.
+    assert sum(int(end) for end in end_offsets(c, p).values()) == 110 + 3 * 2
+    drain_until_done(c, p, spark)
+    assert sorted(target_ids(spark, c, p)) == sorted(kept), "an aborted transaction's records landed"
+    assert lake_checkpoint(spark, c, p).positions == end_offsets(c, p)
+    assert not probe(c, p).has_work
+
+    # An open transaction: nothing of it is read until it ends, and then only if it commits.
+    producer.begin_transaction()
+    for m in generate(p, 15, seed=71, start=110):
+        producer.produce(p.source.topic, m.value, key=m.partition_key, partition=m.index % 2)
+    producer.flush(30)
+    during = drain(c, p, spark=spark)
+    assert (during.outcome, during.claimed) == ("empty", 0), during.line()
+    producer.abort_transaction(30)
+    assert probe(c, p).has_work  # the aborted records and the marker lie past the checkpoint
+    after = drain(c, p, spark=spark)
+    # Nothing readable in the range, yet the checkpoint moves past it: no run finds it again.
+    assert (after.outcome, after.claimed, after.written) == ("committed", 0, 0), after.line()
+    assert lake_checkpoint(spark, c, p).positions == end_offsets(c, p)
+    assert not probe(c, p).has_work
+    assert drain(c, p, spark=spark).outcome == "empty"
+    kept += in_transaction(producer, p, list(generate(p, 10, seed=71, start=125)), commit=True)
+    drain_until_done(c, p, spark)
+    assert sorted(target_ids(spark, c, p)) == sorted(kept)
+    assert lake_checkpoint(spark, c, p).positions == end_offsets(c, p)
+    assert pipeline_status(c, p, spark)["PENDING"] == 0
+    producer.flush(30)
+
+
 def test_a_retention_gap_is_reported_with_its_range_and_stops_or_continues_per_policy(tmp_path, cfg, spark):
     from confluent_kafka import TopicPartition
     from confluent_kafka.admin import AdminClient

@@ -146,3 +146,23 @@ def test_two_pipelines_with_one_target_table_are_refused():
     msg = error_of(data, "conf/pipes.yaml")
     assert msg.startswith("conf/pipes.yaml: pipeline 'clicks', field 'target.path'")
     assert "already the target of pipeline 'orders'" in msg
+
+
+def test_kafka_reads_committed_records_unless_told_otherwise():
+    from deltadrain.connections import kafka_client_conf, kafka_consumer_conf, kafka_spark_options
+
+    data = example()
+    data["pipelines"][1]["source"].pop("isolation_level", None)
+    cfg = parse_config(data, Path("x.yaml"))
+    clicks = cfg.pipeline("clicks")
+    assert clicks.source.isolation_level == "read_committed"
+    # Spark's reader and the clients that read end offsets agree; producers and admin get no consumer setting.
+    assert kafka_spark_options(cfg, clicks)["kafka.isolation.level"] == "read_committed"
+    assert kafka_consumer_conf(cfg, clicks)["isolation.level"] == "read_committed"
+    assert "isolation.level" not in kafka_client_conf(cfg, clicks)
+    data["pipelines"][1]["source"]["isolation_level"] = "read_uncommitted"
+    uncommitted = parse_config(data, Path("x.yaml")).pipeline("clicks")
+    assert kafka_spark_options(cfg, uncommitted)["kafka.isolation.level"] == "read_uncommitted"
+    data["pipelines"][1]["source"]["isolation_level"] = "committed"
+    msg = error_of(data)
+    assert "pipeline 'clicks'" in msg and "field 'source.isolation_level'" in msg

@@ -116,13 +116,13 @@ def kafka_counts(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> dict:
     """PENDING and CLAIMED from the broker's end offsets, the group's claim notices and the lake's
     checkpoint (status.kafka_counts, with the checkpoint read by delta-rs)."""
     from deltadrain import lakeview
-    from deltadrain.connections import kafka_client_conf
+    from deltadrain.connections import kafka_consumer_conf
     from deltadrain.kafka_offsets import OffsetError
     from deltadrain.status import kafka_counts as counts
 
     positions = (lakeview.last_commit(cfg, pipeline) or {}).get("positions") or {}
     try:
-        got = counts({**kafka_client_conf(cfg, pipeline), "socket.timeout.ms": 3000}, pipeline.source, positions,
+        got = counts({**kafka_consumer_conf(cfg, pipeline), "socket.timeout.ms": 3000}, pipeline.source, positions,
                      {}, {})
     except OffsetError as exc:  # the broker answered: no such topic (yet), or a recreated one
         return {"PENDING": None, "CLAIMED": None, "source_note": str(exc)}
