@@ -42,6 +42,10 @@ from deltadrain.stage import BatchStats, Staged, stage
 NOTICE_WAIT_S = 15  # how long a run waits, after its read, for its claim notices to land
 TASK_OFFSETS = 100_000  # offsets per Spark task: a busy partition is read by several tasks
 TOMBSTONE = "tombstone: the record has a null value (a delete marker), there is no payload to ingest"
+# A DLQ replay's copy carries the dead letter's message id: a copy without an id of its own (a
+# payload without the id field) takes it instead of its own topic-partition-offset, so that a second
+# copy, or the copy of a copy, lands on the same row.
+REPLAY_ID_HEADER = "deltadrain-replay-id"
 
 
 @dataclass(frozen=True)
@@ -74,9 +78,24 @@ def external_id(ctx: DecodeContext, key: bytes | None, headers) -> tuple[str | N
         return None, f"message id {ctx.id_from} is not valid UTF-8"
 
 
+def replay_ids(column) -> dict[int, str]:
+    """row -> the message id a replayed copy carries (the `replay_id` column: REPLAY_ID_HEADER's value,
+    null for the records that are no copies), for the ids that are readable."""
+    import pyarrow.compute as pc
+
+    rows = pc.indices_nonzero(pc.is_valid(column))
+    out = {}
+    for i, raw in zip(rows.to_pylist(), column.take(rows).to_pylist(), strict=True):
+        try:
+            out[i] = bytes(raw).decode("utf-8")
+        except UnicodeDecodeError:
+            continue  # not an id deltadrain wrote: the record's own place stays its id
+    return {i: v for i, v in out.items() if v}
+
+
 def kafka_batch(ctx: DecodeContext, decoder: BatchDecoder, arrow_schema, batch):
-    """Kafka source rows (partition, offset, timestamp, value, and key or headers when the id comes
-    from them) -> one record batch of `claim_schema`, the same rows the Valkey claim makes."""
+    """Kafka source rows (partition, offset, timestamp, value, the key or the headers when the id comes
+    from them, and replay_id) -> one record batch of `claim_schema`, the same rows the Valkey claim makes."""
     import pyarrow as pa
 
     n = batch.num_rows
@@ -84,6 +103,9 @@ def kafka_batch(ctx: DecodeContext, decoder: BatchDecoder, arrow_schema, batch):
     values = batch.column("value").to_pylist()
     places = list(zip(parts, offsets, strict=True))
     fallback = [f"{ctx.topic}-{part}-{offset}" for part, offset in places]
+    if "replay_id" in batch.schema.names:
+        for i, message_id in replay_ids(batch.column("replay_id")).items():
+            fallback[i] = message_id
     preset = {i: (fallback[i], "tombstone", TOMBSTONE, None, None) for i, value in enumerate(values) if value is None}
     message_ids = None
     if ctx.id_from != "field":
@@ -119,25 +141,33 @@ def offsets_json(topic: str, offsets: dict[int, int]) -> str:
 
 
 def read_ranges(spark, cfg: DeltadrainConfig, p: PipelineConfig, ranges: dict[int, tuple[int, int]],
-                attempts: dict[tuple[int, int], int], staged: str) -> Staged:
+                attempts: dict[tuple[int, int], int], staged: str, headers: bool | None = None) -> Staged:
     """Exactly `ranges` (end exclusive), decoded and staged to Parquet at `staged` by the reading
     tasks, in one Spark job: later steps never go back to the broker. Drains, backfills and replays
-    read through here."""
+    read through here. `headers`: whether to read the records' headers; None reads them unless the id
+    comes from the key (False is for benchmarks)."""
+    from pyspark.sql import functions as F
+
     source: KafkaSource = p.source
     topic = source.topic
     ctx = DecodeContext(topic, dict(p.payload_schema.fields), p.payload_schema.id_field,
                         list(p.payload_schema.required), p.max_message_bytes, source.id_from,
                         source.id_header, attempts)
     total = sum(end - start for start, end in ranges.values())
+    # Key mode reads no headers: a replayed record carries its identity in its key.
+    headers = source.id_from != "key" if headers is None else headers
     reader = spark.read.format("kafka").options(**kafka_spark_options(cfg, p))
     df = (reader.option("assign", json.dumps({topic: sorted(ranges)}))
           .option("startingOffsets", offsets_json(topic, {q: r[0] for q, r in ranges.items()}))
           .option("endingOffsets", offsets_json(topic, {q: r[1] for q, r in ranges.items()}))
-          .option("includeHeaders", str(source.id_from == "header").lower())
+          .option("includeHeaders", str(headers).lower())
           .option("minPartitions", str(max(len(ranges), -(-total // TASK_OFFSETS))))
           .load())
     columns = ["partition", "offset", "timestamp", "value"] + {"key": ["key"], "header": ["headers"]}.get(
         source.id_from, [])
+    if headers:
+        # One nullable column, not the headers: nested columns cost the Arrow transfer to Python dearly.
+        columns.append(F.expr(f"try_element_at(filter(headers, h -> h.key = '{REPLAY_ID_HEADER}'), 1).value").alias("replay_id"))
     return stage(df.select(*columns), lambda batches, arrow_schema: decode_arrow(batches, ctx, arrow_schema),
                  claim_schema(p), p.payload_schema.id_field, staged)
 

@@ -176,6 +176,7 @@ def _enqueue_kafka(cfg, pipeline, entries) -> None:
     from confluent_kafka import Producer
 
     from deltadrain.connections import kafka_client_conf
+    from deltadrain.kafka_drain import REPLAY_ID_HEADER
 
     source: KafkaSource = pipeline.source
     producer = Producer({**kafka_client_conf(cfg, pipeline), "enable.idempotence": True, "acks": "all"})
@@ -193,6 +194,8 @@ def _enqueue_kafka(cfg, pipeline, entries) -> None:
         headers = [(source.id_header, e["message_id"].encode())] if (
             source.id_from == "header" and e["message_id"]) else None
         headers = (headers or []) + [("deltadrain-replay-of", f"{e['partition']}@{e['position']}".encode())]
+        if e["message_id"]:
+            headers.append((REPLAY_ID_HEADER, e["message_id"].encode()))
         producer.produce(source.topic, value=e["original"], key=key, headers=headers, on_delivery=done, **kwargs)
         producer.poll(0)
     if producer.flush(60) or failures:

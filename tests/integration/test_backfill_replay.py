@@ -369,3 +369,75 @@ def test_a_replay_position_bound_without_a_sequence_covers_that_whole_millisecon
     assert picked(position_from="1700000000000") == ["a", "b", "c"]
     assert picked(position_from="1700000000000-1", position_to="1700000000001") == ["b", "c"]
     assert picked(position_to="1700000000000-3") == ["a", "b"]  # Kafka offsets compare the same way (lo 0)
+
+
+def test_a_kafka_dlq_replay_sent_twice_lands_each_dead_letter_once(tmp_path, spark, kafka_broker, monkeypatch):
+    """A crash between the re-append and the REPLAYED mark re-sends on the next replay: the copies
+    must land on one row each, also for messages whose id is their place (no id field), and also
+    when a copy died again and its dead letter is replayed in turn."""
+    import json
+
+    import yaml
+    from confluent_kafka import Producer
+
+    import deltadrain.replay as replay_module
+    from deltadrain.config import load_config
+    from deltadrain.connections import kafka_client_conf
+    from deltadrain.transforms import POISON_MARKER
+    from tests.integration.test_kafka_drain import drain_until_done as drain_kafka
+    from tests.integration.test_kafka_drain import make_kafka_pipeline
+
+    path, c, p = make_kafka_pipeline(tmp_path, partitions=2, max_retries=0)
+    producer = Producer(kafka_client_conf(c, p))
+
+    def send(i: int, *, poison: bool, with_id: bool) -> None:
+        body = {"customer": POISON_MARKER if poison else f"c{i}", "amount": 1.5, "quantity": 1,
+                "status": "NEW", "event_time": "2026-11-25T07:00:00Z"}
+        if with_id:
+            body["event_id"] = f"evt-{i}"
+        producer.produce(p.source.topic, json.dumps(body).encode(), partition=i % 2)
+
+    for i in range(20):
+        send(i, poison=False, with_id=True)
+    for i in range(20, 26):  # poison the sample transform refuses, half without an id of their own
+        send(i, poison=True, with_id=i < 23)
+    producer.flush(30)
+    drain_kafka(c, p, spark)
+    dead = dlq_rows(spark, c, p)
+    assert len(dead) == 6 and {r.error_type for r in dead} == {"transform"}
+    placed = sorted(r.message_id for r in dead if not r.message_id.startswith("evt-"))
+    assert len(placed) == 3 and all(m.startswith(f"{p.source.topic}-") for m in placed)
+
+    # Replayed while the transform still refuses them: the copies die again, under the same ids.
+    first = replay(c, spark, ReplayRequest(pipeline=p.name, dry_run=False))
+    assert first.replayed == 6
+    drain_kafka(c, p, spark)
+    again_dead = [r for r in dlq_rows(spark, c, p) if r.state == "DEAD"]
+    assert sorted(r.message_id for r in again_dead) == sorted(r.message_id for r in dead)
+    assert {(r.partition, r.position) for r in again_dead}.isdisjoint({(r.partition, r.position) for r in dead})
+
+    # The transform is fixed; the replay's first try dies after the re-append, before the mark.
+    data = yaml.safe_load(path.read_text())
+    next(q for q in data["pipelines"] if q["name"] == p.name)["transform"] = "deltadrain.transforms.identity"
+    path.write_text(yaml.safe_dump(data))
+    c = load_config(path)
+    p = c.pipeline(p.name)
+    mark = replay_module.mark_replayed
+
+    def crash(*args, **kwargs):
+        raise RuntimeError("killed between the re-append and the mark")
+
+    monkeypatch.setattr(replay_module, "mark_replayed", crash)
+    request = ReplayRequest(pipeline=p.name, dry_run=False)
+    with pytest.raises(RuntimeError, match="killed"):
+        replay(c, spark, request)
+    monkeypatch.setattr(replay_module, "mark_replayed", mark)
+    again = replay(c, spark, request)
+    assert again.selected == 6 and again.replayed == 6
+    assert [r.state for r in dlq_rows(spark, c, p)] == ["REPLAYED"] * 12
+
+    runs = drain_kafka(c, p, spark)
+    assert sum(s.claimed for s in runs) == 12  # both copies of every dead letter were read
+    ids = target_ids(spark, c, p)
+    assert len(ids) == len(set(ids)) == 26, "a replayed copy landed as a second row"
+    assert set(ids) == {f"evt-{i}" for i in range(23)} | set(placed)

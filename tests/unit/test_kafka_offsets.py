@@ -99,12 +99,13 @@ CLAIM = pa.schema([("_dd_partition", pa.string()), ("_dd_position", pa.string())
 HEADERS = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
 
 
-def kafka_row(c: DecodeContext, part, offset, ts, key, value, headers) -> tuple:
+def kafka_row(c: DecodeContext, part, offset, ts, key, value, headers, replay_id: bytes | None = None) -> tuple:
     """One Kafka record through the drain's column-wise decoding, back as one claim row."""
     source = pa.RecordBatch.from_pydict(
         {"partition": pa.array([part], pa.int32()), "offset": pa.array([offset], pa.int64()),
          "timestamp": pa.array([ts], pa.timestamp("us", tz="UTC")), "key": pa.array([key], pa.binary()),
-         "value": pa.array([value], pa.binary()), "headers": pa.array([headers], HEADERS)})
+         "value": pa.array([value], pa.binary()), "headers": pa.array([headers], HEADERS),
+         "replay_id": pa.array([replay_id], pa.binary())})
     decoder = BatchDecoder(fields=c.fields, id_field=c.id_field, required=c.required, max_bytes=c.max_bytes,
                            types={"event_id": pa.string(), "amount": pa.float64()})
     return tuple(kafka_batch(c, decoder, CLAIM, source).to_pylist()[0].values())
@@ -122,6 +123,20 @@ def test_kafka_rows_ids_from_field_key_header_and_the_offset_fallback():
     assert kafka_row(hdr, 2, 9, TS, None, b'{"amount": 1}', [{"key": "other", "value": b"x"}])[7] == "clicks-2-9"
     # The configured source wins over the payload's field: without a header the id is the record's place.
     assert kafka_row(hdr, 2, 10, TS, None, b'{"event_id": "e9", "amount": 1}', [])[7] == "clicks-2-10"
+
+
+def test_a_replayed_copy_without_an_id_of_its_own_takes_the_dead_letters_id():
+    # The copy sits at partition 0, offset 90; the dead letter it copies had the id of its place, 3@41.
+    copy = b"clicks-3-41"
+    assert kafka_row(ctx(), 0, 90, TS, None, b'{"amount": 2}', [], copy)[7] == "clicks-3-41"
+    assert kafka_row(ctx(), 0, 90, TS, None, None, [], copy)[7] == "clicks-3-41"  # a tombstone's too
+    # An id of its own wins, and an unreadable or empty replay id is ignored.
+    assert kafka_row(ctx(), 0, 90, TS, None, b'{"event_id": "e1", "amount": 2}', [], copy)[7] == "e1"
+    hdr = ctx(id_from="header", id_header="id")
+    assert kafka_row(hdr, 0, 90, TS, None, b'{"amount": 1}', [{"key": "id", "value": b"h-1"}], copy)[7] == "h-1"
+    assert kafka_row(hdr, 0, 90, TS, None, b'{"amount": 1}', [], copy)[7] == "clicks-3-41"
+    for junk in (b"", b"\xff\xfe"):
+        assert kafka_row(ctx(), 0, 90, TS, None, b'{"amount": 2}', [], junk)[7] == "clicks-0-90"
 
 
 def test_kafka_bad_records_become_dead_letters_with_a_reason():
