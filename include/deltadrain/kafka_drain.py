@@ -87,10 +87,12 @@ def replay_ids(column) -> dict[int, str]:
     out = {}
     for i, raw in zip(rows.to_pylist(), column.take(rows).to_pylist(), strict=True):
         try:
-            out[i] = bytes(raw).decode("utf-8")
+            message_id = bytes(raw).decode("utf-8")
         except UnicodeDecodeError:
             continue  # not an id deltadrain wrote: the record's own place stays its id
-    return {i: v for i, v in out.items() if v}
+        if message_id:
+            out[i] = message_id
+    return out
 
 
 def kafka_batch(ctx: DecodeContext, decoder: BatchDecoder, arrow_schema, batch):
@@ -167,7 +169,8 @@ def read_ranges(spark, cfg: DeltadrainConfig, p: PipelineConfig, ranges: dict[in
         source.id_from, [])
     if headers:
         # One nullable column, not the headers: nested columns cost the Arrow transfer to Python dearly.
-        columns.append(F.expr(f"try_element_at(filter(headers, h -> h.key = '{REPLAY_ID_HEADER}'), 1).value").alias("replay_id"))
+        pick = f"try_element_at(filter(headers, h -> h.key = '{REPLAY_ID_HEADER}'), 1).value"
+        columns.append(F.expr(pick).alias("replay_id"))
     return stage(df.select(*columns), lambda batches, arrow_schema: decode_arrow(batches, ctx, arrow_schema),
                  claim_schema(p), p.payload_schema.id_field, staged)
 
