@@ -64,7 +64,10 @@ def _pools(args) -> int:
 
     cfg = load_config(args.config)
     names = services.ensure_airflow_pools(cfg, services.pools_env())
-    _print([{"pool": n, "slots": 1} for n in names], args.json)
+    rows: list[dict] = [{"pool": n, "slots": 1} for n in names]
+    if args.prune:
+        rows += [{"pool": n, "deleted": True} for n in services.prune_airflow_pools(cfg, services.pools_env())]
+    _print(rows, args.json)
     return 0
 
 
@@ -361,6 +364,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("pools", help="create or update the Airflow pool of every pipeline (after adding one); "
                                      "the Airflow that AIRFLOW_HOME names, else the embedded one")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--prune", action="store_true",
+                   help="also delete the pools deltadrain made for pipelines no longer in the config")
 
     p = sub.add_parser("produce", help="write deterministic sample events to a pipeline's source")
     p.add_argument("pipeline")

@@ -275,9 +275,9 @@ def test_deltadrain_pools_creates_the_pool_of_every_pipeline_and_of_one_added_la
         with sqlite3.connect(db) as conn:
             return dict(conn.execute("SELECT pool, slots FROM slot_pool WHERE pool LIKE 'deltadrain_t%'"))
 
-    def run_pools() -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "deltadrain.cli", "--config", str(path), "pools", "--json"],
-                              capture_output=True, text=True, timeout=300, env={**os.environ})
+    def run_pools(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "deltadrain.cli", "--config", str(path), "pools", "--json",
+                               *args], capture_output=True, text=True, timeout=300, env={**os.environ})
 
     assert pool_name(p.name) not in pools()
     done = run_pools()
@@ -297,6 +297,21 @@ def test_deltadrain_pools_creates_the_pool_of_every_pipeline_and_of_one_added_la
     assert done.returncode == 0, done.stderr[-3000:]
     assert {k: v for k, v in pools().items() if k in (pool_name(p.name), pool_name(added["name"]))} == {
         pool_name(p.name): 1, pool_name(added["name"]): 1}
+
+    # A pipeline removed from the config: --prune deletes its pool, and leaves a pool of the same
+    # prefix that deltadrain did not make.
+    foreign = f"deltadrain_t{p.name}_mine"
+    with sqlite3.connect(db) as conn:
+        conn.execute("INSERT INTO slot_pool (pool, slots, description, include_deferred) VALUES (?, 2, ?, 0)",
+                     (foreign, "an operator's own pool"))
+    data["pipelines"] = [q for q in data["pipelines"] if q["name"] != p.name]
+    path.write_text(yaml.safe_dump(data))
+    assert pool_name(p.name) in pools() and run_pools().returncode == 0 and pool_name(p.name) in pools()
+    done = run_pools("--prune")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert {"pool": pool_name(p.name), "deleted": True} in json.loads(done.stdout)
+    assert pool_name(p.name) not in pools()
+    assert pools()[pool_name(added["name"])] == 1 and pools()[foreign] == 2
 
 
 def test_deltadrain_pools_on_an_unmigrated_metadata_db_names_the_fix(tmp_path):

@@ -49,6 +49,20 @@ def test_names():
     assert ingest_dag_id("orders") == "deltadrain__orders__ingest" and pool_name("orders") == "deltadrain_orders"
 
 
+def test_only_pools_deltadrain_made_for_pipelines_gone_from_the_config_are_stale():
+    from pathlib import Path
+
+    from deltadrain.config import load_config
+    from deltadrain.services import pool_specs, stale_pools
+
+    cfg = load_config(Path(__file__).resolve().parents[2] / "config" / "pipelines.yaml")
+    listed = [{"pool": name, "slots": 1, "description": spec["description"]} for name, spec in pool_specs(cfg).items()]
+    listed += [{"pool": "deltadrain_gone", "slots": 1, "description": "deltadrain: drains of gone"},
+               {"pool": "deltadrain_mine", "slots": 3, "description": "an operator's own"},
+               {"pool": "default_pool", "slots": 128, "description": None}]
+    assert stale_pools(listed, cfg) == ["deltadrain_gone"]
+
+
 def test_the_quality_job_gets_every_batch_the_drain_task_committed():
     from airflow.sdk.exceptions import AirflowSkipException
 

@@ -277,12 +277,23 @@ def select(names: list[str] | None) -> list[str]:
     return [n for n in ALL if n in chosen]
 
 
+POOL_DESCRIPTION = "deltadrain: drains of "  # marks the pools deltadrain made (and may prune)
+
+
 def pool_specs(cfg: DeltadrainConfig) -> dict[str, dict]:
     """One pool per pipeline, one slot: a pipeline's drains and table checks never run side by side."""
     from deltadrain.orchestration.names import pool_name
 
-    return {pool_name(p.name): {"slots": 1, "description": f"deltadrain: drains of {p.name}",
+    return {pool_name(p.name): {"slots": 1, "description": f"{POOL_DESCRIPTION}{p.name}",
                                 "include_deferred": False} for p in cfg.pipelines}
+
+
+def stale_pools(listed: list[dict], cfg: DeltadrainConfig) -> list[str]:
+    """The pools deltadrain made (by their description) for pipelines `cfg` no longer has. Pools of
+    other origins are never touched, whatever their name."""
+    wanted = pool_specs(cfg)
+    return sorted(p["pool"] for p in listed
+                  if str(p.get("description") or "").startswith(POOL_DESCRIPTION) and p["pool"] not in wanted)
 
 
 def pools_env() -> dict[str, str] | None:
@@ -319,6 +330,27 @@ def ensure_airflow_pools(cfg: DeltadrainConfig, env: dict[str, str] | None = Non
         # Airflow's own last lines say why (an unmigrated DB: "Please run `airflow db migrate`").
         raise ServiceError(f"creating the Airflow pools {sorted(pools)} failed: {(done.stderr or done.stdout).strip()[-800:]}")
     return sorted(pools)
+
+
+def prune_airflow_pools(cfg: DeltadrainConfig, env: dict[str, str] | None = None) -> list[str]:
+    """Delete the pools of pipelines removed from the config (`stale_pools`); returns their names."""
+    env = env if env is not None else {**os.environ, **airflow_env(cfg)}
+
+    def airflow(*args: str) -> str:
+        done = subprocess.run([airflow_cli(), "pools", *args], env=env, capture_output=True, text=True, timeout=300)
+        if done.returncode != 0:
+            raise ServiceError(f"`airflow pools {' '.join(args)}` failed: {(done.stderr or done.stdout).strip()[-800:]}")
+        return done.stdout
+
+    out = airflow("list", "--output", "json").strip()
+    try:
+        listed = json.loads(out or "[]")
+    except ValueError:
+        raise ServiceError(f"`airflow pools list` did not answer in JSON: {out[-300:]}") from None
+    stale = stale_pools(listed, cfg)
+    for name in stale:
+        airflow("delete", name)
+    return stale
 
 
 def up(cfg: DeltadrainConfig, names: list[str] | None = None) -> list[dict]:
