@@ -255,20 +255,21 @@ class KafkaDrain(Drain):
         if plan.total == 0 and expected == 0 and self.source.starting_offsets == "latest" and plan.positions:
             self._start_at(plan)
             return
-        if plan.total == 0:
+        if plan.total == 0 and not plan.gaps:
             s.batch, s.positions = expected, positions
             # A run killed between its commit and the group-offset commit left lag tools behind.
             self.acknowledge({}, {int(k): int(v) for k, v in positions.items()})
             return
         s.positions = plan.positions
-        self.announce(plan.ranges, positions)
-        staged = read_ranges(self.spark, self.cfg, p, plan.ranges, attempts_so_far(self.retries),
-                             str(self.scratch / "claimed"))
-        self._settle_notice()  # before the group-offset commit, which must come after it
-        failpoints.hit("after_claim")
-        failpoints.pause("after_claim")
-        self._lap("claim")
-        s.claimed, s.reclaimed = staged.total.rows, staged.total.again
+        if plan.total:  # else only a gap to go past (on_gap: continue), committed below
+            self.announce(plan.ranges, positions)
+            staged = read_ranges(self.spark, self.cfg, p, plan.ranges, attempts_so_far(self.retries),
+                                 str(self.scratch / "claimed"))
+            self._settle_notice()  # before the group-offset commit, which must come after it
+            failpoints.hit("after_claim")
+            failpoints.pause("after_claim")
+            self._lap("claim")
+            s.claimed, s.reclaimed = staged.total.rows, staged.total.again
         if self.retries:
             self.commit_extra.setdefault("retries", retry_record(self.retries, {}, s.positions))
 
@@ -277,7 +278,8 @@ class KafkaDrain(Drain):
             stats = staged.stats() if self.identity_transform else None
         else:
             # Offsets without readable records (an aborted transaction and its markers, compacted
-            # records): the commit carries the positions alone, or every run would read them again.
+            # records, a gap): the commit carries the positions alone, or every run would read them
+            # (and report the gap) again.
             (rows, stats), oldest = self._no_rows(), None
         result, _pending = self.publish(rows, expected, oldest, stats)
         if result.outcome not in (Outcome.COMMITTED, Outcome.ALREADY_COMMITTED):

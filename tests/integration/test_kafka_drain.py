@@ -348,6 +348,36 @@ def test_a_retention_gap_is_reported_with_its_range_and_stops_or_continues_per_p
     assert [(g["batch"], g["range"], g["missing"]) for g in view["gaps"]] == [(s.batch, "offsets 100 to 249", 150)]
 
 
+def test_a_gap_with_nothing_readable_after_it_is_committed_past_once_under_continue(tmp_path, cfg, spark):
+    """Retention took every unread offset: under on_gap: continue the run commits the positions past
+    the gap with the gap in its metadata, so that later runs neither report it again nor see work."""
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    from deltadrain.orchestration.view import pipeline_view
+
+    _, c, p = make_kafka_pipeline(tmp_path, partitions=2, source={"on_gap": "continue"})
+    first = produce(c, p, 100, seed=57)
+    drain_until_done(c, p, spark)
+    produce(c, p, 100, seed=57, start=100)
+    ends = {int(k): int(v) for k, v in end_offsets(c, p).items()}
+    admin = AdminClient(kafka_client_conf(c, p))
+    for fut in admin.delete_records([TopicPartition(p.source.topic, q, end) for q, end in ends.items()]).values():
+        fut.result(30)
+    s = drain(c, p, spark=spark)
+    assert (s.outcome, s.claimed, s.written, s.gaps) == ("committed", 0, 0, 100), s.line()
+    assert s.positions == {str(q): str(end) for q, end in ends.items()}
+    assert lake_checkpoint(spark, c, p).positions == s.positions
+    assert not probe(c, p).has_work
+    again = drain(c, p, spark=spark)
+    assert (again.outcome, again.gaps) == ("empty", 0), again.line()
+    assert pipeline_status(c, p, spark)["gaps"] == []
+    view = pipeline_view(c, p)
+    assert view["open_gaps"] == [] and sum(g["missing"] for g in view["gaps"]) == 100
+    assert {g["batch"] for g in view["gaps"]} == {s.batch}
+    assert sorted(target_ids(spark, c, p)) == sorted(first.valid_ids)
+
+
 def test_poison_message_holds_its_partition_for_max_retries_runs_then_is_dead(tmp_path, cfg, spark):
     from confluent_kafka import Producer
 
