@@ -62,11 +62,10 @@ def _services(args) -> int:
 def _pools(args) -> int:
     from deltadrain import services
 
-    cfg = load_config(args.config)
-    names = services.ensure_airflow_pools(cfg, services.pools_env())
-    rows: list[dict] = [{"pool": n, "slots": 1} for n in names]
+    cfg, env = load_config(args.config), services.pools_env()
+    rows: list[dict] = [{"pool": n, "slots": 1} for n in services.ensure_airflow_pools(cfg, env)]
     if args.prune:
-        rows += [{"pool": n, "deleted": True} for n in services.prune_airflow_pools(cfg, services.pools_env())]
+        rows += [{"pool": n, "deleted": True} for n in services.prune_airflow_pools(cfg, env)]
     _print(rows, args.json)
     return 0
 

@@ -252,16 +252,19 @@ class KafkaDrain(Drain):
                            "Nothing was committed; set on_gap: continue to go on past them")
                 raise DrainError(s.error)
             self.commit_extra["gaps"] = s.gap_ranges
-        if plan.total == 0 and expected == 0 and self.source.starting_offsets == "latest" and plan.positions:
-            self._start_at(plan)
-            return
-        if plan.total == 0 and not plan.gaps:
+        # A first run under `latest` reads nothing (it starts at the end offsets) but commits batch 1
+        # all the same, carrying where the pipeline starts: a checkpoint kept nowhere would make every
+        # later run a first run, each starting at the then-current end and skipping what came between.
+        starts_latest = expected == 0 and self.source.starting_offsets == "latest" and bool(plan.positions)
+        if starts_latest:
+            self.commit_extra["started_at"] = self.source.starting_offsets
+        if plan.total == 0 and not plan.gaps and not starts_latest:
             s.batch, s.positions = expected, positions
             # A run killed between its commit and the group-offset commit left lag tools behind.
             self.acknowledge({}, {int(k): int(v) for k, v in positions.items()})
             return
         s.positions = plan.positions
-        if plan.total:  # else only a gap to go past (on_gap: continue), committed below
+        if plan.total:  # else only a start or a gap to go past (on_gap: continue), committed below
             self.announce(plan.ranges, positions)
             staged = read_ranges(self.spark, self.cfg, p, plan.ranges, attempts_so_far(self.retries),
                                  str(self.scratch / "claimed"))
@@ -278,38 +281,20 @@ class KafkaDrain(Drain):
             stats = staged.stats() if self.identity_transform else None
         else:
             # Offsets without readable records (an aborted transaction and its markers, compacted
-            # records, a gap): the commit carries the positions alone, or every run would read them
-            # (and report the gap) again.
-            (rows, stats), oldest = self._no_rows(), None
+            # records, a gap) or a start: the commit carries the positions alone, or every run would
+            # read them (and report the gap) again.
+            rows, oldest = self.spark.createDataFrame([], claim_schema(p)), None
+            stats = BatchStats(0, 0, None, None, 0) if self.identity_transform else None
         result, _pending = self.publish(rows, expected, oldest, stats)
         if result.outcome not in (Outcome.COMMITTED, Outcome.ALREADY_COMMITTED):
-            self.refuse(result, expected)  # nothing to release: a range is not a lease
+            # Nothing to release: a range is not a lease. Another first run's start stands.
+            self.refuse(result, expected)
             return
         failpoints.hit("after_commit")
         failpoints.pause("after_commit")
         self.acknowledge(plan.ranges if s.claimed else {},
                          {int(part): int(pos) for part, pos in s.positions.items()})
         self._lap("ack")
-
-    def _start_at(self, plan) -> None:
-        """Commit batch 1 without rows, carrying where the pipeline starts. A first run under
-        `starting_offsets: latest` reads nothing (it starts at the end offsets), and a checkpoint kept
-        nowhere would make every later run a first run, each starting at the then-current end and
-        skipping what came in between."""
-        s = self.summary
-        s.positions = plan.positions
-        self.commit_extra["started_at"] = self.source.starting_offsets
-        nothing, stats = self._no_rows()
-        result, _ = self.publish(nothing, 0, None, stats)
-        if result.outcome not in (Outcome.COMMITTED, Outcome.ALREADY_COMMITTED):
-            self.refuse(result, 0)  # another first run started the pipeline: its start stands
-            return
-        self.acknowledge({}, {int(part): int(pos) for part, pos in s.positions.items()})
-
-    def _no_rows(self):
-        """(an empty batch, its stats) for a commit that carries positions alone."""
-        nothing = self.spark.createDataFrame([], claim_schema(self.pipeline))
-        return nothing, BatchStats(0, 0, None, None, 0) if self.identity_transform else None
 
     def announce(self, ranges: dict[int, tuple[int, int]], lake: dict[str, str]) -> None:
         """Claim notices on the group offsets (status shows the running batch's ranges), committed in

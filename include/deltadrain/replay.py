@@ -191,11 +191,11 @@ def _enqueue_kafka(cfg, pipeline, entries) -> None:
         kwargs = {"partition": int(e["partition"])} if str(e["partition"]).isdigit() else {}
         # Keep the message's identity where the pipeline reads it from (key or header).
         key = e["message_id"] if source.id_from == "key" else None
-        headers = [(source.id_header, e["message_id"].encode())] if (
-            source.id_from == "header" and e["message_id"]) else None
-        headers = (headers or []) + [("deltadrain-replay-of", f"{e['partition']}@{e['position']}".encode())]
+        headers = [("deltadrain-replay-of", f"{e['partition']}@{e['position']}".encode())]
         if e["message_id"]:
             headers.append((REPLAY_ID_HEADER, e["message_id"].encode()))
+            if source.id_from == "header":
+                headers.append((source.id_header, e["message_id"].encode()))
         producer.produce(source.topic, value=e["original"], key=key, headers=headers, on_delivery=done, **kwargs)
         producer.poll(0)
     if producer.flush(60) or failures:

@@ -320,37 +320,34 @@ def ensure_airflow_pools(cfg: DeltadrainConfig, env: dict[str, str] | None = Non
     import tempfile
 
     pools = pool_specs(cfg)
-    env = env if env is not None else {**os.environ, **airflow_env(cfg)}
     with tempfile.NamedTemporaryFile("w", prefix="deltadrain-pools-", suffix=".json") as spec:
         json.dump(pools, spec, indent=2)
         spec.flush()
-        done = subprocess.run([airflow_cli(), "pools", "import", spec.name], env=env, capture_output=True,
-                              text=True, timeout=300)
-    if done.returncode != 0:
-        # Airflow's own last lines say why (an unmigrated DB: "Please run `airflow db migrate`").
-        raise ServiceError(f"creating the Airflow pools {sorted(pools)} failed: {(done.stderr or done.stdout).strip()[-800:]}")
+        airflow_pools(cfg, env, f"creating the Airflow pools {sorted(pools)}", "import", spec.name)
     return sorted(pools)
 
 
 def prune_airflow_pools(cfg: DeltadrainConfig, env: dict[str, str] | None = None) -> list[str]:
     """Delete the pools of pipelines removed from the config (`stale_pools`); returns their names."""
-    env = env if env is not None else {**os.environ, **airflow_env(cfg)}
-
-    def airflow(*args: str) -> str:
-        done = subprocess.run([airflow_cli(), "pools", *args], env=env, capture_output=True, text=True, timeout=300)
-        if done.returncode != 0:
-            raise ServiceError(f"`airflow pools {' '.join(args)}` failed: {(done.stderr or done.stdout).strip()[-800:]}")
-        return done.stdout
-
-    out = airflow("list", "--output", "json").strip()
+    out = airflow_pools(cfg, env, "listing the Airflow pools", "list", "--output", "json").strip()
     try:
         listed = json.loads(out or "[]")
     except ValueError:
         raise ServiceError(f"`airflow pools list` did not answer in JSON: {out[-300:]}") from None
     stale = stale_pools(listed, cfg)
     for name in stale:
-        airflow("delete", name)
+        airflow_pools(cfg, env, f"deleting the Airflow pool {name}", "delete", name)
     return stale
+
+
+def airflow_pools(cfg: DeltadrainConfig, env: dict[str, str] | None, what: str, *args: str) -> str:
+    """`airflow pools ARGS` on the Airflow of `env` (`pools_env`; None, the embedded one); its stdout."""
+    env = env if env is not None else {**os.environ, **airflow_env(cfg)}
+    done = subprocess.run([airflow_cli(), "pools", *args], env=env, capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        # Airflow's own last lines say why (an unmigrated DB: "Please run `airflow db migrate`").
+        raise ServiceError(f"{what} failed: {(done.stderr or done.stdout).strip()[-800:]}")
+    return done.stdout
 
 
 def up(cfg: DeltadrainConfig, names: list[str] | None = None) -> list[dict]:
