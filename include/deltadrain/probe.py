@@ -2,7 +2,11 @@
 
 - new: messages appended and not yet taken (Valkey group lag; Kafka end offsets beyond the group's
   committed offsets, which never lead the lake checkpoint, so this errs towards running a drain);
-- reclaimable: Valkey entries pending longer than min_idle_ms (a dead drain's claims).
+- reclaimable: Valkey entries pending longer than min_idle_ms (a dead drain's claims);
+- gaps: Kafka offsets retention deleted before any run read them. A run must meet them even when
+  nothing readable follows: under on_gap: fail it stops there (a failure the Airflow UI shows), under
+  continue it commits past them. (A Valkey gap is recorded and shown by status; a run can only
+  carry it in a commit once the group reads an entry after it, so it is not work on its own.)
 """
 
 from __future__ import annotations
@@ -23,10 +27,11 @@ class Probe:
     # A Kafka pipeline under `starting_offsets: latest` that no run has started yet: its first run
     # reads nothing but commits where the pipeline starts, so it must run before anything is "new".
     unstarted: bool = False
+    gaps: int = 0
 
     @property
     def has_work(self) -> bool:
-        return self.new > 0 or self.reclaimable > 0 or self.unstarted
+        return self.new > 0 or self.reclaimable > 0 or self.unstarted or self.gaps > 0
 
     def as_dict(self) -> dict:
         return {**asdict(self), "has_work": self.has_work}
@@ -89,7 +94,8 @@ def probe_kafka(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> Probe:
     # No group offsets: never started, or they expired (the broker drops an idle group's after
     # `offsets.retention.minutes`); a drain then only commits them again.
     out.unstarted = not known and source.starting_offsets == "latest"
-    starts, _ = start_offsets(known, marks, source.starting_offsets)
+    starts, gaps = start_offsets(known, marks, source.starting_offsets)
+    out.gaps = sum(g.size for g in gaps)
     for part, (_, high) in sorted(marks.items()):
         new = max(0, high - starts[part])
         out.new += new

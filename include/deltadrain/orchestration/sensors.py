@@ -20,7 +20,7 @@ def is_backfill(context) -> bool:
 
 
 class SourceWorkSensor(BaseSensorOperator):
-    """Waits (deferred) until the pipeline's source has new messages or reclaimable claims.
+    """Waits (deferred) until the pipeline's source has new messages, reclaimable claims or a gap to meet.
 
     A backfill run re-reads history instead of waiting for new data, so it passes at once. A source
     that cannot be probed counts as "no work yet": the sensor defers and the trigger keeps trying.
@@ -52,7 +52,8 @@ class SourceWorkSensor(BaseSensorOperator):
             # A source that is down is waited for, as the trigger does, not a failed run.
             self.log.warning("deltadrain: probing %s failed (%s); waiting", self.pipeline, exc)
             return PokeReturnValue(False)
-        self.log.info("deltadrain: %s: %s new, %s reclaimable", self.pipeline, found["new"], found["reclaimable"])
+        self.log.info("deltadrain: %s: %s new, %s reclaimable, %s in gaps", self.pipeline, found["new"],
+                      found["reclaimable"], found["gaps"])
         return PokeReturnValue(found["has_work"], {"status": "work", "probe": found})
 
     def execute(self, context) -> Any:
