@@ -61,6 +61,9 @@ class ValkeySource(_Model):
     group: str = "deltadrain"
     # MAXLEN applied by producers (produce, replay); None keeps every entry.
     maxlen: int | None = Field(None, gt=0)
+    # Entries deleted (trimming, XDEL) before a committed batch held them: fail stops the run, which
+    # commits nothing, until the operator accepts the loss; continue carries the gap in the next commit.
+    on_gap: Literal["fail", "continue"] = "fail"
 
     @field_validator("url")
     @classmethod

@@ -28,7 +28,7 @@ from deltadrain.config import DeltadrainConfig, PipelineConfig, ValkeySource
 from deltadrain.connections import as_text, group_counts, valkey_client, valkey_url
 from deltadrain.deadletter import DEAD, write_dead_letters
 from deltadrain.errors import DeltadrainError
-from deltadrain.gaps import as_ranges, count, forget, gaps_key, recorded, unread_gaps
+from deltadrain.gaps import as_ranges, count, describe_gap, forget, gaps_key, recorded, unread_gaps
 from deltadrain.gaps import record as record_gaps
 from deltadrain.lake import ensure_table, is_table
 from deltadrain.logs import fields, run_logger
@@ -482,6 +482,7 @@ class ValkeyDrain(Drain):
         quotas = allocate(p.batch_cap, backlog(self.client, source))
         self.find_unread_gaps()  # before this run's XREADGROUP moves the group past them
         self._lap("checkpoint")
+        self.stop_at_gaps(expected, checkpoint.positions)  # on_gap: fail, before anything is claimed
         if sum(quotas.values()) == 0:
             s.batch, s.positions = expected, checkpoint.positions
             self.report_gaps()
@@ -492,6 +493,7 @@ class ValkeyDrain(Drain):
 
         self._lap("claim")
         s.claimed, s.reclaimed = staged.total.rows, staged.total.reclaimed
+        self.stop_at_gaps(expected, checkpoint.positions, staged)  # entries this claim found deleted while pending
         carried = self.report_gaps()
         if s.claimed == 0:
             s.batch, s.positions = expected, checkpoint.positions
@@ -515,6 +517,25 @@ class ValkeyDrain(Drain):
         """Record the entries each stream lost before the group read them (two XINFO calls a stream)."""
         source: ValkeySource = self.pipeline.source
         record_gaps(self.client, self.ctx.gaps_key, unread_gaps(self.client, source.streams, source.group))
+
+    def stop_at_gaps(self, expected: int, positions: dict, staged: Staged | None = None) -> None:
+        """on_gap: fail. A run that meets a recorded gap commits nothing: it releases what it claimed
+        and stops with an error naming the gaps, which stay recorded (status and the Airflow view show
+        them) until a run under on_gap: continue carries them in its commit."""
+        if self.pipeline.source.on_gap != "fail":
+            return
+        s = self.summary
+        gaps = as_ranges(recorded(self.client, self.ctx.gaps_key))
+        if not gaps:
+            return
+        if staged is not None:
+            s.released = release(staged.files, self.ctx)
+        s.batch, s.positions = expected, positions
+        s.gap_ranges, s.gaps = gaps, count(gaps)
+        s.error = (f"entries were deleted from the source before this pipeline committed them: "
+                   f"{'; '.join(describe_gap(g) for g in gaps)}. Nothing was committed; set on_gap: continue "
+                   "to go on past them (the next commit then records the gaps)")
+        raise DrainError(s.error)
 
     def report_gaps(self) -> dict[str, str]:
         """Every recorded gap no commit has carried yet (this run's, and those of runs that died or

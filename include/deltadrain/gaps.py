@@ -168,6 +168,12 @@ def unread_gaps(client, streams, group: str) -> list[Gap]:
             if (st := stream_state(client, stream, group)) is not None and (gap := unread_gap(stream, st)) is not None]
 
 
+def open_gaps(client, streams, group: str, key: str | None) -> dict[str, str]:
+    """The gaps no commit carries yet: recorded in the hash `key`, and those the next drain will find
+    (entries removed before the group read them), as the hash holds them."""
+    return {**(recorded(client, key) if key else {}), **as_recorded(unread_gaps(client, streams, group))}
+
+
 def as_recorded(gaps: list[Gap]) -> dict[str, str]:
     """Gaps as the gaps hash holds them: field -> JSON."""
     return {g.field: json.dumps(g.as_dict(), sort_keys=True) for g in gaps}
@@ -206,6 +212,14 @@ def as_ranges(carried: dict[str, str]) -> list[dict]:
     """The recorded gaps as the run summary and the commit metadata list them, in a stable order."""
     gaps = [json.loads(v) for v in carried.values()]
     return sorted(gaps, key=lambda g: (g["partition"], StreamId.parse(g["from"]), g["kind"]))
+
+
+def describe_gap(g: dict) -> str:
+    """One recorded gap, for an error message."""
+    n = g["missing"]
+    many = "an unknown number of entries" if n is None else "1 entry" if n == 1 else f"{n} entries"
+    how = "removed before the group read them" if g["kind"] == "unread" else "deleted while pending"
+    return f"stream {g['partition']} ids {g['from']} to {g['to']} ({many}, {how})"
 
 
 def count(gaps: list[dict]) -> int:

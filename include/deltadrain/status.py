@@ -6,7 +6,7 @@ from deltadrain.checkpoint import read_checkpoint
 from deltadrain.config import DeltadrainConfig, KafkaSource, PipelineConfig, ValkeySource
 from deltadrain.connections import as_text, group_counts, kafka_consumer_conf, valkey_client
 from deltadrain.deadletter import DEAD, REPLAYED
-from deltadrain.gaps import as_ranges, as_recorded, gaps_key, recorded, unread_gaps
+from deltadrain.gaps import as_ranges, gaps_key, open_gaps
 from deltadrain.lake import inserted_rows, is_table, recent_commits
 from deltadrain.metrics import last_runs
 
@@ -37,8 +37,7 @@ def valkey_counts(client, source: ValkeySource, gaps_at: str | None = None) -> d
     consumers: dict[str, dict] = {}
     oldest_idle = 0
     partitions = {}
-    gaps = {**(recorded(client, gaps_at) if gaps_at else {}),
-            **as_recorded(unread_gaps(client, source.streams, source.group))}
+    gaps = open_gaps(client, source.streams, source.group, gaps_at)
     for stream in source.streams:
         lag, in_pel = group_counts(client, stream, source.group)
         length = client.xlen(stream)

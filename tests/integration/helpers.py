@@ -33,6 +33,7 @@ def make_pipeline(tmp_path: Path, **overrides):
     pipe = next(p for p in data["pipelines"] if p["source"]["kind"] == "valkey")
     pipe["name"] = name
     pipe["source"]["streams"] = [f"{name}:{{{i}}}" for i in range(overrides.pop("partitions", 4))]
+    pipe["source"].update(overrides.pop("source", {}))
     pipe["target"]["path"] = name
     pipe.pop("quality", None)
     pipe.update(overrides)
@@ -47,6 +48,16 @@ def write_config(tmp_path: Path, data: dict, pipe: dict):
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     cfg = load_config(path)
     return path, cfg, cfg.pipeline(pipe["name"])
+
+
+def set_source(path: Path, **fields):
+    """Change the source settings of the config file's only pipeline, as an operator edits the YAML:
+    returns the reloaded (cfg, pipeline)."""
+    data = yaml.safe_load(path.read_text())
+    data["pipelines"][0]["source"].update(fields)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    cfg = load_config(path)
+    return cfg, cfg.pipeline(data["pipelines"][0]["name"])
 
 
 def clean_up_delta_log(spark, target: str, version: int) -> None:

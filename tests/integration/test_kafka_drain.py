@@ -13,7 +13,6 @@ import pytest
 import yaml
 
 from deltadrain.checkpoint import read_checkpoint
-from deltadrain.config import load_config
 from deltadrain.connections import kafka_client_conf
 from deltadrain.drain import drain
 from deltadrain.kafka_offsets import (
@@ -36,6 +35,7 @@ from tests.integration.helpers import (
     clean_up_delta_log,
     cli_drain,
     dlq_rows,
+    set_source,
     summary_of,
     target_ids,
     write_config,
@@ -331,11 +331,7 @@ def test_a_retention_gap_is_reported_with_its_range_and_stops_or_continues_per_p
     view = pipeline_view(c, p)  # the Airflow view shows the gap that stops the runs
     assert [(g["partition"], g["range"], g["missing"]) for g in view["open_gaps"]] == [("0", "offsets 100 to 249", 150)]
     # The operator accepts the loss: the next runs go on after the gap and say so.
-    data = yaml.safe_load(path.read_text())
-    data["pipelines"][0]["source"]["on_gap"] = "continue"
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    c = load_config(path)
-    p = c.pipeline(p.name)
+    c, p = set_source(path, on_gap="continue")
     s = drain(c, p, spark=spark)
     assert s.outcome == "committed" and s.gaps == 150
     assert s.gap_ranges == [{"partition": 0, "start": 100, "end": 250, "missing": 150}]

@@ -6,6 +6,7 @@ Each test has a pipeline of its own (streams, group, tables), so they can share 
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import pytest
@@ -28,6 +29,7 @@ from tests.integration.helpers import (
     drain_until_done,
     make_pipeline,
     pending,
+    set_source,
     summary_of,
     target_ids,
 )
@@ -641,7 +643,11 @@ def _covers(gap: dict, ids: list[str]) -> bool:
 
 
 def test_entries_trimmed_before_the_group_read_them_are_a_reported_gap(tmp_path, cfg, spark, caplog, capsys):
+    """Under on_gap: fail (the default) a run stops at the gap and claims nothing; once the operator
+    accepts the loss (on_gap: continue), the next commit carries the gap and goes on after it."""
     from deltadrain.cli import main
+    from deltadrain.connections import group_counts
+    from deltadrain.probe import probe
 
     path, c, p = make_pipeline(tmp_path, partitions=2)
     client = valkey_client(c, p)
@@ -660,6 +666,17 @@ def test_entries_trimmed_before_the_group_read_them_are_a_reported_gap(tmp_path,
     # The Airflow view shows it too, open until a run has recorded it.
     assert [(g["partition"], g["kind"], g["missing"]) for g in pipeline_view(c, p)["open_gaps"]] == [
         (trimmed_stream, "unread", 40)]
+    found = probe(c, p)  # the sensor wakes a run, whose failure shows in Airflow
+    assert (found.new, found.gaps, found.has_work) == (70, 40, True)
+    with pytest.raises(Exception, match=rf"stream {re.escape(trimmed_stream)} ids 0-1 to \S+ \(40 entries, removed before the "
+                       r"group read them\)\. Nothing was committed; set on_gap: continue"):
+        drain(c, p, spark=spark)
+    assert not (c.target_path(p) / "_delta_log").exists()
+    assert [group_counts(client, st, p.source.group) for st in (trimmed_stream, other)] == [(60, 0), (10, 0)]
+    assert [(g["partition"], g["missing"]) for g in pipeline_status(c, p, spark)["gaps"]] == [(trimmed_stream, 40)]
+    # The operator accepts the loss: under continue a Valkey gap alone is not work, the entries after it are.
+    c, p = set_source(path, on_gap="continue")
+    assert (probe(c, p).gaps, probe(c, p).new) == (0, 70)
     caplog.set_level("WARNING", logger="deltadrain.run")
     s = drain(c, p, spark=spark)
     assert (s.outcome, s.written, s.gaps) == ("committed", 70, 40)
@@ -686,10 +703,10 @@ def test_entries_trimmed_before_the_group_read_them_are_a_reported_gap(tmp_path,
     assert f"{gap['from']} to {gap['to']}" in page and "none in the last" not in page
 
 
-def _read_by_a_crashed_drain(tmp_path, produced: int, seed: int, deleted: int):
+def _read_by_a_crashed_drain(tmp_path, produced: int, seed: int, deleted: int, on_gap: str = "continue"):
     """One stream of `produced` entries; a drain read the first 10 and died, then entry `deleted`
-    was deleted from the stream while pending. Returns (cfg, pipeline, client, messages, ids)."""
-    _, c, p = make_pipeline(tmp_path, partitions=1, min_idle_ms=100)
+    was deleted from the stream while pending. Returns (path, cfg, pipeline, client, messages, ids)."""
+    path, c, p = make_pipeline(tmp_path, partitions=1, min_idle_ms=100, source={"on_gap": on_gap})
     client = valkey_client(c, p)
     stream = p.source.streams[0]
     msgs = list(generate(p, produced, seed=seed))
@@ -698,15 +715,24 @@ def _read_by_a_crashed_drain(tmp_path, produced: int, seed: int, deleted: int):
     client.xreadgroup(p.source.group, "crashed-drain", {stream: ">"}, count=10)
     assert client.xdel(stream, ids[deleted]) == 1
     time.sleep(0.2)  # past min_idle_ms
-    return c, p, client, msgs, ids
+    return path, c, p, client, msgs, ids
 
 
 def test_an_entry_deleted_while_pending_is_reported_with_its_id(tmp_path, cfg, spark):
-    c, p, client, msgs, ids = _read_by_a_crashed_drain(tmp_path, 20, seed=102, deleted=4)
+    path, c, p, client, msgs, ids = _read_by_a_crashed_drain(tmp_path, 20, seed=102, deleted=4, on_gap="fail")
     stream = p.source.streams[0]
+    # Under on_gap: fail the run that finds it (its XAUTOCLAIM drops it from the pending list) stops,
+    # commits nothing and releases all it claimed, the 10 new entries too; the next run stops before
+    # claiming anything.
+    for _ in range(2):
+        with pytest.raises(Exception, match=rf"ids {ids[4]} to {ids[4]} \(1 entry, deleted while pending\)"):
+            drain(c, p, spark=spark)
+        assert not (c.target_path(p) / "_delta_log").exists()
+        assert sorted(_pel(client, stream, p.source.group)) == sorted(ids[:4] + ids[5:])
+    c, p = set_source(path, on_gap="continue")
     s = drain(c, p, spark=spark)
-    # The deleted entry left the pending list with XAUTOCLAIM: 19 to acknowledge.
-    assert (s.outcome, s.reclaimed, s.written, s.acked, s.gaps) == ("committed", 10, 19, 19, 1)
+    # The deleted entry left the pending list with the failed run's XAUTOCLAIM: 19 to acknowledge.
+    assert (s.outcome, s.reclaimed, s.written, s.acked, s.gaps) == ("committed", 19, 19, 19, 1)
     assert [(g["partition"], g["kind"], g["from"], g["to"], g["missing"], g["ids"]) for g in s.gap_ranges] == [
         (stream, "pending", ids[4], ids[4], 1, [ids[4]])]
     assert read_checkpoint(spark, str(c.target_path(p)), p.name).meta["gaps"] == s.gap_ranges
@@ -741,7 +767,7 @@ def test_deleting_or_trimming_acknowledged_entries_is_no_gap(tmp_path, cfg, spar
 def test_a_gap_found_by_a_run_that_dies_is_carried_by_the_next_commit(tmp_path, cfg, spark):
     """The killed run's XREADGROUP moved the group past the trimmed entries and its XAUTOCLAIM dropped the
     deleted pending one from the pending list: only its gap records can still tell of them."""
-    path, c, p = make_pipeline(tmp_path, partitions=1, min_idle_ms=0)
+    path, c, p = make_pipeline(tmp_path, partitions=1, min_idle_ms=0, source={"on_gap": "continue"})
     client = valkey_client(c, p)
     stream = p.source.streams[0]
     msgs = list(generate(p, 50, seed=104))
@@ -806,7 +832,7 @@ def test_a_release_moves_only_the_entries_its_run_still_holds(tmp_path, cfg, spa
 
 
 def test_the_reaper_leaves_a_deleted_pending_entry_for_the_drain_to_report(tmp_path, cfg, spark):
-    c, p, client, _, ids = _read_by_a_crashed_drain(tmp_path, 10, seed=106, deleted=6)
+    _, c, p, client, _, ids = _read_by_a_crashed_drain(tmp_path, 10, seed=106, deleted=6)
     report = reap(c, p, client)
     assert report["taken_over"] == 9 and report["consumers_removed"] == []  # it still holds the deleted one
     s = drain(c, p, spark=spark)

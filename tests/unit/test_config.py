@@ -166,3 +166,16 @@ def test_kafka_reads_committed_records_unless_told_otherwise():
     data["pipelines"][1]["source"]["isolation_level"] = "committed"
     msg = error_of(data)
     assert "pipeline 'clicks'" in msg and "field 'source.isolation_level'" in msg
+
+
+def test_a_gap_stops_either_source_unless_told_otherwise():
+    data = example()
+    for pipe in data["pipelines"]:
+        pipe["source"].pop("on_gap", None)
+    cfg = parse_config(data, Path("x.yaml"))
+    assert [p.source.on_gap for p in cfg.pipelines] == ["fail", "fail"]
+    data["pipelines"][0]["source"]["on_gap"] = "continue"
+    assert parse_config(data, Path("x.yaml")).pipeline("orders").source.on_gap == "continue"
+    data["pipelines"][0]["source"]["on_gap"] = "skip"
+    msg = error_of(data)
+    assert "pipeline 'orders'" in msg and "field 'source.on_gap'" in msg

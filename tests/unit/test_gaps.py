@@ -138,3 +138,14 @@ def test_recorded_gaps_are_listed_in_order_and_counted():
 def test_malformed_ids_are_refused(bad):
     with pytest.raises(ValueError):
         deleted_while_pending("s", [bad])
+
+
+def test_a_gap_is_described_by_its_stream_range_size_and_kind():
+    from deltadrain.gaps import describe_gap
+
+    unread = {"partition": "s:{0}", "kind": "unread", "from": "5-1", "to": "9-0", "missing": 40}
+    pending = {"partition": "s:{1}", "kind": "pending", "from": "7-0", "to": "7-0", "missing": 1}
+    xdel = {**unread, "missing": None}
+    assert describe_gap(unread) == "stream s:{0} ids 5-1 to 9-0 (40 entries, removed before the group read them)"
+    assert describe_gap(pending) == "stream s:{1} ids 7-0 to 7-0 (1 entry, deleted while pending)"
+    assert "(an unknown number of entries, removed" in describe_gap(xdel)
