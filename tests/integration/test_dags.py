@@ -130,6 +130,20 @@ def test_ingest_dag_failure_carries_the_drains_own_error(pipeline_dags, spark):
 
 
 @pytest.mark.slow
+def test_an_ingest_run_stops_on_a_gap_with_nothing_after_it_and_says_how_to_go_on(pipeline_dags, spark):
+    # Entries trimmed before any run read them, and nothing new: the sensor still wakes the drain, whose
+    # failure under on_gap: fail (the default) names the gap in the task log. Before, the run was skipped.
+    path, c, p = pipeline_dags(partitions=1, airflow={"retries": 0, "wait_timeout": "PT3S", "poll_interval": "PT1S"})
+    produce(c, p, 20, seed=190)
+    assert valkey_client(c, p).xtrim(p.source.streams[0], maxlen=0, approximate=False) == 20
+    run = run_dag(ingest_dag_id(p.name))
+    assert run["states"] == {"wait_for_work": "success", "drain": "failed", "quality": "upstream_failed"}, \
+        run["log"][-3000:]
+    assert "(20 entries, removed before the group read them). Nothing was committed; set on_gap: continue" \
+        in run["log"]
+
+
+@pytest.mark.slow
 def test_reaper_dag_takes_over_stuck_claims_and_removes_dead_consumers(pipeline_dags, spark):
     from deltadrain.drain import ensure_groups
 
