@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from deltadrain.config import DeltadrainConfig, KafkaSource, PipelineConfig, ValkeySource
+from deltadrain.positions import StreamId
 from deltadrain.secrets import credentials
 
 # librdkafka's codes for "no broker answered" (as opposed to a broker that answered with an error).
@@ -16,15 +17,23 @@ def as_text(value) -> str:
 
 
 def group_counts(client, stream: str, group: str) -> tuple[int, int]:
-    """(lag, pending) of `group` on `stream`: entries not yet delivered to it, and entries it holds.
-    Without the group (or a known lag) every entry of the stream counts as not yet delivered."""
+    """(lag, pending) of `group` on `stream`: entries not yet delivered to it (at most), and entries it
+    holds. Without the group every entry of the stream counts as not yet delivered."""
     if not client.exists(stream):
         return 0, 0
     info = next((g for g in client.xinfo_groups(stream) if as_text(g["name"]) == group), None)
+    length = client.xlen(stream)
     if info is None:
-        return client.xlen(stream), 0
+        return length, 0
+    pending = int(info.get("pending", 0))
     lag = info.get("lag")
-    return (int(lag) if lag is not None else client.xlen(stream)), int(info.get("pending", 0))
+    if lag is not None:
+        return min(int(lag), length), pending  # the server's lag still counts entries trimmed since
+    # The server lost count (entries deleted past the group's position): every entry left may be
+    # unread, unless the newest was delivered already.
+    newest = client.xrevrange(stream, count=1)
+    got = StreamId.parse(as_text(info["last-delivered-id"]))
+    return (0 if not newest or StreamId.parse(as_text(newest[0][0])) <= got else length), pending
 
 
 def valkey_url(cfg: DeltadrainConfig, source: ValkeySource) -> str:

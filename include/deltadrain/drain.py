@@ -28,7 +28,16 @@ from deltadrain.config import DeltadrainConfig, PipelineConfig, ValkeySource
 from deltadrain.connections import as_text, group_counts, valkey_client, valkey_url
 from deltadrain.deadletter import DEAD, write_dead_letters
 from deltadrain.errors import DeltadrainError
-from deltadrain.gaps import as_ranges, count, describe_gap, forget, gaps_key, recorded, unread_gaps
+from deltadrain.gaps import (
+    as_ranges,
+    count,
+    describe_gap,
+    forget,
+    found_unread,
+    gaps_key,
+    move_past,
+    recorded,
+)
 from deltadrain.gaps import record as record_gaps
 from deltadrain.lake import ensure_table, is_table
 from deltadrain.logs import fields, run_logger
@@ -313,6 +322,11 @@ class Drain:
     def _finish(self) -> None:
         """Best-effort cleanup after every run, committed or not."""
 
+    def no_rows(self):
+        """(rows, stats) of a batch without rows: a commit that carries positions or gaps alone."""
+        stats = BatchStats(0, 0, None, None, 0) if self.identity_transform else None
+        return self.spark.createDataFrame([], claim_schema(self.pipeline)), stats
+
     def publish(self, claimed, expected: int, oldest, stats: BatchStats | None = None):
         """Claimed rows -> dead letters, then the one MERGE commit of batch `expected + 1` carrying
         `summary.positions`. Returns (CommitResult, [(partition, position)] of culprits left for another
@@ -483,40 +497,49 @@ class ValkeyDrain(Drain):
         self.find_unread_gaps()  # before this run's XREADGROUP moves the group past them
         self._lap("checkpoint")
         self.stop_at_gaps(expected, checkpoint.positions)  # on_gap: fail, before anything is claimed
-        if sum(quotas.values()) == 0:
-            s.batch, s.positions = expected, checkpoint.positions
-            self.report_gaps()
-            return
-        staged = self.claim(quotas)
-        failpoints.hit("after_claim")
-        failpoints.pause("after_claim")
-
-        self._lap("claim")
-        s.claimed, s.reclaimed = staged.total.rows, staged.total.reclaimed
-        self.stop_at_gaps(expected, checkpoint.positions, staged)  # entries this claim found deleted while pending
+        staged = None
+        if sum(quotas.values()):
+            staged = self.claim(quotas)
+            failpoints.hit("after_claim")
+            failpoints.pause("after_claim")
+            self._lap("claim")
+            s.claimed, s.reclaimed = staged.total.rows, staged.total.reclaimed
+            self.stop_at_gaps(expected, checkpoint.positions, staged)  # entries it found deleted while pending
         carried = self.report_gaps()
-        if s.claimed == 0:
-            s.batch, s.positions = expected, checkpoint.positions
+        s.positions = checkpoint.positions
+        if s.claimed:
+            s.positions = merge_positions(checkpoint.positions, staged.positions)
+            claimed, oldest = staged.rows(self.spark), staged.total.oldest
+            stats = staged.stats() if self.identity_transform else None
+        elif carried:  # gaps alone (on_gap: continue): a commit without rows carries them
+            (claimed, stats), oldest = self.no_rows(), None
+        else:
+            s.batch = expected
             return
-        s.positions = merge_positions(checkpoint.positions, staged.positions)
-        claimed = staged.rows(self.spark)
-        stats = staged.stats() if self.identity_transform else None
-        result, pending_culprits = self.publish(claimed, expected, staged.total.oldest, stats)
+        result, pending_culprits = self.publish(claimed, expected, oldest, stats)
         if result.outcome in (Outcome.COMMITTED, Outcome.ALREADY_COMMITTED):
             forget(self.client, self.ctx.gaps_key, carried)  # a committed batch's metadata holds them now
-            failpoints.hit("after_commit")
-            failpoints.pause("after_commit")
-            s.acked = acknowledge(staged.files, self.ctx, keep=frozenset(pending_culprits))
-            self._lap("ack")
+            if s.claimed:
+                failpoints.hit("after_commit")
+                failpoints.pause("after_commit")
+                s.acked = acknowledge(staged.files, self.ctx, keep=frozenset(pending_culprits))
+                self._lap("ack")
             return
         # Another writer is ahead, or the table went backwards: acknowledge nothing (invariant 5).
-        s.released = release(staged.files, self.ctx)
+        if staged is not None:
+            s.released = release(staged.files, self.ctx)
         self.refuse(result, expected)
 
     def find_unread_gaps(self) -> None:
-        """Record the entries each stream lost before the group read them (two XINFO calls a stream)."""
+        """Record the entries each stream lost before the group read them (two XINFO calls a stream).
+        Under on_gap: continue, a gap with nothing readable after it is then gone past: the group
+        moves to the stream's end, so that the commit that carries the gap is the last to report it."""
         source: ValkeySource = self.pipeline.source
-        record_gaps(self.client, self.ctx.gaps_key, unread_gaps(self.client, source.streams, source.group))
+        found = found_unread(self.client, source.streams, source.group)
+        record_gaps(self.client, self.ctx.gaps_key, [gap for gap, _ in found])
+        if source.on_gap == "continue":
+            for gap, st in found:
+                move_past(self.client, gap.partition, source.group, st)
 
     def stop_at_gaps(self, expected: int, positions: dict, staged: Staged | None = None) -> None:
         """on_gap: fail. A run that meets a recorded gap commits nothing: it releases what it claimed

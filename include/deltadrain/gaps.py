@@ -162,16 +162,55 @@ def stream_state(client, stream: str, group: str) -> StreamState | None:
     return StreamState.of(info, mine)
 
 
+def found_unread(client, streams, group: str) -> list[tuple[Gap, StreamState]]:
+    """`unread_gap` of each stream that exists, with the state it was found in."""
+    return [(gap, st) for stream in streams
+            if (st := stream_state(client, stream, group)) is not None and (gap := unread_gap(stream, st)) is not None]
+
+
 def unread_gaps(client, streams, group: str) -> list[Gap]:
     """`unread_gap` of each stream that exists (two XINFO calls a stream)."""
-    return [gap for stream in streams
-            if (st := stream_state(client, stream, group)) is not None and (gap := unread_gap(stream, st)) is not None]
+    return [gap for gap, _ in found_unread(client, streams, group)]
 
 
 def open_gaps(client, streams, group: str, key: str | None) -> dict[str, str]:
     """The gaps no commit carries yet: recorded in the hash `key`, and those the next drain will find
     (entries removed before the group read them), as the hash holds them."""
     return {**(recorded(client, key) if key else {}), **as_recorded(unread_gaps(client, streams, group))}
+
+
+# The group's last-delivered-id to the stream's end, when no entry follows it: `XREADGROUP >` moves
+# it only by delivering, so an unread gap with nothing after it would be found by every run. Only
+# while the stream's last-generated-id is the one the gap was found with (an entry appended, and
+# trimmed, since then would be a gap no one recorded). ENTRIESREAD keeps the group's lag exact.
+_MOVE_PAST = """
+local info = redis.call('XINFO', 'STREAM', KEYS[1])
+local last, added
+for i = 1, #info, 2 do
+  if info[i] == 'last-generated-id' then last = info[i + 1] end
+  if info[i] == 'entries-added' then added = info[i + 1] end
+end
+if last ~= ARGV[2] then return 0 end
+for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[1])) do
+  local name, got
+  for i = 1, #g, 2 do
+    if g[i] == 'name' then name = g[i + 1] end
+    if g[i] == 'last-delivered-id' then got = g[i + 1] end
+  end
+  if name == ARGV[1] then
+    if #redis.call('XRANGE', KEYS[1], '(' .. got, '+', 'COUNT', 1) > 0 then return 0 end
+    redis.call('XGROUP', 'SETID', KEYS[1], ARGV[1], last, 'ENTRIESREAD', added)
+    return 1
+  end
+end
+return 0
+"""
+
+
+def move_past(client, stream: str, group: str, st: StreamState) -> bool:
+    """Move `group` past an unread gap of `stream` found in state `st` when nothing readable follows
+    it (call only once the gap is recorded). False when an entry follows, or the stream moved on."""
+    return bool(client.eval(_MOVE_PAST, 1, stream, group, str(st.last)))
 
 
 def as_recorded(gaps: list[Gap]) -> dict[str, str]:

@@ -37,7 +37,7 @@ from deltadrain.kafka_offsets import (
 )
 from deltadrain.logs import run_logger
 from deltadrain.outcome import Outcome
-from deltadrain.stage import BatchStats, Staged, stage
+from deltadrain.stage import Staged, stage
 
 NOTICE_WAIT_S = 15  # how long a run waits, after its read, for its claim notices to land
 TASK_OFFSETS = 100_000  # offsets per Spark task: a busy partition is read by several tasks
@@ -283,8 +283,7 @@ class KafkaDrain(Drain):
             # Offsets without readable records (an aborted transaction and its markers, compacted
             # records, a gap) or a start: the commit carries the positions alone, or every run would
             # read them (and report the gap) again.
-            rows, oldest = self.spark.createDataFrame([], claim_schema(p)), None
-            stats = BatchStats(0, 0, None, None, 0) if self.identity_transform else None
+            (rows, stats), oldest = self.no_rows(), None
         result, _pending = self.publish(rows, expected, oldest, stats)
         if result.outcome not in (Outcome.COMMITTED, Outcome.ALREADY_COMMITTED):
             # Nothing to release: a range is not a lease. Another first run's start stands.

@@ -3,11 +3,9 @@
 - new: messages appended and not yet taken (Valkey group lag; Kafka end offsets beyond the group's
   committed offsets, which never lead the lake checkpoint, so this errs towards running a drain);
 - reclaimable: Valkey entries pending longer than min_idle_ms (a dead drain's claims);
-- gaps: entries the source deleted before any commit held them. A run must meet them even when
-  nothing readable follows. Under on_gap: fail it stops there, a failure the Airflow UI shows. Under
-  continue, a Kafka run commits past them; a Valkey run carries them in its next commit, which needs
-  an entry to read after them, so under continue a Valkey gap is not work on its own (status and
-  the view show it meanwhile).
+- gaps: entries the source deleted before any commit held them (Kafka retention; Valkey trimming,
+  XDEL). A run must meet them even when nothing readable follows: under on_gap: fail it stops there,
+  a failure the Airflow UI shows; under continue it commits past them, once.
 """
 
 from __future__ import annotations
@@ -67,8 +65,7 @@ def probe_valkey(cfg: DeltadrainConfig, pipeline: PipelineConfig, client=None) -
     client = client or valkey_client(cfg, pipeline)
     out = Probe(pipeline.name)
     try:
-        if source.on_gap == "fail":
-            out.gaps = count(as_ranges(open_gaps(client, source.streams, source.group, gaps_key(pipeline.name))))
+        out.gaps = count(as_ranges(open_gaps(client, source.streams, source.group, gaps_key(pipeline.name))))
         for stream in source.streams:
             lag, in_pel = group_counts(client, stream, source.group)
             stuck = stuck_entries(client, stream, source.group, pipeline.min_idle_ms) if in_pel else 0

@@ -674,9 +674,7 @@ def test_entries_trimmed_before_the_group_read_them_are_a_reported_gap(tmp_path,
     assert not (c.target_path(p) / "_delta_log").exists()
     assert [group_counts(client, st, p.source.group) for st in (trimmed_stream, other)] == [(60, 0), (10, 0)]
     assert [(g["partition"], g["missing"]) for g in pipeline_status(c, p, spark)["gaps"]] == [(trimmed_stream, 40)]
-    # The operator accepts the loss: under continue a Valkey gap alone is not work, the entries after it are.
-    c, p = set_source(path, on_gap="continue")
-    assert (probe(c, p).gaps, probe(c, p).new) == (0, 70)
+    c, p = set_source(path, on_gap="continue")  # the operator accepts the loss
     caplog.set_level("WARNING", logger="deltadrain.run")
     s = drain(c, p, spark=spark)
     assert (s.outcome, s.written, s.gaps) == ("committed", 70, 40)
@@ -701,6 +699,48 @@ def test_entries_trimmed_before_the_group_read_them_are_a_reported_gap(tmp_path,
         (1, trimmed_stream, "unread", f"{gap['from']} to {gap['to']}", 40)]
     page = _templates().get_template("pipeline.html.j2").render(v=view, state="DEAD", replay_dag="r", triggered=[])
     assert f"{gap['from']} to {gap['to']}" in page and "none in the last" not in page
+
+
+def test_a_gap_with_nothing_readable_after_it_is_committed_past_once_under_continue(tmp_path, cfg, spark):
+    """A stream trimmed to empty, and one whose undelivered tail was XDELed: XREADGROUP has nothing to
+    deliver, so nothing would move the group past either gap. Under on_gap: continue the run moves it
+    to the stream's end and commits the gaps in a batch without rows; later runs neither report them
+    again nor see work, and the group's lag stays exact for what comes next."""
+    from deltadrain.connections import group_counts
+    from deltadrain.orchestration.view import pipeline_view
+    from deltadrain.probe import probe
+
+    _, c, p = make_pipeline(tmp_path, partitions=2, source={"on_gap": "continue"})
+    client = valkey_client(c, p)
+    trimmed, deleted = p.source.streams
+    msgs = list(generate(p, 70, seed=107))
+    _append(client, trimmed, msgs[:20])
+    _append(client, deleted, msgs[20:40])
+    assert drain(c, p, spark=spark).written == 40
+    _append(client, trimmed, msgs[40:60])
+    tail = _append(client, deleted, msgs[60:63])
+    assert client.xtrim(trimmed, maxlen=0, approximate=False) == 40
+    assert client.xdel(deleted, *tail) == 3
+    found = probe(c, p)
+    assert (found.new, found.gaps, found.has_work) == (0, 21, True)  # 20, and 1 for the XDEL range of unknown size
+    s = drain(c, p, spark=spark)
+    assert (s.outcome, s.batch, s.claimed, s.written, s.acked, s.gaps) == ("committed", 2, 0, 0, 0, 21), s.line()
+    got = {g["partition"]: g for g in s.gap_ranges}
+    assert (got[trimmed]["missing"], got[deleted]["missing"], got[deleted]["to"]) == (20, None, tail[-1])
+    cp = read_checkpoint(spark, str(c.target_path(p)), p.name)
+    assert cp.batch == 2 and cp.meta["gaps"] == s.gap_ranges and cp.positions == s.positions
+    assert [group_counts(client, st, p.source.group) for st in p.source.streams] == [(0, 0), (0, 0)]
+    assert not probe(c, p).has_work
+    again = drain(c, p, spark=spark)
+    assert (again.outcome, again.gaps) == ("empty", 0), again.line()
+    assert pipeline_status(c, p, spark)["gaps"] == []
+    view = pipeline_view(c, p)
+    assert view["open_gaps"] == [] and {g["batch"] for g in view["gaps"]} == {2}
+    _append(client, trimmed, msgs[63:70])
+    assert probe(c, p).new == 7
+    more = drain(c, p, spark=spark)
+    assert (more.outcome, more.written, more.gaps) == ("committed", 7, 0), more.line()
+    assert sorted(target_ids(spark, c, p)) == sorted(m.key for m in msgs[:40] + msgs[63:70])
 
 
 def _read_by_a_crashed_drain(tmp_path, produced: int, seed: int, deleted: int, on_gap: str = "continue"):
