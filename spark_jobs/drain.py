@@ -18,6 +18,7 @@ def main() -> int:
     parser.add_argument("--run-id")
     parser.add_argument("--backfill-start", type=datetime.fromisoformat)
     parser.add_argument("--backfill-end", type=datetime.fromisoformat)
+    parser.add_argument("--accept-gaps", action="store_true", help="on_gap: continue for this run")
     args = parser.parse_args()
 
     def body(spark):
@@ -25,6 +26,8 @@ def main() -> int:
 
         cfg = load_config(args.config)
         pipeline = cfg.pipeline(args.pipeline)
+        if args.accept_gaps:
+            pipeline = pipeline.accepting_gaps()
         if args.backfill_start or args.backfill_end:
             from deltadrain.backfill import backfill
 

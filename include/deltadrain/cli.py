@@ -89,13 +89,15 @@ def _drain(args) -> int:
     cfg = load_config(args.config)
     if args.max_batches < 1:
         raise DeltadrainError(f"--max-batches must be at least 1, got {args.max_batches}")
+    pipeline = cfg.pipeline(args.pipeline)
+    if args.accept_gaps:
+        pipeline = pipeline.accepting_gaps()
     if args.max_batches == 1:
-        print(drain(cfg, cfg.pipeline(args.pipeline), run_id=args.run_id).line())
+        print(drain(cfg, pipeline, run_id=args.run_id).line())
         return 0
     from deltadrain.catchup import drain_batches
 
-    print(drain_batches(cfg, cfg.pipeline(args.pipeline), None, run_id=args.run_id,
-                        max_batches=args.max_batches).line())
+    print(drain_batches(cfg, pipeline, None, run_id=args.run_id, max_batches=args.max_batches).line())
     return 0
 
 
@@ -381,6 +383,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-batches", type=int, default=1,
                    help="go on with another batch while the last one was full, up to N batches and the "
                         "pipeline's airflow.max_drain_time (default 1); prints one summary of them all")
+    p.add_argument("--accept-gaps", action="store_true",
+                   help="go on past the gaps (entries the source deleted before a commit held them) that stop "
+                        "the pipeline under on_gap: fail; this run's commit records them")
 
     p = sub.add_parser("reap", help="take over stuck claims and remove dead consumers")
     p.add_argument("pipeline", nargs="?", help="default: every Valkey pipeline")

@@ -261,6 +261,11 @@ class PipelineConfig(_Model):
             raise ValueError("must be a dotted path module.function")
         return v
 
+    def accepting_gaps(self) -> PipelineConfig:
+        """This pipeline under on_gap: continue, for the runs an operator starts to go on past the gaps
+        that stopped it (their commit records them); the config file keeps its own policy."""
+        return self.model_copy(update={"source": self.source.model_copy(update={"on_gap": "continue"})})
+
 
 class DeltadrainConfig(_Model):
     data_dir: str | None = None

@@ -49,6 +49,9 @@ from deltadrain.secrets import credentials
 from deltadrain.stage import BatchStats, Staged, stage
 from deltadrain.transforms import identity, load_transform
 
+# What a run that stops on a gap (on_gap: fail) tells the operator, for either source.
+GO_ON_PAST = ("Nothing was committed. To go on past them, with the next commit recording them, trigger one run "
+              "with Accept gaps (the ingest DAG's parameter; deltadrain drain --accept-gaps) or set on_gap: continue")
 MAX_CULPRITS = 32  # beyond this many failing messages in one batch, fail the run instead of bisecting on
 
 
@@ -556,8 +559,7 @@ class ValkeyDrain(Drain):
         s.batch, s.positions = expected, positions
         s.gap_ranges, s.gaps = gaps, count(gaps)
         s.error = (f"entries were deleted from the source before this pipeline committed them: "
-                   f"{'; '.join(describe_gap(g) for g in gaps)}. Nothing was committed; set on_gap: continue "
-                   "to go on past them (the next commit then records the gaps)")
+                   f"{'; '.join(describe_gap(g) for g in gaps)}. {GO_ON_PAST}")
         raise DrainError(s.error)
 
     def report_gaps(self) -> dict[str, str]:

@@ -23,7 +23,7 @@ from deltadrain.claim import decoder_for
 from deltadrain.config import DeltadrainConfig, KafkaSource, PipelineConfig
 from deltadrain.connections import kafka_consumer_conf, kafka_spark_options
 from deltadrain.decode import BatchDecoder
-from deltadrain.drain import Drain, DrainError, claim_schema
+from deltadrain.drain import GO_ON_PAST, Drain, DrainError, claim_schema
 from deltadrain.kafka_offsets import (
     OffsetError,
     announce_claims,
@@ -249,7 +249,7 @@ class KafkaDrain(Drain):
             if self.source.on_gap == "fail":
                 s.batch, s.positions = expected, positions
                 s.error = (f"retention deleted offsets this pipeline never read: {'; '.join(map(str, plan.gaps))}. "
-                           "Nothing was committed; set on_gap: continue to go on past them")
+                           f"{GO_ON_PAST}")
                 raise DrainError(s.error)
             self.commit_extra["gaps"] = s.gap_ranges
         # A first run under `latest` reads nothing (it starts at the end offsets) but commits batch 1

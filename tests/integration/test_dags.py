@@ -14,6 +14,7 @@ import warnings
 import pytest
 import yaml
 
+from deltadrain.checkpoint import read_checkpoint
 from deltadrain.connections import valkey_client
 from deltadrain.orchestration.names import QUALITY_DAG, REAPER_DAG, REPLAY_DAG, ingest_dag_id, pool_name
 from deltadrain.produce import MALFORMED_KINDS, produce
@@ -139,8 +140,17 @@ def test_an_ingest_run_stops_on_a_gap_with_nothing_after_it_and_says_how_to_go_o
     run = run_dag(ingest_dag_id(p.name))
     assert run["states"] == {"wait_for_work": "success", "drain": "failed", "quality": "upstream_failed"}, \
         run["log"][-3000:]
-    assert "(20 entries, removed before the group read them). Nothing was committed; set on_gap: continue" \
-        in run["log"]
+    assert "(20 entries, removed before the group read them). Nothing was committed. To go on past them" \
+        in run["log"] and "trigger one run with Accept gaps" in run["log"]
+    # The operator triggers a run with Accept gaps: it goes on past the gap, and its commit records it.
+    run = run_dag(ingest_dag_id(p.name), {"accept_gaps": True})
+    assert run["states"] == {"wait_for_work": "success", "drain": "success", "quality": "success"}, \
+        run["log"][-3000:]
+    summary = run["xcoms"]["drain"]
+    assert (summary["outcome"], summary["written"], summary["gaps"]) == ("committed", 0, 20), summary
+    assert read_checkpoint(spark, str(c.target_path(p)), p.name).meta["gaps"] == summary["gap_ranges"]
+    run = run_dag(ingest_dag_id(p.name))  # and the scheduled runs, under on_gap: fail still, find no work
+    assert run["states"]["wait_for_work"] == "skipped", run["log"][-3000:]
 
 
 @pytest.mark.slow

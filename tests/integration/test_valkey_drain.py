@@ -669,7 +669,8 @@ def test_entries_trimmed_before_the_group_read_them_are_a_reported_gap(tmp_path,
     found = probe(c, p)  # the sensor wakes a run, whose failure shows in Airflow
     assert (found.new, found.gaps, found.has_work) == (70, 40, True)
     with pytest.raises(Exception, match=rf"stream {re.escape(trimmed_stream)} ids 0-1 to \S+ \(40 entries, removed before the "
-                       r"group read them\)\. Nothing was committed; set on_gap: continue"):
+                       r"group read them\)\. Nothing was committed\. To go on past them.*Accept gaps.*"
+                       r"deltadrain drain --accept-gaps\) or set on_gap: continue"):
         drain(c, p, spark=spark)
     assert not (c.target_path(p) / "_delta_log").exists()
     assert [group_counts(client, st, p.source.group) for st in (trimmed_stream, other)] == [(60, 0), (10, 0)]
@@ -758,7 +759,9 @@ def _read_by_a_crashed_drain(tmp_path, produced: int, seed: int, deleted: int, o
     return path, c, p, client, msgs, ids
 
 
-def test_an_entry_deleted_while_pending_is_reported_with_its_id(tmp_path, cfg, spark):
+def test_an_entry_deleted_while_pending_is_reported_with_its_id(tmp_path, cfg, spark, capsys):
+    from deltadrain.cli import main
+
     path, c, p, client, msgs, ids = _read_by_a_crashed_drain(tmp_path, 20, seed=102, deleted=4, on_gap="fail")
     stream = p.source.streams[0]
     # Under on_gap: fail the run that finds it (its XAUTOCLAIM drops it from the pending list) stops,
@@ -769,13 +772,15 @@ def test_an_entry_deleted_while_pending_is_reported_with_its_id(tmp_path, cfg, s
             drain(c, p, spark=spark)
         assert not (c.target_path(p) / "_delta_log").exists()
         assert sorted(_pel(client, stream, p.source.group)) == sorted(ids[:4] + ids[5:])
-    c, p = set_source(path, on_gap="continue")
-    s = drain(c, p, spark=spark)
+    # The operator accepts the loss for one run (the config keeps on_gap: fail).
+    capsys.readouterr()
+    assert main(["--config", str(path), "drain", p.name, "--accept-gaps"]) == 0
+    s = summary_of(capsys.readouterr().out)
     # The deleted entry left the pending list with the failed run's XAUTOCLAIM: 19 to acknowledge.
-    assert (s.outcome, s.reclaimed, s.written, s.acked, s.gaps) == ("committed", 19, 19, 19, 1)
-    assert [(g["partition"], g["kind"], g["from"], g["to"], g["missing"], g["ids"]) for g in s.gap_ranges] == [
+    assert (s["outcome"], s["reclaimed"], s["written"], s["acked"], s["gaps"]) == ("committed", 19, 19, 19, 1)
+    assert [(g["partition"], g["kind"], g["from"], g["to"], g["missing"], g["ids"]) for g in s["gap_ranges"]] == [
         (stream, "pending", ids[4], ids[4], 1, [ids[4]])]
-    assert read_checkpoint(spark, str(c.target_path(p)), p.name).meta["gaps"] == s.gap_ranges
+    assert read_checkpoint(spark, str(c.target_path(p)), p.name).meta["gaps"] == s["gap_ranges"]
     assert sorted(target_ids(spark, c, p)) == sorted(m.key for i, m in enumerate(msgs) if i != 4)
     assert pending(client, p) == 0
     assert drain(c, p, spark=spark).gap_ranges == []  # carried by one commit, then forgotten

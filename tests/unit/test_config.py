@@ -174,6 +174,10 @@ def test_a_gap_stops_either_source_unless_told_otherwise():
         pipe["source"].pop("on_gap", None)
     cfg = parse_config(data, Path("x.yaml"))
     assert [p.source.on_gap for p in cfg.pipelines] == ["fail", "fail"]
+    accepting = [p.accepting_gaps() for p in cfg.pipelines]  # a run an operator started to go past a gap
+    assert [p.source.on_gap for p in accepting] == ["continue", "continue"]
+    assert [p.source.kind for p in accepting] == ["valkey", "kafka"] and accepting[0].batch_cap == cfg.pipelines[0].batch_cap
+    assert cfg.pipelines[0].source.on_gap == "fail"
     data["pipelines"][0]["source"]["on_gap"] = "continue"
     assert parse_config(data, Path("x.yaml")).pipeline("orders").source.on_gap == "continue"
     data["pipelines"][0]["source"]["on_gap"] = "skip"

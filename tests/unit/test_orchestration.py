@@ -45,6 +45,19 @@ def test_the_drain_job_gets_the_interval_only_in_a_backfill():
         op.job_args(context("backfill"))
 
 
+def test_the_drain_job_accepts_gaps_only_when_a_run_asks():
+    from deltadrain.orchestration.operators import DrainOperator
+
+    op = DrainOperator(task_id="drain", pipeline="orders")
+    start, end = datetime(2026, 5, 1, tzinfo=UTC), datetime(2026, 5, 1, 0, 5, tzinfo=UTC)
+    asked = {**context("manual"), "params": {"accept_gaps": True}}
+    assert op.job_args(asked)[-1] == "--accept-gaps"
+    assert "--accept-gaps" not in op.job_args({**context("scheduled"), "params": {"accept_gaps": False}})
+    assert "--accept-gaps" not in op.job_args(context("manual"))
+    # A backfill re-reads history and reports gaps whatever the policy: the flag has nothing to do there.
+    assert "--accept-gaps" not in op.job_args({**context("backfill", start, end), "params": {"accept_gaps": True}})
+
+
 def test_names():
     assert ingest_dag_id("orders") == "deltadrain__orders__ingest" and pool_name("orders") == "deltadrain_orders"
 

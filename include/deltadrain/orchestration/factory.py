@@ -39,7 +39,9 @@ def ingest_dag(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> DAG:
            f"to {af.max_batches_per_run} while full ones wait, and checks each batch's data quality;\n"
            "- a backfill run (`airflow backfill create`, or Backfill in the UI) re-reads the source's retained "
            "history of its interval and MERGEs it: missing rows appear, present rows are not duplicated, "
-           "the live checkpoint does not move and nothing is acknowledged.")
+           "the live checkpoint does not move and nothing is acknowledged;\n"
+           "- a gap (messages the source deleted before a commit held them) is recorded by the next commit; "
+           "under `on_gap: fail` it first stops the runs, until you trigger one with **Accept gaps** on.")
     with DAG(
         dag_id=ingest_dag_id(pipeline.name),
         schedule=schedule,
@@ -48,6 +50,10 @@ def ingest_dag(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> DAG:
         max_active_runs=1,
         tags=["deltadrain", pipeline.source.kind],
         doc_md=doc,
+        params={"accept_gaps": Param(False, type="boolean", title="Accept gaps",
+                                     description="Go on past the gaps that stopped this pipeline (on_gap: continue "
+                                                 "for this run only); its commit records them. Leave off for "
+                                                 "scheduled runs.")},
         default_args={
             "retries": af.retries, "retry_delay": af.retry_delay, "retry_exponential_backoff": 2.0,
             "max_retry_delay": af.max_retry_delay, "execution_timeout": af.execution_timeout,

@@ -128,6 +128,8 @@ class DrainOperator(DeltadrainSparkOperator):
                 raise DeltadrainJobFailed("a backfill run needs a data interval; the ingest DAG's interval "
                                           "timetable gives one to every scheduled or backfilled run")
             args += ["--backfill-start", start.isoformat(), "--backfill-end", end.isoformat()]
+        elif (context.get("params") or {}).get("accept_gaps"):
+            args.append("--accept-gaps")
         return args
 
 
