@@ -77,6 +77,22 @@ def test_the_page_names_who_holds_claims_and_flags_stale_ones():
     assert "<b>drain-gone" not in page  # names are escaped
 
 
+def test_open_gaps_say_whether_runs_stop_on_them_and_how_to_go_on():
+    from deltadrain.orchestration.view import _templates
+
+    gap = {"partition": "s0", "kind": "unread", "range": "1-0 to 9-0", "missing": 40, "reason": "trimmed"}
+    v = {"pipeline": "orders", "source": "valkey", "partitions": ["s0"], "PENDING": 0, "CLAIMED": 0,
+         "last_batches": [], "dead_letters": [], "gaps": [], "open_gaps": [gap], "ingest_dag": "deltadrain__orders__ingest"}
+    render = _templates().get_template("pipeline.html.j2").render
+    stops = render(v={**v, "on_gap": "fail"}, state="DEAD", triggered=[], replay_dag="r")
+    assert "open: the runs stop on it" in stops and 'id="accept-gaps"' in stops
+    assert 'href="/dags/deltadrain__orders__ingest"' in stops and "<b>Accept gaps</b> on" in stops
+    goes_on = render(v={**v, "on_gap": "continue"}, state="DEAD", triggered=[], replay_dag="r")
+    assert "open: the next commit records it" in goes_on and 'id="accept-gaps"' not in goes_on
+    closed = render(v={**v, "on_gap": "fail", "open_gaps": []}, state="DEAD", triggered=[], replay_dag="r")
+    assert 'id="accept-gaps"' not in closed
+
+
 def test_a_replay_that_cannot_reach_airflow_is_a_502_with_the_reason(client_for, cfg, monkeypatch):
     """The view triggers the replay DAG through Airflow's REST API; nothing listens at the API's port
     here, so the call is refused: the user gets 502 naming the address and the reason, not a bare 500."""

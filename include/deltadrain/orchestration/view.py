@@ -155,7 +155,8 @@ def pipeline_view(cfg: DeltadrainConfig, pipeline: PipelineConfig, dlq_state: st
     began = time.monotonic()
     out: dict = {"pipeline": pipeline.name, "source": pipeline.source.kind,
                  "partitions": list(pipeline.source.streams) if isinstance(pipeline.source, ValkeySource)
-                 else [pipeline.source.topic]}
+                 else [pipeline.source.topic],
+                 "on_gap": pipeline.source.on_gap, "ingest_dag": ingest_dag_id(pipeline.name)}
     out.update(source_counts(cfg, pipeline))
     out["PUBLISHED"] = lakeview.published_count(cfg, pipeline)
     counts = lakeview.dlq_counts(cfg, pipeline)
