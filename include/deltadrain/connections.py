@@ -16,24 +16,31 @@ def as_text(value) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def group_counts(client, stream: str, group: str) -> tuple[int, int]:
-    """(lag, pending) of `group` on `stream`: entries not yet delivered to it (at most), and entries it
-    holds. Without the group every entry of the stream counts as not yet delivered."""
+def stream_counts(client, stream: str, group: str) -> tuple[int, int, int]:
+    """(length, lag, pending) of `group` on `stream`: the entries the stream holds, those not yet
+    delivered to the group (at most), and those it holds. Without the group every entry counts as
+    not yet delivered."""
     if not client.exists(stream):
-        return 0, 0
+        return 0, 0, 0
     info = next((g for g in client.xinfo_groups(stream) if as_text(g["name"]) == group), None)
     length = client.xlen(stream)
     if info is None:
-        return length, 0
+        return length, length, 0
     pending = int(info.get("pending", 0))
     lag = info.get("lag")
     if lag is not None:
-        return min(int(lag), length), pending  # the server's lag still counts entries trimmed since
+        return length, min(int(lag), length), pending  # the server's lag still counts entries trimmed since
     # The server lost count (entries deleted past the group's position): every entry left may be
     # unread, unless the newest was delivered already.
     newest = client.xrevrange(stream, count=1)
     got = StreamId.parse(as_text(info["last-delivered-id"]))
-    return (0 if not newest or StreamId.parse(as_text(newest[0][0])) <= got else length), pending
+    return length, (0 if not newest or StreamId.parse(as_text(newest[0][0])) <= got else length), pending
+
+
+def group_counts(client, stream: str, group: str) -> tuple[int, int]:
+    """(lag, pending) of `group` on `stream` (`stream_counts` without the length)."""
+    _, lag, pending = stream_counts(client, stream, group)
+    return lag, pending
 
 
 def valkey_url(cfg: DeltadrainConfig, source: ValkeySource) -> str:

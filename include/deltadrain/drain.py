@@ -507,8 +507,9 @@ class ValkeyDrain(Drain):
             failpoints.pause("after_claim")
             self._lap("claim")
             s.claimed, s.reclaimed = staged.total.rows, staged.total.reclaimed
-            self.stop_at_gaps(expected, checkpoint.positions, staged)  # entries it found deleted while pending
         carried = self.report_gaps()
+        if staged is not None:  # the claim may have found entries deleted while pending
+            self.stop_at_gaps(expected, checkpoint.positions, staged, carried)
         s.positions = checkpoint.positions
         if s.claimed:
             s.positions = merge_positions(checkpoint.positions, staged.positions)
@@ -544,14 +545,16 @@ class ValkeyDrain(Drain):
             for gap, st in found:
                 move_past(self.client, gap.partition, source.group, st)
 
-    def stop_at_gaps(self, expected: int, positions: dict, staged: Staged | None = None) -> None:
-        """on_gap: fail. A run that meets a recorded gap commits nothing: it releases what it claimed
-        and stops with an error naming the gaps, which stay recorded (status and the Airflow view show
-        them) until a run under on_gap: continue carries them in its commit."""
+    def stop_at_gaps(self, expected: int, positions: dict, staged: Staged | None = None,
+                     carried: dict[str, str] | None = None) -> None:
+        """on_gap: fail. A run that meets a recorded gap (`carried`, as `report_gaps` read them, else
+        read here) commits nothing: it releases what it claimed and stops with an error naming the
+        gaps, which stay recorded (status and the Airflow view show them) until a run under
+        on_gap: continue carries them in its commit."""
         if self.pipeline.source.on_gap != "fail":
             return
         s = self.summary
-        gaps = as_ranges(recorded(self.client, self.ctx.gaps_key))
+        gaps = as_ranges(carried if carried is not None else recorded(self.client, self.ctx.gaps_key))
         if not gaps:
             return
         if staged is not None:

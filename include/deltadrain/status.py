@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from deltadrain.checkpoint import read_checkpoint
 from deltadrain.config import DeltadrainConfig, KafkaSource, PipelineConfig, ValkeySource
-from deltadrain.connections import as_text, group_counts, kafka_consumer_conf, valkey_client
+from deltadrain.connections import as_text, kafka_consumer_conf, stream_counts, valkey_client
 from deltadrain.deadletter import DEAD, REPLAYED
 from deltadrain.gaps import as_ranges, gaps_key, open_gaps
 from deltadrain.lake import inserted_rows, is_table, recent_commits
@@ -39,8 +39,7 @@ def valkey_counts(client, source: ValkeySource, gaps_at: str | None = None) -> d
     partitions = {}
     gaps = open_gaps(client, source.streams, source.group, gaps_at)
     for stream in source.streams:
-        lag, in_pel = group_counts(client, stream, source.group)
-        length = client.xlen(stream)
+        length, lag, in_pel = stream_counts(client, stream, source.group)
         pending += lag
         claimed += in_pel
         partitions[stream] = {"length": length, "pending": lag, "claimed": in_pel}
