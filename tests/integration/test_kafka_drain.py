@@ -306,6 +306,89 @@ def test_a_transactional_producers_aborted_and_open_records_never_land(tmp_path,
     producer.flush(30)
 
 
+def visible_offsets(c, p, partition: int = 0) -> list[int]:
+    """The offsets a consumer reads on `partition` now, from the start of its log."""
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+    consumer = Consumer({**kafka_client_conf(c, p), "group.id": f"{p.name}-peek", "enable.auto.commit": False,
+                         "enable.partition.eof": True, "isolation.level": "read_committed"})
+    try:
+        consumer.assign([TopicPartition(p.source.topic, partition, 0)])
+        offsets: list[int] = []
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            msg = consumer.poll(1)
+            if msg is None:
+                continue
+            if msg.error():
+                if msg.error().code() == KafkaError._PARTITION_EOF:
+                    return offsets
+                raise AssertionError(msg.error())
+            offsets.append(msg.offset())
+        raise AssertionError("the partition's end was not reached in 30 s")
+    finally:
+        consumer.close()
+
+
+def test_a_compacted_topic_lands_what_compaction_kept_once_and_its_checkpoint_passes_the_holes(tmp_path, cfg,
+                                                                                                  spark):
+    """Compaction removes a key's older records from closed segments: the offsets of a range the
+    pipeline has not read yet have holes, some ranges none but holes. The drain lands what the log
+    still holds, each once, and its checkpoint moves past the holes; they are not a retention gap
+    (the log still starts at 0), and no run reads them again."""
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import (
+        AdminClient,
+        AlterConfigOpType,
+        ConfigEntry,
+        ConfigResource,
+        ResourceType,
+    )
+
+    _, c, p = make_kafka_pipeline(tmp_path, partitions=1, batch_cap=20)
+    settings = {"cleanup.policy": "compact", "segment.ms": "300", "min.cleanable.dirty.ratio": "0.01",
+                "min.compaction.lag.ms": "0"}
+    admin = AdminClient(kafka_client_conf(c, p))
+    topic = ConfigResource(ResourceType.TOPIC, p.source.topic, incremental_configs=[
+        ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET) for k, v in settings.items()])
+    for fut in admin.incremental_alter_configs([topic]).values():
+        fut.result(30)
+    producer = Producer(kafka_client_conf(c, p))
+    messages = list(generate(p, 101, seed=83))
+    for m in messages[:100]:  # offsets 0..99: ten versions of each of ten keys, the last at 90..99
+        producer.produce(p.source.topic, m.value, key=f"k{m.index % 10}".encode(), partition=0)
+    producer.flush(30)
+    for _ in range(3):
+        drain(c, p, spark=spark)
+    assert lake_checkpoint(spark, c, p).positions == {"0": "60"}
+    # A record after segment.ms rolls the segment: offsets 0..99 can now be compacted.
+    time.sleep(1)
+    producer.produce(p.source.topic, messages[100].value, key=b"roll", partition=0)
+    producer.flush(30)
+    deadline = time.monotonic() + 120  # the log cleaner looks every 15 s by default
+    while (kept := visible_offsets(c, p)) != list(range(90, 101)):
+        assert time.monotonic() < deadline, f"not compacted in 120 s: {len(kept)} records visible"
+        time.sleep(2)
+    found = probe(c, p)
+    assert (found.gaps, found.has_work) == (0, True)
+
+    runs = drain_until_done(c, p, spark)
+    # [60, 80) holds nothing any more: its batch commits the positions alone. Then [80, 100) holds
+    # 90..99, and [100, 101) the last record.
+    assert [(s.outcome, s.claimed, s.written, s.gaps) for s in runs[:3]] == [
+        ("committed", 0, 0, 0), ("committed", 10, 10, 0), ("committed", 1, 1, 0)], [s.line() for s in runs]
+    assert [s.positions for s in runs[:3]] == [{"0": "80"}, {"0": "100"}, {"0": "101"}]
+    ids = target_ids(spark, c, p)
+    assert len(ids) == len(set(ids)) == 71
+    assert set(ids) == {m.key for m in messages[:60] + messages[90:]}  # read before compaction, or kept by it
+    assert dlq_rows(spark, c, p) == []
+    assert lake_checkpoint(spark, c, p).positions == end_offsets(c, p) == {"0": "101"}
+    assert group_of(c, p) == {"0": 101}
+    assert not probe(c, p).has_work
+    st = pipeline_status(c, p, spark)
+    assert (st["PENDING"], st["gaps"]) == (0, [])
+
+
 def test_a_retention_gap_is_reported_with_its_range_and_stops_or_continues_per_policy(tmp_path, cfg, spark):
     from confluent_kafka import TopicPartition
     from confluent_kafka.admin import AdminClient
