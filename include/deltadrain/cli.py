@@ -1,5 +1,5 @@
-"""The `deltadrain` command: services, pools, produce, drain, status, reap, backfill, replay, quality, metrics, dlq,
-bench, jars, demo."""
+"""The `deltadrain` command: services, pools, produce, drain, status, reap, backfill, replay, quality, metrics,
+maintain, dlq, bench, jars, jvm-archive, demo."""
 
 from __future__ import annotations
 
@@ -212,6 +212,25 @@ def _metrics(args) -> int:
     return 0
 
 
+@command("maintain")
+def _maintain(args) -> int:
+    from deltadrain.maintain import describe, maintain
+    from deltadrain.spark import get_spark
+
+    cfg = load_config(args.config)
+    named = [cfg.pipeline(name) for name in args.pipeline]
+    pipelines = named or ([] if args.shared else list(cfg.pipelines))
+    shared = args.shared or not args.pipeline
+    spark = get_spark("deltadrain-maintain")
+    summaries = [maintain(cfg, spark, p).as_dict() for p in pipelines] + ([maintain(cfg, spark).as_dict()] if shared else [])
+    if args.json:
+        print(json.dumps(summaries, indent=2, default=str))
+        return 0
+    for summary in summaries:
+        print("\n".join(describe(summary)))
+    return 0
+
+
 @command("dlq")
 def _dlq(args) -> int:
     from datetime import datetime
@@ -405,6 +424,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("pipeline")
     p.add_argument("--last", type=int, default=10)
     p.add_argument("--chart", help="also write a throughput/backlog chart here (.html or .svg)")
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("maintain", help="compact the small files of the pipelines' Delta tables (OPTIMIZE) and "
+                                        "delete the replaced ones (VACUUM), as the maintenance DAG does")
+    p.add_argument("pipeline", nargs="*", help="default: every pipeline, and the shared tables")
+    p.add_argument("--shared", action="store_true", help="also (or with no pipeline, only) the metrics and "
+                                                          "quality results tables")
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("dlq", help="inspect a pipeline's dead-letter table")

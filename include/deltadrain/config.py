@@ -267,9 +267,31 @@ class PipelineConfig(_Model):
         return self.model_copy(update={"source": self.source.model_copy(update={"on_gap": "continue"})})
 
 
+class MaintenanceConfig(_Model):
+    """Table maintenance (the `deltadrain__maintenance` DAG, `deltadrain maintain`): every batch adds
+    files to the target, the DLQ and the run metrics; compacting them keeps reads and the MERGE's
+    file pruning fast, and VACUUM deletes the files compaction replaced once no reader can need them."""
+
+    schedule: str | None = "@daily"
+    optimize: bool = True
+    vacuum: bool = True
+    # How long replaced files stay (Delta's time travel reaches back this far). Delta refuses less than
+    # 7 days unless told otherwise; deltadrain tells it when this is set lower, so set it above the
+    # longest run that reads these tables (a drain task's execution_timeout, a replay).
+    retain: timedelta = timedelta(days=7)
+
+    @field_validator("retain")
+    @classmethod
+    def _retain(cls, v):
+        if v < timedelta(0):
+            raise ValueError("must not be negative")
+        return v
+
+
 class DeltadrainConfig(_Model):
     data_dir: str | None = None
     services: ServicesConfig = ServicesConfig()
+    maintenance: MaintenanceConfig = MaintenanceConfig()
     pipelines: list[PipelineConfig] = Field(min_length=1)
 
     @model_validator(mode="after")

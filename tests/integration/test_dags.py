@@ -16,7 +16,14 @@ import yaml
 
 from deltadrain.checkpoint import read_checkpoint
 from deltadrain.connections import valkey_client
-from deltadrain.orchestration.names import QUALITY_DAG, REAPER_DAG, REPLAY_DAG, ingest_dag_id, pool_name
+from deltadrain.orchestration.names import (
+    MAINTENANCE_DAG,
+    QUALITY_DAG,
+    REAPER_DAG,
+    REPLAY_DAG,
+    ingest_dag_id,
+    pool_name,
+)
 from deltadrain.produce import MALFORMED_KINDS, produce
 from tests.integration.helpers import ROOT, assert_exactly_once, dlq_rows, make_pipeline, pending, target_ids
 
@@ -46,7 +53,7 @@ def test_dags_parse_without_errors_warnings_or_io(monkeypatch, airflow_db):
     from deltadrain.config import load_config
 
     cfg = load_config()
-    expected = {ingest_dag_id(p.name) for p in cfg.pipelines} | {REAPER_DAG, REPLAY_DAG, QUALITY_DAG}
+    expected = {ingest_dag_id(p.name) for p in cfg.pipelines} | {REAPER_DAG, REPLAY_DAG, QUALITY_DAG, MAINTENANCE_DAG}
     assert set(bag.dag_ids) == expected
     for p in cfg.pipelines:
         dag = bag.get_dag(ingest_dag_id(p.name))
@@ -60,6 +67,10 @@ def test_dags_parse_without_errors_warnings_or_io(monkeypatch, airflow_db):
         assert sensor.deferrable and sensor.soft_fail
         assert dag.get_task("quality").upstream_task_ids == {"drain"}
     assert {t.task_id for t in bag.get_dag(QUALITY_DAG).tasks} == {f"check_{p.name}" for p in cfg.pipelines}
+    # A pipeline's maintenance runs in its pool, between its drains; the shared tables' task does not.
+    maintenance = {t.task_id: t.pool for t in bag.get_dag(MAINTENANCE_DAG).tasks}
+    assert maintenance == {**{f"maintain_{p.name}": pool_name(p.name) for p in cfg.pipelines},
+                           "maintain_shared_tables": "default_pool"}
     replay = bag.get_dag(REPLAY_DAG)
     assert type(replay.timetable).__name__ == "NullTimetable"  # manual only
     assert replay.params.get_param("pipeline").schema["enum"] == [p.name for p in cfg.pipelines]
@@ -172,6 +183,35 @@ def test_reaper_dag_takes_over_stuck_claims_and_removes_dead_consumers(pipeline_
                  for x in client.xinfo_consumers(stream, p.source.group)}
     assert "drain-gone" not in consumers and consumers.get("deltadrain-reaper") == 5
     assert pending(client, p) == 5  # moved, not acknowledged: the next drain takes them
+
+
+@pytest.mark.slow
+def test_maintenance_dag_compacts_and_vacuums_through_spark_submit(pipeline_dags, spark):
+    from deltadrain.drain import drain
+    from deltadrain.maintain import files_on_disk, snapshot_files
+
+    path, c, p = pipeline_dags(batch_cap=40)
+    data = yaml.safe_load(path.read_text())
+    data["maintenance"] = {"retain": "PT0S"}  # VACUUM deletes what OPTIMIZE replaced at once
+    path.write_text(yaml.safe_dump(data))
+    client = valkey_client(c, p)
+    result = produce(c, p, 120, seed=95, malformed_ratio=0.1)
+    for _ in range(3):
+        assert drain(c, p, spark=spark).outcome == "committed"
+    target = str(c.target_path(p))
+    files = snapshot_files(spark, target)
+    assert files >= 3
+    run = run_dag(MAINTENANCE_DAG)
+    assert run["states"] == {f"maintain_{p.name}": "success", "maintain_shared_tables": "success"}, \
+        run["log"][-3000:]
+    mine = run["xcoms"][f"maintain_{p.name}"]
+    tables = {t["table"]: t for t in mine["tables"]}
+    assert (tables["target"]["files_before"], tables["target"]["files_after"]) == (files, 1)
+    assert tables["target"]["vacuumed"] >= files and files_on_disk(target) == 1
+    shared = {t["table"]: t for t in run["xcoms"]["maintain_shared_tables"]["tables"]}
+    assert shared["metrics"]["files_before"] == 3 and shared["metrics"]["files_after"] == 1
+    assert f"maintained {p.name}: " in run["log"]  # what it did, in the task log
+    assert_exactly_once(spark, c, p, client, result.valid_ids, sum(result.kinds[k] for k in MALFORMED_KINDS))
 
 
 @pytest.mark.slow

@@ -633,6 +633,38 @@ def test_a_backfill_that_commits_during_the_drains_merge_is_retried_over_once_pe
     assert_exactly_once(spark, c, p, client, first.valid_ids + early.valid_ids + late.valid_ids, 0)
 
 
+def test_an_optimize_that_commits_during_the_drains_merge_is_retried_over_once_per_id(tmp_path, cfg, spark,
+                                                                                       monkeypatch):
+    """Maintenance compacts the target (OPTIMIZE replaces the files the MERGE read) while the drain's
+    MERGE runs: the drain's commit conflicts, it retries on the compacted table, the batch lands once
+    and the checkpoint is the batch's."""
+    from deltadrain.maintain import maintain_table, snapshot_files
+
+    _, c, p = make_pipeline(tmp_path, batch_cap=60)
+    client = valkey_client(c, p)
+    first = produce(c, p, 180, seed=107)
+    for _ in range(3):
+        assert drain(c, p, spark=spark).outcome == "committed"
+    target = str(c.target_path(p))
+    assert snapshot_files(spark, target) >= 3
+    second = produce(c, p, 60, seed=107, start=180)
+    compacted = []
+    other = spark.newSession()
+    writer = WriterDuringMerge(tmp_path / "gate",
+                               lambda: compacted.append(maintain_table(other, "target", target, c.maintenance)),
+                               times=1)
+    with monkeypatch.context() as m:
+        writer.install(m, p.payload_schema.id_field)
+        s = drain(c, p, spark=spark)
+    assert not writer.errors and writer.done == [1]
+    assert compacted[0].compacted >= 3 and compacted[0].files_after == 1
+    assert writer.attempts == 2  # the MERGE lost to the compaction once and was retried
+    assert (s.outcome, s.batch, s.written, s.acked) == ("committed", 4, 60, 60), s.line()
+    cp = read_checkpoint(spark, target, p.name)
+    assert (cp.batch, cp.found_in) == (4, "commit")
+    assert_exactly_once(spark, c, p, client, first.valid_ids + second.valid_ids, 0)
+
+
 def _append(client, stream: str, msgs) -> list[str]:
     return [client.xadd(stream, {b"data": m.value}).decode() for m in msgs]
 

@@ -167,3 +167,14 @@ def test_a_refused_valkey_login_points_at_the_secret_not_at_services_up(cfg):
     assert line.startswith("Valkey at 127.0.0.1:") and "refused the login of pipeline 'orders'" in line
     assert "password_env/connection_id" in line and "services up" not in line
     assert unreachable_source(ValueError("not a connection"), cfg, []) is None
+
+
+def test_maintain_names_pipelines_or_the_shared_tables_and_refuses_an_unknown_one_before_spark(capsys):
+    from deltadrain.cli import main
+
+    parser = build_parser()
+    args = parser.parse_args(["maintain", "orders", "clicks", "--json"])
+    assert (args.pipeline, args.shared, args.json) == (["orders", "clicks"], False, True)
+    assert parser.parse_args(["maintain", "--shared"]).pipeline == []
+    assert main(["maintain", "orders", "nope"]) == 2  # a config error, before any Spark session starts
+    assert "no pipeline named 'nope'" in capsys.readouterr().err

@@ -183,3 +183,15 @@ def test_a_gap_stops_either_source_unless_told_otherwise():
     data["pipelines"][0]["source"]["on_gap"] = "skip"
     msg = error_of(data)
     assert "pipeline 'orders'" in msg and "field 'source.on_gap'" in msg
+
+
+def test_maintenance_has_safe_defaults_and_a_negative_retention_names_the_field():
+    cfg = parse_config(example(), Path("x.yaml"))
+    m = cfg.maintenance
+    assert (m.schedule, m.optimize, m.vacuum, m.retain.days) == ("@daily", True, True, 7)
+    data = example()
+    data["maintenance"] = {"retain": "-PT1H"}
+    msg = error_of(data, "conf/pipes.yaml")
+    assert "conf/pipes.yaml" in msg and "field 'maintenance.retain'" in msg and "must not be negative" in msg
+    data["maintenance"] = {"retian": "P1D"}
+    assert "field 'maintenance.retian'" in error_of(data)

@@ -138,3 +138,15 @@ def test_the_ingest_sensor_defers_through_a_source_outage_but_not_through_a_conf
                               timeout=60, poke_interval=1)
     with pytest.raises(ConfigError, match="config file not found"):
         broken.execute({})
+
+
+def test_the_maintenance_job_gets_its_pipeline_or_the_shared_tables():
+    from deltadrain.orchestration.operators import MaintainOperator
+
+    one = MaintainOperator(task_id="maintain_orders", pipeline="orders", config="/etc/dd.yaml")
+    args = one.job_args(context("scheduled"))
+    assert args[:3] == ["orders", "--config", "/etc/dd.yaml"] and "--shared" not in args
+    shared = MaintainOperator(task_id="maintain_shared_tables", config="/etc/dd.yaml")
+    args = shared.job_args(context("scheduled"))
+    assert args[:3] == ["--shared", "--config", "/etc/dd.yaml"] and args[-2] == "--run-id"
+    assert shared.application.endswith("spark_jobs/maintain.py")

@@ -4,6 +4,7 @@
 - deltadrain__reaper:            stuck claims? -> reap each pipeline that has some
 - deltadrain__replay:            manual, validated Params -> replay (spark-submit)
 - deltadrain__quality:           daily, each pipeline's whole table against its suite
+- deltadrain__maintenance:       daily, OPTIMIZE and VACUUM of each pipeline's tables and the shared ones
 
 Parsing reads the config file and nothing else: no source, Spark or Delta is touched until a task runs.
 """
@@ -15,8 +16,20 @@ from datetime import timedelta
 from airflow.sdk import DAG, Asset, CronDataIntervalTimetable, Param, task
 
 from deltadrain.config import DeltadrainConfig, PipelineConfig, load_config
-from deltadrain.orchestration.names import QUALITY_DAG, REAPER_DAG, REPLAY_DAG, ingest_dag_id, pool_name
-from deltadrain.orchestration.operators import DrainOperator, QualityOperator, ReplayOperator
+from deltadrain.orchestration.names import (
+    MAINTENANCE_DAG,
+    QUALITY_DAG,
+    REAPER_DAG,
+    REPLAY_DAG,
+    ingest_dag_id,
+    pool_name,
+)
+from deltadrain.orchestration.operators import (
+    DrainOperator,
+    MaintainOperator,
+    QualityOperator,
+    ReplayOperator,
+)
 from deltadrain.orchestration.sensors import SourceWorkSensor, StuckClaimsSensor
 from deltadrain.replay import MAX_LIMIT
 
@@ -84,6 +97,24 @@ def quality_dag(cfg: DeltadrainConfig) -> DAG:
         for p in cfg.pipelines:
             QualityOperator(task_id=f"check_{p.name}", pipeline=p.name, config=_config_arg(cfg), whole_table=True,
                             pool=pool_name(p.name))
+    return dag
+
+
+def maintenance_dag(cfg: DeltadrainConfig) -> DAG:
+    m = cfg.maintenance
+    what = " and ".join(x for x, on in (("OPTIMIZE", m.optimize), ("VACUUM", m.vacuum)) if on)
+    with DAG(dag_id=MAINTENANCE_DAG, schedule=m.schedule, start_date=min(p.airflow.start_date for p in cfg.pipelines),
+             catchup=False, max_active_runs=1, tags=["deltadrain"],
+             doc_md=f"{what} of each pipeline's Delta tables (target, dead letters, quarantine) and of the shared "
+                    "metrics and quality results tables: every batch adds small files, and compacting them keeps "
+                    "the MERGE, the checks and the view fast. VACUUM keeps replaced files for "
+                    f"`maintenance.retain` ({m.retain}). A pipeline's task runs in its pool, between its drains.",
+             default_args={"retries": 1, "retry_delay": timedelta(minutes=5),
+                           "execution_timeout": timedelta(hours=2)}) as dag:
+        for p in cfg.pipelines:
+            MaintainOperator(task_id=f"maintain_{p.name}", pipeline=p.name, config=_config_arg(cfg),
+                             pool=pool_name(p.name))
+        MaintainOperator(task_id="maintain_shared_tables", config=_config_arg(cfg))
     return dag
 
 
@@ -174,4 +205,6 @@ def build_dags(cfg: DeltadrainConfig | None = None) -> dict[str, DAG]:
     dags[REAPER_DAG] = reaper_dag(cfg)
     dags[REPLAY_DAG] = replay_dag(cfg)
     dags[QUALITY_DAG] = quality_dag(cfg)
+    if cfg.maintenance.optimize or cfg.maintenance.vacuum:
+        dags[MAINTENANCE_DAG] = maintenance_dag(cfg)
     return dags

@@ -3,6 +3,7 @@
 REAPER_DAG = "deltadrain__reaper"
 REPLAY_DAG = "deltadrain__replay"
 QUALITY_DAG = "deltadrain__quality"
+MAINTENANCE_DAG = "deltadrain__maintenance"
 
 
 def ingest_dag_id(pipeline: str) -> str:
