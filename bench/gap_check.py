@@ -35,7 +35,7 @@ def main(count: int = 200_000, rounds: int = 300) -> dict:
             times, found = [], []
             for _ in range(rounds):
                 began = time.perf_counter()
-                found = unread_gaps(client, p.source.streams, p.source.group)
+                found = unread_gaps(client, p.source.streams, p.source.group, gaps_key(p.name))
                 recorded(client, gaps_key(p.name))
                 times.append(time.perf_counter() - began)
             lengths = {s: client.xlen(s) for s in p.source.streams}

@@ -539,7 +539,7 @@ class ValkeyDrain(Drain):
         Under on_gap: continue, a gap with nothing readable after it is then gone past: the group
         moves to the stream's end, so that the commit that carries the gap is the last to report it."""
         source: ValkeySource = self.pipeline.source
-        found = found_unread(self.client, source.streams, source.group)
+        found = found_unread(self.client, source.streams, source.group, self.ctx.gaps_key)
         record_gaps(self.client, self.ctx.gaps_key, [gap for gap, _ in found])
         if source.on_gap == "continue":
             for gap, st in found:

@@ -9,6 +9,11 @@ Two ways an entry can go before it is in the target or the DLQ:
 Either way the gap is recorded in the pipeline's gaps hash before the group or the pending list
 forgets it, so a run that dies or loses the race after that does not lose the report: the next
 committed batch carries every recorded gap in its commit metadata, then forgets the ones it carried.
+(Under on_gap: fail, no batch commits while a gap is recorded, until a run accepts the gaps.)
+
+An XDEL ahead of the group is found from the group's position, up to the deleted id, by every run
+until the group reads past it. A commit that carried such a gap leaves its end in the `carried`
+hash, so that the runs after it do not take the same deletion for a new gap.
 """
 
 from __future__ import annotations
@@ -30,6 +35,11 @@ def _entries(n: int) -> str:
 
 def gaps_key(pipeline: str) -> str:
     return f"deltadrain:{{{pipeline}}}:gaps"
+
+
+def carried_key(key: str) -> str:
+    """Per stream, the end of the furthest unread gap a commit carried (next to the gaps hash `key`)."""
+    return f"{key}:carried"
 
 
 def successor(i: StreamId) -> StreamId:
@@ -77,9 +87,12 @@ class StreamState:
     max_deleted: StreamId  # the highest id XDEL removed; 0-0 when none
     delivered: StreamId  # the group's last-delivered-id
     entries_read: int | None  # the group's logical read counter; None when the server lost track
+    # The end of the furthest unread gap a commit carried: an XDEL evidence (max-deleted-entry-id)
+    # at or below it is that gap, already reported.
+    carried: StreamId = ZERO
 
     @classmethod
-    def of(cls, stream: dict, group: dict | None) -> StreamState:
+    def of(cls, stream: dict, group: dict | None, carried: StreamId = ZERO) -> StreamState:
         """From valkey-py's xinfo_stream() and this group's row of xinfo_groups() (None: no group yet,
         which the drain creates at 0-0)."""
         def sid(value) -> StreamId:
@@ -92,7 +105,13 @@ class StreamState:
                    first=first if length else None, last=sid(stream.get("last-generated-id")),
                    max_deleted=sid(stream.get("max-deleted-entry-id")),
                    delivered=sid((group or {}).get("last-delivered-id")),
-                   entries_read=None if read is None else int(read))
+                   entries_read=None if read is None else int(read), carried=carried)
+
+    def new_deletion(self) -> bool:
+        """An XDEL beyond the group's position that no commit carried yet. A carried end past the
+        stream's last id belongs to an earlier stream of the same name: it hides nothing."""
+        carried = self.carried if self.carried <= self.last else ZERO
+        return self.max_deleted > self.delivered and self.max_deleted > carried
 
 
 def unread_gap(stream: str, st: StreamState) -> Gap | None:
@@ -106,7 +125,9 @@ def unread_gap(stream: str, st: StreamState) -> Gap | None:
       the group's read counter; when the server lost that counter, the gap is only possible, and
       reported as such with an unknown size.
     - Otherwise trimming removed nothing after `got`; only an XDEL beyond it did (max-deleted-entry-id
-      > got): that entry at least, how many more is not known without scanning the stream.
+      > got): that entry at least, how many more is not known without scanning the stream. Unless a
+      commit already carried a gap up to that id (`StreamState.carried`): then it is that gap, found
+      again from a group that has not read past it yet.
     Ids are compared as integer pairs (StreamId), never as strings."""
     got = st.delivered
     if got >= st.last or (st.entries_added is not None and st.entries_added == st.length):
@@ -114,7 +135,7 @@ def unread_gap(stream: str, st: StreamState) -> Gap | None:
     start = str(successor(got))
     if st.first is None or st.first > got:
         end = st.last if st.first is None else predecessor(st.first)
-        if st.max_deleted > got:
+        if st.new_deletion():
             end = max(end, st.max_deleted)  # also XDELs among the entries left
         if end < successor(got):
             return None  # the first entry left directly follows `got`, and no XDEL was beyond it
@@ -130,7 +151,7 @@ def unread_gap(stream: str, st: StreamState) -> Gap | None:
         return Gap(stream, "unread", start, str(end), missing,
                    f"{_entries(missing)} removed after {got} (MAXLEN/MINID trimming or XDEL) before the group "
                    f"read them; {where}")
-    if st.max_deleted > got:
+    if st.new_deletion():
         return Gap(stream, "unread", start, str(st.max_deleted), None,
                    f"entries after {got} up to {st.max_deleted} were deleted (XDEL) before the group read them; "
                    f"at least {st.max_deleted} itself, how many in all is not known")
@@ -150,8 +171,9 @@ def deleted_while_pending(stream: str, ids: list) -> Gap | None:
 
 # -- the server side (small; the decisions are above) ------------------------------------------
 
-def stream_state(client, stream: str, group: str) -> StreamState | None:
-    """Two XINFO calls; None when the stream does not exist."""
+def stream_state(client, stream: str, group: str, key: str | None = None) -> StreamState | None:
+    """Two XINFO calls (and with the gaps hash `key`, the end of the gaps commits carried); None when
+    the stream does not exist."""
     try:
         info = client.xinfo_stream(stream)
     except Exception as exc:
@@ -159,24 +181,25 @@ def stream_state(client, stream: str, group: str) -> StreamState | None:
             return None
         raise
     mine = next((g for g in client.xinfo_groups(stream) if as_text(g["name"]) == group), None)
-    return StreamState.of(info, mine)
+    carried = client.hget(carried_key(key), stream) if key else None
+    return StreamState.of(info, mine, StreamId.parse(as_text(carried)) if carried else ZERO)
 
 
-def found_unread(client, streams, group: str) -> list[tuple[Gap, StreamState]]:
+def found_unread(client, streams, group: str, key: str | None) -> list[tuple[Gap, StreamState]]:
     """`unread_gap` of each stream that exists, with the state it was found in."""
-    return [(gap, st) for stream in streams
-            if (st := stream_state(client, stream, group)) is not None and (gap := unread_gap(stream, st)) is not None]
+    return [(gap, st) for stream in streams if (st := stream_state(client, stream, group, key)) is not None
+            and (gap := unread_gap(stream, st)) is not None]
 
 
-def unread_gaps(client, streams, group: str) -> list[Gap]:
-    """`unread_gap` of each stream that exists (two XINFO calls a stream)."""
-    return [gap for gap, _ in found_unread(client, streams, group)]
+def unread_gaps(client, streams, group: str, key: str | None) -> list[Gap]:
+    """`unread_gap` of each stream that exists (two XINFO calls a stream, and an HGET)."""
+    return [gap for gap, _ in found_unread(client, streams, group, key)]
 
 
 def open_gaps(client, streams, group: str, key: str | None) -> dict[str, str]:
     """The gaps no commit carries yet: recorded in the hash `key`, and those the next drain will find
     (entries removed before the group read them), as the hash holds them."""
-    return {**(recorded(client, key) if key else {}), **as_recorded(unread_gaps(client, streams, group))}
+    return {**(recorded(client, key) if key else {}), **as_recorded(unread_gaps(client, streams, group, key))}
 
 
 # The group's last-delivered-id to the stream's end, when no entry follows it: `XREADGROUP >` moves
@@ -242,9 +265,28 @@ return n
 
 
 def forget(client, key: str, carried: dict[str, str]) -> int:
+    """After the commit that carried them: forget the gaps, and keep how far each stream's unread
+    gaps reached (`carried_key`), the XDEL evidence later runs must not report again."""
     if not carried:
         return 0
+    ends = carried_ends(carried)
+    if ends:
+        held = {s: as_text(v) for s, v in zip(ends, client.hmget(carried_key(key), list(ends)), strict=True) if v}
+        further = {s: str(e) for s, e in ends.items() if s not in held or e > StreamId.parse(held[s])}
+        if further:  # only ever moves forward (a late writer at worst reports a gap again)
+            client.hset(carried_key(key), mapping=further)
     return int(client.eval(_FORGET, 1, key, *[x for item in carried.items() for x in item]))
+
+
+def carried_ends(carried: dict[str, str]) -> dict[str, StreamId]:
+    """Per stream, the furthest end of the unread gaps among `carried` (field -> JSON)."""
+    ends: dict[str, StreamId] = {}
+    for value in carried.values():
+        g = json.loads(value)
+        if g["kind"] == "unread":
+            end = StreamId.parse(g["to"])
+            ends[g["partition"]] = max(ends.get(g["partition"], ZERO), end)
+    return ends
 
 
 def as_ranges(carried: dict[str, str]) -> list[dict]:

@@ -818,6 +818,38 @@ def test_an_entry_deleted_while_pending_is_reported_with_its_id(tmp_path, cfg, s
     assert drain(c, p, spark=spark).gap_ranges == []  # carried by one commit, then forgotten
 
 
+def test_an_accepted_xdel_gap_beyond_the_batch_stops_no_later_run_and_a_new_one_still_does(tmp_path, cfg, spark):
+    """An entry XDELed ahead of the group is a gap up to its id, found from the group's position, so
+    every run until the group reads past it finds it again. Once one run accepted it (its commit
+    carries it), the runs under on_gap: fail after it, which read only a batch each, do not stop on it
+    again; an XDEL further ahead is a new gap and stops them."""
+    from deltadrain.probe import probe
+
+    _, c, p = make_pipeline(tmp_path, partitions=1, batch_cap=30)
+    client = valkey_client(c, p)
+    stream = p.source.streams[0]
+    msgs = list(generate(p, 100, seed=109))
+    ids = _append(client, stream, msgs)
+    assert client.xdel(stream, ids[80]) == 1
+    with pytest.raises(Exception, match=rf"ids 0-1 to {ids[80]} \(1 entry, removed before the group read them\)"):
+        drain(c, p, spark=spark)
+    accepted = drain(c, p.accepting_gaps(), spark=spark)  # one batch of 30: the group stops at ids[29]
+    assert (accepted.outcome, accepted.written, accepted.gaps) == ("committed", 30, 1), accepted.line()
+    assert probe(c, p).gaps == 0 and pipeline_status(c, p, spark)["gaps"] == []
+    s = drain(c, p, spark=spark)  # on_gap: fail again
+    assert (s.outcome, s.written, s.gaps, s.gap_ranges) == ("committed", 30, 0, []), s.line()
+    # A new XDEL beyond the accepted one is a new gap: it stops the runs until accepted in its turn.
+    assert client.xdel(stream, ids[90]) == 1
+    assert probe(c, p).gaps == 1
+    with pytest.raises(Exception, match=rf"ids {StreamId.parse(ids[59]).ms}-\d+ to {ids[90]} \(an unknown number"):
+        drain(c, p, spark=spark)
+    again = drain(c, p.accepting_gaps(), spark=spark)
+    assert (again.outcome, again.written, again.gaps) == ("committed", 30, 1), again.line()
+    runs = drain_until_done(c, p, spark, client)
+    assert all(r.gaps == 0 for r in runs) and sum(r.written for r in runs) == 8
+    assert_exactly_once(spark, c, p, client, [m.key for i, m in enumerate(msgs) if i not in (80, 90)], 0)
+
+
 def test_deleting_or_trimming_acknowledged_entries_is_no_gap(tmp_path, cfg, spark):
     _, c, p = make_pipeline(tmp_path, partitions=1)
     client = valkey_client(c, p)

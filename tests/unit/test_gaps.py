@@ -13,6 +13,7 @@ from deltadrain.gaps import (
     Gap,
     StreamState,
     as_ranges,
+    carried_ends,
     count,
     deleted_while_pending,
     predecessor,
@@ -24,9 +25,9 @@ from deltadrain.positions import StreamId as S
 NONE = S(0, 0)
 
 
-def state(length, added, first, last, delivered=NONE, read=None, deleted=NONE) -> StreamState:
+def state(length, added, first, last, delivered=NONE, read=None, deleted=NONE, carried=NONE) -> StreamState:
     return StreamState(length=length, entries_added=added, first=first, last=last, max_deleted=deleted,
-                       delivered=delivered, entries_read=read)
+                       delivered=delivered, entries_read=read, carried=carried)
 
 
 def test_successor_and_predecessor_carry_over_the_sequence():
@@ -149,3 +150,25 @@ def test_a_gap_is_described_by_its_stream_range_size_and_kind():
     assert describe_gap(unread) == "stream s:{0} ids 5-1 to 9-0 (40 entries, removed before the group read them)"
     assert describe_gap(pending) == "stream s:{1} ids 7-0 to 7-0 (1 entry, deleted while pending)"
     assert "(an unknown number of entries, removed" in describe_gap(xdel)
+
+
+def test_an_xdel_gap_a_commit_carried_is_not_found_again_but_a_further_deletion_is():
+    # 1-0 .. 1-99, 1-80 XDELed; a commit carried the gap up to 1-80, the group has read up to 1-29.
+    read_part = dict(delivered=S(1, 29), read=30, deleted=S(1, 80))
+    assert unread_gap("s", state(99, 100, S(1, 0), S(1, 99), **read_part)) is not None  # nothing carried
+    assert unread_gap("s", state(99, 100, S(1, 0), S(1, 99), **read_part, carried=S(1, 80))) is None
+    # 1-90 deleted since: max-deleted-entry-id moved past what was carried.
+    gap = unread_gap("s", state(98, 100, S(1, 0), S(1, 99), **{**read_part, "deleted": S(1, 90)}, carried=S(1, 80)))
+    assert (gap.first, gap.last, gap.missing) == ("1-30", "1-90", None)
+    # A carried end beyond the stream's last id is an earlier stream of that name: it hides nothing.
+    assert unread_gap("s", state(9, 10, S(1, 0), S(1, 9), delivered=S(1, 2), read=3, deleted=S(1, 5),
+                                 carried=S(5, 0))) is not None
+
+
+def test_the_carried_ends_are_the_furthest_unread_gap_of_each_stream():
+    def g(partition, kind, to):
+        return json.dumps({"partition": partition, "kind": kind, "from": "0-1", "to": to, "missing": None})
+
+    carried = {"a": g("s1", "unread", "1-80"), "b": g("s1", "unread", "1-9"), "c": g("s2", "pending", "7-0"),
+               "d": g("s3", "unread", "2-10")}
+    assert carried_ends(carried) == {"s1": S(1, 80), "s3": S(2, 10)}  # deleted-while-pending ones are not XDEL evidence
