@@ -48,7 +48,7 @@ def ingest_dag(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> DAG:
     schedule = CronDataIntervalTimetable(pipeline.schedule, timezone="UTC") if pipeline.schedule else None
     doc = (f"Drains **{pipeline.name}** ({pipeline.source.kind}) into `{cfg.target_path(pipeline)}` "
            f"exactly once; dead letters in `{cfg.dlq_path(pipeline)}`.\n\n"
-           "- a scheduled or manual run waits for new messages or stuck claims, then drains one batch, or up "
+           "- a scheduled or manual run waits for new messages, stuck claims or a gap, then drains one batch, or up "
            f"to {af.max_batches_per_run} while full ones wait, and checks each batch's data quality;\n"
            "- a backfill run (`airflow backfill create`, or Backfill in the UI) re-reads the source's retained "
            "history of its interval and MERGEs it: missing rows appear, present rows are not duplicated, "

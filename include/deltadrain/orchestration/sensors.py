@@ -70,7 +70,7 @@ class SourceWorkSensor(BaseSensorOperator):
 
     def execute_complete(self, context, event: dict | None = None) -> Any:
         if (event or {}).get("status") == "timeout":
-            message = f"no new messages or stuck claims in {self.pipeline} within {self.timeout:.0f}s"
+            message = f"no new messages, stuck claims or gaps in {self.pipeline} within {self.timeout:.0f}s"
             if self.soft_fail:
                 raise AirflowSkipException(message)
             raise AirflowSensorTimeout(message)

@@ -11,7 +11,7 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 
 class SourceWorkTrigger(BaseTrigger):
-    """Fires once the pipeline's source has new messages or claims old enough to reclaim.
+    """Fires once the pipeline's source has new messages, claims old enough to reclaim, or a gap.
 
     The probe is a few cheap blocking reads (Valkey XINFO/XPENDING, Kafka watermarks); it runs in a
     thread so the triggerer's event loop keeps serving its other triggers.
