@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable
+from contextlib import contextmanager
 
 from deltadrain.config import load_config
 from deltadrain.errors import ConfigError, DeltadrainError
@@ -29,6 +31,21 @@ def _print(rows, as_json: bool) -> None:
         return
     for row in rows if isinstance(rows, list) else [rows]:
         print("  ".join(f"{k}={v}" for k, v in row.items() if v is not None))
+
+
+@contextmanager
+def stdout_to_stderr():
+    """File descriptor 1 on stderr for the block: a Spark JVM started in it inherits that, so what
+    the JVM prints stays out of the command's own output."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def _pipeline_session(args, purpose: str):
@@ -221,8 +238,10 @@ def _maintain(args) -> int:
     named = [cfg.pipeline(name) for name in args.pipeline]
     pipelines = named or ([] if args.shared else list(cfg.pipelines))
     shared = args.shared or not args.pipeline
-    spark = get_spark("deltadrain-maintain")
-    summaries = [maintain(cfg, spark, p).as_dict() for p in pipelines] + ([maintain(cfg, spark).as_dict()] if shared else [])
+    with stdout_to_stderr():  # Delta's VACUUM prints to the JVM's stdout, which would break --json
+        spark = get_spark("deltadrain-maintain")
+        summaries = [maintain(cfg, spark, p).as_dict() for p in pipelines] + (
+            [maintain(cfg, spark).as_dict()] if shared else [])
     if args.json:
         print(json.dumps(summaries, indent=2, default=str))
         return 0

@@ -15,6 +15,7 @@ conflict with.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from contextlib import contextmanager
@@ -27,6 +28,8 @@ from deltadrain.lake import is_table, retry_conflicts
 # Delta refuses a VACUUM that keeps less than this unless its check is switched off.
 DELTA_MIN_RETAIN_HOURS = 168
 RETENTION_CHECK = "spark.databricks.delta.retentionDurationCheck.enabled"
+
+log = logging.getLogger("deltadrain.maintain")
 
 
 @dataclass
@@ -79,6 +82,8 @@ def retention_allowed(spark, hours: float):
     if hours >= DELTA_MIN_RETAIN_HOURS:
         yield
         return
+    log.warning("maintenance.retain is %g h, below Delta's 7-day safety check, which is off for this VACUUM: "
+                "a reader or writer of the table running longer than that can fail on a deleted file", hours)
     before = spark.conf.get(RETENTION_CHECK, None)
     spark.conf.set(RETENTION_CHECK, "false")
     try:

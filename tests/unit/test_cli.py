@@ -178,3 +178,16 @@ def test_maintain_names_pipelines_or_the_shared_tables_and_refuses_an_unknown_on
     assert parser.parse_args(["maintain", "--shared"]).pipeline == []
     assert main(["maintain", "orders", "nope"]) == 2  # a config error, before any Spark session starts
     assert "no pipeline named 'nope'" in capsys.readouterr().err
+
+
+def test_what_a_child_process_prints_inside_stdout_to_stderr_stays_out_of_stdout(capfd):
+    import subprocess
+    import sys
+
+    from deltadrain.cli import stdout_to_stderr
+
+    with stdout_to_stderr():  # as the Spark JVM, started inside it, inherits descriptor 1
+        subprocess.run([sys.executable, "-c", "print('Deleted 3 files')"], check=True)
+    print('{"ok": true}')
+    out, err = capfd.readouterr()
+    assert out == '{"ok": true}\n' and "Deleted 3 files" in err

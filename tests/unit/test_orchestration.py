@@ -150,3 +150,4 @@ def test_the_maintenance_job_gets_its_pipeline_or_the_shared_tables():
     args = shared.job_args(context("scheduled"))
     assert args[:3] == ["--shared", "--config", "/etc/dd.yaml"] and args[-2] == "--run-id"
     assert shared.application.endswith("spark_jobs/maintain.py")
+    assert (one.subject, shared.subject) == ("'orders'", "the shared tables")  # in a failed task's message

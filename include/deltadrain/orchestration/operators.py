@@ -65,6 +65,11 @@ class DeltadrainSparkOperator(SparkSubmitOperator):
             args += ["--config", self.config]
         return [*args, "--run-id", deltadrain_run_id(context)]
 
+    @property
+    def subject(self) -> str:
+        """What the job acts on, for messages: the pipeline, or the shared tables when none is named."""
+        return f"'{self.pipeline}'" if self.pipeline else "the shared tables"
+
     # -- submit -----------------------------------------------------------------------------------
 
     def _get_hook(self):
@@ -99,16 +104,16 @@ class DeltadrainSparkOperator(SparkSubmitOperator):
             super().execute(context)
         except Exception as exc:
             if self._error:
-                raise DeltadrainJobFailed(f"deltadrain {self.job} of '{self.pipeline}' failed: {self._error}") from exc
+                raise DeltadrainJobFailed(f"deltadrain {self.job} of {self.subject} failed: {self._error}") from exc
             raise
         if self._summary is None:
-            raise DeltadrainJobFailed(f"deltadrain {self.job} of '{self.pipeline}' printed no summary; "
+            raise DeltadrainJobFailed(f"deltadrain {self.job} of {self.subject} printed no summary; "
                                       f"last lines: {' | '.join(self._tail[-5:])}")
         if self._summary.get("error") and self._summary.get("outcome") not in (None, "ahead"):
-            raise DeltadrainJobFailed(f"deltadrain {self.job} of '{self.pipeline}': {self._summary['error']}")
+            raise DeltadrainJobFailed(f"deltadrain {self.job} of {self.subject}: {self._summary['error']}")
         if self._summary.get("later_error"):
-            self.log.warning("deltadrain %s of '%s' stopped after batches %s: %s (the next run meets it first)",
-                             self.job, self.pipeline, self._summary.get("batches"), self._summary["later_error"])
+            self.log.warning("deltadrain %s of %s stopped after batches %s: %s (the next run meets it first)",
+                             self.job, self.subject, self._summary.get("batches"), self._summary["later_error"])
         self.log.info("deltadrain %s summary:\n%s", self.job, json.dumps(self._summary, indent=2, default=str))
         return self._summary
 
