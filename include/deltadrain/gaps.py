@@ -171,9 +171,8 @@ def deleted_while_pending(stream: str, ids: list) -> Gap | None:
 
 # -- the server side (small; the decisions are above) ------------------------------------------
 
-def stream_state(client, stream: str, group: str, key: str | None = None) -> StreamState | None:
-    """Two XINFO calls (and with the gaps hash `key`, the end of the gaps commits carried); None when
-    the stream does not exist."""
+def stream_state(client, stream: str, group: str, carried: StreamId = ZERO) -> StreamState | None:
+    """Two XINFO calls; None when the stream does not exist. `carried`: see `carried_ends_of`."""
     try:
         info = client.xinfo_stream(stream)
     except Exception as exc:
@@ -181,18 +180,29 @@ def stream_state(client, stream: str, group: str, key: str | None = None) -> Str
             return None
         raise
     mine = next((g for g in client.xinfo_groups(stream) if as_text(g["name"]) == group), None)
-    carried = client.hget(carried_key(key), stream) if key else None
-    return StreamState.of(info, mine, StreamId.parse(as_text(carried)) if carried else ZERO)
+    return StreamState.of(info, mine, carried)
+
+
+def carried_ends_of(client, key: str | None, streams) -> dict[str, StreamId]:
+    """Per stream, the end of the furthest unread gap a commit carried (one HMGET for them all)."""
+    streams = list(streams)
+    if not key or not streams:
+        return {}
+    return {s: StreamId.parse(as_text(v)) for s, v in zip(streams, client.hmget(carried_key(key), streams),
+                                                          strict=True) if v}
 
 
 def found_unread(client, streams, group: str, key: str | None) -> list[tuple[Gap, StreamState]]:
-    """`unread_gap` of each stream that exists, with the state it was found in."""
-    return [(gap, st) for stream in streams if (st := stream_state(client, stream, group, key)) is not None
+    """`unread_gap` of each stream that exists, with the state it was found in. `key`: the gaps hash,
+    next to which the ends of carried gaps are kept (None: none are known)."""
+    carried = carried_ends_of(client, key, streams)
+    return [(gap, st) for stream in streams
+            if (st := stream_state(client, stream, group, carried.get(stream, ZERO))) is not None
             and (gap := unread_gap(stream, st)) is not None]
 
 
 def unread_gaps(client, streams, group: str, key: str | None) -> list[Gap]:
-    """`unread_gap` of each stream that exists (two XINFO calls a stream, and an HGET)."""
+    """`unread_gap` of each stream that exists (two XINFO calls a stream, and one HMGET)."""
     return [gap for gap, _ in found_unread(client, streams, group, key)]
 
 
@@ -271,8 +281,8 @@ def forget(client, key: str, carried: dict[str, str]) -> int:
         return 0
     ends = carried_ends(carried)
     if ends:
-        held = {s: as_text(v) for s, v in zip(ends, client.hmget(carried_key(key), list(ends)), strict=True) if v}
-        further = {s: str(e) for s, e in ends.items() if s not in held or e > StreamId.parse(held[s])}
+        held = carried_ends_of(client, key, ends)
+        further = {s: str(e) for s, e in ends.items() if s not in held or e > held[s]}
         if further:  # only ever moves forward (a late writer at worst reports a gap again)
             client.hset(carried_key(key), mapping=further)
     return int(client.eval(_FORGET, 1, key, *[x for item in carried.items() for x in item]))
