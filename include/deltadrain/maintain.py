@@ -40,7 +40,7 @@ class TableReport:
     files_after: int | None = None
     compacted: int = 0  # files OPTIMIZE replaced ...
     added: int = 0  # ... by these
-    vacuumed: int = 0  # data files VACUUM deleted from disk
+    vacuumed: int = 0  # data files VACUUM deleted from disk (less any a writer added meanwhile)
     skipped: str | None = None
     seconds: float = 0.0
 
