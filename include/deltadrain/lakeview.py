@@ -62,6 +62,16 @@ def _sql_literal(name: str) -> str:
     return f"'{name}'"
 
 
+def data_files(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> dict[str, int | None]:
+    """Data files in the current snapshot of the target and the DLQ (None: no table yet): every batch
+    adds some, and the maintenance DAG compacts them."""
+    counts: dict[str, int | None] = {}
+    for name, path in (("target", cfg.target_path(pipeline)), ("dlq", cfg.dlq_path(pipeline))):
+        table = open_table(str(path))
+        counts[name] = len(table.file_uris()) if table is not None else None
+    return counts
+
+
 def published_count(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> int:
     table = open_table(str(cfg.target_path(pipeline)))
     return int(query(table, "SELECT count(*) AS n FROM t")[0]["n"]) if table is not None else 0

@@ -12,6 +12,7 @@ from deltadrain.connections import valkey_client
 from deltadrain.drain import drain
 from deltadrain.maintain import files_on_disk, maintain, snapshot_files
 from deltadrain.metrics import last_runs, metrics_path
+from deltadrain.orchestration.view import pipeline_view
 from deltadrain.produce import MALFORMED_KINDS, produce
 from tests.integration.helpers import (
     assert_exactly_once,
@@ -53,6 +54,7 @@ def test_maintenance_compacts_and_vacuums_every_table_and_the_drains_go_on_exact
     ids, dead = sorted(target_ids(spark, c, p)), dead_keys(spark, c, p)
     before = read_checkpoint(spark, target, p.name, dlq)
     runs_recorded = len(last_runs(spark, c, p, 100))
+    assert pipeline_view(c, p)["data_files"] == files  # the Airflow view shows them (read with delta-rs)
 
     # Keeps replaced files 7 days by default: the compaction replaces them, nothing is deleted yet.
     kept = maintain(c, spark, p).as_dict()
@@ -70,6 +72,7 @@ def test_maintenance_compacts_and_vacuums_every_table_and_the_drains_go_on_exact
     assert again["vacuumed"] == on_disk - 2 >= files["target"] + files["dlq"]
     assert files_on_disk(target) == 1 and files_on_disk(dlq) == 1
     assert sorted(target_ids(spark, c, p)) == ids and dead_keys(spark, c, p) == dead
+    assert pipeline_view(c, p)["data_files"] == {"target": 1, "dlq": 1}
     # The checkpoint is still read from the batch's commit: maintenance commits move no batch.
     after = read_checkpoint(spark, target, p.name, dlq)
     assert (after.batch, after.positions, after.found_in) == (before.batch, before.positions, "commit")

@@ -109,3 +109,14 @@ def test_a_replay_that_cannot_reach_airflow_is_a_502_with_the_reason(client_for,
     assert r.status_code == 502, r.text
     assert f"cannot reach Airflow's REST API at http://127.0.0.1:{port}" in r.json()["detail"]
     assert "refused" in r.json()["detail"].lower()
+
+
+def test_the_page_shows_the_tables_data_files_and_links_the_maintenance_dag():
+    from deltadrain.orchestration.view import _templates
+
+    v = {"pipeline": "orders", "source": "valkey", "partitions": ["s0"], "PENDING": 0, "CLAIMED": 0,
+         "last_batches": [], "dead_letters": [], "data_files": {"target": 1234, "dlq": None},
+         "maintenance_dag": "deltadrain__maintenance"}
+    page = _templates().get_template("pipeline.html.j2").render(v=v, state="DEAD", triggered=[], replay_dag="r")
+    files = page.split('id="data-files"')[1].split("</span>")[0]
+    assert "target 1,234, dead letters\n—" in files and 'href="/dags/deltadrain__maintenance"' in files

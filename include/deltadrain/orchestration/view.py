@@ -27,7 +27,7 @@ from pathlib import Path
 from fastapi import Request  # module level: FastAPI resolves the (postponed) annotations in this module
 
 from deltadrain.config import DeltadrainConfig, PipelineConfig, ValkeySource
-from deltadrain.orchestration.names import REPLAY_DAG, ingest_dag_id
+from deltadrain.orchestration.names import MAINTENANCE_DAG, REPLAY_DAG, ingest_dag_id
 
 log = logging.getLogger(__name__)
 
@@ -163,6 +163,7 @@ def pipeline_view(cfg: DeltadrainConfig, pipeline: PipelineConfig, dlq_state: st
     out["DEAD"], out["REPLAYED"] = counts.get("DEAD", 0), counts.get("REPLAYED", 0)
     out["lag"] = (out["PENDING"] + out["CLAIMED"]) if out["PENDING"] is not None else None
     out["last_commit"] = lakeview.last_commit(cfg, pipeline)
+    out["data_files"], out["maintenance_dag"] = lakeview.data_files(cfg, pipeline), MAINTENANCE_DAG
     out["gaps"] = lakeview.recorded_gaps(cfg, pipeline)
     out["last_batches"] = lakeview.last_batches(cfg, pipeline, batches)
     out["dead_letters"] = lakeview.dead_letters(cfg, pipeline, dlq_state, dlq_limit)
