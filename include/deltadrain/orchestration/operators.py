@@ -166,12 +166,6 @@ class MaintainOperator(DeltadrainSparkOperator):
         args = super().job_args(context)
         return args if self.pipeline else ["--shared", *args]
 
-    def execute(self, context) -> Any:
-        report = super().execute(context)
-        self.log.info("deltadrain: %s files -> %s, %s compacted, %s deleted from disk", report.get("files_before"),
-                      report.get("files_after"), report.get("compacted"), report.get("vacuumed"))
-        return report
-
 
 def _connection_exists(conn_id: str) -> bool:
     from airflow.sdk import BaseHook
