@@ -163,6 +163,10 @@ def _status(args) -> int:
         for gap in st.get("gaps") or []:
             print(f"  GAP: partition {gap['partition']} offsets [{gap['start']}, {gap['end']}) were deleted by "
                   f"retention before they were read ({gap['missing']} messages)")
+        for dead in st.get("dead_runs") or []:
+            print("  DEAD RUNS: partition {} offsets [{}, {}) were read by {} runs that died before committing; "
+                  "the next run reads less there (past max_retries + 1: dead letters)".format(
+                      dead["partition"], *dead["offsets"], dead["runs"]))
     else:
         for gap in st.get("gaps") or []:
             size = "unknown number of entries" if gap["missing"] is None else f"{gap['missing']} entries"

@@ -77,6 +77,9 @@ class RunSummary:
     # Kafka: offsets retention deleted before they were read. Valkey: entries removed before the group
     # read them or while pending, as recorded and not yet carried by a commit (deltadrain.gaps).
     gap_ranges: list = field(default_factory=list)
+    # Kafka: offsets read by runs that died before committing, and how many (deltadrain.kafka_crashes).
+    # This run reads less there, and a message past max_retries + 1 attempts is a dead letter.
+    dead_runs: list = field(default_factory=list)
     seconds: float = 0.0
     positions: dict = field(default_factory=dict)
     timings: dict = field(default_factory=dict)  # seconds per step

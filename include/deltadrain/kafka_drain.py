@@ -8,12 +8,14 @@ with the ending offsets in the same commit -> compare-and-set outcome -> commit 
 Kafka has no per-message pending list: a message that makes the transform fail holds its
 partition's checkpoint at its offset, and its attempts (the number of runs that tried it) are kept
 in the commit metadata next to the checkpoint, so nothing outside the table can drift from it.
+A message that kills the run itself is counted from the dead run's claim notice (`kafka_crashes`).
 """
 
 from __future__ import annotations
 
 import json
 import threading
+import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -24,13 +26,17 @@ from deltadrain.config import DeltadrainConfig, KafkaSource, PipelineConfig
 from deltadrain.connections import kafka_consumer_conf, kafka_spark_options
 from deltadrain.decode import BatchDecoder
 from deltadrain.drain import GO_ON_PAST, Drain, DrainError, claim_schema
+from deltadrain.kafka_crashes import DeadRuns, Settled, bisect, dead_run_reason, settle, used_up
 from deltadrain.kafka_offsets import (
     OffsetError,
+    Plan,
     announce_claims,
     attempts_so_far,
     commit_group_offsets,
+    committed,
     hold_positions,
     plan_ranges,
+    read_notice,
     retry_record,
     watermarks,
     withdraw_claims,
@@ -60,6 +66,8 @@ class DecodeContext:
     id_from: str
     id_header: str | None
     attempts: dict[tuple[int, int], int] = field(default_factory=dict)  # runs that tried (partition, offset)
+    dead_runs: dict[int, DeadRuns] = field(default_factory=dict)  # partition -> runs that died reading it
+    max_retries: int = 3
 
 
 def external_id(ctx: DecodeContext, key: bytes | None, headers) -> tuple[str | None, str | None]:
@@ -121,6 +129,18 @@ def kafka_batch(ctx: DecodeContext, decoder: BatchDecoder, arrow_schema, batch):
                 preset[i] = (fallback[i], "invalid_utf8", bad_id, values[i], None)
             message_ids.append(ext or fallback[i])
     attempts = [ctx.attempts.get(place, 0) + 1 for place in places] if ctx.attempts else [1] * n
+    if ctx.dead_runs:
+        for i, (part, offset) in enumerate(places):
+            record = ctx.dead_runs.get(part)
+            seg = record.at(offset) if record else None
+            if seg is None:
+                continue
+            if used_up(seg[2], attempts[i] - 1, ctx.max_retries) and i not in preset:
+                # Not decoded: whatever stopped those runs is not run again.
+                first = datetime.fromtimestamp(seg[3] / 1000, UTC)
+                preset[i] = (message_ids[i] if message_ids else None, "max_retries",
+                             dead_run_reason(seg[2], ctx.max_retries, seg, part), values[i], first)
+            attempts[i] += seg[2]
     offset = batch.column("offset")
     cols = {"_dd_partition": batch.column("partition").cast(pa.string()), "_dd_position": offset.cast(pa.string()),
             "_dd_pos_hi": offset, "_dd_pos_lo": pa.array([0] * n, pa.int64()),
@@ -143,7 +163,8 @@ def offsets_json(topic: str, offsets: dict[int, int]) -> str:
 
 
 def read_ranges(spark, cfg: DeltadrainConfig, p: PipelineConfig, ranges: dict[int, tuple[int, int]],
-                attempts: dict[tuple[int, int], int], staged: str, headers: bool | None = None) -> Staged:
+                attempts: dict[tuple[int, int], int], staged: str, headers: bool | None = None,
+                dead_runs: dict[int, DeadRuns] | None = None) -> Staged:
     """Exactly `ranges` (end exclusive), decoded and staged to Parquet at `staged` by the reading
     tasks, in one Spark job: later steps never go back to the broker. Drains, backfills and replays
     read through here. `headers`: whether to read the records' headers; None reads them unless the id
@@ -154,7 +175,7 @@ def read_ranges(spark, cfg: DeltadrainConfig, p: PipelineConfig, ranges: dict[in
     topic = source.topic
     ctx = DecodeContext(topic, dict(p.payload_schema.fields), p.payload_schema.id_field,
                         list(p.payload_schema.required), p.max_message_bytes, source.id_from,
-                        source.id_header, attempts)
+                        source.id_header, attempts, dead_runs or {}, p.max_retries)
     total = sum(end - start for start, end in ranges.values())
     # Key mode reads no headers: a replayed record carries its identity in its key.
     headers = source.id_from != "key" if headers is None else headers
@@ -187,6 +208,8 @@ class KafkaDrain(Drain):
         self.retries: dict = {}  # the previous commit's retry record
         self.noticed: list[int] = []  # partitions carrying this run's claim notice (until the group commit)
         self._notice: threading.Thread | None = None
+        self.dead: dict[int, Settled] = {}  # partition -> the runs that died reading it (kafka_crashes)
+        self.group: dict | None = None  # the group's offsets and notices as read at the start (None: unread)
 
     # -- steps ------------------------------------------------------------------------------------
 
@@ -213,6 +236,7 @@ class KafkaDrain(Drain):
         s = self.summary
         s.positions = hold_positions(s.positions, list(pending))
         self.commit_extra["retries"] = retry_record(self.retries, pending, s.positions)
+        self.carry_dead_runs(s.positions)
         schema = culprits.drop("_dd_culprit_error").schema
         return self.spark.createDataFrame(dead, schema), list(pending)
 
@@ -242,6 +266,7 @@ class KafkaDrain(Drain):
                                self.source.starting_offsets, first_run=expected == 0)
         except OffsetError as exc:
             raise DrainError(f"pipeline '{p.name}': {exc}") from None
+        plan = self.count_dead_runs(plan, checkpoint.meta.get("crashes") or {})
         self._lap("checkpoint")
         if plan.gaps:
             s.gaps = sum(g.size for g in plan.gaps)
@@ -264,10 +289,12 @@ class KafkaDrain(Drain):
             self.acknowledge({}, {int(k): int(v) for k, v in positions.items()})
             return
         s.positions = plan.positions
+        self.carry_dead_runs(s.positions)
         if plan.total:  # else only a start or a gap to go past (on_gap: continue), committed below
             self.announce(plan.ranges, positions)
             staged = read_ranges(self.spark, self.cfg, p, plan.ranges, attempts_so_far(self.retries),
-                                 str(self.scratch / "claimed"))
+                                 str(self.scratch / "claimed"),
+                                 dead_runs={q: d.record for q, d in self.dead.items() if d.record})
             self._settle_notice()  # before the group-offset commit, which must come after it
             failpoints.hit("after_claim")
             failpoints.pause("after_claim")
@@ -295,15 +322,56 @@ class KafkaDrain(Drain):
                          {int(part): int(pos) for part, pos in s.positions.items()})
         self._lap("ack")
 
+    def count_dead_runs(self, plan: Plan, lake: dict) -> Plan:
+        """Count the runs that died reading from the checkpoint (their claim notices, and what the lake
+        and the notices carry), and narrow this run's ranges where they did (`kafka_crashes`)."""
+        parts = sorted(int(k) for k in plan.positions)
+        try:
+            self.group = committed(self.conf, self.source.group, self.source.topic, parts, 10) if parts else {}
+        except Exception as exc:
+            self.group = None
+            run_logger(self.summary.pipeline, self.run_id, self.summary.batch, source="kafka").warning(
+                "could not read the claim notices; runs that died are counted by a later run: %s: %s",
+                type(exc).__name__, str(exc)[:200])
+        now = int(time.time() * 1000)
+        for part in parts:
+            start = plan.ranges[part][0] if part in plan.ranges else int(plan.positions[str(part)])
+            kept = lake.get(str(part)) or {}
+            notice = read_notice((self.group or {}).get(part, (None, None))[1])
+            settled = settle(DeadRuns.from_json(kept), list(kept.get("earlier") or []), notice, start, now,
+                             self.pipeline.min_idle_ms)
+            if settled:
+                self.dead[part] = settled
+        records = {q: d.record for q, d in self.dead.items() if d.record}
+        self.summary.dead_runs = [{"partition": q, "offsets": [lo, hi], "runs": n}
+                                  for q, r in sorted(records.items()) for lo, hi, n, _ in r.segments]
+        ranges = bisect(plan.ranges, records, self.pipeline.max_retries)
+        if ranges == plan.ranges:
+            return plan
+        return Plan(ranges, plan.gaps, {**plan.positions, **{str(q): str(end) for q, (_, end) in ranges.items()}})
+
+    def carry_dead_runs(self, positions: dict[str, str]) -> None:
+        """The dead runs this commit keeps next to its checkpoint (those behind it are finished)."""
+        carried = {str(q): kept for q, d in sorted(self.dead.items())
+                   if (kept := d.carried(int(positions.get(str(q), 0)))) is not None}
+        if carried:
+            self.commit_extra["crashes"] = carried
+        else:
+            self.commit_extra.pop("crashes", None)
+
     def announce(self, ranges: dict[int, tuple[int, int]], lake: dict[str, str]) -> None:
-        """Claim notices on the group offsets (status shows the running batch's ranges), committed in
-        a thread while Spark reads the ranges: informational, so it neither delays nor fails the run."""
+        """Claim notices on the group offsets (status shows the running batch's ranges; the next run
+        counts this one as dead if it never commits), committed in a thread while Spark reads the
+        ranges: it neither delays nor fails the run."""
         self.noticed = sorted(ranges)
+        carried = {q: {"crashes": d.record.as_json() if d.record else None, "earlier": d.earlier}
+                   for q, d in self.dead.items() if q in ranges}
 
         def notice() -> None:
             try:
                 announce_claims(self.conf, self.source.group, self.source.topic, ranges,
-                                {int(k): int(v) for k, v in lake.items()}, self.run_id)
+                                {int(k): int(v) for k, v in lake.items()}, self.run_id,
+                                current=self.group, carried=carried)
             except Exception as exc:
                 self._warn("could not put claim notices on the group offsets", exc)
 

@@ -127,9 +127,17 @@ def attempts_so_far(record: dict) -> dict[tuple[int, int], int]:
 NOTICE = "deltadrain_claim"
 
 
-def claim_notice(run_id: str, start: int, end: int, since_ms: int) -> str:
-    """The group-offset metadata that tells status a run is reading [start, end) of a partition."""
-    return json.dumps({NOTICE: {"run": run_id, "range": [start, end], "since_ms": since_ms}}, separators=(",", ":"))
+def claim_notice(run_id: str, start: int, end: int, since_ms: int, crashes: dict | None = None,
+                 earlier: list | None = None) -> str:
+    """The group-offset metadata that tells status a run is reading [start, end) of a partition. It
+    also carries what the run knew of dead runs on that partition (`kafka_crashes`), for the run after
+    it should this one die too."""
+    notice: dict = {"run": run_id, "range": [start, end], "since_ms": since_ms}
+    if crashes:
+        notice["crashes"] = crashes
+    if earlier:
+        notice["earlier"] = earlier
+    return json.dumps({NOTICE: notice}, separators=(",", ":"))
 
 
 def read_notice(metadata: str | None) -> dict | None:
@@ -137,9 +145,12 @@ def read_notice(metadata: str | None) -> dict | None:
     try:
         notice = json.loads(metadata or "").get(NOTICE)
         start, end = (int(x) for x in notice["range"])
-        return {"run": str(notice["run"]), "range": [start, end], "since_ms": int(notice["since_ms"])}
+        out = {"run": str(notice["run"]), "range": [start, end], "since_ms": int(notice["since_ms"])}
     except (ValueError, TypeError, AttributeError, KeyError):
         return None
+    out["crashes"] = notice.get("crashes") if isinstance(notice.get("crashes"), dict) else {}
+    out["earlier"] = notice.get("earlier") if isinstance(notice.get("earlier"), list) else []
+    return out
 
 
 def claimed(notice: dict | None, start: int, end_offset: int) -> int:
@@ -250,20 +261,27 @@ def group_offsets(conf: dict, group: str, topic: str, partitions: list[int]) -> 
 
 
 def announce_claims(conf: dict, group: str, topic: str, ranges: dict[int, tuple[int, int]], lake: dict[int, int],
-                    run_id: str, deadline_s: float = 10) -> None:
+                    run_id: str, deadline_s: float = 10, current: dict | None = None,
+                    carried: dict[int, dict] | None = None) -> None:
     """Put a claim notice on the group offset of each partition a run reads, so that status can show
-    the range of a running batch (Kafka has no pending list). The offsets do not move; a partition
-    the group never committed gets the lake's position (`lake`, else the range's start), so they
-    never lead the lake checkpoint. A neighbour's group commit landing between the read and this
-    commit is set back until its next one: lag tools would show lag that is not there for a while."""
+    the range of a running batch (Kafka has no pending list), and so that the next run can count this
+    one as dead if it never commits (`kafka_crashes`: `carried` is what the notice carries for that).
+    The offsets do not move; a partition the group never committed gets the lake's position (`lake`,
+    else the range's start), so they never lead the lake checkpoint. `current`: the group's offsets
+    as the run read them at its start (else read here). A neighbour's group commit landing between
+    that read and this commit is set back until its next one: lag tools would show lag that is not
+    there for a while."""
     from confluent_kafka import TopicPartition
 
-    current = committed(conf, group, topic, sorted(ranges), deadline_s)
+    if current is None:
+        current = committed(conf, group, topic, sorted(ranges), deadline_s)
     since = int(time.time() * 1000)
     offsets = []
     for p, (start, end) in sorted(ranges.items()):
-        offset = current[p][0] if current[p][0] is not None else lake.get(p, start)
-        offsets.append(TopicPartition(topic, p, offset, metadata=claim_notice(run_id, start, end, since)))
+        offset = current.get(p, (None, None))[0]
+        offset = offset if offset is not None else lake.get(p, start)
+        meta = claim_notice(run_id, start, end, since, **(carried or {}).get(p, {}))
+        offsets.append(TopicPartition(topic, p, offset, metadata=meta))
     _commit(conf, group, offsets, deadline_s)
 
 

@@ -163,7 +163,7 @@ def last_commit(cfg: DeltadrainConfig, pipeline: PipelineConfig, search: int = 2
         return None
     for commit, meta in _batch_commits(table, pipeline, search):
         return {"batch": meta["batch"], "run_id": meta.get("run_id"), "positions": meta.get("positions") or {},
-                "table_version": commit.get("version"), "at": _at(commit),
+                "crashes": meta.get("crashes") or {}, "table_version": commit.get("version"), "at": _at(commit),
                 "written": inserted_rows(commit.get("operationMetrics") or {})}
     return None
 

@@ -56,14 +56,17 @@ def valkey_counts(client, source: ValkeySource, gaps_at: str | None = None) -> d
 
 
 def kafka_counts(conf: dict, source: KafkaSource, positions: dict[str, str], published: dict[str, int],
-                 dead: dict[str, int], with_group: bool = True, first_run: bool | None = None) -> dict:
+                 dead: dict[str, int], with_group: bool = True, first_run: bool | None = None,
+                 crashes: dict | None = None, min_idle_ms: int = 60_000) -> dict:
     """Per partition: end offset, lake checkpoint, PENDING (after the checkpoint, not claimed), CLAIMED
     (inside the range of a running batch, from the claim notice on the group offset: see
     kafka_offsets.announce_claims), offsets retention deleted unread (gap), the group's committed
     offset (informational), PUBLISHED and DEAD rows. Without the group (`with_group=False`) nothing
-    is known to be claimed."""
+    is known to be claimed. `dead_runs`: the offsets that runs which died (or outlived min_idle_ms)
+    read, as the next run will count them (kafka_crashes; `crashes` is the lake's record)."""
     import time
 
+    from deltadrain.kafka_crashes import DeadRuns, settle
     from deltadrain.kafka_offsets import claimed, committed, read_notice, start_offsets, watermarks
 
     marks = watermarks(conf, source.topic)
@@ -71,11 +74,15 @@ def kafka_counts(conf: dict, source: KafkaSource, positions: dict[str, str], pub
     gaps = {g.partition: g.as_dict() for g in gap_list}
     group = committed(conf, source.group, source.topic, sorted(marks)) if with_group else {}
     now_ms = int(time.time() * 1000)
-    partitions, claimed_by = {}, {}
+    partitions, claimed_by, dead_runs = {}, {}, []
     for part, (low, high) in sorted(marks.items()):
         key = str(part)
         offset, meta = group.get(part, (None, None))
         notice = read_notice(meta)
+        kept = (crashes or {}).get(key) or {}
+        record = settle(DeadRuns.from_json(kept), list(kept.get("earlier") or []), notice, starts[part], now_ms,
+                        min_idle_ms).record
+        dead_runs += [{"partition": part, "offsets": [lo, hi], "runs": n} for lo, hi, n, _ in record.segments]
         held = claimed(notice, starts[part], high)
         partitions[key] = {"earliest": low, "end_offset": high,
                            "lake_checkpoint": int(positions[key]) if key in positions else None,
@@ -90,7 +97,7 @@ def kafka_counts(conf: dict, source: KafkaSource, positions: dict[str, str], pub
     return {"PENDING": sum(v["pending"] for v in partitions.values()),
             "CLAIMED": sum(v["claimed"] for v in partitions.values()), "claimed_by": claimed_by,
             "oldest_claim_idle_ms": max((v["idle_ms"] for v in claimed_by.values()), default=0),
-            "gaps": list(gaps.values()), "partitions": partitions}
+            "gaps": list(gaps.values()), "dead_runs": dead_runs, "partitions": partitions}
 
 
 def _per_partition(spark, path: str, column: str, where=None) -> dict[str, int]:
@@ -123,7 +130,8 @@ def pipeline_status(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark) -> d
         dead_by = (_per_partition(spark, dlq, "partition", (F.col("pipeline") == F.lit(pipeline.name))
                                   & (F.col("state") == F.lit(DEAD))) if is_table(spark, dlq) else {})
         out.update(kafka_counts(kafka_consumer_conf(cfg, pipeline), pipeline.source, positions, published, dead_by,
-                                first_run=checkpoint.batch == 0))
+                                first_run=checkpoint.batch == 0, crashes=checkpoint.meta.get("crashes"),
+                                min_idle_ms=pipeline.min_idle_ms))
     mark_stale(out, stale_after_ms(pipeline))  # both sources' claimants, now in `out`
     out["last_batch"] = None
     if is_table(spark, target):

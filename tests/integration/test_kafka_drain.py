@@ -490,6 +490,77 @@ def test_poison_message_holds_its_partition_for_max_retries_runs_then_is_dead(tm
     assert group_of(c, p)["1"] == poison_offset + 1
 
 
+@pytest.mark.slow
+def test_a_message_that_kills_every_run_is_isolated_by_bisection_and_dead_after_max_retries_deaths(tmp_path, cfg,
+                                                                                                  spark):
+    """Kafka has no delivery count: a run killed by a message (SIGKILL from inside its transform, as a
+    crash or an out-of-memory kill would) leaves only its claim notice. The next runs count it, read
+    half of the dead run's range, and the message dies with max_retries + 1 runs, not forever."""
+    from confluent_kafka import Producer
+
+    from tests.integration.crash_transform import CRASH_MARKER
+
+    path, c, p = make_kafka_pipeline(tmp_path, partitions=1, batch_cap=16, max_retries=2, min_idle_ms=0,
+                                     transform="tests.integration.crash_transform.crash_on_marker")
+    messages = [m for m in generate(p, 60, seed=91) if m.kind == "valid"][:40]
+    crasher = 21
+    payloads = [m.value for m in messages]
+    event = json.loads(payloads[crasher])
+    payloads[crasher] = json.dumps({**event, "status": CRASH_MARKER}).encode()
+    producer = Producer(kafka_client_conf(c, p))
+    for value in payloads:
+        producer.produce(p.source.topic, value, partition=0)
+    producer.flush(30)
+    assert end_offsets(c, p) == {"0": "40"}
+
+    runs, seen = [], []
+    while lake_checkpoint(spark, c, p).positions != end_offsets(c, p):
+        assert len(runs) < 14, runs
+        proc = cli_drain(path, p.name)
+        out, err = proc.communicate(timeout=600)
+        if proc.returncode == -9:
+            runs.append("killed")
+            seen.append(pipeline_status(c, p, spark)["dead_runs"])  # what status says the next run counts
+            continue
+        assert proc.returncode == 0, err[-3000:]
+        s = summary_of(out)
+        assert s["outcome"] == "committed", s
+        runs.append(s)
+    killed = [r for r in runs if r == "killed"]
+    done = [r for r in runs if r != "killed"]
+    # The message killed exactly max_retries + 1 runs; the runs after a death read half of its range.
+    assert len(killed) == p.max_retries + 1, runs
+    # [0, 16) commits; [16, 32) dies; its first half [16, 24) dies; [16, 20) commits; the rest of that
+    # half [20, 24) dies a third time; then [20, 24) are dead letters unread by the transform, and the
+    # rest of [16, 32) and the cap again.
+    assert [r if r == "killed" else (r["claimed"], r["dead_lettered"]) for r in runs] == [
+        (16, 0), "killed", "killed", (4, 0), "killed", (4, 4), (4, 0), (4, 0), (8, 0)], runs
+    assert seen == [[{"partition": 0, "offsets": [16, 32], "runs": 1}],
+                    [{"partition": 0, "offsets": [16, 24], "runs": 2}, {"partition": 0, "offsets": [24, 32], "runs": 1}],
+                    [{"partition": 0, "offsets": [20, 24], "runs": 3}, {"partition": 0, "offsets": [24, 32], "runs": 1}]]
+    assert runs[3]["dead_runs"] == seen[1] and runs[5]["dead_runs"] == seen[2]
+    narrowed = [r for r in done if r["dead_runs"]]
+    assert narrowed and all(r["claimed"] < p.batch_cap for r in narrowed)
+    assert all(seg["partition"] == 0 and seg["runs"] >= 1 for r in narrowed for seg in r["dead_runs"])
+    # It is a dead letter with its bytes and why; the others it took with it are few, next to it,
+    # and dead letters too (replayable); every other message is published once.
+    dead = dlq_rows(spark, c, p)
+    by_offset = {int(r.position): r for r in dead}
+    assert crasher in by_offset and len(dead) <= p.batch_cap >> p.max_retries
+    assert sorted(by_offset) == list(range(min(by_offset), max(by_offset) + 1))
+    assert {r.error_type for r in dead} == {"max_retries"}
+    assert {r.attempts for r in dead} == {p.max_retries + 2}  # max_retries + 1 dead runs, then this one
+    assert "drain runs that died before committing" in by_offset[crasher].error
+    assert bytes(by_offset[crasher].original) == payloads[crasher]
+    ids = target_ids(spark, c, p)
+    assert len(ids) == len(set(ids)) and set(ids).isdisjoint({messages[o].key for o in by_offset})
+    assert sorted(ids) == sorted(m.key for o, m in enumerate(messages) if o not in by_offset)
+    # Nothing is left in the record once the lake has passed it.
+    checkpoint = lake_checkpoint(spark, c, p)
+    assert checkpoint.meta.get("crashes") is None and checkpoint.positions == {"0": "40"}
+    assert drain(c, p, spark=spark).outcome == "empty"
+
+
 def test_offsets_checkpoint_survives_delta_log_checkpoint_and_cleanup(tmp_path, cfg, spark):
 
     _, c, p = make_kafka_pipeline(tmp_path, partitions=2, batch_cap=100)

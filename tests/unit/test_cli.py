@@ -191,3 +191,19 @@ def test_what_a_child_process_prints_inside_stdout_to_stderr_stays_out_of_stdout
     print('{"ok": true}')
     out, err = capfd.readouterr()
     assert out == '{"ok": true}\n' and "Deleted 3 files" in err
+
+
+def test_kafka_status_names_the_offsets_runs_died_reading(monkeypatch, capsys):
+    import deltadrain.cli as cli
+    import deltadrain.status as status
+
+    st = {"pipeline": "clicks", "source": "kafka", "PENDING": 5, "CLAIMED": 0, "claimed_by": {}, "PUBLISHED": 16,
+          "DEAD": 0, "REPLAYED": 0, "gaps": [], "partitions": {}, "last_batch": None, "last_runs": [],
+          "dead_runs": [{"partition": 0, "offsets": [16, 24], "runs": 2}],
+          "checkpoint": {"batch": 1, "table_version": 1, "positions": {"0": "16"}}}
+    monkeypatch.setattr(cli, "_pipeline_session", lambda args, purpose: (None, None, None))
+    monkeypatch.setattr(status, "pipeline_status", lambda cfg, pipeline, spark: st)
+    assert cli.main(["status", "clicks"]) == 0
+    out = capsys.readouterr().out
+    assert ("DEAD RUNS: partition 0 offsets [16, 24) were read by 2 runs that died before committing; the next "
+            "run reads less there (past max_retries + 1: dead letters)") in out

@@ -203,7 +203,8 @@ def test_a_per_partition_error_in_a_committed_answer_is_raised():
 def test_a_claim_notice_reads_back_and_other_metadata_is_no_notice():
     text = claim_notice("run-1", 20, 40, 1_700_000_000_000)
     assert len(text) < 200  # far under the broker's offset.metadata.max.bytes (4096)
-    assert read_notice(text) == {"run": "run-1", "range": [20, 40], "since_ms": 1_700_000_000_000}
+    assert read_notice(text) == {"run": "run-1", "range": [20, 40], "since_ms": 1_700_000_000_000,
+                                 "crashes": {}, "earlier": []}
     for other in (None, "", "lag-tool v2", "[1, 2]", '{"deltadrain_claim": 3}', '{"x": {"run": "a"}}',
                   '{"deltadrain_claim": {"run": "a", "range": [1], "since_ms": 0}}',
                   '{"deltadrain_claim": {"run": "a", "range": ["x", 2], "since_ms": 0}}'):

@@ -120,3 +120,17 @@ def test_the_page_shows_the_tables_data_files_and_links_the_maintenance_dag():
     page = _templates().get_template("pipeline.html.j2").render(v=v, state="DEAD", triggered=[], replay_dag="r")
     files = page.split('id="data-files"')[1].split("</span>")[0]
     assert "target 1,234, dead letters\n—" in files and 'href="/dags/deltadrain__maintenance"' in files
+
+
+def test_the_page_names_the_offsets_runs_died_reading():
+    from deltadrain.orchestration.view import _templates
+
+    v = {"pipeline": "clicks", "source": "kafka", "partitions": ["0", "1"], "PENDING": 0, "CLAIMED": 0,
+         "last_batches": [], "dead_letters": [],
+         "dead_runs": [{"partition": 0, "offsets": [16, 24], "runs": 2}, {"partition": 1, "offsets": [3, 5000],
+                                                                         "runs": 1}]}
+    render = _templates().get_template("pipeline.html.j2").render
+    died = render(v=v, state="DEAD", triggered=[], replay_dag="r").split('id="dead-runs"')[1].split("</span>")[0]
+    assert "partition\n0 offsets [16, 24) (2 runs), partition\n1 offsets [3, 5,000) (1 run)." in died
+    assert "max_retries + 1" in died
+    assert 'id="dead-runs"' not in render(v={**v, "dead_runs": []}, state="DEAD", triggered=[], replay_dag="r")

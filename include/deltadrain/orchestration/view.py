@@ -120,10 +120,10 @@ def kafka_counts(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> dict:
     from deltadrain.kafka_offsets import OffsetError
     from deltadrain.status import kafka_counts as counts
 
-    positions = (lakeview.last_commit(cfg, pipeline) or {}).get("positions") or {}
+    last = lakeview.last_commit(cfg, pipeline) or {}
     try:
-        got = counts({**kafka_consumer_conf(cfg, pipeline), "socket.timeout.ms": 3000}, pipeline.source, positions,
-                     {}, {})
+        got = counts({**kafka_consumer_conf(cfg, pipeline), "socket.timeout.ms": 3000}, pipeline.source,
+                     last.get("positions") or {}, {}, {}, crashes=last.get("crashes"), min_idle_ms=pipeline.min_idle_ms)
     except OffsetError as exc:  # the broker answered: no such topic (yet), or a recreated one
         return {"PENDING": None, "CLAIMED": None, "source_note": str(exc)}
     except Exception as exc:
@@ -144,7 +144,8 @@ def _claims(counts: dict, pipeline: PipelineConfig) -> dict:
             "stale_after_ms": counts["stale_after_ms"],
             "partitions": {k: {"pending": v["pending"], "claimed": v["claimed"]}
                            for k, v in counts["partitions"].items()},
-            "open_gaps": [lakeview.gap_row(g) for g in counts.get("gaps") or []]}
+            "open_gaps": [lakeview.gap_row(g) for g in counts.get("gaps") or []],
+            "dead_runs": counts.get("dead_runs") or []}
 
 
 def pipeline_view(cfg: DeltadrainConfig, pipeline: PipelineConfig, dlq_state: str | None = "DEAD",

@@ -1,0 +1,148 @@
+"""Kafka runs that died reading a range: counting them, bisecting, and when a message is used up. Pure."""
+
+import json
+from datetime import UTC, datetime
+
+import pyarrow as pa
+
+from deltadrain.decode import BatchDecoder
+from deltadrain.kafka_crashes import DeadRuns, bisect, settle, used_up
+from deltadrain.kafka_drain import DecodeContext, kafka_batch
+from deltadrain.kafka_offsets import claim_notice, read_notice
+from tests.unit.test_kafka_offsets import CLAIM
+
+MIN_IDLE = 60_000
+NOW = 1_800_000_000_000
+
+
+def notice(run, start, end, age_ms, **carried):
+    return read_notice(claim_notice(run, start, end, NOW - age_ms, **carried))
+
+
+def test_a_dead_runs_notice_counts_once_for_the_offsets_at_and_after_the_checkpoint():
+    got = settle(DeadRuns(), [], notice("r1", 0, 16, MIN_IDLE), 0, NOW, MIN_IDLE)
+    assert got.record.segments == ((0, 16, 1, NOW - MIN_IDLE),) and got.record.counted == ("r1",)
+    assert got.earlier == []
+    # The same notice seen again (the counting run died before its own notice landed, but its
+    # commit or notice carries the count): not counted twice.
+    again = settle(got.record, [], notice("r1", 0, 16, MIN_IDLE + 5), 0, NOW, MIN_IDLE)
+    assert again.record.segments == got.record.segments
+    # A run that read from an older checkpoint: only what the lake has not passed counts.
+    late = settle(DeadRuns(), [], notice("r0", 0, 16, MIN_IDLE), 10, NOW, MIN_IDLE)
+    assert late.record.segments == ((10, 16, 1, NOW - MIN_IDLE),)
+
+
+def test_notices_behind_the_checkpoint_or_of_no_run_count_nothing():
+    # Its batch landed (a run killed after its commit, before the group commit), or a newer one did.
+    assert not settle(DeadRuns(), [], notice("r1", 0, 16, MIN_IDLE), 16, NOW, MIN_IDLE)
+    assert not settle(DeadRuns(), [], notice("r1", 0, 16, MIN_IDLE), 40, NOW, MIN_IDLE)
+    assert not settle(DeadRuns(), [], None, 0, NOW, MIN_IDLE)
+
+
+def test_a_young_notice_may_be_a_slow_run_it_is_carried_and_counted_once_old_enough():
+    young = settle(DeadRuns(), [], notice("r1", 0, 16, 1_000), 0, NOW, MIN_IDLE)
+    assert not young.record and young.earlier == [{"run": "r1", "range": [0, 16], "since_ms": NOW - 1_000}]
+    # The next run's notice carried it; that run died too. Later both are old enough: two dead runs.
+    later = NOW + MIN_IDLE
+    carried = read_notice(claim_notice("r2", 0, 8, NOW, crashes=young.record.as_json(), earlier=young.earlier))
+    got = settle(DeadRuns(), [], carried, 0, later, MIN_IDLE)
+    assert got.record.segments == ((0, 8, 2, NOW - 1_000), (8, 16, 1, NOW - 1_000))
+    assert set(got.record.counted) == {"r1", "r2"} and got.earlier == []
+    # Or a run committed r1's range in between (r1 was a slow neighbour): nothing is counted.
+    assert not settle(DeadRuns(), young.earlier, None, 16, later, MIN_IDLE)
+
+
+def test_the_lake_and_the_notice_merge_by_the_larger_count_per_offset():
+    lake = DeadRuns(((0, 16, 1, 5),), ("r1",))
+    mine = DeadRuns(((0, 8, 2, 5), (8, 16, 1, 5)), ("r1", "r2"))
+    assert lake.merged(mine) == mine.merged(lake) == mine
+    assert lake.merged(DeadRuns()).segments == lake.segments
+
+
+def test_each_dead_run_splits_the_segments_it_read_and_adds_one():
+    r = DeadRuns().with_dead_run("a", 16, 32, 100)
+    r = r.with_dead_run("b", 16, 24, 200)
+    assert r.segments == ((16, 24, 2, 100), (24, 32, 1, 100))
+    r = r.with_dead_run("c", 20, 40, 300)
+    assert r.segments == ((16, 20, 2, 100), (20, 24, 3, 100), (24, 32, 2, 100), (32, 40, 1, 300))
+    assert [r.runs_at(o) for o in (15, 16, 21, 31, 39, 40)] == [0, 2, 3, 2, 1, 0]
+    assert r.passed(20).segments == r.segments[1:] and r.passed(40) == DeadRuns()
+    assert r.passed(22).segments[0] == (20, 24, 3, 100)  # kept whole: a run from 22 starts inside it
+    assert DeadRuns.from_json(json.loads(json.dumps(r.as_json()))) == r
+
+
+def test_damaged_records_are_no_records():
+    for bad in (None, 3, "x", {"seg": [[1, 2]]}, {"seg": "x"}, {"seg": [["a", 2, 1, 0]]}):
+        assert DeadRuns.from_json(bad) == DeadRuns(), bad
+    # Empty and inverted segments are dropped, the rest kept.
+    assert DeadRuns.from_json({"seg": [[5, 5, 1, 0], [9, 4, 1, 0], [1, 2, 0, 0], [2, 3, 1, 0]]}).segments == (
+        (2, 3, 1, 0),)
+
+
+def test_bisection_isolates_a_crasher_in_max_retries_plus_one_deaths():
+    """Drive the decisions as runs would: a message at offset 21 kills every run that reads it."""
+    crasher, end, cap, max_retries = 21, 40, 16, 2
+    lake, position, deaths, dead_letters, runs = DeadRuns(), 0, 0, [], 0
+    while position < end:
+        runs += 1
+        assert runs < 20
+        ranges = bisect({0: (position, min(end, position + cap))}, {0: lake}, max_retries)
+        lo, hi = ranges[0]
+        spent = [o for o in range(lo, hi) if used_up(lake.runs_at(o), 0, max_retries)]
+        if lo <= crasher < hi and crasher not in spent:
+            deaths += 1
+            lake = lake.with_dead_run(f"run{runs}", lo, hi, runs)
+            continue
+        dead_letters += spent
+        position = hi
+        lake = lake.passed(position)
+    assert deaths == max_retries + 1
+    assert crasher in dead_letters and len(dead_letters) <= cap >> max_retries
+    assert dead_letters == list(range(dead_letters[0], dead_letters[-1] + 1))
+
+
+def test_a_crash_unrelated_to_the_data_costs_two_smaller_runs():
+    lake = DeadRuns().with_dead_run("r1", 0, 16, 0)
+    assert bisect({0: (0, 16), 1: (5, 9)}, {0: lake}, 3) == {0: (0, 8), 1: (5, 9)}
+    assert bisect({0: (8, 24)}, {0: lake.passed(8)}, 3) == {0: (8, 16)}  # the rest of it
+    assert bisect({0: (16, 32)}, {0: lake.passed(16)}, 3) == {0: (16, 32)}  # then the cap again
+    assert bisect({0: (0, 16)}, {0: DeadRuns(((0, 1, 1, 0),))}, 3) == {0: (0, 1)}  # one message alone
+
+
+def test_used_up_counts_dead_runs_and_failed_transform_runs_together():
+    assert not used_up(0, 9, 3)  # no dead run: the transform path decides
+    assert not used_up(3, 0, 3) and used_up(4, 0, 3)
+    assert not used_up(2, 1, 3) and used_up(2, 2, 3)
+
+
+def test_a_used_up_message_is_a_max_retries_dead_letter_and_is_not_decoded():
+    lake = DeadRuns(((5, 7, 3, 1_700_000_000_000),), ("r",))
+    c = DecodeContext(topic="clicks", fields={"event_id": "string", "amount": "double"}, id_field="event_id",
+                      required=["event_id"], max_bytes=1000, id_from="field", id_header=None,
+                      dead_runs={0: lake}, max_retries=2)
+    decoder = BatchDecoder(fields=c.fields, id_field=c.id_field, required=c.required, max_bytes=c.max_bytes,
+                           types={"event_id": pa.string(), "amount": pa.float64()})
+    ts = datetime(2026, 1, 1, tzinfo=UTC)
+    source = pa.RecordBatch.from_pylist(
+        [{"partition": 0, "offset": o, "timestamp": ts, "value": b'{"event_id": "e%d", "amount": 1}' % o}
+         for o in (4, 5, 6, 7)],
+        schema=pa.schema([("partition", pa.int32()), ("offset", pa.int64()),
+                          ("timestamp", pa.timestamp("us", tz="UTC")), ("value", pa.binary())]))
+    rows = kafka_batch(c, decoder, CLAIM, source).to_pylist()
+    assert [r["_dd_attempts"] for r in rows] == [1, 4, 4, 1]
+    assert [r["_dd_error_type"] for r in rows] == [None, "max_retries", "max_retries", None]
+    dead = rows[1]
+    assert dead["event_id"] is None and dead["_dd_original"] == b'{"event_id": "e5", "amount": 1}'
+    assert "read by 3 drain runs that died" in dead["_dd_error"] and "offsets [5, 7)" in dead["_dd_error"]
+    assert dead["_dd_first_failure_at"] == datetime.fromtimestamp(1_700_000_000, UTC)
+    assert rows[0]["event_id"] == "e4" and rows[3]["event_id"] == "e7"
+
+
+def test_a_notice_with_a_record_stays_under_the_brokers_metadata_limit():
+    r = DeadRuns()
+    for i in range(8):
+        r = r.with_dead_run(f"worker-host-name-123-45678-{i:08x}", 1_000_000_000 + i, 1_000_200_000, 1_800_000_000_000)
+    text = claim_notice("worker-host-name-123-45678-abcdef01", 1_000_000_000, 1_000_200_000, NOW,
+                        crashes=r.as_json(), earlier=[{"run": "x" * 37, "range": [1, 2], "since_ms": NOW}] * 4)
+    assert len(text) < 4096
+    assert read_notice(text)["crashes"] == r.as_json()
