@@ -121,11 +121,12 @@ class Settled:
 
 
 def settle(lake: DeadRuns, lake_earlier: list[dict], notice: dict | None, position: int, now_ms: int,
-           min_idle_ms: int) -> Settled:
+           min_idle_ms: int, notice_after_ms: int | None = None) -> Settled:
     """The record a run starts with on one partition: the lake's, what the notice on the group offset
     carries, and that notice's run (and the young ones carried by it or by the lake) counted as dead
     when older than min_idle_ms and not behind the checkpoint `position`. A run behind it committed,
-    or another run committed its range."""
+    or another run committed its range. `notice_after_ms`: another age for the notice's own run
+    (status counts it only once Airflow would have killed it: it may be a long batch still running)."""
     record = lake
     candidates = list(lake_earlier)
     if notice:
@@ -133,6 +134,7 @@ def settle(lake: DeadRuns, lake_earlier: list[dict], notice: dict | None, positi
         candidates = [notice, *(notice.get("earlier") or []), *candidates]
     earlier: dict[str, dict] = {}
     for cand in candidates:
+        idle = notice_after_ms if cand is notice and notice_after_ms is not None else min_idle_ms
         try:
             run, (lo, hi), since = str(cand["run"]), (int(x) for x in cand["range"]), int(cand["since_ms"])
         except (KeyError, TypeError, ValueError):
@@ -140,7 +142,7 @@ def settle(lake: DeadRuns, lake_earlier: list[dict], notice: dict | None, positi
         lo = max(lo, position)
         if run in record.counted or run in earlier or hi <= lo:
             continue
-        if now_ms - since >= min_idle_ms:
+        if now_ms - since >= idle:
             record = record.with_dead_run(run, lo, hi, since)
         else:
             earlier[run] = {"run": run, "range": [lo, hi], "since_ms": since}

@@ -57,13 +57,14 @@ def valkey_counts(client, source: ValkeySource, gaps_at: str | None = None) -> d
 
 def kafka_counts(conf: dict, source: KafkaSource, positions: dict[str, str], published: dict[str, int],
                  dead: dict[str, int], with_group: bool = True, first_run: bool | None = None,
-                 crashes: dict | None = None, min_idle_ms: int = 60_000) -> dict:
+                 crashes: dict | None = None, min_idle_ms: int = 60_000, stale_ms: int | None = None) -> dict:
     """Per partition: end offset, lake checkpoint, PENDING (after the checkpoint, not claimed), CLAIMED
     (inside the range of a running batch, from the claim notice on the group offset: see
     kafka_offsets.announce_claims), offsets retention deleted unread (gap), the group's committed
     offset (informational), PUBLISHED and DEAD rows. Without the group (`with_group=False`) nothing
-    is known to be claimed. `dead_runs`: the offsets that runs which died (or outlived min_idle_ms)
-    read, as the next run will count them (kafka_crashes; `crashes` is the lake's record)."""
+    is known to be claimed. `dead_runs`: the offsets that runs which died read (kafka_crashes; `crashes`
+    is the lake's record): the runs the notices carry, and the notice's own run once it is older
+    than `stale_ms` (stale: a younger one may be a long batch still running)."""
     import time
 
     from deltadrain.kafka_crashes import DeadRuns, settle
@@ -81,7 +82,7 @@ def kafka_counts(conf: dict, source: KafkaSource, positions: dict[str, str], pub
         notice = read_notice(meta)
         kept = (crashes or {}).get(key) or {}
         record = settle(DeadRuns.from_json(kept), list(kept.get("earlier") or []), notice, starts[part], now_ms,
-                        min_idle_ms).record
+                        min_idle_ms, stale_ms).record
         dead_runs += [{"partition": part, "offsets": [lo, hi], "runs": n} for lo, hi, n, _ in record.segments]
         held = claimed(notice, starts[part], high)
         partitions[key] = {"earliest": low, "end_offset": high,
@@ -131,7 +132,7 @@ def pipeline_status(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark) -> d
                                   & (F.col("state") == F.lit(DEAD))) if is_table(spark, dlq) else {})
         out.update(kafka_counts(kafka_consumer_conf(cfg, pipeline), pipeline.source, positions, published, dead_by,
                                 first_run=checkpoint.batch == 0, crashes=checkpoint.meta.get("crashes"),
-                                min_idle_ms=pipeline.min_idle_ms))
+                                min_idle_ms=pipeline.min_idle_ms, stale_ms=stale_after_ms(pipeline)))
     mark_stale(out, stale_after_ms(pipeline))  # both sources' claimants, now in `out`
     out["last_batch"] = None
     if is_table(spark, target):

@@ -52,6 +52,17 @@ def test_a_young_notice_may_be_a_slow_run_it_is_carried_and_counted_once_old_eno
     assert not settle(DeadRuns(), young.earlier, None, 16, later, MIN_IDLE)
 
 
+def test_status_counts_the_notices_own_run_only_once_it_is_stale():
+    """A notice older than min_idle_ms may be a long batch still running: the next run counts it (as
+    the Valkey reaper takes such entries over), status only once Airflow would have killed that run."""
+    carried = DeadRuns().with_dead_run("r1", 0, 16, NOW - 90_000)
+    live = notice("r2", 0, 8, 70_000, crashes=carried.as_json())
+    assert settle(DeadRuns(), [], live, 0, NOW, MIN_IDLE).record.runs_at(0) == 2
+    shown = settle(DeadRuns(), [], live, 0, NOW, MIN_IDLE, notice_after_ms=1_800_000).record
+    assert shown.segments == carried.segments
+    assert settle(DeadRuns(), [], live, 0, NOW + 1_800_000, MIN_IDLE, notice_after_ms=1_800_000).record.runs_at(0) == 2
+
+
 def test_the_lake_and_the_notice_merge_by_the_larger_count_per_offset():
     lake = DeadRuns(((0, 16, 1, 5),), ("r1",))
     mine = DeadRuns(((0, 8, 2, 5), (8, 16, 1, 5)), ("r1", "r2"))

@@ -1,0 +1,110 @@
+"""What counting dead Kafka runs costs a run (docs/benchmarks.md, "dead Kafka runs"), on one broker.
+
+A Kafka run now reads the group offsets (its claim notices) before it fixes its ranges, to count the
+runs that died (`kafka_crashes`); before, only the notice thread read them, during the read.
+
+1. The read itself: `KafkaDrain.count_dead_runs` (group offsets + the decisions) against the broker
+   request every run already made there (`watermarks`), alternating, on a 6-partition topic.
+2. A drain: two pipelines on two topics of the same size, drained batch by batch in one Spark
+   session, alternating which goes first, one as it is and one with `count_dead_runs` turned off
+   (then the notice thread reads the group offsets, as before). Reports each side's checkpoint step
+   (where the count runs) and batch time, medians of the warm batches.
+
+    DELTADRAIN_HOME=/tmp/ddkafka DELTADRAIN_KAFKA_PORT=27392 DELTADRAIN_KAFKA_CONTROLLER_PORT=27393 \\
+        .venv/bin/python bench/dead_runs.py WORKDIR [MESSAGES_PER_SIDE] [BATCH]
+
+The Kafka service of that DELTADRAIN_HOME is started if it is not running.
+"""
+
+import copy
+import json
+import statistics
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import yaml
+
+from deltadrain import services
+from deltadrain.config import load_config
+from deltadrain.connections import kafka_client_conf
+from deltadrain.drain import drain
+from deltadrain.kafka_drain import KafkaDrain
+from deltadrain.kafka_offsets import plan_ranges, watermarks
+from deltadrain.paths import PROJECT_ROOT
+from deltadrain.produce import ensure_topic, produce
+from deltadrain.spark import get_spark
+
+
+def config(workdir: Path, batch: int) -> Path:
+    data = yaml.safe_load((PROJECT_ROOT / "config" / "pipelines.yaml").read_text())
+    base = next(p for p in data["pipelines"] if p["source"]["kind"] == "kafka")
+    pipes = []
+    for side in ("counted", "off"):
+        p = copy.deepcopy(base)
+        name = f"dr_{side}_{uuid.uuid4().hex[:6]}"
+        p.update(name=name, batch_cap=batch, target={"path": name})
+        p["source"].update(topic=name, partitions=6, group=name)
+        p.pop("quality", None)
+        pipes.append(p)
+    data.update(pipelines=pipes, data_dir=str(workdir / "lake"))
+    path = workdir / "dead_runs.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def median_ms(xs) -> float:
+    return round(statistics.median(xs) * 1000, 1)
+
+
+def main(workdir: Path, count: int, batch: int) -> dict:
+    workdir.mkdir(parents=True, exist_ok=True)
+    cfg = load_config(config(workdir, batch))
+    services.up(cfg, ["kafka"])
+    counted, off = cfg.pipelines
+    for p in (counted, off):
+        ensure_topic(kafka_client_conf(cfg, p), p.source.topic, 6)
+        produce(cfg, p, count, seed=5, progress=False)
+
+    spark = get_spark("dead-runs")
+    probe = KafkaDrain(cfg, counted, spark)
+    marks = watermarks(probe.conf, counted.source.topic)
+    plan = plan_ranges({}, marks, batch)
+    times: dict[str, list] = {"count_dead_runs": [], "watermarks": []}
+    for i in range(30):
+        for what in ("count_dead_runs", "watermarks") if i % 2 else ("watermarks", "count_dead_runs"):
+            started = time.perf_counter()
+            if what == "watermarks":
+                watermarks(probe.conf, counted.source.topic)
+            else:
+                probe.count_dead_runs(plan, {})
+            times[what].append(time.perf_counter() - started)
+
+    count_dead_runs = KafkaDrain.count_dead_runs
+    runs: dict[str, list] = {"counted": [], "off": []}
+    try:
+        for i in range(-(-count // batch)):
+            for side in ("counted", "off") if i % 2 else ("off", "counted"):
+                KafkaDrain.count_dead_runs = count_dead_runs if side == "counted" else (lambda self, plan, lake: plan)
+                s = drain(cfg, counted if side == "counted" else off, spark=spark)
+                runs[side].append({"checkpoint": s.timings.get("checkpoint"), "claim": s.timings.get("claim"),
+                                   "seconds": s.seconds, "claimed": s.claimed})
+    finally:
+        KafkaDrain.count_dead_runs = count_dead_runs
+    # A table's first batch creates it and its second is its first MERGE: left out of the medians.
+    warm = {side: r[2:] for side, r in runs.items()}
+    return {
+        "read_ms": {what: median_ms(xs) for what, xs in times.items()} | {"calls": 30},
+        "drain": {side: {"checkpoint_median_s": round(statistics.median(x["checkpoint"] for x in w), 3),
+                         "claim_median_s": round(statistics.median(x["claim"] for x in w), 3),
+                         "batch_median_s": round(statistics.median(x["seconds"] for x in w), 3),
+                         "warm_batches": len(w), "runs": runs[side]} for side, w in warm.items()},
+        "messages_per_side": count, "batch_cap": batch,
+    }
+
+
+if __name__ == "__main__":
+    args = sys.argv[1:]
+    print(json.dumps(main(Path(args[0]), int(args[1]) if len(args) > 1 else 1_000_000,
+                          int(args[2]) if len(args) > 2 else 100_000), indent=1))
