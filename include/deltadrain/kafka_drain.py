@@ -388,13 +388,27 @@ class KafkaDrain(Drain):
 
     def _finish(self) -> None:
         """A run that did not commit its group offsets takes its claim notices off: its ranges go
-        back to PENDING in status (a killed run's notices stay until the next run's group commit)."""
+        back to PENDING in status (a killed run's notices stay until the next run's group commit).
+        A run whose Spark JVM is gone leaves them: it was killed (Airflow's on_kill SIGKILLs
+        spark-submit, whose JVM the Python driver outlives for a moment; the OOM killer), maybe by
+        a message, and its notices are how the next run counts it (kafka_crashes)."""
         self._settle_notice()
+        if self.noticed and not self._spark_alive():
+            run_logger(self.summary.pipeline, self.run_id, self.summary.batch, source="kafka").warning(
+                "Spark's JVM is gone (killed): the claim notices stay, so the next run counts this one as dead")
+            self.noticed = []
         if self.noticed:
             try:
                 withdraw_claims(self.conf, self.source.group, self.source.topic, self.noticed, self.run_id)
             except Exception as exc:
                 self._warn("could not take the claim notices off the group offsets", exc)
+
+    def _spark_alive(self) -> bool:
+        try:
+            self.spark.sparkContext._jvm.java.lang.System.currentTimeMillis()
+            return True
+        except Exception:
+            return False
 
     def _warn(self, what: str, exc: Exception) -> None:
         s = self.summary

@@ -562,6 +562,91 @@ def test_a_message_that_kills_every_run_is_isolated_by_bisection_and_dead_after_
     assert drain(c, p, spark=spark).outcome == "empty"
 
 
+def running(*words: str) -> list[int]:
+    """The pids of processes whose command line holds all of `words`."""
+    import os
+
+    pids = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().decode(errors="replace")
+        except OSError:
+            continue
+        if all(w in cmd for w in words):
+            pids.append(int(pid))
+    return pids
+
+
+@pytest.mark.slow
+def test_a_run_airflow_kills_in_a_hanging_transform_is_counted_and_the_message_dead_after_max_retries(
+        tmp_path, cfg, spark):
+    """What Airflow does at a drain task's execution_timeout: SparkSubmitHook.on_kill SIGKILLs
+    spark-submit. The Python driver outlives that JVM for a moment and fails like any run; had it
+    taken its claim notice off then, no run could count it, and a message that hangs the transform
+    would hang every run after it."""
+    import os
+    import subprocess
+
+    from confluent_kafka import Producer
+
+    from deltadrain.paths import PROJECT_ROOT
+    from deltadrain.spark import spark_submit_command
+    from tests.integration.hang_transform import FLAG_ENV, HANG_MARKER
+
+    path, c, p = make_kafka_pipeline(tmp_path, partitions=1, batch_cap=16, max_retries=1, min_idle_ms=0,
+                                     transform="tests.integration.hang_transform.hang_on_marker")
+    messages = [m for m in generate(p, 30, seed=93) if m.kind == "valid"][:16]
+    hangs = 5
+    payloads = [m.value for m in messages]
+    payloads[hangs] = json.dumps({**json.loads(payloads[hangs]), "status": HANG_MARKER}).encode()
+    producer = Producer(kafka_client_conf(c, p))
+    for value in payloads:
+        producer.produce(p.source.topic, value, partition=0)
+    producer.flush(30)
+    conf, group, topic = kafka_client_conf(c, p), p.source.group, p.source.topic
+    job = str(PROJECT_ROOT / "spark_jobs" / "drain.py")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")]))}
+
+    def killed_while_hanging(run_id: str) -> dict:
+        flag = tmp_path / run_id
+        proc = subprocess.Popen(spark_submit_command(job, [p.name, "--config", str(path), "--run-id", run_id]),
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                env={**env, FLAG_ENV: str(flag)}, cwd=PROJECT_ROOT)
+        deadline = time.time() + 300
+        while not flag.exists():
+            assert proc.poll() is None and time.time() < deadline, proc.communicate()[0][-3000:]
+            time.sleep(0.2)
+        proc.kill()  # SparkSubmitHook.on_kill
+        proc.communicate(timeout=60)
+        deadline = time.time() + 120  # the Python driver fails on its lost JVM, then exits
+        while running("spark_jobs/drain.py", run_id):
+            assert time.time() < deadline, "the drain's Python driver did not exit after its JVM was killed"
+            time.sleep(0.2)
+        notice = read_notice(committed(conf, group, topic, [0])[0][1])
+        assert notice is not None and notice["run"] == run_id, "the killed run took its claim notice off"
+        return notice
+
+    first = killed_while_hanging("hang-1")
+    assert first["range"] == [0, 16] and first["crashes"] == {}
+    second = killed_while_hanging("hang-2")  # it counted the first and read the first half only
+    assert second["range"] == [0, 8] and second["crashes"]["seg"] == [[0, 16, 1, first["since_ms"]]]
+    assert second["crashes"]["counted"] == ["hang-1"]
+    # max_retries 1: two dead runs used up [0, 8); they are dead letters, not run through the transform.
+    s = drain(c, p, spark=spark)
+    assert (s.outcome, s.claimed, s.dead_lettered, s.written) == ("committed", 8, 8, 0), s.line()
+    assert s.dead_runs == [{"partition": 0, "offsets": [0, 8], "runs": 2}, {"partition": 0, "offsets": [8, 16], "runs": 1}]
+    rest = [drain(c, p, spark=spark) for _ in range(3)]
+    assert [(r.outcome, r.claimed) for r in rest] == [("committed", 4), ("committed", 4), ("empty", 0)]
+    dead = {int(r.position): r for r in dlq_rows(spark, c, p)}
+    assert sorted(dead) == list(range(8)) and {r.error_type for r in dead.values()} == {"max_retries"}
+    assert {r.attempts for r in dead.values()} == {p.max_retries + 2}
+    assert bytes(dead[hangs].original) == payloads[hangs]
+    ids = target_ids(spark, c, p)
+    assert sorted(ids) == sorted(m.key for m in messages[8:])
+    assert lake_checkpoint(spark, c, p).positions == {"0": "16"} and not running("spark_jobs/drain.py", "hang-")
+
+
 def test_offsets_checkpoint_survives_delta_log_checkpoint_and_cleanup(tmp_path, cfg, spark):
 
     _, c, p = make_kafka_pipeline(tmp_path, partitions=2, batch_cap=100)
