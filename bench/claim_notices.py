@@ -11,42 +11,19 @@
 The Kafka service of that DELTADRAIN_HOME is started if it is not running.
 """
 
-import copy
 import json
 import statistics
 import sys
 import time
-import uuid
 from pathlib import Path
 
-import yaml
+from kafka_sides import pipelines
 
-from deltadrain import services
-from deltadrain.config import load_config
 from deltadrain.connections import kafka_client_conf
 from deltadrain.drain import drain
 from deltadrain.kafka_drain import KafkaDrain
-from deltadrain.paths import PROJECT_ROOT
-from deltadrain.produce import ensure_topic, produce
 from deltadrain.spark import get_spark
 from deltadrain.status import kafka_counts
-
-
-def config(workdir: Path, batch: int) -> Path:
-    data = yaml.safe_load((PROJECT_ROOT / "config" / "pipelines.yaml").read_text())
-    base = next(p for p in data["pipelines"] if p["source"]["kind"] == "kafka")
-    pipes = []
-    for side in ("notices", "none"):
-        p = copy.deepcopy(base)
-        name = f"cn_{side}_{uuid.uuid4().hex[:6]}"
-        p.update(name=name, batch_cap=batch, target={"path": name})
-        p["source"].update(topic=name, partitions=6, group=name)
-        p.pop("quality", None)
-        pipes.append(p)
-    data.update(pipelines=pipes, data_dir=str(workdir / "lake"))
-    path = workdir / "claim_notices.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
 
 
 def median_ms(xs) -> float:
@@ -54,13 +31,7 @@ def median_ms(xs) -> float:
 
 
 def main(workdir: Path, count: int, batch: int) -> dict:
-    workdir.mkdir(parents=True, exist_ok=True)
-    cfg = load_config(config(workdir, batch))
-    services.up(cfg, ["kafka"])
-    with_notices, without = cfg.pipelines
-    for p in (with_notices, without):
-        ensure_topic(kafka_client_conf(cfg, p), p.source.topic, 6)
-        produce(cfg, p, count, seed=5, progress=False)
+    cfg, (with_notices, without) = pipelines(workdir, batch, ("notices", "none"), "cn", count)
 
     conf = kafka_client_conf(cfg, with_notices)
     times: dict[bool, list] = {True: [], False: []}

@@ -16,42 +16,18 @@ runs that died (`kafka_crashes`); before, only the notice thread read them, duri
 The Kafka service of that DELTADRAIN_HOME is started if it is not running.
 """
 
-import copy
 import json
 import statistics
 import sys
 import time
-import uuid
 from pathlib import Path
 
-import yaml
+from kafka_sides import pipelines
 
-from deltadrain import services
-from deltadrain.config import load_config
-from deltadrain.connections import kafka_client_conf
 from deltadrain.drain import drain
 from deltadrain.kafka_drain import KafkaDrain
 from deltadrain.kafka_offsets import plan_ranges, watermarks
-from deltadrain.paths import PROJECT_ROOT
-from deltadrain.produce import ensure_topic, produce
 from deltadrain.spark import get_spark
-
-
-def config(workdir: Path, batch: int) -> Path:
-    data = yaml.safe_load((PROJECT_ROOT / "config" / "pipelines.yaml").read_text())
-    base = next(p for p in data["pipelines"] if p["source"]["kind"] == "kafka")
-    pipes = []
-    for side in ("counted", "off"):
-        p = copy.deepcopy(base)
-        name = f"dr_{side}_{uuid.uuid4().hex[:6]}"
-        p.update(name=name, batch_cap=batch, target={"path": name})
-        p["source"].update(topic=name, partitions=6, group=name)
-        p.pop("quality", None)
-        pipes.append(p)
-    data.update(pipelines=pipes, data_dir=str(workdir / "lake"))
-    path = workdir / "dead_runs.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
 
 
 def median_ms(xs) -> float:
@@ -59,13 +35,7 @@ def median_ms(xs) -> float:
 
 
 def main(workdir: Path, count: int, batch: int) -> dict:
-    workdir.mkdir(parents=True, exist_ok=True)
-    cfg = load_config(config(workdir, batch))
-    services.up(cfg, ["kafka"])
-    counted, off = cfg.pipelines
-    for p in (counted, off):
-        ensure_topic(kafka_client_conf(cfg, p), p.source.topic, 6)
-        produce(cfg, p, count, seed=5, progress=False)
+    cfg, (counted, off) = pipelines(workdir, batch, ("counted", "off"), "dr", count)
 
     spark = get_spark("dead-runs")
     probe = KafkaDrain(cfg, counted, spark)
