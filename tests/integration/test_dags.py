@@ -408,3 +408,51 @@ def test_a_replay_trigger_without_a_pipeline_is_refused_by_airflows_param_valida
         dag.params.deep_merge({"pipeline": "nope"}).validate()
     for name in names:
         assert dag.params.deep_merge({"pipeline": name}).validate()["pipeline"] == name
+
+
+@pytest.mark.slow
+def test_kafka_drains_airflow_times_out_in_a_hanging_transform_are_counted_and_the_message_ends_dead(
+        tmp_path, monkeypatch, airflow_db, kafka_broker, spark):
+    """The whole path through Airflow: a message hangs the transform, the drain task hits its
+    execution_timeout, Airflow's task runner calls on_kill (SparkSubmitHook: SIGKILL to spark-submit).
+    The next DAG run counts that run as dead and reads half; after max_retries + 1 such runs the
+    messages left in the narrowed range are dead letters and the pipeline goes on."""
+    from confluent_kafka import Producer
+
+    from deltadrain.connections import kafka_client_conf
+    from deltadrain.kafka_offsets import committed, read_notice
+    from deltadrain.produce import generate
+    from tests.integration.hang_transform import HANG_MARKER
+    from tests.integration.test_kafka_drain import make_kafka_pipeline
+
+    path, c, p = make_kafka_pipeline(tmp_path, partitions=1, batch_cap=16, max_retries=1, min_idle_ms=0,
+                                     transform="tests.integration.hang_transform.hang_on_marker",
+                                     airflow={"retries": 0, "execution_timeout": 60, "max_drain_time": 10})
+    monkeypatch.setenv("DELTADRAIN_CONFIG", str(path))
+    # The drain's Python driver (spark-submit's child) imports the test transform from the checkout.
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    messages = [m for m in generate(p, 30, seed=95) if m.kind == "valid"][:16]
+    payloads = [m.value for m in messages]
+    payloads[5] = json.dumps({**json.loads(payloads[5]), "status": HANG_MARKER}).encode()
+    producer = Producer(kafka_client_conf(c, p))
+    for value in payloads:
+        producer.produce(p.source.topic, value, partition=0)
+    producer.flush(30)
+    conf, group, topic = kafka_client_conf(c, p), p.source.group, p.source.topic
+
+    ranges = []
+    for _ in range(2):
+        run = run_dag(ingest_dag_id(p.name))
+        assert run["states"]["drain"] == "failed", run["log"][-3000:]
+        assert "AirflowTaskTimeout" in run["log"], run["log"][-3000:]  # the timeout, not another failure
+        notice = read_notice(committed(conf, group, topic, [0])[0][1])
+        assert notice is not None, "the timed-out run's claim notice was taken off"
+        ranges.append(notice["range"])
+    assert ranges == [[0, 16], [0, 8]]  # the second run counted the first and read half
+    run = run_dag(ingest_dag_id(p.name))
+    assert run["states"]["drain"] == "success", run["log"][-3000:]
+    summary = run["xcoms"]["drain"]
+    assert (summary["outcome"], summary["claimed"], summary["dead_lettered"]) == ("committed", 8, 8)
+    dead = {int(r.position): r for r in dlq_rows(spark, c, p)}
+    assert sorted(dead) == list(range(8)) and {r.error_type for r in dead.values()} == {"max_retries"}
+    assert bytes(dead[5].original) == payloads[5]

@@ -46,6 +46,9 @@ def ingest_dag(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> DAG:
     af = pipeline.airflow
     # An interval timetable: every run has a data interval, which is what a backfill run re-reads.
     schedule = CronDataIntervalTimetable(pipeline.schedule, timezone="UTC") if pipeline.schedule else None
+    # Kafka runs after a dead one read half of its range (kafka_crashes); a Valkey claim is a delivery.
+    halves = " (each run after one reads half of its range, so few go with the culprit)" if (
+        pipeline.source.kind == "kafka") else ""
     doc = (f"Drains **{pipeline.name}** ({pipeline.source.kind}) into `{cfg.target_path(pipeline)}` "
            f"exactly once; dead letters in `{cfg.dlq_path(pipeline)}`.\n\n"
            "- a scheduled or manual run waits for new messages, stuck claims or a gap, then drains one batch, or up "
@@ -54,7 +57,10 @@ def ingest_dag(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> DAG:
            "history of its interval and MERGEs it: missing rows appear, present rows are not duplicated, "
            "the live checkpoint does not move and nothing is acknowledged;\n"
            "- a gap (messages the source deleted before a commit held them) is recorded by the next commit; "
-           "under `on_gap: fail` it first stops the runs, until you trigger one with **Accept gaps** on.")
+           "under `on_gap: fail` it first stops the runs, until you trigger one with **Accept gaps** on;\n"
+           "- a drain task that dies (a crash, its `execution_timeout`, out of memory) counts an attempt for "
+           f"what it was reading; after `max_retries` + 1 such runs those messages are dead letters{halves}, so a "
+           "message that kills every run cannot stop the pipeline.")
     with DAG(
         dag_id=ingest_dag_id(pipeline.name),
         schedule=schedule,
