@@ -182,6 +182,47 @@ def test_poison_message_among_10000_is_isolated_and_dead_after_max_retries(tmp_p
     assert_exactly_once(spark, c, p, client, result.valid_ids, 1)
 
 
+@pytest.mark.slow
+def test_a_message_that_kills_every_run_takes_its_batch_to_the_dlq_after_max_retries_plus_one_deliveries(
+        tmp_path, cfg, spark):
+    """A Valkey claim is a delivery, so runs killed by a message (SIGKILL from inside the transform, as
+    a crash or an out-of-memory kill would) raise the delivery counts of their whole batch: after
+    max_retries + 1 of them the batch is `max_retries` dead letters, not run again, and the stream
+    goes on. (Kafka narrows the range after each dead run instead: test_kafka_drain.py.)"""
+    from tests.integration.crash_transform import CRASH_MARKER
+
+    path, c, p = make_pipeline(tmp_path, partitions=1, batch_cap=16, max_retries=1, min_idle_ms=0,
+                               transform="tests.integration.crash_transform.crash_on_marker")
+    client = valkey_client(c, p)
+    messages = [m for m in generate(p, 40, seed=97) if m.kind == "valid"][:24]
+    payloads = [m.value for m in messages]
+    payloads[5] = json.dumps({**json.loads(payloads[5]), "status": CRASH_MARKER}).encode()
+    stream = p.source.streams[0]
+    ids = [client.xadd(stream, {b"data": value}).decode() for value in payloads]
+    runs = []
+    while pending(client, p) or not runs or runs[-1] == "killed" or runs[-1]["outcome"] != "empty":
+        assert len(runs) < 8, runs
+        proc = cli_drain(path, p.name)
+        out, err = proc.communicate(timeout=600)
+        if proc.returncode == -9:
+            runs.append("killed")
+            continue
+        assert proc.returncode == 0, err[-3000:]
+        runs.append(summary_of(out))
+    # Claimed (delivery 1), reclaimed (delivery 2): both runs killed. Delivered a third time, the 16
+    # are dead letters without running the transform; then the other 8 land.
+    assert [r if r == "killed" else (r["claimed"], r["dead_lettered"], r["written"]) for r in runs] == [
+        "killed", "killed", (16, 16, 0), (8, 0, 8), (0, 0, 0)], runs
+    dead = {r.position: r for r in dlq_rows(spark, c, p)}
+    assert sorted(dead, key=StreamId.parse) == ids[:16]
+    assert {r.error_type for r in dead.values()} == {"max_retries"}
+    assert {r.attempts for r in dead.values()} == {p.max_retries + 2}
+    assert "delivered 3 times without a committed batch" in dead[ids[5]].error
+    assert bytes(dead[ids[5]].original) == payloads[5]
+    assert sorted(target_ids(spark, c, p)) == sorted(m.key for m in messages[16:])
+    assert pending(client, p) == 0
+
+
 def test_checkpoint_survives_delta_log_checkpoint_and_cleanup(tmp_path, cfg, spark):
 
     _, c, p = make_pipeline(tmp_path, batch_cap=100)
