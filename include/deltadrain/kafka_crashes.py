@@ -75,8 +75,9 @@ class DeadRuns:
                 runs, first = runs + 1, min(first, since_ms)
             if runs:
                 pieces.append((lo, hi, runs, first))
-        # Adjacent pieces the same run split keep their cut: a later run's start there is a dead
-        # run's start (bisection below), and merging would forget it.
+        # Pieces are never coalesced: every cut is where a dead run started or ended. A later run
+        # that starts at a cut reads half of the piece after it, one that starts inside a piece (its
+        # first half committed) the rest of it (bisect).
         return DeadRuns(tuple(pieces), (*self.counted, run)[-COUNTED_KEPT:])
 
     def merged(self, other: DeadRuns) -> DeadRuns:
