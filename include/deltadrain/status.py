@@ -55,6 +55,12 @@ def valkey_counts(client, source: ValkeySource, gaps_at: str | None = None) -> d
             "oldest_claim_idle_ms": oldest_idle, "partitions": partitions, "gaps": as_ranges(gaps)}
 
 
+def dead_after_ms(pipeline: PipelineConfig) -> int:
+    """When status shows a Kafka claim notice's own run as dead: once Airflow would have killed it
+    (stale) and the next drain counts it (min_idle_ms)."""
+    return max(stale_after_ms(pipeline), pipeline.min_idle_ms)
+
+
 def kafka_counts(conf: dict, source: KafkaSource, positions: dict[str, str], published: dict[str, int],
                  dead: dict[str, int], with_group: bool = True, first_run: bool | None = None,
                  crashes: dict | None = None, min_idle_ms: int = 60_000, stale_ms: int | None = None) -> dict:
@@ -132,7 +138,7 @@ def pipeline_status(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark) -> d
                                   & (F.col("state") == F.lit(DEAD))) if is_table(spark, dlq) else {})
         out.update(kafka_counts(kafka_consumer_conf(cfg, pipeline), pipeline.source, positions, published, dead_by,
                                 first_run=checkpoint.batch == 0, crashes=checkpoint.meta.get("crashes"),
-                                min_idle_ms=pipeline.min_idle_ms, stale_ms=stale_after_ms(pipeline)))
+                                min_idle_ms=pipeline.min_idle_ms, stale_ms=dead_after_ms(pipeline)))
     mark_stale(out, stale_after_ms(pipeline))  # both sources' claimants, now in `out`
     out["last_batch"] = None
     if is_table(spark, target):

@@ -753,7 +753,9 @@ def test_sigkill_after_a_later_catch_up_batchs_commit_loses_and_duplicates_nothi
 
 @pytest.mark.slow
 def test_two_concurrent_drains_one_reports_the_neighbour(tmp_path, cfg, spark):
-    path, c, p = make_kafka_pipeline(tmp_path, partitions=3, batch_cap=1000)
+    # Both runs are alive: a notice younger than min_idle_ms is never counted as a dead run's (which
+    # would halve the second run's ranges), however slow this machine is today.
+    path, c, p = make_kafka_pipeline(tmp_path, partitions=3, batch_cap=1000, min_idle_ms=600_000)
     result = produce(c, p, 3000, seed=41, malformed_ratio=0.02)
     slow = cli_drain(path, p.name, {"DELTADRAIN_PAUSE_BEFORE_COMMIT_MS": "90000"})
     deadline = time.time() + 180  # until the slow one has read its range (its dead letters are written)
@@ -832,7 +834,9 @@ def test_claim_notices_move_no_offset_and_a_run_withdraws_only_its_own(tmp_path,
 def test_status_shows_a_running_batchs_ranges_as_claimed_and_a_killed_runs_notices_block_nothing(
         tmp_path, cfg, spark):
     # A short execution_timeout: a notice older than that is from a run Airflow would have killed.
-    path, c, p = make_kafka_pipeline(tmp_path, partitions=3, batch_cap=5000,
+    # min_idle_ms above the test's length: the killed run is not counted as dead here (that halves
+    # the next run's ranges: test_a_message_that_kills_every_run_...), only shown as stale.
+    path, c, p = make_kafka_pipeline(tmp_path, partitions=3, batch_cap=5000, min_idle_ms=600_000,
                                      airflow={"execution_timeout": 15, "max_drain_time": 5})
     result = produce(c, p, 3000, seed=71, malformed_ratio=0.02)
     conf = kafka_client_conf(c, p)
@@ -865,6 +869,7 @@ def test_status_shows_a_running_batchs_ranges_as_claimed_and_a_killed_runs_notic
     later = pipeline_status(c, p, spark)
     assert later["claimed_by"][run_id]["idle_ms"] > max(st["claimed_by"][run_id]["idle_ms"], 15_000)
     assert later["claimed_by"][run_id]["stale"] and later["STALE_CLAIMED"] == 3000 and later["CLAIMED"] == 3000
+    assert later["dead_runs"] == []  # stale, but younger than min_idle_ms: no drain would count it yet
     # ... and block nothing: the next run reads the same ranges, commits them and takes them off.
     s = drain(c, p, spark=spark)
     assert s.outcome == "committed" and s.claimed == 3000 and s.run_id != run_id

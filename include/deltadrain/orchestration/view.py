@@ -118,14 +118,14 @@ def kafka_counts(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> dict:
     from deltadrain import lakeview
     from deltadrain.connections import kafka_consumer_conf
     from deltadrain.kafka_offsets import OffsetError
+    from deltadrain.status import dead_after_ms
     from deltadrain.status import kafka_counts as counts
-    from deltadrain.status import stale_after_ms
 
     last = lakeview.last_commit(cfg, pipeline) or {}
     try:
         got = counts({**kafka_consumer_conf(cfg, pipeline), "socket.timeout.ms": 3000}, pipeline.source,
                      last.get("positions") or {}, {}, {}, crashes=last.get("crashes"), min_idle_ms=pipeline.min_idle_ms,
-                     stale_ms=stale_after_ms(pipeline))
+                     stale_ms=dead_after_ms(pipeline))
     except OffsetError as exc:  # the broker answered: no such topic (yet), or a recreated one
         return {"PENDING": None, "CLAIMED": None, "source_note": str(exc)}
     except Exception as exc:
