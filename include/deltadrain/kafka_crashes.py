@@ -13,8 +13,9 @@ holds it. From it:
   max_retries + 1 it becomes a `max_retries` dead letter without being decoded;
 - bisection: a run that starts where the dead runs' range starts reads its first half only; one
   that starts inside it (a first half committed) reads the rest of it. A message that kills every
-  run that reads it is read by max_retries + 1 of them, and takes about range / 2**(max_retries + 1)
-  other messages with it into the DLQ instead of a whole batch. A crash that had nothing to do with
+  run that reads it is read by max_retries + 1 of them, each in at most half the range of the one
+  before, and takes at most range / 2**max_retries messages with it into the DLQ instead of a
+  whole batch. A crash that had nothing to do with
   the data costs two smaller runs.
 
 A notice younger than min_idle_ms may be a slow run's, not a dead one's (the Valkey reaper's rule
