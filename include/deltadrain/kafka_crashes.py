@@ -15,8 +15,7 @@ holds it. From it:
   that starts inside it (a first half committed) reads the rest of it. A message that kills every
   run that reads it is read by max_retries + 1 of them, each in at most half the range of the one
   before, and takes at most range / 2**max_retries messages with it into the DLQ instead of a
-  whole batch. A crash that had nothing to do with
-  the data costs two smaller runs.
+  whole batch. A crash that had nothing to do with the data costs two smaller runs.
 
 A notice younger than min_idle_ms may be a slow run's, not a dead one's (the Valkey reaper's rule
 for idle entries): it is carried in this run's notice as `earlier` and counted by a later run once it

@@ -520,7 +520,7 @@ def test_a_message_that_kills_every_run_is_isolated_by_bisection_and_dead_after_
         out, err = proc.communicate(timeout=600)
         if proc.returncode == -9:
             runs.append("killed")
-            seen.append(pipeline_status(c, p, spark)["dead_runs"])  # what status says the next run counts
+            seen.append(pipeline_status(c, p, spark)["dead_runs"])  # what status shows after the kill
             continue
         assert proc.returncode == 0, err[-3000:]
         s = summary_of(out)
@@ -535,8 +535,8 @@ def test_a_message_that_kills_every_run_is_isolated_by_bisection_and_dead_after_
     # rest of [16, 32) and the cap again.
     assert [r if r == "killed" else (r["claimed"], r["dead_lettered"]) for r in runs] == [
         (16, 0), "killed", "killed", (4, 0), "killed", (4, 4), (4, 0), (4, 0), (8, 0)], runs
-    # Status names the offsets dead runs read once a run has counted them (a notice of its own is
-    # only a dead run's once it is stale: it may be a long batch still running).
+    # Status names the offsets dead runs read once a run has counted them (a notice's own run only
+    # once it is stale and older than min_idle_ms: it may be a long batch still running).
     assert seen == [[], [{"partition": 0, "offsets": [16, 32], "runs": 1}],
                     [{"partition": 0, "offsets": [16, 24], "runs": 2}, {"partition": 0, "offsets": [24, 32], "runs": 1}]]
     assert runs[3]["dead_runs"] == seen[2]
