@@ -25,7 +25,7 @@ def next_batch(last: RunSummary, batch_cap: int, done: int, elapsed_s: float, ma
     """None to drain another batch, else why the task stops here."""
     if last.outcome not in DONE or last.error:
         return f"the last batch ended {last.outcome}" + (" with an error" if last.error else "")
-    if last.claimed < batch_cap:
+    if last.claimed < batch_cap and not last.dead_runs:  # a batch narrowed after dead runs is short on purpose
         return "the last batch was not full: the backlog is drained"
     if done >= max_batches:
         return f"max_batches_per_run ({max_batches}) reached"

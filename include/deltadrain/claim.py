@@ -27,6 +27,8 @@ class ClaimTask:
     stream: str
     quota: int
     reclaim: bool  # the first task of each stream also takes over idle entries
+    start: str = "0-0"  # where its XAUTOCLAIM starts
+    new: bool = True  # False: a split (valkey_crashes) reads `quota` idle entries from `start`, nothing new
 
 
 @dataclass(frozen=True)
@@ -122,7 +124,9 @@ def retries_run_out(ctx: ClaimContext, attempts: int, data, last_failure: dict |
     """The preset verdict of an entry delivered more than max_retries + 1 times, else None."""
     if attempts <= ctx.max_attempts:
         return None
-    last = (last_failure or {}).get("error", "no error was recorded")
+    last = (last_failure or {}).get("error", "none was recorded: the runs it was delivered to died or were stopped "
+                                             "before committing (a crash, a hang stopped at the task's "
+                                             "execution_timeout, out of memory)")
     reason = (f"delivered {attempts} times without a committed batch (max_retries={ctx.max_attempts - 1}); "
               f"last error: {last}")
     first = (last_failure or {}).get("first")
@@ -167,7 +171,7 @@ def run_claim(task: ClaimTask, ctx: ClaimContext) -> Iterator[Entries]:
     client = reader(ctx)
     got = 0
     if task.reclaim:
-        cursor = "0-0"
+        cursor = task.start
         while True:
             count = min(READ_CHUNK, task.quota - got)
             cursor, entries, deleted = _xautoclaim(client, task.stream, ctx, cursor, count)
@@ -190,11 +194,13 @@ def run_claim(task: ClaimTask, ctx: ClaimContext) -> Iterator[Entries]:
                     attempts = counts.get(pos, 2)
                     chunk.add(pos, data, attempts, True, retries_run_out(ctx, attempts, data, failures.get(pos)))
                 got += len(entries)
+            if not task.new:
+                got += len(deleted)  # a split's quota counts the pending list, deleted entries too
             if chunk.positions:
                 yield chunk
             if cursor in ("0-0", b"0-0") or got >= task.quota:
                 break
-    while got < task.quota:
+    while task.new and got < task.quota:
         entries = read_new(client, ctx.group, ctx.consumer, task.stream, min(READ_CHUNK, task.quota - got))
         if not entries:
             break
@@ -241,7 +247,7 @@ def claim_arrow(task_batches, ctx: ClaimContext, arrow_schema):
     decoder = decoder_for(ctx, arrow_schema)
     for batch in task_batches:
         for task in batch.to_pylist():
-            for chunk in run_claim(ClaimTask(task["stream"], task["quota"], task["reclaim"]), ctx):
+            for chunk in run_claim(ClaimTask(**task), ctx):
                 yield record_batch(chunk, decoder, arrow_schema)
 
 

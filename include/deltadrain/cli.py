@@ -171,6 +171,11 @@ def _status(args) -> int:
         for gap in st.get("gaps") or []:
             size = "unknown number of entries" if gap["missing"] is None else f"{gap['missing']} entries"
             print(f"  GAP: stream {gap['partition']} ids {gap['from']} .. {gap['to']} ({size}): {gap['reason']}")
+        for piece in st.get("splits") or []:
+            rest = ", the untried half of a split" if piece["kind"] == "rest" else ""
+            print(f"  DEAD RUNS: stream {piece['partition']} ids {piece['ids'][0]} .. {piece['ids'][1]} "
+                  f"({piece['entries']} entries, delivered {piece['deliveries']} times{rest}): runs died on them "
+                  "before committing; the next runs read them a part at a time (past max_retries + 1: dead letters)")
     cp = st["checkpoint"]
     print(f"  checkpoint: batch {cp['batch']}, table version {cp['table_version']}, positions {cp['positions']}")
     if st["last_batch"]:

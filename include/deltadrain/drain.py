@@ -48,6 +48,7 @@ from deltadrain.positions import merge_positions
 from deltadrain.secrets import credentials
 from deltadrain.stage import BatchStats, Staged, stage
 from deltadrain.transforms import identity, load_transform
+from deltadrain.valkey_crashes import Split, find_split, mark_rest
 
 # What a run that stops on a gap (on_gap: fail) tells the operator, for either source.
 GO_ON_PAST = ("Nothing was committed. To go on past them, with the next commit recording them, trigger one run "
@@ -78,6 +79,7 @@ class RunSummary:
     # read them or while pending, as recorded and not yet carried by a commit (deltadrain.gaps).
     gap_ranges: list = field(default_factory=list)
     # Kafka: offsets read by runs that died before committing, and how many (deltadrain.kafka_crashes).
+    # Valkey: the segment of entries runs died on that this run reads part of (valkey_crashes).
     # This run reads less there, and a message past max_retries + 1 attempts is a dead letter.
     dead_runs: list = field(default_factory=list)
     seconds: float = 0.0
@@ -443,15 +445,18 @@ class ValkeyDrain(Drain):
         self.client = valkey_client(cfg, pipeline)
         self.ctx = claim_context(cfg, pipeline, self.consumer)
 
-    def claim(self, quotas: dict[str, int], reclaim: bool = True) -> Staged:
+    def claim(self, quotas: dict[str, int], reclaim: bool = True, split: Split | None = None) -> Staged:
         """Claim and stage the batch in exactly one Spark job: no later action can run a claim
         (XREADGROUP) a second time, whatever Spark recomputes. `reclaim=False` takes new entries
-        only, never idle ones with XAUTOCLAIM."""
+        only, never idle ones with XAUTOCLAIM; a `split` only the idle entries it names."""
         ctx = self.ctx
-        tasks = [(t.stream, t.quota, t.reclaim and reclaim) for t in plan(quotas)]
+        if split is not None:
+            tasks = [(stream, n, True, start, False) for stream, start, n in split.read]
+        else:
+            tasks = [(t.stream, t.quota, t.reclaim and reclaim, t.start, t.new) for t in plan(quotas)]
         # One claim task per Spark partition (parallelize keeps the slices), all tasks in parallel.
         task_df = self.spark.createDataFrame(self.spark.sparkContext.parallelize(tasks, len(tasks)),
-                                             "stream string, quota long, reclaim boolean")
+                                             "stream string, quota long, reclaim boolean, start string, new boolean")
         return stage(task_df, lambda batches, arrow_schema: claim_arrow(batches, ctx, arrow_schema),
                      claim_schema(self.pipeline), self.pipeline.payload_schema.id_field, str(self.scratch / "claimed"))
 
@@ -504,8 +509,11 @@ class ValkeyDrain(Drain):
         self._lap("checkpoint")
         self.stop_at_gaps(expected, checkpoint.positions)  # on_gap: fail, before anything is claimed
         staged = None
+        split = self.find_split() if sum(quotas.values()) else None
         if sum(quotas.values()):
-            staged = self.claim(quotas)
+            staged = self.claim(quotas, split=split)
+            if split is not None and split.marks_rest:
+                mark_rest(self.client, split, source.group, p.min_idle_ms, self.ctx.failures_key, self.consumer)
             failpoints.hit("after_claim")
             failpoints.pause("after_claim")
             self._lap("claim")
@@ -536,6 +544,22 @@ class ValkeyDrain(Drain):
         if staged is not None:
             s.released = release(staged.files, self.ctx)
         self.refuse(result, expected)
+
+    def find_split(self) -> Split | None:
+        """What runs that died left pending, split when they died on it twice (valkey_crashes): this
+        run then reads that part only. None: an ordinary batch."""
+        source: ValkeySource = self.pipeline.source
+        split = find_split(self.client, source.streams, source.group, self.pipeline.min_idle_ms,
+                           self.ctx.failures_key, self.consumer, self.ctx.max_attempts)
+        if split is not None:
+            self.summary.dead_runs = split.summary()
+            s = self.summary
+            log = run_logger(s.pipeline, s.run_id, s.batch, source=source.kind)
+            for piece in s.dead_runs:
+                log.warning("%s", fields(step="split", partition=piece["partition"], first=piece["ids"][0],
+                                         last=piece["ids"][1], entries=piece["entries"],
+                                         deliveries=piece["deliveries"], read=piece["read"]))
+        return split
 
     def find_unread_gaps(self) -> None:
         """Record the entries each stream lost before the group read them (two XINFO calls a stream).

@@ -13,6 +13,7 @@ from deltadrain.acknowledge import claim_held
 from deltadrain.config import DeltadrainConfig, PipelineConfig, ValkeySource
 from deltadrain.connections import as_text, valkey_client
 from deltadrain.errors import DeltadrainError
+from deltadrain.valkey_crashes import REST
 
 REAPER = "deltadrain-reaper"
 PAGE = 1_000
@@ -36,7 +37,9 @@ def reap(cfg: DeltadrainConfig, pipeline: PipelineConfig, client=None) -> dict:
         moved = 0
         for consumer in consumers:
             name = as_text(consumer["name"])
-            if name == REAPER or int(consumer["pending"]) == 0:
+            # REST holds the untried halves of split segments (valkey_crashes): handing them to the
+            # reaper would lose that, and they are reclaimable already.
+            if name in (REAPER, REST) or int(consumer["pending"]) == 0:
                 continue
             start = "-"
             while True:

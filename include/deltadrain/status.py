@@ -30,9 +30,12 @@ def mark_stale(counts: dict, after_ms: int) -> dict:
     return counts
 
 
-def valkey_counts(client, source: ValkeySource, gaps_at: str | None = None) -> dict:
+def valkey_counts(client, source: ValkeySource, gaps_at: str | None = None, pipeline: PipelineConfig | None = None
+                  ) -> dict:
     """Counts per stream, and the gaps: those recorded in the hash `gaps_at` that no commit carries yet, and
-    those the next drain will find (entries removed before the group read them)."""
+    those the next drain will find (entries removed before the group read them). With the `pipeline`,
+    `splits`: what runs that died left pending that drains split (valkey_crashes), in the order they
+    settle it."""
     pending = claimed = 0
     consumers: dict[str, dict] = {}
     oldest_idle = 0
@@ -51,8 +54,23 @@ def valkey_counts(client, source: ValkeySource, gaps_at: str | None = None) -> d
             first = client.xpending_range(stream, source.group, min="-", max="+", count=1)
             if first:
                 oldest_idle = max(oldest_idle, int(first[0]["time_since_delivered"]))
+    splits = valkey_splits(client, pipeline) if claimed and pipeline is not None else []
     return {"PENDING": pending, "CLAIMED": claimed, "claimed_by": {k: v for k, v in consumers.items() if v["claimed"]},
-            "oldest_claim_idle_ms": oldest_idle, "partitions": partitions, "gaps": as_ranges(gaps)}
+            "oldest_claim_idle_ms": oldest_idle, "partitions": partitions, "gaps": as_ranges(gaps), "splits": splits}
+
+
+def valkey_splits(client, pipeline: PipelineConfig) -> list[dict]:
+    """Pieces of the segments runs died on twice or more, and the rests of split ones (one PAGE of the
+    pending list a call; only idle entries count)."""
+    from deltadrain.drain import failures_key
+    from deltadrain.valkey_crashes import RESTING, SPLIT_FROM, SUSPECT, reclaimable, segments
+
+    source: ValkeySource = pipeline.source
+    found = segments((s, i, n, kind) for s, i, n, kind, _ in
+                     reclaimable(client, source.streams, source.group, pipeline.min_idle_ms,
+                                 failures_key(pipeline.name), own=""))
+    return [piece for seg in found if seg.kind == RESTING or (seg.kind == SUSPECT and seg.deliveries >= SPLIT_FROM)
+            for piece in seg.as_json()]
 
 
 def dead_after_ms(pipeline: PipelineConfig) -> int:
@@ -118,7 +136,7 @@ def pipeline_status(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark) -> d
     target, dlq = str(cfg.target_path(pipeline)), str(cfg.dlq_path(pipeline))
     out: dict = {"pipeline": pipeline.name, "source": pipeline.source.kind}
     if isinstance(pipeline.source, ValkeySource):
-        out.update(valkey_counts(valkey_client(cfg, pipeline), pipeline.source, gaps_key(pipeline.name)))
+        out.update(valkey_counts(valkey_client(cfg, pipeline), pipeline.source, gaps_key(pipeline.name), pipeline))
     out["PUBLISHED"] = spark.read.format("delta").load(target).count() if is_table(spark, target) else 0
     dead = replayed = 0
     if is_table(spark, dlq):

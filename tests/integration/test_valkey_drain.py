@@ -183,44 +183,61 @@ def test_poison_message_among_10000_is_isolated_and_dead_after_max_retries(tmp_p
 
 
 @pytest.mark.slow
-def test_a_message_that_kills_every_run_takes_its_batch_to_the_dlq_after_max_retries_plus_one_deliveries(
+def test_a_message_that_kills_every_run_is_isolated_by_splitting_and_dead_after_max_retries_plus_one_deliveries(
         tmp_path, cfg, spark):
     """A Valkey claim is a delivery, so runs killed by a message (SIGKILL from inside the transform, as
-    a crash or an out-of-memory kill would) raise the delivery counts of their whole batch: after
-    max_retries + 1 of them the batch is `max_retries` dead letters, not run again, and the stream
-    goes on. (Kafka narrows the range after each dead run instead: test_kafka_drain.py.)"""
+    a crash or an out-of-memory kill would) raise the delivery counts of their batch. The first
+    redelivery is whole; from the second, runs read half of what runs died on and hand the other half
+    to REST (valkey_crashes). The crasher is dead after max_retries + 1 deliveries and takes
+    16 / 2**(max_retries - 1) entries with it, not the batch; the stream goes on."""
+    from deltadrain.valkey_crashes import FIRST_HALF, REST, REST_OF_SPLIT, USED_UP
     from tests.integration.crash_transform import CRASH_MARKER
 
-    path, c, p = make_pipeline(tmp_path, partitions=1, batch_cap=16, max_retries=1, min_idle_ms=0,
+    path, c, p = make_pipeline(tmp_path, partitions=1, batch_cap=16, max_retries=3, min_idle_ms=0,
                                transform="tests.integration.crash_transform.crash_on_marker")
     client = valkey_client(c, p)
     messages = [m for m in generate(p, 40, seed=97) if m.kind == "valid"][:24]
     payloads = [m.value for m in messages]
     payloads[5] = json.dumps({**json.loads(payloads[5]), "status": CRASH_MARKER}).encode()
-    stream = p.source.streams[0]
+    stream, group = p.source.streams[0], p.source.group
     ids = [client.xadd(stream, {b"data": value}).decode() for value in payloads]
     runs = []
     while pending(client, p) or not runs or runs[-1] == "killed" or runs[-1]["outcome"] != "empty":
-        assert len(runs) < 8, runs
+        assert len(runs) < 12, runs
         proc = cli_drain(path, p.name)
         out, err = proc.communicate(timeout=600)
         if proc.returncode == -9:
             runs.append("killed")
-            continue
-        assert proc.returncode == 0, err[-3000:]
-        runs.append(summary_of(out))
-    # Claimed (delivery 1), reclaimed (delivery 2): both runs killed. Delivered a third time, the 16
-    # are dead letters without running the transform; then the other 8 land.
+        else:
+            assert proc.returncode == 0, err[-3000:]
+            runs.append(summary_of(out))
+        if len(runs) == 3:
+            # The third run read the first half of the 16 the first two died on, and handed the rest to
+            # REST, delivered twice; the reaper leaves REST alone. Status names both.
+            pel = _pel(client, stream, group)
+            assert {i: pel[i][:2] for i in ids[8:16]} == {i: (REST, 2) for i in ids[8:16]}
+            assert {pel[i][1] for i in ids[:8]} == {3}
+            assert reap(c, p, client)["taken_over"] == 8
+            assert {i for i, (owner, _, _) in _pel(client, stream, group).items() if owner == REST} == set(ids[8:16])
+            splits = pipeline_status(c, p, spark)["splits"]
+            assert [(x["ids"], x["entries"], x["deliveries"], x["kind"]) for x in splits] == [
+                ([ids[0], ids[7]], 8, 3, "suspect"), ([ids[8], ids[15]], 8, 2, "rest")]
+    # Killed with 16 (delivery 1), 16 (2), the first 8 (3); their first 4 land (4); the next 4, read
+    # whole as REST, kill a run (4); then they are used up: 4 dead letters; the REST 8 land; the 8 new.
     assert [r if r == "killed" else (r["claimed"], r["dead_lettered"], r["written"]) for r in runs] == [
-        "killed", "killed", (16, 16, 0), (8, 0, 8), (0, 0, 0)], runs
+        "killed", "killed", "killed", (4, 0, 4), "killed", (4, 4, 0), (8, 0, 8), (8, 0, 8), (0, 0, 0)], runs
+    assert [{x["read"] for x in r["dead_runs"]} for r in runs if r != "killed"] == [
+        {FIRST_HALF}, {USED_UP}, {REST_OF_SPLIT}, set(), set()]
     dead = {r.position: r for r in dlq_rows(spark, c, p)}
-    assert sorted(dead, key=StreamId.parse) == ids[:16]
+    assert sorted(dead, key=StreamId.parse) == ids[4:8]
     assert {r.error_type for r in dead.values()} == {"max_retries"}
     assert {r.attempts for r in dead.values()} == {p.max_retries + 2}
-    assert "delivered 3 times without a committed batch" in dead[ids[5]].error
+    assert "delivered 5 times without a committed batch" in dead[ids[5]].error
+    assert "died or were stopped before committing" in dead[ids[5]].error
     assert bytes(dead[ids[5]].original) == payloads[5]
-    assert sorted(target_ids(spark, c, p)) == sorted(m.key for m in messages[16:])
+    assert sorted(target_ids(spark, c, p)) == sorted(m.key for i, m in enumerate(messages) if not 4 <= i < 8)
     assert pending(client, p) == 0
+    assert pipeline_status(c, p, spark)["splits"] == []
 
 
 def test_checkpoint_survives_delta_log_checkpoint_and_cleanup(tmp_path, cfg, spark):

@@ -207,3 +207,21 @@ def test_kafka_status_names_the_offsets_runs_died_reading(monkeypatch, capsys):
     out = capsys.readouterr().out
     assert ("DEAD RUNS: partition 0 offsets [16, 24) were read by 2 runs that died before committing; the next "
             "run reads less there (past max_retries + 1: dead letters)") in out
+
+
+def test_valkey_status_names_the_entries_runs_died_on(monkeypatch, capsys):
+    import deltadrain.cli as cli
+    import deltadrain.status as status
+
+    st = {"pipeline": "orders", "source": "valkey", "PENDING": 8, "CLAIMED": 12, "claimed_by": {}, "PUBLISHED": 4,
+          "DEAD": 0, "REPLAYED": 0, "gaps": [], "partitions": {}, "last_batch": None, "last_runs": [],
+          "splits": [{"partition": "s0", "ids": ["5-0", "8-0"], "entries": 4, "deliveries": 4, "kind": "suspect"},
+                     {"partition": "s0", "ids": ["9-0", "17-0"], "entries": 8, "deliveries": 2, "kind": "rest"}],
+          "checkpoint": {"batch": 1, "table_version": 1, "positions": {"s0": "4-0"}}}
+    monkeypatch.setattr(cli, "_pipeline_session", lambda args, purpose: (None, None, None))
+    monkeypatch.setattr(status, "pipeline_status", lambda cfg, pipeline, spark: st)
+    assert cli.main(["status", "orders"]) == 0
+    out = capsys.readouterr().out
+    assert ("DEAD RUNS: stream s0 ids 5-0 .. 8-0 (4 entries, delivered 4 times): runs died on them before "
+            "committing; the next runs read them a part at a time (past max_retries + 1: dead letters)") in out
+    assert "DEAD RUNS: stream s0 ids 9-0 .. 17-0 (8 entries, delivered 2 times, the untried half of a split)" in out

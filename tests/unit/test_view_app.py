@@ -134,3 +134,18 @@ def test_the_page_names_the_offsets_runs_died_reading():
     assert "partition\n0 offsets [16, 24) (2 runs), partition\n1 offsets [3, 5,000) (1 run)." in died
     assert "max_retries + 1" in died
     assert 'id="dead-runs"' not in render(v={**v, "dead_runs": []}, state="DEAD", triggered=[], replay_dag="r")
+
+
+def test_the_page_names_the_entries_valkey_runs_died_on():
+    from deltadrain.orchestration.view import _templates
+
+    v = {"pipeline": "orders", "source": "valkey", "partitions": ["s0"], "PENDING": 0, "CLAIMED": 12,
+         "last_batches": [], "dead_letters": [],
+         "splits": [{"partition": "s0", "ids": ["5-0", "8-0"], "entries": 4, "deliveries": 4, "kind": "suspect"},
+                    {"partition": "s0", "ids": ["9-0", "17-0"], "entries": 8, "deliveries": 2, "kind": "rest"}]}
+    render = _templates().get_template("pipeline.html.j2").render
+    left = render(v=v, state="DEAD", triggered=[], replay_dag="r").split('id="splits"')[1].split("</span>")[0]
+    assert ("stream\ns0 ids 5-0 .. 8-0 (4 entries, delivered 4 times), stream\ns0 ids 9-0 .. 17-0 (8 entries, "
+            "delivered 2 times, the untried half of a split).") in left
+    assert "max_retries + 1 deliveries" in left
+    assert 'id="splits"' not in render(v={**v, "splits": []}, state="DEAD", triggered=[], replay_dag="r")

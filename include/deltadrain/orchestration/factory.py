@@ -46,9 +46,12 @@ def ingest_dag(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> DAG:
     af = pipeline.airflow
     # An interval timetable: every run has a data interval, which is what a backfill run re-reads.
     schedule = CronDataIntervalTimetable(pipeline.schedule, timezone="UTC") if pipeline.schedule else None
-    # Kafka runs after a dead one read half of its range (kafka_crashes); a Valkey claim is a delivery.
-    halves = " (each run after one reads half of its range, so few go with the culprit)" if (
-        pipeline.source.kind == "kafka") else ""
+    # Kafka runs after a dead one read half of its range (kafka_crashes); Valkey ones after the second
+    # dead run on the same entries (valkey_crashes: the first redelivery is whole).
+    halves = (" (each run after one reads half of its range, so few go with the culprit)"
+              if pipeline.source.kind == "kafka" else
+              " (from the second such run on the same entries, the next runs read them half at a time, so few go "
+              "with the culprit)")
     doc = (f"Drains **{pipeline.name}** ({pipeline.source.kind}) into `{cfg.target_path(pipeline)}` "
            f"exactly once; dead letters in `{cfg.dlq_path(pipeline)}`.\n\n"
            "- a scheduled or manual run waits for new messages, stuck claims or a gap, then drains one batch, or up "

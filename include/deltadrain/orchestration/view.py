@@ -106,7 +106,7 @@ def source_counts(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> dict:
 
     try:
         client = valkey_client(cfg, pipeline, socket_timeout=3, socket_connect_timeout=3)
-        counts = valkey_counts(client, pipeline.source, gaps_key(pipeline.name))
+        counts = valkey_counts(client, pipeline.source, gaps_key(pipeline.name), pipeline)
     except Exception as exc:  # the view still shows the lake side
         return {"PENDING": None, "CLAIMED": None, "source_note": f"source unreachable ({type(exc).__name__})"}
     return _claims(counts, pipeline)
@@ -147,7 +147,7 @@ def _claims(counts: dict, pipeline: PipelineConfig) -> dict:
             "partitions": {k: {"pending": v["pending"], "claimed": v["claimed"]}
                            for k, v in counts["partitions"].items()},
             "open_gaps": [lakeview.gap_row(g) for g in counts.get("gaps") or []],
-            "dead_runs": counts.get("dead_runs") or []}
+            "dead_runs": counts.get("dead_runs") or [], "splits": counts.get("splits") or []}
 
 
 def pipeline_view(cfg: DeltadrainConfig, pipeline: PipelineConfig, dlq_state: str | None = "DEAD",

@@ -1,0 +1,202 @@
+"""Valkey: split what runs that died left pending, so a message that kills its run takes few
+others with it (DESIGN.md invariant 6).
+
+A Valkey claim is a delivery. The entries of a run that dies (a crash, a hang stopped at the task's
+execution_timeout, out of memory) stay pending, and each run that takes them again counts one more
+delivery. Past max_retries + 1 deliveries an entry is a `max_retries` dead letter
+(claim.retries_run_out). Without more, a message that kills every run took its whole batch there.
+
+What a dead run left is reclaimed whole once, with new entries: most runs that die were not killed by
+their data (a restart, a lost worker, a deploy). Entries delivered twice or more without a commit are
+suspects, unless a transform failure is recorded for them (the drain's culprits, which ride along
+with new entries and are isolated in the run). Then, one segment at a time, in (stream, id) order:
+
+- a run reads the first half of the first suspect segment and nothing else, and hands the other
+  half to the consumer REST, delivery counts kept (XCLAIM ... JUSTID);
+- a REST segment is read whole by a later run: if it kills that run too, it is suspect again;
+- a segment whose entries have had their max_retries + 1 deliveries is read whole: reading it only
+  makes them dead letters.
+
+A segment is a run of pending entries, idle past min_idle_ms, of one kind and one delivery count, so
+the pieces of earlier splits stay apart. A message that kills every run is delivered max_retries + 1
+times and takes at most batch_cap / 2**(max_retries - 1) entries into the DLQ with it (replayable),
+not the batch. The pending list itself (who holds an entry, how often it was delivered) is the whole
+record: nothing else is kept. Everything above the I/O helpers at the end is pure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+REST = "deltadrain-rest"  # the consumer holding the untried halves of split segments
+SUSPECT, RESTING, CULPRIT = "suspect", "rest", "culprit"
+SPLIT_FROM = 2  # deliveries: the first redelivery of a dead run's entries is whole
+PAGE = 1_000  # XPENDING entries per call
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One stream's part of a segment: `entries` pending entries from id `first` to `last`."""
+
+    stream: str
+    first: str
+    last: str
+    entries: int
+
+
+@dataclass(frozen=True)
+class Segment:
+    kind: str  # SUSPECT, RESTING or CULPRIT
+    deliveries: int
+    pieces: tuple[Piece, ...]
+
+    @property
+    def entries(self) -> int:
+        return sum(p.entries for p in self.pieces)
+
+    def as_json(self) -> list[dict]:
+        return [{"partition": p.stream, "ids": [p.first, p.last], "entries": p.entries,
+                 "deliveries": self.deliveries, "kind": self.kind} for p in self.pieces]
+
+
+def segments(entries: Iterable[tuple[str, str, int, str]]) -> list[Segment]:
+    """(stream, id, deliveries, kind) of the reclaimable entries, in (stream, id) order -> the runs of
+    one kind and delivery count (a run goes on from one stream's last entry to the next one's first)."""
+    out: list[Segment] = []
+    for stream, entry, deliveries, kind in entries:
+        last = out[-1] if out else None
+        if last is None or (last.kind, last.deliveries) != (kind, deliveries):
+            out.append(Segment(kind, deliveries, (Piece(stream, entry, entry, 1),)))
+            continue
+        tail = last.pieces[-1]
+        if tail.stream == stream:
+            pieces = (*last.pieces[:-1], Piece(stream, tail.first, entry, tail.entries + 1))
+        else:
+            pieces = (*last.pieces, Piece(stream, entry, entry, 1))
+        out[-1] = Segment(kind, deliveries, pieces)
+    return out
+
+
+@dataclass(frozen=True)
+class Split:
+    """What a run reads instead of a batch: (stream, from id, entries) for each stream, and why."""
+
+    segment: Segment
+    read: tuple[tuple[str, str, int], ...]
+    how: str  # FIRST_HALF, REST_OF_SPLIT or USED_UP
+
+    @property
+    def marks_rest(self) -> bool:
+        return self.how == FIRST_HALF
+
+    def summary(self) -> list[dict]:
+        return [{**piece, "read": self.how} for piece in self.segment.as_json()]
+
+
+FIRST_HALF, REST_OF_SPLIT, USED_UP = "first half", "whole: the rest of a split", "whole: deliveries used up"
+
+
+def first_entries(segment: Segment, n: int) -> tuple[tuple[str, str, int], ...]:
+    """The first `n` entries of a segment, as (stream, from id, entries) per stream."""
+    out = []
+    for piece in segment.pieces:
+        if n <= 0:
+            break
+        take = min(n, piece.entries)
+        out.append((piece.stream, piece.first, take))
+        n -= take
+    return tuple(out)
+
+
+def choose(found: list[Segment], max_attempts: int) -> Split | None:
+    """The split a run reads, or None for an ordinary batch (new entries, idle ones reclaimed whole).
+    The first REST segment or suspect segment in (stream, id) order decides: the earliest pieces are
+    settled first, as Kafka's checkpoint settles its ranges in offset order."""
+    for seg in found:
+        if seg.kind == RESTING:
+            return Split(seg, first_entries(seg, seg.entries), REST_OF_SPLIT)
+        if seg.kind == SUSPECT and seg.deliveries >= SPLIT_FROM:
+            if seg.deliveries >= max_attempts:  # one more delivery is past max_retries + 1
+                return Split(seg, first_entries(seg, seg.entries), USED_UP)
+            return Split(seg, first_entries(seg, max(1, seg.entries // 2)), FIRST_HALF)
+    return None
+
+
+def kind_of(consumer: str, failure_recorded: bool) -> str:
+    if consumer == REST:
+        return RESTING
+    if failure_recorded:
+        return CULPRIT
+    return SUSPECT
+
+
+# -- I/O: the pending list ------------------------------------------------------------------------
+
+def reclaimable(client, streams: Iterable[str], group: str, min_idle_ms: int, failures_key: str,
+                own: str, start: str = "-") -> Iterator[tuple[str, str, int, str, str]]:
+    """(stream, id, deliveries, kind, holder) of every pending entry idle past min_idle_ms that `own`
+    does not hold, in (stream, id) order from `start`, PAGE entries a call. Transform failures are
+    looked up only for entries delivered SPLIT_FROM times or more (the only ones that may be split)."""
+    from deltadrain.claim import failure_field
+    from deltadrain.connections import as_text
+
+    for stream in sorted(streams):
+        while True:
+            try:
+                rows = client.xpending_range(stream, group, min=start, max="+", count=PAGE, idle=min_idle_ms)
+            except Exception as exc:
+                if "NOGROUP" in str(exc):
+                    break
+                raise
+            got = [(as_text(r["message_id"]), int(r["times_delivered"]), as_text(r["consumer"])) for r in rows]
+            ask = [i for i, n, holder in got if n >= SPLIT_FROM and holder != REST]
+            failed = set()
+            if ask:
+                values = client.hmget(failures_key, [failure_field(stream, i) for i in ask])
+                failed = {i for i, v in zip(ask, values, strict=True) if v}
+            for entry, deliveries, holder in got:
+                if holder != own:
+                    yield stream, entry, deliveries, kind_of(holder, entry in failed), holder
+            if len(rows) < PAGE:
+                break
+            start = f"({got[-1][0]}"
+        start = "-"
+
+
+def find_split(client, streams: Iterable[str], group: str, min_idle_ms: int, failures_key: str, own: str,
+               max_attempts: int) -> Split | None:
+    entries = ((s, i, n, kind) for s, i, n, kind, _ in
+               reclaimable(client, streams, group, min_idle_ms, failures_key, own))
+    return choose(segments(entries), max_attempts)
+
+
+def mark_rest(client, split: Split, group: str, min_idle_ms: int, failures_key: str, own: str) -> int:
+    """After this run claimed the first half: hand the rest of the segment (the entries in its pieces'
+    ranges still idle and held by others) to REST, delivery counts and idleness kept (`claim_held`:
+    only what its holder still holds and the stream still has). Returns how many moved."""
+    from deltadrain.acknowledge import claim_held
+
+    moved = 0
+    for piece in split.segment.pieces:
+        for holder, ids in _rest_of(client, piece, split.segment, group, min_idle_ms, failures_key, own):
+            moved += len(claim_held(client, piece.stream, group, holder, REST, min_idle_ms, max(min_idle_ms, 1), ids))
+    return moved
+
+
+def _rest_of(client, piece: Piece, seg: Segment, group: str, min_idle_ms: int, failures_key: str,
+             own: str) -> Iterator[tuple[str, list[str]]]:
+    """(holder, ids) of the segment's entries in `piece`'s range that `own` did not claim, PAGE at most."""
+    from deltadrain.positions import StreamId
+
+    last = StreamId.parse(piece.last)
+    held: dict[str, list[str]] = {}
+    for _, entry, deliveries, kind, holder in reclaimable(client, [piece.stream], group, min_idle_ms, failures_key,
+                                                          own, start=piece.first):
+        if StreamId.parse(entry) > last:
+            break
+        if (kind, deliveries) == (seg.kind, seg.deliveries):
+            held.setdefault(holder, []).append(entry)
+            if len(held[holder]) >= PAGE:
+                yield holder, held.pop(holder)
+    yield from held.items()
