@@ -1,8 +1,9 @@
 """Acknowledge (after the commit) or release (after a lost race) the claimed entries.
 
 Only entries of a committed batch are acknowledged (invariants 4 and 5). A release hands the
-entries back for immediate re-claiming: XCLAIM ... IDLE <min_idle_ms> JUSTID makes them look idle
-long enough for the next drain's XAUTOCLAIM, without counting a delivery. It moves only the entries
+entries back for immediate re-claiming: XCLAIM ... IDLE <min_idle_ms> JUSTID to the consumer
+`deltadrain-released` makes them look idle long enough for the next drain's XAUTOCLAIM, without
+counting a delivery. It moves only the entries
 this run's consumer still holds (`claim_held`): by the time a run loses its race, the reaper may
 have handed some of its entries to another live run, and taking them back would expose them to a
 third run's claim (one more delivery each, toward max_retries and the DLQ).
@@ -88,12 +89,16 @@ def acknowledge(files: Iterable[str], ctx: ClaimContext, keep: frozenset = froze
 
 
 def release(files: Iterable[str], ctx: ClaimContext) -> int:
-    """Make the staged entries this run's consumer still holds reclaimable at once; leave the rest."""
+    """Make the staged entries this run's consumer still holds reclaimable at once; leave the rest.
+    They go to the consumer RELEASED: a run that stopped without dying handed them back, so the next
+    run reclaims them whole instead of splitting them as a dead run's (valkey_crashes)."""
+    from deltadrain.valkey_crashes import RELEASED
+
     client = _client(ctx)
     done = 0
     try:
         for stream, entries in staged_entries(files):
-            done += len(claim_held(client, stream, ctx.group, ctx.consumer, ctx.consumer, 0,
+            done += len(claim_held(client, stream, ctx.group, ctx.consumer, RELEASED, 0,
                                    max(ctx.min_idle_ms, 1), [position for position, _ in entries]))
     finally:
         client.close()

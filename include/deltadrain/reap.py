@@ -13,7 +13,7 @@ from deltadrain.acknowledge import claim_held
 from deltadrain.config import DeltadrainConfig, PipelineConfig, ValkeySource
 from deltadrain.connections import as_text, valkey_client
 from deltadrain.errors import DeltadrainError
-from deltadrain.valkey_crashes import REST
+from deltadrain.valkey_crashes import RELEASED, REST
 
 REAPER = "deltadrain-reaper"
 PAGE = 1_000
@@ -37,9 +37,10 @@ def reap(cfg: DeltadrainConfig, pipeline: PipelineConfig, client=None) -> dict:
         moved = 0
         for consumer in consumers:
             name = as_text(consumer["name"])
-            # REST holds the untried halves of split segments (valkey_crashes): handing them to the
-            # reaper would lose that, and they are reclaimable already.
-            if name in (REAPER, REST) or int(consumer["pending"]) == 0:
+            # REST holds the untried halves of split segments, RELEASED what runs that stopped cleanly
+            # handed back (valkey_crashes): handing them to the reaper would make them a dead run's,
+            # and they are reclaimable already.
+            if name in (REAPER, REST, RELEASED) or int(consumer["pending"]) == 0:
                 continue
             start = "-"
             while True:

@@ -9,7 +9,9 @@ delivery. Past max_retries + 1 deliveries an entry is a `max_retries` dead lette
 What a dead run left is reclaimed whole once, with new entries: most runs that die were not killed by
 their data (a restart, a lost worker, a deploy). Entries delivered twice or more without a commit are
 suspects, unless a transform failure is recorded for them (the drain's culprits, which ride along
-with new entries and are isolated in the run). Then, one segment at a time, in (stream, id) order:
+with new entries and are isolated in the run) or a run that stopped without dying handed them back
+to RELEASED (a lost race, a gap under on_gap: fail). Then, one segment at a time, in (stream, id)
+order:
 
 - a run reads the first half of the first suspect segment and nothing else, and hands the other
   half to the consumer REST, delivery counts kept (XCLAIM ... JUSTID);
@@ -30,7 +32,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 REST = "deltadrain-rest"  # the consumer holding the untried halves of split segments
-SUSPECT, RESTING, CULPRIT = "suspect", "rest", "culprit"
+RELEASED = "deltadrain-released"  # entries runs that stopped cleanly handed back (acknowledge.release)
+SUSPECT, RESTING, CULPRIT, HANDED_BACK = "suspect", "rest", "culprit", "released"
 SPLIT_FROM = 2  # deliveries: the first redelivery of a dead run's entries is whole
 PAGE = 1_000  # XPENDING entries per call
 
@@ -47,7 +50,7 @@ class Piece:
 
 @dataclass(frozen=True)
 class Segment:
-    kind: str  # SUSPECT, RESTING or CULPRIT
+    kind: str  # SUSPECT, RESTING, CULPRIT or HANDED_BACK
     deliveries: int
     pieces: tuple[Piece, ...]
 
@@ -126,6 +129,8 @@ def choose(found: list[Segment], max_attempts: int) -> Split | None:
 def kind_of(consumer: str, failure_recorded: bool) -> str:
     if consumer == REST:
         return RESTING
+    if consumer == RELEASED:
+        return HANDED_BACK
     if failure_recorded:
         return CULPRIT
     return SUSPECT
@@ -150,7 +155,7 @@ def reclaimable(client, streams: Iterable[str], group: str, min_idle_ms: int, fa
                     break
                 raise
             got = [(as_text(r["message_id"]), int(r["times_delivered"]), as_text(r["consumer"])) for r in rows]
-            ask = [i for i, n, holder in got if n >= SPLIT_FROM and holder != REST]
+            ask = [i for i, n, holder in got if n >= SPLIT_FROM and holder not in (REST, RELEASED)]
             failed = set()
             if ask:
                 values = client.hmget(failures_key, [failure_field(stream, i) for i in ask])

@@ -970,6 +970,7 @@ def test_a_release_moves_only_the_entries_its_run_still_holds(tmp_path, cfg, spa
 
     from deltadrain.acknowledge import release
     from deltadrain.drain import claim_context
+    from deltadrain.valkey_crashes import RELEASED
 
     _, c, p = make_pipeline(tmp_path, partitions=1, min_idle_ms=60_000)
     client = valkey_client(c, p)
@@ -989,7 +990,7 @@ def test_a_release_moves_only_the_entries_its_run_still_holds(tmp_path, cfg, spa
     for i in ids[:4]:  # B's: untouched
         assert after[i][:2] == before[i][:2] == ("drain-b", 2) and after[i][2] < 60_000
     for i in ids[4:7] + ids[8:10]:  # A's own: released, idle long enough to be reclaimed, no delivery counted
-        assert after[i][:2] == ("drain-a", 1) and after[i][2] >= 60_000
+        assert after[i][:2] == (RELEASED, 1) and after[i][2] >= 60_000
     assert after[ids[7]][0] == "drain-a"  # deleted: left pending for XAUTOCLAIM to report as a gap
     assert set(after) == set(before)
     # The next claim takes A's released entries only (and reports the deleted one), never B's.

@@ -8,6 +8,7 @@ import pytest
 from deltadrain.valkey_crashes import (
     CULPRIT,
     FIRST_HALF,
+    HANDED_BACK,
     REST_OF_SPLIT,
     RESTING,
     SUSPECT,
@@ -41,6 +42,7 @@ def test_a_first_redelivery_is_whole_and_transform_culprits_ride_along():
     once = segments([(s, i, 1, SUSPECT) for s, i in ids("a", 16)])
     assert choose(once, max_attempts=4) is None
     assert choose(segments([("a", "5-0", 3, CULPRIT)]), 4) is None
+    assert choose(segments([(s, i, 2, HANDED_BACK) for s, i in ids("a", 9)]), 4) is None
     assert choose([], 4) is None
 
 
@@ -74,6 +76,7 @@ def test_first_entries_spans_streams():
 
 def test_kinds():
     assert kind_of("deltadrain-rest", False) == RESTING
+    assert kind_of("deltadrain-released", False) == HANDED_BACK  # a clean stop's, not a dead run's
     assert kind_of("drain-x", True) == CULPRIT
     assert kind_of("deltadrain-reaper", False) == SUSPECT
 
