@@ -63,22 +63,26 @@ class Segment:
                  "deliveries": self.deliveries, "kind": self.kind} for p in self.pieces]
 
 
-def segments(entries: Iterable[tuple[str, str, int, str]]) -> list[Segment]:
+def segments(entries: Iterable[tuple[str, str, int, str]]) -> Iterator[Segment]:
     """(stream, id, deliveries, kind) of the reclaimable entries, in (stream, id) order -> the runs of
-    one kind and delivery count (a run goes on from one stream's last entry to the next one's first)."""
-    out: list[Segment] = []
+    one kind and delivery count (a run goes on from one stream's last entry to the next one's first).
+    Lazy: each segment is yielded once the entry after it is read, so `choose` reads no further."""
+    seg: Segment | None = None
     for stream, entry, deliveries, kind in entries:
-        last = out[-1] if out else None
-        if last is None or (last.kind, last.deliveries) != (kind, deliveries):
-            out.append(Segment(kind, deliveries, (Piece(stream, entry, entry, 1),)))
+        if seg is not None and (seg.kind, seg.deliveries) != (kind, deliveries):
+            yield seg
+            seg = None
+        if seg is None:
+            seg = Segment(kind, deliveries, (Piece(stream, entry, entry, 1),))
             continue
-        tail = last.pieces[-1]
+        tail = seg.pieces[-1]
         if tail.stream == stream:
-            pieces = (*last.pieces[:-1], Piece(stream, tail.first, entry, tail.entries + 1))
+            pieces = (*seg.pieces[:-1], Piece(stream, tail.first, entry, tail.entries + 1))
         else:
-            pieces = (*last.pieces, Piece(stream, entry, entry, 1))
-        out[-1] = Segment(kind, deliveries, pieces)
-    return out
+            pieces = (*seg.pieces, Piece(stream, entry, entry, 1))
+        seg = Segment(kind, deliveries, pieces)
+    if seg is not None:
+        yield seg
 
 
 @dataclass(frozen=True)
@@ -112,7 +116,7 @@ def first_entries(segment: Segment, n: int) -> tuple[tuple[str, str, int], ...]:
     return tuple(out)
 
 
-def choose(found: list[Segment], max_attempts: int) -> Split | None:
+def choose(found: Iterable[Segment], max_attempts: int) -> Split | None:
     """The split a run reads, or None for an ordinary batch (new entries, idle ones reclaimed whole).
     The first REST segment or suspect segment in (stream, id) order decides: the earliest pieces are
     settled first, as Kafka's checkpoint settles its ranges in offset order."""

@@ -29,11 +29,21 @@ def ids(stream: str, n: int, start: int = 0) -> list[tuple[str, str]]:
 def test_segments_are_runs_of_one_kind_and_delivery_count_across_streams():
     entries = [(s, i, 2, SUSPECT) for s, i in ids("a", 3)] + [(s, i, 2, SUSPECT) for s, i in ids("b", 2)]
     entries += [("b", "2000-0", 3, CULPRIT), ("b", "2001-0", 2, SUSPECT), ("b", "2002-0", 2, RESTING)]
-    found = segments(entries)
+    found = list(segments(entries))
     assert [(g.kind, g.deliveries, g.entries) for g in found] == [
         (SUSPECT, 2, 5), (CULPRIT, 3, 1), (SUSPECT, 2, 1), (RESTING, 2, 1)]
     assert found[0].pieces == (Piece("a", "1000-0", "1002-0", 3), Piece("b", "1000-0", "1001-0", 2))
-    assert segments([]) == []
+    assert list(segments([])) == []
+
+
+def test_choose_reads_the_pending_list_no_further_than_the_segment_it_splits():
+    def pending():
+        yield from [(s, i, 1, SUSPECT) for s, i in ids("a", 3)]
+        yield from [(s, i, 2, SUSPECT) for s, i in ids("a", 4, start=3)]
+        yield "b", "1-0", 1, SUSPECT  # ends the segment
+        raise AssertionError("read past the segment")
+
+    assert choose(segments(pending()), 4).read == (("a", "1003-0", 2),)
 
 
 def test_a_first_redelivery_is_whole_and_transform_culprits_ride_along():
