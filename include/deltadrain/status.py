@@ -60,8 +60,8 @@ def valkey_counts(client, source: ValkeySource, gaps_at: str | None = None, pipe
 
 
 def valkey_splits(client, pipeline: PipelineConfig) -> list[dict]:
-    """Pieces of the segments runs died on twice or more, and the rests of split ones (one PAGE of the
-    pending list a call; only idle entries count)."""
+    """Pieces of the segments runs died on twice or more, and the rests of split ones: the idle
+    entries of the pending list, read PAGE at a time."""
     from deltadrain.drain import failures_key
     from deltadrain.valkey_crashes import RESTING, SPLIT_FROM, SUSPECT, reclaimable, segments
 
