@@ -240,6 +240,44 @@ def test_a_message_that_kills_every_run_is_isolated_by_splitting_and_dead_after_
     assert pipeline_status(c, p, spark)["splits"] == []
 
 
+def test_a_split_across_streams_reads_the_first_half_in_stream_order_then_the_rest_whole_then_new_entries(
+        tmp_path, cfg, spark):
+    """Two runs died on 10 entries of each of 4 streams (40 pending, delivered twice: one segment).
+    The next run reads the first 20 in (stream, id) order (the first two streams' entries) and hands
+    the other 20 to REST across both remaining streams, delivery counts kept; the run after reads the
+    REST 20 whole; then the new entries come. Every message lands once."""
+    from deltadrain.valkey_crashes import FIRST_HALF, REST, REST_OF_SPLIT
+
+    _, c, p = make_pipeline(tmp_path, partitions=4, batch_cap=40, min_idle_ms=0)
+    client = valkey_client(c, p)
+    result = produce(c, p, 80, seed=107)
+    group, streams = p.source.group, sorted(p.source.streams)
+    held: dict[str, list[str]] = {}
+    for stream in streams:  # a run claims 10 of each stream and dies; a second reclaims them and dies
+        client.xgroup_create(stream, group, id="0", mkstream=True)
+        held[stream] = [e[0].decode() for e in client.xreadgroup(group, "drain-dead-1", {stream: ">"}, count=10)[0][1]]
+        client.xautoclaim(stream, group, "drain-dead-2", 0, start_id="0-0", count=10)
+    assert {n for stream in streams for _, n, _ in _pel(client, stream, group).values()} == {2}
+
+    first = drain(c, p, spark=spark)
+    assert (first.outcome, first.claimed, first.reclaimed) == ("committed", 20, 20)
+    assert {(x["partition"], x["entries"], x["deliveries"], x["read"]) for x in first.dead_runs} == {
+        (stream, 10, 2, FIRST_HALF) for stream in streams}
+    for stream in streams[:2]:  # read, committed, acknowledged
+        assert _pel(client, stream, group) == {}
+    for stream in streams[2:]:
+        assert {i: v[:2] for i, v in _pel(client, stream, group).items()} == {i: (REST, 2) for i in held[stream]}
+
+    second = drain(c, p, spark=spark)
+    assert (second.outcome, second.claimed, second.reclaimed) == ("committed", 20, 20)
+    assert {x["read"] for x in second.dead_runs} == {REST_OF_SPLIT}
+    assert pending(client, p) == 0
+    third = drain(c, p, spark=spark)  # nothing pending: an ordinary batch of the 40 new entries
+    assert (third.outcome, third.claimed, third.reclaimed, third.dead_runs) == ("committed", 40, 0, [])
+    assert drain(c, p, spark=spark).outcome == "empty"
+    assert_exactly_once(spark, c, p, client, result.valid_ids, 0)
+
+
 def test_checkpoint_survives_delta_log_checkpoint_and_cleanup(tmp_path, cfg, spark):
 
     _, c, p = make_pipeline(tmp_path, batch_cap=100)
