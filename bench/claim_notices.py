@@ -18,16 +18,13 @@ import time
 from pathlib import Path
 
 from kafka_sides import pipelines
+from timing import median_ms
 
 from deltadrain.connections import kafka_client_conf
 from deltadrain.drain import drain
 from deltadrain.kafka_drain import KafkaDrain
 from deltadrain.spark import get_spark
 from deltadrain.status import kafka_counts
-
-
-def median_ms(xs) -> float:
-    return round(statistics.median(xs) * 1000, 1)
 
 
 def main(workdir: Path, count: int, batch: int) -> dict:

@@ -23,15 +23,12 @@ import time
 from pathlib import Path
 
 from kafka_sides import pipelines
+from timing import median_ms
 
 from deltadrain.drain import drain
 from deltadrain.kafka_drain import KafkaDrain
 from deltadrain.kafka_offsets import plan_ranges, watermarks
 from deltadrain.spark import get_spark
-
-
-def median_ms(xs) -> float:
-    return round(statistics.median(xs) * 1000, 1)
 
 
 def main(workdir: Path, count: int, batch: int) -> dict:

@@ -18,9 +18,10 @@ Usage: DELTADRAIN_HOME=/tmp/ddsplit DELTADRAIN_VALKEY_PORT=26971 .venv/bin/pytho
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 import time
+
+from timing import median_ms
 
 from deltadrain import services
 from deltadrain.config import load_config
@@ -31,9 +32,6 @@ from deltadrain.valkey_crashes import REST, find_split, mark_rest
 
 OWN = "drain-bench"
 
-
-def ms(xs: list[float]) -> float:
-    return round(statistics.median(xs) * 1000, 2)
 
 
 def dead_run(client, p, dead: int, deliveries: int) -> None:
@@ -78,7 +76,7 @@ def main(count: int, dead: int, rounds: int) -> dict:
                     began = time.perf_counter()
                     split_of(client, p) if what == "find_split" else backlog(client, p.source)
                     times[what].append(time.perf_counter() - began)
-            out["nothing stuck (ms, median)"] = {k: ms(v) for k, v in times.items()}
+            out["nothing stuck (ms, median)"] = {k: median_ms(v, 2) for k, v in times.items()}
 
             for deliveries in (1, 2):
                 dead_run(client, p, dead, deliveries)
@@ -87,7 +85,7 @@ def main(count: int, dead: int, rounds: int) -> dict:
                     began = time.perf_counter()
                     split = split_of(client, p)
                     took.append(time.perf_counter() - began)
-                out[f"{dead} dead, delivered {deliveries}x: find_split (ms, median)"] = ms(took)
+                out[f"{dead} dead, delivered {deliveries}x: find_split (ms, median)"] = median_ms(took, 2)
                 out[f"{dead} dead, delivered {deliveries}x: split"] = None if split is None else {
                     "how": split.how, "segment": split.segment.entries, "read": sum(n for _, _, n in split.read)}
 
@@ -103,7 +101,7 @@ def main(count: int, dead: int, rounds: int) -> dict:
                 rest = sum(int(c["pending"]) for s in p.source.streams
                            for c in client.xinfo_consumers(s, p.source.group) if c["name"] in (REST, REST.encode()))
                 assert moved == rest == split.segment.entries - sum(n for _, _, n in split.read), (moved, rest)
-            out[f"mark_rest of {moved} (ms, median of 3)"] = ms(marked)
+            out[f"mark_rest of {moved} (ms, median of 3)"] = median_ms(marked, 2)
         finally:
             client.delete(*p.source.streams)
     return out

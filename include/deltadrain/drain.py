@@ -118,9 +118,14 @@ def ensure_groups(client, source: ValkeySource) -> None:
                 raise
 
 
+def group_backlog(client, source: ValkeySource) -> dict[str, tuple[int, int]]:
+    """Per stream: (entries not yet delivered to the group (lag), entries pending in it)."""
+    return {stream: group_counts(client, stream, source.group) for stream in source.streams}
+
+
 def backlog(client, source: ValkeySource) -> dict[str, int]:
-    """Per stream: entries not yet delivered to the group (lag) plus entries pending in it."""
-    return {stream: sum(group_counts(client, stream, source.group)) for stream in source.streams}
+    """Per stream: lag plus pending, what a run may claim."""
+    return {stream: sum(counts) for stream, counts in group_backlog(client, source).items()}
 
 
 def claim_context(cfg: DeltadrainConfig, pipeline: PipelineConfig, consumer: str) -> ClaimContext:
@@ -504,12 +509,14 @@ class ValkeyDrain(Drain):
         expected = checkpoint.batch
         batch = expected + 1
         s.batch = batch
-        quotas = allocate(p.batch_cap, backlog(self.client, source))
+        counts = group_backlog(self.client, source)
+        quotas = allocate(p.batch_cap, {stream: sum(c) for stream, c in counts.items()})
         self.find_unread_gaps()  # before this run's XREADGROUP moves the group past them
         self._lap("checkpoint")
         self.stop_at_gaps(expected, checkpoint.positions)  # on_gap: fail, before anything is claimed
         staged = None
-        split = self.find_split() if sum(quotas.values()) else None
+        # Nothing pending in the group: no run died on anything, and the pending list is not paged.
+        split = self.find_split() if any(pending for _, pending in counts.values()) else None
         if sum(quotas.values()):
             staged = self.claim(quotas, split=split)
             if split is not None and split.marks_rest:

@@ -193,35 +193,31 @@ def test_what_a_child_process_prints_inside_stdout_to_stderr_stays_out_of_stdout
     assert out == '{"ok": true}\n' and "Deleted 3 files" in err
 
 
-def test_kafka_status_names_the_offsets_runs_died_reading(monkeypatch, capsys):
+def status_output(monkeypatch, capsys, pipeline: str, source: str, **fields) -> str:
+    """What `deltadrain status PIPELINE` prints for a status of `source` with `fields` set."""
     import deltadrain.cli as cli
     import deltadrain.status as status
 
-    st = {"pipeline": "clicks", "source": "kafka", "PENDING": 5, "CLAIMED": 0, "claimed_by": {}, "PUBLISHED": 16,
+    st = {"pipeline": pipeline, "source": source, "PENDING": 5, "CLAIMED": 0, "claimed_by": {}, "PUBLISHED": 16,
           "DEAD": 0, "REPLAYED": 0, "gaps": [], "partitions": {}, "last_batch": None, "last_runs": [],
-          "dead_runs": [{"partition": 0, "offsets": [16, 24], "runs": 2}],
-          "checkpoint": {"batch": 1, "table_version": 1, "positions": {"0": "16"}}}
+          "checkpoint": {"batch": 1, "table_version": 1, "positions": {}}, **fields}
     monkeypatch.setattr(cli, "_pipeline_session", lambda args, purpose: (None, None, None))
     monkeypatch.setattr(status, "pipeline_status", lambda cfg, pipeline, spark: st)
-    assert cli.main(["status", "clicks"]) == 0
-    out = capsys.readouterr().out
+    assert cli.main(["status", pipeline]) == 0
+    return capsys.readouterr().out
+
+
+def test_kafka_status_names_the_offsets_runs_died_reading(monkeypatch, capsys):
+    out = status_output(monkeypatch, capsys, "clicks", "kafka",
+                        dead_runs=[{"partition": 0, "offsets": [16, 24], "runs": 2}])
     assert ("DEAD RUNS: partition 0 offsets [16, 24) were read by 2 runs that died before committing; the next "
             "run reads less there (past max_retries + 1: dead letters)") in out
 
 
 def test_valkey_status_names_the_entries_runs_died_on(monkeypatch, capsys):
-    import deltadrain.cli as cli
-    import deltadrain.status as status
-
-    st = {"pipeline": "orders", "source": "valkey", "PENDING": 8, "CLAIMED": 12, "claimed_by": {}, "PUBLISHED": 4,
-          "DEAD": 0, "REPLAYED": 0, "gaps": [], "partitions": {}, "last_batch": None, "last_runs": [],
-          "splits": [{"partition": "s0", "ids": ["5-0", "8-0"], "entries": 4, "deliveries": 4, "kind": "suspect"},
-                     {"partition": "s0", "ids": ["9-0", "17-0"], "entries": 8, "deliveries": 2, "kind": "rest"}],
-          "checkpoint": {"batch": 1, "table_version": 1, "positions": {"s0": "4-0"}}}
-    monkeypatch.setattr(cli, "_pipeline_session", lambda args, purpose: (None, None, None))
-    monkeypatch.setattr(status, "pipeline_status", lambda cfg, pipeline, spark: st)
-    assert cli.main(["status", "orders"]) == 0
-    out = capsys.readouterr().out
+    out = status_output(monkeypatch, capsys, "orders", "valkey", CLAIMED=12, splits=[
+        {"partition": "s0", "ids": ["5-0", "8-0"], "entries": 4, "deliveries": 4, "kind": "suspect"},
+        {"partition": "s0", "ids": ["9-0", "17-0"], "entries": 8, "deliveries": 2, "kind": "rest"}])
     assert ("DEAD RUNS: stream s0 ids 5-0 .. 8-0 (4 entries, delivered 4 times): runs died on them before "
             "committing; the next runs read them a part at a time (past max_retries + 1: dead letters)") in out
     assert "DEAD RUNS: stream s0 ids 9-0 .. 17-0 (8 entries, delivered 2 times, the untried half of a split)" in out
