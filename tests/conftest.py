@@ -33,6 +33,9 @@ def pytest_configure(config):
     for name in ("VALKEY", "KAFKA", "KAFKA_CONTROLLER", "AIRFLOW"):
         os.environ[f"DELTADRAIN_{name}_PORT"] = str(free_port())
     os.environ.setdefault("DELTADRAIN_DRIVER_MEMORY", "1g")
+    # The suite starts a driver JVM per CLI drain, spark-submit and DAG run, each living seconds: C1
+    # only spends ~30% less CPU on them, and the suite is CPU-bound on two cores (docs/benchmarks.md).
+    os.environ.setdefault("DELTADRAIN_DRIVER_JAVA_OPTIONS", "-XX:TieredStopAtLevel=1")
     # Airflow reads its settings when first imported: point it at this session's own home and DB
     # (the same environment the embedded `airflow standalone` gets).
     from deltadrain.config import load_config

@@ -58,6 +58,9 @@ def spark_conf(extra: dict[str, str] | None = None) -> dict[str, str]:
             "spark.pyspark.python": sys.executable, "spark.pyspark.driver.python": sys.executable}
     # The class-data archive `make install` built, if any: the driver JVM starts ~4 s sooner.
     conf["spark.driver.extraJavaOptions"] += f" {java_options()}"
+    # Extra HotSpot options for every driver (the test suite's: C1 only, for its short-lived JVMs).
+    if more := os.environ.get("DELTADRAIN_DRIVER_JAVA_OPTIONS", "").strip():
+        conf["spark.driver.extraJavaOptions"] += f" {more}"
     conf.update(extra or {})
     return conf
 

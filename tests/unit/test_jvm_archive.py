@@ -46,6 +46,20 @@ def test_the_session_conf_keeps_its_log4j_option_and_adds_the_archives(tmp_path,
     assert opts.index("-Xlog:disable") < opts.index("-Xlog:all=warning:stderr")
 
 
+def test_extra_driver_options_from_the_environment_come_last_and_an_empty_value_adds_none(monkeypatch):
+    from deltadrain import spark
+
+    monkeypatch.setenv("DELTADRAIN_DRIVER_JAVA_OPTIONS", "")
+    plain = spark.spark_conf()["spark.driver.extraJavaOptions"]
+    assert "TieredStopAtLevel" not in plain
+    monkeypatch.setenv("DELTADRAIN_DRIVER_JAVA_OPTIONS", " -XX:TieredStopAtLevel=1 -XX:+UseSerialGC ")
+    assert spark.spark_conf()["spark.driver.extraJavaOptions"] == \
+        f"{plain} -XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+    # spark-submit (the DAGs' jobs) gets the same options.
+    cmd = spark.spark_submit_command("job.py", [])
+    assert f"spark.driver.extraJavaOptions={plain} -XX:TieredStopAtLevel=1 -XX:+UseSerialGC" in cmd
+
+
 def test_the_training_drain_uses_a_private_pipeline_and_lake(tmp_path):
     cfg = load_config(jvm_archive._training_config(tmp_path))
     (pipeline,) = cfg.pipelines
