@@ -35,6 +35,7 @@ def pytest_configure(config):
     os.environ.setdefault("DELTADRAIN_DRIVER_MEMORY", "1g")
     # The suite starts a driver JVM per CLI drain, spark-submit and DAG run, each living seconds: C1
     # only spends ~30% less CPU on them, and the suite is CPU-bound on two cores (docs/benchmarks.md).
+    # The session's own Spark JVM keeps the default (the `spark` fixture).
     os.environ.setdefault("DELTADRAIN_DRIVER_JAVA_OPTIONS", "-XX:TieredStopAtLevel=1")
     # Airflow reads its settings when first imported: point it at this session's own home and DB
     # (the same environment the embedded `airflow standalone` gets).
@@ -76,7 +77,14 @@ def kafka_broker(cfg):
 def spark():
     from deltadrain.spark import get_spark
 
-    session = get_spark("deltadrain-tests")
+    # This JVM lives the whole session and runs its heaviest work (compaction, batch after batch): it
+    # keeps the default JIT. C1 only is for the short-lived drivers the tests spawn.
+    saved = os.environ.pop("DELTADRAIN_DRIVER_JAVA_OPTIONS", None)
+    try:
+        session = get_spark("deltadrain-tests")
+    finally:
+        if saved is not None:
+            os.environ["DELTADRAIN_DRIVER_JAVA_OPTIONS"] = saved
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
