@@ -33,7 +33,6 @@ from deltadrain.valkey_crashes import REST, find_split, mark_rest
 OWN = "drain-bench"
 
 
-
 def dead_run(client, p, dead: int, deliveries: int) -> None:
     """Fresh group; a consumer claims `dead` entries of each stream's share and dies; each further
     delivery is another consumer's XAUTOCLAIM of them (then it dies too)."""
