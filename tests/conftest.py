@@ -79,12 +79,9 @@ def spark():
 
     # This JVM lives the whole session and runs its heaviest work (compaction, batch after batch): it
     # keeps the default JIT. C1 only is for the short-lived drivers the tests spawn.
-    saved = os.environ.pop("DELTADRAIN_DRIVER_JAVA_OPTIONS", None)
-    try:
+    with pytest.MonkeyPatch.context() as env:
+        env.delenv("DELTADRAIN_DRIVER_JAVA_OPTIONS", raising=False)
         session = get_spark("deltadrain-tests")
-    finally:
-        if saved is not None:
-            os.environ["DELTADRAIN_DRIVER_JAVA_OPTIONS"] = saved
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
