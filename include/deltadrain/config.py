@@ -25,6 +25,34 @@ SPARK_TYPES = {"string", "long", "int", "integer", "double", "float", "boolean",
                "binary", "decimal(18,2)", "decimal(38,9)"}
 
 
+CRON_PRESETS = ("@hourly", "@daily", "@weekly", "@monthly", "@quarterly", "@yearly")  # Airflow's
+
+
+def _schedule(v: str | None) -> str | None:
+    """A cron expression or one of Airflow's presets, checked here rather than as a broken DAG."""
+    if v is None or v in CRON_PRESETS:
+        return v
+    try:
+        from croniter import croniter  # Airflow's own cron parser; jobs may run without it
+    except ImportError:  # pragma: no cover
+        return v
+    if not croniter.is_valid(v):
+        raise ValueError(f"'{v}' is not a cron expression (such as '*/5 * * * *') or one of {', '.join(CRON_PRESETS)}")
+    return v
+
+
+def _positive(v: timedelta) -> timedelta:
+    if v <= timedelta(0):
+        raise ValueError(f"must be a positive duration, got {v}")
+    return v
+
+
+def _not_negative(v: timedelta) -> timedelta:
+    if v < timedelta(0):
+        raise ValueError(f"must not be negative, got {v}")
+    return v
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -213,6 +241,16 @@ class AirflowSettings(_Model):
     max_batches_per_run: int = Field(10, ge=1, le=1000)
     max_drain_time: timedelta = timedelta(minutes=10)
 
+    @field_validator("max_retry_delay", "execution_timeout", "wait_timeout", "poll_interval", "max_drain_time")
+    @classmethod
+    def _positive(cls, v):
+        return _positive(v)
+
+    @field_validator("retry_delay")
+    @classmethod
+    def _not_negative(cls, v):
+        return _not_negative(v)
+
     @field_validator("start_date")
     @classmethod
     def _aware(cls, v):
@@ -246,6 +284,18 @@ class PipelineConfig(_Model):
     airflow: AirflowSettings = AirflowSettings()
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    @field_validator("dedup_window")
+    @classmethod
+    def _window(cls, v):
+        # The MERGE looks back this far from the batch's oldest message; a negative window would look
+        # past it and insert redeliveries again.
+        return _not_negative(v)
+
+    @field_validator("schedule")
+    @classmethod
+    def _cron(cls, v):
+        return _schedule(v)
 
     @field_validator("name")
     @classmethod
@@ -283,9 +333,12 @@ class MaintenanceConfig(_Model):
     @field_validator("retain")
     @classmethod
     def _retain(cls, v):
-        if v < timedelta(0):
-            raise ValueError("must not be negative")
-        return v
+        return _not_negative(v)
+
+    @field_validator("schedule")
+    @classmethod
+    def _cron(cls, v):
+        return _schedule(v)
 
 
 class DeltadrainConfig(_Model):

@@ -10,7 +10,7 @@ import base64
 import json
 import math
 from datetime import UTC, date, datetime
-from decimal import Decimal, InvalidOperation
+from decimal import Context, Decimal, Inexact, InvalidOperation
 from typing import Any, NamedTuple
 
 
@@ -53,8 +53,8 @@ def _int(v: Any) -> int:
 
 
 def _double(v: Any) -> float:
-    if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v):
-        return float(v)
+    if isinstance(v, int | float | Decimal) and not isinstance(v, bool) and math.isfinite(f := float(v)):
+        return f
     raise TypeError
 
 
@@ -70,13 +70,24 @@ def _boolean(v: Any) -> bool:
     raise TypeError
 
 
-def _decimal(v: Any) -> Decimal:
-    if isinstance(v, bool):
-        raise TypeError
-    try:
-        return Decimal(str(v))
-    except InvalidOperation:
-        raise TypeError from None
+def _decimal(precision: int, scale: int):
+    """A converter to decimal(precision, scale) that refuses what the column cannot hold exactly:
+    NaN and infinities, more than `scale` decimals (never rounded away), more than `precision` digits."""
+    exact = Context(prec=precision, traps=[InvalidOperation, Inexact])
+    step = Decimal(1).scaleb(-scale)
+
+    def convert(v: Any) -> Decimal:
+        if isinstance(v, bool):
+            raise TypeError
+        try:
+            d = Decimal(str(v))
+            if not d.is_finite():
+                raise TypeError
+            return exact.quantize(d, step)  # Inexact: digits past the scale; InvalidOperation: too many
+        except (InvalidOperation, Inexact):
+            raise TypeError from None
+
+    return convert
 
 
 def _binary(v: Any) -> bytes:
@@ -87,7 +98,21 @@ def _binary(v: Any) -> bytes:
 
 CONVERTERS = {"string": _string, "long": _long, "int": _int, "integer": _int, "double": _double,
               "float": _double, "boolean": _boolean, "timestamp": _timestamp, "date": _date,
-              "binary": _binary, "decimal(18,2)": _decimal, "decimal(38,9)": _decimal}
+              "binary": _binary, "decimal(18,2)": _decimal(18, 2), "decimal(38,9)": _decimal(38, 9)}
+
+
+def _lone_surrogate(obj: Any) -> str | None:
+    """The first lone surrogate in a parsed payload's strings (keys included), or None."""
+    try:
+        json.dumps(obj, ensure_ascii=False, default=str).encode("utf-8")
+        return None
+    except UnicodeEncodeError as exc:
+        return exc.object[exc.start]
+
+
+def _shown(value: Any) -> str:
+    """A payload value as the message wrote it, for a reason (numbers are read as Decimal)."""
+    return str(value) if isinstance(value, Decimal) else json.dumps(value, default=str)
 
 
 def message_id_of(value: Any) -> str | None:
@@ -113,15 +138,24 @@ def decode(data: bytes | None, *, fields: dict[str, str], id_field: str, require
     except UnicodeDecodeError as exc:
         return _bad("invalid_utf8", f"payload is not valid UTF-8 (byte {exc.start}: {data[exc.start:exc.start + 1]!r})")
     try:
-        obj = json.loads(text)
+        # Fractions are read as Decimal, exactly as written: a decimal column gets every digit, and a
+        # double the same correctly rounded value float parsing gives.
+        obj = json.loads(text, parse_float=Decimal)
     except ValueError as exc:
         return _bad("invalid_json", f"payload is not valid JSON: {exc}")
+    except RecursionError:
+        return _bad("invalid_json", "payload is not valid JSON here: nested deeper than the parser goes")
+    if "\\u" in text:  # an escape may stand for half a UTF-16 pair, which no UTF-8 column can hold
+        lone = _lone_surrogate(obj)
+        if lone is not None:
+            return _bad("invalid_json", f"payload is not valid JSON here: a string escapes a lone UTF-16 "
+                                        f"surrogate (\\u{ord(lone):04x}), half of a character")
     if not isinstance(obj, dict):
         return _bad("not_an_object", f"payload is a JSON {type(obj).__name__}, expected an object")
     raw_id = obj.get(id_field)
     message_id = message_id or message_id_of(raw_id) or (fallback_id if raw_id is None else None)
     if message_id is None:
-        what = "missing" if id_field not in obj else ("null" if raw_id is None else f"invalid ({raw_id!r})")
+        what = "missing" if id_field not in obj else ("null" if raw_id is None else f"invalid ({_shown(raw_id)[:60]})")
         return _bad("missing_id", f"message id field '{id_field}' is {what}")
     values = []
     for name, kind in fields.items():
@@ -138,7 +172,7 @@ def decode(data: bytes | None, *, fields: dict[str, str], id_field: str, require
         try:
             values.append(CONVERTERS[kind](value))
         except (TypeError, ValueError, OverflowError, OSError):  # OverflowError: a huge int for a double
-            shown = json.dumps(value)[:60]
+            shown = _shown(value)[:60]
             return _bad("schema", f"field '{name}' should be {kind}, got {shown}", message_id)
     return Decoded(tuple(values), message_id, None, None)
 
@@ -157,14 +191,33 @@ def decode(data: bytes | None, *, fields: dict[str, str], id_field: str, require
 #   range, an impossible date) is split in halves until the refused messages are alone; those go
 #   to `decode`;
 # - accepted rows still go to `decode` when their id is not plainly printable, a required field is
-#   null, a double is not finite, or a timestamp is not plain ISO 8601 with an optional 'Z'.
+#   null, a double is not finite, a timestamp is not plain ISO 8601 with an optional 'Z', or the
+#   payload has more than BRACKETS brackets (it may nest deeper than Python's parser follows).
 
 FAST_KINDS = {"string": "string", "long": "int64", "int": "int32", "integer": "int32", "double": "float64",
               "boolean": "bool", "timestamp": "string"}  # timestamps are read as text, converted below
 PLAIN_TIMESTAMP = r"^[1-9][0-9]{3}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,6})?Z?$"
 PLAIN_ID = r"^[\x21-\x7e](.*[\x21-\x7e])?$"
 LEAF = 8  # a refused chunk this small is decoded message by message
+BRACKETS = 256  # a payload with more '[' and '{' than this is decoded message by message
 OUT_COLUMNS = ("_dd_message_id", "_dd_error_type", "_dd_error", "_dd_original", "_dd_first_failure_at")
+
+
+def _many_brackets(raw):
+    """Per payload: more than BRACKETS '[' and '{'. Arrow follows any nesting, and `decode` refuses what
+    Python's parser cannot (~1 000 levels), so such payloads are left to `decode`. Only payloads long
+    enough to hold that many (the rare ones) are searched: searching all costs 20% of a decode."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    flags = np.zeros(len(raw), dtype=bool)
+    long = pc.indices_nonzero(pc.greater(pc.binary_length(raw), 2 * BRACKETS))
+    if len(long):
+        some = raw.take(long)
+        many = pc.greater(pc.add(pc.count_substring(some, "["), pc.count_substring(some, "{")), BRACKETS)
+        flags[long.filter(many).to_numpy()] = True
+    return pa.array(flags)
 
 
 def _one_object_per_line(value) -> bool:
@@ -222,7 +275,8 @@ class BatchDecoder:
         import pyarrow.compute as pc
         import pyarrow.json as pj
 
-        pa.array(chunk, pa.binary()).cast(pa.string())  # raises on invalid UTF-8 anywhere in a payload
+        raw = pa.array(chunk, pa.binary())
+        raw.cast(pa.string())  # raises on invalid UTF-8 anywhere in a payload
         data = b"\n".join(chunk)
         schema = pa.schema([(name, FAST_KINDS[kind]) for name, kind in self.fields.items()])
         table = pj.read_json(io.BytesIO(data),
@@ -232,7 +286,7 @@ class BatchDecoder:
             raise ValueError("one line did not give one row")
         # Timestamps: plain ISO 8601 text is converted here (an impossible date refuses the chunk);
         # anything else is left null and marked for `decode`.
-        unusual = pa.array([False] * len(chunk))
+        unusual = _many_brackets(raw)
         for i, (name, kind) in enumerate(self.fields.items()):
             if kind != "timestamp":
                 continue
@@ -311,8 +365,11 @@ class BatchDecoder:
             if i in preset:
                 records.append((*preset[i], *nothing))
                 continue
-            got = self.one(values[i], fallback_ids[i] if fallback_ids else None,
-                           message_ids[i] if message_ids else None)
+            try:
+                got = self.one(values[i], fallback_ids[i] if fallback_ids else None,
+                               message_ids[i] if message_ids else None)
+            except Exception as exc:  # a way to be bad that `decode` does not know yet: still data (inv. 7)
+                got = _bad("undecodable", f"payload could not be decoded: {type(exc).__name__}: {exc}"[:500])
             if got.values is None:
                 records.append((got.message_id or (message_ids[i] if message_ids else None), got.error_type,
                                 got.error, values[i], None, *nothing))

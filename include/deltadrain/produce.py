@@ -19,7 +19,7 @@ from deltadrain.transforms import POISON_MARKER
 
 # What a malformed message can be; each one is a DLQ reason the decoder must name.
 MALFORMED_KINDS = ("invalid_json", "empty", "missing_id", "null_id", "wrong_type", "invalid_utf8",
-                   "oversized", "not_an_object")
+                   "oversized", "not_an_object", "lone_surrogate", "too_deep")
 STATUSES = ("new", "paid", "shipped", "cancelled")
 VALKEY_FIELD = b"data"
 
@@ -87,6 +87,10 @@ def _malformed(kind: str, rng: random.Random, eid: str, when: datetime, max_byte
         good["note"] = "y" * (max_bytes + 1)
     elif kind == "not_an_object":
         return json.dumps([good]).encode()
+    elif kind == "lone_surrogate":  # valid UTF-8 bytes, but the escape is half of an emoji's UTF-16 pair
+        good["customer"] = "cust-\ud83d"
+    elif kind == "too_deep":  # nested past what a JSON parser follows (json.dumps could not write it)
+        return json.dumps(good).encode()[:-1] + b', "deep": ' + b"[" * 3_000 + b"]" * 3_000 + b"}"
     return json.dumps(good).encode()
 
 

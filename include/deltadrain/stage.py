@@ -15,7 +15,7 @@ import os
 import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 
 from deltadrain.positions import StreamId
 
@@ -90,6 +90,16 @@ class Tally:
         self.hashes += other.hashes
 
 
+def _as_datetime(scalar) -> datetime | None:
+    """A timestamp scalar as a datetime. Outside Python's years 1 to 9999 (an explicit stream id, a
+    Kafka CreateTime set in microseconds): past them datetime.max, before them None (no window). Either
+    way the MERGE's window starts no later than the true oldest time, which only widens it."""
+    try:
+        return scalar.as_py()
+    except (OverflowError, ValueError):
+        return datetime.max.replace(tzinfo=UTC) if scalar.value > 0 else None
+
+
 def _least(a, b):
     return b if a is None else a if b is None else min(a, b)
 
@@ -115,7 +125,7 @@ def tally(batch, id_field: str) -> Iterator[tuple[str, Tally]]:
         t = Tally(rows=sub.num_rows, reclaimed=pc.fill_null(sub.column("_dd_reclaimed"), False).true_count,
                   again=pc.fill_null(pc.greater(sub.column("_dd_attempts"), 1), False).true_count, gaps=gaps,
                   good=good.true_count, bad=sub.num_rows - good.true_count - gaps,
-                  oldest=pc.min(pc.filter(sub.column("_dd_source_ts"), good)).as_py(),
+                  oldest=_as_datetime(pc.min(pc.filter(sub.column("_dd_source_ts"), good))),
                   pos=StreamId(top, pc.max(pc.filter(sub.column("_dd_pos_lo"), pc.equal(his, top))).as_py()),
                   hashes=[id_hashes(ids)])
         if len(ids):

@@ -54,6 +54,9 @@ def test_valid_messages_published_once_bad_ones_dead_lettered_with_reasons(trans
                             "schema"}
     assert "exceeds max_message_bytes" in reasons["oversized"] and "should be double" in reasons["schema"]
     dead = dlq_rows(spark, c, p)
+    # Valid UTF-8 and JSON to a lenient parser, yet no column can hold them: dead letters, not a failed run.
+    assert result.kinds["lone_surrogate"] == sum("lone UTF-16 surrogate" in r.error for r in dead) > 0
+    assert result.kinds["too_deep"] == sum("nested deeper" in r.error for r in dead) > 0
     assert all(r.state == "DEAD" and r.attempts == 1 and r.pipeline == p.name for r in dead)
     assert all(r.original is not None for r in dead if r.error_type != "empty")
     # The checkpoint holds the highest position of every stream, read back from the table.

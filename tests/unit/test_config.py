@@ -195,3 +195,34 @@ def test_maintenance_has_safe_defaults_and_a_negative_retention_names_the_field(
     assert "conf/pipes.yaml" in msg and "field 'maintenance.retain'" in msg and "must not be negative" in msg
     data["maintenance"] = {"retian": "P1D"}
     assert "field 'maintenance.retian'" in error_of(data)
+
+
+@pytest.mark.parametrize(("where", "value", "says"), [
+    (("airflow", "poll_interval"), "-PT10S", "must be a positive duration"),
+    (("airflow", "poll_interval"), "PT0S", "must be a positive duration"),  # a probe in a tight loop
+    (("airflow", "wait_timeout"), "PT0S", "must be a positive duration"),
+    (("airflow", "retry_delay"), "-PT1S", "must not be negative"),
+    (("dedup_window",), "-P7D", "must not be negative"),  # the MERGE would look past the batch
+    (("schedule",), "every 5 minutes", "is not a cron expression"),
+])
+def test_bad_durations_and_schedules_name_pipeline_and_field_at_load(where, value, says):
+    # Before: a broken DAG file (every deltadrain DAG gone), a sensor polling without pause, or
+    # redelivered messages inserted again, none of them naming the field.
+    data = example()
+    node = data["pipelines"][0]
+    for key in where[:-1]:
+        node = node.setdefault(key, {})
+    node[where[-1]] = value
+    msg = error_of(data, "conf/pipes.yaml")
+    assert f"conf/pipes.yaml: pipeline 'orders', field '{'.'.join(where)}'" in msg and says in msg
+
+
+def test_schedules_take_cron_and_airflows_presets():
+    data = example()
+    data["pipelines"][0]["schedule"] = "@hourly"
+    data["pipelines"][1]["schedule"] = "0 */2 * * 1-5"
+    data["maintenance"]["schedule"] = "@weekly"
+    cfg = parse_config(data, Path("x.yaml"))
+    assert [p.schedule for p in cfg.pipelines] == ["@hourly", "0 */2 * * 1-5"] and cfg.maintenance.schedule == "@weekly"
+    data["maintenance"]["schedule"] = "daily"
+    assert "field 'maintenance.schedule': 'daily' is not a cron expression" in error_of(data)

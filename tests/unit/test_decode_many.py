@@ -132,3 +132,48 @@ def test_other_schemas_are_decoded_message_by_message():
     out = d.columns([b'{"event_id": "a", "price": 1.5}', b"{"])
     assert out["price"].to_pylist()[0] == Decimal("1.5")
     assert out["_dd_error_type"].to_pylist() == [None, "invalid_json"]
+
+
+def test_lone_surrogates_and_deep_nesting_have_one_verdict_on_both_paths():
+    # Arrow refuses a lone surrogate escape and follows any nesting; Python's parser takes the escape and
+    # stops near 1 000 levels. `decode` refuses both, and the fast path leaves both to it.
+    def deep(depth: int, i: int) -> bytes:
+        return enc(good(i))[:-1] + b', "deep": ' + b"[" * depth + b"]" * depth + b"}"
+
+    values = [enc(good(i)) for i in range(100)] + [
+        enc(good(1, customer="c\ud83d")), enc(good(2, event_id="e\udc00")), enc(good(3, note="\ud83d!")),
+        enc(good(4, customer="\ud83d\ude00")), deep(300, 5), deep(1_500, 6), deep(3_000, 7)]
+    decoder_ = BatchDecoder(fields=FIELDS, id_field="event_id", required=REQUIRED, max_bytes=10_000, types=TYPES)
+    want = dict.fromkeys(values, None) | dict.fromkeys([values[i] for i in (100, 101, 102, 105, 106)], "invalid_json")
+    for batch in (values, values[100:], values[::-1]):
+        out = rows_of(decoder_.columns(batch))
+        assert [row[1] for row in out] == [want[v] for v in batch]
+        reasons = {value: row[2] for value, row in zip(batch, out, strict=True)}
+        assert "lone UTF-16 surrogate (\\ud83d)" in reasons[values[100]] and "nested deeper" in reasons[values[105]]
+
+
+def test_decimals_keep_every_digit_and_refuse_what_the_column_cannot_hold():
+    d = BatchDecoder(fields={"event_id": "string", "price": "decimal(18,2)", "big": "decimal(38,9)"},
+                     id_field="event_id", required=[], max_bytes=MAX,
+                     types={"event_id": pa.string(), "price": pa.decimal128(18, 2), "big": pa.decimal128(38, 9)})
+    ok = [b'{"event_id": "a", "price": 9999999999999999.99}', b'{"event_id": "b", "price": "1.000", "big": 1e2}',
+          b'{"event_id": "c", "big": 12345678901234567890123456789.123456789}']
+    bad = [b'{"event_id": "d", "price": 19.999}', b'{"event_id": "e", "price": 1e30}', b'{"event_id": "f", "price": NaN}',
+           b'{"event_id": "g", "price": "Infinity"}', b'{"event_id": "h", "big": 1234567890123456789012345678901.5}']
+    out = d.columns(ok + bad)
+    assert out["price"].to_pylist()[:2] == [Decimal("9999999999999999.99"), Decimal("1.00")]
+    assert out["big"].to_pylist()[1:3] == [Decimal("100"), Decimal("12345678901234567890123456789.123456789")]
+    assert out["_dd_error_type"].to_pylist() == [None] * 3 + ["schema"] * 5
+    assert out["_dd_error"].to_pylist()[3] == "field 'price' should be decimal(18,2), got 19.999"
+
+
+def test_a_payload_decode_cannot_handle_is_a_dead_letter_not_a_failed_task(monkeypatch):
+    d = BatchDecoder(fields={"event_id": "string", "price": "decimal(18,2)"}, id_field="event_id", required=[],
+                     max_bytes=MAX, types={"event_id": pa.string(), "price": pa.decimal128(18, 2)})
+    real = d.one
+    monkeypatch.setattr(d, "one", lambda value, *a: (_ for _ in ()).throw(MemoryError("boom")) if b"x" in value
+                        else real(value, *a))
+    out = d.columns([b'{"event_id": "a"}', b'{"event_id": "x"}'])
+    assert out["_dd_error_type"].to_pylist() == [None, "undecodable"]
+    assert out["_dd_error"].to_pylist()[1] == "payload could not be decoded: MemoryError: boom"
+    assert out["_dd_original"].to_pylist()[1] == b'{"event_id": "x"}'

@@ -45,6 +45,17 @@ def test_tally_counts_each_partition_and_compares_positions_as_integers():
     assert s2.pos == StreamId(7, 1)  # gap markers move the position: they are reported, then passed
 
 
+def test_source_times_outside_pythons_years_widen_the_window_instead_of_failing_the_task():
+    # A stream id set by hand in microseconds (year ~55 000) or a time before year 1: Arrow and Delta
+    # hold them, Python's datetime does not. The window start may only move earlier.
+    year_55000 = 1_700_000_000_000_000 * 1_000  # µs of an id "1700000000000000-0"
+    for micros, oldest in ((year_55000, datetime.max.replace(tzinfo=UTC)), (-70_000_000_000_000_000, None)):
+        b = batch([("s", "1-0", 1, 1, False, None, "a"), ("s", "1-1", 2, 1, False, None, "b")])
+        b = b.set_column(3, "_dd_source_ts", pa.array([micros, micros], pa.timestamp("us", tz="UTC")))
+        (_, got), = tally(b, "event_id")
+        assert got.oldest == oldest and got.good == 2
+
+
 def test_write_and_report_stages_the_rows_and_reports_them(tmp_path):
     batches = [batch([("s1", "1-0", 1, 1, False, None, "x"), ("s1", "1-1", 2, 1, False, None, "y")]),
                batch([("s1", "2-0", 3, 1, False, None, "x")])]  # "x" again, in a later chunk
