@@ -311,6 +311,12 @@ class PipelineConfig(_Model):
             raise ValueError("must be a dotted path module.function")
         return v
 
+    def connection_ids(self) -> list[str]:
+        """The Airflow connections the source's credentials come from."""
+        source = self.source
+        conn_id = source.connection_id if isinstance(source, ValkeySource) else source.security.connection_id
+        return [conn_id] if conn_id else []
+
     def accepting_gaps(self) -> PipelineConfig:
         """This pipeline under on_gap: continue, for the runs an operator starts to go on past the gaps
         that stopped it (their commit records them); the config file keeps its own policy."""

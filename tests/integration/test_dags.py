@@ -9,6 +9,7 @@ import os
 import socket
 import subprocess
 import sys
+import uuid
 import warnings
 
 import pytest
@@ -125,6 +126,39 @@ def test_ingest_dag_drains_through_spark_submit(pipeline_dags, spark):
     run = run_dag(ingest_dag_id(p.name))
     assert run["states"] == {"wait_for_work": "skipped", "drain": "skipped", "quality": "skipped"}, \
         run["log"][-3000:]
+
+
+@pytest.mark.slow
+def test_ingest_dag_reads_a_connection_kept_only_in_airflows_metadata_db(pipeline_dags, spark, monkeypatch):
+    # A connection made in the Airflow UI lives in the metadata DB, which the Spark driver (a child of
+    # the task, with no way to ask Airflow) cannot read: the task hands it over. Valkey user `ui_<name>`
+    # exists only with this password, so a run that did not get it could not drain.
+    conn_id = f"valkey_{uuid.uuid4().hex[:8]}"
+    monkeypatch.delenv(f"AIRFLOW_CONN_{conn_id.upper()}", raising=False)
+    path, c, p = pipeline_dags(partitions=1, source={"connection_id": conn_id})
+    import valkey
+    from airflow.models.connection import Connection
+    from airflow.utils.session import create_session
+
+    from deltadrain.services import ports
+
+    admin = valkey.Valkey(port=ports(c).valkey)
+    user, secret = f"ui_{p.name}", uuid.uuid4().hex
+    admin.execute_command("ACL", "SETUSER", user, "on", f">{secret}", "~*", "&*", "+@all")
+    with create_session() as session:
+        session.add(Connection(conn_id=conn_id, conn_type="generic", login=user, password=secret))
+    try:
+        with monkeypatch.context() as env:  # the test's own client and producer; gone before the DAG runs
+            env.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", f"redis://{user}:{secret}@127.0.0.1")
+            client = valkey_client(c, p)
+            result = produce(c, p, 60, seed=17)
+        run = run_dag(ingest_dag_id(p.name))
+        assert run["states"] == {"wait_for_work": "success", "drain": "success", "quality": "success"}, \
+            run["log"][-3000:]
+        assert secret not in run["log"]  # handed over in the environment, never printed
+        assert_exactly_once(spark, c, p, client, result.valid_ids, 0)
+    finally:
+        admin.execute_command("ACL", "DELUSER", user)
 
 
 @pytest.mark.slow

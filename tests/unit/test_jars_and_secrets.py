@@ -2,7 +2,7 @@ import pytest
 
 from deltadrain import jars
 from deltadrain.errors import ConfigError, PrerequisiteError
-from deltadrain.secrets import credentials
+from deltadrain.secrets import Credentials, credentials, handed_over
 
 
 @pytest.mark.parametrize("name,artifact", [
@@ -52,6 +52,19 @@ def test_credentials_from_an_airflow_connection_env_var(monkeypatch):
     creds = credentials(connection_id="kafka_prod")
     assert (creds.username, creds.password) == ("alice", "s>cret")
     assert "s>cret" not in repr(creds)
+
+
+def test_connections_are_handed_to_a_job_unless_its_environment_has_them(monkeypatch):
+    # The job's process reads what it gets back exactly as it reads a connection set by the user.
+    known = {"valkey_ui": Credentials("ui", "p@ss:/word"), "kafka_ui": Credentials(None, "k")}
+    monkeypatch.setenv("AIRFLOW_CONN_MINE", "redis://me:mine@host")
+    env = handed_over(["valkey_ui", "mine", "missing", "valkey_ui", "kafka_ui"], known.get)
+    assert sorted(env) == ["AIRFLOW_CONN_KAFKA_UI", "AIRFLOW_CONN_VALKEY_UI"]  # once each; "missing" left out
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert credentials(connection_id="valkey_ui") == Credentials("ui", "p@ss:/word")
+    assert credentials(connection_id="kafka_ui").password == "k"
+    assert credentials(connection_id="mine") == Credentials("me", "mine")
 
 
 def test_credentials_from_env_and_a_clear_error_when_unset(monkeypatch):

@@ -140,6 +140,53 @@ def test_the_ingest_sensor_defers_through_a_source_outage_but_not_through_a_conf
         broken.execute({})
 
 
+def events_of(trigger) -> list:
+    import asyncio
+
+    async def collect():
+        return [event.payload async for event in trigger.run()]
+
+    return asyncio.run(collect())
+
+
+def test_a_source_never_reached_in_the_whole_wait_fails_the_run_and_one_reached_with_nothing_skips_it(monkeypatch):
+    # Before, every probe failure counted as "no work": a wrong password or a source down for good was a
+    # green, skipped run every five minutes.
+    import time
+
+    from airflow.sdk.exceptions import AirflowSkipException
+
+    from deltadrain.orchestration.sensors import SourceUnreachable, SourceWorkSensor
+    from deltadrain.orchestration.triggers import SourceWorkTrigger
+
+    def refused():
+        raise ConnectionError("invalid username-password pair or user is disabled")
+
+    down = SourceWorkTrigger("orders", poll_seconds=0.01, deadline=time.time() + 0.1)
+    monkeypatch.setattr(down, "_probe", refused)
+    (event,) = events_of(down)
+    assert event == {"status": "unreachable",
+                     "error": "ConnectionError: invalid username-password pair or user is disabled"}
+    sensor = SourceWorkSensor(task_id="wait_for_work", pipeline="orders", timeout=240, soft_fail=True)
+    with pytest.raises(SourceUnreachable, match="could not probe the source of orders for 240s; last error: "
+                                                  "ConnectionError: invalid username-password pair"):
+        sensor.resume_execution("execute_complete", {"event": event}, {})  # soft_fail does not make it a skip
+
+    probes = []
+
+    def reached_once():  # refused, reached with nothing to do, then refused again until the deadline
+        probes.append(1)
+        return {"has_work": False} if len(probes) == 2 else refused()
+
+    flaky = SourceWorkTrigger("orders", poll_seconds=0.01, deadline=time.time() + 0.2)
+    monkeypatch.setattr(flaky, "_probe", reached_once)
+    (event,) = events_of(flaky)
+    assert event == {"status": "timeout"} and len(probes) > 2
+    with pytest.raises(AirflowSkipException) as skipped:
+        sensor.resume_execution("execute_complete", {"event": event}, {})
+    assert "no new messages, stuck claims or gaps in orders" in str(skipped.value.__cause__)
+
+
 def test_the_maintenance_job_gets_its_pipeline_or_the_shared_tables():
     from deltadrain.orchestration.operators import MaintainOperator
 

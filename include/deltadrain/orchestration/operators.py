@@ -47,6 +47,7 @@ class DeltadrainSparkOperator(SparkSubmitOperator):
 
     ui_color = "#d7ecff"
     job = "drain"
+    reads_source = True  # the job reads or writes the pipeline's source: it needs its connection
 
     def __init__(self, *, pipeline: str | None = None, config: str | None = None,
                  conn_id: str = "spark_default", **kwargs):
@@ -69,6 +70,16 @@ class DeltadrainSparkOperator(SparkSubmitOperator):
     def subject(self) -> str:
         """What the job acts on, for messages: the pipeline, or the shared tables when none is named."""
         return f"'{self.pipeline}'" if self.pipeline else "the shared tables"
+
+    def source_connections(self) -> dict[str, str]:
+        """The source's Airflow connections, handed to the job in its environment (secrets.handed_over):
+        one made in the Airflow UI lives in the metadata DB, which the job's process cannot read."""
+        if not (self.reads_source and self.pipeline):
+            return {}
+        from deltadrain.config import load_config
+        from deltadrain.secrets import handed_over
+
+        return handed_over(load_config(self.config).pipeline(self.pipeline).connection_ids())
 
     # -- submit -----------------------------------------------------------------------------------
 
@@ -99,7 +110,8 @@ class DeltadrainSparkOperator(SparkSubmitOperator):
         self.conf = {**spark_conf(), **(self.conf or {})}
         bindir = str(Path(sys.executable).parent)
         # The environment's spark-submit and python come first, whatever PATH the worker has.
-        self.env_vars = {**(self.env_vars or {}), "PATH": bindir + os.pathsep + os.environ.get("PATH", "")}
+        self.env_vars = {**(self.env_vars or {}), **self.source_connections(),
+                         "PATH": bindir + os.pathsep + os.environ.get("PATH", "")}
         try:
             super().execute(context)
         except Exception as exc:
@@ -161,6 +173,7 @@ class MaintainOperator(DeltadrainSparkOperator):
     """OPTIMIZE and VACUUM of one pipeline's tables, or with no pipeline of the shared tables."""
 
     job = "maintain"
+    reads_source = False
 
     def job_args(self, context) -> list[str]:
         args = super().job_args(context)
@@ -182,6 +195,7 @@ class QualityOperator(DeltadrainSparkOperator):
     table (`whole_table=True`). The pipeline's policy decides: fail the task, warn, or quarantine."""
 
     job = "quality"
+    reads_source = False
 
     def __init__(self, *, drain_task: str | None = None, whole_table: bool = False, **kwargs):
         super().__init__(**kwargs)

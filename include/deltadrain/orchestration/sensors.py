@@ -19,11 +19,17 @@ def is_backfill(context) -> bool:
     return getattr(run_type, "value", run_type) == BACKFILL
 
 
+class SourceUnreachable(Exception):  # noqa: N818 - not an AirflowException: soft_fail would make it a skip
+    """No probe of the source succeeded during the whole wait."""
+
+
 class SourceWorkSensor(BaseSensorOperator):
     """Waits (deferred) until the pipeline's source has new messages, reclaimable claims or a gap to meet.
 
     A backfill run re-reads history instead of waiting for new data, so it passes at once. A source
-    that cannot be probed counts as "no work yet": the sensor defers and the trigger keeps trying.
+    that cannot be probed counts as "no work yet": the sensor defers and the trigger keeps trying. If no
+    probe succeeded by the timeout the run fails with the last error (a skip would hide an outage or a
+    wrong password); a timeout with the source reached and nothing to do is a skip.
     """
 
     template_fields = ("pipeline",)
@@ -69,6 +75,9 @@ class SourceWorkSensor(BaseSensorOperator):
                    method_name="execute_complete", timeout=timedelta(seconds=self.timeout + 60))
 
     def execute_complete(self, context, event: dict | None = None) -> Any:
+        if (event or {}).get("status") == "unreachable":
+            raise SourceUnreachable(f"could not probe the source of {self.pipeline} for {self.timeout:.0f}s; "
+                                    f"last error: {event.get('error')}")
         if (event or {}).get("status") == "timeout":
             message = f"no new messages, stuck claims or gaps in {self.pipeline} within {self.timeout:.0f}s"
             if self.soft_fail:

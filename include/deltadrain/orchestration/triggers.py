@@ -34,16 +34,20 @@ class SourceWorkTrigger(BaseTrigger):
         return probe_named(self.config, self.pipeline)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
+        reached, error = False, None
         while True:
             try:
                 found = await asyncio.to_thread(self._probe)
             except Exception as exc:  # a source that is down is waited for, not a failed run
                 self.log.warning("deltadrain: probing %s failed (%s); retrying", self.pipeline, exc)
+                error = f"{type(exc).__name__}: {str(exc)[:300]}"
             else:
+                reached = True
                 if found["has_work"]:
                     yield TriggerEvent({"status": "work", "probe": found})
                     return
             if self.deadline is not None and time.time() >= self.deadline:
-                yield TriggerEvent({"status": "timeout"})
+                # Never reached in the whole wait (down, or a refused login): that is not "no work".
+                yield TriggerEvent({"status": "timeout"} if reached else {"status": "unreachable", "error": error})
                 return
             await asyncio.sleep(self.poll_seconds)
