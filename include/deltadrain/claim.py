@@ -15,7 +15,7 @@ from datetime import datetime
 
 from deltadrain.connections import as_text
 from deltadrain.decode import BatchDecoder
-from deltadrain.gaps import deleted_while_pending, record
+from deltadrain.gaps import ZERO, StreamState, carried_ends_of, deleted_while_pending, record, unread_gap
 from deltadrain.positions import StreamId
 
 READ_CHUNK = 5_000  # entries per XREADGROUP / XAUTOCLAIM call
@@ -200,8 +200,9 @@ def run_claim(task: ClaimTask, ctx: ClaimContext) -> Iterator[Entries]:
                 yield chunk
             if cursor in ("0-0", b"0-0") or got >= task.quota:
                 break
+    carried = carried_ends_of(client, ctx.gaps_key, [task.stream]).get(task.stream, ZERO) if task.new else ZERO
     while task.new and got < task.quota:
-        entries = read_new(client, ctx.group, ctx.consumer, task.stream, min(READ_CHUNK, task.quota - got))
+        entries = read_new_past_gaps(client, ctx, task.stream, min(READ_CHUNK, task.quota - got), carried)
         if not entries:
             break
         yield Entries.unparsed(task.stream, entries)
@@ -227,6 +228,25 @@ def reader(ctx: ClaimContext):
 def read_new(client, group: str, consumer: str, stream: str, count: int) -> list:
     """XREADGROUP > of one stream with a `reader` client: its new entries, unparsed."""
     reply = client.xreadgroup(group, consumer, {stream: ">"}, count=count)
+    return reply[0][1] if reply else []
+
+
+def read_new_past_gaps(client, ctx: ClaimContext, stream: str, count: int, carried=ZERO) -> list:
+    """`read_new`, in one transaction with the XINFO calls the gap check reads, and the gap it reads
+    past recorded. The run checked for gaps before it claimed, but the stream goes on changing: entries
+    trimmed (MAXLEN under a producer that outruns the drain) or deleted past the group's position
+    after that check would be skipped by XREADGROUP without a trace (invariant 1). `carried`: the end
+    of an XDEL gap a commit already carried (gaps.carried_ends_of)."""
+    pipe = client.pipeline(transaction=True)
+    pipe.xinfo_stream(stream)
+    pipe.xinfo_groups(stream)
+    pipe.xreadgroup(ctx.group, ctx.consumer, {stream: ">"}, count=count)
+    info, groups, reply = pipe.execute()
+    mine = next((g for g in groups if as_text(g["name"]) == ctx.group), None)
+    gap = unread_gap(stream, StreamState.of(info, mine, carried))
+    if gap is not None and ctx.gaps_key:
+        # As soon as the read returns: a task that dies before its commit leaves the record behind.
+        record(client, ctx.gaps_key, [gap])
     return reply[0][1] if reply else []
 
 

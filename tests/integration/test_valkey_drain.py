@@ -833,6 +833,38 @@ def test_entries_trimmed_before_the_group_read_them_are_a_reported_gap(tmp_path,
     assert f"{gap['from']} to {gap['to']}" in page and "none in the last" not in page
 
 
+def test_entries_trimmed_while_a_claim_task_reads_are_a_gap_it_records(tmp_path, cfg, spark, monkeypatch):
+    """The run checks for gaps before it claims; a producer trimming with MAXLEN while the claim tasks
+    read (a drain that falls behind) removes entries past the group's position after that check. Each
+    XREADGROUP runs in one transaction with the XINFO calls of the check and records what it reads past."""
+    from deltadrain import claim
+    from deltadrain.drain import claim_context, ensure_groups
+    from deltadrain.gaps import gaps_key, recorded
+
+    path, c, p = make_pipeline(tmp_path, partitions=1, source={"on_gap": "continue"})
+    client = valkey_client(c, p)
+    (stream,) = p.source.streams
+    ensure_groups(client, p.source)
+    msgs = list(generate(p, 30, seed=131))
+    ids = _append(client, stream, msgs)
+    monkeypatch.setattr(claim, "READ_CHUNK", 10)
+    task = claim.run_claim(claim.ClaimTask(stream, quota=30, reclaim=False), claim_context(c, p, "task-1"))
+    assert next(task).positions == ids[:10]
+    assert client.xtrim(stream, maxlen=10, approximate=False) == 20  # ids 10..19 go before any read
+    assert [pos for chunk in task for pos in chunk.positions] == ids[20:]
+    (gap,) = [json.loads(v) for v in recorded(client, gaps_key(p.name)).values()]
+    assert (gap["partition"], gap["kind"], gap["missing"]) == (stream, "unread", 10)
+    assert _covers(gap, ids[10:20]) and not _covers(gap, ids[9:10] + ids[20:21])
+    # The next commit carries it, and the 10 entries task-1 held that the trim took as well (they
+    # died with its run: deleted while pending).
+    s = drain(c, p, spark=spark)
+    assert (s.outcome, s.gaps) == ("committed", 20)
+    by_kind = {g["kind"]: g for g in s.gap_ranges}
+    assert by_kind["unread"]["from"] == gap["from"] and by_kind["unread"]["missing"] == 10
+    assert by_kind["pending"]["ids"] == ids[:10]
+    assert recorded(client, gaps_key(p.name)) == {}
+
+
 def test_a_gap_with_nothing_readable_after_it_is_committed_past_once_under_continue(tmp_path, cfg, spark):
     """A stream trimmed to empty, and one whose undelivered tail was XDELed: XREADGROUP has nothing to
     deliver, so nothing would move the group past either gap. Under on_gap: continue the run moves it
