@@ -11,7 +11,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from deltadrain.errors import DeltadrainError
 
@@ -26,8 +26,8 @@ class AirflowApiError(DeltadrainError):
 class AirflowApi:
     base_url: str
     username: str
-    password: str
-    _token: str | None = None
+    password: str = field(repr=False)
+    _token: str | None = field(default=None, repr=False)
 
     def _request(self, method: str, path: str, body: dict | None = None, auth: bool = True) -> tuple[int, dict]:
         data = json.dumps(body).encode() if body is not None else None

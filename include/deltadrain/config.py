@@ -177,6 +177,11 @@ class SchemaConfig(_Model):
         bad = {k: t for k, t in v.items() if t.lower() not in SPARK_TYPES}
         if bad:
             raise ValueError(f"unknown types {bad}; use one of {sorted(SPARK_TYPES)}")
+        # Names are quoted with backticks in Spark SQL, and deltadrain's own columns start with _dd_.
+        names = [k for k in v if not k.strip() or "`" in k or k.lower().startswith("_dd_")]
+        if names:
+            raise ValueError(f"field names {names} are not allowed: a name must not be blank, hold a backtick "
+                             "or start with _dd_ (deltadrain's own columns)")
         return {k: t.lower() for k, t in v.items()}
 
     @model_validator(mode="after")
@@ -310,6 +315,18 @@ class PipelineConfig(_Model):
         if v is not None and not re.match(r"^[A-Za-z_][\w]*(\.[A-Za-z_]\w*)+$", v):
             raise ValueError("must be a dotted path module.function")
         return v
+
+    @model_validator(mode="after")
+    def _layout(self):
+        # A transform may add the columns a layout names; without one, they are the payload's or ours.
+        if self.transform is None:
+            for name in ("partition_by", "cluster_by"):
+                unknown = [c for c in getattr(self.target, name)
+                           if c not in self.payload_schema.fields and not c.startswith("_dd_")]
+                if unknown:
+                    raise ValueError(f"target.{name} names {unknown}, which are not fields of the schema "
+                                     "(and no transform adds columns)")
+        return self
 
     def connection_ids(self) -> list[str]:
         """The Airflow connections the source's credentials come from."""

@@ -296,7 +296,8 @@ class Drain:
         self.scratch = state_home() / "staging" / self.run_id  # claim staging of this run, removed at its end
         self.commit_extra: dict = {}  # more commit metadata, set by a source while it settles its batch
         # Nothing can fail between decode and MERGE: the source counts the batch, no transform pass.
-        self.identity_transform = load_transform(pipeline.transform) is identity
+        where = f"{cfg.source_file}: pipeline '{pipeline.name}', field 'transform': "
+        self.identity_transform = load_transform(pipeline.transform, where) is identity
 
     # -- shared steps -----------------------------------------------------------------------------
 

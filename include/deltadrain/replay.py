@@ -72,17 +72,24 @@ class ReplayRequest(BaseModel):
     @field_validator("position_from", "position_to")
     @classmethod
     def _position(cls, v):
-        if v is not None:
-            StreamId.parse(v)  # a Kafka offset "42" parses as (42, 0), and compares the same way
+        if v is not None and max(StreamId.parse(v)) > LONG_MAX:  # a Kafka offset "42" parses as (42, 0)
+            raise ValueError(f"{v} is beyond the largest position a table holds (both parts at most {LONG_MAX})")
         return v
+
+    def upper_bound(self) -> StreamId | None:
+        """`position_to` as the last position it takes: a stream id without its sequence covers that
+        whole millisecond, as XRANGE reads an end bound."""
+        if not self.position_to:
+            return None
+        p = StreamId.parse(self.position_to)
+        return p if "-" in self.position_to else StreamId(p.ms, LONG_MAX)
 
     @model_validator(mode="after")
     def _ranges(self):
         if self.since and self.until and not self.since < self.until:
             raise ValueError(f"time range is inverted or empty: since {self.since.isoformat()} is not before "
                              f"until {self.until.isoformat()}")
-        if (self.position_from and self.position_to
-                and StreamId.parse(self.position_from) > StreamId.parse(self.position_to)):
+        if self.position_from and self.position_to and StreamId.parse(self.position_from) > self.upper_bound():
             raise ValueError(f"position range is inverted: {self.position_from} > {self.position_to}")
         if self.mode == "reprocess" and self.error_contains:
             raise ValueError("error_contains filters dead letters; it does not apply to mode 'reprocess'")
@@ -137,11 +144,8 @@ def _filtered(df, request: ReplayRequest, *, id_col: str, time_col: str, partiti
     if request.position_from:
         p = StreamId.parse(request.position_from)
         df = df.where(pos >= F.struct(F.lit(p.ms).cast("long"), F.lit(p.seq).cast("long")))
-    if request.position_to:
-        p = StreamId.parse(request.position_to)
-        # A stream id without its sequence covers that whole millisecond, as XRANGE reads an end bound.
-        seq = p.seq if "-" in request.position_to else LONG_MAX
-        df = df.where(pos <= F.struct(F.lit(p.ms).cast("long"), F.lit(seq).cast("long")))
+    if (p := request.upper_bound()) is not None:
+        df = df.where(pos <= F.struct(F.lit(p.ms).cast("long"), F.lit(p.seq).cast("long")))
     return df
 
 

@@ -12,16 +12,18 @@ from deltadrain.errors import ConfigError
 POISON_MARKER = "__poison__"
 
 
-def load_transform(dotted: str | None) -> Callable:
+def load_transform(dotted: str | None, where: str = "") -> Callable:
+    """The function `dotted` names. `where` ("FILE: pipeline 'P', field 'transform': ") starts the error."""
     if dotted is None:
         return identity
     module_name, _, func_name = dotted.rpartition(".")
     try:
         func = getattr(importlib.import_module(module_name), func_name)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"transform '{dotted}' cannot be imported: {exc}") from None
+    except Exception as exc:  # not only ImportError: the user's module may fail as it is imported
+        shown = str(exc) if isinstance(exc, ImportError | AttributeError) else f"{type(exc).__name__}: {exc}"
+        raise ConfigError(f"{where}transform '{dotted}' cannot be imported: {shown}") from None
     if not callable(func):
-        raise ConfigError(f"transform '{dotted}' is not callable")
+        raise ConfigError(f"{where}transform '{dotted}' is not callable")
     return func
 
 

@@ -171,7 +171,8 @@ def test_ingest_dag_failure_carries_the_drains_own_error(pipeline_dags, spark):
     run = run_dag(ingest_dag_id(p.name))
     assert run["states"]["drain"] == "failed"
     assert "DeltadrainJobFailed" in run["log"]
-    assert "transform 'deltadrain.transforms.no_such_transform' cannot be imported" in run["log"]
+    assert (f"{path.resolve()}: pipeline '{p.name}', field 'transform': transform "
+            "'deltadrain.transforms.no_such_transform' cannot be imported") in run["log"]
     assert "drain" not in run["xcoms"]
 
 

@@ -226,3 +226,40 @@ def test_schedules_take_cron_and_airflows_presets():
     assert [p.schedule for p in cfg.pipelines] == ["@hourly", "0 */2 * * 1-5"] and cfg.maintenance.schedule == "@weekly"
     data["maintenance"]["schedule"] = "daily"
     assert "field 'maintenance.schedule': 'daily' is not a cron expression" in error_of(data)
+
+
+def test_field_names_that_would_break_the_tables_sql_or_shadow_deltadrains_columns_are_refused():
+    for bad in ("a`b", "_dd_batch", " "):
+        data = example()
+        data["pipelines"][0]["schema"]["fields"][bad] = "string"
+        msg = error_of(data, "conf/pipes.yaml")
+        assert "pipeline 'orders', field 'schema.fields'" in msg and repr(bad) in msg
+
+
+def test_a_layout_column_must_exist_unless_a_transform_may_add_it():
+    data = example()
+    data["pipelines"][0]["target"]["partition_by"] = ["event_day"]
+    data["pipelines"][0].pop("transform")
+    msg = error_of(data, "conf/pipes.yaml")
+    assert "pipeline 'orders'" in msg and "target.partition_by names ['event_day']" in msg
+    data["pipelines"][0]["target"]["partition_by"] = ["status", "_dd_partition"]
+    assert parse_config(data, Path("x.yaml")).pipelines[0].target.partition_by == ["status", "_dd_partition"]
+    data["pipelines"][0]["transform"] = "deltadrain.transforms.sample_orders"
+    data["pipelines"][0]["target"]["cluster_by"] = ["event_day"]  # the transform may add it
+    assert parse_config(data, Path("x.yaml")).pipelines[0].target.cluster_by == ["event_day"]
+
+
+def test_a_transform_that_fails_to_import_is_a_config_error_saying_where(tmp_path, monkeypatch):
+    from deltadrain.transforms import load_transform
+
+    (tmp_path / "broken_handlers.py").write_text("def handle(df):\n    return df\nraise RuntimeError('no token')\n")
+    (tmp_path / "typo_handlers.py").write_text("def handle(df)\n    return df\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    where = "conf/pipes.yaml: pipeline 'orders', field 'transform': "
+    with pytest.raises(ConfigError) as failed:
+        load_transform("broken_handlers.handle", where)
+    assert str(failed.value) == where + "transform 'broken_handlers.handle' cannot be imported: RuntimeError: no token"
+    with pytest.raises(ConfigError, match=r"^conf/pipes.yaml: .*'typo_handlers.handle' cannot be imported: SyntaxError"):
+        load_transform("typo_handlers.handle", where)
+    with pytest.raises(ConfigError, match="'deltadrain.transforms.nope' cannot be imported: module .* has no attribute"):
+        load_transform("deltadrain.transforms.nope")

@@ -45,6 +45,22 @@ def test_the_drain_job_gets_the_interval_only_in_a_backfill():
         op.job_args(context("backfill"))
 
 
+def test_run_ids_of_long_dag_ids_stay_apart_and_short_ones_read_as_they_are():
+    # Cut to 110 characters, two scheduled runs of a pipeline with a long name shared a run id (and a
+    # Valkey consumer): the timestamps that tell them apart were past the cut.
+    from deltadrain.orchestration.operators import deltadrain_run_id
+
+    def run_id(dag_id, airflow_run_id):
+        return deltadrain_run_id({"ti": SimpleNamespace(dag_id=dag_id, run_id=airflow_run_id, try_number=1)})
+
+    long_dag = f"deltadrain__{'p' * 60}__ingest"
+    first = run_id(long_dag, "scheduled__2026-05-01T00:00:00+00:00")
+    second = run_id(long_dag, "scheduled__2026-05-01T00:05:00+00:00")
+    assert first != second and len(first) == len(second) == 110 + len("-try1")
+    assert run_id("deltadrain__orders__ingest", "manual__2026-05-01T00:00:00+00:00") == \
+        "af-deltadrain__orders__ingest-manual__2026-05-01T00_00_00_00_00-try1"
+
+
 def test_the_drain_job_accepts_gaps_only_when_a_run_asks():
     from deltadrain.orchestration.operators import DrainOperator
 
@@ -185,6 +201,33 @@ def test_a_source_never_reached_in_the_whole_wait_fails_the_run_and_one_reached_
     with pytest.raises(AirflowSkipException) as skipped:
         sensor.resume_execution("execute_complete", {"event": event}, {})
     assert "no new messages, stuck claims or gaps in orders" in str(skipped.value.__cause__)
+
+
+def test_one_unreachable_valkey_source_does_not_stop_the_reaping_of_the_others(monkeypatch, tmp_path):
+    import copy
+
+    import yaml
+
+    from deltadrain import probe
+    from deltadrain.orchestration.sensors import StuckClaimsSensor
+    from deltadrain.paths import PROJECT_ROOT
+
+    data = yaml.safe_load((PROJECT_ROOT / "config" / "pipelines.yaml").read_text())
+    other = copy.deepcopy(data["pipelines"][0])
+    other.update(name="refunds", target={"path": "refunds"})
+    other["source"]["streams"] = ["refunds:{0}"]
+    data["pipelines"] = [data["pipelines"][0], other]
+    path = tmp_path / "pipelines.yaml"
+    path.write_text(yaml.safe_dump(data))
+
+    def fake_probe(cfg, pipeline):
+        if pipeline.name == "orders":
+            raise ConnectionError("Error 111 connecting to valkey-a:6379")
+        return SimpleNamespace(reclaimable=3, idle_consumers=0)
+
+    monkeypatch.setattr(probe, "probe_valkey", fake_probe)
+    found = StuckClaimsSensor(task_id="find_stuck_claims", config=str(path)).poke({})
+    assert bool(found) and found.xcom_value == ["refunds"]
 
 
 def test_the_maintenance_job_gets_its_pipeline_or_the_shared_tables():

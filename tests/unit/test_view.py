@@ -122,3 +122,20 @@ def test_airflow_base_url_reads_the_api_servers_own_settings(monkeypatch):
     monkeypatch.setenv("AIRFLOW__API__PORT", "8080")
     monkeypatch.setenv("AIRFLOW__API__BASE_URL", "http://127.0.0.1:8088")
     assert airflow_base_url() == "http://127.0.0.1:8080"
+
+
+def test_a_replay_range_ending_at_a_bare_millisecond_takes_that_whole_millisecond():
+    # The form's help says so; the check of the range used to read "5" as 5-0 and refuse 5-1 .. 5.
+    from pydantic import ValidationError
+
+    from deltadrain.positions import StreamId
+    from deltadrain.replay import LONG_MAX, ReplayRequest
+
+    request = ReplayRequest(pipeline="orders", position_from="5-1", position_to="5")
+    assert request.upper_bound() == StreamId(5, LONG_MAX)
+    assert ReplayRequest(pipeline="orders", position_to="5-3").upper_bound() == StreamId(5, 3)
+    assert ReplayRequest(pipeline="orders").upper_bound() is None
+    with pytest.raises(ValidationError, match="position range is inverted: 6-0 > 5"):
+        ReplayRequest(pipeline="orders", position_from="6-0", position_to="5")
+    with pytest.raises(ValidationError, match="beyond the largest position"):  # not a Spark cast error later
+        ReplayRequest(pipeline="orders", position_from=str(2**63))

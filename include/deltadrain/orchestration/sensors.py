@@ -103,7 +103,12 @@ class StuckClaimsSensor(BaseSensorOperator):
         stuck = []
         for pipeline in cfg.pipelines:
             if isinstance(pipeline.source, ValkeySource):
-                found = probe_valkey(cfg, pipeline)
+                try:
+                    found = probe_valkey(cfg, pipeline)
+                except Exception as exc:  # one unreachable source must not stop the others' reaping
+                    self.log.warning("deltadrain: probing %s failed (%s); its claims wait for the next run",
+                                     pipeline.name, exc)
+                    continue
                 if found.reclaimable or found.idle_consumers:
                     self.log.info("deltadrain: %s holds %s stuck claims, %s idle consumers", pipeline.name,
                                   found.reclaimable, found.idle_consumers)
