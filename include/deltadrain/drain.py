@@ -151,11 +151,22 @@ def target_rows(good, pipeline: PipelineConfig, batch: int, run_id: str):
 
 
 def transformed(rows, pipeline: PipelineConfig):
+    from pyspark.sql import functions as F
+
     out = load_transform(pipeline.transform)(rows)
-    missing = [c for c in [pipeline.payload_schema.id_field, *(n for n, _ in META_COLUMNS)] if c not in out.columns]
+    id_field = pipeline.payload_schema.id_field
+    missing = [c for c in [id_field, *(n for n, _ in META_COLUMNS)] if c not in out.columns]
     if missing:
         raise DrainError(f"transform {pipeline.transform} dropped columns the drain needs: {missing}")
-    return out
+    if pipeline.transform is None:
+        return out  # decode gave every row an id
+    # A row without an id would be inserted again by every redelivery (no MERGE key matches null):
+    # the transform failed on that message, which then goes the way of any transform failure (DLQ).
+    ids = F.col(f"`{id_field}`")
+    blank = ids.isNull() | (F.trim(ids.cast("string")) == "")
+    reason = F.concat(F.lit(f"transform {pipeline.transform} left the message id ('{id_field}') null or blank "
+                            "at "), F.col("_dd_partition"), F.lit(" "), F.col("_dd_position"))
+    return out.withColumn(id_field, F.when(blank, F.raise_error(reason)).otherwise(ids))
 
 
 def batch_stats_columns(id_field: str) -> list:

@@ -185,6 +185,22 @@ def test_poison_message_among_10000_is_isolated_and_dead_after_max_retries(tmp_p
     assert_exactly_once(spark, c, p, client, result.valid_ids, 1)
 
 
+def test_a_transform_that_loses_ids_dead_letters_those_messages_instead_of_inserting_them_again(tmp_path, cfg, spark):
+    # No MERGE key matches a null id: without the check each redelivery of such a row was inserted again.
+    _, c, p = make_pipeline(tmp_path, partitions=2, max_retries=0,
+                            transform="tests.integration.null_id_transform.lose_some_ids")
+    client = valkey_client(c, p)
+    result = produce(c, p, 200, seed=141)
+    lost = {json.loads(m.value)["event_id"] for m in generate(p, 200, seed=141)
+            if json.loads(m.value)["customer"].endswith("7")}
+    assert 0 < len(lost) < 200
+    drain_until_done(c, p, spark, client)
+    dead = dlq_rows(spark, c, p)
+    assert {r.message_id for r in dead} == lost and all(r.error_type == "transform" for r in dead)
+    assert all("left the message id ('event_id') null or blank at" in r.error for r in dead)
+    assert_exactly_once(spark, c, p, client, sorted(set(result.valid_ids) - lost), len(lost))
+
+
 @pytest.mark.slow
 def test_a_message_that_kills_every_run_is_isolated_by_splitting_and_dead_after_max_retries_plus_one_deliveries(
         tmp_path, cfg, spark):
