@@ -144,11 +144,11 @@ def decode(data: bytes | None, *, fields: dict[str, str], id_field: str, require
     except ValueError as exc:
         return _bad("invalid_json", f"payload is not valid JSON: {exc}")
     except RecursionError:
-        return _bad("invalid_json", "payload is not valid JSON here: nested deeper than the parser goes")
+        return _bad("invalid_json", "payload is JSON nested deeper than the parser follows (~1 000 levels)")
     if "\\u" in text:  # an escape may stand for half a UTF-16 pair, which no UTF-8 column can hold
         lone = _lone_surrogate(obj)
         if lone is not None:
-            return _bad("invalid_json", f"payload is not valid JSON here: a string escapes a lone UTF-16 "
+            return _bad("invalid_json", f"payload is JSON no column can hold: a string escapes a lone UTF-16 "
                                         f"surrogate (\\u{ord(lone):04x}), half of a character")
     if not isinstance(obj, dict):
         return _bad("not_an_object", f"payload is a JSON {type(obj).__name__}, expected an object")

@@ -52,7 +52,7 @@ def credentials(*, connection_id: str | None = None, username_env: str | None = 
         found = _from_env_connection(connection_id) or _from_airflow(connection_id)
         if found is None:
             raise ConfigError(f"Airflow connection '{connection_id}' not found "
-                              f"(create it in Airflow, or set AIRFLOW_CONN_{connection_id.upper()})")
+                              f"(create it in Airflow, or set {env_name(connection_id)})")
         return found
     user = os.environ.get(username_env) if username_env else None
     password = None

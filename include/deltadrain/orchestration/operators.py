@@ -34,7 +34,7 @@ def deltadrain_run_id(context) -> str:
     """A run id that names the Airflow run and try, safe in Valkey consumer names and file paths."""
     ti = context["ti"]
     base = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"af-{ti.dag_id}-{ti.run_id}")
-    if len(base) > 110:  # cut, the rest stands for by its hash: two runs of a long DAG id stay apart
+    if len(base) > 110:  # cut, ending in a hash of the whole: two runs of a long DAG id stay apart
         base = f"{base[:101]}-{hashlib.sha256(base.encode()).hexdigest()[:8]}"
     # The try number is always kept: two tries of one task are two runs for the commit protocol.
     return f"{base}-try{ti.try_number}"
