@@ -15,7 +15,7 @@ from datetime import datetime
 
 from deltadrain.connections import as_text
 from deltadrain.decode import BatchDecoder
-from deltadrain.gaps import ZERO, StreamState, carried_ends_of, deleted_while_pending, record, unread_gap
+from deltadrain.gaps import ZERO, carried_ends_of, deleted_while_pending, record, state_of, unread_gap
 from deltadrain.positions import StreamId
 
 READ_CHUNK = 5_000  # entries per XREADGROUP / XAUTOCLAIM call
@@ -242,8 +242,7 @@ def read_new_past_gaps(client, ctx: ClaimContext, stream: str, count: int, carri
     pipe.xinfo_groups(stream)
     pipe.xreadgroup(ctx.group, ctx.consumer, {stream: ">"}, count=count)
     info, groups, reply = pipe.execute()
-    mine = next((g for g in groups if as_text(g["name"]) == ctx.group), None)
-    gap = unread_gap(stream, StreamState.of(info, mine, carried))
+    gap = unread_gap(stream, state_of(info, groups, ctx.group, carried))
     if gap is not None and ctx.gaps_key:
         # As soon as the read returns: a task that dies before its commit leaves the record behind.
         record(client, ctx.gaps_key, [gap])

@@ -14,7 +14,15 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from deltadrain.errors import ConfigError
 from deltadrain.paths import config_path, state_home
@@ -51,6 +59,12 @@ def _not_negative(v: timedelta) -> timedelta:
     if v < timedelta(0):
         raise ValueError(f"must not be negative, got {v}")
     return v
+
+
+# Checked field types: the error names the field like any other (parse_config).
+Schedule = Annotated[str | None, AfterValidator(_schedule)]
+PositiveDuration = Annotated[timedelta, AfterValidator(_positive)]
+NonNegativeDuration = Annotated[timedelta, AfterValidator(_not_negative)]
 
 
 class _Model(BaseModel):
@@ -234,27 +248,17 @@ class AirflowSettings(_Model):
     # Intervals start here; backfills can heal any interval after it that the source still retains.
     start_date: datetime = datetime(2026, 1, 1, tzinfo=UTC)
     retries: int = Field(2, ge=0, le=20)
-    retry_delay: timedelta = timedelta(seconds=30)  # doubled on each retry (exponential backoff)
-    max_retry_delay: timedelta = timedelta(minutes=10)
-    execution_timeout: timedelta = timedelta(minutes=30)
+    retry_delay: NonNegativeDuration = timedelta(seconds=30)  # doubled on each retry (exponential backoff)
+    max_retry_delay: PositiveDuration = timedelta(minutes=10)
+    execution_timeout: PositiveDuration = timedelta(minutes=30)
     # How long the sensor waits for work before the run is skipped, and how often it looks.
-    wait_timeout: timedelta = timedelta(minutes=4)
-    poll_interval: timedelta = timedelta(seconds=10)
+    wait_timeout: PositiveDuration = timedelta(minutes=4)
+    poll_interval: PositiveDuration = timedelta(seconds=10)
     # Catch-up: a drain task goes on with another batch while the last one was full (more is waiting),
     # up to this many batches and none started after max_drain_time, in one Spark session: a backlog
     # pays the JVM start and the cold first batch once. Each batch is its own commit and quality check.
     max_batches_per_run: int = Field(10, ge=1, le=1000)
-    max_drain_time: timedelta = timedelta(minutes=10)
-
-    @field_validator("max_retry_delay", "execution_timeout", "wait_timeout", "poll_interval", "max_drain_time")
-    @classmethod
-    def _positive(cls, v):
-        return _positive(v)
-
-    @field_validator("retry_delay")
-    @classmethod
-    def _not_negative(cls, v):
-        return _not_negative(v)
+    max_drain_time: PositiveDuration = timedelta(minutes=10)
 
     @field_validator("start_date")
     @classmethod
@@ -282,25 +286,15 @@ class PipelineConfig(_Model):
     batch_cap: int = Field(10_000, ge=1, le=10_000_000)
     max_retries: int = Field(3, ge=0, le=100)
     min_idle_ms: int = Field(60_000, ge=0)
-    dedup_window: timedelta = timedelta(days=7)
+    # The MERGE looks back this far from the batch's oldest message; a negative window would look past
+    # it and insert redeliveries again.
+    dedup_window: NonNegativeDuration = timedelta(days=7)
     max_message_bytes: int = Field(1_048_576, ge=64)
     quality: QualityConfig = QualityConfig()
-    schedule: str | None = "*/5 * * * *"
+    schedule: Schedule = "*/5 * * * *"
     airflow: AirflowSettings = AirflowSettings()
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
-
-    @field_validator("dedup_window")
-    @classmethod
-    def _window(cls, v):
-        # The MERGE looks back this far from the batch's oldest message; a negative window would look
-        # past it and insert redeliveries again.
-        return _not_negative(v)
-
-    @field_validator("schedule")
-    @classmethod
-    def _cron(cls, v):
-        return _schedule(v)
 
     @field_validator("name")
     @classmethod
@@ -345,23 +339,13 @@ class MaintenanceConfig(_Model):
     files to the target, the DLQ and the run metrics; compacting them keeps reads and the MERGE's
     file pruning fast, and VACUUM deletes the files compaction replaced once no reader can need them."""
 
-    schedule: str | None = "@daily"
+    schedule: Schedule = "@daily"
     optimize: bool = True
     vacuum: bool = True
     # How long replaced files stay (Delta's time travel reaches back this far). Delta refuses less than
     # 7 days unless told otherwise; deltadrain tells it when this is set lower, so set it above the
     # longest run that reads these tables (a drain task's execution_timeout, a replay).
-    retain: timedelta = timedelta(days=7)
-
-    @field_validator("retain")
-    @classmethod
-    def _retain(cls, v):
-        return _not_negative(v)
-
-    @field_validator("schedule")
-    @classmethod
-    def _cron(cls, v):
-        return _schedule(v)
+    retain: NonNegativeDuration = timedelta(days=7)
 
 
 class DeltadrainConfig(_Model):

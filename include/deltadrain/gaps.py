@@ -179,8 +179,13 @@ def stream_state(client, stream: str, group: str, carried: StreamId = ZERO) -> S
         if "no such key" in str(exc).lower():
             return None
         raise
-    mine = next((g for g in client.xinfo_groups(stream) if as_text(g["name"]) == group), None)
-    return StreamState.of(info, mine, carried)
+    return state_of(info, client.xinfo_groups(stream), group, carried)
+
+
+def state_of(stream_info: dict, groups: list, group: str, carried: StreamId = ZERO) -> StreamState:
+    """The StreamState of `group` from XINFO STREAM and XINFO GROUPS replies (valkey-py's dicts)."""
+    mine = next((g for g in groups if as_text(g["name"]) == group), None)
+    return StreamState.of(stream_info, mine, carried)
 
 
 def carried_ends_of(client, key: str | None, streams) -> dict[str, StreamId]:
