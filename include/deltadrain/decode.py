@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import json
 import math
+import struct
 from datetime import UTC, date, datetime
 from decimal import Context, Decimal, Inexact, InvalidOperation
 from typing import Any, NamedTuple
@@ -58,6 +59,15 @@ def _double(v: Any) -> float:
     raise TypeError
 
 
+def _float(v: Any) -> float:
+    f = _double(v)
+    try:
+        struct.pack("<f", f)  # a float column holds 32 bits: beyond its range Arrow would store inf
+    except OverflowError:
+        raise TypeError from None
+    return f
+
+
 def _string(v: Any) -> str:
     if isinstance(v, str):
         return v
@@ -97,7 +107,7 @@ def _binary(v: Any) -> bytes:
 
 
 CONVERTERS = {"string": _string, "long": _long, "int": _int, "integer": _int, "double": _double,
-              "float": _double, "boolean": _boolean, "timestamp": _timestamp, "date": _date,
+              "float": _float, "boolean": _boolean, "timestamp": _timestamp, "date": _date,
               "binary": _binary, "decimal(18,2)": _decimal(18, 2), "decimal(38,9)": _decimal(38, 9)}
 
 

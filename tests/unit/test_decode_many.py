@@ -167,6 +167,17 @@ def test_decimals_keep_every_digit_and_refuse_what_the_column_cannot_hold():
     assert out["_dd_error"].to_pylist()[3] == "field 'price' should be decimal(18,2), got 19.999"
 
 
+def test_a_float_field_refuses_what_32_bits_cannot_hold_instead_of_storing_infinity():
+    d = BatchDecoder(fields={"event_id": "string", "f": "float"}, id_field="event_id", required=[], max_bytes=MAX,
+                     types={"event_id": pa.string(), "f": pa.float32()})
+    out = d.columns([b'{"event_id": "a", "f": 3.5}', b'{"event_id": "b", "f": -3.4e38}', b'{"event_id": "c", "f": 1e300}',
+                     b'{"event_id": "d", "f": -3.5e38}', b'{"event_id": "e", "f": 1e-50}'])
+    assert out["f"].to_pylist()[:2] == [3.5, pa.scalar(-3.4e38, pa.float32()).as_py()]
+    assert out["f"].to_pylist()[4] == 0.0  # too small for 32 bits rounds to 0, as any float rounds
+    assert out["_dd_error_type"].to_pylist() == [None, None, "schema", "schema", None]
+    assert out["_dd_error"].to_pylist()[2] == "field 'f' should be float, got 1E+300"
+
+
 def test_a_payload_decode_cannot_handle_is_a_dead_letter_not_a_failed_task(monkeypatch):
     d = BatchDecoder(fields={"event_id": "string", "price": "decimal(18,2)"}, id_field="event_id", required=[],
                      max_bytes=MAX, types={"event_id": pa.string(), "price": pa.decimal128(18, 2)})
