@@ -26,8 +26,12 @@ DEFAULT_CONF = {
     "spark.sql.shuffle.partitions": "4",
     # Delta rebuilds a table's file list (its state) with this many tasks on every new snapshot, i.e.
     # before every MERGE. At Delta's default of 50, a one-row MERGE costs ~3.5 s on 2 cores; at 4, ~1 s
-    # (docs/benchmarks.md). Raise both on a cluster with large tables.
+    # (docs/benchmarks.md).
     "spark.databricks.delta.snapshotPartitions": "4",
+    # VACUUM lists a table's files in this many tasks (Spark's default: 10 000, whatever the table's
+    # size): ~35-60 s for a six-file table on 2 cores; at 4, ~5-8 s (docs/benchmarks.md, "VACUUM").
+    # Raise these three on a cluster with large tables.
+    "spark.sql.sources.parallelPartitionDiscovery.parallelism": "4",
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
     "spark.sql.session.timeZone": "UTC",
