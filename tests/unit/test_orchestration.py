@@ -203,6 +203,37 @@ def test_a_source_never_reached_in_the_whole_wait_fails_the_run_and_one_reached_
     assert "no new messages, stuck claims or gaps in orders" in str(skipped.value.__cause__)
 
 
+def test_a_poking_sensor_that_never_reached_the_source_fails_too_and_one_that_did_skips(monkeypatch):
+    from airflow.sdk.exceptions import AirflowSkipException
+
+    from deltadrain.orchestration.sensors import SourceUnreachable, SourceWorkSensor
+
+    probes = []
+
+    def refused():
+        probes.append(1)
+        raise ConnectionError("invalid username-password pair or user is disabled")
+
+    sensor = SourceWorkSensor(task_id="wait_for_work", pipeline="orders", timeout=0.3, poke_interval=0.05,
+                              soft_fail=True, deferrable=False)
+    monkeypatch.setattr(sensor, "_probe", refused)
+    with pytest.raises(SourceUnreachable, match="last error: ConnectionError: invalid username-password pair"):
+        sensor.execute({})
+    assert len(probes) > 1
+
+    probes.clear()
+
+    def reached_once():  # refused, reached with nothing to do, then refused until the timeout
+        if len(probes) == 1:
+            probes.append(1)
+            return {"has_work": False, "new": 0, "reclaimable": 0, "gaps": 0}
+        return refused()
+
+    monkeypatch.setattr(sensor, "_probe", reached_once)
+    with pytest.raises(AirflowSkipException):  # reached once with nothing to do: no outage to report
+        sensor.execute({})
+
+
 def test_one_unreachable_valkey_source_does_not_stop_the_reaping_of_the_others(monkeypatch, tmp_path):
     import copy
 

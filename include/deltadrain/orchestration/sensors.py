@@ -27,9 +27,10 @@ class SourceWorkSensor(BaseSensorOperator):
     """Waits (deferred) until the pipeline's source has new messages, reclaimable claims or a gap to meet.
 
     A backfill run re-reads history instead of waiting for new data, so it passes at once. A source
-    that cannot be probed counts as "no work yet": the sensor defers and the trigger keeps trying. If no
-    probe succeeded by the timeout the run fails with the last error (a skip would hide an outage or a
-    wrong password); a timeout with the source reached and nothing to do is a skip.
+    that cannot be probed counts as "no work yet": the sensor defers and the trigger keeps trying (or,
+    not deferrable, it pokes on). If no probe succeeded by the timeout the run fails with the last
+    error (a skip would hide an outage or a wrong password); a timeout with the source reached and
+    nothing to do is a skip.
     """
 
     template_fields = ("pipeline",)
@@ -57,14 +58,23 @@ class SourceWorkSensor(BaseSensorOperator):
         except Exception as exc:
             # A source that is down is waited for, as the trigger does, not a failed run.
             self.log.warning("deltadrain: probing %s failed (%s); waiting", self.pipeline, exc)
+            self._last_error = f"{type(exc).__name__}: {str(exc)[:300]}"
             return PokeReturnValue(False)
+        self._reached = True
         self.log.info("deltadrain: %s: %s new, %s reclaimable, %s in gaps", self.pipeline, found["new"],
                       found["reclaimable"], found["gaps"])
         return PokeReturnValue(found["has_work"], {"status": "work", "probe": found})
 
     def execute(self, context) -> Any:
         if not self.deferrable:
-            return super().execute(context)
+            self._reached, self._last_error = False, None
+            try:
+                return super().execute(context)
+            except (AirflowSensorTimeout, AirflowSkipException):
+                # Only in mode "poke" does this instance see every probe of the wait.
+                if self._reached or self.mode != "poke":
+                    raise
+                raise self._unreachable(self._last_error) from None
         first = self.poke(context)
         if first:
             return first.xcom_value
@@ -74,10 +84,13 @@ class SourceWorkSensor(BaseSensorOperator):
         self.defer(trigger=SourceWorkTrigger(self.pipeline, self.config, self.poll_seconds, deadline),
                    method_name="execute_complete", timeout=timedelta(seconds=self.timeout + 60))
 
+    def _unreachable(self, error: str | None) -> SourceUnreachable:
+        return SourceUnreachable(f"could not probe the source of {self.pipeline} for {self.timeout:.0f}s; "
+                                 f"last error: {error}")
+
     def execute_complete(self, context, event: dict | None = None) -> Any:
         if (event or {}).get("status") == "unreachable":
-            raise SourceUnreachable(f"could not probe the source of {self.pipeline} for {self.timeout:.0f}s; "
-                                    f"last error: {event.get('error')}")
+            raise self._unreachable(event.get("error"))
         if (event or {}).get("status") == "timeout":
             message = f"no new messages, stuck claims or gaps in {self.pipeline} within {self.timeout:.0f}s"
             if self.soft_fail:
