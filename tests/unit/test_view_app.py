@@ -86,11 +86,33 @@ def test_open_gaps_say_whether_runs_stop_on_them_and_how_to_go_on():
     render = _templates().get_template("pipeline.html.j2").render
     stops = render(v={**v, "on_gap": "fail"}, state="DEAD", triggered=[], replay_dag="r")
     assert "open: the runs stop on it" in stops and 'id="accept-gaps"' in stops
-    assert 'href="/dags/deltadrain__orders__ingest"' in stops and "<b>Accept gaps</b> on" in stops
+    assert 'href="../../dags/deltadrain__orders__ingest"' in stops and "<b>Accept gaps</b> on" in stops
     goes_on = render(v={**v, "on_gap": "continue"}, state="DEAD", triggered=[], replay_dag="r")
     assert "open: the next commit records it" in goes_on and 'id="accept-gaps"' not in goes_on
     closed = render(v={**v, "on_gap": "fail", "open_gaps": []}, state="DEAD", triggered=[], replay_dag="r")
     assert 'id="accept-gaps"' not in closed
+
+
+def test_links_to_airflows_pages_stay_under_the_path_airflow_is_served_at():
+    """The page is {base_url}/deltadrain/pipelines/<name>; Airflow's own pages are under the same
+    base_url path, which may be a prefix behind a proxy (/airflow/...), so the links are relative."""
+    import re
+    from urllib.parse import urljoin
+
+    from deltadrain.orchestration.view import _templates
+
+    v = {"pipeline": "orders", "source": "valkey", "partitions": ["s0"], "PENDING": 0, "CLAIMED": 0,
+         "last_batches": [], "dead_letters": [], "gaps": [], "on_gap": "fail", "ingest_dag": "deltadrain__orders__ingest",
+         "open_gaps": [{"partition": "s0", "kind": "unread", "range": "1-0 to 9-0", "missing": 4, "reason": "x"}],
+         "data_files": {"target": 9, "dlq": 3}, "maintenance_dag": "deltadrain__maintenance"}
+    page = _templates().get_template("pipeline.html.j2").render(v=v, state="DEAD", triggered=["manual__1"],
+                                                                 replay_dag="deltadrain__replay")
+    links = re.findall(r'target="_top" href="([^"]+)"', page)
+    for here in ("http://h:8080/deltadrain/pipelines/orders", "https://h/airflow/deltadrain/pipelines/orders"):
+        root = here.split("deltadrain/pipelines")[0]
+        assert sorted(urljoin(here, link) for link in links) == [
+            f"{root}dags/deltadrain__maintenance", f"{root}dags/deltadrain__orders__ingest",
+            f"{root}dags/deltadrain__replay/runs/manual__1"]
 
 
 def test_a_replay_that_cannot_reach_airflow_is_a_502_with_the_reason(client_for, cfg, monkeypatch):
@@ -119,7 +141,7 @@ def test_the_page_shows_the_tables_data_files_and_links_the_maintenance_dag():
          "maintenance_dag": "deltadrain__maintenance"}
     page = _templates().get_template("pipeline.html.j2").render(v=v, state="DEAD", triggered=[], replay_dag="r")
     files = page.split('id="data-files"')[1].split("</span>")[0]
-    assert "target 1,234, dead letters\n—" in files and 'href="/dags/deltadrain__maintenance"' in files
+    assert "target 1,234, dead letters\n—" in files and 'href="../../dags/deltadrain__maintenance"' in files
 
 
 def test_the_page_names_the_offsets_runs_died_reading():
