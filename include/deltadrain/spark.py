@@ -29,7 +29,7 @@ DEFAULT_CONF = {
     # (docs/benchmarks.md).
     "spark.databricks.delta.snapshotPartitions": "4",
     # VACUUM lists a table's files in this many tasks (Spark's default: 10 000, whatever the table's
-    # size): ~35-60 s for a six-file table on 2 cores; at 4, ~5-8 s (docs/benchmarks.md, "VACUUM").
+    # size): about a minute for a six-file table on 2 cores; at 4, ~5 s (docs/benchmarks.md, "VACUUM").
     # Raise these three on a cluster with large tables.
     "spark.sql.sources.parallelPartitionDiscovery.parallelism": "4",
     "spark.ui.enabled": "false",
