@@ -42,6 +42,7 @@ class BackfillSummary:
     dead_lettered: int = 0
     skipped_failing: list = field(default_factory=list)  # transform failures: left to the live drain
     skipped_quarantined: int = 0  # messages a batch check moved to the quarantine: not put back
+    skipped_dead_lettered: int = 0  # messages the DLQ holds (dead or replayed): the replay is their way back
     gaps: list = field(default_factory=list)
     acked: int = 0  # always 0: a backfill never acknowledges
     table_version: int | None = None
@@ -135,6 +136,19 @@ def without_quarantined(spark, rows, quarantine: str):
     return rows.join(held, ["_dd_partition", "_dd_position"], "left_anti")
 
 
+def without_dead_lettered(spark, claimed, dlq: str, read: int):
+    """(`claimed` minus the messages, by partition and position, that the DLQ holds, how many that took
+    away). A dead letter is out of the target on purpose: a poison message that killed runs, a
+    transform failure. Decoded afresh, with the transform since fixed, it would be inserted while its
+    DLQ row stays DEAD, and a later replay would send it again; a replayed one was sent back already."""
+    if not read or not is_table(spark, dlq):
+        return claimed, 0
+    held = (spark.read.format("delta").load(dlq)
+            .selectExpr("partition AS _dd_partition", "position AS _dd_position").distinct())
+    kept = claimed.join(held, ["_dd_partition", "_dd_position"], "left_anti")
+    return kept, read - kept.count()
+
+
 def offered_rows(rows) -> tuple[int, datetime | None]:
     """(how many rows, their oldest source time, UTC) in one pass; times as epoch microseconds, so
     that no Python time zone comes into it."""
@@ -184,8 +198,10 @@ def backfill(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, start: date
         claimed, gaps = read(scratch)
         summary.gaps += gaps
         summary.read = claimed.count()
+        claimed, summary.skipped_dead_lettered = without_dead_lettered(spark, claimed, str(cfg.dlq_path(pipeline)),
+                                                                       summary.read)
         step("read history")
-        if summary.read:
+        if summary.read > summary.skipped_dead_lettered:
             rows, bad, skipped = prepare_rows(spark, pipeline, claimed, run_id, scratch)
             summary.skipped_failing = [{"partition": p, "position": pos, "error": e} for p, pos, e in skipped]
             summary.dead_lettered = bad.count()

@@ -43,13 +43,14 @@ def delete_rows(spark, cfg, pipeline, ids: list[str]) -> None:
 
 @pytest.mark.slow
 def test_backfill_heals_deleted_rows_once_without_moving_the_checkpoint(tmp_path, spark, valkey_server):
-    path, c, p = make_pipeline(tmp_path)
+    path, c, p = make_pipeline(tmp_path, max_retries=0)
     client = valkey_client(c, p)
     began = datetime.now(UTC) - timedelta(seconds=1)
-    result = produce(c, p, 600, seed=101, malformed_ratio=0.05)
+    result = produce(c, p, 600, seed=101, malformed_ratio=0.05, poison_ratio=0.01)
     ended = datetime.now(UTC) + timedelta(seconds=1)
     drain_until_done(c, p, spark, client)
-    bad = sum(result.kinds[k] for k in MALFORMED_KINDS)
+    bad = sum(result.kinds[k] for k in MALFORMED_KINDS) + len(result.poison_ids)
+    assert result.poison_ids and all(r.state == "DEAD" for r in dlq_rows(spark, c, p))
     assert_exactly_once(spark, c, p, client, result.valid_ids, bad)
     lost = sorted(result.valid_ids)[:7]
     delete_rows(spark, c, p, lost)
@@ -58,10 +59,14 @@ def test_backfill_heals_deleted_rows_once_without_moving_the_checkpoint(tmp_path
     target, dlq = str(c.target_path(p)), str(c.dlq_path(p))
     before = read_checkpoint(spark, target, p.name, dlq)
     group_before = group_state(client, p)
-    s = backfill(c, p, spark, began, ended)
-    assert s.read == 600 and s.written == len(lost) and s.dead_lettered == bad and s.acked == 0
+    # With the transform since fixed, the poison messages decode and transform fine when re-read; they
+    # are still DEAD dead letters, whose way back is the replay: the backfill leaves them out.
+    fixed = p.model_copy(update={"transform": "deltadrain.transforms.identity"})
+    s = backfill(c, fixed, spark, began, ended)
+    assert (s.read, s.skipped_dead_lettered, s.written, s.dead_lettered, s.acked) == (600, bad, len(lost), 0, 0)
     assert s.duplicates_skipped == len(result.valid_ids) - len(lost)
     assert_exactly_once(spark, c, p, client, result.valid_ids, bad)
+    assert {r.state for r in dlq_rows(spark, c, p)} == {"DEAD"}
     after = read_checkpoint(spark, target, p.name, dlq)
     assert (after.batch, after.positions) == (before.batch, before.positions)
     assert group_state(client, p) == group_before  # nothing claimed, nothing acknowledged
