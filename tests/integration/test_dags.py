@@ -74,6 +74,7 @@ def test_dags_parse_without_errors_warnings_or_io(monkeypatch, airflow_db):
                            "maintain_shared_tables": "default_pool"}
     replay = bag.get_dag(REPLAY_DAG)
     assert type(replay.timetable).__name__ == "NullTimetable"  # manual only
+    assert replay.max_active_runs == 1  # two runs over the same DEAD entries would both send them
     assert replay.params.get_param("pipeline").schema["enum"] == [p.name for p in cfg.pipelines]
     assert replay.params.get_param("limit").schema["minimum"] == 1
 

@@ -197,10 +197,14 @@ def validate_request(config: str | None = None, **context) -> dict:
 def replay_dag(cfg: DeltadrainConfig) -> DAG:
     with DAG(dag_id=REPLAY_DAG, schedule=None, start_date=min(p.airflow.start_date for p in cfg.pipelines),
              catchup=False, tags=["deltadrain"], params=replay_params(cfg),
+             # One at a time: a replay selects DEAD entries, sends them, then marks them REPLAYED, so two
+             # runs over the same entries (a double submit in the view) would both send them.
+             max_active_runs=1,
              doc_md="Manual replay. `dlq` re-enqueues DEAD entries to their source partition and marks them "
                     "REPLAYED with this run's id; `reprocess` re-reads PUBLISHED messages from the source's "
                     "retained history and updates their rows through the current transform. Replaying the "
-                    "same entries twice never duplicates a row. Start with dry_run to see what would go.",
+                    "same entries twice never duplicates a row; runs go one at a time, so a second run finds them REPLAYED "
+                    "and sends nothing. Start with dry_run to see what would go.",
              default_args={"retries": 0, "execution_timeout": timedelta(minutes=60)}) as dag:
         validated = validate_request(config=_config_arg(cfg))
         replay = ReplayOperator(task_id="replay", request_task="validate", config=_config_arg(cfg))
