@@ -113,9 +113,9 @@ def kafka_batch(ctx: DecodeContext, decoder: BatchDecoder, arrow_schema, batch):
     values = batch.column("value").to_pylist()
     places = list(zip(parts, offsets, strict=True))
     fallback = [f"{ctx.topic}-{part}-{offset}" for part, offset in places]
-    if "replay_id" in batch.schema.names:
-        for i, message_id in replay_ids(batch.column("replay_id")).items():
-            fallback[i] = message_id
+    replayed = replay_ids(batch.column("replay_id")) if "replay_id" in batch.schema.names else {}
+    for i, message_id in replayed.items():
+        fallback[i] = message_id
     preset = {i: (fallback[i], "tombstone", TOMBSTONE, None, None) for i, value in enumerate(values) if value is None}
     message_ids = None
     if ctx.id_from != "field":
@@ -138,7 +138,8 @@ def kafka_batch(ctx: DecodeContext, decoder: BatchDecoder, arrow_schema, batch):
             if used_up(seg[2], attempts[i] - 1, ctx.max_retries) and i not in preset:
                 # Not decoded: whatever stopped those runs is not run again.
                 first = datetime.fromtimestamp(seg[3] / 1000, UTC)
-                preset[i] = (message_ids[i] if message_ids else None, "max_retries",
+                # Not decoded, its id is unknown, unless it is a copy whose id the replay sent along.
+                preset[i] = (message_ids[i] if message_ids else replayed.get(i), "max_retries",
                              dead_run_reason(seg[2], ctx.max_retries, seg, part), values[i], first)
             attempts[i] += seg[2]
     offset = batch.column("offset")

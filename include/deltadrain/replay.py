@@ -176,11 +176,27 @@ def _enqueue_valkey(cfg, pipeline, entries) -> None:
     pipe.execute()
 
 
+def kafka_copy_identity(source: KafkaSource, entry: dict) -> tuple[str | None, list[tuple[str, bytes]]]:
+    """(key, headers) of a dead letter's copy, which must get the id its original had, or would have
+    had: a copy sent twice (a crash between sending and marking) then lands on one row. The drain
+    takes REPLAY_ID_HEADER's value where it would take the record's place (topic-partition-offset)
+    for an id; a dead letter with no id (dead after max_retries killed runs, never decoded) carries
+    its original's place, so an id-less copy is not named after its own new offset."""
+    from deltadrain.kafka_drain import REPLAY_ID_HEADER
+
+    message_id = entry["message_id"]
+    headers = [("deltadrain-replay-of", f"{entry['partition']}@{entry['position']}".encode()),
+               (REPLAY_ID_HEADER, (message_id or f"{source.topic}-{entry['partition']}-{entry['position']}").encode())]
+    if message_id and source.id_from == "header":
+        headers.append((source.id_header, message_id.encode()))
+    # Keep the message's identity where the pipeline reads it from (key or header).
+    return (message_id if source.id_from == "key" else None), headers
+
+
 def _enqueue_kafka(cfg, pipeline, entries) -> None:
     from confluent_kafka import Producer
 
     from deltadrain.connections import kafka_client_conf
-    from deltadrain.kafka_drain import REPLAY_ID_HEADER
 
     source: KafkaSource = pipeline.source
     producer = Producer({**kafka_client_conf(cfg, pipeline), "enable.idempotence": True, "acks": "all"})
@@ -193,13 +209,7 @@ def _enqueue_kafka(cfg, pipeline, entries) -> None:
     for e in entries:
         # A Kafka dead letter's partition is the topic partition's number: it goes back there.
         kwargs = {"partition": int(e["partition"])} if str(e["partition"]).isdigit() else {}
-        # Keep the message's identity where the pipeline reads it from (key or header).
-        key = e["message_id"] if source.id_from == "key" else None
-        headers = [("deltadrain-replay-of", f"{e['partition']}@{e['position']}".encode())]
-        if e["message_id"]:
-            headers.append((REPLAY_ID_HEADER, e["message_id"].encode()))
-            if source.id_from == "header":
-                headers.append((source.id_header, e["message_id"].encode()))
+        key, headers = kafka_copy_identity(source, e)
         producer.produce(source.topic, value=e["original"], key=key, headers=headers, on_delivery=done, **kwargs)
         producer.poll(0)
     if producer.flush(60) or failures:

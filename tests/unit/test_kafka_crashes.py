@@ -134,14 +134,18 @@ def test_a_used_up_message_is_a_max_retries_dead_letter_and_is_not_decoded():
     decoder = BatchDecoder(fields=c.fields, id_field=c.id_field, required=c.required, max_bytes=c.max_bytes,
                            types={"event_id": pa.string(), "amount": pa.float64()})
     ts = datetime(2026, 1, 1, tzinfo=UTC)
+    # Offset 6 is a replayed copy of a dead letter: its replay id header names the original.
     source = pa.RecordBatch.from_pylist(
-        [{"partition": 0, "offset": o, "timestamp": ts, "value": b'{"event_id": "e%d", "amount": 1}' % o}
-         for o in (4, 5, 6, 7)],
+        [{"partition": 0, "offset": o, "timestamp": ts, "value": b'{"event_id": "e%d", "amount": 1}' % o,
+          "replay_id": b"clicks-0-2" if o == 6 else None} for o in (4, 5, 6, 7)],
         schema=pa.schema([("partition", pa.int32()), ("offset", pa.int64()),
-                          ("timestamp", pa.timestamp("us", tz="UTC")), ("value", pa.binary())]))
+                          ("timestamp", pa.timestamp("us", tz="UTC")), ("value", pa.binary()),
+                          ("replay_id", pa.binary())]))
     rows = kafka_batch(c, decoder, CLAIM, source).to_pylist()
     assert [r["_dd_attempts"] for r in rows] == [1, 4, 4, 1]
     assert [r["_dd_error_type"] for r in rows] == [None, "max_retries", "max_retries", None]
+    # Never decoded, a dead letter's id is unknown; a copy's is the one its replay sent along.
+    assert [r["_dd_message_id"] for r in rows[1:3]] == [None, "clicks-0-2"]
     dead = rows[1]
     assert dead["event_id"] is None and dead["_dd_original"] == b'{"event_id": "e5", "amount": 1}'
     assert "read by 3 drain runs that died" in dead["_dd_error"] and "offsets [5, 7)" in dead["_dd_error"]
@@ -157,3 +161,24 @@ def test_a_notice_with_a_record_stays_under_the_brokers_metadata_limit():
                         crashes=r.as_json(), earlier=[{"run": "x" * 37, "range": [1, 2], "since_ms": NOW}] * 4)
     assert len(text) < 4096
     assert read_notice(text)["crashes"] == r.as_json()
+
+
+def test_a_replayed_copy_carries_the_id_its_original_had_or_would_have_had():
+    from deltadrain.config import KafkaSource
+    from deltadrain.kafka_drain import REPLAY_ID_HEADER
+    from deltadrain.replay import kafka_copy_identity
+
+    def copy(entry, **source):
+        key, headers = kafka_copy_identity(KafkaSource(kind="kafka", topic="clicks", **source), entry)
+        return key, dict(headers)
+
+    decoded = {"partition": "2", "position": "40", "message_id": "e1"}
+    undecoded = {"partition": "2", "position": "41", "message_id": None}  # dead after max_retries
+    key, headers = copy(decoded)
+    assert key is None and headers == {"deltadrain-replay-of": b"2@40", REPLAY_ID_HEADER: b"e1"}
+    # Sent twice, both copies of an id-less message get its original's place, not their own offsets.
+    assert copy(undecoded)[1][REPLAY_ID_HEADER] == b"clicks-2-41"
+    assert copy(decoded, id_from="key") == ("e1", {"deltadrain-replay-of": b"2@40", REPLAY_ID_HEADER: b"e1"})
+    assert copy(decoded, id_from="header", id_header="x-id")[1]["x-id"] == b"e1"
+    assert copy(undecoded, id_from="key") == (None, {"deltadrain-replay-of": b"2@41",
+                                                      REPLAY_ID_HEADER: b"clicks-2-41"})
