@@ -162,7 +162,30 @@ def select_dead_letters(spark, path: str, request: ReplayRequest):
     return df.orderBy("partition", "pos_hi", "pos_lo").limit(request.limit)
 
 
+def over_maxlen(maxlen: int | None, sending: dict[str, int], unfinished: dict[str, int]) -> list[str]:
+    """The streams a replay would push past their MAXLEN: each XADD trims the oldest entries, so the
+    copies plus the entries the group has not finished (unread and pending) must fit, or some of them
+    would be trimmed before a drain read them (a gap, and copies marked REPLAYED that never landed)."""
+    return [f"{s}: {n} copies + {unfinished.get(s, 0)} entries not yet drained > maxlen {maxlen}"
+            for s, n in sorted(sending.items()) if maxlen and n + unfinished.get(s, 0) > maxlen]
+
+
+def unfinished_entries(client, stream: str, group: str) -> int:
+    """Entries of `stream` the group has still to read or acknowledge; the whole stream when the lag
+    is unknown (Valkey cannot tell it after a deletion) or the group does not exist yet."""
+    from deltadrain.connections import as_text
+
+    if not client.exists(stream):
+        return 0
+    mine = next((g for g in client.xinfo_groups(stream) if as_text(g["name"]) == group), None)
+    if mine is None or mine.get("lag") is None:
+        return int(client.xlen(stream))
+    return int(mine["lag"]) + int(mine["pending"])
+
+
 def _enqueue_valkey(cfg, pipeline, entries) -> None:
+    from collections import Counter
+
     from deltadrain.connections import valkey_client
     from deltadrain.produce import VALKEY_FIELD
 
@@ -170,6 +193,12 @@ def _enqueue_valkey(cfg, pipeline, entries) -> None:
     # The stream's MAXLEN holds for replayed entries as for produced ones (approximate: whole nodes).
     maxlen = pipeline.source.maxlen
     trim = {"maxlen": maxlen, "approximate": True} if maxlen else {}
+    if maxlen:
+        sending = Counter(e["partition"] for e in entries)
+        full = over_maxlen(maxlen, sending, {s: unfinished_entries(client, s, pipeline.source.group) for s in sending})
+        if full:
+            raise ReplayError(f"replay refused, nothing sent: {'; '.join(full)}. Replay fewer at a time (limit), "
+                              "let the drains catch up first, or raise source.maxlen")
     pipe = client.pipeline(transaction=False)
     for e in entries:
         pipe.xadd(e["partition"], {VALKEY_FIELD: e["original"], b"replay_of": e["position"].encode()}, **trim)
@@ -249,7 +278,8 @@ def replay_dead_letters(cfg, pipeline: PipelineConfig, spark, request: ReplayReq
     for r in rows:
         if r["original"] is None:
             result.skipped.append({"partition": r["partition"], "position": r["position"],
-                                   "reason": "no original bytes (the source deleted the entry before it was read)"})
+                                   "reason": "no original bytes to send back (the entry held none, e.g. a Kafka "
+                                             "tombstone, or was deleted before it was read)"})
         else:
             entries.append({**r, "original": bytes(r["original"])})
     if request.dry_run or not entries:

@@ -4,6 +4,7 @@ duplicate."""
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -154,7 +155,9 @@ def test_dlq_replay_with_filters_and_dry_run(tmp_path, spark, valkey_server):
 @pytest.mark.parametrize("maxlen", [50, None])
 def test_replayed_dead_letters_are_appended_under_the_streams_maxlen(tmp_path, valkey_server, maxlen):
     """config's maxlen is applied by every producer of a stream: replay's XADD trims as produce does
-    (approximately: whole nodes of 100 entries go), and without maxlen it keeps everything."""
+    (approximately: whole nodes of 100 entries go), and without maxlen it keeps everything. Entries
+    the group has not drained yet are never what it trims: such a replay is refused, nothing sent."""
+    from deltadrain.errors import DeltadrainError
     from deltadrain.produce import VALKEY_FIELD
     from deltadrain.replay import _enqueue_valkey
 
@@ -165,7 +168,15 @@ def test_replayed_dead_letters_are_appended_under_the_streams_maxlen(tmp_path, v
     for i in range(1000):
         pipe.xadd(stream, {VALKEY_FIELD: b"x%d" % i})
     pipe.execute()
-    _enqueue_valkey(c, p, [{"partition": stream, "original": b"{}", "position": "1-0"}])
+    copy = {"partition": stream, "original": b"{}", "position": "1-0"}
+    client.xgroup_create(stream, p.source.group, id="0")  # all 1000 unread
+    if maxlen:
+        with pytest.raises(DeltadrainError, match=re.escape(f"{stream}: 1 copies + 1000 entries not yet drained > maxlen 50")):
+            _enqueue_valkey(c, p, [copy])
+        assert client.xlen(stream) == 1000
+        entries = client.xreadgroup(p.source.group, "d", {stream: ">"}, count=990)[0][1]
+        client.xack(stream, p.source.group, *[i for i, _ in entries])  # 10 left to drain: room for one copy
+    _enqueue_valkey(c, p, [copy])
     length = client.xlen(stream)
     assert (50 <= length < 150) if maxlen else length == 1001
     last = client.xrevrange(stream, count=1)[0][1]

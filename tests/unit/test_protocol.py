@@ -152,3 +152,12 @@ def test_claim_record_batches_split_positions_into_integer_pairs():
     assert got["_dd_pos_hi"] == [1795472338020, 1795472338020] and got["_dd_pos_lo"] == [9, 10]
     assert [t.timestamp() for t in got["_dd_source_ts"]] == [1795472338.02, 1795472338.02]
     assert got["event_id"] == ["a", None] and got["_dd_error_type"] == [None, "invalid_json"]
+
+
+def test_a_replay_that_would_trim_undrained_entries_past_maxlen_is_refused_per_stream():
+    from deltadrain.replay import over_maxlen
+
+    assert over_maxlen(None, {"s0": 10**6}, {"s0": 10**6}) == []  # no MAXLEN: nothing is trimmed
+    assert over_maxlen(100, {"s0": 60, "s1": 60}, {"s0": 40, "s1": 41}) == [
+        "s1: 60 copies + 41 entries not yet drained > maxlen 100"]
+    assert over_maxlen(100, {"s0": 101}, {}) == ["s0: 101 copies + 0 entries not yet drained > maxlen 100"]
