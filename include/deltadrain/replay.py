@@ -13,6 +13,7 @@ SQL or a shell string. Replaying the same entries twice never duplicates a row:
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import time
 from dataclasses import asdict, dataclass, field
@@ -44,7 +45,7 @@ class ReplayRequest(BaseModel):
 
     pipeline: str
     mode: Literal["dlq", "reprocess"] = "dlq"
-    message_ids: list[str] = []
+    message_ids: list[str] = Field([], max_length=MAX_LIMIT)
     error_contains: str | None = None
     since: datetime | None = None  # dlq: last failure time; reprocess: source (append) time
     until: datetime | None = None
@@ -72,6 +73,8 @@ class ReplayRequest(BaseModel):
     @field_validator("position_from", "position_to")
     @classmethod
     def _position(cls, v):
+        if v is not None and not re.fullmatch(r"[0-9]+(-[0-9]+)?", v):
+            raise ValueError(f"'{v}' is not a position: an offset (42) or a stream id (1700000000000-0)")
         if v is not None and max(StreamId.parse(v)) > LONG_MAX:  # a Kafka offset "42" parses as (42, 0)
             raise ValueError(f"{v} is beyond the largest position a table holds (both parts at most {LONG_MAX})")
         return v
@@ -108,7 +111,26 @@ def parse_request(cfg: DeltadrainConfig, params: dict) -> ReplayRequest:
     if request.pipeline not in names:
         raise ReplayError(f"invalid replay parameters: pipeline '{request.pipeline}' is not configured "
                           f"(configured: {', '.join(names)})")
+    problem = source_problem(cfg.pipeline(request.pipeline).source, request)
+    if problem:
+        raise ReplayError(f"invalid replay parameters: {problem}")
     return request
+
+
+def source_problem(source: ValkeySource | KafkaSource, request: ReplayRequest) -> str | None:
+    """What the pipeline's source makes of the request's partition and positions; a misspelt stream
+    would select nothing, and a Kafka offset written as `5-3` would leave offset 5 out."""
+    if isinstance(source, ValkeySource):
+        if request.partition is not None and request.partition not in source.streams:
+            return f"partition: '{request.partition}' is not one of the pipeline's streams ({', '.join(source.streams)})"
+        return None
+    if request.partition is not None and not (request.partition.isascii() and request.partition.isdigit()):
+        return f"partition: a Kafka partition is a number, got '{request.partition}'"
+    for name in ("position_from", "position_to"):
+        value = getattr(request, name)
+        if value is not None and not (value.isascii() and value.isdigit()):
+            return f"{name}: a Kafka position is an offset (a number), got '{value}'"
+    return None
 
 
 @dataclass
@@ -275,8 +297,12 @@ def replay_dead_letters(cfg, pipeline: PipelineConfig, spark, request: ReplayReq
     result.preview = [{"partition": r["partition"], "position": r["position"], "message_id": r["message_id"],
                        "error": (r["error"] or "")[:200]} for r in rows[:PREVIEW]]
     entries = []
+    drained = pipeline.source.streams if isinstance(pipeline.source, ValkeySource) else None
     for r in rows:
-        if r["original"] is None:
+        if drained is not None and r["partition"] not in drained:
+            result.skipped.append({"partition": r["partition"], "position": r["position"],
+                                   "reason": "the stream is no longer one of the pipeline's streams: no drain reads it"})
+        elif r["original"] is None:
             result.skipped.append({"partition": r["partition"], "position": r["position"],
                                    "reason": "no original bytes to send back (the entry held none, e.g. a Kafka "
                                              "tombstone, or was deleted before it was read)"})

@@ -140,6 +140,12 @@ def test_dlq_replay_with_filters_and_dry_run(tmp_path, spark, valkey_server):
 
     one = ReplayRequest(pipeline=p.name, partition=some.partition, position_from=some.position,
                         position_to=some.position, dry_run=False)
+    # With its stream since removed from the config no drain reads it: the entry is not sent there.
+    source = p.source.model_copy(update={"streams": [s for s in p.source.streams if s != some.partition]})
+    narrowed = c.model_copy(update={"pipelines": [p.model_copy(update={"source": source})]})
+    gone = replay(narrowed, spark, one)
+    assert (gone.selected, gone.replayed) == (1, 0) and "no drain reads it" in gone.skipped[0]["reason"]
+    assert {r.state for r in dlq_rows(spark, c, p)} == {"DEAD"}
     done = replay(c, spark, one)
     assert done.selected == 1 and done.replayed == 1
     by_key = {(r.partition, r.position): r for r in dlq_rows(spark, c, p)}
@@ -249,6 +255,16 @@ def test_replay_requests_are_validated_values(cfg):
         parse_request(cfg, {"pipeline": cfg.pipelines[0].name, "position_from": "10-0", "position_to": "9-5"})
     with pytest.raises(DeltadrainError, match="mode"):
         parse_request(cfg, {"pipeline": cfg.pipelines[0].name, "mode": "drop table"})
+    valkey = next(p for p in cfg.pipelines if p.source.kind == "valkey")
+    kafka = next(p for p in cfg.pipelines if p.source.kind == "kafka")
+    for params, word in (({"pipeline": valkey.name, "partition": "orders:{9}"}, "not one of the pipeline's streams"),
+                         ({"pipeline": kafka.name, "partition": "clicks-0"}, "a Kafka partition is a number"),
+                         ({"pipeline": kafka.name, "position_from": "5-3"}, "a Kafka position is an offset"),
+                         ({"pipeline": valkey.name, "position_to": "\u0661\u0662-0"}, "is not a position"),
+                         ({"pipeline": valkey.name, "message_ids": ["a"] * 100_001}, "message_ids")):
+        with pytest.raises(DeltadrainError, match=word):
+            parse_request(cfg, params)
+    assert parse_request(cfg, {"pipeline": kafka.name, "partition": "3", "position_to": "42"}).partition == "3"
     ok = parse_request(cfg, {"pipeline": cfg.pipelines[0].name, "error_contains": "x' OR 1=1 --", "since": "",
                              "position_from": "1700000000000-10"})
     assert ok.error_contains == "x' OR 1=1 --" and ok.since is None and ok.dry_run
