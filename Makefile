@@ -56,5 +56,12 @@ lock: $(STAMP)
 services-down:
 	-$(BIN)/deltadrain services down
 
-clean: services-down
+# .deltadrain holds the services' data (unacknowledged messages too) and, unless data_dir points
+# elsewhere, every Delta table: a plain `make clean` says so and deletes nothing.
+clean:
+	@if [ "$(CONFIRM)" != "1" ]; then \
+	  echo "make clean deletes .deltadrain: the embedded services' data and, unless the config's data_dir"; \
+	  echo "points elsewhere, every Delta table (targets, dead letters, metrics). To go on: make clean CONFIRM=1"; \
+	  exit 2; fi
+	-$(BIN)/deltadrain services down
 	rm -rf .deltadrain
