@@ -21,7 +21,7 @@ from deltadrain.connections import valkey_client
 from deltadrain.deadletter import write_dead_letters
 from deltadrain.errors import DeltadrainError
 from deltadrain.lake import is_table, recent_commits, retry_conflicts
-from deltadrain.paths import state_home
+from deltadrain.paths import staging_dir
 
 NO_BATCH = 0  # the batch number of rows a backfill inserts (a reprocess keeps a row's); drained batches start at 1
 
@@ -193,7 +193,7 @@ def backfill(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, start: date
             done_steps.add(name)
             progress(name)
 
-    scratch = state_home() / "staging" / run_id
+    scratch = staging_dir(run_id)
     try:
         claimed, gaps = read(scratch)
         summary.gaps += gaps

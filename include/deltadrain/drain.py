@@ -43,7 +43,7 @@ from deltadrain.lake import ensure_table, is_table
 from deltadrain.logs import fields, run_logger
 from deltadrain.metrics import record_run_safely
 from deltadrain.outcome import Outcome
-from deltadrain.paths import state_home
+from deltadrain.paths import staging_dir
 from deltadrain.positions import merge_positions
 from deltadrain.secrets import credentials
 from deltadrain.stage import BatchStats, Staged, stage
@@ -304,7 +304,7 @@ class Drain:
         self.dlq = str(cfg.dlq_path(pipeline))
         self.quarantine = str(cfg.quarantine_path(pipeline))
         self.summary = RunSummary(pipeline.name, self.run_id)
-        self.scratch = state_home() / "staging" / self.run_id  # claim staging of this run, removed at its end
+        self.scratch = staging_dir(self.run_id)  # claim staging of this run, removed at its end
         self.commit_extra: dict = {}  # more commit metadata, set by a source while it settles its batch
         # Nothing can fail between decode and MERGE: the source counts the batch, no transform pass.
         where = f"{cfg.source_file}: pipeline '{pipeline.name}', field 'transform': "

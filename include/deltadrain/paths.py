@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import time
 from pathlib import Path
 
 # include/deltadrain/paths.py -> the repository root (editable install keeps it in place).
@@ -17,6 +19,34 @@ def _env_path(name: str, default: Path) -> Path:
 def state_home() -> Path:
     """Services' data, logs and pid files, Delta tables (by default) and Airflow's home."""
     return _env_path("DELTADRAIN_HOME", PROJECT_ROOT / ".deltadrain")
+
+
+# A run's staging directory untouched this long belongs to a run that was killed before removing it.
+STAGING_ABANDONED_S = 24 * 3600
+
+
+def staging_dir(run_id: str) -> Path:
+    """Where a run (drain, backfill, reprocess) stages its batch; the run removes it at its end. A run
+    killed first (SIGKILL, a lost worker, Airflow's timeout) leaves it behind, with a batch of data in
+    it, and a retry has a new run id: each run sweeps what such runs left a day ago or earlier."""
+    root = state_home() / "staging"
+    sweep_abandoned(root, time.time() - STAGING_ABANDONED_S)
+    return root / run_id
+
+
+def sweep_abandoned(root: Path, before: float) -> list[str]:
+    """Remove the directories under `root` in which nothing changed since `before` (epoch seconds)."""
+    removed = []
+    for child in root.iterdir() if root.is_dir() else ():
+        try:
+            newest = max([child.stat().st_mtime] + [os.stat(os.path.join(d, n)).st_mtime
+                                                    for d, dirs, files in os.walk(child) for n in dirs + files])
+        except OSError:
+            continue  # removed meanwhile by its run or another sweep
+        if child.is_dir() and newest < before:
+            shutil.rmtree(child, ignore_errors=True)
+            removed.append(child.name)
+    return removed
 
 
 def jar_cache() -> Path:

@@ -26,7 +26,7 @@ from deltadrain.config import DeltadrainConfig, KafkaSource, PipelineConfig, Val
 from deltadrain.deadletter import DEAD, REPLAYED
 from deltadrain.errors import DeltadrainError
 from deltadrain.lake import is_table, retry_conflicts
-from deltadrain.paths import state_home
+from deltadrain.paths import staging_dir
 from deltadrain.positions import StreamId
 
 LONG_MAX = 2**63 - 1  # the position columns are longs
@@ -348,7 +348,7 @@ def reprocess(cfg, pipeline: PipelineConfig, spark, request: ReplayRequest, resu
                        "message_id": r["message_id"]} for r in picked[:PREVIEW]]
     if request.dry_run or not picked:
         return
-    scratch = state_home() / "staging" / result.run_id
+    scratch = staging_dir(result.run_id)
     try:
         history = read_published_history(spark, cfg, pipeline, picked, scratch)
         found = {(r._dd_partition, r._dd_position) for r in history.select("_dd_partition", "_dd_position").collect()}

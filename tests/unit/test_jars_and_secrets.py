@@ -110,3 +110,23 @@ def test_kafka_sasl_settings_reach_both_clients_from_the_environment(monkeypatch
     assert opts["kafka.sasl.jaas.config"] == ('org.apache.kafka.common.security.scram.ScramLoginModule required '
                                               'username="alice" password="se\\"cret";')
     assert opts["kafka.ssl.truststore.type"] == "PEM" and opts["kafka.ssl.truststore.location"] == "/etc/ca.pem"
+
+
+def test_a_killed_runs_staging_is_swept_a_day_later_and_a_live_ones_is_kept(tmp_path, monkeypatch):
+    import os
+    import time
+
+    from deltadrain.paths import STAGING_ABANDONED_S, staging_dir
+
+    monkeypatch.setenv("DELTADRAIN_HOME", str(tmp_path))
+    root = tmp_path / "staging"
+    old = time.time() - STAGING_ABANDONED_S - 60
+    for name, touched in (("killed", old), ("long-running", old), ("recent", time.time())):
+        part = root / name / "part-0"
+        part.mkdir(parents=True)
+        (part / "rows.parquet").write_bytes(b"x")
+        for path in (part / "rows.parquet", part, root / name):
+            os.utime(path, (touched, touched))
+    os.utime(root / "long-running" / "part-0" / "rows.parquet")  # still writing, deep in its tree
+    assert staging_dir("mine") == root / "mine"
+    assert sorted(p.name for p in root.iterdir()) == ["long-running", "recent"]
