@@ -125,28 +125,14 @@ def merge_without_checkpoint(spark, target: str, rows, pipeline: PipelineConfig,
     return {}
 
 
-def without_quarantined(spark, rows, quarantine: str):
-    """`rows` minus the messages (partition and position) a batch check quarantined. Re-read from
-    the source they are the same messages, and the MERGE on the id would put them back into the
-    target, where only the whole-table check (which never quarantines) would see them again. An id
-    sent again (a new position) is a new message and is written."""
-    if not is_table(spark, quarantine):
+def without_held(spark, rows, table: str, partition: str = "_dd_partition", position: str = "_dd_position"):
+    """`rows` minus the messages (partition and position) `table` holds, where it has those columns
+    under the names given. An id sent again (a new position) is a new message and stays."""
+    if not is_table(spark, table):
         return rows
-    held = spark.read.format("delta").load(quarantine).select("_dd_partition", "_dd_position").distinct()
+    held = (spark.read.format("delta").load(table)
+            .selectExpr(f"{partition} AS _dd_partition", f"{position} AS _dd_position").distinct())
     return rows.join(held, ["_dd_partition", "_dd_position"], "left_anti")
-
-
-def without_dead_lettered(spark, claimed, dlq: str, read: int):
-    """(`claimed` minus the messages, by partition and position, that the DLQ holds, how many that took
-    away). A dead letter is out of the target on purpose: a poison message that killed runs, a
-    transform failure. Decoded afresh, with the transform since fixed, it would be inserted while its
-    DLQ row stays DEAD, and a later replay would send it again; a replayed one was sent back already."""
-    if not read or not is_table(spark, dlq):
-        return claimed, 0
-    held = (spark.read.format("delta").load(dlq)
-            .selectExpr("partition AS _dd_partition", "position AS _dd_position").distinct())
-    kept = claimed.join(held, ["_dd_partition", "_dd_position"], "left_anti")
-    return kept, read - kept.count()
 
 
 def offered_rows(rows) -> tuple[int, datetime | None]:
@@ -198,8 +184,12 @@ def backfill(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, start: date
         claimed, gaps = read(scratch)
         summary.gaps += gaps
         summary.read = claimed.count()
-        claimed, summary.skipped_dead_lettered = without_dead_lettered(spark, claimed, str(cfg.dlq_path(pipeline)),
-                                                                       summary.read)
+        # A dead letter is out of the target on purpose (a poison message that killed runs, a transform
+        # failure). Decoded afresh with the transform since fixed it would be inserted beside its DEAD
+        # row, for a later replay to send again; a replayed one was sent back already.
+        kept = without_held(spark, claimed, str(cfg.dlq_path(pipeline)), "partition", "position")
+        if kept is not claimed:
+            claimed, summary.skipped_dead_lettered = kept, summary.read - kept.count()
         step("read history")
         if summary.read > summary.skipped_dead_lettered:
             rows, bad, skipped = prepare_rows(spark, pipeline, claimed, run_id, scratch)
@@ -212,7 +202,9 @@ def backfill(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, start: date
             step("dead letters")
             target = str(cfg.target_path(pipeline))
             ensure_target(spark, target, pipeline, claimed.schema, run_id)
-            kept = without_quarantined(spark, rows, str(cfg.quarantine_path(pipeline)))
+            # Quarantined messages re-read are the same messages: put back, only the whole-table check
+            # (which never quarantines) would see them again.
+            kept = without_held(spark, rows, str(cfg.quarantine_path(pipeline)))
             offered, oldest = offered_rows(kept)
             summary.skipped_quarantined = 0 if kept is rows else rows.count() - offered
             if offered:

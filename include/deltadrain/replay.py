@@ -128,7 +128,7 @@ def source_problem(source: ValkeySource | KafkaSource, request: ReplayRequest) -
         return f"partition: a Kafka partition is a number, got '{request.partition}'"
     for name in ("position_from", "position_to"):
         value = getattr(request, name)
-        if value is not None and not (value.isascii() and value.isdigit()):
+        if value is not None and "-" in value:  # the field's own check leaves digits, or ms-seq
             return f"{name}: a Kafka position is an offset (a number), got '{value}'"
     return None
 
@@ -192,23 +192,10 @@ def over_maxlen(maxlen: int | None, sending: dict[str, int], unfinished: dict[st
             for s, n in sorted(sending.items()) if maxlen and n + unfinished.get(s, 0) > maxlen]
 
 
-def unfinished_entries(client, stream: str, group: str) -> int:
-    """Entries of `stream` the group has still to read or acknowledge; the whole stream when the lag
-    is unknown (Valkey cannot tell it after a deletion) or the group does not exist yet."""
-    from deltadrain.connections import as_text
-
-    if not client.exists(stream):
-        return 0
-    mine = next((g for g in client.xinfo_groups(stream) if as_text(g["name"]) == group), None)
-    if mine is None or mine.get("lag") is None:
-        return int(client.xlen(stream))
-    return int(mine["lag"]) + int(mine["pending"])
-
-
 def _enqueue_valkey(cfg, pipeline, entries) -> None:
     from collections import Counter
 
-    from deltadrain.connections import valkey_client
+    from deltadrain.connections import group_counts, valkey_client
     from deltadrain.produce import VALKEY_FIELD
 
     client = valkey_client(cfg, pipeline)
@@ -217,7 +204,9 @@ def _enqueue_valkey(cfg, pipeline, entries) -> None:
     trim = {"maxlen": maxlen, "approximate": True} if maxlen else {}
     if maxlen:
         sending = Counter(e["partition"] for e in entries)
-        full = over_maxlen(maxlen, sending, {s: unfinished_entries(client, s, pipeline.source.group) for s in sending})
+        # Entries the group has still to read or acknowledge (without the group: every entry).
+        unfinished = {s: sum(group_counts(client, s, pipeline.source.group)) for s in sending}
+        full = over_maxlen(maxlen, sending, unfinished)
         if full:
             raise ReplayError(f"replay refused, nothing sent: {'; '.join(full)}. Replay fewer at a time (limit), "
                               "let the drains catch up first, or raise source.maxlen")
