@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 
 ENV = "DELTADRAIN_FAILPOINT"
@@ -32,17 +33,29 @@ def _fires(name: str) -> bool:
     return seen >= int(os.environ.get(SKIP_ENV, "0"))
 
 
+def fired(name: str) -> str:
+    """The line a failpoint writes to stderr as it kills: a test that finds it knows the SIGKILL was
+    this point's, not the OOM killer's or another point's."""
+    return f"deltadrain failpoint {name}: SIGKILL"
+
+
+def _kill(name: str, pid: int) -> None:
+    sys.stderr.write(fired(name) + "\n")
+    sys.stderr.flush()
+    os.kill(pid, signal.SIGKILL)
+
+
 def hit(name: str, pid: int | None = None) -> None:
     """SIGKILL the driver (or `pid`) when the failpoint `name` is armed."""
     if _fires(name):
-        os.kill(pid or os.getpid(), signal.SIGKILL)
+        _kill(name, pid or os.getpid())
 
 
 def hit_later(name: str) -> None:
     """For 'during' points: SIGKILL this process after DELTADRAIN_FAILPOINT_DELAY_MS, whatever it is doing."""
     if _fires(name):
         delay = int(os.environ.get(DELAY_ENV, "500")) / 1000
-        timer = threading.Timer(delay, os.kill, (os.getpid(), signal.SIGKILL))
+        timer = threading.Timer(delay, _kill, (name, os.getpid()))
         timer.daemon = True
         timer.start()
 

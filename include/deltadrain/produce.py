@@ -44,6 +44,12 @@ class ProduceResult:
     valid_ids: list[str] = field(default_factory=list)
     poison_ids: list[str] = field(default_factory=list)
     per_partition: Counter = field(default_factory=Counter)
+    # Where each message that is not valid landed, (partition, position) -> kind: the DLQ rows a
+    # drain must end with, place for place (Valkey: stream and entry id; Kafka: partition and offset).
+    places: dict[tuple[str, str], str] = field(default_factory=dict)
+
+    def bad_places(self, kinds) -> set[tuple[str, str]]:
+        return {place for place, kind in self.places.items() if kind in kinds}
 
     def summary(self) -> dict:
         return {"pipeline": self.pipeline, "produced": self.count, "valid": len(self.valid_ids),
@@ -130,9 +136,11 @@ def produce(cfg: DeltadrainConfig, pipeline: PipelineConfig, count: int, *, seed
         progress if progress is not None else count >= 20_000))
     writer = _valkey_writer if isinstance(pipeline.source, ValkeySource) else _kafka_writer
     with bar:
-        for msg, partition in writer(cfg, pipeline, messages, bar):
+        for msg, partition, position in writer(cfg, pipeline, messages, bar):
             result.kinds[msg.kind] += 1
             result.per_partition[partition] += 1
+            if msg.kind != "valid":
+                result.places[(str(partition), position)] = msg.kind
             if msg.kind == "valid":
                 result.valid_ids.append(msg.key)
             elif msg.kind == "poison":
@@ -165,9 +173,10 @@ def _valkey_writer(cfg: DeltadrainConfig, pipeline: PipelineConfig, messages: It
             kwargs = {"maxlen": source.maxlen, "approximate": True} if source.maxlen else {}
             pipe.xadd(stream, {VALKEY_FIELD: msg.value}, **kwargs)
             placed.append((msg, stream))
-        pipe.execute()
+        ids = pipe.execute()
         bar.update(len(chunk))
-        yield from placed
+        for (msg, stream), entry_id in zip(placed, ids, strict=True):
+            yield msg, stream, entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
 
 
 def ensure_topic(conf: dict, topic: str, partitions: int) -> None:
@@ -198,27 +207,33 @@ def _kafka_writer(cfg: DeltadrainConfig, pipeline: PipelineConfig, messages: Ite
                          "compression.type": "lz4", "partitioner": "murmur2_random",
                          "message.max.bytes": 8_388_608})
     errors: list[str] = []
+    offsets: dict[int, int] = {}  # chunk index -> offset, from the delivery reports
 
-    def on_delivery(err, _msg):
+    def on_delivery(err, delivered, index):
         if err is not None:
             errors.append(str(err))
+        else:
+            offsets[index] = delivered.offset()
 
     nparts = len(producer.list_topics(source.topic, timeout=10).topics[source.topic].partitions)
     for chunk in _chunks(messages, 5000):
         placed = []
-        for msg in chunk:
+        offsets.clear()
+        for index, msg in enumerate(chunk):
             part = partition_for(msg.partition_key, nparts)
             headers = [(source.id_header, msg.key.encode())] if source.id_header else None
             while True:
                 try:
                     producer.produce(source.topic, value=msg.value, key=msg.partition_key, partition=part,
-                                     headers=headers, on_delivery=on_delivery)
+                                     headers=headers,
+                                     on_delivery=lambda err, m, i=index: on_delivery(err, m, i))
                     break
                 except BufferError:
                     producer.poll(0.1)
             placed.append((msg, part))
-        producer.flush(60)
-        if errors:
-            raise RuntimeError(f"Kafka produce failed: {errors[0]}")
+        undelivered = producer.flush(60)
+        if errors or undelivered:
+            raise RuntimeError(f"Kafka produce failed: {errors[0] if errors else f'{undelivered} undelivered'}")
         bar.update(len(chunk))
-        yield from placed
+        for index, (msg, part) in enumerate(placed):
+            yield msg, part, str(offsets[index])

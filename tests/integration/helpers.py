@@ -122,15 +122,29 @@ def drain_until_done(cfg, pipeline, spark, client, max_runs: int = 12) -> list:
     raise AssertionError(f"not drained after {max_runs} runs: {[s.line() for s in summaries]}")
 
 
-def assert_exactly_once(spark, cfg, pipeline, client, valid_ids, bad_count: int) -> None:
+def assert_dead_letters(dead: list, ids: list[str], bad) -> None:
+    """The DLQ holds each message once; `bad` is how many, or exactly where they were produced
+    (`ProduceResult.bad_places`): then a valid message dead-lettered in place of a malformed one
+    does not pass for it. A DEAD message is not in the target as well."""
+    keys = [(r.partition, r.position) for r in dead]
+    assert len(keys) == len(set(keys)), "a message is twice in the DLQ"
+    if isinstance(bad, int):
+        assert len(dead) == bad
+    else:
+        assert set(keys) == set(bad), (f"dead-lettered but not produced bad {sorted(set(keys) - set(bad))[:5]}, "
+                                       f"produced bad but not dead-lettered {sorted(set(bad) - set(keys))[:5]}")
+    both = {r.message_id for r in dead if r.state == "DEAD" and r.message_id} & set(ids)
+    assert not both, f"DEAD in the DLQ and published in the target: {sorted(both)[:5]}"
+
+
+def assert_exactly_once(spark, cfg, pipeline, client, valid_ids, bad) -> None:
+    """Every valid id once in the target, the bad messages (a count, or their places) once in the
+    DLQ, nothing pending."""
     ids = target_ids(spark, cfg, pipeline)
     assert len(ids) == len(set(ids)), "a message id appears twice in the target"
     assert set(ids) == set(valid_ids), (f"missing {sorted(set(valid_ids) - set(ids))[:5]}, "
                                         f"unexpected {sorted(set(ids) - set(valid_ids))[:5]}")
-    dead = dlq_rows(spark, cfg, pipeline)
-    keys = [(r.partition, r.position) for r in dead]
-    assert len(keys) == len(set(keys)), "a message is twice in the DLQ"
-    assert len(dead) == bad_count
+    assert_dead_letters(dlq_rows(spark, cfg, pipeline), ids, bad)
     assert pending(client, pipeline) == 0
 
 

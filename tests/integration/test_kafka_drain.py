@@ -15,6 +15,7 @@ import yaml
 from deltadrain.checkpoint import read_checkpoint
 from deltadrain.connections import kafka_client_conf
 from deltadrain.drain import drain
+from deltadrain.failpoints import fired
 from deltadrain.kafka_offsets import (
     announce_claims,
     commit_group_offsets,
@@ -32,6 +33,7 @@ from tests.integration.helpers import (
     HANDLER,
     IDENTITY,
     ROOT,
+    assert_dead_letters,
     clean_up_delta_log,
     cli_drain,
     dlq_rows,
@@ -96,26 +98,29 @@ def drain_until_done(c, p, spark, max_runs: int = 12) -> list:
     raise AssertionError(f"not drained after {max_runs} runs: {[s.line() for s in summaries]}")
 
 
-def expected_counts(*results) -> tuple[list[str], int, int]:
-    """(valid ids, messages published under their offset id, dead letters) of produce() results."""
+def expected_counts(*results) -> tuple[list[str], set[str], set[tuple[str, str]]]:
+    """Of produce() results: the valid ids, the ids of the messages published under their
+    topic-partition-offset, and the places (partition, offset) of the messages to dead-letter."""
     valid = [i for r in results for i in r.valid_ids]
-    fallback = sum(r.kinds[k] for r in results for k in FALLBACK_KINDS)
-    bad = sum(r.kinds[k] for r in results for k in MALFORMED_KINDS if k not in FALLBACK_KINDS)
+    fallback = set().union(*(r.bad_places(FALLBACK_KINDS) for r in results))
+    bad = set().union(*(r.bad_places(set(MALFORMED_KINDS) - set(FALLBACK_KINDS)) for r in results))
     return valid, fallback, bad
 
 
-def assert_exactly_once(spark, c, p, valid_ids, fallback: int, bad: int) -> None:
+def assert_exactly_once(spark, c, p, valid_ids, fallback, bad) -> None:
+    """`fallback`: how many messages are published under their topic-partition-offset, or their
+    places; `bad`: how many dead letters, or their places."""
     ids = target_ids(spark, c, p)
     assert len(ids) == len(set(ids)), "a message id appears twice in the target"
     named = {i for i in ids if i.startswith("evt-")}
     assert named == set(valid_ids), (f"missing {sorted(set(valid_ids) - named)[:5]}, "
                                      f"unexpected {sorted(named - set(valid_ids))[:5]}")
-    by_offset = [i for i in ids if not i.startswith("evt-")]
-    assert len(by_offset) == fallback and all(i.startswith(f"{p.source.topic}-") for i in by_offset)
-    dead = dlq_rows(spark, c, p)
-    keys = [(r.partition, r.position) for r in dead]
-    assert len(keys) == len(set(keys)), "a message is twice in the DLQ"
-    assert len(dead) == bad
+    by_offset = {i for i in ids if not i.startswith("evt-")}
+    if isinstance(fallback, int):
+        assert len(by_offset) == fallback and all(i.startswith(f"{p.source.topic}-") for i in by_offset)
+    else:
+        assert by_offset == {f"{p.source.topic}-{part}-{offset}" for part, offset in fallback}
+    assert_dead_letters(dlq_rows(spark, c, p), ids, bad)
     # Every offset of the topic is accounted for, and the lake checkpoint is the end of the topic.
     assert lake_checkpoint(spark, c, p).positions == end_offsets(c, p)
 
@@ -131,7 +136,7 @@ def test_kafka_drain_publishes_valid_once_dead_letters_bad_and_checkpoints_end_o
     summaries = drain_until_done(c, p, spark)
     first = summaries[0]
     assert (first.outcome, first.batch, first.claimed) == ("committed", 1, 3000)
-    assert first.written == len(valid) + fallback and first.dead_lettered == bad and first.acked == 3000
+    assert first.written == len(valid) + len(fallback) and first.dead_lettered == len(bad) and first.acked == 3000
     assert first.positions == end_offsets(c, p)
     assert_exactly_once(spark, c, p, valid, fallback, bad)
     # Group offsets were committed after the lake, equal to it.
@@ -147,19 +152,19 @@ def test_kafka_drain_publishes_valid_once_dead_letters_bad_and_checkpoints_end_o
     more = produce(c, p, 100, seed=21, start=3000)
     assert main(["--config", str(path), "status", p.name, "--json"]) == 0
     st = json.loads(capsys.readouterr().out)
-    assert st["PENDING"] == 100 and st["CLAIMED"] == 0 and st["DEAD"] == bad
-    assert st["PUBLISHED"] == len(valid) + fallback
+    assert st["PENDING"] == 100 and st["CLAIMED"] == 0 and st["DEAD"] == len(bad)
+    assert st["PUBLISHED"] == len(valid) + len(fallback)
     assert set(st["partitions"]) == {"0", "1", "2"}
     for part, info in st["partitions"].items():
         assert info["end_offset"] - info["lake_checkpoint"] == info["pending"] == more.per_partition[int(part)]
         assert info["group_offset"] == info["lake_checkpoint"] and info["gap"] is None
     assert sum(i["published"] for i in st["partitions"].values()) == st["PUBLISHED"]
-    assert sum(i["dead"] for i in st["partitions"].values()) == bad
+    assert sum(i["dead"] for i in st["partitions"].values()) == len(bad)
     assert main(["--config", str(path), "status", p.name]) == 0
     assert "lake checkpoint" in capsys.readouterr().out
     assert main(["--config", str(path), "dlq", "list", p.name, "--json", "--limit", "1000"]) == 0
     rows = json.loads(capsys.readouterr().out)
-    assert len(rows) == bad and all(r["state"] == "DEAD" and r["error"] for r in rows)
+    assert len(rows) == len(bad) and all(r["state"] == "DEAD" and r["error"] for r in rows)
 
 
 @BOTH_TRANSFORMS
@@ -681,7 +686,7 @@ def test_rows_recovery_ignores_dead_letters_of_a_batch_that_never_committed(tmp_
     assert drain(c, p, spark=spark).batch == 1
     two = produce(c, p, 100, seed=71, start=50, malformed_ratio=0.2)
     _, _, bad = expected_counts(two)
-    assert bad > 0
+    assert bad
 
     def died_before_the_commit(*args, **kwargs):
         raise RuntimeError("the run died between its dead letters and its commit")
@@ -702,16 +707,24 @@ def test_rows_recovery_ignores_dead_letters_of_a_batch_that_never_committed(tmp_
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("point", "transform"), [
-    ("after_claim", HANDLER), ("during_merge", HANDLER), ("after_commit", HANDLER), ("during_merge", IDENTITY)])
-def test_sigkill_at_each_step_boundary_loses_and_duplicates_nothing(point, transform, tmp_path, cfg, spark):
-    path, c, p = make_kafka_pipeline(tmp_path, partitions=3, batch_cap=5000, transform=transform)
+@pytest.mark.parametrize(("point", "transform", "second"), [
+    ("after_claim", HANDLER, False), ("during_merge", HANDLER, False), ("after_commit", HANDLER, False),
+    ("during_merge", IDENTITY, True)])
+def test_sigkill_at_each_step_boundary_loses_and_duplicates_nothing(point, transform, second, tmp_path, cfg, spark):
+    """`second`: killed in the run's second batch, so "during_merge" kills a MERGE into the table the
+    first batch created (in the first batch it kills the write that creates the table)."""
+    path, c, p = make_kafka_pipeline(tmp_path, partitions=3, batch_cap=2000 if second else 5000, transform=transform)
     result = produce(c, p, 4000, seed=31, malformed_ratio=0.05)
     env = {"DELTADRAIN_FAILPOINT": point, "DELTADRAIN_FAILPOINT_DELAY_MS": "300"}
-    proc = cli_drain(path, p.name, env)
+    if second:
+        env["DELTADRAIN_FAILPOINT_SKIP"] = "1"
+    proc = cli_drain(path, p.name, env, args=("--max-batches", "2") if second else ())
     out, err = proc.communicate(timeout=600)
     assert proc.returncode == -9, f"the drain was not killed at {point}: rc={proc.returncode}\n{err[-3000:]}"
-    if point == "after_commit":
+    assert fired(point) in err, err[-3000:]  # this point's kill, not another's or the OOM killer's
+    if second:
+        assert lake_checkpoint(spark, c, p).batch == 1  # the first batch's commit, not the killed one's
+    elif point == "after_commit":
         # Committed to the lake, not yet to the group: the group offsets lag (still where the claim
         # notices put them, the start), never lead, and the notices claim nothing behind the lake.
         assert lake_checkpoint(spark, c, p).batch == 1
@@ -739,6 +752,7 @@ def test_sigkill_after_a_later_catch_up_batchs_commit_loses_and_duplicates_nothi
     proc = cli_drain(path, p.name, env, args=("--max-batches", "3"))
     out, err = proc.communicate(timeout=600)
     assert proc.returncode == -9, f"the drain was not killed: rc={proc.returncode}\n{err[-3000:]}"
+    assert fired("after_commit") in err, err[-3000:]
     lake = lake_checkpoint(spark, c, p)
     assert lake.batch == 2 and sum(int(v) for v in lake.positions.values()) == 2000
     assert sum(v or 0 for v in group_of(c, p).values()) == 1000  # the first batch's group commit only

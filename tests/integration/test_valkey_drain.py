@@ -14,6 +14,7 @@ import pytest
 from deltadrain.checkpoint import read_checkpoint
 from deltadrain.connections import valkey_client
 from deltadrain.drain import drain
+from deltadrain.failpoints import fired
 from deltadrain.positions import StreamId
 from deltadrain.produce import MALFORMED_KINDS, generate, produce
 from deltadrain.reap import REAPER, reap
@@ -46,8 +47,8 @@ def test_valid_messages_published_once_bad_ones_dead_lettered_with_reasons(trans
     first = summaries[0]
     assert first.outcome == "committed" and first.batch == 1 and first.claimed == 3000
     assert first.written == len(result.valid_ids) and first.acked == 3000
-    bad = sum(result.kinds[k] for k in MALFORMED_KINDS)
-    assert first.dead_lettered == bad
+    bad = result.bad_places(MALFORMED_KINDS)
+    assert first.dead_lettered == len(bad)
     assert_exactly_once(spark, c, p, client, result.valid_ids, bad)
     reasons = {r.error_type: r.error for r in dlq_rows(spark, c, p)}
     assert set(reasons) == {"empty", "oversized", "invalid_utf8", "invalid_json", "not_an_object", "missing_id",
@@ -132,10 +133,10 @@ def test_batch_cap_bounds_a_run_and_status_shows_the_lifecycle(tmp_path, cfg, sp
     assert st["last_batch"]["batch"] == 1 and st["last_batch"]["claimed"] == 400
     summaries = drain_until_done(c, p, spark, client)
     assert [x.claimed for x in summaries] == [400, 200]
-    bad = sum(result.kinds[k] for k in MALFORMED_KINDS)
+    bad = result.bad_places(MALFORMED_KINDS)
     assert_exactly_once(spark, c, p, client, result.valid_ids, bad)
     st = pipeline_status(c, p, spark)
-    assert (st["PENDING"], st["CLAIMED"], st["PUBLISHED"], st["DEAD"]) == (0, 0, len(result.valid_ids), bad)
+    assert (st["PENDING"], st["CLAIMED"], st["PUBLISHED"], st["DEAD"]) == (0, 0, len(result.valid_ids), len(bad))
 
 
 def test_reaper_takes_over_claims_of_a_dead_consumer(tmp_path, cfg, spark):
@@ -314,7 +315,7 @@ def test_checkpoint_survives_delta_log_checkpoint_and_cleanup(tmp_path, cfg, spa
     more = produce(c, p, 50, seed=13, start=300)  # the pipeline goes on from the recovered checkpoint
     s = drain(c, p, spark=spark)
     assert (s.outcome, s.batch, s.written) == ("committed", 4, len(more.valid_ids))
-    bad = sum(r.kinds[k] for r in (result, more) for k in MALFORMED_KINDS)
+    bad = result.bad_places(MALFORMED_KINDS) | more.bad_places(MALFORMED_KINDS)
     assert_exactly_once(spark, c, p, client, result.valid_ids + more.valid_ids, bad)
 
 
@@ -328,7 +329,7 @@ def test_a_commit_whose_reply_is_lost_is_already_committed_and_acknowledged(tmp_
     monkeypatch.delenv("DELTADRAIN_FAILPOINT")
     assert s.outcome == "already_committed" and s.batch == 1 and s.acked == 300
     assert s.written == len(result.valid_ids)
-    assert_exactly_once(spark, c, p, client, result.valid_ids, sum(result.kinds[k] for k in MALFORMED_KINDS))
+    assert_exactly_once(spark, c, p, client, result.valid_ids, result.bad_places(MALFORMED_KINDS))
 
 def test_the_first_batch_creates_the_table_in_one_commit_with_its_checkpoint(tmp_path, cfg, spark):
     from delta.tables import DeltaTable
@@ -347,11 +348,11 @@ def test_the_first_batch_creates_the_table_in_one_commit_with_its_checkpoint(tmp
     checkpoint = read_checkpoint(spark, target, p.name)
     assert (checkpoint.batch, checkpoint.positions, checkpoint.found_in) == (1, s.positions, "commit")
     assert pipeline_status(c, p, spark)["last_batch"]["written"] == len(result.valid_ids)
-    assert_exactly_once(spark, c, p, client, result.valid_ids, sum(result.kinds[k] for k in MALFORMED_KINDS))
+    assert_exactly_once(spark, c, p, client, result.valid_ids, result.bad_places(MALFORMED_KINDS))
     second = produce(c, p, 50, seed=94, start=300)
     assert drain(c, p, spark=spark).written == 50  # later batches MERGE into it
     assert_exactly_once(spark, c, p, client, result.valid_ids + second.valid_ids,
-                        sum(result.kinds[k] for k in MALFORMED_KINDS))
+                        result.bad_places(MALFORMED_KINDS))
 
 
 def test_a_first_batch_of_only_bad_messages_creates_the_table_with_its_checkpoint(tmp_path, cfg, spark):
@@ -400,32 +401,38 @@ def test_a_table_created_after_the_first_batch_looked_is_merged_into(tmp_path, c
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("point", "transform"), [
-    ("after_claim", HANDLER), ("during_merge", HANDLER), ("after_commit", HANDLER), ("during_ack", HANDLER),
-    ("during_merge", IDENTITY), ("after_commit", IDENTITY)])
-def test_sigkill_at_each_step_boundary_loses_and_duplicates_nothing(point, transform, tmp_path, cfg, spark):
+@pytest.mark.parametrize(("point", "transform", "second"), [
+    ("after_claim", HANDLER, False), ("during_merge", HANDLER, False), ("after_commit", HANDLER, False),
+    ("during_ack", HANDLER, False), ("during_merge", IDENTITY, True), ("after_commit", IDENTITY, False)])
+def test_sigkill_at_each_step_boundary_loses_and_duplicates_nothing(point, transform, second, tmp_path, cfg, spark):
+    """`second`: the kill comes in the run's second batch, so "during_merge" kills a MERGE into the
+    table the first batch created (in the first batch it kills the write that creates the table)."""
     # One stream: its entries are acknowledged by one task, chunk after chunk, so a kill during the
     # acknowledgement really leaves some acknowledged and some not.
-    path, c, p = make_pipeline(tmp_path, min_idle_ms=0, batch_cap=5000, partitions=1, transform=transform)
+    cap = 2000 if second else 5000
+    path, c, p = make_pipeline(tmp_path, min_idle_ms=0, batch_cap=cap, partitions=1, transform=transform)
     client = valkey_client(c, p)
     result = produce(c, p, 4000, seed=31, malformed_ratio=0.05)
     env = {"DELTADRAIN_FAILPOINT": point, "DELTADRAIN_FAILPOINT_DELAY_MS": "300"}
-    proc = cli_drain(path, p.name, env)
+    if second:
+        env["DELTADRAIN_FAILPOINT_SKIP"] = "1"
+    proc = cli_drain(path, p.name, env, args=("--max-batches", "2") if second else ())
     out, err = proc.communicate(timeout=600)
     assert proc.returncode == -9, f"the drain was not killed at {point}: rc={proc.returncode}\n{err[-3000:]}"
-    if point in ("after_commit", "during_ack"):
-        assert read_checkpoint(spark, str(c.target_path(p)), p.name).batch == 1
-    if point == "during_merge":  # killed before its commit landed, or this would be the after_commit case
-        assert read_checkpoint(spark, str(c.target_path(p)), p.name).batch == 0
+    assert fired(point) in err, err[-3000:]  # this point's kill, not another's or the OOM killer's
+    before = 1 if second else 0  # batches committed before the one killed
+    batch = read_checkpoint(spark, str(c.target_path(p)), p.name).batch
+    # "during_merge": killed before its commit landed, or this would be the after_commit case.
+    assert batch == (before + 1 if point in ("after_commit", "during_ack") else before)
     if point in ("after_claim", "during_merge", "after_commit"):
-        assert pending(client, p) == 4000
+        assert pending(client, p) == 4000 - before * cap
     if point == "during_ack":
         assert 0 < pending(client, p) < 4000
     summaries = drain_until_done(c, p, spark, client)
     if point in ("after_commit", "during_ack"):
         assert sum(s.written for s in summaries) == 0  # all rows were in the killed run's commit
         assert sum(s.duplicates_skipped for s in summaries) > 0
-    assert_exactly_once(spark, c, p, client, result.valid_ids, sum(result.kinds[k] for k in MALFORMED_KINDS))
+    assert_exactly_once(spark, c, p, client, result.valid_ids, result.bad_places(MALFORMED_KINDS))
 
 
 @pytest.mark.slow
@@ -440,13 +447,14 @@ def test_sigkill_in_a_later_batch_of_a_catch_up_loses_and_duplicates_nothing(poi
     proc = cli_drain(path, p.name, env, args=("--max-batches", "3"))
     out, err = proc.communicate(timeout=600)
     assert proc.returncode == -9, f"the drain was not killed at {point}: rc={proc.returncode}\n{err[-3000:]}"
+    assert fired(point) in err, err[-3000:]
     checkpoint = read_checkpoint(spark, str(c.target_path(p)), p.name).batch
     assert checkpoint == (2 if point == "after_commit" else 1)
     assert pending(client, p) == 1000  # the first batch was acknowledged, the second one was not
     summaries = drain_until_done(c, p, spark, client)
     if point == "after_commit":
         assert summaries[0].duplicates_skipped > 0  # the second batch's rows, already in the lake
-    assert_exactly_once(spark, c, p, client, result.valid_ids, sum(result.kinds[k] for k in MALFORMED_KINDS))
+    assert_exactly_once(spark, c, p, client, result.valid_ids, result.bad_places(MALFORMED_KINDS))
 
 
 @pytest.mark.slow
@@ -471,7 +479,7 @@ def test_two_concurrent_drains_one_reports_the_neighbour(tmp_path, cfg, spark):
     assert lost["outcome"] == "ahead" and lost["acked"] == 0 and lost["released"] == 1000 and lost["written"] == 0
     assert "another writer is ahead" in lost["error"]
     drain_until_done(c, p, spark, client)
-    assert_exactly_once(spark, c, p, client, result.valid_ids, sum(result.kinds[k] for k in MALFORMED_KINDS))
+    assert_exactly_once(spark, c, p, client, result.valid_ids, result.bad_places(MALFORMED_KINDS))
 
 
 @pytest.mark.slow
@@ -516,7 +524,7 @@ def test_valkey_restart_between_claim_and_ack(tmp_path, cfg, spark, valkey_serve
     assert s["outcome"] == "committed" and s["acked"] == 2000
     assert pending(client, p) == 0
     drain_until_done(c, p, spark, client)
-    assert_exactly_once(spark, c, p, client, result.valid_ids, sum(result.kinds[k] for k in MALFORMED_KINDS))
+    assert_exactly_once(spark, c, p, client, result.valid_ids, result.bad_places(MALFORMED_KINDS))
 
 
 def test_status_and_dlq_list_commands(tmp_path, cfg, spark, capsys):
@@ -525,14 +533,14 @@ def test_status_and_dlq_list_commands(tmp_path, cfg, spark, capsys):
     path, c, p = make_pipeline(tmp_path)
     result = produce(c, p, 400, seed=71, malformed_ratio=0.2)
     drain(c, p, spark=spark)
-    bad = sum(result.kinds[k] for k in MALFORMED_KINDS)
+    bad = result.bad_places(MALFORMED_KINDS)
     assert main(["--config", str(path), "status", p.name, "--json"]) == 0
     st = json.loads(capsys.readouterr().out)
-    assert (st["PENDING"], st["CLAIMED"], st["PUBLISHED"], st["DEAD"]) == (0, 0, len(result.valid_ids), bad)
-    assert st["checkpoint"]["batch"] == 1 and st["last_batch"]["dead_lettered"] == bad
+    assert (st["PENDING"], st["CLAIMED"], st["PUBLISHED"], st["DEAD"]) == (0, 0, len(result.valid_ids), len(bad))
+    assert st["checkpoint"]["batch"] == 1 and st["last_batch"]["dead_lettered"] == len(bad)
     assert main(["--config", str(path), "dlq", "list", p.name, "--json", "--limit", "1000"]) == 0
     rows = json.loads(capsys.readouterr().out)
-    assert len(rows) == bad and all(r["state"] == "DEAD" and r["error"] for r in rows)
+    assert len(rows) == len(bad) and all(r["state"] == "DEAD" and r["error"] for r in rows)
     assert main(["--config", str(path), "dlq", "list", p.name, "--json", "--error", "not valid UTF-8"]) == 0
     utf8 = json.loads(capsys.readouterr().out)
     assert len(utf8) == result.kinds["invalid_utf8"] and {r["error_type"] for r in utf8} == {"invalid_utf8"}
@@ -542,7 +550,7 @@ def test_status_and_dlq_list_commands(tmp_path, cfg, spark, capsys):
     assert "ISO-8601" in capsys.readouterr().err
     assert main(["--config", str(path), "status", p.name]) == 0
     text = capsys.readouterr().out
-    assert f"PUBLISHED {len(result.valid_ids):>10}" in text and f"DEAD      {bad:>10}" in text
+    assert f"PUBLISHED {len(result.valid_ids):>10}" in text and f"DEAD      {len(bad):>10}" in text
 
 
 def test_the_spark_submit_entry_point_drains(tmp_path, cfg, spark):
@@ -562,7 +570,7 @@ def test_the_spark_submit_entry_point_drains(tmp_path, cfg, spark):
     assert done.returncode == 0, done.stderr[-3000:]
     s = summary_of(done.stdout)
     assert s["outcome"] == "committed" and s["written"] == len(result.valid_ids)
-    assert_exactly_once(spark, c, p, client, result.valid_ids, sum(result.kinds[k] for k in MALFORMED_KINDS))
+    assert_exactly_once(spark, c, p, client, result.valid_ids, result.bad_places(MALFORMED_KINDS))
     # A failing run exits non-zero with the drain's own error on stderr, not only an exit code.
     bad = subprocess.run(spark_submit_command(str(PROJECT_ROOT / "spark_jobs" / "drain.py"),
                                               ["nope", "--config", str(path)]),
@@ -601,7 +609,7 @@ def test_the_spark_submit_entry_point_catches_up_in_full_batches_up_to_its_limit
     second = job("catchup-b")
     assert second["batches"] == [4, 5] and second["claimed"] == 400 and second["outcome"] == "committed"
     assert second["batch"] == 5 and "ended empty" in second["stopped"]
-    assert_exactly_once(spark, c, p, client, result.valid_ids, sum(result.kinds[k] for k in MALFORMED_KINDS))
+    assert_exactly_once(spark, c, p, client, result.valid_ids, result.bad_places(MALFORMED_KINDS))
     runs = last_runs(spark, c, p, 10)
     assert sorted(r["batch"] for r in runs if r["outcome"] == "committed") == [1, 2, 3, 4, 5]
     assert len({r["run_id"] for r in runs}) == len(runs) == 6  # the empty run after batch 5 too
@@ -1034,7 +1042,7 @@ def test_a_gap_found_by_a_run_that_dies_is_carried_by_the_next_commit(tmp_path, 
     assert client.xtrim(stream, minid=ids[20], approximate=False) == 20
     proc = cli_drain(path, p.name, {"DELTADRAIN_FAILPOINT": "after_claim"})
     _, err = proc.communicate(timeout=600)
-    assert proc.returncode == -9, err[-3000:]
+    assert proc.returncode == -9 and fired("after_claim") in err, err[-3000:]
     s = drain(c, p, spark=spark)
     assert s.outcome == "committed" and s.written == 30
     got = {g["kind"]: g for g in s.gap_ranges}
