@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from deltadrain.config import load_config
 from deltadrain.errors import ConfigError, DeltadrainError
 from deltadrain.lake import damaged_log
+from deltadrain.paths import check_run_id
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {}
 
@@ -104,8 +105,6 @@ def _drain(args) -> int:
     from deltadrain.drain import drain
 
     cfg = load_config(args.config)
-    if args.max_batches < 1:
-        raise DeltadrainError(f"--max-batches must be at least 1, got {args.max_batches}")
     pipeline = cfg.pipeline(args.pipeline)
     if args.accept_gaps:
         pipeline = pipeline.accepting_gaps()
@@ -306,8 +305,6 @@ def _bench(args) -> int:
     from deltadrain.bench import run_bench, run_kafka_bench
 
     workdir = Path(args.workdir) if args.workdir else None
-    if args.rounds < 1:
-        raise DeltadrainError(f"bench --rounds must be at least 1, got {args.rounds}")
     if args.source == "kafka":
         report = run_kafka_bench(args.count, args.partitions, args.batch, workdir, rounds=args.rounds)
     elif args.rounds != 1:
@@ -316,9 +313,12 @@ def _bench(args) -> int:
     else:
         report = run_bench(args.count, args.partitions, args.batch, workdir)
     text = json.dumps(report, indent=2, default=str)
+    print(text, flush=True)  # first: an --output that cannot be written must not lose a long run's report
     if args.output:
-        Path(args.output).write_text(text + "\n")
-    print(text)
+        try:
+            Path(args.output).write_text(text + "\n")
+        except OSError as exc:
+            raise DeltadrainError(f"bench --output {args.output}: {exc} (the report is printed above)") from None
     return 0
 
 
@@ -399,6 +399,36 @@ def _replay(args) -> int:
     return 0
 
 
+def _at_least(low: int):
+    """An argparse type: an integer >= low (a bad value exits 2 with one line, not a traceback)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{value} is less than {low}")
+        return value
+    return parse
+
+
+def _ratio(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"{value} is not within 0..1")
+    return value
+
+
+def _run_id(text: str) -> str:
+    try:
+        return check_run_id(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="deltadrain", description=__doc__)
     parser.add_argument("--config", help="pipeline config YAML (default: $DELTADRAIN_CONFIG or config/pipelines.yaml)")
@@ -417,17 +447,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("produce", help="write deterministic sample events to a pipeline's source")
     p.add_argument("pipeline")
-    p.add_argument("--count", type=int, required=True)
+    p.add_argument("--count", type=_at_least(1), required=True)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--start", type=int, default=0, help="index of the first event (continue a sequence)")
-    p.add_argument("--malformed-ratio", type=float, default=0.0)
-    p.add_argument("--poison-ratio", type=float, default=0.0)
+    p.add_argument("--start", type=_at_least(0), default=0, help="index of the first event (continue a sequence)")
+    p.add_argument("--malformed-ratio", type=_ratio, default=0.0)
+    p.add_argument("--poison-ratio", type=_ratio, default=0.0)
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
 
     p = sub.add_parser("drain", help="run one exactly-once drain batch of a pipeline (or more: --max-batches)")
     p.add_argument("pipeline")
-    p.add_argument("--run-id", help="identifies this run in commits, claims and logs (default: generated)")
-    p.add_argument("--max-batches", type=int, default=1,
+    p.add_argument("--run-id", type=_run_id, help="identifies this run in commits, claims and logs (default: generated)")
+    p.add_argument("--max-batches", type=_at_least(1), default=1,
                    help="go on with another batch while the last one was full, up to N batches and the "
                         "pipeline's airflow.max_drain_time (default 1); prints one summary of them all")
     p.add_argument("--accept-gaps", action="store_true",
@@ -444,13 +474,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("quality", help="run the pipeline's data-quality suite on a batch or the whole table")
     p.add_argument("pipeline")
     scope = p.add_mutually_exclusive_group(required=True)
-    scope.add_argument("--batch", type=int, help="check the rows this batch wrote")
+    scope.add_argument("--batch", type=_at_least(1), help="check the rows this batch wrote")
     scope.add_argument("--table", action="store_true", help="check the whole target table")
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("metrics", help="the last drain runs of a pipeline from the metrics table, and a chart")
     p.add_argument("pipeline")
-    p.add_argument("--last", type=int, default=10)
+    p.add_argument("--last", type=_at_least(1), default=10)
     p.add_argument("--chart", help="also write a throughput/backlog chart here (.html or .svg)")
     p.add_argument("--json", action="store_true")
 
@@ -468,7 +498,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--since", help="ISO time: last failure at or after")
     p.add_argument("--until", help="ISO time: last failure before")
     p.add_argument("--state", default="DEAD", choices=["DEAD", "REPLAYED", "all"])
-    p.add_argument("--limit", type=int, default=50)
+    p.add_argument("--limit", type=_at_least(1), default=50)
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("backfill", help="heal [start, end) of a pipeline's table from the source's retained history")
@@ -492,17 +522,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("demo", help="start everything, produce sample events, drain them, show where to look")
-    p.add_argument("--count", type=int, default=5000)
+    p.add_argument("--count", type=_at_least(1), default=5000)
 
     p = sub.add_parser("bench", help="measure drain throughput against the raw limits, or for Kafka against "
                                       "Structured Streaming (docs/benchmarks.md)")
     p.add_argument("--source", choices=["valkey", "kafka"], default="valkey")
-    p.add_argument("--count", type=int, default=2_000_000)
-    p.add_argument("--partitions", type=int, default=4)
-    p.add_argument("--batch", type=int, default=200_000, help="batch cap of the drain runs")
+    p.add_argument("--count", type=_at_least(1), default=2_000_000)
+    p.add_argument("--partitions", type=_at_least(1), default=4)
+    p.add_argument("--batch", type=_at_least(1), default=200_000, help="batch cap of the drain runs")
     p.add_argument("--workdir", help="where the bench's tables go (default: a new temp dir)")
     p.add_argument("--output", help="also write the JSON report here")
-    p.add_argument("--rounds", type=int, default=1,
+    p.add_argument("--rounds", type=_at_least(1), default=1,
                    help="Kafka: drain the topic this many times with each side, alternating which goes first")
 
     p = sub.add_parser("jars", help="fetch the JVM artefacts into the jar cache (mvn)")
@@ -530,11 +560,11 @@ def _unreachable(exc: Exception, args) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command in ("drain", "backfill", "replay"):
-        from deltadrain.logs import configure
-
-        configure()
     try:
+        if args.command in ("drain", "backfill", "replay"):
+            from deltadrain.logs import configure
+
+            configure()
         return COMMANDS[args.command](args)
     except ConfigError as exc:
         print(f"deltadrain: config error: {exc}", file=sys.stderr)

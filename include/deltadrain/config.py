@@ -112,10 +112,14 @@ class ValkeySource(_Model):
     def _url(cls, v):
         if v is not None and not re.match(r"^(valkey|valkeys|redis|rediss)://", v):
             raise ValueError("must start with valkey://, valkeys://, redis:// or rediss://")
-        if v is not None and re.match(r"^\w+://[^/@]*:[^/@]+@", v):
+        parts = urllib.parse.urlsplit(v or "")
+        # urlsplit takes the userinfo up to the last "@", so a "/" or "#" in a password does not hide it.
+        if v is not None and (parts.password is not None or re.match(r"^\w+://[^@]*:[^@]*@", v)):
             raise ValueError("carries a password; put it in password_env or an Airflow connection")
+        if parts.fragment:
+            raise ValueError("has a '#' part, which a Valkey URL does not use (a password there is not hidden)")
         # valkey-py also reads credentials from the query string (?password=..., ?username=...).
-        query = urllib.parse.parse_qs(urllib.parse.urlsplit(v or "").query, keep_blank_values=True)
+        query = urllib.parse.parse_qs(parts.query, keep_blank_values=True)
         creds = sorted(k for k in query if k.lower() in SECRET_KEYS | {"username", "user"})
         if creds:
             raise ValueError(f"carries credentials in its query string ({', '.join(creds)}); name an environment "
@@ -415,25 +419,54 @@ def parse_config(data: object, source: Path) -> DeltadrainConfig:
             lines.append(f"{source}: {where}: {msg}")
         raise ConfigError("\n".join(lines)) from None
     cfg = cfg.model_copy(update={"source_file": source.resolve()})
-    # One table per pipeline: the checks, backfills and replays of one would act on the other's rows.
+    # One table per pipeline, apart from the others and from deltadrain's own tables (DLQs, quarantine,
+    # metrics): the checks, backfills, replays and VACUUMs of one would act on the other's files.
+    internal = (cfg.lake_dir() / "_deltadrain").resolve()
     seen: dict[Path, str] = {}
     for p in cfg.pipelines:
         path = cfg.target_path(p).resolve()
-        if path in seen:
-            raise ConfigError(f"{source}: pipeline '{p.name}', field 'target.path': {path} is already the target "
-                              f"of pipeline '{seen[path]}'; each pipeline needs a table of its own")
+        where = f"{source}: pipeline '{p.name}', field 'target.path': {path}"
+        if _overlap(path, internal):
+            raise ConfigError(f"{where} overlaps deltadrain's own tables under {internal}; choose another path")
+        for other, name in seen.items():
+            if _overlap(path, other):
+                what = "is already" if path == other else "lies inside or around"
+                raise ConfigError(f"{where} {what} the target of pipeline '{name}' ({other}); "
+                                  "each pipeline needs a table of its own")
         seen[path] = p.name
     return cfg
+
+
+def _overlap(a: Path, b: Path) -> bool:
+    return a == b or a in b.parents or b in a.parents
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """safe_load, except that a key given twice in one mapping is an error: YAML lets the last one
+    win silently, so a second `target:` block would send a pipeline to a table nobody meant."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: set = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key '{key}' appears twice in one mapping (the second would replace the first)",
+                    key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
 
 
 def load_config(path: str | Path | None = None) -> DeltadrainConfig:
     source = Path(path) if path else config_path()
     try:
-        text = source.read_text()
+        text = source.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(f"{source}: config file not found (set DELTADRAIN_CONFIG or pass --config)") from None
+    except (OSError, UnicodeDecodeError) as exc:  # a directory, no permission, not UTF-8 text
+        raise ConfigError(f"{source}: cannot read the config file: {type(exc).__name__}: {exc}") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""

@@ -102,6 +102,12 @@ def kafka_consumer_conf(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> dict
     return {**kafka_client_conf(cfg, pipeline), "isolation.level": pipeline.source.isolation_level}
 
 
+def jaas_quoted(value: str) -> str:
+    """A value inside a JAAS option's double quotes: a backslash escapes the next character, so it is
+    escaped first; otherwise a credential ending in one, or holding \\", ends the value early."""
+    return value.replace("\\", "\\\\").replace('"', '\\"')
+
+
 def kafka_spark_options(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> dict[str, str]:
     """The same settings for Spark's Kafka source (Java client names, JAAS for SASL)."""
     servers, sec, creds = _kafka_settings(cfg, pipeline)
@@ -110,8 +116,7 @@ def kafka_spark_options(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> dict
     if creds is not None:
         module = ("org.apache.kafka.common.security.plain.PlainLoginModule" if sec.sasl_mechanism == "PLAIN"
                   else "org.apache.kafka.common.security.scram.ScramLoginModule")
-        user = (creds.username or "").replace('"', '\\"')
-        pw = (creds.password or "").replace('"', '\\"')
+        user, pw = jaas_quoted(creds.username or ""), jaas_quoted(creds.password or "")
         opts["kafka.sasl.mechanism"] = sec.sasl_mechanism
         opts["kafka.sasl.jaas.config"] = f'{module} required username="{user}" password="{pw}";'
     if sec.ssl_ca_location:

@@ -51,7 +51,8 @@ def _mvn(args: list[str], *, quiet: bool) -> None:
     cmd = ["mvn", "-B", *(["-q"] if quiet else []), *args]
     done = subprocess.run(cmd, capture_output=quiet, text=True)
     if done.returncode != 0:
-        tail = (done.stdout or "")[-2000:] if quiet else ""
+        # Maven says why on stdout (build errors) or stderr (the wrapper: JAVA_HOME, no JDK).
+        tail = ((done.stdout or "")[-2000:] + (done.stderr or "")[-1000:]) if quiet else ""
         raise PrerequisiteError(f"`{' '.join(cmd)}` failed (exit {done.returncode}).\n{tail}")
 
 

@@ -56,7 +56,8 @@ def start_offsets(checkpoint: dict[str, str], watermarks: dict[int, tuple[int, i
     """Where the next run starts in each partition, and the offsets retention deleted before any run
     read them. A partition the checkpoint does not know starts at `starting` on the pipeline's first
     run only (no batch committed yet; without `first_run`, an empty checkpoint); one that appears
-    later (added to the topic) starts at its earliest offset. A `latest` first run therefore reads
+    later (added to the topic) starts at its earliest offset, and reports as a gap what retention
+    deleted of it before (its offsets start at 0). A `latest` first run therefore reads
     nothing, and must commit where it started (`kafka_drain`), or the next run would be a first run too."""
     if first_run is None:
         first_run = not checkpoint
@@ -71,8 +72,16 @@ def start_offsets(checkpoint: dict[str, str], watermarks: dict[int, tuple[int, i
             if low > start:
                 gaps.append(Gap(part, start, low))
                 start = low
+        elif first_run:
+            start = high if starting == "latest" else low
         else:
-            start = high if (first_run and starting == "latest") else low
+            # Added to the topic since the pipeline began: every offset from 0 is the pipeline's, so
+            # what retention deleted before a run read it is a gap, as in any other partition.
+            # (An empty checkpoint after a first run knows no partition: rows recovery of a table
+            # without rows. Where that run started is unknown, so nothing is called a gap.)
+            start = low
+            if low > 0 and checkpoint:
+                gaps.append(Gap(part, 0, low))
         starts[part] = start
     return starts, gaps
 

@@ -13,9 +13,16 @@ import os
 FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
 
 
+LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
 def configure() -> None:
     """For entry points (CLI, spark jobs): INFO lines on stderr unless logging is already set up."""
     level = os.environ.get("DELTADRAIN_LOG_LEVEL", "INFO").upper()
+    if level not in LEVELS:
+        from deltadrain.errors import DeltadrainError
+
+        raise DeltadrainError(f"DELTADRAIN_LOG_LEVEL={level!r} is not a log level; use one of {', '.join(LEVELS)}")
     logging.basicConfig(level=level, format=FORMAT)
     logging.getLogger("deltadrain").setLevel(level)
     for noisy in ("py4j", "great_expectations"):

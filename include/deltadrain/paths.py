@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import time
 from pathlib import Path
@@ -25,13 +26,24 @@ def state_home() -> Path:
 STAGING_ABANDONED_S = 24 * 3600
 
 
+# A run id names a directory (staging), a Valkey consumer and commits: no separators, no "." or "..".
+RUN_ID = re.compile(r"^(?!\.\.?$)[A-Za-z0-9_.-]{1,200}$")
+
+
+def check_run_id(run_id: str) -> str:
+    if not RUN_ID.match(run_id):
+        raise ValueError(f"run id {run_id!r}: use 1-200 letters, digits, '_', '.' or '-' (not '.' or '..' alone)")
+    return run_id
+
+
 def staging_dir(run_id: str) -> Path:
     """Where a run (drain, backfill, reprocess) stages its batch; the run removes it at its end. A run
     killed first (SIGKILL, a lost worker, Airflow's timeout) leaves it behind, with a batch of data in
-    it, and a retry has a new run id: each run sweeps what such runs left a day ago or earlier."""
+    it, and a retry has a new run id: each run sweeps what such runs left a day ago or earlier. The
+    run id is checked: the run removes this directory, which must never be anything but its own."""
     root = state_home() / "staging"
     sweep_abandoned(root, time.time() - STAGING_ABANDONED_S)
-    return root / run_id
+    return root / check_run_id(run_id)
 
 
 def sweep_abandoned(root: Path, before: float) -> list[str]:

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.conftest import free_port
@@ -90,9 +91,10 @@ def test_airflow_standalone_up_down(tmp_path):
         status = cli(env, "services", "status", "--only", "airflow", "--json")
         assert status.returncode == 0 and '"running"' in status.stdout
         # bound to loopback only
-        ss = subprocess.run(["ss", "-ltn"], capture_output=True, text=True).stdout
-        port = env["DELTADRAIN_AIRFLOW_PORT"]
-        assert f"127.0.0.1:{port}" in ss and f"0.0.0.0:{port}" not in ss
+        port = int(env["DELTADRAIN_AIRFLOW_PORT"])
+        listening = {c.laddr.ip for c in psutil.net_connections("inet")
+                     if c.status == psutil.CONN_LISTEN and c.laddr.port == port}
+        assert listening == {"127.0.0.1"}, listening
     finally:
         cli(env, "services", "down", timeout=120)
     assert processes_under(home) == []

@@ -32,8 +32,9 @@ def test_bench_rounds_apply_to_kafka_only_and_are_positive(capsys):
     assert build_parser().parse_args(["bench", "--source", "kafka", "--rounds", "3"]).rounds == 3
     assert main(["bench", "--rounds", "2"]) != 0
     assert "--rounds applies to --source kafka only" in capsys.readouterr().err
-    assert main(["bench", "--source", "kafka", "--rounds", "0"]) != 0
-    assert "at least 1, got 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["bench", "--source", "kafka", "--rounds", "0"])
+    assert "--rounds: 0 is less than 1" in capsys.readouterr().err
 
 
 def test_drain_max_batches_is_positive(capsys):
@@ -41,8 +42,47 @@ def test_drain_max_batches_is_positive(capsys):
 
     assert build_parser().parse_args(["drain", "orders", "--max-batches", "5"]).max_batches == 5
     assert build_parser().parse_args(["drain", "orders"]).max_batches == 1
-    assert main(["drain", "orders", "--max-batches", "0"]) != 0
-    assert "--max-batches must be at least 1, got 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        main(["drain", "orders", "--max-batches", "0"])
+    assert exit_.value.code == 2 and "--max-batches: 0 is less than 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["produce", "orders", "--count", "-5"], "--count: -5 is less than 1"),
+    (["produce", "orders", "--count", "x"], "--count: 'x' is not a whole number"),
+    (["produce", "orders", "--count", "3", "--malformed-ratio", "2"], "--malformed-ratio: 2.0 is not within 0..1"),
+    (["metrics", "orders", "--last", "-1"], "--last: -1 is less than 1"),
+    (["dlq", "list", "orders", "--limit", "0"], "--limit: 0 is less than 1"),
+    (["drain", "orders", "--run-id", "../../home"], "--run-id: run id '../../home': use 1-200 letters"),
+    (["drain", "orders", "--run-id", ".."], "--run-id: run id '..'"),
+    (["drain", "orders", "--run-id", "/"], "--run-id: run id '/'"),
+])
+def test_bad_flag_values_exit_2_with_one_line(argv, message, capsys):
+    from deltadrain.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and message in err and "Traceback" not in err
+
+
+def test_a_bad_log_level_is_a_one_line_error(monkeypatch, tmp_path, capsys):
+    from deltadrain.cli import main
+
+    monkeypatch.setenv("DELTADRAIN_LOG_LEVEL", "verbose")
+    assert main(["--config", str(tmp_path / "none.yaml"), "drain", "orders"]) == 1
+    assert "DELTADRAIN_LOG_LEVEL='VERBOSE' is not a log level; use one of DEBUG" in capsys.readouterr().err
+
+
+def test_a_run_id_is_one_directory_under_staging(tmp_path, monkeypatch):
+    from deltadrain.paths import staging_dir
+
+    monkeypatch.setenv("DELTADRAIN_HOME", str(tmp_path))
+    assert staging_dir("af-ingest_orders-manual__2026-11-26T10_00_00-try1") == (
+        tmp_path / "staging" / "af-ingest_orders-manual__2026-11-26T10_00_00-try1")
+    for bad in ("/", "..", ".", "../x", "a/b", ""):
+        with pytest.raises(ValueError, match="run id"):
+            staging_dir(bad)
 
 
 def test_stale_claims_are_flagged_by_the_sources_own_limit():

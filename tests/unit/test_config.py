@@ -148,6 +148,47 @@ def test_two_pipelines_with_one_target_table_are_refused():
     assert "already the target of pipeline 'orders'" in msg
 
 
+@pytest.mark.parametrize(("path", "other"), [
+    ("_deltadrain/dlq/clicks", "deltadrain's own tables"), ("_deltadrain", "deltadrain's own tables"),
+    (".", "deltadrain's own tables"), ("orders/inner", "inside or around the target of pipeline 'orders'")])
+def test_a_target_inside_or_around_another_table_is_refused(path, other):
+    # VACUUM of a table around another would delete that one's files; a target on a DLQ would drain into it.
+    data = example()
+    data["pipelines"][0]["target"]["path"] = "orders"
+    data["pipelines"][1]["target"]["path"] = path
+    msg = error_of(data, "conf/pipes.yaml")
+    assert msg.startswith("conf/pipes.yaml: pipeline 'clicks', field 'target.path'") and other in msg
+
+
+@pytest.mark.parametrize("url", ["redis://u:hunter/2@host/0", "redis://:hunter2@host:6379/0",
+                                 "valkey://host:6379/0#password=hunter2", "redis://u:p#x@host/0"])
+def test_a_password_the_url_hides_with_separators_is_refused(url):
+    data = example()
+    data["pipelines"][0]["source"]["url"] = url
+    msg = error_of(data)
+    assert "pipeline 'orders', field 'source.url'" in msg and "hunter" not in msg
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("pipelines:\n  - name: orders\n    batch_cap: 5\n    batch_cap: 7\n", "line 4: not valid YAML: key 'batch_cap' "
+                                                                          "appears twice"),
+    ("pipelines:\n  - name: a\n    target: {path: x}\n    target: {path: y}\n", "key 'target' appears twice"),
+])
+def test_a_key_given_twice_is_refused_not_silently_replaced(tmp_path, text, message):
+    path = tmp_path / "dup.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message) as info:
+        load_config(path)
+    assert str(info.value).startswith(str(path))
+
+
+def test_a_config_that_cannot_be_read_is_a_config_error_naming_it(tmp_path):
+    (tmp_path / "binary.yaml").write_bytes(b"pipelines: \xff\xfe")
+    for path, reason in ((tmp_path / "binary.yaml", "UnicodeDecodeError"), (tmp_path, "IsADirectoryError")):
+        with pytest.raises(ConfigError, match=f"^{path}: cannot read the config file: {reason}"):
+            load_config(path)
+
+
 def test_kafka_reads_committed_records_unless_told_otherwise():
     from deltadrain.connections import kafka_client_conf, kafka_consumer_conf, kafka_spark_options
 

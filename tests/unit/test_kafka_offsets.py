@@ -33,6 +33,16 @@ def test_latest_applies_to_the_first_run_only_new_partitions_start_at_earliest()
     # Partition 2 appeared after the first commit: its messages are read from its beginning.
     later = plan_ranges({"0": "10", "1": "4"}, {0: (0, 12), 1: (0, 4), 2: (0, 3)}, cap=100, starting="latest")
     assert later.ranges == {0: (10, 12), 2: (0, 3)} and later.positions == {"0": "12", "1": "4", "2": "3"}
+    assert later.gaps == []
+
+
+def test_what_retention_deleted_of_a_partition_added_later_is_a_gap():
+    # Partition 2 was added, then the pipeline stood still (paused, or stopped at a gap) past the
+    # retention of its first 7 offsets: they were never read, and are reported, not skipped.
+    later = plan_ranges({"0": "10", "1": "4"}, {0: (0, 12), 1: (0, 4), 2: (7, 9)}, cap=100)
+    assert later.ranges == {0: (10, 12), 2: (7, 9)} and later.gaps == [Gap(2, 0, 7)]
+    first = plan_ranges({}, {0: (5, 12)}, cap=100)  # before the pipeline began: not its loss
+    assert first.ranges == {0: (5, 12)} and first.gaps == []
 
 
 def test_latest_is_for_a_pipeline_with_no_batch_not_for_a_checkpoint_without_positions():

