@@ -272,3 +272,28 @@ def test_the_maintenance_job_gets_its_pipeline_or_the_shared_tables():
     assert args[:3] == ["--shared", "--config", "/etc/dd.yaml"] and args[-2] == "--run-id"
     assert shared.application.endswith("spark_jobs/maintain.py")
     assert (one.subject, shared.subject) == ("'orders'", "the shared tables")  # in a failed task's message
+
+
+def test_source_credentials_never_reach_the_spark_submit_command_line(monkeypatch):
+    """Without spark_default the provider's hook falls back to YARN and, deciding so when it is made,
+    put env_vars on the command line as spark.yarn.appMasterEnv.* (readable in `ps` by any user). A
+    real YARN or Kubernetes master would do the same: the operator refuses to hand secrets to those."""
+    from deltadrain.orchestration import operators
+    from deltadrain.orchestration.operators import DeltadrainJobFailed, DrainOperator
+
+    handed = {"AIRFLOW_CONN_SRC": '{"conn_type": "generic", "login": "u", "password": "hunter2"}'}
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_YARN", '{"conn_type": "spark", "host": "yarn"}')
+    for conn_id, exists in (("spark_default", False), ("spark_yarn", True)):
+        op = DrainOperator(task_id=f"drain_{conn_id}", pipeline="orders", conn_id=conn_id)
+        op._handed, op.env_vars = handed, {**handed, "PATH": "/usr/bin"}
+        monkeypatch.setattr(operators, "_connection_exists", lambda _id, exists=exists: exists)
+        if not exists:  # local: the secret goes only into the child's environment
+            hook = op._get_hook()
+            command = hook._build_spark_submit_command("job.py")
+            assert command[command.index("--master") + 1] == operators.DEFAULT_MASTER
+            assert not any("hunter2" in arg or "AIRFLOW_CONN" in arg for arg in command), command
+            assert hook._env["AIRFLOW_CONN_SRC"] == handed["AIRFLOW_CONN_SRC"]
+        else:
+            with pytest.raises(DeltadrainJobFailed, match="the Spark master yarn would get the source's credentials "
+                                                          r"\(AIRFLOW_CONN_SRC\) on the spark-submit command line"):
+                op._get_hook()

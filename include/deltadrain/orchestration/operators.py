@@ -60,6 +60,7 @@ class DeltadrainSparkOperator(SparkSubmitOperator):
         self._summary: dict | None = None
         self._error: str | None = None
         self._tail: list[str] = []
+        self._handed: dict[str, str] = {}  # AIRFLOW_CONN_* this run hands the job (execute)
 
     # -- what the job gets ------------------------------------------------------------------------
 
@@ -89,9 +90,22 @@ class DeltadrainSparkOperator(SparkSubmitOperator):
     def _get_hook(self):
         hook = super()._get_hook()
         if not _connection_exists(self._conn_id):
-            # No spark_default: run where the worker is (the provider would fall back to YARN).
+            # No spark_default: run where the worker is (the provider would fall back to YARN). The
+            # hook decided "YARN" from its fallback when it was made: without resetting that, it puts
+            # env_vars on the command line as spark.yarn.appMasterEnv.* confs, secrets included.
             self.log.info("deltadrain: connection %r is not defined; using master %s", self._conn_id, DEFAULT_MASTER)
             hook._connection["master"] = DEFAULT_MASTER
+            hook._is_yarn = hook._is_yarn_cluster_mode = hook._is_kubernetes = False
+        handed = sorted(self._handed)
+        if handed and (hook._is_yarn or hook._is_kubernetes):
+            # Those masters get env_vars as --conf spark.yarn.appMasterEnv.* / spark.kubernetes.driverEnv.*:
+            # in the spark-submit command line, readable by anyone on the worker, and in the app's conf.
+            raise DeltadrainJobFailed(
+                f"deltadrain {self.job} of {self.subject}: the Spark master {hook._connection['master']} would get "
+                f"the source's credentials ({', '.join(handed)}) on the spark-submit command line. Define "
+                "them in the driver's environment on the cluster (a Kubernetes secret, the YARN application "
+                "environment) under the same names; a connection already in the worker's environment is "
+                "not handed over")
         process_log = hook._process_spark_submit_log
         hook._process_spark_submit_log = lambda lines: process_log(self._watch(lines))
         return hook
@@ -113,7 +127,8 @@ class DeltadrainSparkOperator(SparkSubmitOperator):
         self.conf = {**spark_conf(), **(self.conf or {})}
         bindir = str(Path(sys.executable).parent)
         # The environment's spark-submit and python come first, whatever PATH the worker has.
-        self.env_vars = {**(self.env_vars or {}), **self.source_connections(),
+        self._handed = self.source_connections()
+        self.env_vars = {**(self.env_vars or {}), **self._handed,
                          "PATH": bindir + os.pathsep + os.environ.get("PATH", "")}
         try:
             super().execute(context)
