@@ -68,23 +68,28 @@ def positions_from_rows(spark, path: str, dlq_path: str | None, batch: int,
     the target: their messages were drained all the same).
 
     Rows written by backfills and replays carry batch 0: they may lie beyond the live checkpoint
-    (a backfill of a recent interval), so they never count here. Nor do dead letters of a later
-    batch: they are written before their batch's commit, which a run killed in between never made.
+    (a backfill of a recent interval), so they never count here. A dead letter counts only when the
+    run that wrote it committed its batch (its batch and run id are on rows of the target): dead
+    letters are written before their batch's commit, which a run killed in between never made, and
+    the run that then committed that batch number may have read less. Leaving one out can only
+    make the next run read again what the DLQ and the MERGE already absorb.
     """
     from pyspark.sql import functions as F
 
-    frames = []
+    frames, committers = [], []
     drained = (F.col("_dd_batch") > 0) & (F.col("_dd_batch") <= F.lit(batch))
     for table in (path, quarantine_path):
         if table and is_table(spark, table):
-            frames.append(spark.read.format("delta").load(table).where(drained).select(
-                F.col("_dd_partition").alias("p"), F.col("_dd_position").alias("pos"),
-                F.col("_dd_pos_hi").alias("hi"), F.col("_dd_pos_lo").alias("lo")))
-    if dlq_path and is_table(spark, dlq_path):
-        dead = (F.col("batch") > 0) & (F.col("batch") <= F.lit(batch))
-        frames.append(spark.read.format("delta").load(dlq_path).where(dead).select(
-            F.col("partition").alias("p"), F.col("position").alias("pos"),
-            F.col("pos_hi").alias("hi"), F.col("pos_lo").alias("lo")))
+            rows = spark.read.format("delta").load(table).where(drained)
+            frames.append(rows.select(F.col("_dd_partition").alias("p"), F.col("_dd_position").alias("pos"),
+                                      F.col("_dd_pos_hi").alias("hi"), F.col("_dd_pos_lo").alias("lo")))
+            committers.append(rows.select(F.col("_dd_batch").alias("b"), F.col("_dd_run_id").alias("r")))
+    if dlq_path and committers and is_table(spark, dlq_path):
+        runs = committers[0] if len(committers) == 1 else committers[0].unionByName(committers[1])
+        dead = spark.read.format("delta").load(dlq_path).where((F.col("batch") > 0) & (F.col("batch") <= F.lit(batch)))
+        dead = dead.join(runs.distinct(), (dead.batch == runs.b) & (dead.run_id == runs.r), "left_semi")
+        frames.append(dead.select(F.col("partition").alias("p"), F.col("position").alias("pos"),
+                                  F.col("pos_hi").alias("hi"), F.col("pos_lo").alias("lo")))
     if not frames:
         return {}
     df = frames[0]

@@ -319,6 +319,11 @@ class Drain:
         """(dead letters out of retries, [(partition, position)] left for another attempt)."""
         raise NotImplementedError
 
+    def before_held(self, rows):
+        """The rows this commit may hold once culprits are left for another attempt (all of them
+        where each message is acknowledged alone, as on Valkey)."""
+        return rows
+
     # -- the run ----------------------------------------------------------------------------------
 
     def run(self) -> RunSummary:
@@ -384,7 +389,8 @@ class Drain:
                 raise DrainError(f"batch {batch} failed and no single message explains it: {stats}")
             dead_culprits, pending_culprits = self.settle_culprits(culprits)
             s.left_pending = len(pending_culprits)
-            bad = bad.unionByName(dead_culprits)
+            bad = self.before_held(bad.unionByName(dead_culprits))
+            good = self.before_held(good)
             rows, stats = self._rows(good, batch)
             if rows is None:
                 raise DrainError(f"batch {batch} still fails without its culprits: {stats}")

@@ -177,6 +177,6 @@ def used_up(runs: int, earlier_attempts: int, max_retries: int) -> bool:
 
 def dead_run_reason(runs: int, max_retries: int, segment: tuple[int, int, int, int], partition: int) -> str:
     lo, hi = segment[:2]
-    return (f"read by {runs} drain runs that died before committing (max_retries={max_retries}); a message in "
-            f"partition {partition} offsets [{lo}, {hi}) stops every run that reads it (a crash, a hang stopped "
-            f"at the task's execution_timeout, out of memory)")
+    return (f"read by {runs} drain runs that died or failed before committing (max_retries={max_retries}); a "
+            f"message in partition {partition} offsets [{lo}, {hi}) stops every run that reads it (a crash, a hang "
+            f"stopped at the task's execution_timeout, out of memory, a batch failure no single message explains)")

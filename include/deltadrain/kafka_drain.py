@@ -211,6 +211,8 @@ class KafkaDrain(Drain):
         self._notice: threading.Thread | None = None
         self.dead: dict[int, Settled] = {}  # partition -> the runs that died reading it (kafka_crashes)
         self.group: dict | None = None  # the group's offsets and notices as read at the start (None: unread)
+        self.failed_on_batch = False  # publish raised: an attempt at the batch's messages (see _finish)
+        self.held: dict[str, int] = {}  # partition -> offset of its first message left for another attempt
 
     # -- steps ------------------------------------------------------------------------------------
 
@@ -236,10 +238,24 @@ class KafkaDrain(Drain):
                     "last": now.isoformat()}
         s = self.summary
         s.positions = hold_positions(s.positions, list(pending))
+        for part, offset in pending:
+            self.held[part] = min(int(offset), self.held.get(part, int(offset)))
         self.commit_extra["retries"] = retry_record(self.retries, pending, s.positions)
         self.carry_dead_runs(s.positions)
         schema = culprits.drop("_dd_culprit_error").schema
         return self.spark.createDataFrame(dead, schema), list(pending)
+
+    def before_held(self, rows):
+        """A partition held at a culprit's offset commits none of its rows from that offset on: the
+        next run reads them again anyway (the checkpoint is the culprit's offset), and a checkpoint
+        rebuilt from rows, when the commit's file is gone, must not start past the culprit."""
+        from pyspark.sql import functions as F
+
+        beyond = None
+        for part, offset in sorted(self.held.items()):
+            cond = (F.col("_dd_partition") == F.lit(part)) & (F.col("_dd_pos_hi") >= F.lit(offset))
+            beyond = cond if beyond is None else beyond | cond
+        return rows if beyond is None else rows.where(~beyond)
 
     def _original(self, part: int, offset: int) -> bytes | None:
         # The staged rows keep only bad messages' bytes; read the culprit's record from the topic.
@@ -312,7 +328,11 @@ class KafkaDrain(Drain):
             # records, a gap) or a start: the commit carries the positions alone, or every run would
             # read them (and report the gap) again.
             (rows, stats), oldest = self.no_rows(), None
-        result, _pending = self.publish(rows, expected, oldest, stats)
+        try:
+            result, _pending = self.publish(rows, expected, oldest, stats)
+        except Exception:
+            self.failed_on_batch = True
+            raise
         if result.outcome not in (Outcome.COMMITTED, Outcome.ALREADY_COMMITTED):
             # Nothing to release: a range is not a lease. Another first run's start stands.
             self.refuse(result, expected)
@@ -390,13 +410,19 @@ class KafkaDrain(Drain):
     def _finish(self) -> None:
         """A run that did not commit its group offsets takes its claim notices off: its ranges go
         back to PENDING in status (a killed run's notices stay until the next run's group commit).
-        A run whose Spark JVM is gone leaves them: it was killed (Airflow's on_kill SIGKILLs
-        spark-submit, whose JVM the Python driver outlives for a moment; the OOM killer), maybe by
-        a message, and its notices are how the next run counts it (kafka_crashes)."""
+        Two kinds of run leave them, and the next run counts them as attempts at what they read
+        (kafka_crashes), as a redelivery counts on Valkey:
+        - one whose Spark JVM is gone: it was killed (Airflow's on_kill SIGKILLs spark-submit, whose
+          JVM the Python driver outlives for a moment; the OOM killer), maybe by a message;
+        - one that failed on its batch (`publish` raised: the transform on no single message, more
+          culprits than it isolates, the MERGE). Without the count every run would read the same
+          range and fail the same way, for ever; with it the range is halved until it commits, and
+          messages that fail every attempt end in the DLQ after max_retries."""
         self._settle_notice()
-        if self.noticed and not self._spark_alive():
+        if self.noticed and (self.failed_on_batch or not self._spark_alive()):
+            why = "it failed on its batch" if self.failed_on_batch else "Spark's JVM is gone (killed)"
             run_logger(self.summary.pipeline, self.run_id, self.summary.batch, source="kafka").warning(
-                "Spark's JVM is gone (killed): the claim notices stay, so the next run counts this one as dead")
+                "%s: the claim notices stay, so a run after min_idle_ms counts this one as an attempt", why)
             self.noticed = []
         if self.noticed:
             try:

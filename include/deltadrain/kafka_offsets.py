@@ -109,7 +109,7 @@ def plan_ranges(checkpoint: dict[str, str], watermarks: dict[int, tuple[int, int
 def hold_positions(positions: dict[str, str], pending: list[tuple[str, str]]) -> dict[str, str]:
     """A message left for another attempt holds its partition's checkpoint at its offset, so that the
     next run reads it again (Kafka has no per-message pending list). Rows after it are read again
-    too and land on their existing rows (the MERGE is on the id)."""
+    too; the commit leaves them out (`KafkaDrain.before_held`)."""
     out = dict(positions)
     for part, offset in pending:
         out[part] = str(min(int(out[part]), int(offset))) if part in out else offset

@@ -555,7 +555,7 @@ def test_a_message_that_kills_every_run_is_isolated_by_bisection_and_dead_after_
     assert sorted(by_offset) == list(range(min(by_offset), max(by_offset) + 1))
     assert {r.error_type for r in dead} == {"max_retries"}
     assert {r.attempts for r in dead} == {p.max_retries + 2}  # max_retries + 1 dead runs, then this one
-    assert "drain runs that died before committing" in by_offset[crasher].error
+    assert "drain runs that died or failed before committing" in by_offset[crasher].error
     assert bytes(by_offset[crasher].original) == payloads[crasher]
     ids = target_ids(spark, c, p)
     assert len(ids) == len(set(ids)) and set(ids).isdisjoint({messages[o].key for o in by_offset})
@@ -701,9 +701,44 @@ def test_rows_recovery_ignores_dead_letters_of_a_batch_that_never_committed(tmp_
     after = lake_checkpoint(spark, c, p)
     assert (after.batch, after.found_in) == (1, "rows")
     assert {k: str(int(v) + 1) for k, v in after.positions.items()} == before.positions == {"0": "50"}
+    # A run that reads less commits batch 2 ([50, 70)). The dead run's dead letters carry batch 2 as
+    # well, some beyond 70: counted once that commit's file is gone too, they would move the next
+    # run past valid messages of [70, 150) that nobody published.
+    narrow = drain(c, p.model_copy(update={"batch_cap": 20}), spark=spark)
+    assert (narrow.outcome, narrow.batch, narrow.positions) == ("committed", 2, {"0": "70"})
+    assert max(int(r.position) for r in dlq_rows(spark, c, p)) >= 70
+    clean_up_delta_log(spark, str(c.target_path(p)), lake_checkpoint(spark, c, p).table_version)
+    rebuilt = lake_checkpoint(spark, c, p)
+    assert (rebuilt.batch, rebuilt.found_in) == (2, "rows")
+    assert 50 < int(rebuilt.positions["0"]) + 1 <= 70  # never past what batch 2 read
     drain_until_done(c, p, spark)
     valid, fallback, bad = expected_counts(one, two)
     assert_exactly_once(spark, c, p, valid, fallback, bad)
+
+
+def test_a_held_partition_commits_nothing_past_its_culprit_so_rows_recovery_cannot_skip_it(tmp_path, cfg, spark):
+    """A message left for another attempt holds its partition's checkpoint at its offset. Were the
+    rows after it committed, a checkpoint rebuilt from rows (the commit's file cleaned up) would
+    start after them, and the held message would be in neither table, with no gap reported."""
+    from confluent_kafka import Producer
+
+    _, c, p = make_kafka_pipeline(tmp_path, partitions=1, max_retries=1)
+    one = produce(c, p, 100, seed=13)
+    poison = next(m for m in generate(p, 50, seed=99, poison_ratio=1.0) if m.kind == "poison")
+    producer = Producer(kafka_client_conf(c, p))
+    producer.produce(p.source.topic, poison.value, key=poison.partition_key, partition=0)
+    producer.flush(30)
+    two = produce(c, p, 50, seed=13, start=100)
+    first = drain(c, p, spark=spark)
+    assert (first.outcome, first.left_pending, first.written, first.positions) == ("committed", 1, 100, {"0": "100"})
+    clean_up_delta_log(spark, str(c.target_path(p)), lake_checkpoint(spark, c, p).table_version)
+    rebuilt = lake_checkpoint(spark, c, p)
+    assert (rebuilt.batch, rebuilt.found_in, rebuilt.positions) == (1, "rows", {"0": "99"})  # next: 100
+    summaries = drain_until_done(c, p, spark)
+    assert sum(s.written for s in summaries) == 50
+    dead = dlq_rows(spark, c, p)
+    assert [(r.position, r.error_type) for r in dead] == [("100", "transform")]
+    assert_exactly_once(spark, c, p, one.valid_ids + two.valid_ids, 0, {("0", "100")})
 
 
 @pytest.mark.slow
@@ -895,20 +930,23 @@ def test_status_shows_a_running_batchs_ranges_as_claimed_and_a_killed_runs_notic
     assert_exactly_once(spark, c, p, valid, fallback, bad)
 
 
-def test_a_run_that_fails_after_its_read_takes_its_claim_notices_off(tmp_path, cfg, spark, monkeypatch):
-    from deltadrain.kafka_drain import KafkaDrain
+def test_a_run_that_fails_in_its_read_takes_its_claim_notices_off(tmp_path, cfg, spark, monkeypatch):
+    import deltadrain.kafka_drain
 
     path, c, p = make_kafka_pipeline(tmp_path, partitions=2)
     produce(c, p, 100, seed=83)
     conf, group, topic = kafka_client_conf(c, p), p.source.group, p.source.topic
     seen = {}
 
-    def broken(self, *args, **kwargs):
-        seen.update(committed(conf, group, topic, [0, 1]))
-        raise RuntimeError("executor lost")
+    def broken(*args, **kwargs):
+        deadline = time.monotonic() + 30
+        while len(seen) < 2 or any(meta is None for _, meta in seen.values()):  # the notices landed
+            assert time.monotonic() < deadline, seen
+            seen.update(committed(conf, group, topic, [0, 1]))
+        raise RuntimeError("broker lost mid-read")
 
-    monkeypatch.setattr(KafkaDrain, "publish", broken)
-    with pytest.raises(RuntimeError, match="executor lost"):
+    monkeypatch.setattr(deltadrain.kafka_drain, "read_ranges", broken)
+    with pytest.raises(RuntimeError, match="broker lost mid-read"):
         drain(c, p, spark=spark)
     # During the run both partitions carried its notice; after the failure neither does, and the
     # offsets did not move: everything is PENDING again.
@@ -917,3 +955,43 @@ def test_a_run_that_fails_after_its_read_takes_its_claim_notices_off(tmp_path, c
     assert committed(conf, group, topic, [0, 1]) == {0: (0, None), 1: (0, None)}
     st = kafka_counts(conf, p.source, {}, {}, {})
     assert (st["CLAIMED"], st["PENDING"]) == (0, 100)
+
+
+def test_a_run_that_fails_on_its_batch_leaves_its_claim_notices_to_be_counted(tmp_path, cfg, spark, monkeypatch):
+    from deltadrain.kafka_drain import KafkaDrain
+
+    path, c, p = make_kafka_pipeline(tmp_path, partitions=2)
+    produce(c, p, 100, seed=83)
+    conf, group, topic = kafka_client_conf(c, p), p.source.group, p.source.topic
+
+    def broken(self, *args, **kwargs):
+        raise RuntimeError("executor lost")
+
+    monkeypatch.setattr(KafkaDrain, "publish", broken)
+    with pytest.raises(RuntimeError, match="executor lost"):
+        drain(c, p, spark=spark)
+    # An attempt at its messages, as a redelivery is on Valkey: its notices stay for a later run to count.
+    kept = committed(conf, group, topic, [0, 1])
+    assert {part: offset for part, (offset, _) in kept.items()} == {0: 0, 1: 0}
+    assert all(read_notice(meta) is not None for _, meta in kept.values())
+    st = kafka_counts(conf, p.source, {}, {}, {})
+    assert (st["CLAIMED"], st["PENDING"]) == (100, 0)
+
+
+def test_a_batch_that_fails_on_no_single_message_is_halved_until_it_commits(tmp_path, cfg, spark):
+    """Before, every run read the same range, failed the same way, and took its notices off: the
+    pipeline was stuck for good. Now each failed run counts, and the range is halved past the pair."""
+    from deltadrain.drain import DrainError
+
+    path, c, p = make_kafka_pipeline(tmp_path, partitions=1, min_idle_ms=1000,
+                                     transform="tests.integration.pair_transform.fails_on_a_pair")
+    result = produce(c, p, 100, seed=87)
+    with pytest.raises(DrainError, match="no single message explains it"):
+        drain(c, p, spark=spark)
+    time.sleep(1.5)  # the failed run's notice is older than min_idle_ms: the next run counts it
+    halved = drain(c, p, spark=spark)
+    assert (halved.outcome, halved.claimed, halved.written) == ("committed", 50, 50)
+    rest = drain(c, p, spark=spark)
+    assert (rest.outcome, rest.claimed, rest.written) == ("committed", 50, 50)
+    assert_exactly_once(spark, c, p, result.valid_ids, 0, 0)
+    assert group_of(c, p) == {0: 100}
