@@ -122,12 +122,15 @@ class Settled:
 
 
 def settle(lake: DeadRuns, lake_earlier: list[dict], notice: dict | None, position: int, now_ms: int,
-           min_idle_ms: int, notice_after_ms: int | None = None) -> Settled:
+           min_idle_ms: int, notice_after_ms: int | None = None, committed_by: str | None = None) -> Settled:
     """The record a run starts with on one partition: the lake's, what the notice on the group offset
     carries, and that notice's run (and the young ones carried by it or by the lake) counted as dead
     when older than min_idle_ms and not behind the checkpoint `position`. A run behind it committed,
     or another run committed its range. `notice_after_ms`: another age for the notice's own run
-    (status counts it only once Airflow would have killed it: it may be a long batch still running)."""
+    (status counts it only once Airflow would have killed it: it may be a long batch still running).
+    `committed_by`: the run whose commit is the checkpoint. It did not die, whatever its notice says
+    (killed after its commit, or its group commit and notice withdrawal both failed); with its
+    partition held at a culprit, the notice's range reaches past the checkpoint."""
     record = lake
     candidates = list(lake_earlier)
     if notice:
@@ -141,7 +144,7 @@ def settle(lake: DeadRuns, lake_earlier: list[dict], notice: dict | None, positi
         except (KeyError, TypeError, ValueError):
             continue
         lo = max(lo, position)
-        if run in record.counted or run in earlier or hi <= lo:
+        if run in record.counted or run in earlier or hi <= lo or run == committed_by:
             continue
         if now_ms - since >= idle:
             record = record.with_dead_run(run, lo, hi, since)

@@ -283,7 +283,7 @@ class KafkaDrain(Drain):
                                self.source.starting_offsets, first_run=expected == 0)
         except OffsetError as exc:
             raise DrainError(f"pipeline '{p.name}': {exc}") from None
-        plan = self.count_dead_runs(plan, checkpoint.meta.get("crashes") or {})
+        plan = self.count_dead_runs(plan, checkpoint.meta.get("crashes") or {}, checkpoint.run_id)
         self._lap("checkpoint")
         if plan.gaps:
             s.gaps = sum(g.size for g in plan.gaps)
@@ -343,7 +343,7 @@ class KafkaDrain(Drain):
                          {int(part): int(pos) for part, pos in s.positions.items()})
         self._lap("ack")
 
-    def count_dead_runs(self, plan: Plan, lake: dict) -> Plan:
+    def count_dead_runs(self, plan: Plan, lake: dict, committed_by: str | None = None) -> Plan:
         """Count the runs that died reading from the checkpoint (their claim notices, and what the lake
         and the notices carry), and narrow this run's ranges where they did (`kafka_crashes`)."""
         parts = sorted(int(k) for k in plan.positions)
@@ -360,7 +360,7 @@ class KafkaDrain(Drain):
             kept = lake.get(str(part)) or {}
             notice = read_notice((self.group or {}).get(part, (None, None))[1])
             settled = settle(DeadRuns.from_json(kept), list(kept.get("earlier") or []), notice, start, now,
-                             self.pipeline.min_idle_ms)
+                             self.pipeline.min_idle_ms, committed_by=committed_by)
             if settled:
                 self.dead[part] = settled
         records = {q: d.record for q, d in self.dead.items() if d.record}

@@ -81,7 +81,8 @@ def dead_after_ms(pipeline: PipelineConfig) -> int:
 
 def kafka_counts(conf: dict, source: KafkaSource, positions: dict[str, str], published: dict[str, int],
                  dead: dict[str, int], with_group: bool = True, first_run: bool | None = None,
-                 crashes: dict | None = None, min_idle_ms: int = 60_000, stale_ms: int | None = None) -> dict:
+                 crashes: dict | None = None, min_idle_ms: int = 60_000, stale_ms: int | None = None,
+                 committed_by: str | None = None) -> dict:
     """Per partition: end offset, lake checkpoint, PENDING (after the checkpoint, not claimed), CLAIMED
     (inside the range of a running batch, from the claim notice on the group offset: see
     kafka_offsets.announce_claims), offsets retention deleted unread (gap), the group's committed
@@ -106,7 +107,7 @@ def kafka_counts(conf: dict, source: KafkaSource, positions: dict[str, str], pub
         notice = read_notice(meta)
         kept = (crashes or {}).get(key) or {}
         record = settle(DeadRuns.from_json(kept), list(kept.get("earlier") or []), notice, starts[part], now_ms,
-                        min_idle_ms, stale_ms).record
+                        min_idle_ms, stale_ms, committed_by).record
         dead_runs += [{"partition": part, "offsets": [lo, hi], "runs": n} for lo, hi, n, _ in record.segments]
         held = claimed(notice, starts[part], high)
         partitions[key] = {"earliest": low, "end_offset": high,
@@ -156,7 +157,8 @@ def pipeline_status(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark) -> d
                                   & (F.col("state") == F.lit(DEAD))) if is_table(spark, dlq) else {})
         out.update(kafka_counts(kafka_consumer_conf(cfg, pipeline), pipeline.source, positions, published, dead_by,
                                 first_run=checkpoint.batch == 0, crashes=checkpoint.meta.get("crashes"),
-                                min_idle_ms=pipeline.min_idle_ms, stale_ms=dead_after_ms(pipeline)))
+                                min_idle_ms=pipeline.min_idle_ms, stale_ms=dead_after_ms(pipeline),
+                                committed_by=checkpoint.run_id))
     mark_stale(out, stale_after_ms(pipeline))  # both sources' claimants, now in `out`
     out["last_batch"] = None
     if is_table(spark, target):

@@ -39,6 +39,13 @@ def test_notices_behind_the_checkpoint_or_of_no_run_count_nothing():
     assert not settle(DeadRuns(), [], None, 0, NOW, MIN_IDLE)
 
 
+def test_the_notice_of_the_run_that_committed_the_checkpoint_is_no_dead_run():
+    # Killed after its commit with its partition held at a culprit (offset 5): its notice reaches past
+    # the checkpoint, but its batch landed.
+    assert settle(DeadRuns(), [], notice("r1", 0, 16, MIN_IDLE), 5, NOW, MIN_IDLE).record.counted == ("r1",)
+    assert not settle(DeadRuns(), [], notice("r1", 0, 16, MIN_IDLE), 5, NOW, MIN_IDLE, committed_by="r1")
+
+
 def test_a_young_notice_may_be_a_slow_run_it_is_carried_and_counted_once_old_enough():
     young = settle(DeadRuns(), [], notice("r1", 0, 16, 1_000), 0, NOW, MIN_IDLE)
     assert not young.record and young.earlier == [{"run": "r1", "range": [0, 16], "since_ms": NOW - 1_000}]
