@@ -36,7 +36,7 @@ demo: install
 # The whole suite, slow end-to-end tests included (CI runs exactly this).
 test: install
 	$(BIN)/ruff check .
-	$(BIN)/pytest
+	DELTADRAIN_REQUIRE_ALL_TESTS=1 $(BIN)/pytest
 
 # The quick loop while developing: skips the slow end-to-end tests.
 test-fast: install

@@ -25,6 +25,27 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# `make test` (and so CI) sets this: the whole suite must run. A test skipped (a missing service or
+# binary), an xfail, or one deselected (-m, -k, or the same through PYTEST_ADDOPTS) fails the
+# session, so a green run never hides tests that did not run.
+REQUIRE_ALL = "DELTADRAIN_REQUIRE_ALL_TESTS"
+
+
+def not_run(stats: dict) -> dict[str, int]:
+    return {kind: len(stats.get(kind, [])) for kind in ("skipped", "xfailed", "xpassed", "deselected")
+            if stats.get(kind)}
+
+
+def pytest_sessionfinish(session, exitstatus):
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if os.environ.get(REQUIRE_ALL) != "1" or reporter is None or exitstatus != 0:
+        return
+    if missing := not_run(reporter.stats):
+        reporter.ensure_newline()
+        reporter.write_line(f"deltadrain: {REQUIRE_ALL}=1 and not every test ran: {missing}", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
 def pytest_configure(config):
     # Set before anything reads them; subprocesses (CLI, spark-submit, Airflow) inherit them.
     home = Path(tempfile.mkdtemp(prefix="deltadrain-test-"))

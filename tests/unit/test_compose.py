@@ -272,7 +272,8 @@ def test_scripts_escape_their_variables_and_parse():
         script = resolve(command[2])
         if command[0] == "python":
             compile(script, f"<{name} command>", "exec")
-        elif command[0] == "bash" and shutil.which("bash"):
+        elif command[0] == "bash":
+            assert shutil.which("bash"), "bash is needed to check the services' scripts"
             done = subprocess.run(["bash", "-n", "-c", script], capture_output=True, text=True)
             assert done.returncode == 0, f"{name}: bash syntax error: {done.stderr}"
 
@@ -374,7 +375,6 @@ BASE_CONFIG = ROOT / "config" / "pipelines.yaml"
 ADDRESS_KEYS = ("url", "bootstrap_servers")
 
 
-@pytest.mark.skipif(not COMPOSE_CONFIG.exists(), reason="config/pipelines.compose.yaml not provided")
 def test_compose_config_differs_only_in_source_addresses():
     from deltadrain.config import load_config
 
