@@ -363,7 +363,8 @@ class DeltadrainConfig(_Model):
         names = [p.name for p in self.pipelines]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
-            raise ValueError(f"pipeline names must be unique; repeated: {dupes}")
+            where = ", ".join(f"pipelines[{i}].name" for i, n in enumerate(names) if n in dupes)
+            raise ValueError(f"pipeline names must be unique; repeated: {dupes} ({where})")
         return self
 
     # Resolved at load time, not part of the YAML.

@@ -304,3 +304,21 @@ def test_a_transform_that_fails_to_import_is_a_config_error_saying_where(tmp_pat
         load_transform("typo_handlers.handle", where)
     with pytest.raises(ConfigError, match="'deltadrain.transforms.nope' cannot be imported: module .* has no attribute"):
         load_transform("deltadrain.transforms.nope")
+
+
+def test_a_repeated_pipeline_name_names_both_entries():
+    data = example()
+    data["pipelines"][1]["name"] = "orders"
+    data["pipelines"][1]["target"]["path"] = "other"
+    msg = error_of(data)
+    assert "pipeline names must be unique; repeated: ['orders'] (pipelines[0].name, pipelines[1].name)" in msg
+
+
+def test_a_taken_port_names_the_setting_that_moves_it(tmp_path):
+    from deltadrain.services.process import Service
+
+    kafka = Service("kafka", tmp_path, [9092, 9093], list, bool)
+    assert kafka.port_setting(9092) == "services.kafka_port in the config or DELTADRAIN_KAFKA_PORT"
+    assert kafka.port_setting(9093) == ("services.kafka_controller_port in the config or "
+                                        "DELTADRAIN_KAFKA_CONTROLLER_PORT")
+    assert Service("valkey", tmp_path, [6379], list, bool).port_setting(6379).endswith("DELTADRAIN_VALKEY_PORT")

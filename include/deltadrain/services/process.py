@@ -89,6 +89,11 @@ class Service:
     stop_timeout: float = 30.0
     describe: Callable[[], str] | None = None
 
+    def port_setting(self, port: int) -> str:
+        """The config key and environment variable that choose `port` (Kafka owns two)."""
+        kind = "kafka_controller" if self.name == "kafka" and self.ports.index(port) == 1 else self.name
+        return f"services.{kind}_port in the config or DELTADRAIN_{kind.upper()}_PORT"
+
     @property
     def pid_file(self) -> Path:
         return self.home / f"{self.name}.pid"
@@ -127,8 +132,7 @@ class Service:
         if taken:
             raise ServiceError(
                 f"cannot start {self.name}: port {taken[0]} on 127.0.0.1 is taken by another process. "
-                f"Stop it, or choose another port (services.{self.name}_port in the config or "
-                f"DELTADRAIN_{self.name.upper()}_PORT).")
+                f"Stop it, or choose another port ({self.port_setting(taken[0])}).")
         self.home.mkdir(parents=True, exist_ok=True)
         if self.prepare:
             self.prepare()
