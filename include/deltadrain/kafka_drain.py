@@ -451,7 +451,10 @@ class KafkaDrain(Drain):
         try:
             commit_group_offsets(self.conf, self.source.group, self.source.topic, offsets)
         except Exception as exc:
-            s.error = f"batch committed, but the group offsets were not: {type(exc).__name__}: {str(exc)[:200]}"
+            # True of an empty run too, which only brings the group up to the lake's checkpoint.
+            s.error = (f"the lake holds batch {s.batch}, but the group offsets could not be brought up to it "
+                       f"(lag tools see old offsets; nothing is lost or read twice): {type(exc).__name__}: "
+                       f"{str(exc)[:200]}")
             return
         self.noticed = []  # the commit carried no metadata: this run's notices are gone
         s.acked = sum(min(offsets[q], end) - start for q, (start, end) in ranges.items() if offsets.get(q, 0) > start)
