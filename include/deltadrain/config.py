@@ -113,9 +113,15 @@ class ValkeySource(_Model):
         if v is not None and not re.match(r"^(valkey|valkeys|redis|rediss)://", v):
             raise ValueError("must start with valkey://, valkeys://, redis:// or rediss://")
         parts = urllib.parse.urlsplit(v or "")
-        # urlsplit takes the userinfo up to the last "@", so a "/" or "#" in a password does not hide it.
-        if v is not None and (parts.password is not None or re.match(r"^\w+://[^@]*:[^@]*@", v)):
+        if parts.password is not None:
             raise ValueError("carries a password; put it in password_env or an Airflow connection")
+        try:
+            parts.port  # noqa: B018 - raises on a port that is not a number
+        except ValueError:
+            # valkey://user:pa/ss@host: the address ends at the "/", and "pa" would be taken for the
+            # port (and printed in its error): a password with a "/" in it.
+            raise ValueError("has a port that is not a number; a password in the URL? Put it in password_env "
+                             "or an Airflow connection") from None
         if parts.fragment:
             raise ValueError("has a '#' part, which a Valkey URL does not use (a password there is not hidden)")
         # valkey-py also reads credentials from the query string (?password=..., ?username=...).
@@ -447,13 +453,16 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     win silently, so a second `target:` block would send a pipeline to a table nobody meant."""
 
     def construct_mapping(self, node, deep=False):
-        seen: set = set()
+        seen: set[tuple[str, str]] = set()
         for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=True)
-            if isinstance(key, (str, int, float, bool)) and key in seen:
+            # Plain keys only, as written: merge keys (<<) may repeat, and complex keys are left to YAML.
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = (key_node.tag, key_node.value)
+            if key in seen:
                 raise yaml.constructor.ConstructorError(
-                    None, None, f"key '{key}' appears twice in one mapping (the second would replace the first)",
-                    key_node.start_mark)
+                    None, None, f"key '{key_node.value}' appears twice in one mapping (the second would replace "
+                    "the first)", key_node.start_mark)
             seen.add(key)
         return super().construct_mapping(node, deep)
 

@@ -60,6 +60,12 @@ class DrainError(DeltadrainError):
     pass
 
 
+class BatchFailure(DrainError):
+    """The transform fails on the batch in a way no single message isolates: no culprit explains it,
+    it still fails without its culprits, or too many fail. The batch's messages caused it, so (on
+    Kafka) the run counts as an attempt at them."""
+
+
 @dataclass
 class RunSummary:
     pipeline: str
@@ -243,7 +249,7 @@ def find_culprits(indexed, n: int, evaluate) -> list[tuple[int, str]]:
         if hi - lo == 1:
             culprits.append((lo, err))
             if len(culprits) > MAX_CULPRITS:
-                raise DrainError(f"more than {MAX_CULPRITS} messages of the batch make the transform fail; "
+                raise BatchFailure(f"more than {MAX_CULPRITS} messages of the batch make the transform fail; "
                                  f"first error: {culprits[0][1]}")
             continue
         mid = (lo + hi) // 2
@@ -386,14 +392,14 @@ class Drain:
             # The transform failed on this batch (`stats` is its error): find the messages that make it fail.
             culprits, good = self.isolate_culprits(good, batch)
             if culprits is None:
-                raise DrainError(f"batch {batch} failed and no single message explains it: {stats}")
+                raise BatchFailure(f"batch {batch} failed and no single message explains it: {stats}")
             dead_culprits, pending_culprits = self.settle_culprits(culprits)
             s.left_pending = len(pending_culprits)
             bad = self.before_held(bad.unionByName(dead_culprits))
             good = self.before_held(good)
             rows, stats = self._rows(good, batch)
             if rows is None:
-                raise DrainError(f"batch {batch} still fails without its culprits: {stats}")
+                raise BatchFailure(f"batch {batch} still fails without its culprits: {stats}")
 
         # Dead letters first: idempotent, so a crash before the target commit only repeats them.
         s.dead_lettered = bad.count() if stats.bad is None else stats.bad

@@ -25,7 +25,7 @@ from deltadrain.claim import decoder_for
 from deltadrain.config import DeltadrainConfig, KafkaSource, PipelineConfig
 from deltadrain.connections import kafka_consumer_conf, kafka_spark_options
 from deltadrain.decode import BatchDecoder
-from deltadrain.drain import GO_ON_PAST, Drain, DrainError, claim_schema
+from deltadrain.drain import GO_ON_PAST, BatchFailure, Drain, DrainError, claim_schema
 from deltadrain.kafka_crashes import DeadRuns, Settled, bisect, dead_run_reason, settle, used_up
 from deltadrain.kafka_offsets import (
     OffsetError,
@@ -211,7 +211,7 @@ class KafkaDrain(Drain):
         self._notice: threading.Thread | None = None
         self.dead: dict[int, Settled] = {}  # partition -> the runs that died reading it (kafka_crashes)
         self.group: dict | None = None  # the group's offsets and notices as read at the start (None: unread)
-        self.failed_on_batch = False  # publish raised: an attempt at the batch's messages (see _finish)
+        self.failed_on_batch = False  # the transform failed the batch as a whole: an attempt (see _finish)
         self.held: dict[str, int] = {}  # partition -> offset of its first message left for another attempt
 
     # -- steps ------------------------------------------------------------------------------------
@@ -330,7 +330,7 @@ class KafkaDrain(Drain):
             (rows, stats), oldest = self.no_rows(), None
         try:
             result, _pending = self.publish(rows, expected, oldest, stats)
-        except Exception:
+        except BatchFailure:
             self.failed_on_batch = True
             raise
         if result.outcome not in (Outcome.COMMITTED, Outcome.ALREADY_COMMITTED):
@@ -414,10 +414,11 @@ class KafkaDrain(Drain):
         (kafka_crashes), as a redelivery counts on Valkey:
         - one whose Spark JVM is gone: it was killed (Airflow's on_kill SIGKILLs spark-submit, whose
           JVM the Python driver outlives for a moment; the OOM killer), maybe by a message;
-        - one that failed on its batch (`publish` raised: the transform on no single message, more
-          culprits than it isolates, the MERGE). Without the count every run would read the same
-          range and fail the same way, for ever; with it the range is halved until it commits, and
-          messages that fail every attempt end in the DLQ after max_retries."""
+        - one whose transform failed the batch in a way no single message isolates (`BatchFailure`).
+          Without the count every run would read the same range and fail the same way, for ever;
+          with it the range is halved until it commits, and messages that fail every attempt end in
+          the DLQ after max_retries. Other failures (storage, the MERGE, a broken executor) say
+          nothing about the messages, and their runs withdraw as before."""
         self._settle_notice()
         if self.noticed and (self.failed_on_batch or not self._spark_alive()):
             why = "it failed on its batch" if self.failed_on_batch else "Spark's JVM is gone (killed)"

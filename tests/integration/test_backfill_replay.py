@@ -133,7 +133,7 @@ def test_dlq_replay_with_filters_and_dry_run(tmp_path, spark, valkey_server):
     drain_until_done(c, p, spark, client)
     dead = dlq_rows(spark, c, p)
     kinds = {r.error_type for r in dead}
-    assert len(dead) == result.bad_places(MALFORMED_KINDS) and len(kinds) > 2
+    assert {(r.partition, r.position) for r in dead} == result.bad_places(MALFORMED_KINDS) and len(kinds) > 2
     some = sorted(dead, key=lambda r: (r.partition, r.pos_hi, r.pos_lo))[0]
     dry = replay(c, spark, ReplayRequest(pipeline=p.name, error_contains=some.error[:20], limit=2))
     assert 1 <= dry.selected <= 2 and dry.replayed == 0 and {r.state for r in dlq_rows(spark, c, p)} == {"DEAD"}

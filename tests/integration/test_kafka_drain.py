@@ -960,25 +960,33 @@ def test_a_run_that_fails_in_its_read_takes_its_claim_notices_off(tmp_path, cfg,
     assert (st["CLAIMED"], st["PENDING"]) == (0, 100)
 
 
-def test_a_run_that_fails_on_its_batch_leaves_its_claim_notices_to_be_counted(tmp_path, cfg, spark, monkeypatch):
+@pytest.mark.parametrize("counted", [True, False], ids=["batch_failure", "executor_lost"])
+def test_a_run_whose_transform_fails_its_batch_leaves_its_claim_notices_to_be_counted(counted, tmp_path, cfg, spark,
+                                                                                      monkeypatch):
+    from deltadrain.drain import BatchFailure
     from deltadrain.kafka_drain import KafkaDrain
 
     path, c, p = make_kafka_pipeline(tmp_path, partitions=2)
     produce(c, p, 100, seed=83)
     conf, group, topic = kafka_client_conf(c, p), p.source.group, p.source.topic
+    error = BatchFailure("batch 1 failed and no single message explains it") if counted else RuntimeError("lost")
 
     def broken(self, *args, **kwargs):
-        raise RuntimeError("executor lost")
+        raise error
 
     monkeypatch.setattr(KafkaDrain, "publish", broken)
-    with pytest.raises(RuntimeError, match="executor lost"):
+    with pytest.raises(type(error)):
         drain(c, p, spark=spark)
-    # An attempt at its messages, as a redelivery is on Valkey: its notices stay for a later run to count.
     kept = committed(conf, group, topic, [0, 1])
     assert {part: offset for part, (offset, _) in kept.items()} == {0: 0, 1: 0}
-    assert all(read_notice(meta) is not None for _, meta in kept.values())
     st = kafka_counts(conf, p.source, {}, {}, {})
-    assert (st["CLAIMED"], st["PENDING"]) == (100, 0)
+    if counted:
+        # An attempt at its messages, as a redelivery is on Valkey: its notices stay for a later run to count.
+        assert all(read_notice(meta) is not None for _, meta in kept.values())
+        assert (st["CLAIMED"], st["PENDING"]) == (100, 0)
+    else:  # a failure that says nothing about the messages (an executor, storage): withdrawn
+        assert all(read_notice(meta) is None for _, meta in kept.values())
+        assert (st["CLAIMED"], st["PENDING"]) == (0, 100)
 
 
 def test_a_batch_that_fails_on_no_single_message_is_halved_until_it_commits(tmp_path, cfg, spark):

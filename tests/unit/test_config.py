@@ -161,7 +161,7 @@ def test_a_target_inside_or_around_another_table_is_refused(path, other):
 
 
 @pytest.mark.parametrize("url", ["redis://u:hunter/2@host/0", "redis://:hunter2@host:6379/0",
-                                 "valkey://host:6379/0#password=hunter2", "redis://u:p#x@host/0"])
+                                 "valkey://host:6379/0#password=hunter2", "redis://u:hunter#x@host/0"])
 def test_a_password_the_url_hides_with_separators_is_refused(url):
     data = example()
     data["pipelines"][0]["source"]["url"] = url
@@ -182,11 +182,31 @@ def test_a_key_given_twice_is_refused_not_silently_replaced(tmp_path, text, mess
     assert str(info.value).startswith(str(path))
 
 
+def test_merge_keys_and_anchors_still_load(tmp_path):
+    text = EXAMPLE.read_text()
+    assert "  - name: orders\n" in text and "  - name: clicks\n" in text
+    text = text.replace("  - name: orders\n", "  - <<: &tuned {max_message_bytes: 5000}\n    name: orders\n", 1)
+    text = text.replace("  - name: clicks\n", "  - <<: [*tuned, {max_retries: 9}]\n    name: clicks\n", 1)
+    path = tmp_path / "merge.yaml"
+    path.write_text(text)
+    cfg = load_config(path)
+    assert cfg.pipeline("orders").max_message_bytes == 5000
+    assert (cfg.pipeline("clicks").max_message_bytes, cfg.pipeline("clicks").max_retries) == (5000, 9)
+
+
 def test_a_config_that_cannot_be_read_is_a_config_error_naming_it(tmp_path):
     (tmp_path / "binary.yaml").write_bytes(b"pipelines: \xff\xfe")
     for path, reason in ((tmp_path / "binary.yaml", "UnicodeDecodeError"), (tmp_path, "IsADirectoryError")):
         with pytest.raises(ConfigError, match=f"^{path}: cannot read the config file: {reason}"):
             load_config(path)
+
+
+@pytest.mark.parametrize("url", ["redis://host:6379/0", "rediss://user@host:6380", "valkey://[::1]:6379/0",
+                                 "valkey://h:6379/0?client_name=svc@x", "valkey://localhost"])
+def test_urls_without_a_password_are_accepted(url):
+    data = example()
+    data["pipelines"][0]["source"]["url"] = url
+    assert parse_config(data, Path("x.yaml")).pipeline("orders").source.url == url
 
 
 def test_kafka_reads_committed_records_unless_told_otherwise():
