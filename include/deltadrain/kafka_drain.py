@@ -280,7 +280,8 @@ class KafkaDrain(Drain):
         self.retries = dict(checkpoint.meta.get("retries") or {})
         try:
             plan = plan_ranges(positions, watermarks(self.conf, self.source.topic), p.batch_cap,
-                               self.source.starting_offsets, first_run=expected == 0)
+                               self.source.starting_offsets, first_run=expected == 0,
+                               complete=checkpoint.found_in == "commit")
         except OffsetError as exc:
             raise DrainError(f"pipeline '{p.name}': {exc}") from None
         plan = self.count_dead_runs(plan, checkpoint.meta.get("crashes") or {}, checkpoint.run_id)

@@ -52,12 +52,14 @@ class OffsetError(DeltadrainError):
 
 
 def start_offsets(checkpoint: dict[str, str], watermarks: dict[int, tuple[int, int]],
-                  starting: str = "earliest", first_run: bool | None = None) -> tuple[dict[int, int], list[Gap]]:
+                  starting: str = "earliest", first_run: bool | None = None,
+                  complete: bool = True) -> tuple[dict[int, int], list[Gap]]:
     """Where the next run starts in each partition, and the offsets retention deleted before any run
     read them. A partition the checkpoint does not know starts at `starting` on the pipeline's first
     run only (no batch committed yet; without `first_run`, an empty checkpoint); one that appears
     later (added to the topic) starts at its earliest offset, and reports as a gap what retention
-    deleted of it before (its offsets start at 0). A `latest` first run therefore reads
+    deleted of it before (its offsets start at 0), when the checkpoint is `complete` (a commit's
+    positions list every partition; a checkpoint rebuilt from rows only those with rows). A `latest` first run therefore reads
     nothing, and must commit where it started (`kafka_drain`), or the next run would be a first run too."""
     if first_run is None:
         first_run = not checkpoint
@@ -77,17 +79,15 @@ def start_offsets(checkpoint: dict[str, str], watermarks: dict[int, tuple[int, i
         else:
             # Added to the topic since the pipeline began: every offset from 0 is the pipeline's, so
             # what retention deleted before a run read it is a gap, as in any other partition.
-            # (An empty checkpoint after a first run knows no partition: rows recovery of a table
-            # without rows. Where that run started is unknown, so nothing is called a gap.)
             start = low
-            if low > 0 and checkpoint:
+            if low > 0 and checkpoint and complete:
                 gaps.append(Gap(part, 0, low))
         starts[part] = start
     return starts, gaps
 
 
 def plan_ranges(checkpoint: dict[str, str], watermarks: dict[int, tuple[int, int]], cap: int,
-                starting: str = "earliest", first_run: bool | None = None) -> Plan:
+                starting: str = "earliest", first_run: bool | None = None, complete: bool = True) -> Plan:
     """Fix the ranges of one run before reading anything.
 
     checkpoint: partition -> next offset, from the lake. watermarks: partition -> (earliest
@@ -95,7 +95,7 @@ def plan_ranges(checkpoint: dict[str, str], watermarks: dict[int, tuple[int, int
     partition before the next run is skipped. The cap is split over partitions by backlog
     (water-filling), so a busy partition cannot starve the others.
     """
-    starts, gaps = start_offsets(checkpoint, watermarks, starting, first_run)
+    starts, gaps = start_offsets(checkpoint, watermarks, starting, first_run, complete)
     missing = sorted(set(checkpoint) - {str(p) for p in watermarks})
     if missing:
         raise OffsetError(f"partitions {missing} are in the lake checkpoint but not in the topic any more")

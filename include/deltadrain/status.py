@@ -82,7 +82,7 @@ def dead_after_ms(pipeline: PipelineConfig) -> int:
 def kafka_counts(conf: dict, source: KafkaSource, positions: dict[str, str], published: dict[str, int],
                  dead: dict[str, int], with_group: bool = True, first_run: bool | None = None,
                  crashes: dict | None = None, min_idle_ms: int = 60_000, stale_ms: int | None = None,
-                 committed_by: str | None = None) -> dict:
+                 committed_by: str | None = None, complete: bool = True) -> dict:
     """Per partition: end offset, lake checkpoint, PENDING (after the checkpoint, not claimed), CLAIMED
     (inside the range of a running batch, from the claim notice on the group offset: see
     kafka_offsets.announce_claims), offsets retention deleted unread (gap), the group's committed
@@ -96,7 +96,7 @@ def kafka_counts(conf: dict, source: KafkaSource, positions: dict[str, str], pub
     from deltadrain.kafka_offsets import claimed, committed, read_notice, start_offsets, watermarks
 
     marks = watermarks(conf, source.topic)
-    starts, gap_list = start_offsets(positions, marks, source.starting_offsets, first_run)
+    starts, gap_list = start_offsets(positions, marks, source.starting_offsets, first_run, complete)
     gaps = {g.partition: g.as_dict() for g in gap_list}
     group = committed(conf, source.group, source.topic, sorted(marks)) if with_group else {}
     now_ms = int(time.time() * 1000)
@@ -158,7 +158,7 @@ def pipeline_status(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark) -> d
         out.update(kafka_counts(kafka_consumer_conf(cfg, pipeline), pipeline.source, positions, published, dead_by,
                                 first_run=checkpoint.batch == 0, crashes=checkpoint.meta.get("crashes"),
                                 min_idle_ms=pipeline.min_idle_ms, stale_ms=dead_after_ms(pipeline),
-                                committed_by=checkpoint.run_id))
+                                committed_by=checkpoint.run_id, complete=checkpoint.found_in != "rows"))
     mark_stale(out, stale_after_ms(pipeline))  # both sources' claimants, now in `out`
     out["last_batch"] = None
     if is_table(spark, target):

@@ -43,6 +43,9 @@ def test_what_retention_deleted_of_a_partition_added_later_is_a_gap():
     assert later.ranges == {0: (10, 12), 2: (7, 9)} and later.gaps == [Gap(2, 0, 7)]
     first = plan_ranges({}, {0: (5, 12)}, cap=100)  # before the pipeline began: not its loss
     assert first.ranges == {0: (5, 12)} and first.gaps == []
+    # A checkpoint rebuilt from rows lists only partitions with rows: one without is not new.
+    rebuilt = plan_ranges({"0": "10"}, {0: (0, 12), 1: (7, 9)}, cap=100, complete=False)
+    assert rebuilt.ranges == {0: (10, 12), 1: (7, 9)} and rebuilt.gaps == []
 
 
 def test_latest_is_for_a_pipeline_with_no_batch_not_for_a_checkpoint_without_positions():
