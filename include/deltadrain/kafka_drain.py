@@ -255,7 +255,11 @@ class KafkaDrain(Drain):
         for part, offset in sorted(self.held.items()):
             cond = (F.col("_dd_partition") == F.lit(part)) & (F.col("_dd_pos_hi") >= F.lit(offset))
             beyond = cond if beyond is None else beyond | cond
-        return rows if beyond is None else rows.where(~beyond)
+        if beyond is None:
+            return rows
+        # Counted as left pending: claimed, and in none of written, duplicates or dead letters.
+        self.summary.left_pending += rows.where(beyond).count()
+        return rows.where(~beyond)
 
     def _original(self, part: int, offset: int) -> bytes | None:
         # The staged rows keep only bad messages' bytes; read the culprit's record from the topic.
