@@ -56,8 +56,12 @@ class Ports:
 
 def write_private(path: Path, text: str) -> None:
     """Create `path` readable by its owner only from the start (write, then chmod, leaves a moment in
-    which the umask's mode lets others read the secret)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    which the umask's mode lets others read the secret). One that exists is kept: two processes that
+    both found none, and the first one's secret stands."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return
     with os.fdopen(fd, "w") as f:
         f.write(text)
 
