@@ -1006,4 +1006,4 @@ def test_a_batch_that_fails_on_no_single_message_is_halved_until_it_commits(tmp_
     rest = drain(c, p, spark=spark)
     assert (rest.outcome, rest.claimed, rest.written) == ("committed", 50, 50)
     assert_exactly_once(spark, c, p, result.valid_ids, 0, 0)
-    assert group_of(c, p) == {0: 100}
+    assert group_of(c, p) == {"0": 100}
