@@ -250,7 +250,7 @@ def find_culprits(indexed, n: int, evaluate) -> list[tuple[int, str]]:
             culprits.append((lo, err))
             if len(culprits) > MAX_CULPRITS:
                 raise BatchFailure(f"more than {MAX_CULPRITS} messages of the batch make the transform fail; "
-                                 f"first error: {culprits[0][1]}")
+                                   f"first error: {culprits[0][1]}")
             continue
         mid = (lo + hi) // 2
         stack.append((mid, hi, failure(mid, hi)))

@@ -59,8 +59,9 @@ def start_offsets(checkpoint: dict[str, str], watermarks: dict[int, tuple[int, i
     run only (no batch committed yet; without `first_run`, an empty checkpoint); one that appears
     later (added to the topic) starts at its earliest offset, and reports as a gap what retention
     deleted of it before (its offsets start at 0), when the checkpoint is `complete` (a commit's
-    positions list every partition; a checkpoint rebuilt from rows only those with rows). A `latest` first run therefore reads
-    nothing, and must commit where it started (`kafka_drain`), or the next run would be a first run too."""
+    positions list every partition; a checkpoint rebuilt from rows only those with rows). A
+    `latest` first run therefore reads nothing, and must commit where it started (`kafka_drain`),
+    or the next run would be a first run too."""
     if first_run is None:
         first_run = not checkpoint
     starts: dict[int, int] = {}

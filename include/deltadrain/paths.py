@@ -27,11 +27,11 @@ STAGING_ABANDONED_S = 24 * 3600
 
 
 # A run id names a directory (staging), a Valkey consumer and commits: no separators, no "." or "..".
-RUN_ID = re.compile(r"^(?!\.\.?$)[A-Za-z0-9_.-]{1,200}$")
+RUN_ID = re.compile(r"(?!\.\.?\Z)[A-Za-z0-9_.-]{1,200}")
 
 
 def check_run_id(run_id: str) -> str:
-    if not RUN_ID.match(run_id):
+    if not RUN_ID.fullmatch(run_id):  # fullmatch: "$" would let a trailing newline through
         raise ValueError(f"run id {run_id!r}: use 1-200 letters, digits, '_', '.' or '-' (not '.' or '..' alone)")
     return run_id
 

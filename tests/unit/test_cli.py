@@ -80,7 +80,7 @@ def test_a_run_id_is_one_directory_under_staging(tmp_path, monkeypatch):
     monkeypatch.setenv("DELTADRAIN_HOME", str(tmp_path))
     assert staging_dir("af-ingest_orders-manual__2026-11-26T10_00_00-try1") == (
         tmp_path / "staging" / "af-ingest_orders-manual__2026-11-26T10_00_00-try1")
-    for bad in ("/", "..", ".", "../x", "a/b", ""):
+    for bad in ("/", "..", ".", "../x", "a/b", "", "run\n", "x" * 201):
         with pytest.raises(ValueError, match="run id"):
             staging_dir(bad)
 
