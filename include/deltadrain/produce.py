@@ -160,7 +160,7 @@ def _chunks(it: Iterator[Message], size: int) -> Iterator[list[Message]]:
 
 
 def _valkey_writer(cfg: DeltadrainConfig, pipeline: PipelineConfig, messages: Iterator[Message], bar):
-    from deltadrain.connections import valkey_client
+    from deltadrain.connections import as_text, valkey_client
 
     source = pipeline.source
     assert isinstance(source, ValkeySource)
@@ -176,7 +176,7 @@ def _valkey_writer(cfg: DeltadrainConfig, pipeline: PipelineConfig, messages: It
         ids = pipe.execute()
         bar.update(len(chunk))
         for (msg, stream), entry_id in zip(placed, ids, strict=True):
-            yield msg, stream, entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+            yield msg, stream, None if msg.kind == "valid" else as_text(entry_id)
 
 
 def ensure_topic(conf: dict, topic: str, partitions: int) -> None:
@@ -207,13 +207,18 @@ def _kafka_writer(cfg: DeltadrainConfig, pipeline: PipelineConfig, messages: Ite
                          "compression.type": "lz4", "partitioner": "murmur2_random",
                          "message.max.bytes": 8_388_608})
     errors: list[str] = []
-    offsets: dict[int, int] = {}  # chunk index -> offset, from the delivery reports
+    offsets: dict[int, int] = {}  # chunk index -> offset of a message that is not valid (its place)
 
-    def on_delivery(err, delivered, index):
+    def on_delivery(err, _msg):
         if err is not None:
             errors.append(str(err))
-        else:
-            offsets[index] = delivered.offset()
+
+    def placed_at(index: int):
+        def report(err, delivered):
+            on_delivery(err, delivered)
+            if err is None:
+                offsets[index] = delivered.offset()
+        return report
 
     nparts = len(producer.list_topics(source.topic, timeout=10).topics[source.topic].partitions)
     for chunk in _chunks(messages, 5000):
@@ -226,7 +231,7 @@ def _kafka_writer(cfg: DeltadrainConfig, pipeline: PipelineConfig, messages: Ite
                 try:
                     producer.produce(source.topic, value=msg.value, key=msg.partition_key, partition=part,
                                      headers=headers,
-                                     on_delivery=lambda err, m, i=index: on_delivery(err, m, i))
+                                     on_delivery=on_delivery if msg.kind == "valid" else placed_at(index))
                     break
                 except BufferError:
                     producer.poll(0.1)
@@ -236,4 +241,4 @@ def _kafka_writer(cfg: DeltadrainConfig, pipeline: PipelineConfig, messages: Ite
             raise RuntimeError(f"Kafka produce failed: {errors[0] if errors else f'{undelivered} undelivered'}")
         bar.update(len(chunk))
         for index, (msg, part) in enumerate(placed):
-            yield msg, part, str(offsets[index])
+            yield msg, part, None if msg.kind == "valid" else str(offsets[index])
