@@ -21,6 +21,8 @@ def main() -> int:
     scope = parser.add_mutually_exclusive_group(required=True)
     scope.add_argument("--batch", type=int, nargs="+", help="one or more batches (a drain task's catch-up)")
     scope.add_argument("--table", action="store_true")
+    parser.add_argument("--owed", action="store_true",
+                        help="with --batch: first the committed batches that have no result yet (at most 20)")
     parser.add_argument("--config")
     parser.add_argument("--run-id")
     args = parser.parse_args()
@@ -33,7 +35,7 @@ def main() -> int:
         spark = SparkSession.builder.getOrCreate()  # configured by spark-submit with the cached jars
         try:
             if args.batch is not None:
-                report = check_batches(cfg, pipeline, spark, args.batch, run_id=args.run_id)
+                report = check_batches(cfg, pipeline, spark, args.batch, run_id=args.run_id, owed=args.owed)
             else:
                 report = check_table(cfg, pipeline, spark, run_id=args.run_id).as_dict()
         except BatchesFailed as exc:

@@ -10,6 +10,8 @@
   other file. The batch's commit (checkpoint.find_commit) supplies the table version and drain run.
 - Every check appends one row to the results table `<lake>/_deltadrain/quality/results`, and
   renders Data Docs under `$DELTADRAIN_HOME/quality/data_docs/<pipeline>/index.html`.
+- A batch check with `owed` first takes on the committed batches that have no result yet
+  (owed_batches): a drain try that died after its commit hands its batch to no quality task.
 - Failure policy: `fail` raises QualityFailed (after the results row is written), `warn` logs and
   returns, `quarantine` moves the batch's offending rows to `<lake>/_deltadrain/quarantine/<pipeline>`.
 
@@ -54,6 +56,7 @@ RESULTS_SCHEMA = ("pipeline STRING NOT NULL, scope STRING NOT NULL, batch BIGINT
 TXN_KEYS = ("spark.databricks.delta.write.txnAppId", "spark.databricks.delta.write.txnVersion")
 USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
 DOCS_KEEP = 200  # validation pages kept per pipeline; the results table keeps the whole history
+CATCH_UP = 20  # owed batches a batch check takes on besides its own; the next check takes the rest
 
 
 class QualityError(DeltadrainError):
@@ -416,11 +419,58 @@ def batches_to_check(summary: dict) -> list[int]:
     return [] if batch is None else [batch]
 
 
+def owed_batches(checked: set[int], requested: list[int], committed: int | None,
+                 limit: int = CATCH_UP) -> tuple[list[int], int]:
+    """The committed batches with no result yet, besides `requested`: (the oldest `limit`, how many more).
+
+    A drain try that commits and then fails (its acknowledgement, the group offsets, a kill) hands
+    no batch to its quality task, and a check that dies (a crash between quarantine's MERGE and
+    DELETE) writes no result: the next check takes them on. Owed means from the pipeline's first
+    check on (before it, with none yet, from the batches asked for): a pipeline drained for a while
+    without checks is not made to check its whole history.
+    """
+    if committed is None:
+        return [], 0
+    known = [*checked, *requested]
+    if not known:
+        return [], 0
+    floor = max(1, min(checked) if checked else min(requested))
+    owed = [b for b in range(floor, committed + 1) if b not in checked and b not in requested]
+    return owed[:limit], max(0, len(owed) - limit)
+
+
+def checked_batches(spark, cfg: DeltadrainConfig, pipeline: PipelineConfig) -> set[int]:
+    """The batches of `pipeline` with a batch-scope row in the results table."""
+    from pyspark.sql import functions as F
+
+    path = str(results_path(cfg))
+    if not is_table(spark, path):
+        return set()
+    rows = (spark.read.format("delta").load(path)
+            .where((F.col("pipeline") == F.lit(pipeline.name)) & (F.col("scope") == F.lit("batch"))
+                   & F.col("batch").isNotNull())
+            .select("batch").distinct().collect())
+    return {int(r.batch) for r in rows}
+
+
+def catch_up(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, requested: list[int]) -> tuple[list[int], int]:
+    """owed_batches against the results table and the target's committed batch (its txn)."""
+    committed, _ = snapshot_txn(spark, str(cfg.target_path(pipeline)), pipeline.name)
+    return owed_batches(checked_batches(spark, cfg, pipeline), requested, committed)
+
+
 def check_batches(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, batches: list[int],
-                  run_id: str | None = None) -> dict:
+                  run_id: str | None = None, owed: bool = False) -> dict:
     """check_batch for each batch, all of them even when one fails. One batch: its report. Several:
     one summary of them (success, failed expectations per batch, rows, quarantined, each report).
+    With `owed`, first the committed batches that have no result yet (catch_up); the summary then
+    says which (`caught_up`) and how many are left for the next check (`still_owed`).
     Raises BatchesFailed (with that summary) when a batch failed under `on_failure: fail`, after all ran."""
+    caught_up, left = catch_up(cfg, pipeline, spark, batches) if owed else ([], 0)
+    if caught_up or left:
+        log.warning("pipeline %s: batches %s were committed without a quality result; checking them now%s",
+                    pipeline.name, caught_up, f" ({left} more are left for the next check)" if left else "")
+    batches = [*caught_up, *batches]
     reports, failure = [], None
     for batch in batches:
         try:
@@ -437,6 +487,8 @@ def check_batches(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, batche
                "rows_checked": sum(r.rows_checked for r in reports),
                "quarantined": sum(r.quarantined for r in reports), "data_docs": reports[-1].data_docs,
                "results_table": reports[-1].results_table, "reports": [r.as_dict() for r in reports]}
+    if owed:
+        out.update(caught_up=caught_up, still_owed=left)
     if failure is not None:
         raise BatchesFailed(out, failure)
     return out

@@ -352,3 +352,47 @@ def test_a_backfill_leaves_quarantined_messages_in_the_quarantine(tmp_path, cfg,
     # batch 1's positions are those of all its 300 messages, quarantined or not.
     assert positions_from_rows(spark, str(c.target_path(p)), str(c.dlq_path(p)), 1,
                                str(quarantine_path(c, p))) == first.positions
+
+
+@pytest.mark.slow
+def test_a_batch_check_takes_on_the_committed_batches_that_have_no_result(tmp_path, cfg, spark, monkeypatch):
+    """No quality task is told of a batch whose drain try died after its commit, and a check killed
+    between quarantine's MERGE and DELETE writes no result: the next batch check takes both on."""
+    from deltadrain import failpoints
+    from deltadrain.quality import check_batches
+    from tests.integration.helpers import cli_drain
+
+    path, c, p, client, first = drained(tmp_path, spark, 200, quality=quality("quarantine"))
+    bad = {1: over_limit(spark, c, p, 1)}
+    assert check_batches(c, p, spark, [1], owed=True)["caught_up"] == []  # the first check owes nothing
+    # Batch 2: committed by a drain killed before it acknowledged (the Airflow try fails, its summary is lost).
+    sent = [first, produce(c, p, 100, seed=7, start=200)]
+    killed = cli_drain(path, p.name, env={"DELTADRAIN_FAILPOINT": "after_commit"})
+    _, err = killed.communicate(timeout=600)
+    assert killed.returncode == -9 and failpoints.fired("after_commit") in err
+    # Batch 3: its check dies between the quarantine MERGE and the target DELETE.
+    sent.append(produce(c, p, 100, seed=7, start=300))
+    assert drain(c, p, spark=spark).batch == 3
+    bad |= {b: over_limit(spark, c, p, b) for b in (2, 3)}
+    monkeypatch.setenv("DELTADRAIN_FAILPOINT", "before_quarantine_delete")
+    with pytest.raises(InjectedFailure):
+        check_batch(c, p, spark, 3)
+    monkeypatch.delenv("DELTADRAIN_FAILPOINT")
+    sent.append(produce(c, p, 100, seed=7, start=400))
+    assert drain(c, p, spark=spark).batch == 4
+    bad[4] = over_limit(spark, c, p, 4)
+    assert all(bad.values())
+
+    out = check_batches(c, p, spark, [4], owed=True)
+    assert (out["caught_up"], out["still_owed"], out["batches"]) == ([2, 3], 0, [2, 3, 4])
+    assert [r["quarantined"] for r in out["reports"]] == [len(bad[2]), len(bad[3]), len(bad[4])]
+    rows = table(spark, results_path(c)).where(f"pipeline = '{p.name}'").collect()
+    assert sorted(r.batch for r in rows) == [1, 2, 3, 4]
+    # Every offending row moved once, nothing else moved, nothing lost.
+    moved = [r.event_id for r in table(spark, quarantine_path(c, p)).collect()]
+    assert len(moved) == len(set(moved)) and set(moved) == set().union(*bad.values())
+    kept = target_ids(spark, c, p)
+    assert set(kept).isdisjoint(moved) and len(kept) + len(moved) == 500
+    assert set(kept) | set(moved) == {i for r in sent for i in r.valid_ids}
+    # Nothing is owed any more.
+    assert check_batches(c, p, spark, [4], owed=True)["caught_up"] == []

@@ -105,9 +105,9 @@ def test_the_quality_job_gets_every_batch_the_drain_task_committed():
         return c
 
     args = op.job_args(ctx({"outcome": "committed", "batch": 6, "batches": [4, 5, 6]}))
-    assert args[args.index("--batch"):] == ["--batch", "4", "5", "6"]
+    assert args[args.index("--batch"):] == ["--batch", "4", "5", "6", "--owed"]
     args = op.job_args(ctx({"outcome": "committed", "batch": 2}))
-    assert args[args.index("--batch"):] == ["--batch", "2"]
+    assert args[args.index("--batch"):] == ["--batch", "2", "--owed"]
     with pytest.raises(AirflowSkipException, match="no batch to check"):
         op.job_args(ctx({"outcome": "empty", "batch": 3, "batches": []}))
 

@@ -12,7 +12,7 @@ from deltadrain.config import parse_config
 from deltadrain.drain import RunSummary
 from deltadrain.errors import ConfigError
 from deltadrain.metrics import chart_html, metrics_row, panel_svg
-from deltadrain.quality import Check, batch_to_check, build_checks, gx_expectation, suite_name
+from deltadrain.quality import Check, batch_to_check, build_checks, gx_expectation, owed_batches, suite_name
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -123,3 +123,19 @@ def test_only_a_committed_batch_is_left_to_check():
     for outcome in ("empty", "ahead", "mismatch", "error"):
         assert batch_to_check({"outcome": outcome, "batch": 3}) is None
     assert batch_to_check({"outcome": "committed", "batch": None}) is None
+
+
+def test_owed_batches_are_the_committed_ones_without_a_result_since_the_first_check():
+    # Batch 5 was committed by a drain try that then failed: the check of batch 6 takes it on.
+    assert owed_batches({1, 2, 3, 4}, [6], committed=6) == ([5], 0)
+    # Nothing owed when every committed batch has a result, or nothing is committed.
+    assert owed_batches({1, 2, 3}, [4], committed=4) == ([], 0)
+    assert owed_batches({1}, [2], committed=None) == ([], 0)
+    # Before the pipeline's first check, only the batches asked for count: no history is owed.
+    assert owed_batches(set(), [40], committed=40) == ([], 0)
+    assert owed_batches(set(), [40], committed=41) == ([41], 0)  # committed since the drain's summary
+    # A batch asked for again (already_committed) is not counted twice.
+    assert owed_batches({7}, [7, 8], committed=9) == ([9], 0)
+    # The oldest first, at most `limit`; the rest are counted for the next check.
+    owed, left = owed_batches({1}, [100], committed=100, limit=20)
+    assert owed == list(range(2, 22)) and left == 78

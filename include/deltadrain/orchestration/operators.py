@@ -232,7 +232,8 @@ class QualityOperator(DeltadrainSparkOperator):
         if not batches:
             # A backfill commits no batch (its rows carry batch 0): the daily whole-table check covers them.
             raise AirflowSkipException(f"no batch to check (drain outcome: {summary.get('outcome', summary.get('mode'))})")
-        return [*args, "--batch", *map(str, batches)]
+        # --owed: also the batches an earlier drain try committed and then failed, which no summary named.
+        return [*args, "--batch", *map(str, batches), "--owed"]
 
     def execute(self, context) -> Any:
         report = super().execute(context)
