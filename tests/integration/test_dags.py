@@ -116,6 +116,7 @@ def test_ingest_dag_drains_through_spark_submit(pipeline_dags, spark):
     report = run["xcoms"]["quality"]  # the default suite on every batch the drain committed
     assert report["batches"] == [1, 2, 3] and [r["batch"] for r in report["reports"]] == [1, 2, 3]
     assert report["success"] and report["rows_checked"] == summary["written"]
+    assert (report["caught_up"], report["still_owed"]) == ([], 0)  # submitted with --owed: none owed
     assert "Data Docs: file://" in run["log"]
     assert summary["outcome"] == "committed" and summary["written"] == len(result.valid_ids)
     assert "deltadrain drain summary:" in run["log"]  # the summary is shown in the task log too

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 from types import SimpleNamespace
 
@@ -132,6 +133,35 @@ def test_a_failed_replay_names_the_pipeline_it_was_asked_for(monkeypatch):
     with pytest.raises(DeltadrainJobFailed) as failed:
         op.execute(ctx)
     assert str(failed.value) == "deltadrain replay of 'clicks' failed: no DLQ table yet"
+
+
+def test_a_quality_task_whose_data_failed_is_not_retried_but_one_that_could_not_check_is(monkeypatch):
+    from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from deltadrain import spark
+    from deltadrain.jobs import ERROR_PREFIX, SUMMARY_PREFIX
+    from deltadrain.orchestration.operators import DeltadrainJobFailed, QualityOperator
+
+    lines: list[str] = []
+
+    def failing_submit(self, context):
+        list(self._watch(lines))
+        raise RuntimeError("spark-submit exited with 1")
+
+    monkeypatch.setattr(spark, "spark_conf", lambda: {})
+    monkeypatch.setattr(SparkSubmitOperator, "execute", failing_submit)
+    ctx = context("scheduled")
+    ctx["ti"].xcom_pull = lambda task_ids: {"outcome": "committed", "batch": 3}
+    report = {"pipeline": "orders", "batch": 3, "success": False, "policy": "fail", "data_docs": "/d/index.html"}
+    lines[:] = [SUMMARY_PREFIX + json.dumps(report), f"{ERROR_PREFIX}batch 3 failed data quality: amount between"]
+    with pytest.raises(AirflowFailException, match="batch 3 failed data quality"):
+        QualityOperator(task_id="quality", pipeline="orders", drain_task="drain").execute(ctx)
+    # No summary: the check could not run (no table yet, GX broke); Airflow may retry that.
+    lines[:] = [f"{ERROR_PREFIX}pipeline 'orders': no target table"]
+    with pytest.raises(DeltadrainJobFailed, match="no target table") as failed:
+        QualityOperator(task_id="quality", pipeline="orders", drain_task="drain").execute(ctx)
+    assert not isinstance(failed.value, AirflowFailException)
 
 
 def test_the_ingest_sensor_defers_through_a_source_outage_but_not_through_a_config_error(monkeypatch, tmp_path):
