@@ -202,6 +202,17 @@ class QualityReport:
         return {**asdict(self), "unexpected_count": self.unexpected_count}
 
 
+def gx_error(info) -> str | None:
+    """The exception GX met evaluating an expectation, if any. GX 1.x reports it either flat or, when
+    a metric failed (a missing column), as one entry per metric."""
+    if not isinstance(info, dict):
+        return None
+    if info.get("raised_exception"):
+        return info.get("exception_message") or "raised an exception"
+    nested = [gx_error(v) for v in info.values() if isinstance(v, dict)]
+    return next((e for e in nested if e), None)
+
+
 def summarize(checks: list[Check], gx_result) -> list[dict]:
     """GX's validation result -> one plain dict per check, in the suite's order."""
     out: list[dict | None] = [None] * len(checks)
@@ -216,7 +227,7 @@ def summarize(checks: list[Check], gx_result) -> list[dict]:
             "unexpected_count": res.get("unexpected_count"), "element_count": res.get("element_count"),
             "observed": observed.isoformat() if isinstance(observed, datetime) else observed,
             "partial_unexpected": [str(v) for v in (res.get("partial_unexpected_list") or [])[:10]],
-            "error": exc.get("exception_message") if exc.get("raised_exception") else None,
+            "error": gx_error(exc),
         }
     for i, item in enumerate(out):
         if item is None:  # GX left it out: count it as failed rather than silently passed
@@ -315,7 +326,9 @@ def offending_rows(df, checks: list[Check], failed: list[dict]):
     """The rows breaking a failed row-level check, each with `_dq_reason` naming every check it breaks."""
     from pyspark.sql import functions as F
 
-    bad = [checks[i] for i, r in enumerate(failed) if not r["success"] and checks[i].row_level]
+    # A check GX could not evaluate (its column missing, say) names no rows: it is reported, not moved on.
+    bad = [checks[i] for i, r in enumerate(failed)
+           if not r["success"] and checks[i].row_level and not r.get("error") and checks[i].column in df.columns]
     if not bad:
         return None
     flagged = df.select("*", *[violation(c, df).alias(f"_dq_v{i}") for i, c in enumerate(bad)])

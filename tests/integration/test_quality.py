@@ -396,3 +396,18 @@ def test_a_batch_check_takes_on_the_committed_batches_that_have_no_result(tmp_pa
     assert set(kept) | set(moved) == {i for r in sent for i in r.valid_ids}
     # Nothing is owed any more.
     assert check_batches(c, p, spark, [4], owed=True)["caught_up"] == []
+
+
+def test_quarantine_moves_rows_only_for_checks_that_could_name_them(tmp_path, cfg, spark):
+    """An expectation on a column the table does not have fails with GX's error; the rows that break
+    the other expectations are still quarantined, and the check does not crash."""
+    _, c, p, _, _ = drained(tmp_path, spark, 120, quality=quality("quarantine", {"column": "no_such", "kind": "not_null"}))
+    bad = over_limit(spark, c, p, 1)
+    report = check_batch(c, p, spark, 1)
+    assert report.failed == [f"amount between 0.0 and {LIMIT}", "no_such not null"]
+    assert [r["error"] for r in report.results][:2] == [None, None]
+    assert 'The column "no_such" in BatchData does not exist' in report.results[2]["error"]  # GX's, per metric
+    assert report.quarantined == len(bad) > 0
+    moved = table(spark, quarantine_path(c, p)).collect()
+    assert {r.event_id for r in moved} == bad and {r._dq_reason for r in moved} == {f"amount between 0.0 and {LIMIT}"}
+    assert len(target_ids(spark, c, p)) == 120 - len(bad)

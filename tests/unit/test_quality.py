@@ -139,3 +139,14 @@ def test_owed_batches_are_the_committed_ones_without_a_result_since_the_first_ch
     # The oldest first, at most `limit`; the rest are counted for the next check.
     owed, left = owed_batches({1}, [100], committed=100, limit=20)
     assert owed == list(range(2, 22)) and left == 78
+
+
+def test_gx_errors_are_found_flat_or_per_metric():
+    from deltadrain.quality import gx_error
+
+    assert gx_error({"raised_exception": True, "exception_message": "boom"}) == "boom"
+    per_metric = {("column_values.nonnull.unexpected_count", "abc", ()): {
+        "raised_exception": True, "exception_message": 'The column "x" does not exist.'}}
+    assert gx_error(per_metric) == 'The column "x" does not exist.'
+    assert gx_error({"raised_exception": False, "exception_message": None}) is None
+    assert gx_error({}) is None and gx_error(None) is None
