@@ -39,7 +39,7 @@ from deltadrain.gaps import (
     recorded,
 )
 from deltadrain.gaps import record as record_gaps
-from deltadrain.lake import ensure_table, is_table
+from deltadrain.lake import ensure_table, is_table, refused_rows
 from deltadrain.logs import fields, run_logger
 from deltadrain.metrics import record_run_safely
 from deltadrain.outcome import Outcome
@@ -410,11 +410,21 @@ class Drain:
         failpoints.pause("before_commit")
         meta = commit_metadata(p.name, batch, self.run_id, s.positions, claimed=s.claimed,
                                dead_lettered=s.dead_lettered, **self.commit_extra)
-        result = commit_batch(self.spark, self.target, pipeline=p.name, expected_batch=expected, run_id=self.run_id,
-                              rows=rows if stats.unique else dedup_in_batch(rows, p.payload_schema.id_field),
-                              id_field=p.payload_schema.id_field,
-                              window_start=(oldest - p.dedup_window) if oldest is not None else None, metadata=meta,
-                              id_range=stats.id_range, create=create)
+        try:
+            result = commit_batch(self.spark, self.target, pipeline=p.name, expected_batch=expected,
+                                  run_id=self.run_id,
+                                  rows=rows if stats.unique else dedup_in_batch(rows, p.payload_schema.id_field),
+                                  id_field=p.payload_schema.id_field,
+                                  window_start=(oldest - p.dedup_window) if oldest is not None else None,
+                                  metadata=meta, id_range=stats.id_range, create=create)
+        except Exception as exc:
+            # A constraint of the target refused a row: the data's fault, like a transform failing the
+            # batch. A BatchFailure counts as an attempt on Kafka too, so the range is halved down to
+            # the row and it ends a dead letter, instead of every run failing on it (a stuck pipeline).
+            reason = refused_rows(exc)
+            if reason is None:
+                raise
+            raise BatchFailure(f"batch {batch}: the target table refused its rows: {reason}") from exc
         rows.unpersist()
         self._lap("commit")
         s.outcome = result.outcome.value

@@ -22,6 +22,16 @@ def is_conflict(exc: BaseException) -> bool:
     return any(name in text for name in CONFLICTS)
 
 
+def refused_rows(exc: BaseException) -> str | None:
+    """The table's own reason when a write broke one of its constraints (a CHECK or NOT NULL the
+    operator added): no retry of the same rows can commit. None for any other error."""
+    text = str(exc)
+    if "DeltaInvariantViolationException" not in f"{type(exc).__name__} {text}":
+        return None
+    line = next((x for x in text.splitlines() if "[DELTA_" in x), text.splitlines()[0] if text else "")
+    return line[line.find("[DELTA_"):].strip()[:500] if "[DELTA_" in line else line.strip()[:500]
+
+
 # Hadoop's words for a file whose side checksum (.NAME.crc) does not match it, and the file it names.
 _CHECKSUM = re.compile(r"ChecksumException: Checksum error: (?:file:)?(?P<path>\S*/_delta_log/(?P<name>\d{20}\.json))")
 

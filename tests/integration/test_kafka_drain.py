@@ -990,6 +990,36 @@ def test_a_run_whose_transform_fails_its_batch_leaves_its_claim_notices_to_be_co
         assert (st["CLAIMED"], st["PENDING"]) == (0, 100)
 
 
+def test_a_row_the_target_table_refuses_ends_a_dead_letter_instead_of_stopping_the_pipeline(tmp_path, cfg, spark):
+    """A CHECK constraint the operator added to the target refuses one row. Before, the MERGE failure
+    withdrew the run's notices and every run failed on the same range for good. Now the refusal counts
+    as an attempt: the range is halved down to the row, which ends a dead letter; all else lands once."""
+    from deltadrain.drain import DrainError
+
+    # Each failed run halves the range; 40 / 2**6 < 1, so only the refused row ends a dead letter.
+    path, c, p = make_kafka_pipeline(tmp_path, partitions=1, min_idle_ms=500, max_retries=6, batch_cap=1000)
+    first = produce(c, p, 10, seed=88)
+    assert drain(c, p, spark=spark).written == 10
+    refused = "evt-88-000000025"
+    spark.sql(f"ALTER TABLE delta.`{c.target_path(p)}` ADD CONSTRAINT no_25 CHECK (event_id <> '{refused}')")
+    more = produce(c, p, 40, seed=88, start=10)
+    failures, runs = [], []
+    for _ in range(30):
+        time.sleep(0.7)  # the last run's notices are older than min_idle_ms: the next run counts them
+        try:
+            runs.append(drain(c, p, spark=spark))
+        except DrainError as exc:
+            failures.append(str(exc))
+            continue
+        if group_of(c, p) == {"0": 50}:
+            break
+    assert failures and all("the target table refused its rows: [DELTA_VIOLATE_CONSTRAINT_WITH_VALUES]" in f
+                            and "no_25" in f for f in failures), failures
+    assert group_of(c, p) == {"0": 50}, (failures, [(r.claimed, r.written, r.dead_lettered) for r in runs])
+    assert_exactly_once(spark, c, p, [i for i in [*first.valid_ids, *more.valid_ids] if i != refused], 0, [("0", "25")])
+    assert sum(r.dead_lettered for r in runs) == 1
+
+
 def test_a_batch_that_fails_on_no_single_message_is_halved_until_it_commits(tmp_path, cfg, spark):
     """Before, every run read the same range, failed the same way, and took its notices off: the
     pipeline was stuck for good. Now each failed run counts, and the range is halved past the pair."""
