@@ -17,7 +17,8 @@
 
 Quarantine, and why it loses nothing: the offending rows are first MERGEd into the quarantine
 table (insert-only, keyed on message id + batch + source position, so a rerun adds nothing), and
-only then DELETEd from the target (a MERGE ... WHEN MATCHED DELETE on the same keys). A crash
+only then DELETEd from the target (a MERGE ... WHEN MATCHED DELETE on the same keys and the row's
+`_dd_run_id`: a row a reprocess rewrote meanwhile stays, see take_back_rewritten). A crash
 between the two leaves the rows in both tables; the next check of that batch finds them again in
 the target, the quarantine MERGE skips them, and the DELETE completes. The DELETE commit carries no
 SetTransaction and no `pipeline`/`batch` metadata, so the drain's checkpoint (the newest commit
@@ -56,6 +57,7 @@ RESULTS_SCHEMA = ("pipeline STRING NOT NULL, scope STRING NOT NULL, batch BIGINT
 TXN_KEYS = ("spark.databricks.delta.write.txnAppId", "spark.databricks.delta.write.txnVersion")
 USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
 DOCS_KEEP = 200  # validation pages kept per pipeline; the results table keeps the whole history
+RECHECKS = 2  # a batch check checks again this often when rows were rewritten under it (take_back_rewritten)
 CATCH_UP = 20  # owed batches a batch check takes on besides its own; the next check takes the rest
 
 
@@ -187,6 +189,7 @@ class QualityReport:
     results: list[dict] = field(default_factory=list)  # one per expectation
     failed: list[str] = field(default_factory=list)  # names of the failed expectations
     quarantined: int = 0
+    taken_back: int = 0  # quarantine copies of rows rewritten since their check (take_back_rewritten)
     table_version: int | None = None
     run_id: str = ""
     batch_run_id: str | None = None
@@ -369,8 +372,10 @@ def quarantine(spark, cfg: DeltadrainConfig, pipeline: PipelineConfig, batch: in
     retry_conflicts(lambda: DeltaTable.forPath(spark, qpath).alias("q").merge(
         staged.alias("s"), quarantine_keys(id_field, "q")).whenNotMatchedInsertAll().execute())
     failpoints.fail("before_quarantine_delete")  # tests: a crash here leaves the rows in both tables
-    keys = staged.select(f"`{id_field}`", "_dd_batch", "_dd_partition", "_dd_position").distinct()
-    cond = quarantine_keys(id_field, "t") & (F.col("t._dd_batch") == F.lit(batch))  # prunes other batches' files
+    keys = staged.select(f"`{id_field}`", "_dd_batch", "_dd_partition", "_dd_position", "_dd_run_id").distinct()
+    # Only the rows as they were checked: one a reprocess replay rewrote since (a new _dd_run_id) stays.
+    cond = (quarantine_keys(id_field, "t") & F.col("t._dd_run_id").eqNullSafe(F.col("s._dd_run_id"))
+            & (F.col("t._dd_batch") == F.lit(batch)))  # the batch prunes other batches' files
     # No txn and no pipeline/batch keys in this commit's metadata: the drain's checkpoint ignores it.
     for key in TXN_KEYS:
         spark.conf.unset(key)
@@ -382,6 +387,34 @@ def quarantine(spark, cfg: DeltadrainConfig, pipeline: PipelineConfig, batch: in
     finally:
         spark.conf.unset(USER_METADATA)
     return moved
+
+
+def take_back_rewritten(spark, cfg: DeltadrainConfig, pipeline: PipelineConfig, batch: int) -> int:
+    """Drop the quarantine copies of `batch`'s rows that the target still holds rewritten (another
+    `_dd_run_id`): a reprocess replay rewrote them between a check and its DELETE, which then left
+    them (see quarantine), or after a crash there. Their new values were never checked: they stay
+    in the target for the next check, and a row is in one table or the other. Returns how many."""
+    from delta.tables import DeltaTable
+    from pyspark.sql import functions as F
+
+    target, qpath = str(cfg.target_path(pipeline)), str(quarantine_path(cfg, pipeline))
+    if not is_table(spark, qpath):
+        return 0
+    id_field = pipeline.payload_schema.id_field
+    of_batch = F.col("_dd_batch") == F.lit(batch)  # both tables: Delta's statistics skip other batches' files
+    copies = spark.read.format("delta").load(qpath).where(of_batch)
+    rows = spark.read.format("delta").load(target).where(of_batch)
+    rewritten = quarantine_keys(id_field, "t") & ~F.col("t._dd_run_id").eqNullSafe(F.col("s._dd_run_id"))
+    stale = (copies.alias("s").join(rows.alias("t"), rewritten, "left_semi")
+             .select(f"`{id_field}`", "_dd_batch", "_dd_partition", "_dd_position", "_dd_run_id").localCheckpoint())
+    count = stale.count()
+    if count:
+        log.warning("pipeline %s batch %d: %d row(s) were rewritten after they were checked (a reprocess replay): "
+                    "they stay in the target and leave the quarantine", pipeline.name, batch, count)
+        same = quarantine_keys(id_field, "q") & F.col("q._dd_run_id").eqNullSafe(F.col("s._dd_run_id"))
+        retry_conflicts(lambda: DeltaTable.forPath(spark, qpath).alias("q").merge(stale.alias("s"), same)
+                        .whenMatchedDelete().execute())
+    return count
 
 
 # -- entry points ----------------------------------------------------------------------------------------
@@ -517,7 +550,23 @@ class BatchesFailed(DeltadrainError):
 
 def check_batch(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, batch: int,
                 run_id: str | None = None) -> QualityReport:
-    """Validate the rows batch `batch` wrote; apply the pipeline's failure policy."""
+    """Validate the rows batch `batch` wrote; apply the pipeline's failure policy.
+
+    Under `quarantine`, rows a reprocess replay rewrote during the check are left in the target
+    (take_back_rewritten) and the batch is checked again at once: their new values are judged too.
+    """
+    run_id = run_id or new_check_id()
+    for again in range(RECHECKS + 1):
+        report = _check_batch_once(cfg, pipeline, spark, batch, run_id if not again else f"{run_id}.{again}")
+        if not report.taken_back:
+            break
+        log.warning("pipeline %s batch %d: checking it again for the %d rewritten row(s)", pipeline.name, batch,
+                    report.taken_back)
+    return report
+
+
+def _check_batch_once(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, batch: int,
+                      run_id: str) -> QualityReport:
     from pyspark import StorageLevel
 
     rows, version, drain_run = batch_rows(cfg, pipeline, spark, batch)
@@ -559,10 +608,11 @@ def _check(cfg, pipeline: PipelineConfig, spark, rows, scope: str, batch: int | 
         table_version=version, run_id=run_id, batch_run_id=drain_run, checked_at=datetime.now(UTC),
         data_docs=str(index), results_table=str(results_path(cfg)))
     policy = pipeline.quality.on_failure
-    if failed and policy == "quarantine" and scope == "batch":
-        offending = offending_rows(rows, checks, results)
+    if policy == "quarantine" and scope == "batch":
+        offending = offending_rows(rows, checks, results) if failed else None
         if offending is not None:
             report.quarantined = quarantine(spark, cfg, pipeline, batch, offending, run_id)
+        report.taken_back = take_back_rewritten(spark, cfg, pipeline, batch)
     write_result(spark, cfg, report)
     where = f"batch {batch}" if scope == "batch" else "table"
     if not failed:

@@ -411,3 +411,40 @@ def test_quarantine_moves_rows_only_for_checks_that_could_name_them(tmp_path, cf
     moved = table(spark, quarantine_path(c, p)).collect()
     assert {r.event_id for r in moved} == bad and {r._dq_reason for r in moved} == {f"amount between 0.0 and {LIMIT}"}
     assert len(target_ids(spark, c, p)) == 120 - len(bad)
+
+
+@pytest.mark.slow
+def test_a_row_a_reprocess_rewrites_during_quarantine_is_checked_again_not_lost(tmp_path, cfg, spark, monkeypatch):
+    """A reprocess replay rewrites an offending row between the quarantine MERGE and the target
+    DELETE. Before, the DELETE removed the rewritten row, and the quarantine kept the old values.
+    Now the DELETE leaves it, its old copy leaves the quarantine, and the batch is checked again."""
+    from pyspark.sql import functions as F
+
+    from deltadrain import quality as q
+    from deltadrain.replay import ReplayRequest, replay
+
+    _, c, p, _, result = drained(tmp_path, spark, 120, quality=quality("quarantine"))
+    bad = over_limit(spark, c, p, 1)
+    victim = sorted(bad)[0]
+    fail, replays = q.failpoints.fail, []
+
+    def reprocess_then(name):  # the step boundary, run for real in between
+        if name == "before_quarantine_delete" and not replays:
+            replays.append(replay(c, spark, ReplayRequest(pipeline=p.name, mode="reprocess", message_ids=[victim],
+                                                          dry_run=False)))
+        fail(name)
+
+    monkeypatch.setattr(q.failpoints, "fail", reprocess_then)
+    report = check_batch(c, p, spark, 1, run_id="dq-race")
+    [rewrite] = replays
+    assert rewrite.written == 1
+    # The last round moved the rewritten row (still over the limit), with its new values.
+    assert (report.run_id, report.quarantined, report.taken_back) == ("dq-race.1", 1, 0)
+    moved = table(spark, quarantine_path(c, p)).collect()
+    assert sorted(r.event_id for r in moved) == sorted(bad)  # each once
+    [copy] = [r for r in moved if r.event_id == victim]
+    assert (copy._dd_run_id, copy._dq_run_id) == (rewrite.run_id, "dq-race.1")
+    kept = target_ids(spark, c, p)
+    assert set(kept).isdisjoint(bad) and set(kept) | bad == set(result.valid_ids)
+    rounds = table(spark, results_path(c)).where(F.col("pipeline") == p.name).orderBy("checked_at").collect()
+    assert [(r.run_id, r.quarantined) for r in rounds] == [("dq-race", len(bad)), ("dq-race.1", 1)]
