@@ -14,7 +14,7 @@ import yaml
 
 from deltadrain.checkpoint import read_checkpoint
 from deltadrain.connections import kafka_client_conf
-from deltadrain.drain import drain
+from deltadrain.drain import DrainError, drain
 from deltadrain.failpoints import fired
 from deltadrain.kafka_offsets import (
     announce_claims,
@@ -408,7 +408,7 @@ def test_a_retention_gap_is_reported_with_its_range_and_stops_or_continues_per_p
         fut.result(30)
     found = probe(c, p)  # the sensor wakes a run, which stops on the gap: the failure shows in Airflow
     assert (found.new, found.gaps, found.has_work) == (150, 150, True)
-    with pytest.raises(Exception, match=r"partition 0 offsets \[100, 250\) \(150 messages\)"):
+    with pytest.raises(DrainError, match=r"partition 0 offsets \[100, 250\) \(150 messages\)"):
         drain(c, p, spark=spark)
     st = pipeline_status(c, p, spark)
     assert st["gaps"] == [{"partition": 0, "start": 100, "end": 250, "missing": 150}]
@@ -994,8 +994,6 @@ def test_a_row_the_target_table_refuses_ends_a_dead_letter_instead_of_stopping_t
     """A CHECK constraint the operator added to the target refuses one row. Before, the MERGE failure
     withdrew the run's notices and every run failed on the same range for good. Now the refusal counts
     as an attempt: the range is halved down to the row, which ends a dead letter; all else lands once."""
-    from deltadrain.drain import DrainError
-
     # Each failed run halves the range; 40 / 2**6 < 1, so only the refused row ends a dead letter.
     path, c, p = make_kafka_pipeline(tmp_path, partitions=1, min_idle_ms=500, max_retries=6, batch_cap=1000)
     first = produce(c, p, 10, seed=88)
@@ -1023,8 +1021,6 @@ def test_a_row_the_target_table_refuses_ends_a_dead_letter_instead_of_stopping_t
 def test_a_batch_that_fails_on_no_single_message_is_halved_until_it_commits(tmp_path, cfg, spark):
     """Before, every run read the same range, failed the same way, and took its notices off: the
     pipeline was stuck for good. Now each failed run counts, and the range is halved past the pair."""
-    from deltadrain.drain import DrainError
-
     path, c, p = make_kafka_pipeline(tmp_path, partitions=1, min_idle_ms=1000,
                                      transform="tests.integration.pair_transform.fails_on_a_pair")
     result = produce(c, p, 100, seed=87)

@@ -13,7 +13,7 @@ import pytest
 
 from deltadrain.checkpoint import read_checkpoint
 from deltadrain.connections import valkey_client
-from deltadrain.drain import drain
+from deltadrain.drain import DrainError, drain
 from deltadrain.failpoints import fired
 from deltadrain.positions import StreamId
 from deltadrain.produce import MALFORMED_KINDS, generate, produce
@@ -697,8 +697,6 @@ def test_a_commit_that_other_writers_keep_beating_is_a_conflict_that_acks_nothin
     every retry: the run reports a conflict (not a restored table), commits and acknowledges nothing,
     and releases its claims; the next run commits the batch."""
     from deltadrain.commit import CONFLICT_RETRIES
-    from deltadrain.drain import DrainError
-
     _, c, p = make_pipeline(tmp_path)
     client = valkey_client(c, p)
     first = produce(c, p, 50, seed=101)
@@ -823,7 +821,7 @@ def test_entries_trimmed_before_the_group_read_them_are_a_reported_gap(tmp_path,
         (trimmed_stream, "unread", 40)]
     found = probe(c, p)  # the sensor wakes a run, whose failure shows in Airflow
     assert (found.new, found.gaps, found.has_work) == (70, 40, True)
-    with pytest.raises(Exception, match=rf"stream {re.escape(trimmed_stream)} ids 0-1 to \S+ \(40 entries, removed before the "
+    with pytest.raises(DrainError, match=rf"stream {re.escape(trimmed_stream)} ids 0-1 to \S+ \(40 entries, removed before the "
                        r"group read them\)\. Nothing was committed\. To go on past them.*Accept gaps.*"
                        r"deltadrain drain --accept-gaps\) or set on_gap: continue"):
         drain(c, p, spark=spark)
@@ -955,7 +953,7 @@ def test_an_entry_deleted_while_pending_is_reported_with_its_id(tmp_path, cfg, s
     # commits nothing and releases all it claimed, the 10 new entries too; the next run stops before
     # claiming anything.
     for _ in range(2):
-        with pytest.raises(Exception, match=rf"ids {ids[4]} to {ids[4]} \(1 entry, deleted while pending\)"):
+        with pytest.raises(DrainError, match=rf"ids {ids[4]} to {ids[4]} \(1 entry, deleted while pending\)"):
             drain(c, p, spark=spark)
         assert not (c.target_path(p) / "_delta_log").exists()
         assert sorted(_pel(client, stream, p.source.group)) == sorted(ids[:4] + ids[5:])
@@ -986,7 +984,7 @@ def test_an_accepted_xdel_gap_beyond_the_batch_stops_no_later_run_and_a_new_one_
     msgs = list(generate(p, 100, seed=109))
     ids = _append(client, stream, msgs)
     assert client.xdel(stream, ids[80]) == 1
-    with pytest.raises(Exception, match=rf"ids 0-1 to {ids[80]} \(1 entry, removed before the group read them\)"):
+    with pytest.raises(DrainError, match=rf"ids 0-1 to {ids[80]} \(1 entry, removed before the group read them\)"):
         drain(c, p, spark=spark)
     accepted = drain(c, p.accepting_gaps(), spark=spark)  # one batch of 30: the group stops at ids[29]
     assert (accepted.outcome, accepted.written, accepted.gaps) == ("committed", 30, 1), accepted.line()
@@ -996,7 +994,7 @@ def test_an_accepted_xdel_gap_beyond_the_batch_stops_no_later_run_and_a_new_one_
     # A new XDEL beyond the accepted one is a new gap: it stops the runs until accepted in its turn.
     assert client.xdel(stream, ids[90]) == 1
     assert probe(c, p).gaps == 1
-    with pytest.raises(Exception, match=rf"ids {StreamId.parse(ids[59]).ms}-\d+ to {ids[90]} \(an unknown number"):
+    with pytest.raises(DrainError, match=rf"ids {StreamId.parse(ids[59]).ms}-\d+ to {ids[90]} \(an unknown number"):
         drain(c, p, spark=spark)
     again = drain(c, p.accepting_gaps(), spark=spark)
     assert (again.outcome, again.written, again.gaps) == ("committed", 30, 1), again.line()
