@@ -187,34 +187,44 @@ def _status(args) -> int:
 
 @command("quality")
 def _quality(args) -> int:
-    from deltadrain.quality import QualityFailed, check_batch, check_table
+    from deltadrain.quality import BatchesFailed, QualityFailed, check_batches, check_table
 
     cfg, pipeline, spark = _pipeline_session(args, "quality")
     failed = None
     try:
-        if args.batch is not None:
-            report = check_batch(cfg, pipeline, spark, args.batch)
+        if args.table:
+            out = check_table(cfg, pipeline, spark).as_dict()
         else:
-            report = check_table(cfg, pipeline, spark)
+            out = check_batches(cfg, pipeline, spark, [args.batch] if args.batch else [], owed=args.owed)
     except QualityFailed as exc:
-        report, failed = exc.report, exc
+        out, failed = exc.report.as_dict(), exc
+    except BatchesFailed as exc:
+        out, failed = exc.summary, exc
     if args.json:
-        print(json.dumps(report.as_dict(), indent=2, default=str))
+        print(json.dumps(out, indent=2, default=str))
     else:
-        where = f"batch {report.batch}" if report.scope == "batch" else "whole table"
-        print(f"pipeline {report.pipeline} {where}: {'passed' if report.success else 'FAILED'} "
-              f"({report.rows_checked} rows, suite {report.suite}, policy {report.policy})")
-        for r in report.results:
-            extra = f"  unexpected {r['unexpected_count']}" if r.get("unexpected_count") else ""
-            print(f"  {'ok  ' if r['success'] else 'FAIL'} {r['expectation']}{extra}"
-                  f"{'  error: ' + r['error'] if r.get('error') else ''}")
-        if report.quarantined:
-            print(f"  {report.quarantined} row(s) moved to the quarantine table")
-        print(f"  Data Docs: {report.data_docs}")
+        if args.owed:
+            left = f"; {out['still_owed']} more left for the next check" if out["still_owed"] else ""
+            print(f"pipeline {pipeline.name}: batches owed a check: {out['caught_up'] or 'none'}{left}")
+        for report in out.get("reports", [out] if "results" in out else []):
+            _print_quality(report)
     if failed is not None:
         print(f"deltadrain: error: {failed}", file=sys.stderr)
         return 1
     return 0
+
+
+def _print_quality(report: dict) -> None:
+    where = f"batch {report['batch']}" if report["scope"] == "batch" else "whole table"
+    print(f"pipeline {report['pipeline']} {where}: {'passed' if report['success'] else 'FAILED'} "
+          f"({report['rows_checked']} rows, suite {report['suite']}, policy {report['policy']})")
+    for r in report["results"]:
+        extra = f"  unexpected {r['unexpected_count']}" if r.get("unexpected_count") else ""
+        print(f"  {'ok  ' if r['success'] else 'FAIL'} {r['expectation']}{extra}"
+              f"{'  error: ' + r['error'] if r.get('error') else ''}")
+    if report["quarantined"]:
+        print(f"  {report['quarantined']} row(s) moved to the quarantine table")
+    print(f"  Data Docs: {report['data_docs']}")
 
 
 @command("metrics")
@@ -476,6 +486,9 @@ def build_parser() -> argparse.ArgumentParser:
     scope = p.add_mutually_exclusive_group(required=True)
     scope.add_argument("--batch", type=_at_least(1), help="check the rows this batch wrote")
     scope.add_argument("--table", action="store_true", help="check the whole target table")
+    scope.add_argument("--owed", action="store_true",
+                       help="check the committed batches that have no result yet (at most 20; what the "
+                            "ingest DAG's quality task does before its own batches)")
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("metrics", help="the last drain runs of a pipeline from the metrics table, and a chart")

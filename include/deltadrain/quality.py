@@ -526,13 +526,14 @@ def check_batches(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, batche
             failure = failure or exc
     if len(reports) == 1:
         out = reports[0].as_dict()
-    else:
-        out = {"pipeline": pipeline.name, "scope": "batches", "batches": batches, "policy": reports[0].policy,
-               "success": all(r.success for r in reports),
+    else:  # several, or none (`deltadrain quality --owed` with nothing owed)
+        out = {"pipeline": pipeline.name, "scope": "batches", "batches": batches,
+               "policy": pipeline.quality.on_failure, "success": all(r.success for r in reports),
                "failed": [f"batch {r.batch}: {name}" for r in reports for name in r.failed],
                "rows_checked": sum(r.rows_checked for r in reports),
-               "quarantined": sum(r.quarantined for r in reports), "data_docs": reports[-1].data_docs,
-               "results_table": reports[-1].results_table, "reports": [r.as_dict() for r in reports]}
+               "quarantined": sum(r.quarantined for r in reports),
+               "data_docs": reports[-1].data_docs if reports else str(docs_dir(pipeline) / "index.html"),
+               "results_table": str(results_path(cfg)), "reports": [r.as_dict() for r in reports]}
     if owed:
         out.update(caught_up=caught_up, still_owed=left)
     if failure is not None:

@@ -355,7 +355,8 @@ def test_a_backfill_leaves_quarantined_messages_in_the_quarantine(tmp_path, cfg,
 
 
 @pytest.mark.slow
-def test_a_batch_check_takes_on_the_committed_batches_that_have_no_result(tmp_path, cfg, spark, monkeypatch):
+def test_a_batch_check_takes_on_the_committed_batches_that_have_no_result(tmp_path, cfg, spark, monkeypatch,
+                                                                            capsys):
     """No quality task is told of a batch whose drain try died after its commit, and a check killed
     between quarantine's MERGE and DELETE writes no result: the next batch check takes both on."""
     from deltadrain import failpoints
@@ -394,8 +395,15 @@ def test_a_batch_check_takes_on_the_committed_batches_that_have_no_result(tmp_pa
     kept = target_ids(spark, c, p)
     assert set(kept).isdisjoint(moved) and len(kept) + len(moved) == 500
     assert set(kept) | set(moved) == {i for r in sent for i in r.valid_ids}
-    # Nothing is owed any more.
+    # Nothing is owed any more; a batch drained outside Airflow is, and `deltadrain quality --owed` checks it.
     assert check_batches(c, p, spark, [4], owed=True)["caught_up"] == []
+    produce(c, p, 50, seed=7, start=500)
+    assert drain(c, p, spark=spark).batch == 5
+    assert cli.main(["--config", str(path), "quality", p.name, "--owed", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert (shown["caught_up"], shown["still_owed"], shown["batch"], shown["scope"]) == ([5], 0, 5, "batch")
+    assert cli.main(["--config", str(path), "quality", p.name, "--owed"]) == 0
+    assert f"pipeline {p.name}: batches owed a check: none" in capsys.readouterr().out
 
 
 def test_quarantine_moves_rows_only_for_checks_that_could_name_them(tmp_path, cfg, spark):
