@@ -26,6 +26,8 @@ def main() -> int:
     parser.add_argument("--config")
     parser.add_argument("--run-id")
     args = parser.parse_args()
+    if args.owed and args.batch is None:
+        parser.error("--owed goes with --batch")
     from pyspark.sql import SparkSession
 
     failed = None

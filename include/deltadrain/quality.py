@@ -189,7 +189,7 @@ class QualityReport:
     results: list[dict] = field(default_factory=list)  # one per expectation
     failed: list[str] = field(default_factory=list)  # names of the failed expectations
     quarantined: int = 0
-    taken_back: int = 0  # quarantine copies of rows rewritten since their check (take_back_rewritten)
+    taken_back: int = 0  # rows rewritten during the check, left in the target (take_back_rewritten)
     table_version: int | None = None
     run_id: str = ""
     batch_run_id: str | None = None
@@ -500,8 +500,18 @@ def checked_batches(spark, cfg: DeltadrainConfig, pipeline: PipelineConfig) -> s
 
 
 def catch_up(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, requested: list[int]) -> tuple[list[int], int]:
-    """owed_batches against the results table and the target's committed batch (its txn)."""
-    committed, _ = snapshot_txn(spark, str(cfg.target_path(pipeline)), pipeline.name)
+    """owed_batches against the results table and the target's committed batch (its checkpoint: the
+    newest commit naming the pipeline, read from the log's last files; the txn after log cleanup)."""
+    from deltadrain.lake import recent_commits
+
+    target = str(cfg.target_path(pipeline))
+    if not is_table(spark, target):
+        return [], 0
+    metas = [c["meta"] or {} for c in recent_commits(spark, target, 5)]
+    committed = next((m["batch"] for m in metas if m.get("pipeline") == pipeline.name
+                      and isinstance(m.get("batch"), int)), None)
+    if committed is None:
+        committed, _ = snapshot_txn(spark, target, pipeline.name)
     return owed_batches(checked_batches(spark, cfg, pipeline), requested, committed)
 
 
@@ -517,13 +527,25 @@ def check_batches(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, batche
         log.warning("pipeline %s: batches %s were committed without a quality result; checking them now%s",
                     pipeline.name, caught_up, f" ({left} more are left for the next check)" if left else "")
     batches = [*caught_up, *batches]
-    reports, failure = [], None
+    reports, failure, unchecked = [], None, {}
     for batch in batches:
         try:
             reports.append(check_batch(cfg, pipeline, spark, batch, run_id=run_id))
         except QualityFailed as exc:
             reports.append(exc.report)
             failure = failure or exc
+        except Exception as exc:
+            if batch not in caught_up:
+                raise
+            # One owed batch that cannot be checked must not keep the task's own batches unchecked.
+            log.exception("pipeline %s: owed batch %d could not be checked", pipeline.name, batch)
+            unchecked[batch] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
+    if unchecked:
+        # After the others ran: the task fails (and is retried); the batches stay owed until checked.
+        raise QualityError(f"pipeline '{pipeline.name}': owed batches could not be checked: "
+                           + "; ".join(f"batch {b}: {e}" for b, e in unchecked.items())
+                           + f" (batches {[r.batch for r in reports]} were checked; the next quality task tries "
+                           f"them again, or check one by hand: deltadrain quality {pipeline.name} --batch N)")
     if len(reports) == 1:
         out = reports[0].as_dict()
     else:  # several, or none (`deltadrain quality --owed` with nothing owed)
@@ -557,12 +579,21 @@ def check_batch(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, batch: i
     (take_back_rewritten) and the batch is checked again at once: their new values are judged too.
     """
     run_id = run_id or new_check_id()
+    moved = taken_back = 0
     for again in range(RECHECKS + 1):
         report = _check_batch_once(cfg, pipeline, spark, batch, run_id if not again else f"{run_id}.{again}")
+        moved, taken_back = moved + report.quarantined, taken_back + report.taken_back
         if not report.taken_back:
             break
-        log.warning("pipeline %s batch %d: checking it again for the %d rewritten row(s)", pipeline.name, batch,
-                    report.taken_back)
+        if again < RECHECKS:
+            log.warning("pipeline %s batch %d: checking it again for the %d rewritten row(s)", pipeline.name,
+                        batch, report.taken_back)
+        else:
+            log.warning("pipeline %s batch %d: rows were rewritten under each of %d checks; the %d left in the "
+                        "target are judged by the next whole-table check", pipeline.name, batch, RECHECKS + 1,
+                        report.taken_back)
+    # The last round's results, and what all rounds moved (each round's results row has its own).
+    report.quarantined, report.taken_back = moved, taken_back
     return report
 
 
@@ -610,10 +641,14 @@ def _check(cfg, pipeline: PipelineConfig, spark, rows, scope: str, batch: int | 
         data_docs=str(index), results_table=str(results_path(cfg)))
     policy = pipeline.quality.on_failure
     if policy == "quarantine" and scope == "batch":
+        # First the stale copies a crashed check left of rows rewritten since: this round's MERGE
+        # would match such a copy, insert nothing, and its DELETE then remove the rewritten row.
+        take_back_rewritten(spark, cfg, pipeline, batch)
         offending = offending_rows(rows, checks, results) if failed else None
         if offending is not None:
-            report.quarantined = quarantine(spark, cfg, pipeline, batch, offending, run_id)
-        report.taken_back = take_back_rewritten(spark, cfg, pipeline, batch)
+            moved = quarantine(spark, cfg, pipeline, batch, offending, run_id)
+            report.taken_back = take_back_rewritten(spark, cfg, pipeline, batch)
+            report.quarantined = max(0, moved - report.taken_back)
     write_result(spark, cfg, report)
     where = f"batch {batch}" if scope == "batch" else "table"
     if not failed:

@@ -446,8 +446,9 @@ def test_a_row_a_reprocess_rewrites_during_quarantine_is_checked_again_not_lost(
     report = check_batch(c, p, spark, 1, run_id="dq-race")
     [rewrite] = replays
     assert rewrite.written == 1
-    # The last round moved the rewritten row (still over the limit), with its new values.
-    assert (report.run_id, report.quarantined, report.taken_back) == ("dq-race.1", 1, 0)
+    # The second round moved the rewritten row (still over the limit), with its new values; the report
+    # counts what both rounds moved and kept moved.
+    assert (report.run_id, report.quarantined, report.taken_back) == ("dq-race.1", len(bad), 1)
     moved = table(spark, quarantine_path(c, p)).collect()
     assert sorted(r.event_id for r in moved) == sorted(bad)  # each once
     [copy] = [r for r in moved if r.event_id == victim]
@@ -455,4 +456,29 @@ def test_a_row_a_reprocess_rewrites_during_quarantine_is_checked_again_not_lost(
     kept = target_ids(spark, c, p)
     assert set(kept).isdisjoint(bad) and set(kept) | bad == set(result.valid_ids)
     rounds = table(spark, results_path(c)).where(F.col("pipeline") == p.name).orderBy("checked_at").collect()
-    assert [(r.run_id, r.quarantined) for r in rounds] == [("dq-race", len(bad)), ("dq-race.1", 1)]
+    assert [(r.run_id, r.quarantined) for r in rounds] == [("dq-race", len(bad) - 1), ("dq-race.1", 1)]
+
+
+@pytest.mark.slow
+def test_a_row_rewritten_after_a_crashed_quarantine_is_moved_with_its_new_values(tmp_path, cfg, spark, monkeypatch):
+    """A check dies between the quarantine MERGE and the DELETE; a reprocess then rewrites an offending
+    row. The next check must not match the stale copy (insert nothing) and then delete the rewritten row."""
+    from deltadrain.replay import ReplayRequest, replay
+
+    _, c, p, _, result = drained(tmp_path, spark, 120, quality=quality("quarantine"))
+    bad = over_limit(spark, c, p, 1)
+    victim = sorted(bad)[0]
+    monkeypatch.setenv("DELTADRAIN_FAILPOINT", "before_quarantine_delete")
+    with pytest.raises(InjectedFailure):
+        check_batch(c, p, spark, 1)
+    monkeypatch.delenv("DELTADRAIN_FAILPOINT")
+    rewrite = replay(c, spark, ReplayRequest(pipeline=p.name, mode="reprocess", message_ids=[victim], dry_run=False))
+    assert rewrite.written == 1
+    report = check_batch(c, p, spark, 1, run_id="dq-after")
+    assert (report.quarantined, report.taken_back) == (len(bad), 0)
+    moved = table(spark, quarantine_path(c, p)).collect()
+    assert sorted(r.event_id for r in moved) == sorted(bad)
+    [copy] = [r for r in moved if r.event_id == victim]
+    assert (copy._dd_run_id, copy._dq_run_id) == (rewrite.run_id, "dq-after")
+    kept = target_ids(spark, c, p)
+    assert set(kept).isdisjoint(bad) and set(kept) | bad == set(result.valid_ids)

@@ -150,3 +150,28 @@ def test_gx_errors_are_found_flat_or_per_metric():
     assert gx_error(per_metric) == 'The column "x" does not exist.'
     assert gx_error({"raised_exception": False, "exception_message": None}) is None
     assert gx_error({}) is None and gx_error(None) is None
+
+
+def test_an_owed_batch_that_cannot_be_checked_keeps_no_other_batch_unchecked(monkeypatch, cfg):
+    """Pure control flow of check_batches: the check itself is faked (each batch's outcome is given)."""
+    from deltadrain import quality
+    from deltadrain.quality import QualityError, QualityReport, check_batches
+
+    pipeline, seen = cfg.pipelines[0], []
+
+    def fake_check(cfg, pipeline, spark, batch, run_id=None):
+        seen.append(batch)
+        if batch == 2:
+            raise QualityError("Great Expectations could not validate: boom")
+        return QualityReport(pipeline.name, "batch", batch, "s", "fail", True, 10)
+
+    monkeypatch.setattr(quality, "catch_up", lambda cfg, pipeline, spark, requested: ([2, 3], 0))
+    monkeypatch.setattr(quality, "check_batch", fake_check)
+    with pytest.raises(QualityError, match=r"owed batches could not be checked: batch 2: QualityError: Great "
+                                           r"Expectations could not validate: boom \(batches \[3, 5\] were checked"):
+        check_batches(cfg, pipeline, None, [5], owed=True)
+    assert seen == [2, 3, 5]
+    # The task's own batch failing to run is the task's error, as before.
+    monkeypatch.setattr(quality, "catch_up", lambda cfg, pipeline, spark, requested: ([], 0))
+    with pytest.raises(QualityError, match="boom"):
+        check_batches(cfg, pipeline, None, [2], owed=True)
