@@ -99,6 +99,19 @@ def positions_from_rows(spark, path: str, dlq_path: str | None, batch: int,
     return {r.p: r.pos for r in rows}
 
 
+def carries_batch(meta, pipeline: str) -> bool:
+    """A commit's metadata names a batch of `pipeline`: a drain's commit, not a backfill's, a replay's,
+    a quarantine's or OPTIMIZE's."""
+    return isinstance(meta, dict) and meta.get("pipeline") == pipeline and isinstance(meta.get("batch"), int)
+
+
+def committed_batch(spark, path: str, pipeline: str) -> int | None:
+    """The pipeline's newest committed batch without its positions: read_checkpoint's fast path (the
+    newest commits), else the txn."""
+    meta = next((c["meta"] for c in recent_commits(spark, path, 5) if carries_batch(c["meta"], pipeline)), None)
+    return meta["batch"] if meta is not None else snapshot_txn(spark, path, pipeline)[0]
+
+
 def read_checkpoint(spark, path: str, pipeline: str, dlq_path: str | None = None,
                     quarantine_path: str | None = None) -> Checkpoint:
     if not is_table(spark, path):
@@ -108,8 +121,8 @@ def read_checkpoint(spark, path: str, pipeline: str, dlq_path: str | None = None
     # snapshot's txn set instead rebuilds Delta state (seconds per run).
     commits = recent_commits(spark, path, 5)
     for commit in commits:
-        meta = commit["meta"] or {}
-        if meta.get("pipeline") == pipeline and isinstance(meta.get("batch"), int):
+        meta = commit["meta"]
+        if carries_batch(meta, pipeline):
             return Checkpoint(meta["batch"], dict(meta.get("positions") or {}), commits[0]["version"],
                               meta.get("run_id"), "commit", meta)
     batch, version = snapshot_txn(spark, path, pipeline)

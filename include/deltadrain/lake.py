@@ -28,8 +28,8 @@ def refused_rows(exc: BaseException) -> str | None:
     text = str(exc)
     if "DeltaInvariantViolationException" not in f"{type(exc).__name__} {text}":
         return None
-    line = next((x for x in text.splitlines() if "[DELTA_" in x), text.splitlines()[0] if text else "")
-    return line[line.find("[DELTA_"):].strip()[:500] if "[DELTA_" in line else line.strip()[:500]
+    start = max(text.find("[DELTA_"), 0)  # from Delta's error class on, past py4j's "calling o101" line
+    return (text[start:].splitlines() or [""])[0].strip()[:500]
 
 
 # Hadoop's words for a file whose side checksum (.NAME.crc) does not match it, and the file it names.

@@ -15,6 +15,7 @@ import json
 import threading
 from datetime import UTC, datetime
 
+from deltadrain.checkpoint import carries_batch
 from deltadrain.config import DeltadrainConfig, PipelineConfig
 from deltadrain.deadletter import DEAD, REPLAYED
 from deltadrain.lake import inserted_rows
@@ -148,7 +149,7 @@ def _batch_commits(table, pipeline: PipelineConfig, search: int):
             meta = json.loads(commit.get("userMetadata") or "null")
         except ValueError:
             meta = None
-        if isinstance(meta, dict) and meta.get("pipeline") == pipeline.name and isinstance(meta.get("batch"), int):
+        if carries_batch(meta, pipeline.name):
             yield commit, meta
 
 

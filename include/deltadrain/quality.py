@@ -38,7 +38,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from deltadrain import failpoints
-from deltadrain.checkpoint import find_commit
+from deltadrain.checkpoint import committed_batch, find_commit
 from deltadrain.config import DeltadrainConfig, PipelineConfig
 from deltadrain.errors import DeltadrainError
 from deltadrain.lake import ensure_table, is_table, retry_conflicts, snapshot_txn
@@ -475,10 +475,7 @@ def owed_batches(checked: set[int], requested: list[int], committed: int | None,
     check on (before it, with none yet, from the batches asked for): a pipeline drained for a while
     without checks is not made to check its whole history.
     """
-    if committed is None:
-        return [], 0
-    known = [*checked, *requested]
-    if not known:
+    if committed is None or not (checked or requested):
         return [], 0
     floor = max(1, min(checked) if checked else min(requested))
     owed = [b for b in range(floor, committed + 1) if b not in checked and b not in requested]
@@ -500,18 +497,11 @@ def checked_batches(spark, cfg: DeltadrainConfig, pipeline: PipelineConfig) -> s
 
 
 def catch_up(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, requested: list[int]) -> tuple[list[int], int]:
-    """owed_batches against the results table and the target's committed batch (its checkpoint: the
-    newest commit naming the pipeline, read from the log's last files; the txn after log cleanup)."""
-    from deltadrain.lake import recent_commits
-
+    """owed_batches against the results table and the target's newest committed batch."""
     target = str(cfg.target_path(pipeline))
     if not is_table(spark, target):
         return [], 0
-    metas = [c["meta"] or {} for c in recent_commits(spark, target, 5)]
-    committed = next((m["batch"] for m in metas if m.get("pipeline") == pipeline.name
-                      and isinstance(m.get("batch"), int)), None)
-    if committed is None:
-        committed, _ = snapshot_txn(spark, target, pipeline.name)
+    committed = committed_batch(spark, target, pipeline.name)
     return owed_batches(checked_batches(spark, cfg, pipeline), requested, committed)
 
 

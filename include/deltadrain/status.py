@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from deltadrain.checkpoint import read_checkpoint
+from deltadrain.checkpoint import carries_batch, read_checkpoint
 from deltadrain.config import DeltadrainConfig, KafkaSource, PipelineConfig, ValkeySource
 from deltadrain.connections import as_text, kafka_consumer_conf, stream_counts, valkey_client
 from deltadrain.deadletter import DEAD, REPLAYED
@@ -163,8 +163,8 @@ def pipeline_status(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark) -> d
     out["last_batch"] = None
     if is_table(spark, target):
         for commit in recent_commits(spark, target, 20):
-            meta = commit["meta"] or {}
-            if meta.get("pipeline") == pipeline.name and isinstance(meta.get("batch"), int):
+            meta = commit["meta"]
+            if carries_batch(meta, pipeline.name):
                 out["last_batch"] = {"batch": meta.get("batch"), "run_id": meta.get("run_id"),
                                      "table_version": commit["version"], "at": commit["timestamp"],
                                      "written": inserted_rows(commit["metrics"]),
