@@ -20,7 +20,7 @@ from deltadrain.config import DeltadrainConfig, PipelineConfig, ValkeySource
 from deltadrain.connections import valkey_client
 from deltadrain.deadletter import write_dead_letters
 from deltadrain.errors import DeltadrainError
-from deltadrain.lake import is_table, recent_commits, retry_conflicts
+from deltadrain.lake import is_table, recent_commits, refused_rows, retry_conflicts
 from deltadrain.paths import staging_dir
 
 NO_BATCH = 0  # the batch number of rows a backfill inserts (a reprocess keeps a row's); drained batches start at 1
@@ -41,6 +41,7 @@ class BackfillSummary:
     duplicates_skipped: int = 0
     dead_lettered: int = 0
     skipped_failing: list = field(default_factory=list)  # transform failures: left to the live drain
+    skipped_refused: list = field(default_factory=list)  # rows the target's constraints refuse: not merged
     skipped_quarantined: int = 0  # messages a batch check moved to the quarantine: not put back
     skipped_dead_lettered: int = 0  # messages the DLQ holds (dead or replayed): the replay is their way back
     gaps: list = field(default_factory=list)
@@ -91,20 +92,23 @@ def prepare_rows(spark, pipeline: PipelineConfig, claimed, run_id: str, scratch)
 
 
 def merge_without_checkpoint(spark, target: str, rows, pipeline: PipelineConfig, metadata: dict, *,
-                             window_start: datetime | None, update_matched: list[str] | None = None) -> dict:
+                             window_start: datetime | None,
+                             update_matched: list[str] | None = None) -> tuple[dict, list[tuple[str, str, str]]]:
     """MERGE on the message id with commit metadata but no SetTransaction: the live checkpoint
     stays where it is. Insert-only, or (reprocess) updating the given columns of matched rows.
-    Idempotent, so a lost race is simply retried. Returns the commit's metrics."""
+    Idempotent, so a lost race is simply retried. Returns the commit's metrics and the messages
+    (partition, position, constraint) left out of it because the target's constraints refuse their
+    rows: history, like a transform failure here, not dead letters."""
     from delta.tables import DeltaTable
+    from pyspark.sql import functions as F
 
     from deltadrain.commit import USER_METADATA, merge_condition
-    from deltadrain.drain import dedup_in_batch
+    from deltadrain.drain import dedup_in_batch, refused_messages
 
     id_field = pipeline.payload_schema.id_field
-    source = dedup_in_batch(rows, id_field)
     text = json.dumps(metadata, sort_keys=True, default=str)
 
-    def merge():
+    def merge(source) -> None:
         spark.conf.set(USER_METADATA, text)
         try:
             builder = DeltaTable.forPath(spark, target).alias("t").merge(
@@ -117,12 +121,30 @@ def merge_without_checkpoint(spark, target: str, rows, pipeline: PipelineConfig,
         finally:
             spark.conf.unset(USER_METADATA)
 
-    retry_conflicts(merge)
+    source, refused = dedup_in_batch(rows, id_field), []
+    try:
+        retry_conflicts(lambda: merge(source))
+    except Exception as exc:
+        reason = refused_rows(exc)
+        if reason is None:
+            raise
+        refused, why = refused_messages(spark, target, source)
+        if refused is None:
+            raise BackfillError(f"the target table refused rows ({why}): {reason}") from exc
+        keys = spark.createDataFrame([r[:2] for r in refused], "_dd_partition string, _dd_position string")
+        try:
+            retry_conflicts(lambda: merge(source.join(F.broadcast(keys), ["_dd_partition", "_dd_position"],
+                                                      "left_anti")))
+        except Exception as again:
+            if refused_rows(again) is None:
+                raise
+            raise BackfillError(f"the target table refused rows again without the {len(refused)} its "
+                                f"constraints name: {refused_rows(again)}") from again
     for commit in recent_commits(spark, target, 20):
         if (commit["meta"] or {}).get("run_id") == metadata["run_id"]:
             return {"version": commit["version"], **{k: int(v) for k, v in commit["metrics"].items()
-                                                     if str(v).isdigit()}}
-    return {}
+                                                     if str(v).isdigit()}}, refused
+    return {}, refused
 
 
 def without_held(spark, rows, table: str, partition: str = "_dd_partition", position: str = "_dd_position"):
@@ -212,11 +234,13 @@ def backfill(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, start: date
                         "interval": [start.isoformat(), end.isoformat()]}
                 # From the oldest source time among the rows, as a drain's window: a Kafka record can be
                 # stamped (CreateTime) long before the interval its offset lies in.
-                metrics = merge_without_checkpoint(spark, target, kept, pipeline, meta,
-                                                   window_start=min(start, oldest or start) - pipeline.dedup_window)
+                metrics, refused = merge_without_checkpoint(
+                    spark, target, kept, pipeline, meta,
+                    window_start=min(start, oldest or start) - pipeline.dedup_window)
+                summary.skipped_refused = [{"partition": p, "position": pos, "error": e} for p, pos, e in refused]
                 summary.written = metrics.get("numTargetRowsInserted", 0)
                 summary.table_version = metrics.get("version")
-                summary.duplicates_skipped = offered - summary.written
+                summary.duplicates_skipped = offered - summary.written - len(refused)
             rows.unpersist()
         step("merge")
     finally:

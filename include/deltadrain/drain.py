@@ -39,7 +39,7 @@ from deltadrain.gaps import (
     recorded,
 )
 from deltadrain.gaps import record as record_gaps
-from deltadrain.lake import ensure_table, is_table, refused_rows
+from deltadrain.lake import ensure_table, is_table, refused_rows, row_constraints
 from deltadrain.logs import fields, run_logger
 from deltadrain.metrics import record_run_safely
 from deltadrain.outcome import Outcome
@@ -54,6 +54,9 @@ from deltadrain.valkey_crashes import Split, find_split, mark_rest
 GO_ON_PAST = ("Nothing was committed. To go on past them, with the next commit recording them, trigger one run "
               "with Accept gaps (the ingest DAG's parameter; deltadrain drain --accept-gaps) or set on_gap: continue")
 MAX_CULPRITS = 32  # beyond this many failing messages in one batch, fail the run instead of bisecting on
+# Beyond this many messages whose rows the target's constraints refuse in one batch, the constraint
+# refuses the stream itself, not a few bad messages: fail the run (a counted attempt) instead.
+MAX_REFUSED = 1000
 
 
 class DrainError(DeltadrainError):
@@ -61,9 +64,9 @@ class DrainError(DeltadrainError):
 
 
 class BatchFailure(DrainError):
-    """The transform fails on the batch in a way no single message isolates: no culprit explains it,
-    it still fails without its culprits, or too many fail. The batch's messages caused it, so (on
-    Kafka) the run counts as an attempt at them."""
+    """The transform fails on the batch in a way no single message isolates (no culprit explains it,
+    it still fails without its culprits, or too many fail), or the target refuses rows its constraints
+    do not name. The batch's messages caused it, so (on Kafka) the run counts as an attempt at them."""
 
 
 @dataclass
@@ -258,6 +261,31 @@ def find_culprits(indexed, n: int, evaluate) -> list[tuple[int, str]]:
     return sorted(culprits)
 
 
+def refused_messages(spark, target: str, rows) -> tuple[list | None, str]:
+    """After `target` refused `rows`: ([(_dd_partition, _dd_position, constraint)] of the messages with
+    a row that breaks one of its constraints (lake.row_constraints), naming the first it breaks, ""),
+    or (None, why) when the constraints name no row or more than MAX_REFUSED messages."""
+    from pyspark.sql import functions as F
+
+    try:
+        constraints = row_constraints(spark, target)
+        if not constraints:
+            return None, "none of its constraints names a row of the batch"
+        broken = F.coalesce(*[F.when(~F.coalesce(F.expr(cond), F.lit(False)), F.lit(name))
+                              for name, cond in constraints])
+        found = (rows.select("_dd_partition", "_dd_position", broken.alias("error"))
+                 .where(F.col("error").isNotNull())
+                 .groupBy("_dd_partition", "_dd_position").agg(F.min("error"))
+                 .limit(MAX_REFUSED + 1).collect())
+    except Exception as exc:  # e.g. a CHECK on a column the transform does not give
+        return None, f"its constraints could not be checked on the batch ({short_error(exc)})"
+    if not found:
+        return None, "none of its constraints names a row of the batch"
+    if len(found) > MAX_REFUSED:
+        return None, f"more than {MAX_REFUSED} messages of the batch break its constraints"
+    return [tuple(r) for r in found], ""
+
+
 def split_claimed(claimed):
     """(rows that decoded, rows for the DLQ). Gap markers are reported, never written as rows."""
     from pyspark.sql import functions as F
@@ -324,6 +352,42 @@ class Drain:
     def settle_culprits(self, culprits):
         """(dead letters out of retries, [(partition, position)] left for another attempt)."""
         raise NotImplementedError
+
+    def _originals(self, keys: list[tuple[str, str]]) -> dict[tuple[str, str], bytes]:
+        """The source's bytes of these messages (the staging keeps only bad messages' bytes)."""
+        raise NotImplementedError
+
+    def dead_records(self, rows, columns: list[str], error_type: str, error: str, first_of) -> list[tuple]:
+        """Claimed rows with `_dd_culprit_error` -> tuples of `columns` for the DLQ: the error, the
+        message's original bytes, and when it first failed (`first_of(row)`)."""
+        originals = self._originals([(r._dd_partition, r._dd_position) for r in rows])
+        out = []
+        for r in rows:
+            record = r.asDict()
+            record.update(_dd_error_type=error_type, _dd_error=f"{error}: {r._dd_culprit_error}",
+                          _dd_original=originals.get((r._dd_partition, r._dd_position)),
+                          _dd_first_failure_at=first_of(r))
+            out.append(tuple(record[c] for c in columns))
+        return out
+
+    def refused(self, good, rows, batch: int):
+        """After the target refused the batch's rows: (dead letters of the messages whose rows break
+        the table's constraints, the rest of `good`), or (None, why) when the constraints do not
+        name the refused rows or name too many of them."""
+        from pyspark.sql import functions as F
+
+        found, why = refused_messages(self.spark, self.target, rows)
+        if found is None:
+            return None, why
+        keys = self.spark.createDataFrame(found, "_dd_partition string, _dd_position string, _dd_culprit_error string")
+        on = ["_dd_partition", "_dd_position"]
+        now = datetime.now(UTC)
+        dead = self.dead_records(good.join(F.broadcast(keys), on).collect(), good.columns, "refused",
+                                 "the target table refused its row", lambda _: now)
+        names = sorted({error for _, _, error in found})
+        run_logger(self.summary.pipeline, self.run_id, batch, source=self.pipeline.source.kind).warning(
+            "%s", fields(step="refused", messages=len(found), constraints="; ".join(names)[:500]))
+        return self.spark.createDataFrame(dead, good.schema), good.join(F.broadcast(keys.select(*on)), on, "left_anti")
 
     def before_held(self, rows):
         """The rows this commit may hold once culprits are left for another attempt (all of them
@@ -408,23 +472,36 @@ class Drain:
 
         self._lap("dead letters")
         failpoints.pause("before_commit")
-        meta = commit_metadata(p.name, batch, self.run_id, s.positions, claimed=s.claimed,
-                               dead_lettered=s.dead_lettered, **self.commit_extra)
-        try:
-            result = commit_batch(self.spark, self.target, pipeline=p.name, expected_batch=expected,
-                                  run_id=self.run_id,
-                                  rows=rows if stats.unique else dedup_in_batch(rows, p.payload_schema.id_field),
-                                  id_field=p.payload_schema.id_field,
-                                  window_start=(oldest - p.dedup_window) if oldest is not None else None,
-                                  metadata=meta, id_range=stats.id_range, create=create)
-        except Exception as exc:
-            # A constraint of the target refused a row: the data's fault, like a transform failing the
-            # batch. A BatchFailure counts as an attempt on Kafka too, so the range is halved down to
-            # the row and it ends a dead letter, instead of every run failing on it (a stuck pipeline).
-            reason = refused_rows(exc)
-            if reason is None:
-                raise
-            raise BatchFailure(f"batch {batch}: the target table refused its rows: {reason}") from exc
+        for attempt in (1, 2):
+            meta = commit_metadata(p.name, batch, self.run_id, s.positions, claimed=s.claimed,
+                                   dead_lettered=s.dead_lettered, **self.commit_extra)
+            try:
+                result = commit_batch(self.spark, self.target, pipeline=p.name, expected_batch=expected,
+                                      run_id=self.run_id,
+                                      rows=rows if stats.unique else dedup_in_batch(rows, p.payload_schema.id_field),
+                                      id_field=p.payload_schema.id_field,
+                                      window_start=(oldest - p.dedup_window) if oldest is not None else None,
+                                      metadata=meta, id_range=stats.id_range, create=create)
+                break
+            except Exception as exc:
+                # A constraint the operator put on the target refused rows: the data's fault, like a
+                # malformed message. The messages whose rows break a constraint become dead letters
+                # naming it, and the rest commits. Rows the constraints do not explain fail the batch,
+                # which counts as an attempt (so on Kafka the range is halved down to the row) instead
+                # of every run failing on them (a stuck pipeline).
+                reason = refused_rows(exc)
+                if reason is None:
+                    raise
+                dead, good = self.refused(good, rows, batch) if attempt == 1 else (None, "it refused them again")
+                if dead is None:
+                    raise BatchFailure(f"batch {batch}: the target table refused its rows ({good}): {reason}") from exc
+                refused = dead.count()
+                write_dead_letters(self.spark, self.dlq, dead_letter_rows(dead, p.name, batch, self.run_id))
+                s.dead_lettered += refused
+                rows.unpersist()
+                rows, stats = self._rows(good, batch)
+                if rows is None:
+                    raise BatchFailure(f"batch {batch} fails without its {refused} refused messages: {stats}") from exc
         rows.unpersist()
         self._lap("commit")
         s.outcome = result.outcome.value
@@ -507,30 +584,31 @@ class ValkeyDrain(Drain):
         fields = [failure_field(r._dd_partition, r._dd_position) for r in rows]
         old = {f: json.loads(v) for f, v in zip(fields, self.client.hmget(key, fields), strict=True) if v}
         now = datetime.now(UTC)
-        dead, retry = [], {}
+        firsts = {f: datetime.fromisoformat(old[f]["first"]) if f in old else now for f in fields}
+        used_up, retry = [], {}
         for f, r in zip(fields, rows, strict=True):
-            first = datetime.fromisoformat(old[f]["first"]) if f in old else now
             if r._dd_attempts >= self.ctx.max_attempts:
-                record = r.asDict()
-                record.update(_dd_error_type="transform", _dd_error=f"transform failed: {r._dd_culprit_error}",
-                              _dd_original=self._original(r._dd_partition, r._dd_position),
-                              _dd_first_failure_at=first)
-                dead.append(tuple(record[c] for c in culprits.columns if c != "_dd_culprit_error"))
+                used_up.append(r)
             else:
                 retry[f] = json.dumps({"error": r._dd_culprit_error, "error_type": "transform",
-                                       "first": first.isoformat(), "last": now.isoformat(),
+                                       "first": firsts[f].isoformat(), "last": now.isoformat(),
                                        "attempts": r._dd_attempts})
         if retry:
             self.client.hset(key, mapping=retry)
         schema = culprits.drop("_dd_culprit_error").schema
+        dead = self.dead_records(used_up, schema.names, "transform", "transform failed",
+                                 lambda r: firsts[failure_field(r._dd_partition, r._dd_position)])
         pending = [(r._dd_partition, r._dd_position) for f, r in zip(fields, rows, strict=True) if f in retry]
         return self.spark.createDataFrame(dead, schema), pending
 
-    def _original(self, stream: str, position: str) -> bytes | None:
+    def _originals(self, keys: list[tuple[str, str]]) -> dict[tuple[str, str], bytes]:
         from deltadrain.produce import VALKEY_FIELD
 
-        entries = self.client.xrange(stream, position, position, count=1)
-        return entries[0][1].get(VALKEY_FIELD) if entries else None
+        pipe = self.client.pipeline(transaction=False)
+        for stream, position in keys:
+            pipe.xrange(stream, position, position, count=1)
+        return {key: entries[0][1].get(VALKEY_FIELD) for key, entries in zip(keys, pipe.execute(), strict=True)
+                if entries}
 
     def backlog_total(self) -> int:
         return sum(backlog(self.client, self.pipeline.source).values())

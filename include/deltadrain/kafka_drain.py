@@ -23,7 +23,7 @@ from deltadrain import failpoints
 from deltadrain.checkpoint import read_checkpoint
 from deltadrain.claim import decoder_for
 from deltadrain.config import DeltadrainConfig, KafkaSource, PipelineConfig
-from deltadrain.connections import kafka_consumer_conf, kafka_spark_options
+from deltadrain.connections import kafka_client_conf, kafka_consumer_conf, kafka_spark_options
 from deltadrain.decode import BatchDecoder
 from deltadrain.drain import GO_ON_PAST, BatchFailure, Drain, DrainError, claim_schema
 from deltadrain.kafka_crashes import DeadRuns, Settled, bisect, dead_run_reason, settle, used_up
@@ -38,6 +38,8 @@ from deltadrain.kafka_offsets import (
     plan_ranges,
     read_notice,
     retry_record,
+    same_topic,
+    topic_id,
     watermarks,
     withdraw_claims,
 )
@@ -221,21 +223,20 @@ class KafkaDrain(Drain):
         (see hold_positions) and their attempts go into this commit's metadata."""
         rows = culprits.collect()  # at most MAX_CULPRITS rows
         now = datetime.now(UTC)
-        dead, pending = [], {}
+
+        def first_of(r) -> datetime:
+            before = self.retries.get(f"{r._dd_partition}:{r._dd_position}") or {}
+            return datetime.fromisoformat(before["first"]) if before.get("first") else now
+
+        used_up, pending = [], {}
         max_attempts = self.pipeline.max_retries + 1
         for r in rows:
-            before = self.retries.get(f"{r._dd_partition}:{r._dd_position}") or {}
-            first = datetime.fromisoformat(before["first"]) if before.get("first") else now
             if r._dd_attempts >= max_attempts:
-                record = r.asDict()
-                record.update(_dd_error_type="transform", _dd_error=f"transform failed: {r._dd_culprit_error}",
-                              _dd_original=self._original(int(r._dd_partition), int(r._dd_position)),
-                              _dd_first_failure_at=first)
-                dead.append(tuple(record[c] for c in culprits.columns if c != "_dd_culprit_error"))
+                used_up.append(r)
             else:
                 pending[(r._dd_partition, r._dd_position)] = {
-                    "attempts": r._dd_attempts, "error": r._dd_culprit_error[:300], "first": first.isoformat(),
-                    "last": now.isoformat()}
+                    "attempts": r._dd_attempts, "error": r._dd_culprit_error[:300],
+                    "first": first_of(r).isoformat(), "last": now.isoformat()}
         s = self.summary
         s.positions = hold_positions(s.positions, list(pending))
         for part, offset in pending:
@@ -243,6 +244,7 @@ class KafkaDrain(Drain):
         self.commit_extra["retries"] = retry_record(self.retries, pending, s.positions)
         self.carry_dead_runs(s.positions)
         schema = culprits.drop("_dd_culprit_error").schema
+        dead = self.dead_records(used_up, schema.names, "transform", "transform failed", first_of)
         return self.spark.createDataFrame(dead, schema), list(pending)
 
     def before_held(self, rows):
@@ -261,14 +263,39 @@ class KafkaDrain(Drain):
         self.summary.left_pending += rows.where(beyond).count()
         return rows.where(~beyond)
 
-    def _original(self, part: int, offset: int) -> bytes | None:
-        # The staged rows keep only bad messages' bytes; read the culprit's record from the topic.
+    def _originals(self, keys: list[tuple[str, str]]) -> dict[tuple[str, str], bytes]:
+        # One read per partition, of the offsets between its first and last wanted record.
+        from pyspark.sql import functions as F
+
+        wanted: dict[int, set[int]] = {}
+        for part, offset in keys:
+            wanted.setdefault(int(part), set()).add(int(offset))
+        out = {}
         reader = self.spark.read.format("kafka").options(**kafka_spark_options(self.cfg, self.pipeline))
-        got = (reader.option("assign", json.dumps({self.source.topic: [part]}))
-               .option("startingOffsets", offsets_json(self.source.topic, {part: offset}))
-               .option("endingOffsets", offsets_json(self.source.topic, {part: offset + 1}))
-               .load().select("value").collect())
-        return bytes(got[0].value) if got and got[0].value is not None else None
+        for part, offsets in sorted(wanted.items()):
+            got = (reader.option("assign", json.dumps({self.source.topic: [part]}))
+                   .option("startingOffsets", offsets_json(self.source.topic, {part: min(offsets)}))
+                   .option("endingOffsets", offsets_json(self.source.topic, {part: max(offsets) + 1}))
+                   .load().where(F.col("offset").isin(sorted(offsets))).select("offset", "value").collect())
+            out.update({(str(part), str(r.offset)): bytes(r.value) for r in got if r.value is not None})
+        return out
+
+    def check_topic(self, recorded: str | None) -> None:
+        """Stop when the checkpoint is another topic's (`same_topic`); the commit records the id."""
+        try:
+            current = topic_id(kafka_client_conf(self.cfg, self.pipeline), self.source.topic)
+        except Exception as exc:
+            s = self.summary
+            run_logger(s.pipeline, s.run_id, s.batch, source="kafka").warning(
+                "could not read the topic's id (a recreated topic is then told apart by its end offsets only): "
+                "%s: %s", type(exc).__name__, str(exc)[:200])
+            current = None
+        try:
+            same_topic(self.source.topic, recorded, current)
+        except OffsetError as exc:
+            raise DrainError(f"pipeline '{self.pipeline.name}': {exc}") from None
+        if current or recorded:
+            self.commit_extra["topic_id"] = current or recorded
 
     # -- the run ----------------------------------------------------------------------------------
 
@@ -282,6 +309,7 @@ class KafkaDrain(Drain):
             # Rows carry the offset they were read at; the checkpoint is the next one to read.
             positions = {part: str(int(pos) + 1) for part, pos in positions.items()}
         self.retries = dict(checkpoint.meta.get("retries") or {})
+        self.check_topic(checkpoint.meta.get("topic_id"))
         try:
             plan = plan_ranges(positions, watermarks(self.conf, self.source.topic), p.batch_cap,
                                self.source.starting_offsets, first_run=expected == 0,

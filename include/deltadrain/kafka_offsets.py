@@ -306,3 +306,27 @@ def withdraw_claims(conf: dict, group: str, topic: str, partitions: list[int], r
             if offset is not None and (read_notice(meta) or {}).get("run") == run_id]
     if ours:
         _commit(conf, group, ours, deadline_s)
+
+
+def same_topic(topic: str, recorded: str | None, current: str | None) -> None:
+    """The lake checkpoint was taken on this topic, not on one deleted before it under the same name.
+    The broker gives each topic an id (KIP-516) that a recreated topic does not keep; its offsets
+    restart at 0, so a checkpoint from the old topic would skip as many of the new one's records.
+    Unknown ids (a checkpoint from before ids were recorded, a broker that cannot say) pass."""
+    if recorded and current and recorded != current:
+        raise OffsetError(f"topic '{topic}' was deleted and recreated since the lake checkpoint (topic id {recorded}, "
+                          f"now {current}): the checkpoint's offsets are the old topic's, and reading on from them "
+                          "would skip the new topic's first records. Stop and check: drain the new topic with a new "
+                          "pipeline (its own group and target), or put the old topic back")
+
+
+def topic_id(conf: dict, topic: str) -> str | None:
+    """The broker's id of `topic`, or None when it has none (an all-zero id)."""
+    from confluent_kafka import TopicCollection
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient(conf)  # kept referenced until the answer: a collected client fails its futures
+    uuid = admin.describe_topics(TopicCollection([topic]), request_timeout=TIMEOUT)[topic].result(TIMEOUT).topic_id
+    if uuid is None or (uuid.get_most_significant_bits(), uuid.get_least_significant_bits()) == (0, 0):
+        return None
+    return str(uuid)

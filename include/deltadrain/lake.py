@@ -32,6 +32,20 @@ def refused_rows(exc: BaseException) -> str | None:
     return (text[start:].splitlines() or [""])[0].strip()[:500]
 
 
+def row_constraints(spark, path: str) -> list[tuple[str, str]]:
+    """(name, SQL condition every row must meet) per constraint the table holds rows to: its CHECK
+    constraints and its top-level NOT NULL columns, named as Delta's refusal names them. Delta
+    refuses a row whose CHECK is NULL as well as false."""
+    detail = spark.sql(f"DESCRIBE DETAIL delta.`{path}`").first()
+    prefix = "delta.constraints."
+    checks = [(f"CHECK constraint {key[len(prefix):]} ({cond})", cond)
+              for key, cond in sorted((detail.properties or {}).items()) if key.startswith(prefix)]
+    schema = spark.read.format("delta").load(path).schema
+    not_null = [(f"NOT NULL constraint on column {f.name}", f"`{f.name}` IS NOT NULL")
+                for f in schema.fields if not f.nullable]
+    return checks + not_null
+
+
 # Hadoop's words for a file whose side checksum (.NAME.crc) does not match it, and the file it names.
 _CHECKSUM = re.compile(r"ChecksumException: Checksum error: (?:file:)?(?P<path>\S*/_delta_log/(?P<name>\d{20}\.json))")
 

@@ -353,8 +353,10 @@ def reprocess(cfg, pipeline: PipelineConfig, spark, request: ReplayRequest, resu
         # Everything but the batch number: the row stays part of the batch that first published it.
         columns = [c for c in rows.columns if c != "_dd_batch"]
         meta = {"deltadrain": 1, "pipeline": pipeline.name, "kind": "reprocess", "run_id": result.run_id}
-        metrics = merge_without_checkpoint(spark, target, rows, pipeline, meta, window_start=None,
-                                           update_matched=columns)
+        metrics, refused = merge_without_checkpoint(spark, target, rows, pipeline, meta, window_start=None,
+                                                    update_matched=columns)
+        result.skipped += [{"partition": p, "position": pos, "reason": f"the target table refused its row: {e}"}
+                           for p, pos, e in refused]
         result.written = metrics.get("numTargetRowsUpdated", 0)
         result.replayed = result.written
         rows.unpersist()

@@ -87,6 +87,26 @@ def test_backfill_heals_deleted_rows_once_without_moving_the_checkpoint(tmp_path
         backfill(c, p, spark, ended, began)
 
 
+def test_a_backfill_leaves_out_and_names_the_rows_the_target_refuses(tmp_path, spark, valkey_server):
+    """A constraint added after a row was lost refuses it: the backfill merges the other lost rows and
+    names the refused one (history, like a transform failure here: it is not made a dead letter)."""
+    _, c, p = make_pipeline(tmp_path)
+    client = valkey_client(c, p)
+    began = datetime.now(UTC) - timedelta(seconds=1)
+    result = produce(c, p, 30, seed=104)
+    ended = datetime.now(UTC) + timedelta(seconds=1)
+    drain_until_done(c, p, spark, client)
+    lost = sorted(result.valid_ids)[:4]
+    delete_rows(spark, c, p, lost)
+    spark.sql(f"ALTER TABLE delta.`{c.target_path(p)}` ADD CONSTRAINT not_it CHECK (event_id <> '{lost[1]}')")
+    s = backfill(c, p, spark, began, ended)
+    assert (s.read, s.written, s.duplicates_skipped, s.dead_lettered) == (30, 3, 26, 0), s
+    assert [(r["error"], lost[1] in client.xrange(r["partition"], r["position"], r["position"])[0][1][b"data"].decode())
+            for r in s.skipped_refused] == [(f"CHECK constraint not_it (event_id <> '{lost[1]}')", True)]
+    assert sorted(set(result.valid_ids) - set(target_ids(spark, c, p))) == [lost[1]]
+    assert dlq_rows(spark, c, p) == []
+
+
 @pytest.mark.slow
 def test_backfill_reports_trimmed_history_as_a_gap(tmp_path, spark, valkey_server):
     path, c, p = make_pipeline(tmp_path, partitions=1)

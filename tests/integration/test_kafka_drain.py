@@ -990,32 +990,57 @@ def test_a_run_whose_transform_fails_its_batch_leaves_its_claim_notices_to_be_co
         assert (st["CLAIMED"], st["PENDING"]) == (0, 100)
 
 
-def test_a_row_the_target_table_refuses_ends_a_dead_letter_instead_of_stopping_the_pipeline(tmp_path, cfg, spark):
-    """A CHECK constraint the operator added to the target refuses one row. Before, the MERGE failure
-    withdrew the run's notices and every run failed on the same range for good. Now the refusal counts
-    as an attempt: the range is halved down to the row, which ends a dead letter; all else lands once."""
-    # Each failed run halves the range; 40 / 2**6 < 1, so only the refused row ends a dead letter.
-    path, c, p = make_kafka_pipeline(tmp_path, partitions=1, min_idle_ms=500, max_retries=6, batch_cap=1000)
+def test_a_topic_deleted_and_recreated_past_the_checkpoint_stops_the_drain(tmp_path, cfg, spark):
+    """The recreated topic's offsets restart at 0 and grow past the lake checkpoint (10). The end
+    offset check cannot see that; before, the run read on from offset 10 and skipped the new topic's
+    first 10 records in silence. The topic id each commit records tells the two topics apart."""
+    from confluent_kafka.admin import AdminClient
+
+    _, c, p = make_kafka_pipeline(tmp_path, partitions=1)
+    produce(c, p, 10, seed=91)
+    assert drain(c, p, spark=spark).written == 10
+    conf, topic = kafka_client_conf(c, p), p.source.topic
+    admin = AdminClient(conf)
+    admin.delete_topics([topic])[topic].result(30)
+    deadline = time.monotonic() + 60
+    while True:  # the broker finishes a deletion in the background
+        try:
+            if topic not in admin.list_topics(timeout=10).topics:
+                ensure_topic(conf, topic, 1)
+                break
+        except Exception as exc:
+            if "MARKED_FOR_DELETION" not in str(exc).upper() and "marked for deletion" not in str(exc):
+                raise
+        assert time.monotonic() < deadline, "the topic was not recreated"
+        time.sleep(0.5)
+    produce(c, p, 30, seed=91, start=10)
+    with pytest.raises(DrainError, match=f"topic '{topic}' was deleted and recreated since the lake checkpoint"):
+        drain(c, p, spark=spark)
+    assert len(target_ids(spark, c, p)) == 10
+
+
+def test_rows_the_target_table_refuses_are_dead_letters_and_the_rest_commits_in_the_same_run(tmp_path, cfg, spark):
+    """A CHECK constraint the operator added to the target refuses two rows. Before, the MERGE failure
+    failed the run, and runs halved the range until max_retries dead-lettered the refused row and
+    its neighbours. Now the run dead-letters exactly the two, with their records' bytes and the
+    constraint's name, and commits the rest."""
+    path, c, p = make_kafka_pipeline(tmp_path, partitions=2, batch_cap=1000)
     first = produce(c, p, 10, seed=88)
     assert drain(c, p, spark=spark).written == 10
-    refused = "evt-88-000000025"
-    spark.sql(f"ALTER TABLE delta.`{c.target_path(p)}` ADD CONSTRAINT no_25 CHECK (event_id <> '{refused}')")
+    refused = ["evt-88-000000025", "evt-88-000000031"]
+    spark.sql(f"ALTER TABLE delta.`{c.target_path(p)}` ADD CONSTRAINT not_these "
+              f"CHECK (event_id NOT IN ('{refused[0]}', '{refused[1]}'))")
     more = produce(c, p, 40, seed=88, start=10)
-    failures, runs = [], []
-    for _ in range(30):
-        time.sleep(0.7)  # the last run's notices are older than min_idle_ms: the next run counts them
-        try:
-            runs.append(drain(c, p, spark=spark))
-        except DrainError as exc:
-            failures.append(str(exc))
-            continue
-        if group_of(c, p) == {"0": 50}:
-            break
-    assert failures and all("the target table refused its rows: [DELTA_VIOLATE_CONSTRAINT_WITH_VALUES]" in f
-                            and "no_25" in f for f in failures), failures
-    assert group_of(c, p) == {"0": 50}, (failures, [(r.claimed, r.written, r.dead_lettered) for r in runs])
-    assert_exactly_once(spark, c, p, [i for i in [*first.valid_ids, *more.valid_ids] if i != refused], 0, [("0", "25")])
-    assert sum(r.dead_lettered for r in runs) == 1
+    run = drain(c, p, spark=spark)
+    assert (run.outcome, run.claimed, run.written, run.dead_lettered) == ("committed", 40, 38, 2), run
+    dead = {json.loads(bytes(r.original))["event_id"]: r for r in dlq_rows(spark, c, p)}
+    assert sorted(dead) == refused
+    assert {(r.error_type, r.state) for r in dead.values()} == {("refused", "DEAD")}
+    assert all(r.error.startswith("the target table refused its row: CHECK constraint not_these (") for r in
+               dead.values())
+    places = [(r.partition, r.position) for r in dead.values()]
+    assert_exactly_once(spark, c, p, [i for i in [*first.valid_ids, *more.valid_ids] if i not in refused], 0, places)
+    assert group_of(c, p) == {k: int(v) for k, v in end_offsets(c, p).items()}
 
 
 def test_a_batch_that_fails_on_no_single_message_is_halved_until_it_commits(tmp_path, cfg, spark):

@@ -18,6 +18,7 @@ from deltadrain.failpoints import fired
 from deltadrain.positions import StreamId
 from deltadrain.produce import MALFORMED_KINDS, generate, produce
 from deltadrain.reap import REAPER, reap
+from deltadrain.replay import ReplayRequest, replay
 from deltadrain.status import mark_stale, pipeline_status, stale_after_ms, valkey_counts
 from tests.integration.helpers import (
     BOTH_TRANSFORMS,
@@ -69,6 +70,76 @@ def test_valid_messages_published_once_bad_ones_dead_lettered_with_reasons(trans
     again = drain(c, p, spark=spark)
     assert again.outcome == "empty" and again.batch == 1
     assert_exactly_once(spark, c, p, client, result.valid_ids, bad)
+
+
+@BOTH_TRANSFORMS
+def test_rows_the_target_refuses_are_dead_letters_naming_the_constraint_and_come_back_by_replay(
+        transform, tmp_path, cfg, spark):
+    """CHECK and NOT NULL constraints the operator put on the target refuse four messages' rows. The
+    run dead-letters exactly those, naming the constraint each broke, and commits the rest: before,
+    the batch failed until runs split it, and neighbours used up their retries with the refused rows.
+    With the constraints gone, a DLQ replay brings the four back."""
+    from delta.tables import DeltaTable
+    from pyspark.sql.types import StructField, StructType
+
+    from deltadrain.drain import claim_schema, target_rows, transformed
+
+    _, c, p = make_pipeline(tmp_path, transform=transform)
+    client = valkey_client(c, p)
+    # The operator created the target before the first run, with quantity NOT NULL (Delta adds that
+    # constraint only at creation), and adds CHECK constraints later.
+    target = c.target_path(p)
+    schema = transformed(target_rows(spark.createDataFrame([], claim_schema(p)), p, 0, "setup"), p).schema
+    (DeltaTable.create(spark).location(str(target))
+     .addColumns(StructType([StructField(f.name, f.dataType, f.name != "quantity") for f in schema.fields])).execute())
+    first = produce(c, p, 10, seed=62)
+    assert drain(c, p, spark=spark).written == 10
+    refused = [f"evt-62-{i:09d}" for i in (17, 33)]
+    spark.sql(f"ALTER TABLE delta.`{target}` ADD CONSTRAINT not_these CHECK (event_id NOT IN ('{refused[0]}', "
+              f"'{refused[1]}'))")
+    spark.sql(f"ALTER TABLE delta.`{target}` ADD CONSTRAINT no_total_40 CHECK (event_id <> 'evt-62-000000040')")
+    refused.append("evt-62-000000040")
+    more = produce(c, p, 40, seed=62, start=10)
+    # Valid to the pipeline's schema (quantity is optional), not to the table's NOT NULL.
+    without = {**json.loads(next(generate(p, 1, seed=62, start=50)).value), "quantity": None}
+    client.xadd(p.source.streams[0], {b"data": json.dumps(without).encode()})
+    refused.append(without["event_id"])
+    run = drain(c, p, spark=spark)
+    assert (run.outcome, run.claimed, run.written, run.dead_lettered, run.acked) == ("committed", 41, 37, 4, 41), run
+    assert_exactly_once(spark, c, p, client, [i for i in [*first.valid_ids, *more.valid_ids] if i not in refused], 4)
+    dead = {json.loads(bytes(r.original))["event_id"]: r for r in dlq_rows(spark, c, p)}
+    assert sorted(dead) == sorted(refused)
+    assert {r.error_type for r in dead.values()} == {"refused"}
+    assert dead[refused[0]].error.startswith("the target table refused its row: CHECK constraint not_these (")
+    assert "CHECK constraint no_total_40" in dead[refused[2]].error
+    assert dead[refused[3]].error == "the target table refused its row: NOT NULL constraint on column quantity"
+
+    spark.sql(f"ALTER TABLE delta.`{target}` DROP CONSTRAINT not_these")
+    spark.sql(f"ALTER TABLE delta.`{target}` DROP CONSTRAINT no_total_40")
+    spark.sql(f"ALTER TABLE delta.`{target}` ALTER COLUMN quantity DROP NOT NULL")  # allowed, unlike SET
+    back = replay(c, spark, ReplayRequest(pipeline=p.name, error_contains="target table refused", dry_run=False))
+    assert (back.selected, back.replayed) == (4, 4)
+    assert drain(c, p, spark=spark).written == 4
+    assert_exactly_once(spark, c, p, client, [*first.valid_ids, *more.valid_ids, without["event_id"]], 4)
+
+
+def test_a_constraint_that_refuses_most_of_a_batch_fails_the_run_instead_of_dead_lettering_it(tmp_path, cfg, spark):
+    """Past MAX_REFUSED refused messages the constraint refuses the stream, not a few bad messages: the
+    run fails naming it, commits and dead-letters nothing, and leaves the batch pending."""
+    from deltadrain.drain import MAX_REFUSED, BatchFailure
+
+    _, c, p = make_pipeline(tmp_path, batch_cap=5000)
+    client = valkey_client(c, p)
+    produce(c, p, 10, seed=63)
+    assert drain(c, p, spark=spark).written == 10
+    spark.sql(f"ALTER TABLE delta.`{c.target_path(p)}` ADD CONSTRAINT early "
+              "CHECK (event_id < 'evt-63-000000010')")
+    produce(c, p, MAX_REFUSED + 100, seed=63, start=10)
+    with pytest.raises(BatchFailure, match=f"more than {MAX_REFUSED} messages of the batch break its constraints"
+                       ".*CHECK constraint early"):
+        drain(c, p, spark=spark)
+    assert len(target_ids(spark, c, p)) == 10 and dlq_rows(spark, c, p) == []
+    assert pending(client, p) == MAX_REFUSED + 100
 
 
 @BOTH_TRANSFORMS

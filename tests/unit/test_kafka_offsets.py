@@ -18,6 +18,7 @@ from deltadrain.kafka_offsets import (
     plan_ranges,
     read_notice,
     retry_record,
+    same_topic,
 )
 
 
@@ -84,6 +85,14 @@ def test_a_checkpoint_past_the_end_or_a_vanished_partition_stops_the_run():
         plan_ranges({"0": "500"}, {0: (0, 10)}, cap=10)
     with pytest.raises(OffsetError, match=r"\['3'\]"):
         plan_ranges({"0": "5", "3": "1"}, {0: (0, 10)}, cap=10)
+
+
+def test_a_checkpoint_from_a_topic_since_recreated_stops_the_run_even_when_the_new_one_grew_past_it():
+    same_topic("orders", "id-a", "id-a")
+    same_topic("orders", None, "id-b")  # a checkpoint from before ids were recorded
+    same_topic("orders", "id-a", None)  # a broker that cannot say
+    with pytest.raises(OffsetError, match=r"topic 'orders' was deleted and recreated .*id-a, now id-b"):
+        same_topic("orders", "id-a", "id-b")
 
 
 def test_a_culprit_holds_its_partition_and_its_attempts_are_kept_until_passed():
