@@ -128,13 +128,14 @@ def merge_without_checkpoint(spark, target: str, rows, pipeline: PipelineConfig,
         reason = refused_rows(exc)
         if reason is None:
             raise
-        refused, why = refused_messages(spark, target, source)
+        refused, why = refused_messages(spark, target, source, id_field)
         if refused is None:
             raise BackfillError(f"the target table refused rows ({why}): {reason}") from exc
         keys = spark.createDataFrame([r[:2] for r in refused], "_dd_partition string, _dd_position string")
+        # Deduplicated again: a later message with a refused one's id takes its place.
+        rest = dedup_in_batch(rows.join(F.broadcast(keys), ["_dd_partition", "_dd_position"], "left_anti"), id_field)
         try:
-            retry_conflicts(lambda: merge(source.join(F.broadcast(keys), ["_dd_partition", "_dd_position"],
-                                                      "left_anti")))
+            retry_conflicts(lambda: merge(rest))
         except Exception as again:
             if refused_rows(again) is None:
                 raise

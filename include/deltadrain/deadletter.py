@@ -42,6 +42,18 @@ def write_dead_letters(spark, path: str, df) -> None:
     retry_conflicts(merge)
 
 
+def take_back(spark, path: str, pipeline: str, run_id: str, error_type: str) -> None:
+    """Delete the `error_type` dead letters run `run_id` wrote, before a commit that did not happen."""
+    from delta.tables import DeltaTable
+    from pyspark.sql import functions as F
+
+    if not is_table(spark, path):
+        return
+    retry_conflicts(lambda: DeltaTable.forPath(spark, path).delete(
+        (F.col("pipeline") == F.lit(pipeline)) & (F.col("run_id") == F.lit(run_id))
+        & (F.col("error_type") == F.lit(error_type)) & (F.col("state") == F.lit(DEAD))))
+
+
 def list_dead_letters(spark, path: str, *, error_contains: str | None = None, since: datetime | None = None,
                       until: datetime | None = None, state: str | None = DEAD, limit: int = 50) -> list[dict]:
     """Filters are bound as Column values, never spliced into SQL text."""

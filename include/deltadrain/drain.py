@@ -26,7 +26,7 @@ from deltadrain.claim import ClaimContext, allocate, claim_arrow, failure_field,
 from deltadrain.commit import CONFLICT_RETRIES, NewTable, commit_batch
 from deltadrain.config import DeltadrainConfig, PipelineConfig, ValkeySource
 from deltadrain.connections import as_text, group_counts, valkey_client, valkey_url
-from deltadrain.deadletter import DEAD, write_dead_letters
+from deltadrain.deadletter import DEAD, take_back, write_dead_letters
 from deltadrain.errors import DeltadrainError
 from deltadrain.gaps import (
     as_ranges,
@@ -57,6 +57,7 @@ MAX_CULPRITS = 32  # beyond this many failing messages in one batch, fail the ru
 # Beyond this many messages whose rows the target's constraints refuse in one batch, the constraint
 # refuses the stream itself, not a few bad messages: fail the run (a counted attempt) instead.
 MAX_REFUSED = 1000
+REFUSED_BATCH_MIN = 20  # ... or most of a batch of at least this many messages
 
 
 class DrainError(DeltadrainError):
@@ -261,29 +262,45 @@ def find_culprits(indexed, n: int, evaluate) -> list[tuple[int, str]]:
     return sorted(culprits)
 
 
-def refused_messages(spark, target: str, rows) -> tuple[list | None, str]:
-    """After `target` refused `rows`: ([(_dd_partition, _dd_position, constraint)] of the messages with
-    a row that breaks one of its constraints (lake.row_constraints), naming the first it breaks, ""),
-    or (None, why) when the constraints name no row or more than MAX_REFUSED messages."""
+def refuses_the_data(refused: int, messages: int) -> bool:
+    """A constraint that refuses more than MAX_REFUSED messages of a batch, or most of a batch of at
+    least REFUSED_BATCH_MIN, refuses the data itself, not a few bad messages: dead-lettering would
+    empty the stream into the DLQ one batch at a time, so the run fails instead."""
+    return refused > MAX_REFUSED or (messages >= REFUSED_BATCH_MIN and 2 * refused > messages)
+
+
+def refused_messages(spark, target: str, rows, id_field: str) -> tuple[list | None, str]:
+    """After `target` refused a MERGE of `rows` (one per id, as the MERGE took them):
+    ([(_dd_partition, _dd_position, constraint)] of the messages with a row that breaks one of its
+    constraints (lake.row_constraints), naming one it breaks, ""), or (None, why) when none is named,
+    the constraints could not be evaluated, or they refuse the data itself (`refuses_the_data`).
+    A row whose id the target holds already is matched, not inserted, so Delta never checks it."""
     from pyspark.sql import functions as F
 
+    ids = F.col(f"`{id_field}`")
     try:
         constraints = row_constraints(spark, target)
         if not constraints:
             return None, "none of its constraints names a row of the batch"
         broken = F.coalesce(*[F.when(~F.coalesce(F.expr(cond), F.lit(False)), F.lit(name))
                               for name, cond in constraints])
-        found = (rows.select("_dd_partition", "_dd_position", broken.alias("error"))
+        found = (rows.select("_dd_partition", "_dd_position", ids.cast("string").alias("id"), broken.alias("error"))
                  .where(F.col("error").isNotNull())
-                 .groupBy("_dd_partition", "_dd_position").agg(F.min("error"))
-                 .limit(MAX_REFUSED + 1).collect())
+                 .groupBy("_dd_partition", "_dd_position").agg(F.min("error"), F.collect_set("id").alias("ids")))
+        count = found.count()
+        messages = rows.select("_dd_partition", "_dd_position").distinct().count() if count else 0
+        if refuses_the_data(count, messages):
+            return None, f"{count} of the batch's {messages} messages break its constraints: they refuse the data itself"
+        found = found.collect()
+        held = {str(r[0]) for r in spark.read.format("delta").load(target)
+                .where(ids.cast("string").isin(sorted({i for r in found for i in r.ids})))
+                .select(ids).distinct().collect()} if found else set()
     except Exception as exc:  # e.g. a CHECK on a column the transform does not give
         return None, f"its constraints could not be checked on the batch ({short_error(exc)})"
+    found = [(r[0], r[1], r[2]) for r in found if not set(r.ids) <= held]
     if not found:
-        return None, "none of its constraints names a row of the batch"
-    if len(found) > MAX_REFUSED:
-        return None, f"more than {MAX_REFUSED} messages of the batch break its constraints"
-    return [tuple(r) for r in found], ""
+        return None, "none of its constraints names a row of the batch the table does not hold already"
+    return found, ""
 
 
 def split_claimed(claimed):
@@ -371,12 +388,11 @@ class Drain:
         return out
 
     def refused(self, good, rows, batch: int):
-        """After the target refused the batch's rows: (dead letters of the messages whose rows break
-        the table's constraints, the rest of `good`), or (None, why) when the constraints do not
-        name the refused rows or name too many of them."""
+        """After the target refused the MERGE of `rows`: (dead letters of the messages whose rows break
+        the table's constraints, the rest of `good`), or (None, why) as `refused_messages` says."""
         from pyspark.sql import functions as F
 
-        found, why = refused_messages(self.spark, self.target, rows)
+        found, why = refused_messages(self.spark, self.target, rows, self.pipeline.payload_schema.id_field)
         if found is None:
             return None, why
         keys = self.spark.createDataFrame(found, "_dd_partition string, _dd_position string, _dd_culprit_error string")
@@ -472,14 +488,14 @@ class Drain:
 
         self._lap("dead letters")
         failpoints.pause("before_commit")
+        refused = 0
         for attempt in (1, 2):
             meta = commit_metadata(p.name, batch, self.run_id, s.positions, claimed=s.claimed,
                                    dead_lettered=s.dead_lettered, **self.commit_extra)
+            merged = rows if stats.unique else dedup_in_batch(rows, p.payload_schema.id_field)
             try:
                 result = commit_batch(self.spark, self.target, pipeline=p.name, expected_batch=expected,
-                                      run_id=self.run_id,
-                                      rows=rows if stats.unique else dedup_in_batch(rows, p.payload_schema.id_field),
-                                      id_field=p.payload_schema.id_field,
+                                      run_id=self.run_id, rows=merged, id_field=p.payload_schema.id_field,
                                       window_start=(oldest - p.dedup_window) if oldest is not None else None,
                                       metadata=meta, id_range=stats.id_range, create=create)
                 break
@@ -492,7 +508,13 @@ class Drain:
                 reason = refused_rows(exc)
                 if reason is None:
                     raise
-                dead, good = self.refused(good, rows, batch) if attempt == 1 else (None, "it refused them again")
+                if attempt == 2:
+                    # Refused, so not committed: the dead letters written for the first refusal are
+                    # taken back, or a run after a change to the constraints could publish them too.
+                    take_back(self.spark, self.dlq, p.name, self.run_id, "refused")
+                    raise BatchFailure(f"batch {batch}: the target table refused its rows again without the "
+                                       f"{refused} messages its constraints name: {reason}") from exc
+                dead, good = self.refused(good, merged, batch)
                 if dead is None:
                     raise BatchFailure(f"batch {batch}: the target table refused its rows ({good}): {reason}") from exc
                 refused = dead.count()
@@ -501,6 +523,7 @@ class Drain:
                 rows.unpersist()
                 rows, stats = self._rows(good, batch)
                 if rows is None:
+                    take_back(self.spark, self.dlq, p.name, self.run_id, "refused")
                     raise BatchFailure(f"batch {batch} fails without its {refused} refused messages: {stats}") from exc
         rows.unpersist()
         self._lap("commit")

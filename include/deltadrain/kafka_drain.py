@@ -285,6 +285,10 @@ class KafkaDrain(Drain):
         try:
             current = topic_id(kafka_client_conf(self.cfg, self.pipeline), self.source.topic)
         except Exception as exc:
+            if recorded:  # the broker gave an id before: read on only once it can say it is the same
+                raise DrainError(f"pipeline '{self.pipeline.name}': could not read the id of topic "
+                                 f"'{self.source.topic}' to check it is the one the checkpoint was taken on: "
+                                 f"{type(exc).__name__}: {str(exc)[:200]}") from None
             s = self.summary
             run_logger(s.pipeline, s.run_id, s.batch, source="kafka").warning(
                 "could not read the topic's id (a recreated topic is then told apart by its end offsets only): "
@@ -294,8 +298,8 @@ class KafkaDrain(Drain):
             same_topic(self.source.topic, recorded, current)
         except OffsetError as exc:
             raise DrainError(f"pipeline '{self.pipeline.name}': {exc}") from None
-        if current or recorded:
-            self.commit_extra["topic_id"] = current or recorded
+        if current:
+            self.commit_extra["topic_id"] = current
 
     # -- the run ----------------------------------------------------------------------------------
 

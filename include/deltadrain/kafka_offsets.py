@@ -316,8 +316,8 @@ def same_topic(topic: str, recorded: str | None, current: str | None) -> None:
     if recorded and current and recorded != current:
         raise OffsetError(f"topic '{topic}' was deleted and recreated since the lake checkpoint (topic id {recorded}, "
                           f"now {current}): the checkpoint's offsets are the old topic's, and reading on from them "
-                          "would skip the new topic's first records. Stop and check: drain the new topic with a new "
-                          "pipeline (its own group and target), or put the old topic back")
+                          "would skip the new topic's first records. Drain the new topic with a new pipeline (its "
+                          "own name, group and target); this one's checkpoint cannot go on")
 
 
 def topic_id(conf: dict, topic: str) -> str | None:

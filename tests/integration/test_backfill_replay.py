@@ -4,6 +4,7 @@ duplicate."""
 
 from __future__ import annotations
 
+import json
 import re
 from datetime import UTC, datetime, timedelta
 
@@ -14,7 +15,7 @@ from deltadrain.checkpoint import read_checkpoint
 from deltadrain.connections import as_text, valkey_client
 from deltadrain.drain import drain
 from deltadrain.errors import DeltadrainError
-from deltadrain.produce import MALFORMED_KINDS, produce
+from deltadrain.produce import MALFORMED_KINDS, generate, produce
 from deltadrain.replay import ReplayRequest, parse_request, replay
 from tests.integration.helpers import (
     assert_exactly_once,
@@ -89,21 +90,27 @@ def test_backfill_heals_deleted_rows_once_without_moving_the_checkpoint(tmp_path
 
 def test_a_backfill_leaves_out_and_names_the_rows_the_target_refuses(tmp_path, spark, valkey_server):
     """A constraint added after a row was lost refuses it: the backfill merges the other lost rows and
-    names the refused one (history, like a transform failure here: it is not made a dead letter)."""
+    names the refused one (history, like a transform failure here: it is not made a dead letter). A
+    later message with the refused one's id, which the constraint accepts, takes its place."""
     _, c, p = make_pipeline(tmp_path)
     client = valkey_client(c, p)
     began = datetime.now(UTC) - timedelta(seconds=1)
     result = produce(c, p, 30, seed=104)
+    victim = json.loads(next(generate(p, 1, seed=104, start=1)).value)
+    client.xadd(p.source.streams[2], {b"data": json.dumps({**victim, "customer": "cust-again"}).encode()})
     ended = datetime.now(UTC) + timedelta(seconds=1)
     drain_until_done(c, p, spark, client)
     lost = sorted(result.valid_ids)[:4]
+    assert lost[1] == victim["event_id"]
     delete_rows(spark, c, p, lost)
-    spark.sql(f"ALTER TABLE delta.`{c.target_path(p)}` ADD CONSTRAINT not_it CHECK (event_id <> '{lost[1]}')")
+    spark.sql(f"ALTER TABLE delta.`{c.target_path(p)}` ADD CONSTRAINT not_it CHECK (customer <> '{victim['customer']}')")
     s = backfill(c, p, spark, began, ended)
-    assert (s.read, s.written, s.duplicates_skipped, s.dead_lettered) == (30, 3, 26, 0), s
-    assert [(r["error"], lost[1] in client.xrange(r["partition"], r["position"], r["position"])[0][1][b"data"].decode())
-            for r in s.skipped_refused] == [(f"CHECK constraint not_it (event_id <> '{lost[1]}')", True)]
-    assert sorted(set(result.valid_ids) - set(target_ids(spark, c, p))) == [lost[1]]
+    assert (s.read, s.written, s.duplicates_skipped, s.dead_lettered) == (31, 4, 26, 0), s
+    assert [(r["error"], json.loads(client.xrange(r["partition"], r["position"], r["position"])[0][1][b"data"]))
+            for r in s.skipped_refused] == [(f"CHECK constraint not_it (customer <> '{victim['customer']}')", victim)]
+    assert sorted(target_ids(spark, c, p)) == sorted(result.valid_ids)
+    held = spark.read.format("delta").load(str(c.target_path(p))).where(f"event_id = '{victim['event_id']}'")
+    assert [r.customer for r in held.collect()] == ["cust-again"]
     assert dlq_rows(spark, c, p) == []
 
 

@@ -104,8 +104,12 @@ def test_rows_the_target_refuses_are_dead_letters_naming_the_constraint_and_come
     without = {**json.loads(next(generate(p, 1, seed=62, start=50)).value), "quantity": None}
     client.xadd(p.source.streams[0], {b"data": json.dumps(without).encode()})
     refused.append(without["event_id"])
+    # A redelivered id the target holds, now without quantity: matched, not inserted, so never refused.
+    again = {**json.loads(next(generate(p, 1, seed=62, start=0)).value), "quantity": None}
+    client.xadd(p.source.streams[1], {b"data": json.dumps(again).encode()})
     run = drain(c, p, spark=spark)
-    assert (run.outcome, run.claimed, run.written, run.dead_lettered, run.acked) == ("committed", 41, 37, 4, 41), run
+    assert (run.outcome, run.claimed, run.written, run.dead_lettered, run.duplicates_skipped, run.acked) == (
+        "committed", 42, 37, 4, 1, 42), run
     assert_exactly_once(spark, c, p, client, [i for i in [*first.valid_ids, *more.valid_ids] if i not in refused], 4)
     dead = {json.loads(bytes(r.original))["event_id"]: r for r in dlq_rows(spark, c, p)}
     assert sorted(dead) == sorted(refused)
@@ -123,23 +127,50 @@ def test_rows_the_target_refuses_are_dead_letters_naming_the_constraint_and_come
     assert_exactly_once(spark, c, p, client, [*first.valid_ids, *more.valid_ids, without["event_id"]], 4)
 
 
-def test_a_constraint_that_refuses_most_of_a_batch_fails_the_run_instead_of_dead_lettering_it(tmp_path, cfg, spark):
-    """Past MAX_REFUSED refused messages the constraint refuses the stream, not a few bad messages: the
-    run fails naming it, commits and dead-letters nothing, and leaves the batch pending."""
-    from deltadrain.drain import MAX_REFUSED, BatchFailure
+def test_a_batch_refused_again_takes_its_refused_dead_letters_back(tmp_path, cfg, spark, monkeypatch):
+    """Were the messages the constraints name not the ones Delta refuses, the second MERGE is refused
+    too and nothing commits: the dead letters written for the first refusal are deleted (a later run,
+    after the constraint changed, could publish those messages) and the batch stays pending."""
+    import deltadrain.drain as drain_module
+    from deltadrain.drain import BatchFailure
 
-    _, c, p = make_pipeline(tmp_path, batch_cap=5000)
+    _, c, p = make_pipeline(tmp_path, partitions=1, min_idle_ms=0)
+    client = valkey_client(c, p)
+    produce(c, p, 10, seed=64)
+    assert drain(c, p, spark=spark).written == 10
+    spark.sql(f"ALTER TABLE delta.`{c.target_path(p)}` ADD CONSTRAINT not_15 CHECK (event_id <> 'evt-64-000000015')")
+    produce(c, p, 20, seed=64, start=10)
+    stream = p.source.streams[0]
+    entry = {json.loads(f[b"data"])["event_id"]: e.decode() for e, f in client.xrange(stream)}
+    monkeypatch.setattr(drain_module, "refused_messages",
+                        lambda *_: ([(stream, entry["evt-64-000000016"], "a wrongly named row")], ""))
+    with pytest.raises(BatchFailure, match="refused its rows again without the 1 messages its constraints name"):
+        drain(c, p, spark=spark)
+    assert dlq_rows(spark, c, p) == [] and len(target_ids(spark, c, p)) == 10 and pending(client, p) == 20
+    monkeypatch.undo()
+    run = drain(c, p, spark=spark)  # takes the 20 the failed run holds (min_idle_ms: 0)
+    assert (run.reclaimed, run.written, run.dead_lettered) == (20, 19, 1), run
+    assert [json.loads(bytes(r.original))["event_id"] for r in dlq_rows(spark, c, p)] == ["evt-64-000000015"]
+
+
+def test_a_constraint_that_refuses_most_of_a_batch_fails_the_run_instead_of_dead_lettering_it(tmp_path, cfg, spark):
+    """A constraint that refuses most of a batch (drain.refuses_the_data) refuses the data itself, not a
+    few bad messages: the run fails naming it, commits and dead-letters nothing, and leaves the batch
+    pending, instead of emptying the stream into the DLQ one batch at a time."""
+    from deltadrain.drain import BatchFailure
+
+    _, c, p = make_pipeline(tmp_path)
     client = valkey_client(c, p)
     produce(c, p, 10, seed=63)
     assert drain(c, p, spark=spark).written == 10
     spark.sql(f"ALTER TABLE delta.`{c.target_path(p)}` ADD CONSTRAINT early "
               "CHECK (event_id < 'evt-63-000000010')")
-    produce(c, p, MAX_REFUSED + 100, seed=63, start=10)
-    with pytest.raises(BatchFailure, match=f"more than {MAX_REFUSED} messages of the batch break its constraints"
-                       ".*CHECK constraint early"):
+    produce(c, p, 30, seed=63, start=10)
+    with pytest.raises(BatchFailure, match="30 of the batch's 30 messages break its constraints: they refuse the "
+                                           "data itself.*CHECK constraint early"):
         drain(c, p, spark=spark)
     assert len(target_ids(spark, c, p)) == 10 and dlq_rows(spark, c, p) == []
-    assert pending(client, p) == MAX_REFUSED + 100
+    assert pending(client, p) == 30
 
 
 @BOTH_TRANSFORMS

@@ -161,3 +161,14 @@ def test_a_replay_that_would_trim_undrained_entries_past_maxlen_is_refused_per_s
     assert over_maxlen(100, {"s0": 60, "s1": 60}, {"s0": 40, "s1": 41}) == [
         "s1: 60 copies + 41 entries not yet drained > maxlen 100"]
     assert over_maxlen(100, {"s0": 101}, {}) == ["s0: 101 copies + 0 entries not yet drained > maxlen 100"]
+
+
+def test_a_constraint_that_refuses_most_of_a_batch_refuses_the_data_not_a_few_messages():
+    from deltadrain.drain import MAX_REFUSED, REFUSED_BATCH_MIN, refuses_the_data
+
+    assert not refuses_the_data(4, 41)
+    assert not refuses_the_data(REFUSED_BATCH_MIN - 1, REFUSED_BATCH_MIN - 1)  # a small batch of bad messages
+    assert refuses_the_data(REFUSED_BATCH_MIN // 2 + 1, REFUSED_BATCH_MIN)
+    assert not refuses_the_data(REFUSED_BATCH_MIN // 2, REFUSED_BATCH_MIN)
+    assert refuses_the_data(MAX_REFUSED + 1, 100 * MAX_REFUSED)
+    assert not refuses_the_data(MAX_REFUSED, 100 * MAX_REFUSED)
