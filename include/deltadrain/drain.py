@@ -608,10 +608,10 @@ class ValkeyDrain(Drain):
         old = {f: json.loads(v) for f, v in zip(fields, self.client.hmget(key, fields), strict=True) if v}
         now = datetime.now(UTC)
         firsts = {f: datetime.fromisoformat(old[f]["first"]) if f in old else now for f in fields}
-        used_up, retry = [], {}
+        spent, retry = [], {}
         for f, r in zip(fields, rows, strict=True):
             if r._dd_attempts >= self.ctx.max_attempts:
-                used_up.append(r)
+                spent.append(r)
             else:
                 retry[f] = json.dumps({"error": r._dd_culprit_error, "error_type": "transform",
                                        "first": firsts[f].isoformat(), "last": now.isoformat(),
@@ -619,7 +619,7 @@ class ValkeyDrain(Drain):
         if retry:
             self.client.hset(key, mapping=retry)
         schema = culprits.drop("_dd_culprit_error").schema
-        dead = self.dead_records(used_up, schema.names, "transform", "transform failed",
+        dead = self.dead_records(spent, schema.names, "transform", "transform failed",
                                  lambda r: firsts[failure_field(r._dd_partition, r._dd_position)])
         pending = [(r._dd_partition, r._dd_position) for f, r in zip(fields, rows, strict=True) if f in retry]
         return self.spark.createDataFrame(dead, schema), pending

@@ -228,11 +228,11 @@ class KafkaDrain(Drain):
             before = self.retries.get(f"{r._dd_partition}:{r._dd_position}") or {}
             return datetime.fromisoformat(before["first"]) if before.get("first") else now
 
-        used_up, pending = [], {}
+        spent, pending = [], {}
         max_attempts = self.pipeline.max_retries + 1
         for r in rows:
             if r._dd_attempts >= max_attempts:
-                used_up.append(r)
+                spent.append(r)
             else:
                 pending[(r._dd_partition, r._dd_position)] = {
                     "attempts": r._dd_attempts, "error": r._dd_culprit_error[:300],
@@ -244,7 +244,7 @@ class KafkaDrain(Drain):
         self.commit_extra["retries"] = retry_record(self.retries, pending, s.positions)
         self.carry_dead_runs(s.positions)
         schema = culprits.drop("_dd_culprit_error").schema
-        dead = self.dead_records(used_up, schema.names, "transform", "transform failed", first_of)
+        dead = self.dead_records(spent, schema.names, "transform", "transform failed", first_of)
         return self.spark.createDataFrame(dead, schema), list(pending)
 
     def before_held(self, rows):
