@@ -297,6 +297,16 @@ def replay_dead_letters(cfg, pipeline: PipelineConfig, spark, request: ReplayReq
                                              "tombstone, or was deleted before it was read)"})
         else:
             entries.append({**r, "original": bytes(r["original"])})
+    held = published_ids(spark, str(cfg.target_path(pipeline)), pipeline,
+                         sorted({e["message_id"] for e in entries if e["message_id"]}))
+    for e in [e for e in entries if e["message_id"] in held]:
+        # Sent back, it would be inserted again once past the dedup window: a dead letter whose id
+        # the target holds (a run killed between refused dead letters and its commit, then drained
+        # after the constraint changed) has its way in already.
+        result.skipped.append({"partition": e["partition"], "position": e["position"],
+                               "reason": f"the target holds message id {e['message_id']} already: sent back, it "
+                                         "could be published twice"})
+    entries = [e for e in entries if e["message_id"] not in held]
     if request.dry_run or not entries:
         return
     # Source first, DLQ state after: a crash in between re-sends on the next replay (the MERGE on the
@@ -307,6 +317,19 @@ def replay_dead_letters(cfg, pipeline: PipelineConfig, spark, request: ReplayReq
         _enqueue_kafka(cfg, pipeline, entries)
     mark_replayed(spark, path, pipeline.name, [(e["partition"], e["position"]) for e in entries], result.run_id)
     result.replayed = len(entries)
+
+
+def published_ids(spark, target: str, pipeline: PipelineConfig, ids: list[str]) -> set[str]:
+    """Which of `ids` the target holds (as strings, whatever the id column's type)."""
+    from pyspark.sql import functions as F
+
+    if not ids or not is_table(spark, target):
+        return set()
+    column = F.col(f"`{pipeline.payload_schema.id_field}`").cast("string")
+    wanted = spark.createDataFrame([(i,) for i in ids], "id string")
+    found = (spark.read.format("delta").load(target).select(column.alias("id"))
+             .join(F.broadcast(wanted), "id").distinct().collect())
+    return {r.id for r in found}
 
 
 def select_published(spark, path: str, pipeline: PipelineConfig, request: ReplayRequest):

@@ -152,6 +152,36 @@ def test_reprocess_restores_published_rows_through_the_transform_without_duplica
     assert_exactly_once(spark, c, p, client, result.valid_ids, 0)
 
 
+def test_a_dlq_replay_does_not_send_back_a_dead_letter_whose_id_the_target_holds(tmp_path, spark, valkey_server):
+    """A DEAD dead letter of a message the target holds (a run killed between its refused dead letters
+    and its commit, then drained again after the constraint was dropped) is not sent back: past the
+    dedup window its copy would be a second row. The replay names it; the target keeps one row."""
+    from deltadrain.deadletter import dlq_struct, write_dead_letters
+
+    _, c, p = make_pipeline(tmp_path, partitions=1)
+    client = valkey_client(c, p)
+    result = produce(c, p, 20, seed=106)
+    drain_until_done(c, p, spark, client)
+    stream = p.source.streams[0]
+    position, entry = client.xrange(stream, count=1)[0]
+    message_id = json.loads(entry[b"data"])["event_id"]
+    now = datetime.now(UTC)
+    hi, lo = (int(x) for x in position.decode().split("-"))
+    row = {"pipeline": p.name, "partition": stream, "position": position.decode(), "pos_hi": hi, "pos_lo": lo,
+           "message_id": message_id, "original": bytes(entry[b"data"]),
+           "error": "the target table refused its row: CHECK constraint gone (event_id <> 'x')", "error_type": "refused",
+           "attempts": 1, "first_failure_at": now, "last_failure_at": now, "state": "DEAD", "batch": 2,
+           "run_id": "killed-run", "replayed_at": None, "replay_run_id": None}
+    write_dead_letters(spark, str(c.dlq_path(p)), spark.createDataFrame([row], dlq_struct()))
+    for dry_run in (True, False):
+        r = replay(c, spark, ReplayRequest(pipeline=p.name, dry_run=dry_run))
+        assert (r.selected, r.replayed) == (1, 0), r
+        assert [x["reason"] for x in r.skipped] == [
+            f"the target holds message id {message_id} already: sent back, it could be published twice"]
+    assert client.xlen(stream) == 20 and [d.state for d in dlq_rows(spark, c, p)] == ["DEAD"]
+    assert sorted(target_ids(spark, c, p)) == sorted(result.valid_ids)
+
+
 @pytest.mark.slow
 def test_dlq_replay_with_filters_and_dry_run(tmp_path, spark, valkey_server):
     path, c, p = make_pipeline(tmp_path, max_retries=0, transform="deltadrain.transforms.identity")
