@@ -519,6 +519,7 @@ class Drain:
                     raise BatchFailure(f"batch {batch}: the target table refused its rows ({good}): {reason}") from exc
                 refused = dead.count()
                 write_dead_letters(self.spark, self.dlq, dead_letter_rows(dead, p.name, batch, self.run_id))
+                failpoints.hit("after_refused_dead_letters")
                 s.dead_lettered += refused
                 rows.unpersist()
                 rows, stats = self._rows(good, batch)

@@ -24,6 +24,7 @@ from deltadrain.orchestration.names import (
     REPLAY_DAG,
     ingest_dag_id,
     pool_name,
+    replay_task_id,
 )
 from deltadrain.produce import MALFORMED_KINDS, produce
 from tests.integration.helpers import ROOT, assert_exactly_once, dlq_rows, make_pipeline, pending, target_ids
@@ -77,6 +78,11 @@ def test_dags_parse_without_errors_warnings_or_io(monkeypatch, airflow_db):
     assert replay.max_active_runs == 1  # two runs over the same DEAD entries would both send them
     assert replay.params.get_param("pipeline").schema["enum"] == [p.name for p in cfg.pipelines]
     assert replay.params.get_param("limit").schema["minimum"] == 1
+    # Each pipeline's replay runs in its pool, between its drains, quality checks and maintenance.
+    assert {t.task_id: t.pool for t in replay.tasks} == {
+        "validate": "default_pool", "route": "default_pool",
+        **{replay_task_id(p.name): pool_name(p.name) for p in cfg.pipelines}}
+    assert replay.get_task("route").downstream_task_ids == {replay_task_id(p.name) for p in cfg.pipelines}
 
 
 @pytest.fixture
@@ -266,8 +272,9 @@ def test_replay_dag_sends_dead_letters_back_once(pipeline_dags, spark):
     # A dry run shows and changes nothing.
     conf = {"pipeline": p.name, "mode": "dlq", "error_contains": "poison message", "dry_run": True}
     run = run_dag(REPLAY_DAG, conf)
-    assert run["states"] == {"validate": "success", "replay": "success"}, run["log"][-3000:]
-    shown = run["xcoms"]["replay"]
+    replay = replay_task_id(p.name)
+    assert run["states"] == {"validate": "success", "route": "success", replay: "success"}, run["log"][-3000:]
+    shown = run["xcoms"][replay]
     assert shown["selected"] == len(poison) and shown["replayed"] == 0 and shown["dry_run"]
     assert {r.state for r in dlq_rows(spark, c, p)} == {"DEAD"}
 
@@ -276,14 +283,14 @@ def test_replay_dag_sends_dead_letters_back_once(pipeline_dags, spark):
     data["pipelines"][0]["transform"] = "deltadrain.transforms.identity"
     path.write_text(yaml.safe_dump(data))
     run = run_dag(REPLAY_DAG, {**conf, "dry_run": False})
-    assert run["states"]["replay"] == "success", run["log"][-3000:]
-    assert run["xcoms"]["replay"]["replayed"] == len(poison)
+    assert run["states"][replay] == "success", run["log"][-3000:]
+    assert run["xcoms"][replay]["replayed"] == len(poison)
     rows = dlq_rows(spark, c, p)
     assert {r.state for r in rows} == {"REPLAYED"} and {r.replay_run_id for r in rows} == {
-        run["xcoms"]["replay"]["run_id"]}
+        run["xcoms"][replay]["run_id"]}
     # Replaying again selects nothing: the entries are REPLAYED, not DEAD.
     again = run_dag(REPLAY_DAG, {**conf, "dry_run": False})
-    assert again["xcoms"]["replay"]["selected"] == 0
+    assert again["xcoms"][replay]["selected"] == 0
     run = run_dag(ingest_dag_id(p.name))
     assert run["states"]["drain"] == "success"
     ids = target_ids(spark, c, p)
@@ -295,7 +302,8 @@ def test_replay_dag_refuses_bad_params_with_a_clear_message(pipeline_dags):
     path, c, p = pipeline_dags()
     bad = {"pipeline": p.name, "since": "2026-05-02T00:00:00Z", "until": "2026-05-01T00:00:00Z"}
     run = run_dag(REPLAY_DAG, bad)
-    assert run["states"] == {"validate": "failed", "replay": "upstream_failed"}, run["log"][-3000:]
+    assert run["states"] == {"validate": "failed", "route": "upstream_failed",
+                             replay_task_id(p.name): "upstream_failed"}, run["log"][-3000:]
     assert "time range is inverted" in run["log"]
 
 

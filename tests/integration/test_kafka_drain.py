@@ -990,6 +990,29 @@ def test_a_run_whose_transform_fails_its_batch_leaves_its_claim_notices_to_be_co
         assert (st["CLAIMED"], st["PENDING"]) == (0, 100)
 
 
+@pytest.mark.slow
+def test_a_drain_killed_between_its_refused_dead_letters_and_its_commit_loses_and_duplicates_nothing(
+        tmp_path, cfg, spark):
+    """The refused message's dead letter is written before the commit (the commit moves the checkpoint
+    past it), and the run is SIGKILLed there. The next runs read the range again, the constraint
+    refuses the same message, and its dead letter stays single: all else lands once."""
+    point = "after_refused_dead_letters"
+    path, c, p = make_kafka_pipeline(tmp_path, partitions=1, min_idle_ms=0, batch_cap=1000)
+    first = produce(c, p, 10, seed=93)
+    assert drain(c, p, spark=spark).written == 10
+    refused = "evt-93-000000025"
+    spark.sql(f"ALTER TABLE delta.`{c.target_path(p)}` ADD CONSTRAINT no_25 CHECK (event_id <> '{refused}')")
+    more = produce(c, p, 40, seed=93, start=10)
+    proc = cli_drain(path, p.name, {"DELTADRAIN_FAILPOINT": point})
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == -9 and fired(point) in err, err[-3000:]
+    assert [json.loads(bytes(r.original))["event_id"] for r in dlq_rows(spark, c, p)] == [refused]
+    assert len(target_ids(spark, c, p)) == 10
+    runs = drain_until_done(c, p, spark)
+    assert runs[0].dead_runs, runs[0]  # the killed run counts as an attempt at what it read
+    assert_exactly_once(spark, c, p, [i for i in [*first.valid_ids, *more.valid_ids] if i != refused], 0, [("0", "25")])
+
+
 def test_a_topic_deleted_and_recreated_past_the_checkpoint_stops_the_drain(tmp_path, cfg, spark):
     """The recreated topic's offsets restart at 0 and grow past the lake checkpoint (10). The end
     offset check cannot see that; before, the run read on from offset 10 and skipped the new topic's

@@ -23,6 +23,7 @@ from deltadrain.orchestration.names import (
     REPLAY_DAG,
     ingest_dag_id,
     pool_name,
+    replay_task_id,
 )
 from deltadrain.orchestration.operators import (
     DrainOperator,
@@ -194,6 +195,12 @@ def validate_request(config: str | None = None, **context) -> dict:
     return request.model_dump(mode="json")
 
 
+@task.branch(task_id="route")
+def route_request(request: dict) -> str:
+    """The replay task of the request's pipeline; the others are skipped."""
+    return replay_task_id(request["pipeline"])
+
+
 def replay_dag(cfg: DeltadrainConfig) -> DAG:
     with DAG(dag_id=REPLAY_DAG, schedule=None, start_date=min(p.airflow.start_date for p in cfg.pipelines),
              catchup=False, tags=["deltadrain"], params=replay_params(cfg),
@@ -204,11 +211,17 @@ def replay_dag(cfg: DeltadrainConfig) -> DAG:
                     "REPLAYED with this run's id; `reprocess` re-reads PUBLISHED messages from the source's "
                     "retained history and updates their rows through the current transform. Replaying the "
                     "same entries twice never duplicates a row; runs go one at a time, so a second run finds them REPLAYED "
-                    "and sends nothing. Start with dry_run to see what would go.",
+                    "and sends nothing. The request's pipeline picks the task that runs it (`replay_<pipeline>`, "
+                    "the others are skipped); that task runs in the pipeline's pool, between its drains. Start "
+                    "with dry_run to see what would go.",
              default_args={"retries": 0, "execution_timeout": timedelta(minutes=60)}) as dag:
         validated = validate_request(config=_config_arg(cfg))
-        replay = ReplayOperator(task_id="replay", request_task="validate", config=_config_arg(cfg))
-        validated >> replay
+        # One task per pipeline, in that pipeline's pool: a reprocess MERGE or a DLQ replay's marks then
+        # run between the pipeline's drains, quality checks and maintenance, not during them.
+        route = route_request(validated)
+        for p in cfg.pipelines:
+            route >> ReplayOperator(task_id=replay_task_id(p.name), request_task="validate", config=_config_arg(cfg),
+                                    pool=pool_name(p.name))
     return dag
 
 

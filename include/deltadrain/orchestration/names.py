@@ -12,3 +12,8 @@ def ingest_dag_id(pipeline: str) -> str:
 
 def pool_name(pipeline: str) -> str:
     return f"deltadrain_{pipeline}"
+
+
+def replay_task_id(pipeline: str) -> str:
+    """The replay DAG's task for one pipeline's requests: it runs in that pipeline's pool."""
+    return f"replay_{pipeline}"
