@@ -14,6 +14,16 @@ from pathlib import Path
 DAGS = Path(__file__).resolve().parents[2] / "dags"
 
 
+def _decoded(value):
+    """An XCom as stored: JSON text for most values, but a branch task's plain task id is not."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError:
+        return value
+
+
 def main() -> None:
     from airflow.dag_processing.dagbag import DagBag
     from airflow.models.xcom import XComModel
@@ -30,8 +40,7 @@ def main() -> None:
         for ti in run.get_task_instances(session=session):
             states[ti.task_id] = str(ti.state.value if hasattr(ti.state, "value") else ti.state)
         for row in session.query(XComModel).filter_by(dag_id=dag_id, run_id=run.run_id, key="return_value"):
-            value = row.value
-            xcoms[row.task_id] = json.loads(value) if isinstance(value, str) else value
+            xcoms[row.task_id] = _decoded(row.value)
     print("DAGRUN-RESULT " + json.dumps({"run_id": run.run_id, "state": str(run.state), "states": states,
                                          "xcoms": xcoms}, default=str), flush=True)
 
