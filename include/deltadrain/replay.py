@@ -297,16 +297,20 @@ def replay_dead_letters(cfg, pipeline: PipelineConfig, spark, request: ReplayReq
                                              "tombstone, or was deleted before it was read)"})
         else:
             entries.append({**r, "original": bytes(r["original"])})
-    held = published_ids(spark, str(cfg.target_path(pipeline)), pipeline,
-                         sorted({e["message_id"] for e in entries if e["message_id"]}))
-    for e in [e for e in entries if e["message_id"] in held]:
-        # Sent back, it would be inserted again once past the dedup window: a dead letter whose id
-        # the target holds (a run killed between refused dead letters and its commit, then drained
-        # after the constraint changed) has its way in already.
+    # A dead letter whose own message (same partition and position) the target holds is in already:
+    # a run killed between its refused dead letters and its commit, then drained again after the
+    # constraint changed. Sent back, its copy would be a second row once past the dedup window; it is
+    # marked REPLAYED instead, so that it neither stays DEAD nor takes a place in every later replay.
+    # A copy a crashed replay sent is at another position: that dead letter is sent again, as before.
+    landed = published_places(spark, str(cfg.target_path(pipeline)),
+                              [(e["partition"], e["position"], e["pos_hi"]) for e in entries])
+    for e in [e for e in entries if (e["partition"], e["position"]) in landed]:
         result.skipped.append({"partition": e["partition"], "position": e["position"],
-                               "reason": f"the target holds message id {e['message_id']} already: sent back, it "
-                                         "could be published twice"})
-    entries = [e for e in entries if e["message_id"] not in held]
+                               "reason": "the target holds this message at its own place already: marked "
+                                         "REPLAYED without sending it"})
+    entries = [e for e in entries if (e["partition"], e["position"]) not in landed]
+    if landed and not request.dry_run:
+        mark_replayed(spark, path, pipeline.name, sorted(landed), result.run_id)
     if request.dry_run or not entries:
         return
     # Source first, DLQ state after: a crash in between re-sends on the next replay (the MERGE on the
@@ -319,17 +323,23 @@ def replay_dead_letters(cfg, pipeline: PipelineConfig, spark, request: ReplayReq
     result.replayed = len(entries)
 
 
-def published_ids(spark, target: str, pipeline: PipelineConfig, ids: list[str]) -> set[str]:
-    """Which of `ids` the target holds (as strings, whatever the id column's type)."""
+def published_places(spark, target: str, places: list[tuple[str, str, int]]) -> set[tuple[str, str]]:
+    """Which (partition, position) of `places` (with their `pos_hi`, as dead letters keep it) the
+    target holds a row from. The scan is narrowed to their partitions and the range of their
+    `_dd_pos_hi`, which file statistics can skip on."""
     from pyspark.sql import functions as F
 
-    if not ids or not is_table(spark, target):
+    if not places or not is_table(spark, target):
         return set()
-    column = F.col(f"`{pipeline.payload_schema.id_field}`").cast("string")
-    wanted = spark.createDataFrame([(i,) for i in ids], "id string")
-    found = (spark.read.format("delta").load(target).select(column.alias("id"))
-             .join(F.broadcast(wanted), "id").distinct().collect())
-    return {r.id for r in found}
+    his = [hi for _, _, hi in places]
+    wanted = spark.createDataFrame(sorted({(part, pos) for part, pos, _ in places}),
+                                   "_dd_partition string, _dd_position string")
+    rows = (spark.read.format("delta").load(target)
+            .where(F.col("_dd_partition").isin(sorted({part for part, _, _ in places}))
+                   & F.col("_dd_pos_hi").between(min(his), max(his)))
+            .select("_dd_partition", "_dd_position").join(F.broadcast(wanted), ["_dd_partition", "_dd_position"])
+            .distinct().collect())
+    return {(r._dd_partition, r._dd_position) for r in rows}
 
 
 def select_published(spark, path: str, pipeline: PipelineConfig, request: ReplayRequest):

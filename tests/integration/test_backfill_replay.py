@@ -152,10 +152,12 @@ def test_reprocess_restores_published_rows_through_the_transform_without_duplica
     assert_exactly_once(spark, c, p, client, result.valid_ids, 0)
 
 
-def test_a_dlq_replay_does_not_send_back_a_dead_letter_whose_id_the_target_holds(tmp_path, spark, valkey_server):
-    """A DEAD dead letter of a message the target holds (a run killed between its refused dead letters
-    and its commit, then drained again after the constraint was dropped) is not sent back: past the
-    dedup window its copy would be a second row. The replay names it; the target keeps one row."""
+def test_a_dlq_replay_does_not_send_back_a_dead_letter_the_target_holds_at_its_own_place(tmp_path, spark,
+                                                                                           valkey_server):
+    """A DEAD dead letter of a message the target holds from the same place (a run killed between its
+    refused dead letters and its commit, then drained again after the constraint was dropped) is not
+    sent back: past the dedup window its copy would be a second row. It is marked REPLAYED, so that
+    it neither stays DEAD nor takes a place in every later replay; a dry run only names it."""
     from deltadrain.deadletter import dlq_struct, write_dead_letters
 
     _, c, p = make_pipeline(tmp_path, partitions=1)
@@ -164,21 +166,23 @@ def test_a_dlq_replay_does_not_send_back_a_dead_letter_whose_id_the_target_holds
     drain_until_done(c, p, spark, client)
     stream = p.source.streams[0]
     position, entry = client.xrange(stream, count=1)[0]
-    message_id = json.loads(entry[b"data"])["event_id"]
     now = datetime.now(UTC)
     hi, lo = (int(x) for x in position.decode().split("-"))
     row = {"pipeline": p.name, "partition": stream, "position": position.decode(), "pos_hi": hi, "pos_lo": lo,
-           "message_id": message_id, "original": bytes(entry[b"data"]),
+           "message_id": json.loads(entry[b"data"])["event_id"], "original": bytes(entry[b"data"]),
            "error": "the target table refused its row: CHECK constraint gone (event_id <> 'x')", "error_type": "refused",
            "attempts": 1, "first_failure_at": now, "last_failure_at": now, "state": "DEAD", "batch": 2,
            "run_id": "killed-run", "replayed_at": None, "replay_run_id": None}
     write_dead_letters(spark, str(c.dlq_path(p)), spark.createDataFrame([row], dlq_struct()))
-    for dry_run in (True, False):
-        r = replay(c, spark, ReplayRequest(pipeline=p.name, dry_run=dry_run))
-        assert (r.selected, r.replayed) == (1, 0), r
-        assert [x["reason"] for x in r.skipped] == [
-            f"the target holds message id {message_id} already: sent back, it could be published twice"]
-    assert client.xlen(stream) == 20 and [d.state for d in dlq_rows(spark, c, p)] == ["DEAD"]
+    reason = "the target holds this message at its own place already: marked REPLAYED without sending it"
+    dry = replay(c, spark, ReplayRequest(pipeline=p.name))
+    assert (dry.selected, dry.replayed, [x["reason"] for x in dry.skipped]) == (1, 0, [reason])
+    assert [d.state for d in dlq_rows(spark, c, p)] == ["DEAD"]
+    done = replay(c, spark, ReplayRequest(pipeline=p.name, dry_run=False))
+    assert (done.selected, done.replayed, [x["reason"] for x in done.skipped]) == (1, 0, [reason])
+    assert [(d.state, d.replay_run_id) for d in dlq_rows(spark, c, p)] == [("REPLAYED", done.run_id)]
+    assert replay(c, spark, ReplayRequest(pipeline=p.name, dry_run=False)).selected == 0
+    assert client.xlen(stream) == 20
     assert sorted(target_ids(spark, c, p)) == sorted(result.valid_ids)
 
 

@@ -83,6 +83,7 @@ def test_dags_parse_without_errors_warnings_or_io(monkeypatch, airflow_db):
         "validate": "default_pool", "route": "default_pool",
         **{replay_task_id(p.name): pool_name(p.name) for p in cfg.pipelines}}
     assert replay.get_task("route").downstream_task_ids == {replay_task_id(p.name) for p in cfg.pipelines}
+    assert {replay.get_task(replay_task_id(p.name)).priority_weight for p in cfg.pipelines} == {10}
 
 
 @pytest.fixture

@@ -114,7 +114,7 @@ def test_the_quality_job_gets_every_batch_the_drain_task_committed():
 
 
 def test_a_failed_replay_names_the_pipeline_it_was_asked_for(monkeypatch):
-    """The replay task is not built for one pipeline: its errors name the pipeline of the request."""
+    """The replay operator takes its pipeline from the request: its errors name the pipeline of the request."""
     from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
     from deltadrain import spark

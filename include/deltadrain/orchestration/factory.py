@@ -2,7 +2,7 @@
 
 - deltadrain__<pipeline>__ingest: wait for work (deferred) -> drain (spark-submit) -> quality of the batch
 - deltadrain__reaper:            stuck claims? -> reap each pipeline that has some
-- deltadrain__replay:            manual, validated Params -> replay (spark-submit)
+- deltadrain__replay:            manual, validated Params -> the pipeline's replay task (spark-submit, its pool)
 - deltadrain__quality:           daily, each pipeline's whole table against its suite
 - deltadrain__maintenance:       daily, OPTIMIZE and VACUUM of each pipeline's tables and the shared ones
 
@@ -220,8 +220,9 @@ def replay_dag(cfg: DeltadrainConfig) -> DAG:
         # run between the pipeline's drains, quality checks and maintenance, not during them.
         route = route_request(validated)
         for p in cfg.pipelines:
+            # Ahead of the pipeline's drains in the pool's queue: someone is waiting for a replay.
             route >> ReplayOperator(task_id=replay_task_id(p.name), request_task="validate", config=_config_arg(cfg),
-                                    pool=pool_name(p.name))
+                                    pool=pool_name(p.name), priority_weight=10, weight_rule="absolute")
     return dag
 
 
