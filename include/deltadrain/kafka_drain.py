@@ -283,7 +283,7 @@ class KafkaDrain(Drain):
     def check_topic(self, recorded: str | None) -> None:
         """Stop when the checkpoint is another topic's (`same_topic`); the commit records the id."""
         try:
-            current = topic_id(kafka_client_conf(self.cfg, self.pipeline), self.source.topic)
+            current = topic_id(kafka_client_conf(self.cfg, self.pipeline), self.source.topic, known=bool(recorded))
         except Exception as exc:
             if recorded:  # the broker gave an id before: read on only once it can say it is the same
                 raise DrainError(f"pipeline '{self.pipeline.name}': could not read the id of topic "

@@ -187,9 +187,9 @@ def transient(error) -> bool:
     return error.retriable() or error.name() in TRANSIENT
 
 
-def patiently(call, deadline_s: float = TIMEOUT, pause: float = 0.2):
-    """call(), asked again after a transient broker error until `deadline_s` has passed; any other
-    error, or a transient one past the deadline, is raised as it came."""
+def patiently(call, deadline_s: float = TIMEOUT, pause: float = 0.2, also: frozenset[str] = frozenset()):
+    """call(), asked again after a transient broker error (or one named in `also`) until `deadline_s`
+    has passed; any other error, or a transient one past the deadline, is raised as it came."""
     from confluent_kafka import KafkaError, KafkaException
 
     deadline = time.monotonic() + deadline_s
@@ -198,7 +198,8 @@ def patiently(call, deadline_s: float = TIMEOUT, pause: float = 0.2):
             return call()
         except KafkaException as exc:
             error = exc.args[0] if exc.args else None
-            if not isinstance(error, KafkaError) or not transient(error) or time.monotonic() + pause > deadline:
+            if (not isinstance(error, KafkaError) or not (transient(error) or error.name() in also)
+                    or time.monotonic() + pause > deadline):
                 raise
         time.sleep(pause)
         pause = min(pause * 2, 2.0)
@@ -320,13 +321,21 @@ def same_topic(topic: str, recorded: str | None, current: str | None) -> None:
                           "own name, group and target); this one's checkpoint cannot go on")
 
 
-def topic_id(conf: dict, topic: str) -> str | None:
-    """The broker's id of `topic`, or None when it has none (an all-zero id)."""
+def topic_id(conf: dict, topic: str, known: bool = False) -> str | None:
+    """The broker's id of `topic`, or None when it has none (an all-zero id). `known`: the topic had an
+    id before, so a broker that does not know it yet is asked again until the deadline."""
     from confluent_kafka import TopicCollection
     from confluent_kafka.admin import AdminClient
 
     admin = AdminClient(conf)  # kept referenced until the answer: a collected client fails its futures
-    uuid = admin.describe_topics(TopicCollection([topic]), request_timeout=TIMEOUT)[topic].result(TIMEOUT).topic_id
+
+    def describe():
+        return admin.describe_topics(TopicCollection([topic]), request_timeout=TIMEOUT)[topic].result(TIMEOUT)
+
+    # A broker that is starting answers a moment later, and may not know the topic until it has
+    # loaded its metadata; a topic that is really gone still fails, after the deadline.
+    unknown = frozenset({"UNKNOWN_TOPIC_OR_PART", "UNKNOWN_TOPIC_ID"}) if known else frozenset()
+    uuid = patiently(describe, also=unknown).topic_id
     if uuid is None or (uuid.get_most_significant_bits(), uuid.get_least_significant_bits()) == (0, 0):
         return None
     return str(uuid)
