@@ -287,11 +287,11 @@ def refused_messages(spark, target: str, rows, id_field: str) -> tuple[list | No
         found = (rows.select("_dd_partition", "_dd_position", ids.cast("string").alias("id"), broken.alias("error"))
                  .where(F.col("error").isNotNull())
                  .groupBy("_dd_partition", "_dd_position").agg(F.min("error"), F.collect_set("id").alias("ids")))
-        count = found.count()
-        messages = rows.select("_dd_partition", "_dd_position").distinct().count() if count else 0
-        if refuses_the_data(count, messages):
+        found = found.limit(MAX_REFUSED + 1).collect()  # one pass: past MAX_REFUSED the count is moot
+        messages = rows.select("_dd_partition", "_dd_position").distinct().count() if found else 0
+        if refuses_the_data(len(found), messages):
+            count = f"more than {MAX_REFUSED}" if len(found) > MAX_REFUSED else len(found)
             return None, f"{count} of the batch's {messages} messages break its constraints: they refuse the data itself"
-        found = found.collect()
         held = {str(r[0]) for r in spark.read.format("delta").load(target)
                 .where(ids.cast("string").isin(sorted({i for r in found for i in r.ids})))
                 .select(ids).distinct().collect()} if found else set()
@@ -387,14 +387,15 @@ class Drain:
             out.append(tuple(record[c] for c in columns))
         return out
 
-    def refused(self, good, rows, batch: int):
-        """After the target refused the MERGE of `rows`: (dead letters of the messages whose rows break
-        the table's constraints, the rest of `good`), or (None, why) as `refused_messages` says."""
+    def refused(self, good, rows, batch: int, reason: str):
+        """After the target refused the MERGE of `rows` (Delta's `reason`): (dead letters of the messages
+        whose rows break the table's constraints, how many, the rest of `good`). Raises BatchFailure
+        when `refused_messages` names none."""
         from pyspark.sql import functions as F
 
         found, why = refused_messages(self.spark, self.target, rows, self.pipeline.payload_schema.id_field)
         if found is None:
-            return None, why
+            raise BatchFailure(f"batch {batch}: the target table refused its rows ({why}): {reason}")
         keys = self.spark.createDataFrame(found, "_dd_partition string, _dd_position string, _dd_culprit_error string")
         on = ["_dd_partition", "_dd_position"]
         now = datetime.now(UTC)
@@ -403,7 +404,8 @@ class Drain:
         names = sorted({error for _, _, error in found})
         run_logger(self.summary.pipeline, self.run_id, batch, source=self.pipeline.source.kind).warning(
             "%s", fields(step="refused", messages=len(found), constraints="; ".join(names)[:500]))
-        return self.spark.createDataFrame(dead, good.schema), good.join(F.broadcast(keys.select(*on)), on, "left_anti")
+        return (self.spark.createDataFrame(dead, good.schema), len(dead),
+                good.join(F.broadcast(keys.select(*on)), on, "left_anti"))
 
     def before_held(self, rows):
         """The rows this commit may hold once culprits are left for another attempt (all of them
@@ -514,10 +516,7 @@ class Drain:
                     take_back(self.spark, self.dlq, p.name, self.run_id, "refused")
                     raise BatchFailure(f"batch {batch}: the target table refused its rows again without the "
                                        f"{refused} messages its constraints name: {reason}") from exc
-                dead, good = self.refused(good, merged, batch)
-                if dead is None:
-                    raise BatchFailure(f"batch {batch}: the target table refused its rows ({good}): {reason}") from exc
-                refused = dead.count()
+                dead, refused, good = self.refused(good, merged, batch, reason)
                 write_dead_letters(self.spark, self.dlq, dead_letter_rows(dead, p.name, batch, self.run_id))
                 failpoints.hit("after_refused_dead_letters")
                 s.dead_lettered += refused
