@@ -216,22 +216,55 @@ def _checked(partitions):
 
 
 def watermarks(conf: dict, topic: str) -> dict[int, tuple[int, int]]:
-    """partition -> (earliest available offset, end offset) for every partition the topic has now."""
-    from confluent_kafka import Consumer, TopicPartition
+    """partition -> (earliest available offset, end offset) for every partition the topic has now.
 
-    consumer = Consumer({**conf, "group.id": "deltadrain-watermarks", "enable.auto.commit": False})
+    Asked with the admin ListOffsets (one request per kind for all partitions), not the consumer's
+    get_watermark_offsets: when the earliest answer is negative (a restarted broker that has not
+    loaded the partition yet), librdkafka reports the end offset as the earliest, and a drain would
+    take the whole partition for a retention gap. Here such an answer is asked again."""
+    from confluent_kafka import IsolationLevel, KafkaError, KafkaException, TopicPartition
+    from confluent_kafka.admin import AdminClient, OffsetSpec
+
+    # The consumers' isolation level decides the end offset (under read_committed the last stable
+    # offset, where Spark's reads stop); it is a request setting here, not a client property.
+    level = (IsolationLevel.READ_COMMITTED if conf.get("isolation.level") == "read_committed"
+             else IsolationLevel.READ_UNCOMMITTED)
+    # Kept referenced until the answer: a collected client fails its futures.
+    admin = AdminClient({k: v for k, v in conf.items() if k != "isolation.level"})
+
+    def offsets(parts: list[int], spec) -> dict[int, int]:
+        asked = {TopicPartition(topic, p): spec for p in parts}
+        answers = admin.list_offsets(asked, isolation_level=level, request_timeout=TIMEOUT)
+        return {tp.partition: future.result(TIMEOUT).offset for tp, future in answers.items()}
 
     def read() -> dict[int, tuple[int, int]]:
-        meta = consumer.list_topics(topic, timeout=TIMEOUT).topics.get(topic)
+        meta = admin.list_topics(topic, timeout=TIMEOUT).topics.get(topic)
         if meta is None or meta.error is not None:
             raise OffsetError(f"topic '{topic}' is not available: {meta.error if meta else 'unknown topic'}")
-        return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=TIMEOUT, cached=False)
-                for p in sorted(meta.partitions)}
+        parts = sorted(meta.partitions)
+        if not parts:
+            return {}
+        marks, unknown = answered_marks(offsets(parts, OffsetSpec.earliest()), offsets(parts, OffsetSpec.latest()))
+        if unknown:
+            raise KafkaException(KafkaError(KafkaError.OFFSET_NOT_AVAILABLE, retriable=True, reason=(
+                f"topic '{topic}' partitions {unknown}: the broker does not know their offsets yet")))
+        return marks
 
-    try:
-        return patiently(read)  # one deadline for the whole answer, not one per partition
-    finally:
-        consumer.close()
+    return patiently(read)  # one deadline for the whole answer, not one per partition
+
+
+def answered_marks(earliest: dict[int, int], latest: dict[int, int]
+                   ) -> tuple[dict[int, tuple[int, int]], list[int]]:
+    """The broker's two answers as partition -> (earliest, end), and the partitions whose answer is
+    not one yet: a negative offset (unknown), a missing one, or an earliest past the end."""
+    marks, unknown = {}, []
+    for part in sorted(set(earliest) | set(latest)):
+        low, high = earliest.get(part, -1), latest.get(part, -1)
+        if low < 0 or high < 0 or low > high:
+            unknown.append(part)
+        else:
+            marks[part] = (low, high)
+    return marks, unknown
 
 
 def commit_group_offsets(conf: dict, group: str, topic: str, offsets: dict[int, int]) -> None:

@@ -12,6 +12,7 @@ from deltadrain.kafka_drain import TOMBSTONE, DecodeContext, kafka_batch
 from deltadrain.kafka_offsets import (
     Gap,
     OffsetError,
+    answered_marks,
     claim_notice,
     claimed,
     hold_positions,
@@ -245,3 +246,13 @@ def test_a_notice_claims_only_what_the_lake_has_not_passed(lake, end_offset, exp
     notice = read_notice(claim_notice("r", 20, 40, 0))
     assert claimed(notice, lake, end_offset) == expected
     assert claimed(None, lake, end_offset) == 0
+
+
+def test_an_unknown_earliest_offset_is_asked_again_not_taken_for_the_end():
+    # A restarted broker may answer -1 for a partition it has not loaded: librdkafka's watermarks then
+    # report the end as the earliest, a whole partition that looks deleted by retention.
+    marks, unknown = answered_marks({0: -1, 1: 5, 2: 0}, {0: 670, 1: 9, 2: 0})
+    assert marks == {1: (5, 9), 2: (0, 0)} and unknown == [0]
+    assert answered_marks({0: 3, 1: 0}, {0: 2}) == ({}, [0, 1])  # past the end; no end answer
+    # Retention took all of a partition: its earliest is its end, and that is an answer.
+    assert answered_marks({0: 670}, {0: 670}) == ({0: (670, 670)}, [])
