@@ -201,17 +201,20 @@ def route_request(request: dict) -> str:
     return replay_task_id(request["pipeline"])
 
 
+REPLAY_RUNS = 16  # Airflow's own default per DAG
+
+
 def replay_dag(cfg: DeltadrainConfig) -> DAG:
     with DAG(dag_id=REPLAY_DAG, schedule=None, start_date=min(p.airflow.start_date for p in cfg.pipelines),
              catchup=False, tags=["deltadrain"], params=replay_params(cfg),
-             # One at a time: a replay selects DEAD entries, sends them, then marks them REPLAYED, so two
-             # runs over the same entries (a double submit in the view) would both send them.
-             max_active_runs=1,
+             # Runs of different pipelines go side by side: one pipeline's busy pool must not hold back
+             # another's replay. A pipeline's own replay tasks go one at a time (below).
+             max_active_runs=REPLAY_RUNS,
              doc_md="Manual replay. `dlq` re-enqueues DEAD entries to their source partition and marks them "
                     "REPLAYED with this run's id; `reprocess` re-reads PUBLISHED messages from the source's "
                     "retained history and updates their rows through the current transform. Replaying the "
-                    "same entries twice never duplicates a row; runs go one at a time, so a second run finds them REPLAYED "
-                    "and sends nothing. The request's pipeline picks the task that runs it (`replay_<pipeline>`, "
+                    "same entries twice never duplicates a row; a pipeline's replays go one at a time, so a second "
+                    "run finds them REPLAYED and sends nothing; replays of different pipelines run side by side. The request's pipeline picks the task that runs it (`replay_<pipeline>`, "
                     "the others are skipped); that task runs in the pipeline's pool, between its drains. Start "
                     "with dry_run to see what would go.",
              default_args={"retries": 0, "execution_timeout": timedelta(minutes=60)}) as dag:
@@ -220,9 +223,13 @@ def replay_dag(cfg: DeltadrainConfig) -> DAG:
         # run between the pipeline's drains, quality checks and maintenance, not during them.
         route = route_request(validated)
         for p in cfg.pipelines:
-            # Ahead of the pipeline's drains in the pool's queue: someone is waiting for a replay.
+            # Ahead of the pipeline's drains in the pool's queue: someone is waiting for a replay. One
+            # at a time across runs, whatever the pool's slots: a replay selects DEAD entries, sends
+            # them, then marks them REPLAYED, so two over the same entries (a double submit in the
+            # view) would both send them.
             route >> ReplayOperator(task_id=replay_task_id(p.name), request_task="validate", config=_config_arg(cfg),
-                                    pool=pool_name(p.name), priority_weight=10, weight_rule="absolute")
+                                    pool=pool_name(p.name), priority_weight=10, weight_rule="absolute",
+                                    max_active_tis_per_dag=1)
     return dag
 
 
