@@ -6,13 +6,18 @@ STAMP := $(VENV)/.installed
 JARS  := .cache/jars
 LOG_STORE := jvm/logstore/pom.xml $(wildcard jvm/logstore/src/main/java/dev/deltadrain/storage/*.java)
 
-.PHONY: install jars jvm-archive demo test test-fast lint bench lock services-down clean
+.PHONY: install venv jars jvm-archive demo test test-fast lint bench lock services-down clean
 
-install: $(STAMP) jars jvm-archive
+install: venv $(STAMP) jars jvm-archive
+
+# A .venv of another Python version (or a broken one) is made anew; its stamp goes with it, so
+# the install below runs again.
+venv:
+	@PY=$$(scripts/check-prereqs) && scripts/ensure-venv "$$PY" $(VENV)
 
 # Python 3.11, Java 17 and Maven are checked first; everything else is installed here.
 $(STAMP): requirements.txt constraints.txt pyproject.toml
-	@PY=$$(scripts/check-prereqs) && { [ -x $(BIN)/python ] || $$PY -m venv $(VENV); }
+	@PY=$$(scripts/check-prereqs) && scripts/ensure-venv "$$PY" $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -r requirements.txt -c constraints.txt
 	$(BIN)/pip install -q --no-deps -e .
