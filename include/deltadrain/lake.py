@@ -141,6 +141,13 @@ def table_version(spark, path: str) -> int | None:
     return int(_snapshot(spark, path).version()) if is_table(spark, path) else None
 
 
+def table_id(spark, path: str) -> str | None:
+    """The table's Delta id (its metaData id): a table deleted and created again at the same path has
+    another one, so records kept about the old table's batches are not taken for the new one's."""
+    snapshot = _snapshot(spark, path)
+    return str(snapshot.metadata().id()) if int(snapshot.version()) >= 0 else None
+
+
 def snapshot_txn(spark, path: str, app_id: str) -> tuple[int | None, int | None]:
     """(txn version of `app_id`, table version) from the latest snapshot.
 

@@ -41,7 +41,7 @@ from deltadrain import failpoints
 from deltadrain.checkpoint import committed_batch, find_commit
 from deltadrain.config import DeltadrainConfig, PipelineConfig
 from deltadrain.errors import DeltadrainError
-from deltadrain.lake import ensure_table, is_table, retry_conflicts, snapshot_txn
+from deltadrain.lake import ensure_table, is_table, retry_conflicts, snapshot_txn, table_id
 from deltadrain.paths import state_home
 
 log = logging.getLogger(__name__)
@@ -53,7 +53,7 @@ SPARK_TYPE_CLASS = {"string": "StringType", "long": "LongType", "int": "IntegerT
 RESULTS_SCHEMA = ("pipeline STRING NOT NULL, scope STRING NOT NULL, batch BIGINT, table_version BIGINT, "
                   "run_id STRING, batch_run_id STRING, suite STRING, policy STRING, success BOOLEAN, "
                   "rows_checked BIGINT, unexpected_count BIGINT, failed STRING, results STRING, "
-                  "quarantined BIGINT, checked_at TIMESTAMP, data_docs STRING")
+                  "quarantined BIGINT, checked_at TIMESTAMP, data_docs STRING, table_id STRING")
 TXN_KEYS = ("spark.databricks.delta.write.txnAppId", "spark.databricks.delta.write.txnVersion")
 USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
 DOCS_KEEP = 200  # validation pages kept per pipeline; the results table keeps the whole history
@@ -196,6 +196,7 @@ class QualityReport:
     checked_at: datetime | None = None
     data_docs: str = ""
     results_table: str = ""
+    table_id: str | None = None  # the target's Delta id: which table `batch` is a batch of
 
     @property
     def unexpected_count(self) -> int:
@@ -320,9 +321,10 @@ def write_result(spark, cfg: DeltadrainConfig, report: QualityReport) -> None:
     row = (report.pipeline, report.scope, report.batch, report.table_version, report.run_id, report.batch_run_id,
            report.suite, report.policy, report.success, report.rows_checked, report.unexpected_count,
            json.dumps(report.failed), json.dumps(report.results, default=str), report.quarantined,
-           report.checked_at, report.data_docs)
+           report.checked_at, report.data_docs, report.table_id)
     df = spark.createDataFrame([row], schema)
-    retry_conflicts(lambda: df.write.format("delta").mode("append").save(path))  # blind append: idempotent enough
+    # mergeSchema: a results table from before `table_id` gains the column (its old rows hold null).
+    retry_conflicts(lambda: df.write.format("delta").mode("append").option("mergeSchema", "true").save(path))
 
 
 def offending_rows(df, checks: list[Check], failed: list[dict]):
@@ -482,18 +484,22 @@ def owed_batches(checked: set[int], requested: list[int], committed: int | None,
     return owed[:limit], max(0, len(owed) - limit)
 
 
-def checked_batches(spark, cfg: DeltadrainConfig, pipeline: PipelineConfig) -> set[int]:
-    """The batches of `pipeline` with a batch-scope row in the results table."""
+def checked_batches(spark, cfg: DeltadrainConfig, pipeline: PipelineConfig, table: str | None = None) -> set[int]:
+    """The batches of `pipeline` with a batch-scope row in the results table, of the target table
+    whose Delta id is `table`: after the target was deleted and created again, its batch numbers
+    start over, and the old table's results must not make its new batches look checked. Rows
+    written before results named their table (null) count for any."""
     from pyspark.sql import functions as F
 
     path = str(results_path(cfg))
     if not is_table(spark, path):
         return set()
-    rows = (spark.read.format("delta").load(path)
-            .where((F.col("pipeline") == F.lit(pipeline.name)) & (F.col("scope") == F.lit("batch"))
-                   & F.col("batch").isNotNull())
-            .select("batch").distinct().collect())
-    return {int(r.batch) for r in rows}
+    results = spark.read.format("delta").load(path)
+    rows = results.where((F.col("pipeline") == F.lit(pipeline.name)) & (F.col("scope") == F.lit("batch"))
+                         & F.col("batch").isNotNull())
+    if table is not None and "table_id" in results.columns:
+        rows = rows.where(F.col("table_id").isNull() | (F.col("table_id") == F.lit(table)))
+    return {int(r.batch) for r in rows.select("batch").distinct().collect()}
 
 
 def catch_up(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, requested: list[int]) -> tuple[list[int], int]:
@@ -502,7 +508,7 @@ def catch_up(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, requested: 
     if not is_table(spark, target):
         return [], 0
     committed = committed_batch(spark, target, pipeline.name)
-    return owed_batches(checked_batches(spark, cfg, pipeline), requested, committed)
+    return owed_batches(checked_batches(spark, cfg, pipeline, table_id(spark, target)), requested, committed)
 
 
 def check_batches(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, batches: list[int],
@@ -628,7 +634,8 @@ def _check(cfg, pipeline: PipelineConfig, spark, rows, scope: str, batch: int | 
         policy=pipeline.quality.on_failure, success=not failed,
         rows_checked=counted[0] if counted else rows.count(), results=results, failed=failed,
         table_version=version, run_id=run_id, batch_run_id=drain_run, checked_at=datetime.now(UTC),
-        data_docs=str(index), results_table=str(results_path(cfg)))
+        data_docs=str(index), results_table=str(results_path(cfg)),
+        table_id=table_id(spark, str(cfg.target_path(pipeline))))
     policy = pipeline.quality.on_failure
     if policy == "quarantine" and scope == "batch":
         # First the stale copies a crashed check left of rows rewritten since: this round's MERGE

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 
 import pytest
 
@@ -16,6 +17,7 @@ from deltadrain.checkpoint import read_checkpoint
 from deltadrain.connections import valkey_client
 from deltadrain.drain import DrainError, drain
 from deltadrain.failpoints import InjectedFailure
+from deltadrain.lake import table_id
 from deltadrain.metrics import last_runs, metrics_path, render_chart
 from deltadrain.produce import generate, produce
 from deltadrain.quality import (
@@ -404,6 +406,20 @@ def test_a_batch_check_takes_on_the_committed_batches_that_have_no_result(tmp_pa
     assert (shown["caught_up"], shown["still_owed"], shown["batch"], shown["scope"]) == ([5], 0, 5, "batch")
     assert cli.main(["--config", str(path), "quality", p.name, "--owed"]) == 0
     assert f"pipeline {p.name}: batches owed a check: none" in capsys.readouterr().out
+
+    # The target is deleted and made anew: its batches start again at 1, and the old table's results
+    # (batches 1-5 checked) must not make the new table's look checked.
+    old_table = table_id(spark, str(c.target_path(p)))
+    shutil.rmtree(c.target_path(p))
+    spark._jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()  # as the next task's own process sees it
+    for batch, start in enumerate((550, 600, 650), 1):
+        produce(c, p, 50, seed=7, start=start)
+        assert drain(c, p, spark=spark).batch == batch
+        if batch == 1:
+            assert check_batches(c, p, spark, [1], owed=True)["caught_up"] == []
+    # Batch 2's check never ran: it is owed, though the old table's batch 2 was checked.
+    assert table_id(spark, str(c.target_path(p))) != old_table
+    assert check_batches(c, p, spark, [3], owed=True)["caught_up"] == [2]
 
 
 def test_quarantine_moves_rows_only_for_checks_that_could_name_them(tmp_path, cfg, spark):
