@@ -21,12 +21,16 @@ from deltadrain.lake import table_id
 from deltadrain.metrics import last_runs, metrics_path, render_chart
 from deltadrain.produce import generate, produce
 from deltadrain.quality import (
+    RESULTS_SCHEMA,
     QualityFailed,
+    QualityReport,
     check_batch,
     check_table,
+    checked_batches,
     last_results,
     quarantine_path,
     results_path,
+    write_result,
 )
 from tests.integration.helpers import make_pipeline, pending, target_ids
 
@@ -498,3 +502,18 @@ def test_a_row_rewritten_after_a_crashed_quarantine_is_moved_with_its_new_values
     assert (copy._dd_run_id, copy._dq_run_id) == (rewrite.run_id, "dq-after")
     kept = target_ids(spark, c, p)
     assert set(kept).isdisjoint(bad) and set(kept) | bad == set(result.valid_ids)
+
+
+def test_a_results_table_from_before_table_id_gains_the_column_and_its_rows_count_for_any_table(tmp_path, spark):
+    from datetime import datetime
+
+    _, c, p = make_pipeline(tmp_path)
+    old = RESULTS_SCHEMA.replace(", table_id STRING", "")
+    assert old != RESULTS_SCHEMA
+    row = (p.name, "batch", 1, 1, "check-1", "run-1", "s", "warn", True, 10, 0, "[]", "[]", 0, datetime.now(), "")
+    spark.createDataFrame([row], old).write.format("delta").save(str(results_path(c)))
+    write_result(spark, c, QualityReport(pipeline=p.name, scope="batch", batch=2, suite="s", policy="warn",
+                                         success=True, rows_checked=10, run_id="check-2", table_id="table-a"))
+    rows = table(spark, results_path(c)).collect()
+    assert sorted((r.batch, r.table_id) for r in rows) == [(1, None), (2, "table-a")]
+    assert checked_batches(spark, c, p, "table-a") == {1, 2} and checked_batches(spark, c, p, "table-b") == {1}
