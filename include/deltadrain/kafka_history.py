@@ -8,7 +8,12 @@ from datetime import datetime
 
 from deltadrain.config import DeltadrainConfig, PipelineConfig
 from deltadrain.connections import kafka_consumer_conf
+from deltadrain.kafka_drain import TASK_OFFSETS
 from deltadrain.kafka_offsets import TIMEOUT, watermarks
+
+# Picked records of a partition this many offsets apart or more are read as separate ranges: reading
+# the offsets between them would cost more than another read.
+PICK_SPAN = TASK_OFFSETS
 
 
 def interval_offsets(conf: dict, topic: str, start: datetime, end: datetime) -> dict[int, tuple[int, int]]:
@@ -63,23 +68,42 @@ def kafka_interval_rows(spark, cfg: DeltadrainConfig, pipeline: PipelineConfig, 
 
 def kafka_offset_rows(spark, cfg: DeltadrainConfig, pipeline: PipelineConfig, picks: list[tuple[str, int]],
                       staged: str):
-    """Rows of the picked (partition, offset) records that retention still holds."""
+    """Rows of the picked (partition, offset) records that retention still holds: one Spark read per
+    round of `pick_rounds`, so picks far apart do not read every offset between them."""
+    from functools import reduce
+
     from pyspark.sql import functions as F
 
     from deltadrain.kafka_drain import read_ranges
 
     marks = watermarks(kafka_consumer_conf(cfg, pipeline), pipeline.source.topic)
-    ranges: dict[int, tuple[int, int]] = {}
-    for part, offset in picks:
-        p = int(part)
-        if p in marks and marks[p][0] <= offset < marks[p][1]:
-            lo, hi = ranges.get(p, (offset, offset + 1))
-            ranges[p] = (min(lo, offset), max(hi, offset + 1))
-    if not ranges:
+    rounds = pick_rounds(picks, marks, span=PICK_SPAN)
+    if not rounds:
         return spark.createDataFrame([], _schema(pipeline))
-    rows = read_ranges(spark, cfg, pipeline, ranges, {}, staged).rows(spark)
+    rows = reduce(lambda a, b: a.unionByName(b),
+                  (read_ranges(spark, cfg, pipeline, ranges, {}, f"{staged}/{i}").rows(spark)
+                   for i, ranges in enumerate(rounds)))
     wanted = spark.createDataFrame([(str(p), str(o)) for p, o in picks], "_dd_partition string, _dd_position string")
     return rows.join(F.broadcast(wanted), ["_dd_partition", "_dd_position"], "left_semi")
+
+
+def pick_rounds(picks: list[tuple[str, int]], marks: dict[int, tuple[int, int]],
+                span: int) -> list[dict[int, tuple[int, int]]]:
+    """The ranges [start, end) that hold the picked (partition, offset) records retention still holds,
+    as rounds of at most one range per partition (a Kafka read takes one range per partition).
+    Picks of a partition less than `span` offsets apart share a range; one farther on starts the
+    partition's next range, read in the next round."""
+    runs: dict[int, list[tuple[int, int]]] = {}
+    for part, offset in sorted({(int(p), int(o)) for p, o in picks}):
+        if part not in marks or not marks[part][0] <= offset < marks[part][1]:
+            continue
+        have = runs.setdefault(part, [])
+        if have and offset - have[-1][1] < span:
+            have[-1] = (have[-1][0], offset + 1)
+        else:
+            have.append((offset, offset + 1))
+    depth = max((len(r) for r in runs.values()), default=0)
+    return [{p: r[i] for p, r in sorted(runs.items()) if i < len(r)} for i in range(depth)]
 
 
 def _schema(pipeline: PipelineConfig):

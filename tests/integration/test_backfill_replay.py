@@ -332,10 +332,12 @@ def test_replay_requests_are_validated_values(cfg):
 
 
 @pytest.mark.slow
-def test_kafka_backfill_and_reprocess_heal_rows_once_without_touching_offsets(tmp_path, spark, kafka_broker):
+def test_kafka_backfill_and_reprocess_heal_rows_once_without_touching_offsets(tmp_path, spark, kafka_broker,
+                                                                             monkeypatch):
     from delta.tables import DeltaTable
     from pyspark.sql import functions as F
 
+    from deltadrain import kafka_drain, kafka_history
     from tests.integration.test_kafka_drain import drain_until_done as drain_kafka
     from tests.integration.test_kafka_drain import group_of, lake_checkpoint, make_kafka_pipeline
 
@@ -360,12 +362,21 @@ def test_kafka_backfill_and_reprocess_heal_rows_once_without_touching_offsets(tm
     assert (after.batch, after.positions) == (before.batch, before.positions) and group_of(c, p) == group_before
     assert backfill(c, p, spark, began, ended).written == 0
 
-    victim = lost[0]
-    DeltaTable.forPath(spark, target).update(F.col("event_id") == F.lit(victim), {"customer": F.lit("corrupted")})
-    r = replay(c, spark, ReplayRequest(pipeline=p.name, mode="reprocess", message_ids=[victim], dry_run=False))
-    assert r.selected == 1 and r.written == 1 and not r.skipped
-    rows = spark.read.format("delta").load(target).where(F.col("event_id") == victim).collect()
-    assert len(rows) == 1 and rows[0].customer != "corrupted"
+    # Three records of one partition, far apart: each is read as a range of its own (here any two
+    # not adjacent are far apart), not every offset between them.
+    held = (spark.read.format("delta").load(target).where(F.col("_dd_partition") == "0")
+            .select("event_id", F.col("_dd_position").cast("long").alias("at")).orderBy("at").collect())
+    victims = [held[0].event_id, held[len(held) // 2].event_id, held[-1].event_id]
+    DeltaTable.forPath(spark, target).update(F.col("event_id").isin(victims), {"customer": F.lit("corrupted")})
+    monkeypatch.setattr(kafka_history, "PICK_SPAN", 2)
+    reads = []
+    real_read = kafka_drain.read_ranges
+    monkeypatch.setattr(kafka_drain, "read_ranges", lambda *a, **k: reads.append(a[3]) or real_read(*a, **k))
+    r = replay(c, spark, ReplayRequest(pipeline=p.name, mode="reprocess", message_ids=victims, dry_run=False))
+    assert r.selected == 3 and r.written == 3 and not r.skipped
+    rows = spark.read.format("delta").load(target).where(F.col("event_id").isin(victims)).collect()
+    assert len(rows) == 3 and all(row.customer != "corrupted" for row in rows)
+    assert [sum(hi - lo for lo, hi in ranges.values()) for ranges in reads] == [1, 1, 1]
     assert sorted(target_ids(spark, c, p)) == sorted(ids)
 
 

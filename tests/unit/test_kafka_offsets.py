@@ -256,3 +256,19 @@ def test_an_unknown_earliest_offset_is_asked_again_not_taken_for_the_end():
     assert answered_marks({0: 3, 1: 0}, {0: 2}) == ({}, [0, 1])  # past the end; no end answer
     # Retention took all of a partition: its earliest is its end, and that is an answer.
     assert answered_marks({0: 670}, {0: 670}) == ({0: (670, 670)}, [])
+
+
+def test_picks_far_apart_are_read_as_separate_ranges_not_everything_between():
+    from deltadrain.kafka_history import pick_rounds
+
+    marks = {0: (100, 10_000_000), 1: (0, 50), 2: (0, 10)}
+    picks = [("0", 150), ("0", 120), ("0", 9_000_000), ("0", 5_000_000), ("0", 5_000_010), ("1", 3), ("1", 3),
+             ("1", 40), ("2", 12), ("0", 50), ("3", 1)]  # 2:12 past the end, 0:50 and 3 deleted or unknown
+    rounds = pick_rounds(picks, marks, span=1000)
+    assert rounds == [{0: (120, 151), 1: (3, 41)}, {0: (5_000_000, 5_000_011)}, {0: (9_000_000, 9_000_001)}]
+    # Each picked record that retention holds is in exactly one round's range; nothing is read twice.
+    held = {(int(p), o) for p, o in picks if int(p) in marks and marks[int(p)][0] <= o < marks[int(p)][1]}
+    covered = [(p, o) for r in rounds for p, (lo, hi) in r.items() for o in range(lo, hi) if (p, o) in held]
+    assert sorted(covered) == sorted(held)
+    assert sum(hi - lo for r in rounds for lo, hi in r.values()) == 31 + 38 + 11 + 1
+    assert pick_rounds([("0", 5)], {0: (10, 20)}, span=1000) == []
