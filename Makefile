@@ -11,7 +11,8 @@ LOG_STORE := jvm/logstore/pom.xml $(wildcard jvm/logstore/src/main/java/dev/delt
 install: venv $(STAMP) jars jvm-archive
 
 # A .venv of another Python version (or a broken one) is made anew; its stamp goes with it, so
-# the install below runs again.
+# the install below runs again. That needs `venv` done before make looks at the stamp: serial.
+.NOTPARALLEL:
 venv:
 	@PY=$$(scripts/check-prereqs) && scripts/ensure-venv "$$PY" $(VENV)
 
@@ -47,14 +48,14 @@ test: install
 test-fast: install
 	$(BIN)/pytest -m "not slow"
 
-lint: $(STAMP)
+lint: venv $(STAMP)
 	$(BIN)/ruff check .
 
 bench: install
 	$(BIN)/deltadrain bench
 
 # Re-lock constraints.txt after changing a pin in requirements.txt.
-lock: $(STAMP)
+lock: venv $(STAMP)
 	{ sed -n '1,2p' constraints.txt; $(BIN)/pip freeze --exclude-editable | grep -v '^deltadrain'; } > constraints.tmp
 	mv constraints.tmp constraints.txt
 

@@ -3,7 +3,7 @@ get_watermark_offsets it replaced (docs/benchmarks.md, "watermarks through the a
 
 Every Kafka drain, probe and status reads the watermarks (`kafka_offsets.watermarks`). The old way
 (kept here only as the baseline) sent two requests per partition, one after the other; the admin way
-sends one request per kind for all partitions. This times both, alternating, on the sample `clicks`
+sends one request per kind and partition leader. This times both, alternating, on the sample `clicks`
 topic (4 partitions) with its own broker, and checks that both give the same answer.
 
 Usage: DELTADRAIN_HOME=/tmp/ddmarks DELTADRAIN_KAFKA_PORT=29192 DELTADRAIN_KAFKA_CONTROLLER_PORT=29193 \

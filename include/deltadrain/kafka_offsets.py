@@ -182,6 +182,12 @@ TRANSIENT = frozenset({"NOT_COORDINATOR", "COORDINATOR_LOAD_IN_PROGRESS", "COORD
                        "NOT_LEADER_FOR_PARTITION", "LEADER_NOT_AVAILABLE", "_TRANSPORT"})
 
 
+# What a partition's new leader answers ListOffsets until it has loaded the partition (a restarted
+# broker): the consumer's watermark call asked again inside librdkafka; the admin call does not.
+LEADER_MOVING = frozenset({"OFFSET_NOT_AVAILABLE", "UNKNOWN_LEADER_EPOCH", "FENCED_LEADER_EPOCH",
+                           "REPLICA_NOT_AVAILABLE", "KAFKA_STORAGE_ERROR", "REQUEST_TIMED_OUT"})
+
+
 def transient(error) -> bool:
     """A KafkaError worth asking again (until the deadline) rather than failing the caller."""
     return error.retriable() or error.name() in TRANSIENT
@@ -218,24 +224,29 @@ def _checked(partitions):
 def watermarks(conf: dict, topic: str) -> dict[int, tuple[int, int]]:
     """partition -> (earliest available offset, end offset) for every partition the topic has now.
 
-    Asked with the admin ListOffsets (one request per kind for all partitions), not the consumer's
+    Asked with the admin ListOffsets (per kind, one request per partition leader), not the consumer's
     get_watermark_offsets: when the earliest answer is negative (a restarted broker that has not
     loaded the partition yet), librdkafka reports the end offset as the earliest, and a drain would
     take the whole partition for a retention gap. Here such an answer is asked again."""
     from confluent_kafka import IsolationLevel, KafkaError, KafkaException, TopicPartition
     from confluent_kafka.admin import AdminClient, OffsetSpec
 
-    # The consumers' isolation level decides the end offset (under read_committed the last stable
-    # offset, where Spark's reads stop); it is a request setting here, not a client property.
-    level = (IsolationLevel.READ_COMMITTED if conf.get("isolation.level") == "read_committed"
-             else IsolationLevel.READ_UNCOMMITTED)
-    # Kept referenced until the answer: a collected client fails its futures.
-    admin = AdminClient({k: v for k, v in conf.items() if k != "isolation.level"})
+    # The consumers' isolation level decides the end offset (under read_committed, the default of
+    # pipelines and of librdkafka's consumers, the last stable offset, where Spark's reads stop); it
+    # is a request setting here, not a client property.
+    level = (IsolationLevel.READ_UNCOMMITTED if conf.get("isolation.level") == "read_uncommitted"
+             else IsolationLevel.READ_COMMITTED)
+    # An admin client is a producer to librdkafka, which may ask the broker to create a topic it
+    # looks up: a deleted topic must stay gone. Kept referenced until the answer: a collected client
+    # fails its futures.
+    admin = AdminClient({**{k: v for k, v in conf.items() if k != "isolation.level"},
+                         "allow.auto.create.topics": False})
 
     def offsets(parts: list[int], spec) -> dict[int, int]:
         asked = {TopicPartition(topic, p): spec for p in parts}
         answers = admin.list_offsets(asked, isolation_level=level, request_timeout=TIMEOUT)
-        return {tp.partition: future.result(TIMEOUT).offset for tp, future in answers.items()}
+        # No timeout of its own: request_timeout fails the future (a KafkaException, asked again).
+        return {tp.partition: future.result().offset for tp, future in answers.items()}
 
     def read() -> dict[int, tuple[int, int]]:
         meta = admin.list_topics(topic, timeout=TIMEOUT).topics.get(topic)
@@ -246,11 +257,12 @@ def watermarks(conf: dict, topic: str) -> dict[int, tuple[int, int]]:
             return {}
         marks, unknown = answered_marks(offsets(parts, OffsetSpec.earliest()), offsets(parts, OffsetSpec.latest()))
         if unknown:
-            raise KafkaException(KafkaError(KafkaError.OFFSET_NOT_AVAILABLE, retriable=True, reason=(
+            raise KafkaException(KafkaError(KafkaError.OFFSET_NOT_AVAILABLE, reason=(
                 f"topic '{topic}' partitions {unknown}: the broker does not know their offsets yet")))
         return marks
 
-    return patiently(read)  # one deadline for the whole answer, not one per partition
+    # One deadline for the whole answer, not one per partition.
+    return patiently(read, also=LEADER_MOVING)
 
 
 def answered_marks(earliest: dict[int, int], latest: dict[int, int]

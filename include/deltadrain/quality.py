@@ -322,9 +322,24 @@ def write_result(spark, cfg: DeltadrainConfig, report: QualityReport) -> None:
            report.suite, report.policy, report.success, report.rows_checked, report.unexpected_count,
            json.dumps(report.failed), json.dumps(report.results, default=str), report.quarantined,
            report.checked_at, report.data_docs, report.table_id)
+    add_table_id(spark, path)
     df = spark.createDataFrame([row], schema)
-    # mergeSchema: a results table from before `table_id` gains the column (its old rows hold null).
-    retry_conflicts(lambda: df.write.format("delta").mode("append").option("mergeSchema", "true").save(path))
+    retry_conflicts(lambda: df.write.format("delta").mode("append").save(path))  # blind append: idempotent enough
+
+
+def add_table_id(spark, path: str) -> None:
+    """A results table from before `table_id` gains the column once (its old rows hold null); an
+    explicit ALTER rather than appends with mergeSchema, which would let any later drift through."""
+    from pyspark.sql.utils import AnalysisException
+
+    if "table_id" in spark.read.format("delta").load(path).columns:
+        return
+    try:
+        retry_conflicts(lambda: spark.sql(f"ALTER TABLE delta.`{path}` ADD COLUMNS (table_id STRING)"))
+    except AnalysisException:
+        # Another check added it first.
+        if "table_id" not in spark.read.format("delta").load(path).columns:
+            raise
 
 
 def offending_rows(df, checks: list[Check], failed: list[dict]):
@@ -623,6 +638,7 @@ def _check(cfg, pipeline: PipelineConfig, spark, rows, scope: str, batch: int | 
            drain_run: str | None, run_id: str | None, skip: tuple[str, ...] = ()) -> QualityReport:
     checks = [c for c in build_checks(pipeline) if c.kind not in skip]
     run_id = run_id or new_check_id()
+    table = table_id(spark, str(cfg.target_path(pipeline)))  # the table `rows` were read from, before GX runs
     now = datetime.now()  # naive local, like the timestamps PySpark collects (see gx_expectation)
     run_name = f"{scope}-{batch}-{run_id}" if batch is not None else f"{scope}-{run_id}"
     gx_result, index = run_gx(rows, pipeline, checks, run_name, now)
@@ -634,8 +650,7 @@ def _check(cfg, pipeline: PipelineConfig, spark, rows, scope: str, batch: int | 
         policy=pipeline.quality.on_failure, success=not failed,
         rows_checked=counted[0] if counted else rows.count(), results=results, failed=failed,
         table_version=version, run_id=run_id, batch_run_id=drain_run, checked_at=datetime.now(UTC),
-        data_docs=str(index), results_table=str(results_path(cfg)),
-        table_id=table_id(spark, str(cfg.target_path(pipeline))))
+        data_docs=str(index), results_table=str(results_path(cfg)), table_id=table)
     policy = pipeline.quality.on_failure
     if policy == "quarantine" and scope == "batch":
         # First the stale copies a crashed check left of rows rewritten since: this round's MERGE
