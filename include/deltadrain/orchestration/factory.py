@@ -214,9 +214,10 @@ def replay_dag(cfg: DeltadrainConfig) -> DAG:
                     "REPLAYED with this run's id; `reprocess` re-reads PUBLISHED messages from the source's "
                     "retained history and updates their rows through the current transform. Replaying the "
                     "same entries twice never duplicates a row; a pipeline's replays go one at a time, so a second "
-                    "run finds them REPLAYED and sends nothing; replays of different pipelines run side by side. The request's pipeline picks the task that runs it (`replay_<pipeline>`, "
-                    "the others are skipped); that task runs in the pipeline's pool, between its drains. Start "
-                    "with dry_run to see what would go.",
+                    "run finds them REPLAYED and sends nothing; replays of different pipelines run side by side. "
+                    "The request's pipeline picks the task that runs it (`replay_<pipeline>`, the others are "
+                    "skipped); that task runs in the pipeline's pool, between its drains. Start with dry_run to "
+                    "see what would go.",
              default_args={"retries": 0, "execution_timeout": timedelta(minutes=60)}) as dag:
         validated = validate_request(config=_config_arg(cfg))
         # One task per pipeline, in that pipeline's pool: a reprocess MERGE or a DLQ replay's marks then
