@@ -24,6 +24,7 @@ from deltadrain.quality import (
     RESULTS_SCHEMA,
     QualityFailed,
     QualityReport,
+    catch_up,
     check_batch,
     check_table,
     checked_batches,
@@ -416,14 +417,14 @@ def test_a_batch_check_takes_on_the_committed_batches_that_have_no_result(tmp_pa
     old_table = table_id(spark, str(c.target_path(p)))
     shutil.rmtree(c.target_path(p))
     spark._jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()  # as the next task's own process sees it
-    for batch, start in enumerate((550, 600, 650), 1):
+    for batch, start in enumerate((550, 600), 1):
         produce(c, p, 50, seed=7, start=start)
         assert drain(c, p, spark=spark).batch == batch
         if batch == 1:
             assert check_batches(c, p, spark, [1], owed=True)["caught_up"] == []
     # Batch 2's check never ran: it is owed, though the old table's batch 2 was checked.
     assert table_id(spark, str(c.target_path(p))) != old_table
-    assert check_batches(c, p, spark, [3], owed=True)["caught_up"] == [2]
+    assert catch_up(c, p, spark, []) == ([2], 0)
 
 
 def test_quarantine_moves_rows_only_for_checks_that_could_name_them(tmp_path, cfg, spark):
