@@ -13,9 +13,10 @@ Usage: DELTADRAIN_HOME=/tmp/ddmarks DELTADRAIN_KAFKA_PORT=29192 DELTADRAIN_KAFKA
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 import time
+
+from topic_id_check import _ms  # bench/ is on sys.path when a bench script runs
 
 from deltadrain import services
 from deltadrain.config import load_config
@@ -35,12 +36,6 @@ def consumer_watermarks(conf: dict, topic: str) -> dict[int, tuple[int, int]]:
                 for p in sorted(meta.partitions)}
     finally:
         consumer.close()
-
-
-def _ms(times: list[float]) -> dict:
-    ms = sorted(t * 1000 for t in times)
-    return {"median_ms": round(statistics.median(ms), 2), "p95_ms": round(ms[int(len(ms) * 0.95)], 2),
-            "max_ms": round(ms[-1], 2)}
 
 
 def main(rounds: int = 100) -> dict:
