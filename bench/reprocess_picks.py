@@ -19,26 +19,22 @@ import sys
 import tempfile
 import time
 
-from deltadrain import kafka_history, services
-from deltadrain.config import load_config
-from deltadrain.connections import kafka_client_conf, kafka_consumer_conf
+from kafka_sample import clicks_topic
+
+from deltadrain import kafka_history
+from deltadrain.connections import kafka_consumer_conf
 from deltadrain.kafka_offsets import watermarks
-from deltadrain.produce import ensure_topic, produce
 from deltadrain.spark import get_spark
 
 ONE_RANGE = 10**15  # a span no two picks reach: one range per partition, as before
 
 
 def main(count: int = 400_000, rounds: int = 3) -> dict:
-    cfg = load_config()
-    p = cfg.pipeline("clicks")
     spark = get_spark("bench-reprocess-picks")
     spark.sparkContext.setLogLevel("ERROR")
     times: dict[str, list[float]] = {"around_picks": [], "one_range": []}
     found: dict[str, set[int]] = {k: set() for k in times}
-    with services.running(cfg, ["kafka"]), tempfile.TemporaryDirectory() as scratch:
-        ensure_topic(kafka_client_conf(cfg, p), p.source.topic, 4)
-        produce(cfg, p, count, seed=3, progress=False)
+    with clicks_topic(count, seed=3) as (cfg, p), tempfile.TemporaryDirectory() as scratch:
         marks = watermarks(kafka_consumer_conf(cfg, p), p.source.topic)
         picks = [(str(part), off) for part in (0, 1) for off in (marks[part][0], marks[part][1] - 1)]
         order = [("around_picks", kafka_history.PICK_SPAN), ("one_range", ONE_RANGE)]

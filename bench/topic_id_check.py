@@ -13,29 +13,17 @@ Usage: DELTADRAIN_HOME=/tmp/ddtopicid DELTADRAIN_KAFKA_PORT=29192 DELTADRAIN_KAF
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 import time
 
-from deltadrain import services
-from deltadrain.config import load_config
+from kafka_sample import clicks_topic, ms_stats
+
 from deltadrain.connections import kafka_client_conf, kafka_consumer_conf
 from deltadrain.kafka_offsets import topic_id, watermarks
-from deltadrain.produce import ensure_topic, produce
-
-
-def _ms(times: list[float]) -> dict:
-    ms = sorted(t * 1000 for t in times)
-    return {"median_ms": round(statistics.median(ms), 2), "p95_ms": round(ms[int(len(ms) * 0.95)], 2),
-            "max_ms": round(ms[-1], 2)}
 
 
 def main(rounds: int = 100) -> dict:
-    cfg = load_config()
-    p = cfg.pipeline("clicks")
-    with services.running(cfg, ["kafka"]):
-        ensure_topic(kafka_client_conf(cfg, p), p.source.topic, 4)
-        produce(cfg, p, 1000, seed=1, progress=False)
+    with clicks_topic(1000) as (cfg, p):
         conf, consumer_conf = kafka_client_conf(cfg, p), kafka_consumer_conf(cfg, p)
         ids, marks = [], []
         for _ in range(rounds):
@@ -45,7 +33,7 @@ def main(rounds: int = 100) -> dict:
             began = time.perf_counter()
             watermarks(consumer_conf, p.source.topic)
             marks.append(time.perf_counter() - began)
-    tid, wm = _ms(ids), _ms(marks)
+    tid, wm = ms_stats(ids), ms_stats(marks)
     return {"rounds": rounds, "topic_id": tid, "watermarks": wm, "id_known": got is not None,
             "median_ratio_topic_id_to_watermarks": round(tid["median_ms"] / wm["median_ms"], 2)}
 

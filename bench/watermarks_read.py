@@ -16,13 +16,10 @@ import json
 import sys
 import time
 
-from topic_id_check import _ms  # bench/ is on sys.path when a bench script runs
+from kafka_sample import clicks_topic, ms_stats
 
-from deltadrain import services
-from deltadrain.config import load_config
-from deltadrain.connections import kafka_client_conf, kafka_consumer_conf
+from deltadrain.connections import kafka_consumer_conf
 from deltadrain.kafka_offsets import TIMEOUT, watermarks
-from deltadrain.produce import ensure_topic, produce
 
 
 def consumer_watermarks(conf: dict, topic: str) -> dict[int, tuple[int, int]]:
@@ -39,11 +36,7 @@ def consumer_watermarks(conf: dict, topic: str) -> dict[int, tuple[int, int]]:
 
 
 def main(rounds: int = 100) -> dict:
-    cfg = load_config()
-    p = cfg.pipeline("clicks")
-    with services.running(cfg, ["kafka"]):
-        ensure_topic(kafka_client_conf(cfg, p), p.source.topic, 4)
-        produce(cfg, p, 1000, seed=1, progress=False)
+    with clicks_topic(1000) as (cfg, p):
         conf = kafka_consumer_conf(cfg, p)
         admin, consumer, same = [], [], 0
         for i in range(rounds):
@@ -54,7 +47,7 @@ def main(rounds: int = 100) -> dict:
                 answers.append(read(conf, p.source.topic))
                 times.append(time.perf_counter() - began)
             same += answers[0] == {k: tuple(v) for k, v in answers[1].items()}
-    new, old = _ms(admin), _ms(consumer)
+    new, old = ms_stats(admin), ms_stats(consumer)
     return {"rounds": rounds, "partitions": 4, "admin_list_offsets": new, "consumer_watermarks": old,
             "same_answer_rounds": same, "median_ratio_admin_to_consumer": round(new["median_ms"] / old["median_ms"], 2)}
 

@@ -116,6 +116,27 @@ def ensure_table(spark, path: str, schema, partition_by: list[str] = (), cluster
             time.sleep(0.5 * (attempt + 1))
 
 
+def add_missing_columns(spark, path: str, schema) -> None:
+    """Add to the table at `path` the columns of `schema` it lacks (nullable, at the end): a table an
+    older deltadrain made gains the column a newer one writes, once and explicitly, not by appends
+    with mergeSchema, which would let any later drift through. Racing adders are fine."""
+    from pyspark.sql.utils import AnalysisException
+
+    def missing() -> list:
+        have = set(spark.read.format("delta").load(path).columns)
+        return [f for f in schema.fields if f.name not in have]
+
+    wanted = missing()
+    if not wanted:
+        return
+    columns = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in wanted)
+    try:
+        retry_conflicts(lambda: spark.sql(f"ALTER TABLE delta.`{path}` ADD COLUMNS ({columns})"))
+    except AnalysisException:
+        if missing():  # else another writer added them first
+            raise
+
+
 def _delta_log(spark, path: str):
     return spark._jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
 

@@ -41,7 +41,14 @@ from deltadrain import failpoints
 from deltadrain.checkpoint import committed_batch, find_commit
 from deltadrain.config import DeltadrainConfig, PipelineConfig
 from deltadrain.errors import DeltadrainError
-from deltadrain.lake import ensure_table, is_table, retry_conflicts, snapshot_txn, table_id
+from deltadrain.lake import (
+    add_missing_columns,
+    ensure_table,
+    is_table,
+    retry_conflicts,
+    snapshot_txn,
+    table_id,
+)
 from deltadrain.paths import state_home
 
 log = logging.getLogger(__name__)
@@ -322,24 +329,9 @@ def write_result(spark, cfg: DeltadrainConfig, report: QualityReport) -> None:
            report.suite, report.policy, report.success, report.rows_checked, report.unexpected_count,
            json.dumps(report.failed), json.dumps(report.results, default=str), report.quarantined,
            report.checked_at, report.data_docs, report.table_id)
-    add_table_id(spark, path)
+    add_missing_columns(spark, path, schema)  # a results table from before `table_id`
     df = spark.createDataFrame([row], schema)
     retry_conflicts(lambda: df.write.format("delta").mode("append").save(path))  # blind append: idempotent enough
-
-
-def add_table_id(spark, path: str) -> None:
-    """A results table from before `table_id` gains the column once (its old rows hold null); an
-    explicit ALTER rather than appends with mergeSchema, which would let any later drift through."""
-    from pyspark.sql.utils import AnalysisException
-
-    if "table_id" in spark.read.format("delta").load(path).columns:
-        return
-    try:
-        retry_conflicts(lambda: spark.sql(f"ALTER TABLE delta.`{path}` ADD COLUMNS (table_id STRING)"))
-    except AnalysisException:
-        # Another check added it first.
-        if "table_id" not in spark.read.format("delta").load(path).columns:
-            raise
 
 
 def offending_rows(df, checks: list[Check], failed: list[dict]):
