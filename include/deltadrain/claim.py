@@ -18,6 +18,12 @@ from deltadrain.decode import BatchDecoder
 from deltadrain.gaps import ZERO, carried_ends_of, deleted_while_pending, record, state_of, unread_gap
 from deltadrain.positions import StreamId
 
+# The largest stream id halves deltadrain stores: "ms-seq" as two int64 columns, and the milliseconds
+# as a timestamp too (`_dd_source_ts`: Spark's and Python's timestamps end with the year 9999). Valkey
+# allows up to 2^64 - 1 in both, reachable only through explicit XADD ids; such an entry fails its
+# claim with `unstorable_id_message`.
+MAX_SEQ = 2**63 - 1
+MAX_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z
 READ_CHUNK = 5_000  # entries per XREADGROUP / XAUTOCLAIM call
 TASK_QUOTA = 50_000  # entries per Spark task: more tasks for a big stream share, same memory per task
 
@@ -139,6 +145,22 @@ def decoder_for(ctx, arrow_schema) -> BatchDecoder:
                         types={f.name: f.type for f in arrow_schema if f.name in ctx.fields})
 
 
+def unstorable_id(positions: list[str]) -> str | None:
+    """The first stream id with a half above MAX_MS / MAX_SEQ, or None."""
+    for position in positions:
+        ms, _, seq = position.partition("-")
+        if int(ms) > MAX_MS or int(seq or 0) > MAX_SEQ:
+            return position
+    return None
+
+
+def unstorable_id_message(stream: str, position: str) -> str:
+    return (f"stream {stream!r}: entry {position} has an id deltadrain cannot store (milliseconds up to {MAX_MS}, "
+            f"sequence up to {MAX_SEQ}); it was added with an explicit XADD id, and Valkey numbers every later "
+            f"entry of the stream after it. Let Valkey assign the ids (XADD *) on a new stream, move these entries "
+            f"there, and drain that stream instead")
+
+
 def record_batch(chunk: Entries, decoder: BatchDecoder, arrow_schema):
     """One chunk -> one Arrow record batch of the claim schema; the payloads decoded column-wise."""
     import pyarrow as pa
@@ -147,10 +169,15 @@ def record_batch(chunk: Entries, decoder: BatchDecoder, arrow_schema):
     n = len(chunk.positions)
     positions = pa.array(chunk.positions, pa.string())
     halves = pc.split_pattern(positions, "-", max_splits=1)  # "ms-seq", compared as two integers
-    ms = pc.cast(pc.list_element(halves, 0), pa.int64())
+    try:
+        ms, seq = (pc.cast(pc.list_element(halves, i), pa.int64()) for i in (0, 1))
+        fits = n == 0 or pc.max(ms).as_py() <= MAX_MS
+    except pa.ArrowInvalid:  # above 2^63 - 1
+        fits = False
+    if not fits:
+        raise ValueError(unstorable_id_message(chunk.stream, unstorable_id(chunk.positions)))
     cols = {"_dd_partition": pa.array([chunk.stream] * n, pa.string()),
-            "_dd_position": positions, "_dd_pos_hi": ms,
-            "_dd_pos_lo": pc.cast(pc.list_element(halves, 1), pa.int64()),
+            "_dd_position": positions, "_dd_pos_hi": ms, "_dd_pos_lo": seq,
             "_dd_source_ts": ms.cast(pa.timestamp("ms", tz="UTC")),
             "_dd_attempts": pa.array(chunk.attempts, pa.int32()), "_dd_reclaimed": pa.array(chunk.reclaimed, pa.bool_())}
     cols.update(decoder.columns(chunk.data, preset=chunk.preset))

@@ -61,12 +61,20 @@ def hit_later(name: str) -> None:
 
 
 def pause(name: str) -> None:
-    """Hold the run at `name` for DELTADRAIN_PAUSE_<NAME>_MS (race tests: lease theft, neighbours)."""
+    """Hold the run at `name` for DELTADRAIN_PAUSE_<NAME>_MS (race tests: lease theft, neighbours).
+
+    With DELTADRAIN_PAUSE_<NAME>_UNTIL=<file> the hold ends as soon as that file exists: a test
+    releases the run once its neighbour is done instead of idling out a pause sized for a slow day."""
     import time
 
-    ms = int(os.environ.get(f"DELTADRAIN_PAUSE_{name.upper()}_MS", "0"))
-    if ms:
-        time.sleep(ms / 1000)
+    key = name.upper()
+    ms = int(os.environ.get(f"DELTADRAIN_PAUSE_{key}_MS", "0"))
+    release = os.environ.get(f"DELTADRAIN_PAUSE_{key}_UNTIL")
+    deadline = time.monotonic() + ms / 1000
+    while (left := deadline - time.monotonic()) > 0:
+        if release and os.path.exists(release):
+            return
+        time.sleep(min(0.2, left))
 
 
 class InjectedFailure(RuntimeError):

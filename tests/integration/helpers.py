@@ -26,6 +26,13 @@ HANDLER, IDENTITY = "deltadrain.transforms.sample_orders", "deltadrain.transform
 BOTH_TRANSFORMS = pytest.mark.parametrize("transform", [HANDLER, IDENTITY], ids=["handler", "identity"])
 
 
+def held_at(point: str, release: Path, at_most_ms: int = 180_000) -> dict[str, str]:
+    """The environment that holds a CLI drain at the failpoint pause `point` until the test creates
+    `release` (at most `at_most_ms`): the test releases it once its neighbour is done."""
+    key = point.upper()
+    return {f"DELTADRAIN_PAUSE_{key}_MS": str(at_most_ms), f"DELTADRAIN_PAUSE_{key}_UNTIL": str(release)}
+
+
 def make_pipeline(tmp_path: Path, **overrides):
     """A config file with one Valkey pipeline of its own (own streams, tables, group); returns (path, cfg, p)."""
     data = yaml.safe_load((ROOT / "config" / "pipelines.yaml").read_text())

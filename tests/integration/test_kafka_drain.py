@@ -37,6 +37,7 @@ from tests.integration.helpers import (
     clean_up_delta_log,
     cli_drain,
     dlq_rows,
+    held_at,
     set_source,
     summary_of,
     target_ids,
@@ -807,13 +808,15 @@ def test_two_concurrent_drains_one_reports_the_neighbour(tmp_path, cfg, spark):
     # would halve the second run's ranges), however slow this machine is today.
     path, c, p = make_kafka_pipeline(tmp_path, partitions=3, batch_cap=1000, min_idle_ms=600_000)
     result = produce(c, p, 3000, seed=41, malformed_ratio=0.02)
-    slow = cli_drain(path, p.name, {"DELTADRAIN_PAUSE_BEFORE_COMMIT_MS": "90000"})
+    release = tmp_path / "release"
+    slow = cli_drain(path, p.name, held_at("before_commit", release))
     deadline = time.time() + 180  # until the slow one has read its range (its dead letters are written)
     while time.time() < deadline and not (c.dlq_path(p) / "_delta_log").exists():
         time.sleep(0.5)
     assert slow.poll() is None, slow.communicate()[1][-3000:]
     fast = cli_drain(path, p.name)
     fast_out, fast_err = fast.communicate(timeout=600)
+    release.touch()  # the slow one commits only now
     slow_out, slow_err = slow.communicate(timeout=600)
     assert fast.returncode == 0, fast_err[-3000:]
     assert slow.returncode == 0, slow_err[-3000:]
@@ -832,7 +835,8 @@ def test_two_concurrent_drains_one_reports_the_neighbour(tmp_path, cfg, spark):
 def test_broker_restart_between_read_and_commit(tmp_path, cfg, spark, kafka_broker):
     path, c, p = make_kafka_pipeline(tmp_path, partitions=3)
     result = produce(c, p, 2000, seed=61, malformed_ratio=0.05)
-    run = cli_drain(path, p.name, {"DELTADRAIN_PAUSE_BEFORE_COMMIT_MS": "60000"})
+    release = tmp_path / "release"
+    run = cli_drain(path, p.name, held_at("before_commit", release))
     deadline = time.time() + 180
     while time.time() < deadline and not (c.dlq_path(p) / "_delta_log").exists() and run.poll() is None:
         time.sleep(0.2)
@@ -842,6 +846,7 @@ def test_broker_restart_between_read_and_commit(tmp_path, cfg, spark, kafka_brok
     # What the ingest DAG's sensor asks at once, while the restarted broker still loads its groups.
     assert probe(c, p).new == 2000
     assert run.poll() is None, "the broker restart took longer than the pause"
+    release.touch()
     out, err = run.communicate(timeout=600)
     assert run.returncode == 0, err[-3000:]
     s = summary_of(out)

@@ -29,6 +29,7 @@ from tests.integration.helpers import (
     cli_drain,
     dlq_rows,
     drain_until_done,
+    held_at,
     make_pipeline,
     pending,
     set_source,
@@ -200,6 +201,33 @@ def test_stream_ids_that_compare_wrongly_as_strings(tmp_path, cfg, spark):
     s = drain(c, p, spark=spark)
     assert s.positions == {stream: "5-12"} and s.written == 12
     assert_exactly_once(spark, c, p, client, [m.key for m in msgs], 0)
+
+
+def test_stream_ids_up_to_the_year_9999_drain_and_one_beyond_stops_the_run_naming_it(tmp_path, cfg, spark):
+    """Explicit XADD ids may go to 2^64 - 1; deltadrain stores the milliseconds as a timestamp too.
+    Up to its limit they drain; past it every run stops naming the entry, committing nothing (the
+    second run reclaims it: min_idle_ms 0)."""
+    from deltadrain.claim import MAX_MS
+
+    _, c, p = make_pipeline(tmp_path, partitions=1, min_idle_ms=0)
+    client = valkey_client(c, p)
+    stream = p.source.streams[0]
+    msgs = list(generate(p, 3, seed=5))
+    for seq, m in enumerate(msgs[:2], start=1):
+        client.xadd(stream, {b"data": m.value}, id=f"{MAX_MS}-{seq}")
+    s = drain(c, p, spark=spark)
+    assert (s.outcome, s.written, s.positions) == ("committed", 2, {stream: f"{MAX_MS}-2"})
+    rows = spark.read.format("delta").load(str(c.target_path(p))).select("_dd_pos_hi", "_dd_source_ts").collect()
+    assert {(r._dd_pos_hi, r._dd_source_ts.year) for r in rows} == {(MAX_MS, 9999)}
+    beyond = f"{MAX_MS + 1}-0"
+    client.xadd(stream, {b"data": msgs[2].value}, id=beyond)
+    for _ in range(2):
+        with pytest.raises(Exception, match=re.escape(f"stream '{stream}': entry {beyond} has an id deltadrain "
+                                                      "cannot store")):
+            drain(c, p, spark=spark)
+    assert read_checkpoint(spark, str(c.target_path(p)), p.name).positions == {stream: f"{MAX_MS}-2"}
+    assert sorted(target_ids(spark, c, p)) == sorted(m.key for m in msgs[:2])
+    assert pending(client, p) == 1  # still in the stream for whoever moves it
 
 
 def test_times_before_1900_survive_the_staging(tmp_path, cfg, spark):
@@ -565,12 +593,14 @@ def test_two_concurrent_drains_one_reports_the_neighbour(tmp_path, cfg, spark):
     path, c, p = make_pipeline(tmp_path, min_idle_ms=60_000, batch_cap=1000)
     client = valkey_client(c, p)
     result = produce(c, p, 3000, seed=41, malformed_ratio=0.02)
-    slow = cli_drain(path, p.name, {"DELTADRAIN_PAUSE_BEFORE_COMMIT_MS": "60000"})
+    release = tmp_path / "release"
+    slow = cli_drain(path, p.name, held_at("before_commit", release))
     deadline = time.time() + 120
     while time.time() < deadline and pending(client, p) < 1000:  # the slow one has claimed its batch
         time.sleep(0.5)
     fast = cli_drain(path, p.name)
     fast_out, fast_err = fast.communicate(timeout=600)
+    release.touch()  # the slow one commits only now
     slow_out, slow_err = slow.communicate(timeout=600)
     assert fast.returncode == 0, fast_err[-3000:]
     assert slow.returncode == 0, slow_err[-3000:]
@@ -589,7 +619,8 @@ def test_a_stale_run_whose_claims_were_taken_over_neither_duplicates_nor_loses(t
     path, c, p = make_pipeline(tmp_path, min_idle_ms=500, batch_cap=5000)
     client = valkey_client(c, p)
     result = produce(c, p, 2000, seed=51)
-    stale = cli_drain(path, p.name, {"DELTADRAIN_PAUSE_BEFORE_COMMIT_MS": "60000"})
+    release = tmp_path / "release"
+    stale = cli_drain(path, p.name, held_at("before_commit", release))
     deadline = time.time() + 120
     while time.time() < deadline and pending(client, p) < 2000:
         time.sleep(0.5)
@@ -597,6 +628,7 @@ def test_a_stale_run_whose_claims_were_taken_over_neither_duplicates_nor_loses(t
     assert reap(c, p, client)["taken_over"] == 2000  # the stale run's lease expired
     fresh = drain(c, p, spark=spark)
     assert fresh.outcome == "committed" and fresh.reclaimed == 2000 and fresh.written == 2000
+    release.touch()
     out, err = stale.communicate(timeout=600)
     assert stale.returncode == 0, err[-3000:]
     s = summary_of(out)
@@ -609,7 +641,8 @@ def test_valkey_restart_between_claim_and_ack(tmp_path, cfg, spark, valkey_serve
     path, c, p = make_pipeline(tmp_path, min_idle_ms=0)
     client = valkey_client(c, p)
     result = produce(c, p, 2000, seed=61, malformed_ratio=0.05)
-    run = cli_drain(path, p.name, {"DELTADRAIN_PAUSE_AFTER_COMMIT_MS": "20000"})
+    release = tmp_path / "release"
+    run = cli_drain(path, p.name, held_at("after_commit", release))
     merge_commit = c.target_path(p) / "_delta_log" / f"{0:020d}.json"  # the first batch creates the table
     deadline = time.time() + 240
     while time.time() < deadline and not merge_commit.exists() and run.poll() is None:
@@ -620,6 +653,8 @@ def test_valkey_restart_between_claim_and_ack(tmp_path, cfg, spark, valkey_serve
     valkey_server.down()  # committed, not yet acknowledged
     valkey_server.up()
     assert pending(client, p) == 2000  # the PEL survived the restart (AOF)
+    assert run.poll() is None, "the restart took longer than the pause"
+    release.touch()
     out, err = run.communicate(timeout=600)
     assert run.returncode == 0, err[-3000:]
     s = summary_of(out)

@@ -79,3 +79,27 @@ def test_a_failpoint_with_a_skip_count_passes_that_often_before_it_fires(monkeyp
     with pytest.raises(failpoints.InjectedFailure):
         failpoints.fail("after_merge")  # and it keeps firing, as an unskipped point does
     assert failpoints._passed == {"after_merge": 3}
+
+
+def test_a_pause_ends_when_its_release_file_appears_and_otherwise_lasts_its_time(monkeypatch, tmp_path):
+    """The race tests hold one run with a long pause and release it once its neighbour is done."""
+    import threading
+    import time
+
+    from deltadrain import failpoints
+
+    release = tmp_path / "go"
+    monkeypatch.setenv("DELTADRAIN_PAUSE_BEFORE_COMMIT_MS", "30000")
+    monkeypatch.setenv("DELTADRAIN_PAUSE_BEFORE_COMMIT_UNTIL", str(release))
+    threading.Timer(0.3, release.touch).start()
+    started = time.monotonic()
+    failpoints.pause("before_commit")
+    assert 0.3 <= time.monotonic() - started < 10  # released, not the 30 s
+    monkeypatch.setenv("DELTADRAIN_PAUSE_BEFORE_COMMIT_UNTIL", str(tmp_path / "never"))
+    monkeypatch.setenv("DELTADRAIN_PAUSE_BEFORE_COMMIT_MS", "400")
+    started = time.monotonic()
+    failpoints.pause("before_commit")
+    assert time.monotonic() - started >= 0.4  # no release: the pause's own length
+    started = time.monotonic()
+    failpoints.pause("after_commit")  # not set: no pause
+    assert time.monotonic() - started < 0.1

@@ -1,6 +1,7 @@
 """The protocol's pure decisions: positions, decoding, claim planning, compare-and-set outcomes."""
 
 import json
+import re
 
 import pytest
 
@@ -172,3 +173,28 @@ def test_a_constraint_that_refuses_most_of_a_batch_refuses_the_data_not_a_few_me
     assert not refuses_the_data(REFUSED_BATCH_MIN // 2, REFUSED_BATCH_MIN)
     assert refuses_the_data(MAX_REFUSED + 1, 100 * MAX_REFUSED)
     assert not refuses_the_data(MAX_REFUSED, 100 * MAX_REFUSED)
+
+
+def test_a_stream_id_beyond_what_the_position_columns_hold_fails_its_claim_naming_the_entry_and_the_fix():
+    """Valkey ids go up to 2^64 - 1 in both halves (explicit XADD ids): the claim says which entry,
+    not a bare cast error, every run."""
+    import pyarrow as pa
+
+    from deltadrain.claim import MAX_MS, MAX_SEQ, Entries, record_batch, unstorable_id
+    from deltadrain.decode import BatchDecoder
+
+    schema = pa.schema([("_dd_partition", pa.string()), ("_dd_position", pa.string()), ("_dd_pos_hi", pa.int64()),
+                        ("_dd_pos_lo", pa.int64()), ("_dd_source_ts", pa.timestamp("us", tz="UTC")),
+                        ("event_id", pa.string())])
+    decoder = BatchDecoder(fields={"event_id": "string"}, id_field="event_id", required=[], max_bytes=100,
+                           types={"event_id": pa.string()})
+    ok = f"{MAX_MS}-{MAX_SEQ}"
+    got = record_batch(Entries.unparsed("s", [[ok.encode(), [b"data", b'{"event_id": "a"}']]]), decoder, schema)
+    assert got.to_pydict()["_dd_pos_hi"] == [MAX_MS] and got.to_pydict()["_dd_pos_lo"] == [MAX_SEQ]
+    for bad in (f"{MAX_MS + 1}-0", f"{2**64 - 1}-0", f"5-{MAX_SEQ + 1}", f"{2**64 - 1}-{2**64 - 1}"):
+        assert unstorable_id(["1-1", bad, "2-2"]) == bad
+        chunk = Entries.unparsed("orders:{0}", [[b"1-1", [b"data", b"{}"]], [bad.encode(), [b"data", b"{}"]]])
+        with pytest.raises(ValueError, match=re.escape(f"stream 'orders:{{0}}': entry {bad} has an id deltadrain "
+                                                       "cannot store") + r" .* explicit XADD id.*XADD \*"):
+            record_batch(chunk, decoder, schema)
+    assert unstorable_id(["1-1", ok]) is None
