@@ -95,7 +95,8 @@ def merge_without_checkpoint(spark, target: str, rows, pipeline: PipelineConfig,
                              window_start: datetime | None,
                              update_matched: list[str] | None = None) -> tuple[dict, list[tuple[str, str, str]]]:
     """MERGE on the message id with commit metadata but no SetTransaction: the live checkpoint
-    stays where it is. Insert-only, or (reprocess) updating the given columns of matched rows.
+    stays where it is. Insert-only, or (reprocess) updating the given columns of the rows matched on
+    the id at the same place (partition and position).
     Idempotent, so a lost race is simply retried. Returns the commit's metrics and the messages
     (partition, position, constraint) left out of it because the target's constraints refuse their
     rows: history, like a transform failure here, not dead letters."""
@@ -107,12 +108,21 @@ def merge_without_checkpoint(spark, target: str, rows, pipeline: PipelineConfig,
 
     id_field = pipeline.payload_schema.id_field
     text = json.dumps(metadata, sort_keys=True, default=str)
+    condition = merge_condition(id_field, window_start)
+    if update_matched:
+        # A reprocessed message updates the row it was published as: an id the target holds twice
+        # (repeated beyond dedup_window) is two messages, each re-read and matched at its own place.
+        for column in ("_dd_partition", "_dd_position"):
+            condition = condition & (F.col(f"t.{column}") == F.col(f"s.{column}"))
+
+    def unique(df):
+        # An insert keeps one row per id; a reprocess has one history row per place already.
+        return df if update_matched else dedup_in_batch(df, id_field)
 
     def merge(source) -> None:
         spark.conf.set(USER_METADATA, text)
         try:
-            builder = DeltaTable.forPath(spark, target).alias("t").merge(
-                source.alias("s"), merge_condition(id_field, window_start))
+            builder = DeltaTable.forPath(spark, target).alias("t").merge(source.alias("s"), condition)
             if update_matched:
                 builder = builder.whenMatchedUpdate(set={f"`{c}`": f"s.`{c}`" for c in update_matched})
             else:
@@ -121,7 +131,7 @@ def merge_without_checkpoint(spark, target: str, rows, pipeline: PipelineConfig,
         finally:
             spark.conf.unset(USER_METADATA)
 
-    source, refused = dedup_in_batch(rows, id_field), []
+    source, refused = unique(rows), []
     try:
         retry_conflicts(lambda: merge(source))
     except Exception as exc:
@@ -132,8 +142,8 @@ def merge_without_checkpoint(spark, target: str, rows, pipeline: PipelineConfig,
         if refused is None:
             raise BackfillError(f"the target table refused rows ({why}): {reason}") from exc
         keys = spark.createDataFrame([r[:2] for r in refused], "_dd_partition string, _dd_position string")
-        # Deduplicated again: a later message with a refused one's id takes its place.
-        rest = dedup_in_batch(rows.join(F.broadcast(keys), ["_dd_partition", "_dd_position"], "left_anti"), id_field)
+        # (Inserts: deduplicated again, so a later message with a refused one's id takes its place.)
+        rest = unique(rows.join(F.broadcast(keys), ["_dd_partition", "_dd_position"], "left_anti"))
         try:
             retry_conflicts(lambda: merge(rest))
         except Exception as again:

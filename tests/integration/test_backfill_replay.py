@@ -152,6 +152,36 @@ def test_reprocess_restores_published_rows_through_the_transform_without_duplica
     assert_exactly_once(spark, c, p, client, result.valid_ids, 0)
 
 
+def test_a_reprocess_of_an_id_the_target_holds_twice_rewrites_each_row_from_its_own_message(tmp_path, spark,
+                                                                                              valkey_server):
+    """A business id repeated beyond dedup_window is two rows (semantics.md, section 7). Reprocessing
+    that id re-reads both messages, and each updates the row it was published as, not both rows."""
+    from delta.tables import DeltaTable
+    from pyspark.sql import functions as F
+
+    _, c, p = make_pipeline(tmp_path, partitions=1, dedup_window="PT0S")
+    client = valkey_client(c, p)
+    stream = p.source.streams[0]
+    first, second = (json.loads(m.value) for m in generate(p, 2, seed=107))
+    second["event_id"] = first["event_id"]  # the same business id, later, with other values
+    assert first["customer"] != second["customer"]
+    for payload in (first, second):
+        client.xadd(stream, {b"data": json.dumps(payload).encode()})
+        assert drain(c, p, spark=spark).outcome == "committed"  # a batch each: the window misses the first
+    target = str(c.target_path(p))
+
+    def rows():
+        return sorted((r._dd_position, r.customer) for r in spark.read.format("delta").load(target).collect())
+
+    published = rows()
+    assert [customer for _, customer in published] == [first["customer"], second["customer"]]
+    DeltaTable.forPath(spark, target).update(F.lit(True), {"customer": F.lit("corrupted")})
+    done = replay(c, spark, ReplayRequest(pipeline=p.name, mode="reprocess", message_ids=[first["event_id"]],
+                                          dry_run=False))
+    assert (done.selected, done.written, done.skipped) == (2, 2, [])
+    assert rows() == published
+
+
 def test_a_dlq_replay_does_not_send_back_a_dead_letter_the_target_holds_at_its_own_place(tmp_path, spark,
                                                                                            valkey_server):
     """A DEAD dead letter of a message the target holds from the same place (a run killed between its
