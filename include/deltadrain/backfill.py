@@ -116,8 +116,9 @@ def merge_without_checkpoint(spark, target: str, rows, pipeline: PipelineConfig,
             condition = condition & (F.col(f"t.{column}") == F.col(f"s.{column}"))
 
     def unique(df):
-        # An insert keeps one row per id; a reprocess has one history row per place already.
-        return df if update_matched else dedup_in_batch(df, id_field)
+        # An insert keeps one row per id; an update one per id and place (a place read twice, or a
+        # transform that gives one message's id twice, must not match one target row twice).
+        return dedup_in_batch(df, id_field, by_place=bool(update_matched))
 
     def merge(source) -> None:
         spark.conf.set(USER_METADATA, text)

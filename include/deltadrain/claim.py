@@ -19,11 +19,12 @@ from deltadrain.gaps import ZERO, carried_ends_of, deleted_while_pending, record
 from deltadrain.positions import StreamId
 
 # The largest stream id halves deltadrain stores: "ms-seq" as two int64 columns, and the milliseconds
-# as a timestamp too (`_dd_source_ts`: Spark's and Python's timestamps end with the year 9999). Valkey
-# allows up to 2^64 - 1 in both, reachable only through explicit XADD ids; such an entry fails its
-# claim with `unstorable_id_message`.
+# as a timestamp too (`_dd_source_ts`: Spark's and Python's timestamps end with the year 9999, and
+# PySpark collects them in the local time zone, up to 14 hours east). Valkey allows up to 2^64 - 1 in
+# both, reachable only through explicit XADD ids; such an entry fails its claim with
+# `unstorable_id_message`.
 MAX_SEQ = 2**63 - 1
-MAX_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z
+MAX_MS = 253_402_214_399_999  # 9999-12-30T23:59:59.999Z
 READ_CHUNK = 5_000  # entries per XREADGROUP / XAUTOCLAIM call
 TASK_QUOTA = 50_000  # entries per Spark task: more tasks for a big stream share, same memory per task
 

@@ -27,7 +27,7 @@ from deltadrain.commit import CONFLICT_RETRIES, NewTable, commit_batch
 from deltadrain.config import DeltadrainConfig, PipelineConfig, ValkeySource
 from deltadrain.connections import as_text, group_counts, valkey_client, valkey_url
 from deltadrain.deadletter import DEAD, take_back, write_dead_letters
-from deltadrain.errors import DeltadrainError
+from deltadrain.errors import DeltadrainError, error_line
 from deltadrain.gaps import (
     as_ranges,
     count,
@@ -189,13 +189,14 @@ def batch_stats_columns(id_field: str) -> list:
             F.min(ids).alias("_dd_lo"), F.max(ids).alias("_dd_hi"), F.lit(None).cast("long").alias("_dd_bad")]
 
 
-def dedup_in_batch(df, id_field: str):
-    """Keep the first occurrence of each id in the batch (by source time, then position)."""
+def dedup_in_batch(df, id_field: str, by_place: bool = False):
+    """Keep the first occurrence of each id in the batch (by source time, then position); with
+    `by_place`, of each id at each (partition, position)."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    order = Window.partitionBy(F.col(f"`{id_field}`")).orderBy("_dd_source_ts", "_dd_partition", "_dd_pos_hi",
-                                                                "_dd_pos_lo")
+    keys = [F.col(f"`{id_field}`"), *((F.col("_dd_partition"), F.col("_dd_position")) if by_place else ())]
+    order = Window.partitionBy(*keys).orderBy("_dd_source_ts", "_dd_partition", "_dd_pos_hi", "_dd_pos_lo")
     return df.withColumn("_dd_rank", F.row_number().over(order)).where("_dd_rank = 1").drop("_dd_rank")
 
 
@@ -217,13 +218,7 @@ def dead_letter_rows(bad, pipeline: str, batch: int, run_id: str):
 
 def short_error(exc: BaseException) -> str:
     """The user-facing line of a Spark failure (the transform's own message, not the JVM stack)."""
-    text = str(exc)
-    for line in text.splitlines():
-        line = line.strip()
-        for marker in ("[USER_RAISED_EXCEPTION]", "PythonException:", "Exception:", "Error:"):
-            if marker in line:
-                return line[line.index(marker):][:500]
-    return (text.splitlines() or [type(exc).__name__])[0][:500]
+    return error_line(exc)
 
 
 def find_culprits(indexed, n: int, evaluate) -> list[tuple[int, str]]:

@@ -10,7 +10,7 @@ import sys
 import traceback
 from collections.abc import Callable
 
-from deltadrain.errors import DeltadrainError
+from deltadrain.errors import DeltadrainError, error_line
 from deltadrain.lake import damaged_log
 
 SUMMARY_PREFIX = "deltadrain-summary: "
@@ -31,9 +31,8 @@ def run_job(body: Callable[[object], object]) -> int:
         print(f"{ERROR_PREFIX}{' '.join(str(exc).split())}", flush=True)
         return 1
     except Exception as exc:
-        traceback.print_exc()
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        print(f"{ERROR_PREFIX}{damaged_log(exc) or f'{type(exc).__name__}: {first[:500]}'}", flush=True)
+        traceback.print_exc()  # the whole of it in the task log; the failure message is its own line
+        print(f"{ERROR_PREFIX}{damaged_log(exc) or error_line(exc)}", flush=True)
         return 1
     print(f"{SUMMARY_PREFIX}{result.line()}", flush=True)
     return 0

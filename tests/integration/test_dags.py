@@ -453,6 +453,8 @@ def test_a_replay_trigger_without_a_pipeline_is_refused_by_airflows_param_valida
         dag.params.deep_merge({"pipeline": "nope"}).validate()
     for name in names:
         assert dag.params.deep_merge({"pipeline": name}).validate()["pipeline"] == name
+    # The form starts as a dry run (what it would replay; a dry run's replay is tested in-process).
+    assert dag.params.deep_merge({"pipeline": names[0]}).validate()["dry_run"] is True
 
 
 @pytest.mark.slow

@@ -203,10 +203,12 @@ def test_stream_ids_that_compare_wrongly_as_strings(tmp_path, cfg, spark):
     assert_exactly_once(spark, c, p, client, [m.key for m in msgs], 0)
 
 
-def test_stream_ids_up_to_the_year_9999_drain_and_one_beyond_stops_the_run_naming_it(tmp_path, cfg, spark):
+def test_stream_ids_up_to_the_end_of_9999_drain_and_one_beyond_stops_the_run_naming_it(tmp_path, cfg, spark):
     """Explicit XADD ids may go to 2^64 - 1; deltadrain stores the milliseconds as a timestamp too.
     Up to its limit they drain; past it every run stops naming the entry, committing nothing (the
     second run reclaims it: min_idle_ms 0)."""
+    from datetime import UTC
+
     from deltadrain.claim import MAX_MS
 
     _, c, p = make_pipeline(tmp_path, partitions=1, min_idle_ms=0)
@@ -218,7 +220,8 @@ def test_stream_ids_up_to_the_year_9999_drain_and_one_beyond_stops_the_run_namin
     s = drain(c, p, spark=spark)
     assert (s.outcome, s.written, s.positions) == ("committed", 2, {stream: f"{MAX_MS}-2"})
     rows = spark.read.format("delta").load(str(c.target_path(p))).select("_dd_pos_hi", "_dd_source_ts").collect()
-    assert {(r._dd_pos_hi, r._dd_source_ts.year) for r in rows} == {(MAX_MS, 9999)}
+    assert {(r._dd_pos_hi, r._dd_source_ts.astimezone(UTC).isoformat()) for r in rows} == {
+        (MAX_MS, "9999-12-30T23:59:59.999000+00:00")}  # collected in the local time zone, whichever it is
     beyond = f"{MAX_MS + 1}-0"
     client.xadd(stream, {b"data": msgs[2].value}, id=beyond)
     for _ in range(2):
