@@ -139,7 +139,7 @@ def merge_without_checkpoint(spark, target: str, rows, pipeline: PipelineConfig,
         reason = refused_rows(exc)
         if reason is None:
             raise
-        refused, why = refused_messages(spark, target, source, id_field)
+        refused, why = refused_messages(spark, target, source, id_field, updating=bool(update_matched))
         if refused is None:
             raise BackfillError(f"the target table refused rows ({why}): {reason}") from exc
         keys = spark.createDataFrame([r[:2] for r in refused], "_dd_partition string, _dd_position string")

@@ -264,12 +264,13 @@ def refuses_the_data(refused: int, messages: int) -> bool:
     return refused > MAX_REFUSED or (messages >= REFUSED_BATCH_MIN and 2 * refused > messages)
 
 
-def refused_messages(spark, target: str, rows, id_field: str) -> tuple[list | None, str]:
-    """After `target` refused a MERGE of `rows` (one per id, as the MERGE took them):
+def refused_messages(spark, target: str, rows, id_field: str, updating: bool = False) -> tuple[list | None, str]:
+    """After `target` refused a MERGE of `rows` (as the MERGE took them):
     ([(_dd_partition, _dd_position, constraint)] of the messages with a row that breaks one of its
     constraints (lake.row_constraints), naming one it breaks, ""), or (None, why) when none is named,
     the constraints could not be evaluated, or they refuse the data itself (`refuses_the_data`).
-    A row whose id the target holds already is matched, not inserted, so Delta never checks it."""
+    An insert-only MERGE matches a row whose id the target holds already instead of inserting it, so
+    Delta never checks it; a MERGE that is `updating` (reprocess) writes exactly those rows."""
     from pyspark.sql import functions as F
 
     ids = F.col(f"`{id_field}`")
@@ -289,7 +290,7 @@ def refused_messages(spark, target: str, rows, id_field: str) -> tuple[list | No
             return None, f"{count} of the batch's {messages} messages break its constraints: they refuse the data itself"
         held = {str(r[0]) for r in spark.read.format("delta").load(target)
                 .where(ids.cast("string").isin(sorted({i for r in found for i in r.ids})))
-                .select(ids).distinct().collect()} if found else set()
+                .select(ids).distinct().collect()} if found and not updating else set()
     except Exception as exc:  # e.g. a CHECK on a column the transform does not give
         return None, f"its constraints could not be checked on the batch ({short_error(exc)})"
     found = [(r[0], r[1], r[2]) for r in found if not set(r.ids) <= held]

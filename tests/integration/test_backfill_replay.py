@@ -182,6 +182,35 @@ def test_a_reprocess_of_an_id_the_target_holds_twice_rewrites_each_row_from_its_
     assert rows() == published
 
 
+def test_a_reprocess_skips_the_rows_a_constraint_refuses_naming_it_and_updates_the_rest(tmp_path, spark,
+                                                                                       valkey_server):
+    """The transform's new version breaks the target's CHECK on some rows: those messages keep their
+    old rows and are reported with the constraint, the others are rewritten."""
+    from pyspark.sql import functions as F
+
+    _, c, p = make_pipeline(tmp_path, partitions=1)
+    client = valkey_client(c, p)
+    produce(c, p, 20, seed=108)
+    drain_until_done(c, p, spark, client)
+    target = str(c.target_path(p))
+    spark.sql(f"ALTER TABLE delta.`{target}` ADD CONSTRAINT lower_customer CHECK (customer = lower(customer))")
+    before = {r.event_id: r for r in spark.read.format("delta").load(target).collect()}
+    odd = next(r for r in before.values() if r.quantity % 2 == 1)
+    even = next(r for r in before.values() if r.quantity % 2 == 0)
+    shouting = p.model_copy(update={"transform": "tests.integration.shout_transform.shout_odd_quantities"})
+    done = replay(c.model_copy(update={"pipelines": [shouting]}), spark,
+                  ReplayRequest(pipeline=p.name, mode="reprocess", message_ids=[odd.event_id, even.event_id],
+                                dry_run=False))
+    assert (done.selected, done.written) == (2, 1)
+    assert [(x["partition"], x["position"]) for x in done.skipped] == [(odd._dd_partition, odd._dd_position)]
+    assert "lower_customer" in done.skipped[0]["reason"] and "refused" in done.skipped[0]["reason"]
+    after = {r.event_id: r for r in spark.read.format("delta").load(target).where(
+        F.col("event_id").isin(odd.event_id, even.event_id)).collect()}
+    assert after[odd.event_id].asDict() == before[odd.event_id].asDict()  # untouched
+    assert after[even.event_id]._dd_run_id == done.run_id and after[even.event_id].customer == even.customer
+    assert spark.read.format("delta").load(target).count() == len(before)
+
+
 def test_a_dlq_replay_does_not_send_back_a_dead_letter_the_target_holds_at_its_own_place(tmp_path, spark,
                                                                                            valkey_server):
     """A DEAD dead letter of a message the target holds from the same place (a run killed between its
