@@ -295,7 +295,8 @@ def refused_messages(spark, target: str, rows, id_field: str, updating: bool = F
         return None, f"its constraints could not be checked on the batch ({short_error(exc)})"
     found = [(r[0], r[1], r[2]) for r in found if not set(r.ids) <= held]
     if not found:
-        return None, "none of its constraints names a row of the batch the table does not hold already"
+        return None, ("none of its constraints names a row of the batch" if updating else
+                      "none of its constraints names a row of the batch the table does not hold already")
     return found, ""
 
 

@@ -21,6 +21,7 @@ class ServiceError(DeltadrainError):
 
 USER_RAISED = "[USER_RAISED_EXCEPTION]"  # Spark's raise_error(): the transform's own message follows
 TRACEBACK = "Traceback (most recent call last)"
+JVM_CALL = "An error occurred while calling"  # Py4J's first line
 # "ValueError: ...", "org.apache.spark.SparkException: ...": from the class's simple name on.
 _EXCEPTION_NAME = re.compile(r"[A-Za-z_]\w*(?:Exception|Error)(?=:)")
 
@@ -45,7 +46,7 @@ def _own_line(lines: list[str]) -> str | None:
         for line in lines[header + 1:]:
             if not line[0].isspace():
                 return line.strip()
-    if len(lines) > 1:  # a JVM error with its stack: the first exception named in it
+    if any(line.startswith("\tat ") or JVM_CALL in line for line in lines):  # a JVM error: its first exception
         for line in lines:
             if found := _EXCEPTION_NAME.search(line):
                 return line[found.start():].strip()

@@ -63,5 +63,7 @@ def test_a_jvm_error_without_a_python_traceback_is_its_first_named_exception():
 def test_a_one_line_error_keeps_its_type_and_whole_message():
     # Not cut at an exception name inside the message.
     assert error_line(ValueError("could not parse: KeyError: 'x'")) == "ValueError: could not parse: KeyError: 'x'"
+    assert error_line(RuntimeError("row 3: KeyError: 'x'\nsee the log")) == "RuntimeError: row 3: KeyError: 'x'"
+    assert error_line(RuntimeError("  \n ")) == "RuntimeError"
     assert error_line(RuntimeError()) == "RuntimeError"
     assert error_line(ValueError("x" * 900)) == "ValueError: " + "x" * 488  # at most 500 characters
