@@ -114,7 +114,10 @@ def test_view_shows_real_counts_and_replays_selected(tmp_path, spark, valkey_ser
         assert status == 400 and "not DEAD" in body, body
 
         api.wait_for_dag(REPLAY_DAG, timeout=300)
-        api.unpause(REPLAY_DAG)
+        # Unpaused only once both runs exist. A task that starts while the view posts the second run
+        # holds SQLite's write lock until the API server's event loop runs its session teardown, and
+        # that loop is blocked by Airflow's audit-log commit for the post (async, with a sync session):
+        # both wait out the 60 s lock timeout (ci73). SQLite-only: the embedded metadata DB.
         before = {r["dag_run_id"] for r in api.runs(REPLAY_DAG)}
         status, body, headers = http("POST", f"{page}/replay", cookie=token, body=form,
                                      headers={**form_headers, "Origin": f"http://{host}"})
@@ -125,6 +128,7 @@ def test_view_shows_real_counts_and_replays_selected(tmp_path, spark, valkey_ser
         confs = {r["dag_run_id"]: r["conf"] for r in api.runs(REPLAY_DAG)}
         assert any(confs[r].get("message_ids") == [poison.message_id] for r in runs), confs
         assert any(confs[r].get("position_from") == script.position for r in runs), confs
+        api.unpause(REPLAY_DAG)
         for run in runs:
             assert api.wait_for_run(REPLAY_DAG, run, timeout=900) == "success", api.task_states(REPLAY_DAG, run)
 
