@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from deltadrain.config import DeltadrainConfig, PipelineConfig, ValkeySource
 from deltadrain.connections import valkey_client
 from deltadrain.deadletter import write_dead_letters
-from deltadrain.errors import DeltadrainError
+from deltadrain.errors import DeltadrainError, error_line
 from deltadrain.lake import is_table, recent_commits, refused_rows, retry_conflicts
 from deltadrain.paths import staging_dir
 
@@ -65,7 +65,7 @@ def check_interval(start: datetime, end: datetime) -> tuple[datetime, datetime]:
 def prepare_rows(spark, pipeline: PipelineConfig, claimed, run_id: str, scratch):
     """History rows -> (transformed good rows, bad rows, [(partition, position, error)] of rows the
     transform fails on). Malformed rows are data (the DLQ); transform failures are left alone."""
-    from deltadrain.drain import isolate_culprits, short_error, split_claimed, target_rows, transformed
+    from deltadrain.drain import isolate_culprits, split_claimed, target_rows, transformed
 
     good, bad = split_claimed(claimed)
 
@@ -80,7 +80,7 @@ def prepare_rows(spark, pipeline: PipelineConfig, claimed, run_id: str, scratch)
         raise
     except Exception as exc:
         rows.unpersist()
-        first_error = short_error(exc)
+        first_error = error_line(exc)
     culprits, rest = isolate_culprits(spark, pipeline, good, NO_BATCH, run_id, str(scratch / "indexed"))
     if culprits is None:
         raise BackfillError(f"the transform fails on this range and no single message explains it: {first_error}")

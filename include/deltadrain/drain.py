@@ -216,11 +216,6 @@ def dead_letter_rows(bad, pipeline: str, batch: int, run_id: str):
         F.lit(None).cast("string").alias("replay_run_id"))
 
 
-def short_error(exc: BaseException) -> str:
-    """The user-facing line of a Spark failure (the transform's own message, not the JVM stack)."""
-    return error_line(exc)
-
-
 def find_culprits(indexed, n: int, evaluate) -> list[tuple[int, str]]:
     """Split a failing batch until each failing message is alone (invariant 6).
 
@@ -236,7 +231,7 @@ def find_culprits(indexed, n: int, evaluate) -> list[tuple[int, str]]:
         except DrainError:
             raise
         except Exception as exc:
-            return short_error(exc)
+            return error_line(exc)
         return None
 
     culprits: list[tuple[int, str]] = []
@@ -292,7 +287,7 @@ def refused_messages(spark, target: str, rows, id_field: str, updating: bool = F
                 .where(ids.cast("string").isin(sorted({i for r in found for i in r.ids})))
                 .select(ids).distinct().collect()} if found and not updating else set()
     except Exception as exc:  # e.g. a CHECK on a column the transform does not give
-        return None, f"its constraints could not be checked on the batch ({short_error(exc)})"
+        return None, f"its constraints could not be checked on the batch ({error_line(exc)})"
     found = [(r[0], r[1], r[2]) for r in found if not set(r.ids) <= held]
     if not found:
         return None, ("none of its constraints names a row of the batch" if updating else
@@ -558,7 +553,7 @@ class Drain:
             raise
         except Exception as exc:
             rows.unpersist()
-            return None, short_error(exc)
+            return None, error_line(exc)
         return rows, BatchStats.of(row)
 
     def _lap(self, step: str) -> None:

@@ -325,11 +325,11 @@ def write_result(spark, cfg: DeltadrainConfig, report: QualityReport) -> None:
     path = str(results_path(cfg))
     schema = _parse_datatype_string(RESULTS_SCHEMA)
     ensure_table(spark, path, schema)
+    add_missing_columns(spark, path, schema)  # a results table from before `table_id`
     row = (report.pipeline, report.scope, report.batch, report.table_version, report.run_id, report.batch_run_id,
            report.suite, report.policy, report.success, report.rows_checked, report.unexpected_count,
            json.dumps(report.failed), json.dumps(report.results, default=str), report.quarantined,
            report.checked_at, report.data_docs, report.table_id)
-    add_missing_columns(spark, path, schema)  # a results table from before `table_id`
     df = spark.createDataFrame([row], schema)
     retry_conflicts(lambda: df.write.format("delta").mode("append").save(path))  # blind append: idempotent enough
 

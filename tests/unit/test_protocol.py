@@ -134,10 +134,10 @@ def test_an_unparsed_xreadgroup_reply_gives_positions_and_payloads():
         ["5-9", "5-10"], [b"a", None], [1, 1], [False, False])
 
 
-def test_claim_record_batches_split_positions_into_integer_pairs():
+def _claim_schema_and_decoder():
+    """A claim schema with an `event_id` payload field, and its decoder."""
     import pyarrow as pa
 
-    from deltadrain.claim import Entries, record_batch
     from deltadrain.decode import BatchDecoder
 
     schema = pa.schema([("_dd_partition", pa.string()), ("_dd_position", pa.string()), ("_dd_pos_hi", pa.int64()),
@@ -147,6 +147,13 @@ def test_claim_record_batches_split_positions_into_integer_pairs():
                         ("_dd_first_failure_at", pa.timestamp("us", tz="UTC")), ("event_id", pa.string())])
     decoder = BatchDecoder(fields={"event_id": "string"}, id_field="event_id", required=[], max_bytes=100,
                            types={"event_id": pa.string()})
+    return schema, decoder
+
+
+def test_claim_record_batches_split_positions_into_integer_pairs():
+    from deltadrain.claim import Entries, record_batch
+
+    schema, decoder = _claim_schema_and_decoder()
     chunk = Entries.unparsed("s", [[b"1795472338020-9", [b"data", b'{"event_id": "a"}']],
                                    [b"1795472338020-10", [b"data", b"{"]]])
     got = record_batch(chunk, decoder, schema).to_pydict()
@@ -178,16 +185,9 @@ def test_a_constraint_that_refuses_most_of_a_batch_refuses_the_data_not_a_few_me
 def test_a_stream_id_beyond_what_the_position_columns_hold_fails_its_claim_naming_the_entry_and_the_fix():
     """Valkey ids go up to 2^64 - 1 in both halves (explicit XADD ids): the claim says which entry,
     not a bare cast error, every run."""
-    import pyarrow as pa
-
     from deltadrain.claim import MAX_MS, MAX_SEQ, Entries, record_batch, unstorable_id
-    from deltadrain.decode import BatchDecoder
 
-    schema = pa.schema([("_dd_partition", pa.string()), ("_dd_position", pa.string()), ("_dd_pos_hi", pa.int64()),
-                        ("_dd_pos_lo", pa.int64()), ("_dd_source_ts", pa.timestamp("us", tz="UTC")),
-                        ("event_id", pa.string())])
-    decoder = BatchDecoder(fields={"event_id": "string"}, id_field="event_id", required=[], max_bytes=100,
-                           types={"event_id": pa.string()})
+    schema, decoder = _claim_schema_and_decoder()
     ok = f"{MAX_MS}-{MAX_SEQ}"
     got = record_batch(Entries.unparsed("s", [[ok.encode(), [b"data", b'{"event_id": "a"}']]]), decoder, schema)
     assert got.to_pydict()["_dd_pos_hi"] == [MAX_MS] and got.to_pydict()["_dd_pos_lo"] == [MAX_SEQ]
