@@ -178,6 +178,14 @@ def used_up(runs: int, earlier_attempts: int, max_retries: int) -> bool:
     return runs > 0 and runs + earlier_attempts + 1 > max_retries + 1
 
 
+def transform_attempts(attempts: int, dead_runs: int) -> int:
+    """What a culprit's retry record keeps: its attempts without the dead runs among them. The record
+    next to the checkpoint still holds those runs (the partition is held at the culprit, so its
+    segment is carried) and the next read adds them again; kept in both, each would count twice and
+    the message would reach the DLQ before its max_retries + 1 attempts."""
+    return max(0, attempts - dead_runs)
+
+
 def dead_run_reason(runs: int, max_retries: int, segment: tuple[int, int, int, int], partition: int) -> str:
     lo, hi = segment[:2]
     return (f"read by {runs} drain runs that died or failed before committing (max_retries={max_retries}); a "

@@ -26,7 +26,15 @@ from deltadrain.config import DeltadrainConfig, KafkaSource, PipelineConfig
 from deltadrain.connections import kafka_client_conf, kafka_consumer_conf, kafka_spark_options
 from deltadrain.decode import BatchDecoder
 from deltadrain.drain import GO_ON_PAST, BatchFailure, Drain, DrainError, claim_schema
-from deltadrain.kafka_crashes import DeadRuns, Settled, bisect, dead_run_reason, settle, used_up
+from deltadrain.kafka_crashes import (
+    DeadRuns,
+    Settled,
+    bisect,
+    dead_run_reason,
+    settle,
+    transform_attempts,
+    used_up,
+)
 from deltadrain.kafka_offsets import (
     OffsetError,
     Plan,
@@ -234,8 +242,10 @@ class KafkaDrain(Drain):
             if r._dd_attempts >= max_attempts:
                 spent.append(r)
             else:
+                record = self.dead.get(int(r._dd_partition), Settled()).record
                 pending[(r._dd_partition, r._dd_position)] = {
-                    "attempts": r._dd_attempts, "error": r._dd_culprit_error[:300],
+                    "attempts": transform_attempts(r._dd_attempts, record.runs_at(int(r._dd_position))),
+                    "error": r._dd_culprit_error[:300],
                     "first": first_of(r).isoformat(), "last": now.isoformat()}
         s = self.summary
         s.positions = hold_positions(s.positions, list(pending))

@@ -568,6 +568,48 @@ def test_a_message_that_kills_every_run_is_isolated_by_bisection_and_dead_after_
     assert drain(c, p, spark=spark).outcome == "empty"
 
 
+
+@pytest.mark.slow
+def test_a_message_that_killed_a_run_and_then_failed_a_transform_still_gets_its_last_attempt(tmp_path, cfg, spark):
+    """Dead runs and transform failures are one count (invariant 6), each attempt counted once: a
+    message that kills the first run and fails the second one's transform is held with a retry
+    record while the dead run's segment is carried next to the checkpoint. Its third read is its
+    third attempt, allowed by max_retries=2, and it is published, not a dead letter counted at four."""
+    from confluent_kafka import Producer
+
+    from tests.integration.crash_transform import CRASH_MARKER
+
+    path, c, p = make_kafka_pipeline(tmp_path, partitions=1, batch_cap=8, max_retries=2, min_idle_ms=0,
+                                     transform="tests.integration.crash_transform.crash_then_fail_on_marker")
+    messages = [m for m in generate(p, 20, seed=97) if m.kind == "valid"][:8]
+    payloads = [m.value for m in messages]
+    payloads[0] = json.dumps({**json.loads(payloads[0]), "status": CRASH_MARKER}).encode()
+    producer = Producer(kafka_client_conf(c, p))
+    for value in payloads:
+        producer.produce(p.source.topic, value, partition=0)
+    producer.flush(30)
+    env = {"DELTADRAIN_TEST_RUNS_FILE": str(tmp_path / "runs")}
+
+    runs = []
+    while lake_checkpoint(spark, c, p).positions != end_offsets(c, p):
+        assert len(runs) < 6, runs
+        proc = cli_drain(path, p.name, env=env)
+        out, err = proc.communicate(timeout=600)
+        if proc.returncode == -9:
+            runs.append("killed")
+            continue
+        assert proc.returncode == 0, err[-3000:]
+        runs.append(summary_of(out))
+    assert runs[0] == "killed" and "killed" not in runs[1:], runs
+    # The second run read half the dead run's range and held the partition at the culprit; the third
+    # read that half again and its transform passed the message; the fourth read the rest.
+    assert [(r["claimed"], r["written"], r["dead_lettered"]) for r in runs[1:]] == [(4, 0, 0), (4, 4, 0), (4, 4, 0)]
+    assert dlq_rows(spark, c, p) == []
+    ids = target_ids(spark, c, p)
+    assert sorted(ids) == sorted(m.key for m in messages)
+    assert len((tmp_path / "runs").read_text().split()) == 3  # the marker met three runs, no more
+
+
 def running(*words: str) -> list[int]:
     """The pids of processes whose command line holds all of `words`."""
     import os

@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 import pyarrow as pa
 
 from deltadrain.decode import BatchDecoder
-from deltadrain.kafka_crashes import DeadRuns, bisect, settle, used_up
+from deltadrain.kafka_crashes import DeadRuns, bisect, settle, transform_attempts, used_up
 from deltadrain.kafka_drain import DecodeContext, kafka_batch
 from deltadrain.kafka_offsets import claim_notice, read_notice
 from tests.unit.test_kafka_offsets import CLAIM
@@ -158,6 +158,37 @@ def test_a_used_up_message_is_a_max_retries_dead_letter_and_is_not_decoded():
     assert "read by 3 drain runs that died" in dead["_dd_error"] and "offsets [5, 7)" in dead["_dd_error"]
     assert dead["_dd_first_failure_at"] == datetime.fromtimestamp(1_700_000_000, UTC)
     assert rows[0]["event_id"] == "e4" and rows[3]["event_id"] == "e7"
+
+
+def test_a_culprit_after_a_dead_run_gets_all_its_attempts_each_counted_once():
+    """A message read by a run that died, then failing the transform of the next run, is held with a
+    retry record while the dead run's segment is carried next to the checkpoint: its third read is
+    its third attempt (max_retries=2 allows it), not a dead letter counted at four."""
+    fields = {"event_id": "string", "amount": "double"}
+    decoder = BatchDecoder(fields=fields, id_field="event_id", required=["event_id"], max_bytes=1000,
+                           types={"event_id": pa.string(), "amount": pa.float64()})
+    source = pa.RecordBatch.from_pylist(
+        [{"partition": 0, "offset": 0, "timestamp": datetime(2026, 1, 1, tzinfo=UTC),
+          "value": b'{"event_id": "e0", "amount": 1}'}],
+        schema=pa.schema([("partition", pa.int32()), ("offset", pa.int64()),
+                          ("timestamp", pa.timestamp("us", tz="UTC")), ("value", pa.binary())]))
+    lake = DeadRuns(((0, 16, 1, NOW),), ("dead",))
+
+    def read(stored: dict) -> dict:
+        c = DecodeContext(topic="clicks", fields=fields, id_field="event_id", required=["event_id"],
+                          max_bytes=1000, id_from="field", id_header=None, dead_runs={0: lake}, max_retries=2,
+                          attempts=stored)
+        return kafka_batch(c, decoder, CLAIM, source).to_pylist()[0]
+
+    second = read({})
+    assert second["_dd_attempts"] == 2 and second["_dd_error_type"] is None  # the dead run, then this read
+    kept = transform_attempts(second["_dd_attempts"], lake.runs_at(0))  # its transform failed: held
+    assert kept == 1
+    third = read({(0, 0): kept})
+    assert third["_dd_attempts"] == 3 and third["_dd_error_type"] is None and third["event_id"] == "e0"
+    # The attempt after that one is past max_retries + 1: a dead letter, not decoded.
+    fourth = read({(0, 0): transform_attempts(third["_dd_attempts"], lake.runs_at(0))})
+    assert fourth["_dd_attempts"] == 4 and fourth["_dd_error_type"] == "max_retries"
 
 
 def test_a_notice_with_a_record_stays_under_the_brokers_metadata_limit():
