@@ -3,6 +3,7 @@ made by reading the Delta tables back."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -155,11 +156,31 @@ def assert_exactly_once(spark, cfg, pipeline, client, valid_ids, bad) -> None:
     assert pending(client, pipeline) == 0
 
 
+# The drains a test started; the `no_drain_left` fixture kills those still running when it ends.
+SPAWNED: list[subprocess.Popen] = []
+
+
 def cli_drain(config: Path, pipeline: str, env: dict | None = None, timeout: int = 600,
-              args: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
-    return subprocess.Popen(
+              args: tuple[str, ...] = ()) -> subprocess.Popen:
+    proc = subprocess.Popen(
         [sys.executable, "-m", "deltadrain.cli", "--config", str(config), "drain", pipeline, *args],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})}, cwd=ROOT)
+    SPAWNED.append(proc)
+    return proc
+
+
+def kill_spawned() -> list[int]:
+    """SIGKILL the drains still running (a test that failed before it released a held run, or before it
+    read one's output): none of them goes on writing into the next test. Their pids."""
+    killed = []
+    while SPAWNED:
+        proc = SPAWNED.pop()
+        if proc.poll() is None:
+            proc.kill()
+            killed.append(proc.pid)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.communicate(timeout=120)  # reaps it and closes its pipes (once its JVM has let go of them)
+    return killed
 
 
 def summary_of(stdout: str) -> dict:

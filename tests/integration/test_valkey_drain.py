@@ -599,8 +599,9 @@ def test_two_concurrent_drains_one_reports_the_neighbour(tmp_path, cfg, spark):
     release = tmp_path / "release"
     slow = cli_drain(path, p.name, held_at("before_commit", release))
     deadline = time.time() + 120
-    while time.time() < deadline and pending(client, p) < 1000:  # the slow one has claimed its batch
-        time.sleep(0.5)
+    while time.time() < deadline and pending(client, p) < 1000 and slow.poll() is None:
+        time.sleep(0.5)  # until the slow one has claimed its batch
+    assert pending(client, p) == 1000 and slow.poll() is None, "the held run did not claim its batch"
     fast = cli_drain(path, p.name)
     fast_out, fast_err = fast.communicate(timeout=600)
     release.touch()  # the slow one commits only now
@@ -625,8 +626,9 @@ def test_a_stale_run_whose_claims_were_taken_over_neither_duplicates_nor_loses(t
     release = tmp_path / "release"
     stale = cli_drain(path, p.name, held_at("before_commit", release))
     deadline = time.time() + 120
-    while time.time() < deadline and pending(client, p) < 2000:
+    while time.time() < deadline and pending(client, p) < 2000 and stale.poll() is None:
         time.sleep(0.5)
+    assert pending(client, p) == 2000 and stale.poll() is None, "the held run did not claim its batch"
     time.sleep(0.6)
     assert reap(c, p, client)["taken_over"] == 2000  # the stale run's lease expired
     fresh = drain(c, p, spark=spark)
