@@ -474,7 +474,9 @@ def test_kafka_drains_airflow_times_out_in_a_hanging_transform_are_counted_and_t
 
     path, c, p = make_kafka_pipeline(tmp_path, partitions=1, batch_cap=16, max_retries=1, min_idle_ms=0,
                                      transform="tests.integration.hang_transform.hang_on_marker",
-                                     airflow={"retries": 0, "execution_timeout": 60, "max_drain_time": 10})
+                                     # A drain task's claim notice is on the group offset ~12 s after
+                                     # the task starts (2026-11-27, this machine idle): 35 s leaves room.
+                                     airflow={"retries": 0, "execution_timeout": 35, "max_drain_time": 10})
     monkeypatch.setenv("DELTADRAIN_CONFIG", str(path))
     # The drain's Python driver (spark-submit's child) imports the test transform from the checkout.
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
