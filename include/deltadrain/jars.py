@@ -47,6 +47,11 @@ def jars_to_keep(fetched: list[str], provided: set[str]) -> list[str]:
     return sorted(j for j in fetched if artifact_name(j) not in provided)
 
 
+# By full coordinates: `dependency:` alone takes the version Maven's super-POM names (2.8 with
+# Maven 3.8), so a different Maven would fetch the jars with a different plugin.
+DEPENDENCY_PLUGIN = "org.apache.maven.plugins:maven-dependency-plugin:3.11.0"
+
+
 def _mvn(args: list[str], *, quiet: bool) -> None:
     cmd = ["mvn", "-B", *(["-q"] if quiet else []), *args]
     done = subprocess.run(cmd, capture_output=quiet, text=True)
@@ -80,7 +85,7 @@ def fetch(kind: str, *, quiet: bool = True) -> Path:
     pom = jvm_dir() / kind / "pom.xml"
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as staging:
-        _mvn(["-f", str(pom), "dependency:copy-dependencies", "-DincludeScope=runtime",
+        _mvn(["-f", str(pom), f"{DEPENDENCY_PLUGIN}:copy-dependencies", "-DincludeScope=runtime",
               f"-DoutputDirectory={staging}"], quiet=quiet)
         if kind == "spark":
             build_log_store(Path(staging), quiet=quiet)
