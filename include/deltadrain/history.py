@@ -67,8 +67,7 @@ def _pages(client, rng: StreamRange):
 
 
 def history_gaps(client, ranges: list[StreamRange]) -> list[dict]:
-    """Parts of `ranges` the stream may no longer hold: before its first retained entry when it was
-    trimmed (MAXLEN/MINID), or up to its highest XDEL-deleted id. Reported, never skipped in silence."""
+    """Parts of `ranges` the stream may no longer hold (`range_gaps`). Reported, never skipped in silence."""
     gaps = []
     for rng in ranges:
         try:
@@ -77,21 +76,38 @@ def history_gaps(client, ranges: list[StreamRange]) -> list[dict]:
             if "no such key" in str(exc).lower():
                 continue
             raise
-        removed = int(info.get("entries-added", info["length"])) - int(info["length"])
-        if removed <= 0:
-            continue
-        lo, hi = StreamId.parse(rng.lo), StreamId.parse(rng.hi)
-        first = as_text(info.get("recorded-first-entry-id") or "0-0")
-        deleted = as_text(info.get("max-deleted-entry-id") or "0-0")
-        first_id = StreamId.parse(first)
-        if first_id > lo:
-            upto = min(StreamId(first_id.ms, first_id.seq - 1) if first_id.seq else StreamId(first_id.ms - 1, 2**64 - 1), hi)
-            gaps.append({"partition": rng.stream, "from": rng.lo, "to": str(upto),
-                         "reason": f"the stream was trimmed (MAXLEN/MINID): its first retained entry is {first}, "
-                                   f"{removed} entries were deleted in all"})
-        elif StreamId.parse(deleted) >= lo:
-            gaps.append({"partition": rng.stream, "from": rng.lo, "to": str(min(StreamId.parse(deleted), hi)),
-                         "reason": f"entries up to {deleted} were deleted from the stream (XDEL)"})
+        gaps.extend(range_gaps(rng, info))
+    return gaps
+
+
+def range_gaps(rng: StreamRange, info: dict) -> list[dict]:
+    """What XINFO STREAM says of `rng`: trimmed (MAXLEN/MINID) before the first retained entry, and
+    XDEL-deleted up to the highest deleted id after it. Both can hold at once: trimming does not
+    move max-deleted-entry-id, so an XDEL in the retained part is reported beside the trim."""
+    removed = int(info.get("entries-added", info["length"])) - int(info["length"])
+    if removed <= 0:
+        return []
+    gaps = []
+    lo, hi = StreamId.parse(rng.lo), StreamId.parse(rng.hi)
+    if int(info["length"]) == 0:  # trimmed or deleted to empty: no first entry to go by (it reads 0-0)
+        last = as_text(info.get("last-generated-id") or "0-0")
+        if StreamId.parse(last) >= lo:
+            gaps.append({"partition": rng.stream, "from": rng.lo, "to": str(min(StreamId.parse(last), hi)),
+                         "reason": f"the stream holds no entries: all {removed} added up to {last} were trimmed "
+                                   "or deleted"})
+        return gaps
+    first = as_text(info.get("recorded-first-entry-id") or "0-0")
+    deleted = as_text(info.get("max-deleted-entry-id") or "0-0")
+    first_id, deleted_id = StreamId.parse(first), StreamId.parse(deleted)
+    if first_id > lo:
+        upto = min(StreamId(first_id.ms, first_id.seq - 1) if first_id.seq else StreamId(first_id.ms - 1, 2**64 - 1), hi)
+        gaps.append({"partition": rng.stream, "from": rng.lo, "to": str(upto),
+                     "reason": f"the stream was trimmed (MAXLEN/MINID): its first retained entry is {first}, "
+                               f"{removed} entries were deleted in all"})
+    start = max(lo, first_id)
+    if deleted_id >= start and start <= hi:
+        gaps.append({"partition": rng.stream, "from": rng.lo if start == lo else str(start),
+                     "to": str(min(deleted_id, hi)), "reason": f"entries up to {deleted} were deleted from the stream (XDEL)"})
     return gaps
 
 

@@ -604,3 +604,38 @@ def test_a_kafka_dlq_replay_sent_twice_lands_each_dead_letter_once(tmp_path, spa
     ids = target_ids(spark, c, p)
     assert len(ids) == len(set(ids)) == 26, "a replayed copy landed as a second row"
     assert set(ids) == {f"evt-{i}" for i in range(23)} | set(placed)
+
+
+def test_history_gaps_name_a_trim_an_xdel_both_at_once_and_a_stream_emptied(tmp_path, valkey_server):
+    """What a backfill reports of the history it cannot read, from a real stream's XINFO: trimming
+    leaves max-deleted-entry-id alone, so an XDEL after a trim is a second gap; a stream trimmed to
+    empty has no first entry (it reads 0-0) and is one gap up to its last id, not none."""
+    from deltadrain.history import StreamRange, history_gaps
+
+    _, c, p = make_pipeline(tmp_path, partitions=1)
+    client = valkey_client(c, p)
+    base = p.source.streams[0]
+    names = {kind: f"{base}-{kind}" for kind in ("trim", "xdel", "both", "empty", "whole")}
+    for name in names.values():
+        for i in range(1, 11):
+            client.xadd(name, {"n": i}, id=f"{i}-0")
+    client.xtrim(names["trim"], minid="4-0", approximate=False)
+    client.xdel(names["xdel"], "7-0")
+    client.xdel(names["both"], "7-0")  # ends up in the retained part, after the trim below
+    client.xtrim(names["both"], minid="4-0", approximate=False)
+    client.xtrim(names["empty"], maxlen=0, approximate=False)
+
+    def gaps(kind: str, lo: str = "2-0", hi: str = "9-0") -> list[tuple[str, str, str]]:
+        return [(g["from"], g["to"], g["reason"].split(":")[0].split(" up to")[0])
+                for g in history_gaps(client, [StreamRange(names[kind], lo, hi)])]
+
+    trimmed, deleted = "the stream was trimmed (MAXLEN/MINID)", "entries"
+    assert gaps("trim") == [("2-0", "3-18446744073709551615", trimmed)]
+    assert gaps("xdel") == [("2-0", "7-0", deleted)]
+    assert gaps("both") == [("2-0", "3-18446744073709551615", trimmed), ("4-0", "7-0", deleted)]
+    assert gaps("both", lo="8-0") == []  # the range starts after everything removed
+    assert gaps("empty") == [("2-0", "9-0", "the stream holds no entries")]
+    assert gaps("empty", lo="11-0", hi="12-0") == []  # after its last id: nothing was there to lose
+    assert gaps("whole") == []  # nothing removed
+    reason = history_gaps(client, [StreamRange(names["empty"], "1-0", "5-0")])[0]["reason"]
+    assert "all 10 added up to 10-0 were trimmed or deleted" in reason
