@@ -33,6 +33,7 @@ from tests.integration.helpers import (
     HANDLER,
     IDENTITY,
     ROOT,
+    SPAWNED,
     assert_dead_letters,
     clean_up_delta_log,
     cli_drain,
@@ -568,7 +569,6 @@ def test_a_message_that_kills_every_run_is_isolated_by_bisection_and_dead_after_
     assert drain(c, p, spark=spark).outcome == "empty"
 
 
-
 @pytest.mark.slow
 def test_a_message_that_killed_a_run_and_then_failed_a_transform_still_gets_its_last_attempt(tmp_path, cfg, spark):
     """Dead runs and transform failures are one count (invariant 6), each attempt counted once: a
@@ -661,6 +661,7 @@ def test_a_run_airflow_kills_in_a_hanging_transform_is_counted_and_the_message_d
         proc = subprocess.Popen(spark_submit_command(job, [p.name, "--config", str(path), "--run-id", run_id]),
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 env={**env, FLAG_ENV: str(flag)}, cwd=PROJECT_ROOT)
+        SPAWNED.append(proc)  # killed at the test's end if an assertion stops it first
         deadline = time.time() + 300
         while not flag.exists():
             assert proc.poll() is None and time.time() < deadline, proc.communicate()[0][-3000:]

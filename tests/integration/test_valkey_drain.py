@@ -601,7 +601,8 @@ def test_two_concurrent_drains_one_reports_the_neighbour(tmp_path, cfg, spark):
     deadline = time.time() + 120
     while time.time() < deadline and pending(client, p) < 1000 and slow.poll() is None:
         time.sleep(0.5)  # until the slow one has claimed its batch
-    assert pending(client, p) == 1000 and slow.poll() is None, "the held run did not claim its batch"
+    assert pending(client, p) == 1000 and slow.poll() is None, \
+        "the held run did not claim its batch: " + (slow.communicate()[1][-3000:] if slow.poll() is not None else "")
     fast = cli_drain(path, p.name)
     fast_out, fast_err = fast.communicate(timeout=600)
     release.touch()  # the slow one commits only now
@@ -628,7 +629,8 @@ def test_a_stale_run_whose_claims_were_taken_over_neither_duplicates_nor_loses(t
     deadline = time.time() + 120
     while time.time() < deadline and pending(client, p) < 2000 and stale.poll() is None:
         time.sleep(0.5)
-    assert pending(client, p) == 2000 and stale.poll() is None, "the held run did not claim its batch"
+    assert pending(client, p) == 2000 and stale.poll() is None, \
+        "the held run did not claim its batch: " + (stale.communicate()[1][-3000:] if stale.poll() is not None else "")
     time.sleep(0.6)
     assert reap(c, p, client)["taken_over"] == 2000  # the stale run's lease expired
     fresh = drain(c, p, spark=spark)
