@@ -1,20 +1,19 @@
-"""A transform that kills its drain run on one message: what a message that crashes the process (a
-native library's fault, running out of memory) does to a run. The tests of dead runs use it."""
+"""Transforms that kill their drain run on one message: what a message that crashes the process (a
+native library's fault, running out of memory) does to a run. The tests of dead runs use them."""
 
 CRASH_MARKER = "__crash__"
 
 
-def crash_on_marker(df):
-    """Kills the `deltadrain.cli` process whose Spark task meets a `status` of CRASH_MARKER (SIGKILL:
-    nothing of the run gets to clean up); every other row passes unchanged. A drain outside that
-    command (in the test process) is not killed, so the tests only use it through the CLI."""
+def _on_marker(df, act):
+    """`df` with a UDF that calls `act(pid)` for a `status` of CRASH_MARKER, pid being the
+    `deltadrain.cli` process the Spark task runs under (nothing is called outside that command);
+    every row passes unchanged. `act` must be defined inside a function, as the UDF is here, so
+    that Spark ships both by value: the workers need not import this module."""
     from pyspark.sql import functions as F
     from pyspark.sql.types import StringType
 
     def check(status):
-        # Defined in here so that Spark ships it by value: the workers need not import this module.
         import os
-        import signal
 
         if status != CRASH_MARKER:
             return status
@@ -22,13 +21,27 @@ def crash_on_marker(df):
         while pid > 1:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 if b"deltadrain.cli" in f.read():
-                    os.kill(pid, signal.SIGKILL)
+                    act(pid)
                     break
             with open(f"/proc/{pid}/stat") as f:
                 pid = int(f.read().rsplit(")", 1)[1].split()[1])
         return status
 
     return df.withColumn("status", F.udf(check, StringType())(F.col("status")))
+
+
+def crash_on_marker(df):
+    """Kills (SIGKILL: nothing of the run gets to clean up) the `deltadrain.cli` process whose Spark
+    task meets the marker. A drain outside that command (in the test process) is not killed, so the
+    tests only use it through the CLI."""
+
+    def kill(pid):
+        import os
+        import signal
+
+        os.kill(pid, signal.SIGKILL)
+
+    return _on_marker(df, kill)
 
 
 def crash_then_fail_on_marker(df):
@@ -38,26 +51,12 @@ def crash_then_fail_on_marker(df):
     closure), so that a run's repeated evaluations while it isolates a culprit count once."""
     import os
 
-    from pyspark.sql import functions as F
-    from pyspark.sql.types import StringType
-
     runs_file = os.environ["DELTADRAIN_TEST_RUNS_FILE"]
 
-    def check(status):
+    def kill_then_fail(pid):
         import os
         import signal
 
-        if status != CRASH_MARKER:
-            return status
-        pid = os.getpid()
-        while pid > 1:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if b"deltadrain.cli" in f.read():
-                    break
-            with open(f"/proc/{pid}/stat") as f:
-                pid = int(f.read().rsplit(")", 1)[1].split()[1])
-        if pid <= 1:  # not under `deltadrain.cli`: nothing to kill, nor a run to tell apart
-            return status
         with open(runs_file, "a+") as f:
             f.seek(0)
             seen = f.read().split()
@@ -69,6 +68,5 @@ def crash_then_fail_on_marker(df):
             os.kill(pid, signal.SIGKILL)
         elif turn == 1:
             raise ValueError("the marker fails this run's transform")
-        return status
 
-    return df.withColumn("status", F.udf(check, StringType())(F.col("status")))
+    return _on_marker(df, kill_then_fail)

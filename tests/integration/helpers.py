@@ -169,6 +169,18 @@ def cli_drain(config: Path, pipeline: str, env: dict | None = None, timeout: int
     return proc
 
 
+def wait_held(proc: subprocess.Popen, ready, timeout: float, what: str) -> None:
+    """Wait until `ready()` while `proc`, a run held at a failpoint, still runs. Fails naming `what`:
+    with the run's output when it exited (never blocks on a run still held), or after `timeout` s."""
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None and not ready():
+        time.sleep(0.2)
+    if proc.poll() is not None:
+        out, err = proc.communicate()
+        raise AssertionError(f"{what}: the run exited ({proc.returncode}): {(err or out or '')[-3000:]}")
+    assert ready(), f"{what}: not within {timeout} s"
+
+
 def kill_spawned() -> list[int]:
     """SIGKILL the drains still running (a test that failed before it released a held run, or before it
     read one's output): none of them goes on writing into the next test. Their pids."""

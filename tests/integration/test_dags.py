@@ -464,13 +464,12 @@ def test_kafka_drains_airflow_times_out_in_a_hanging_transform_are_counted_and_t
     execution_timeout, Airflow's task runner calls on_kill (SparkSubmitHook: SIGKILL to spark-submit).
     The next DAG run counts that run as dead and reads half; after max_retries + 1 such runs the
     messages left in the narrowed range are dead letters and the pipeline goes on."""
-    from confluent_kafka import Producer
 
     from deltadrain.connections import kafka_client_conf
     from deltadrain.kafka_offsets import committed, read_notice
     from deltadrain.produce import generate
     from tests.integration.hang_transform import HANG_MARKER
-    from tests.integration.test_kafka_drain import make_kafka_pipeline
+    from tests.integration.test_kafka_drain import make_kafka_pipeline, send_marked
 
     path, c, p = make_kafka_pipeline(tmp_path, partitions=1, batch_cap=16, max_retries=1, min_idle_ms=0,
                                      transform="tests.integration.hang_transform.hang_on_marker",
@@ -482,12 +481,7 @@ def test_kafka_drains_airflow_times_out_in_a_hanging_transform_are_counted_and_t
     # The drain's Python driver (spark-submit's child) imports the test transform from the checkout.
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     messages = [m for m in generate(p, 30, seed=95) if m.kind == "valid"][:16]
-    payloads = [m.value for m in messages]
-    payloads[5] = json.dumps({**json.loads(payloads[5]), "status": HANG_MARKER}).encode()
-    producer = Producer(kafka_client_conf(c, p))
-    for value in payloads:
-        producer.produce(p.source.topic, value, partition=0)
-    producer.flush(30)
+    payloads = send_marked(c, p, messages, 5, HANG_MARKER)
     conf, group, topic = kafka_client_conf(c, p), p.source.group, p.source.topic
 
     ranges = []

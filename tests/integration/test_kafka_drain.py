@@ -42,6 +42,7 @@ from tests.integration.helpers import (
     set_source,
     summary_of,
     target_ids,
+    wait_held,
     write_config,
 )
 
@@ -64,6 +65,20 @@ def make_kafka_pipeline(tmp_path, partitions: int = 4, **overrides):
     path, cfg, p = write_config(tmp_path, data, pipe)
     ensure_topic(kafka_client_conf(cfg, p), name, partitions)
     return path, cfg, p
+
+
+def send_marked(c, p, messages, at: int, marker: str) -> list[bytes]:
+    """Produce `messages` in order to partition 0, the one at `at` with its `status` set to `marker`
+    (a test transform acts on it): the payloads as sent."""
+    from confluent_kafka import Producer
+
+    payloads = [m.value for m in messages]
+    payloads[at] = json.dumps({**json.loads(payloads[at]), "status": marker}).encode()
+    producer = Producer(kafka_client_conf(c, p))
+    for value in payloads:
+        producer.produce(p.source.topic, value, partition=0)
+    producer.flush(30)
+    return payloads
 
 
 def end_offsets(c, p) -> dict[str, str]:
@@ -503,7 +518,6 @@ def test_a_message_that_kills_every_run_is_isolated_by_bisection_and_dead_after_
     """Kafka has no delivery count: a run killed by a message (SIGKILL from inside its transform, as a
     crash or an out-of-memory kill would) leaves only its claim notice. The next runs count it, read
     half of the dead run's range, and the message dies with max_retries + 1 runs, not forever."""
-    from confluent_kafka import Producer
 
     from tests.integration.crash_transform import CRASH_MARKER
 
@@ -511,13 +525,7 @@ def test_a_message_that_kills_every_run_is_isolated_by_bisection_and_dead_after_
                                      transform="tests.integration.crash_transform.crash_on_marker")
     messages = [m for m in generate(p, 60, seed=91) if m.kind == "valid"][:40]
     crasher = 21
-    payloads = [m.value for m in messages]
-    event = json.loads(payloads[crasher])
-    payloads[crasher] = json.dumps({**event, "status": CRASH_MARKER}).encode()
-    producer = Producer(kafka_client_conf(c, p))
-    for value in payloads:
-        producer.produce(p.source.topic, value, partition=0)
-    producer.flush(30)
+    payloads = send_marked(c, p, messages, crasher, CRASH_MARKER)
     assert end_offsets(c, p) == {"0": "40"}
 
     runs, seen = [], []
@@ -575,19 +583,13 @@ def test_a_message_that_killed_a_run_and_then_failed_a_transform_still_gets_its_
     message that kills the first run and fails the second one's transform is held with a retry
     record while the dead run's segment is carried next to the checkpoint. Its third read is its
     third attempt, allowed by max_retries=2, and it is published, not a dead letter counted at four."""
-    from confluent_kafka import Producer
 
     from tests.integration.crash_transform import CRASH_MARKER
 
     path, c, p = make_kafka_pipeline(tmp_path, partitions=1, batch_cap=8, max_retries=2, min_idle_ms=0,
                                      transform="tests.integration.crash_transform.crash_then_fail_on_marker")
     messages = [m for m in generate(p, 20, seed=97) if m.kind == "valid"][:8]
-    payloads = [m.value for m in messages]
-    payloads[0] = json.dumps({**json.loads(payloads[0]), "status": CRASH_MARKER}).encode()
-    producer = Producer(kafka_client_conf(c, p))
-    for value in payloads:
-        producer.produce(p.source.topic, value, partition=0)
-    producer.flush(30)
+    send_marked(c, p, messages, 0, CRASH_MARKER)
     env = {"DELTADRAIN_TEST_RUNS_FILE": str(tmp_path / "runs")}
 
     runs = []
@@ -636,8 +638,6 @@ def test_a_run_airflow_kills_in_a_hanging_transform_is_counted_and_the_message_d
     import os
     import subprocess
 
-    from confluent_kafka import Producer
-
     from deltadrain.paths import PROJECT_ROOT
     from deltadrain.spark import spark_submit_command
     from tests.integration.hang_transform import FLAG_ENV, HANG_MARKER
@@ -646,12 +646,7 @@ def test_a_run_airflow_kills_in_a_hanging_transform_is_counted_and_the_message_d
                                      transform="tests.integration.hang_transform.hang_on_marker")
     messages = [m for m in generate(p, 30, seed=93) if m.kind == "valid"][:16]
     hangs = 5
-    payloads = [m.value for m in messages]
-    payloads[hangs] = json.dumps({**json.loads(payloads[hangs]), "status": HANG_MARKER}).encode()
-    producer = Producer(kafka_client_conf(c, p))
-    for value in payloads:
-        producer.produce(p.source.topic, value, partition=0)
-    producer.flush(30)
+    payloads = send_marked(c, p, messages, hangs, HANG_MARKER)
     conf, group, topic = kafka_client_conf(c, p), p.source.group, p.source.topic
     job = str(PROJECT_ROOT / "spark_jobs" / "drain.py")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")]))}
@@ -853,10 +848,8 @@ def test_two_concurrent_drains_one_reports_the_neighbour(tmp_path, cfg, spark):
     result = produce(c, p, 3000, seed=41, malformed_ratio=0.02)
     release = tmp_path / "release"
     slow = cli_drain(path, p.name, held_at("before_commit", release))
-    deadline = time.time() + 180  # until the slow one has read its range (its dead letters are written)
-    while time.time() < deadline and not (c.dlq_path(p) / "_delta_log").exists():
-        time.sleep(0.5)
-    assert slow.poll() is None, slow.communicate()[1][-3000:]
+    # Until the slow one has read its range (its dead letters are written).
+    wait_held(slow, (c.dlq_path(p) / "_delta_log").exists, 180, "the held run did not read its range")
     fast = cli_drain(path, p.name)
     fast_out, fast_err = fast.communicate(timeout=600)
     release.touch()  # the slow one commits only now
@@ -880,10 +873,7 @@ def test_broker_restart_between_read_and_commit(tmp_path, cfg, spark, kafka_brok
     result = produce(c, p, 2000, seed=61, malformed_ratio=0.05)
     release = tmp_path / "release"
     run = cli_drain(path, p.name, held_at("before_commit", release))
-    deadline = time.time() + 180
-    while time.time() < deadline and not (c.dlq_path(p) / "_delta_log").exists() and run.poll() is None:
-        time.sleep(0.2)
-    assert run.poll() is None, run.communicate()[1][-3000:]
+    wait_held(run, (c.dlq_path(p) / "_delta_log").exists, 180, "the held run did not read its range")
     kafka_broker.down()  # the range is read and staged; the commit has not happened
     kafka_broker.up()
     # What the ingest DAG's sensor asks at once, while the restarted broker still loads its groups.

@@ -35,6 +35,7 @@ from tests.integration.helpers import (
     set_source,
     summary_of,
     target_ids,
+    wait_held,
 )
 
 pytestmark = pytest.mark.usefixtures("valkey_server")
@@ -598,11 +599,8 @@ def test_two_concurrent_drains_one_reports_the_neighbour(tmp_path, cfg, spark):
     result = produce(c, p, 3000, seed=41, malformed_ratio=0.02)
     release = tmp_path / "release"
     slow = cli_drain(path, p.name, held_at("before_commit", release))
-    deadline = time.time() + 120
-    while time.time() < deadline and pending(client, p) < 1000 and slow.poll() is None:
-        time.sleep(0.5)  # until the slow one has claimed its batch
-    assert pending(client, p) == 1000 and slow.poll() is None, \
-        "the held run did not claim its batch: " + (slow.communicate()[1][-3000:] if slow.poll() is not None else "")
+    wait_held(slow, lambda: pending(client, p) >= 1000, 120, "the held run did not claim its batch")
+    assert pending(client, p) == 1000
     fast = cli_drain(path, p.name)
     fast_out, fast_err = fast.communicate(timeout=600)
     release.touch()  # the slow one commits only now
@@ -626,11 +624,8 @@ def test_a_stale_run_whose_claims_were_taken_over_neither_duplicates_nor_loses(t
     result = produce(c, p, 2000, seed=51)
     release = tmp_path / "release"
     stale = cli_drain(path, p.name, held_at("before_commit", release))
-    deadline = time.time() + 120
-    while time.time() < deadline and pending(client, p) < 2000 and stale.poll() is None:
-        time.sleep(0.5)
-    assert pending(client, p) == 2000 and stale.poll() is None, \
-        "the held run did not claim its batch: " + (stale.communicate()[1][-3000:] if stale.poll() is not None else "")
+    wait_held(stale, lambda: pending(client, p) >= 2000, 120, "the held run did not claim its batch")
+    assert pending(client, p) == 2000
     time.sleep(0.6)
     assert reap(c, p, client)["taken_over"] == 2000  # the stale run's lease expired
     fresh = drain(c, p, spark=spark)
@@ -651,10 +646,7 @@ def test_valkey_restart_between_claim_and_ack(tmp_path, cfg, spark, valkey_serve
     release = tmp_path / "release"
     run = cli_drain(path, p.name, held_at("after_commit", release))
     merge_commit = c.target_path(p) / "_delta_log" / f"{0:020d}.json"  # the first batch creates the table
-    deadline = time.time() + 240
-    while time.time() < deadline and not merge_commit.exists() and run.poll() is None:
-        time.sleep(0.2)
-    assert merge_commit.exists() and run.poll() is None, run.communicate()[1][-3000:]
+    wait_held(run, merge_commit.exists, 240, "the held run did not commit its batch")
     assert read_checkpoint(spark, str(c.target_path(p)), p.name).batch == 1
     assert pending(client, p) == 2000  # committed, not yet acknowledged
     valkey_server.down()  # committed, not yet acknowledged
