@@ -20,7 +20,9 @@ table (insert-only, keyed on message id + batch + source position, so a rerun ad
 only then DELETEd from the target (a MERGE ... WHEN MATCHED DELETE on the same keys and the row's
 `_dd_run_id`: a row a reprocess rewrote meanwhile stays, see take_back_rewritten). A crash
 between the two leaves the rows in both tables; the next check of that batch finds them again in
-the target, the quarantine MERGE skips them, and the DELETE completes. The DELETE commit carries no
+the target, the quarantine MERGE skips them, and the DELETE completes. A crash after the DELETE and
+before the results row leaves rows no result accounts for: the next check of the batch reports them
+as its own (unreported, `adopted_runs`) rather than a clean pass. The DELETE commit carries no
 SetTransaction and no `pipeline`/`batch` metadata, so the drain's checkpoint (the newest commit
 naming the pipeline, else the txn) is untouched. It must not run concurrently with a drain of the
 same pipeline (the drain's MERGE would lose the race and stop): the ingest DAG runs it right after
@@ -60,7 +62,8 @@ SPARK_TYPE_CLASS = {"string": "StringType", "long": "LongType", "int": "IntegerT
 RESULTS_SCHEMA = ("pipeline STRING NOT NULL, scope STRING NOT NULL, batch BIGINT, table_version BIGINT, "
                   "run_id STRING, batch_run_id STRING, suite STRING, policy STRING, success BOOLEAN, "
                   "rows_checked BIGINT, unexpected_count BIGINT, failed STRING, results STRING, "
-                  "quarantined BIGINT, checked_at TIMESTAMP, data_docs STRING, table_id STRING")
+                  "quarantined BIGINT, checked_at TIMESTAMP, data_docs STRING, table_id STRING, "
+                  "adopted_runs ARRAY<STRING>")
 TXN_KEYS = ("spark.databricks.delta.write.txnAppId", "spark.databricks.delta.write.txnVersion")
 USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
 DOCS_KEEP = 200  # validation pages kept per pipeline; the results table keeps the whole history
@@ -204,6 +207,7 @@ class QualityReport:
     data_docs: str = ""
     results_table: str = ""
     table_id: str | None = None  # the target's Delta id: which table `batch` is a batch of
+    adopted_runs: list[str] = field(default_factory=list)  # checks that moved rows, then died unreported (unreported)
 
     @property
     def unexpected_count(self) -> int:
@@ -329,7 +333,7 @@ def write_result(spark, cfg: DeltadrainConfig, report: QualityReport) -> None:
     row = (report.pipeline, report.scope, report.batch, report.table_version, report.run_id, report.batch_run_id,
            report.suite, report.policy, report.success, report.rows_checked, report.unexpected_count,
            json.dumps(report.failed), json.dumps(report.results, default=str), report.quarantined,
-           report.checked_at, report.data_docs, report.table_id)
+           report.checked_at, report.data_docs, report.table_id, report.adopted_runs)
     df = spark.createDataFrame([row], schema)
     retry_conflicts(lambda: df.write.format("delta").mode("append").save(path))  # blind append: idempotent enough
 
@@ -362,8 +366,10 @@ def quarantine_keys(id_field: str, left: str):
     return cond
 
 
-def quarantine(spark, cfg: DeltadrainConfig, pipeline: PipelineConfig, batch: int, rows, run_id: str) -> int:
-    """Move `rows` (offending rows of `batch`, with `_dq_reason`) from the target to the quarantine table.
+def quarantine(spark, cfg: DeltadrainConfig, pipeline: PipelineConfig, batch: int, rows, run_id: str,
+               table: str | None) -> int:
+    """Move `rows` (offending rows of `batch` of the target whose Delta id is `table`, with
+    `_dq_reason`) from the target to the quarantine table.
 
     Quarantine first (idempotent), then delete from the target: see the module docstring.
     """
@@ -372,12 +378,14 @@ def quarantine(spark, cfg: DeltadrainConfig, pipeline: PipelineConfig, batch: in
 
     target, qpath = str(cfg.target_path(pipeline)), str(quarantine_path(cfg, pipeline))
     id_field = pipeline.payload_schema.id_field
-    staged = rows.withColumn("_dq_run_id", F.lit(run_id)).withColumn("_dq_quarantined_at", F.current_timestamp())
+    staged = (rows.withColumn("_dq_run_id", F.lit(run_id)).withColumn("_dq_quarantined_at", F.current_timestamp())
+              .withColumn("_dq_table_id", F.lit(table).cast("string")))
     staged = staged.localCheckpoint()  # the window and the delete below must not re-evaluate against a changed target
     moved = staged.count()
     if moved == 0:
         return 0
     ensure_table(spark, qpath, staged.schema)
+    add_missing_columns(spark, qpath, staged.schema)  # a quarantine table from before `_dq_table_id`
     retry_conflicts(lambda: DeltaTable.forPath(spark, qpath).alias("q").merge(
         staged.alias("s"), quarantine_keys(id_field, "q")).whenNotMatchedInsertAll().execute())
     failpoints.fail("before_quarantine_delete")  # tests: a crash here leaves the rows in both tables
@@ -395,7 +403,64 @@ def quarantine(spark, cfg: DeltadrainConfig, pipeline: PipelineConfig, batch: in
                         .whenMatchedDelete().execute())
     finally:
         spark.conf.unset(USER_METADATA)
+    failpoints.fail("after_quarantine_delete")  # tests: a crash here leaves moved rows no results row names
     return moved
+
+
+@dataclass
+class Unreported:
+    """Rows of a batch in the quarantine table that no results row accounts for (see unreported)."""
+
+    runs: list[str]  # the checks that moved them
+    rows: int  # of those, the rows no longer in the target: this check will not move them again
+    reasons: list[str]  # the checks those rows broke
+
+
+def unreported(spark, cfg: DeltadrainConfig, pipeline: PipelineConfig, batch: int, table: str | None) -> Unreported:
+    """The quarantine rows of `batch` moved by checks that wrote no results row: a check that died
+    after its DELETE (or between its MERGE and DELETE) and before write_result. Without this, the
+    next check would find the batch clean and report it passed with nothing quarantined.
+
+    A results row accounts for the rows of its own `run_id` and of its `adopted_runs`. Copies of
+    rows still in the target are the next quarantine's to move and count; they are adopted but not
+    counted here. Rows of another target table of the same name (deleted and created again) are not
+    this batch's: `_dq_table_id` tells them apart (rows from before it count for any).
+    """
+    from pyspark.sql import functions as F
+
+    qpath, rpath = str(quarantine_path(cfg, pipeline)), str(results_path(cfg))
+    if not is_table(spark, qpath):
+        return Unreported([], 0, [])
+    copies = spark.read.format("delta").load(qpath).where(F.col("_dd_batch") == F.lit(batch))
+    if table is not None and "_dq_table_id" in copies.columns:
+        copies = copies.where(F.col("_dq_table_id").isNull() | (F.col("_dq_table_id") == F.lit(table)))
+    runs = {r._dq_run_id for r in copies.select("_dq_run_id").distinct().collect()}
+    if runs and is_table(spark, rpath):
+        results = spark.read.format("delta").load(rpath).where(
+            (F.col("pipeline") == F.lit(pipeline.name)) & (F.col("scope") == F.lit("batch"))
+            & (F.col("batch") == F.lit(batch)))
+        adopted = F.col("adopted_runs") if "adopted_runs" in results.columns else F.array().cast("array<string>")
+        for r in results.select("run_id", adopted.alias("adopted")).collect():
+            runs -= {r.run_id, *(r.adopted or [])}
+    if not runs:
+        return Unreported([], 0, [])
+    rows = spark.read.format("delta").load(str(cfg.target_path(pipeline))).where(F.col("_dd_batch") == F.lit(batch))
+    gone = (copies.where(F.col("_dq_run_id").isin(sorted(runs))).alias("s")
+            .join(rows.alias("t"), quarantine_keys(pipeline.payload_schema.id_field, "t"), "left_anti"))
+    counted = gone.groupBy("_dq_reason").count().collect()
+    return Unreported(sorted(runs), sum(r["count"] for r in counted),
+                      reasons_of([r._dq_reason for r in counted if r._dq_reason]))
+
+
+def reasons_of(dq_reasons: list[str]) -> list[str]:
+    """The check names in `_dq_reason` values (each names every check its row breaks, "; "-joined), once each."""
+    return sorted({name for reason in dq_reasons for name in reason.split("; ") if name})
+
+
+def with_unreported(failed: list[str], reasons: list[str]) -> list[str]:
+    """The failed checks of a report that adopts unreported quarantine rows: its own, then the ones
+    only those rows broke (the check that moved them judged them; this one no longer sees them)."""
+    return [*failed, *(name for name in reasons if name not in failed)]
 
 
 def take_back_rewritten(spark, cfg: DeltadrainConfig, pipeline: PipelineConfig, batch: int) -> int:
@@ -648,11 +713,22 @@ def _check(cfg, pipeline: PipelineConfig, spark, rows, scope: str, batch: int | 
         # First the stale copies a crashed check left of rows rewritten since: this round's MERGE
         # would match such a copy, insert nothing, and its DELETE then remove the rewritten row.
         take_back_rewritten(spark, cfg, pipeline, batch)
+        # Before this round moves anything: its own rows would otherwise look like an earlier check's.
+        earlier = unreported(spark, cfg, pipeline, batch, table)
         offending = offending_rows(rows, checks, results) if failed else None
         if offending is not None:
-            moved = quarantine(spark, cfg, pipeline, batch, offending, run_id)
+            moved = quarantine(spark, cfg, pipeline, batch, offending, run_id, table)
             report.taken_back = take_back_rewritten(spark, cfg, pipeline, batch)
             report.quarantined = max(0, moved - report.taken_back)
+        if earlier.runs:
+            if earlier.rows:
+                log.warning("pipeline %s batch %d: check(s) %s quarantined %d row(s) (%s) and died before writing "
+                            "their result; this check reports them", pipeline.name, batch, ", ".join(earlier.runs),
+                            earlier.rows, "; ".join(earlier.reasons))
+            report.adopted_runs = earlier.runs
+            report.quarantined += earlier.rows
+            report.failed = failed = with_unreported(failed, earlier.reasons)
+            report.success = not failed
     write_result(spark, cfg, report)
     where = f"batch {batch}" if scope == "batch" else "table"
     if not failed:

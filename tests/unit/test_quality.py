@@ -12,7 +12,16 @@ from deltadrain.config import parse_config
 from deltadrain.drain import RunSummary
 from deltadrain.errors import ConfigError
 from deltadrain.metrics import chart_html, metrics_row, panel_svg
-from deltadrain.quality import Check, batch_to_check, build_checks, gx_expectation, owed_batches, suite_name
+from deltadrain.quality import (
+    Check,
+    batch_to_check,
+    build_checks,
+    gx_expectation,
+    owed_batches,
+    reasons_of,
+    suite_name,
+    with_unreported,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -175,3 +184,12 @@ def test_an_owed_batch_that_cannot_be_checked_keeps_no_other_batch_unchecked(mon
     monkeypatch.setattr(quality, "catch_up", lambda cfg, pipeline, spark, requested: ([], 0))
     with pytest.raises(QualityError, match="boom"):
         check_batches(cfg, pipeline, None, [2], owed=True)
+
+
+def test_unreported_quarantine_rows_name_each_check_they_broke_once_after_the_checks_own_failures():
+    reasons = reasons_of(["amount between 0 and 250", "amount between 0 and 250; status in set", "", "id not null"])
+    assert reasons == ["amount between 0 and 250", "id not null", "status in set"]
+    assert with_unreported([], reasons) == reasons  # the check itself saw a clean batch
+    assert with_unreported(["status in set", "event_time fresh"], reasons) == [
+        "status in set", "event_time fresh", "amount between 0 and 250", "id not null"]
+    assert with_unreported(["type of amount"], []) == ["type of amount"]
