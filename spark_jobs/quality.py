@@ -18,16 +18,19 @@ from deltadrain.quality import BatchesFailed, QualityFailed, check_batches, chec
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("pipeline")
-    scope = parser.add_mutually_exclusive_group(required=True)
+    scope = parser.add_mutually_exclusive_group()
     scope.add_argument("--batch", type=int, nargs="+", help="one or more batches (a drain task's catch-up)")
     scope.add_argument("--table", action="store_true")
     parser.add_argument("--owed", action="store_true",
-                        help="with --batch: first the committed batches that have no result yet (at most 20)")
+                        help="the committed batches that have no result yet (at most 20): alone (the daily DAG), "
+                             "or before the --batch ones (the ingest DAG)")
     parser.add_argument("--config")
     parser.add_argument("--run-id")
     args = parser.parse_args()
-    if args.owed and args.batch is None:
-        parser.error("--owed goes with --batch")
+    if args.owed and args.table:
+        parser.error("--owed goes with --batch, or alone")
+    if not (args.batch or args.table or args.owed):
+        parser.error("one of --batch, --table or --owed is required")
     from pyspark.sql import SparkSession
 
     failed = None
@@ -36,8 +39,8 @@ def main() -> int:
         pipeline = cfg.pipeline(args.pipeline)
         spark = SparkSession.builder.getOrCreate()  # configured by spark-submit with the cached jars
         try:
-            if args.batch is not None:
-                report = check_batches(cfg, pipeline, spark, args.batch, run_id=args.run_id, owed=args.owed)
+            if not args.table:
+                report = check_batches(cfg, pipeline, spark, args.batch or [], run_id=args.run_id, owed=args.owed)
             else:
                 report = check_table(cfg, pipeline, spark, run_id=args.run_id).as_dict()
         except BatchesFailed as exc:

@@ -291,6 +291,15 @@ def test_the_spark_submit_entry_point_checks_a_batch(tmp_path, cfg, spark):
     assert (report["run_id"], report["batch"], report["success"]) == ("dq1", 1, False)
     assert f"Data Docs: {report['data_docs']}" in done.stdout
     assert [r["run_id"] for r in last_results(spark, c, p)] == ["dq1"]
+    # What the daily DAG submits first: `--owed` alone checks the batches committed since with no result.
+    produce(c, p, 30, seed=7, start=60)
+    assert drain(c, p, spark=spark).batch == 2
+    done = subprocess.run(spark_submit_command(job, [p.name, "--owed", "--config", str(path), "--run-id", "dq2"]),
+                          capture_output=True, text=True, timeout=600, env={**os.environ})
+    report = summary_of(done.stdout)
+    assert (report["caught_up"], report["still_owed"], report["batch"]) == ([2], 0, 2)
+    assert done.returncode == (0 if report["success"] else 1), done.stdout + done.stderr
+    assert [(r["run_id"], r["batch"]) for r in last_results(spark, c, p)] == [("dq2", 2), ("dq1", 1)]
 
 
 def test_a_catch_ups_batches_are_all_checked_even_when_the_first_fails(tmp_path, cfg, spark):

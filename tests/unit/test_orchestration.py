@@ -111,6 +111,13 @@ def test_the_quality_job_gets_every_batch_the_drain_task_committed():
     assert args[args.index("--batch"):] == ["--batch", "2", "--owed"]
     with pytest.raises(AirflowSkipException, match="no batch to check"):
         op.job_args(ctx({"outcome": "empty", "batch": 3, "batches": []}))
+    # The daily DAG's tasks: the owed batches alone, then the whole table; one scope per task.
+    daily = context("scheduled")
+    assert QualityOperator(task_id="o", pipeline="orders", owed=True).job_args(daily)[-1] == "--owed"
+    assert QualityOperator(task_id="t", pipeline="orders", whole_table=True).job_args(daily)[-1] == "--table"
+    for scopes in ({}, {"owed": True, "whole_table": True}, {"drain_task": "drain", "owed": True}):
+        with pytest.raises(ValueError, match="checks one of"):
+            QualityOperator(task_id="q", pipeline="orders", **scopes)
 
 
 def test_a_failed_replay_names_the_pipeline_it_was_asked_for(monkeypatch):

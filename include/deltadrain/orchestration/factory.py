@@ -3,7 +3,7 @@
 - deltadrain__<pipeline>__ingest: wait for work (deferred) -> drain (spark-submit) -> quality of the batch
 - deltadrain__reaper:            stuck claims? -> reap each pipeline that has some
 - deltadrain__replay:            manual, validated Params -> the pipeline's replay task (spark-submit, its pool)
-- deltadrain__quality:           daily, each pipeline's whole table against its suite
+- deltadrain__quality:           daily, each pipeline's owed batches, then its whole table against its suite
 - deltadrain__maintenance:       daily, OPTIMIZE and VACUUM of each pipeline's tables and the shared ones
 
 Parsing reads the config file and nothing else: no source, Spark or Delta is touched until a task runs.
@@ -100,13 +100,20 @@ def ingest_dag(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> DAG:
 def quality_dag(cfg: DeltadrainConfig) -> DAG:
     with DAG(dag_id=QUALITY_DAG, schedule="@daily", start_date=min(p.airflow.start_date for p in cfg.pipelines),
              catchup=False, max_active_runs=1, tags=["deltadrain"],
-             doc_md="Daily: each pipeline's whole target table against its Great Expectations suite "
-                    "(results appended to the quality results table, Data Docs rendered).",
+             doc_md="Daily, per pipeline: first the committed batches no check has a result for yet "
+                    "(`owed_<pipeline>`: a drain that committed and then failed, with no ingest run since to "
+                    "check them), then the whole target table against its Great Expectations suite "
+                    "(`check_<pipeline>`). Results are appended to the quality results table, Data Docs rendered.",
              default_args={"retries": 1, "retry_delay": timedelta(minutes=5),
                            "execution_timeout": timedelta(hours=2)}) as dag:
         for p in cfg.pipelines:
-            QualityOperator(task_id=f"check_{p.name}", pipeline=p.name, config=_config_arg(cfg), whole_table=True,
-                            pool=pool_name(p.name))
+            owed = QualityOperator(task_id=f"owed_{p.name}", pipeline=p.name, config=_config_arg(cfg), owed=True,
+                                   pool=pool_name(p.name))
+            # After the owed batches' quarantine, whatever they concluded: a failed batch is no reason
+            # to leave the table unchecked.
+            whole = QualityOperator(task_id=f"check_{p.name}", pipeline=p.name, config=_config_arg(cfg),
+                                    whole_table=True, pool=pool_name(p.name), trigger_rule="all_done")
+            owed >> whole
     return dag
 
 

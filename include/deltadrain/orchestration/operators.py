@@ -209,20 +209,25 @@ def _connection_exists(conn_id: str) -> bool:
 
 
 class QualityOperator(DeltadrainSparkOperator):
-    """Great Expectations on the batch the upstream drain committed (`drain_task`), or on the whole
-    table (`whole_table=True`). The pipeline's policy decides: fail the task, warn, or quarantine."""
+    """Great Expectations on the batch the upstream drain committed (`drain_task`), on the committed
+    batches no check has a result for (`owed=True`), or on the whole table (`whole_table=True`).
+    The pipeline's policy decides: fail the task, warn, or quarantine."""
 
     job = "quality"
     reads_source = False
 
-    def __init__(self, *, drain_task: str | None = None, whole_table: bool = False, **kwargs):
+    def __init__(self, *, drain_task: str | None = None, whole_table: bool = False, owed: bool = False, **kwargs):
         super().__init__(**kwargs)
-        self.drain_task, self.whole_table = drain_task, whole_table
+        if sum((drain_task is not None, whole_table, owed)) != 1:
+            raise ValueError("QualityOperator checks one of: drain_task's batches, whole_table, owed")
+        self.drain_task, self.whole_table, self.owed = drain_task, whole_table, owed
 
     def job_args(self, context) -> list[str]:
         args = super().job_args(context)
         if self.whole_table:
             return [*args, "--table"]
+        if self.owed:
+            return [*args, "--owed"]
         from airflow.sdk.exceptions import AirflowSkipException
 
         from deltadrain.quality import batches_to_check
