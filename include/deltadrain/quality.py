@@ -499,7 +499,8 @@ def new_check_id() -> str:
 
 
 def batch_rows(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, batch: int):
-    """(rows the batch's commit added, table version, drain run id); raises if the batch is not committed."""
+    """(rows the batch's commit added, table version, drain run id, commit time or None when log
+    cleanup removed the commit file); raises if the batch is not committed."""
     from pyspark.sql import functions as F
 
     target = str(cfg.target_path(pipeline))
@@ -507,15 +508,15 @@ def batch_rows(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, batch: in
         raise QualityError(f"pipeline '{pipeline.name}': no target table at {target}; nothing to check")
     commit = find_commit(spark, target, pipeline.name, batch)
     if commit is not None:
-        version, drain_run = commit["version"], (commit["meta"] or {}).get("run_id")
+        version, drain_run, at = commit["version"], (commit["meta"] or {}).get("run_id"), commit.get("timestamp")
     else:  # commit file gone (log cleanup) or never written: the txn says which
         committed, version = snapshot_txn(spark, target, pipeline.name)
         if committed is None or batch > committed or batch < 1:
             raise QualityError(f"pipeline '{pipeline.name}': batch {batch} is not committed "
                                f"(the table holds batches up to {committed or 0})")
-        drain_run = None
+        drain_run = at = None
     rows = spark.read.format("delta").load(target).where(F.col("_dd_batch") == F.lit(batch))
-    return rows, version, drain_run
+    return rows, version, drain_run, at
 
 
 def batch_to_check(summary) -> int | None:
@@ -669,12 +670,13 @@ def _check_batch_once(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, ba
                       run_id: str) -> QualityReport:
     from pyspark import StorageLevel
 
-    rows, version, drain_run = batch_rows(cfg, pipeline, spark, batch)
+    rows, version, drain_run, committed_at = batch_rows(cfg, pipeline, spark, batch)
     rows = rows.persist(StorageLevel.MEMORY_AND_DISK)  # GX runs one Spark job per metric
     try:
         # A batch that added no rows (all duplicates or dead letters) has no newest event to judge.
         skip = ("fresh_within",) if rows.isEmpty() else ()
-        return _check(cfg, pipeline, spark, rows, "batch", batch, version, drain_run, run_id, skip)
+        return _check(cfg, pipeline, spark, rows, "batch", batch, version, drain_run, run_id, skip,
+                      fresh_at=committed_at)
     finally:
         rows.unpersist()
 
@@ -691,12 +693,20 @@ def check_table(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, run_id: 
     return _check(cfg, pipeline, spark, rows, "table", None, version, None, run_id)
 
 
+def freshness_reference(fresh_at: datetime | None) -> datetime:
+    """The "now" `fresh_within` is judged at, as a naive local time like the timestamps PySpark
+    collects (see gx_expectation): a batch's commit time, so that a batch checked late (owed, a
+    retry) is judged as it was when it landed, not failed for the time its check waited; else now."""
+    return fresh_at.astimezone().replace(tzinfo=None) if fresh_at is not None else datetime.now()
+
+
 def _check(cfg, pipeline: PipelineConfig, spark, rows, scope: str, batch: int | None, version: int | None,
-           drain_run: str | None, run_id: str | None, skip: tuple[str, ...] = ()) -> QualityReport:
+           drain_run: str | None, run_id: str | None, skip: tuple[str, ...] = (),
+           fresh_at: datetime | None = None) -> QualityReport:
     checks = [c for c in build_checks(pipeline) if c.kind not in skip]
     run_id = run_id or new_check_id()
     table = table_id(spark, str(cfg.target_path(pipeline)))  # the table `rows` were read from, before GX runs
-    now = datetime.now()  # naive local, like the timestamps PySpark collects (see gx_expectation)
+    now = freshness_reference(fresh_at)
     run_name = f"{scope}-{batch}-{run_id}" if batch is not None else f"{scope}-{run_id}"
     gx_result, index = run_gx(rows, pipeline, checks, run_name, now)
     results = summarize(checks, gx_result)

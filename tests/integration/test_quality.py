@@ -167,6 +167,50 @@ def test_quarantine_moves_offending_rows_loses_nothing_and_the_drain_continues(t
     assert outcomes == [(3, False, len(bad3)), (1, True, 0), (1, False, len(bad))]
 
 
+def test_a_batch_checked_late_is_judged_fresh_as_of_its_commit_not_of_its_check(tmp_path, cfg, spark):
+    """An owed batch checked a day on (the daily DAG), or a retried check, must not fail `fresh_within`
+    for the time it waited: freshness is judged at the batch's commit."""
+    import os
+    import random
+    from datetime import UTC, datetime, timedelta
+
+    from deltadrain.checkpoint import find_commit
+    from deltadrain.produce import _valid_payload
+
+    _, c, p = make_pipeline(tmp_path, partitions=1, quality={"on_failure": "warn", "expectations": [
+        {"column": "event_time", "kind": "fresh_within", "within": "PT1H"}]})
+    client, target, rng = valkey_client(c, p), str(c.target_path(p)), random.Random(3)
+    landed = datetime.now(UTC).replace(microsecond=0) - timedelta(days=2)
+
+    def send(n: int, start: int) -> None:
+        for i in range(start, start + n):
+            payload = _valid_payload(rng, f"late-{i}", landed - timedelta(minutes=i))
+            client.xadd(p.source.streams[0], {b"data": json.dumps(payload).encode()})
+
+    send(5, 0)
+    assert drain(c, p, spark=spark).batch == 1
+    # Batch 1 landed two days ago, ten minutes after its newest event: its commit file says so.
+    commit = find_commit(spark, target, p.name, 1)
+    log_file = c.target_path(p) / "_delta_log" / f"{commit['version']:020d}.json"
+    lines = [json.loads(line) for line in log_file.read_text().splitlines() if line.strip()]
+    for action in lines:
+        if "commitInfo" in action:
+            action["commitInfo"].pop("inCommitTimestamp", None)
+            action["commitInfo"]["timestamp"] = int((landed + timedelta(minutes=10)).timestamp() * 1000)
+    log_file.write_text("".join(json.dumps(a) + "\n" for a in lines))
+    checksum = log_file.with_name(f".{log_file.name}.crc")  # Hadoop's, of the old bytes
+    if checksum.exists():
+        os.remove(checksum)
+    assert find_commit(spark, target, p.name, 1)["timestamp"] == landed + timedelta(minutes=10)
+    late = check_batch(c, p, spark, 1)
+    assert late.success and late.results[0]["kind"] == "fresh_within", late.results
+    # The same events committed now are two days old when they land: stale, and the check says so.
+    send(3, 5)
+    assert drain(c, p, spark=spark).batch == 2
+    stale = check_batch(c, p, spark, 2)
+    assert not stale.success and stale.failed == ["event_time newest within 1:00:00"]
+
+
 def test_default_suite_catches_a_duplicate_id(tmp_path, cfg, spark):
     from pyspark.sql import functions as F
 

@@ -16,6 +16,7 @@ from deltadrain.quality import (
     Check,
     batch_to_check,
     build_checks,
+    freshness_reference,
     gx_expectation,
     owed_batches,
     reasons_of,
@@ -193,3 +194,11 @@ def test_unreported_quarantine_rows_name_each_check_they_broke_once_after_the_ch
     assert with_unreported(["status in set", "event_time fresh"], reasons) == [
         "status in set", "event_time fresh", "amount between 0 and 250", "id not null"]
     assert with_unreported(["type of amount"], []) == ["type of amount"]
+
+
+def test_freshness_is_judged_at_the_batchs_commit_as_pyspark_hands_times_over():
+    committed = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+    at = freshness_reference(committed)
+    assert at.tzinfo is None and at == committed.astimezone().replace(tzinfo=None)  # naive local, the same instant
+    now = freshness_reference(None)  # no commit file left (log cleanup): judged now
+    assert now.tzinfo is None and abs(now - datetime.now()) < timedelta(minutes=1)
