@@ -208,6 +208,7 @@ class QualityReport:
     results_table: str = ""
     table_id: str | None = None  # the target's Delta id: which table `batch` is a batch of
     adopted_runs: list[str] = field(default_factory=list)  # checks that moved rows, then died unreported (unreported)
+    adopted_failed: list[str] = field(default_factory=list)  # the checks the rows those runs moved broke
 
     @property
     def unexpected_count(self) -> int:
@@ -424,7 +425,9 @@ def unreported(spark, cfg: DeltadrainConfig, pipeline: PipelineConfig, batch: in
     A results row accounts for the rows of its own `run_id` and of its `adopted_runs`. Copies of
     rows still in the target are the next quarantine's to move and count; they are adopted but not
     counted here. Rows of another target table of the same name (deleted and created again) are not
-    this batch's: `_dq_table_id` tells them apart (rows from before it count for any).
+    this batch's: `_dq_table_id` tells them apart. Rows from before it (null) count for any table,
+    and only when moved after the batch's last result: before this function, the check that finished
+    a crashed check's move counted that check's rows as its own.
     """
     from pyspark.sql import functions as F
 
@@ -432,16 +435,21 @@ def unreported(spark, cfg: DeltadrainConfig, pipeline: PipelineConfig, batch: in
     if not is_table(spark, qpath):
         return Unreported([], 0, [])
     copies = spark.read.format("delta").load(qpath).where(F.col("_dd_batch") == F.lit(batch))
+    older = F.col("_dq_table_id").isNull() if "_dq_table_id" in copies.columns else F.lit(True)
     if table is not None and "_dq_table_id" in copies.columns:
-        copies = copies.where(F.col("_dq_table_id").isNull() | (F.col("_dq_table_id") == F.lit(table)))
-    runs = {r._dq_run_id for r in copies.select("_dq_run_id").distinct().collect()}
-    if runs and is_table(spark, rpath):
+        copies = copies.where(older | (F.col("_dq_table_id") == F.lit(table)))
+    accounted, last = set(), None
+    if is_table(spark, rpath):
         results = spark.read.format("delta").load(rpath).where(
             (F.col("pipeline") == F.lit(pipeline.name)) & (F.col("scope") == F.lit("batch"))
             & (F.col("batch") == F.lit(batch)))
         adopted = F.col("adopted_runs") if "adopted_runs" in results.columns else F.array().cast("array<string>")
-        for r in results.select("run_id", adopted.alias("adopted")).collect():
-            runs -= {r.run_id, *(r.adopted or [])}
+        for r in results.select("run_id", adopted.alias("adopted"), "checked_at").collect():
+            accounted |= {r.run_id, *(r.adopted or [])}
+            last = r.checked_at if last is None or (r.checked_at and r.checked_at > last) else last
+    if last is not None:
+        copies = copies.where(~older | (F.col("_dq_quarantined_at") > F.lit(last)))
+    runs = {r._dq_run_id for r in copies.select("_dq_run_id").distinct().collect()} - accounted
     if not runs:
         return Unreported([], 0, [])
     rows = spark.read.format("delta").load(str(cfg.target_path(pipeline))).where(F.col("_dd_batch") == F.lit(batch))
@@ -649,9 +657,12 @@ def check_batch(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, batch: i
     """
     run_id = run_id or new_check_id()
     moved = taken_back = 0
+    adopted_runs, adopted_failed = [], []
     for again in range(RECHECKS + 1):
         report = _check_batch_once(cfg, pipeline, spark, batch, run_id if not again else f"{run_id}.{again}")
         moved, taken_back = moved + report.quarantined, taken_back + report.taken_back
+        adopted_runs += report.adopted_runs
+        adopted_failed = with_unreported(adopted_failed, report.adopted_failed)
         if not report.taken_back:
             break
         if again < RECHECKS:
@@ -661,8 +672,11 @@ def check_batch(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, batch: i
             log.warning("pipeline %s batch %d: rows were rewritten under each of %d checks; the %d left in the "
                         "target are judged by the next whole-table check", pipeline.name, batch, RECHECKS + 1,
                         report.taken_back)
-    # The last round's results, and what all rounds moved (each round's results row has its own).
+    # The last round's results, and what all rounds moved or adopted (each round's results row has its own).
     report.quarantined, report.taken_back = moved, taken_back
+    report.adopted_runs, report.adopted_failed = adopted_runs, adopted_failed
+    report.failed = with_unreported(report.failed, adopted_failed)
+    report.success = not report.failed
     return report
 
 
@@ -731,11 +745,11 @@ def _check(cfg, pipeline: PipelineConfig, spark, rows, scope: str, batch: int | 
             report.taken_back = take_back_rewritten(spark, cfg, pipeline, batch)
             report.quarantined = max(0, moved - report.taken_back)
         if earlier.runs:
-            if earlier.rows:
-                log.warning("pipeline %s batch %d: check(s) %s quarantined %d row(s) (%s) and died before writing "
-                            "their result; this check reports them", pipeline.name, batch, ", ".join(earlier.runs),
-                            earlier.rows, "; ".join(earlier.reasons))
-            report.adopted_runs = earlier.runs
+            log.warning("pipeline %s batch %d: check(s) %s moved rows to the quarantine and died before writing "
+                        "their result; this check reports them (%d row(s) no longer in the target%s)", pipeline.name,
+                        batch, ", ".join(earlier.runs), earlier.rows,
+                        f": {'; '.join(earlier.reasons)}" if earlier.reasons else "")
+            report.adopted_runs, report.adopted_failed = earlier.runs, earlier.reasons
             report.quarantined += earlier.rows
             report.failed = failed = with_unreported(failed, earlier.reasons)
             report.success = not failed

@@ -68,13 +68,15 @@ def test_dags_parse_without_errors_warnings_or_io(monkeypatch, airflow_db):
         sensor = dag.get_task("wait_for_work")
         assert sensor.deferrable and sensor.soft_fail
         assert dag.get_task("quality").upstream_task_ids == {"drain"}
-    # Daily: a pipeline's owed batches, then its whole table whatever they concluded, in its pool.
+    # Daily: a pipeline's owed batches, then its whole table, in its pool; both leaves, so that
+    # either failing fails the run.
     daily = bag.get_dag(QUALITY_DAG)
     assert {t.task_id for t in daily.tasks} == {f"{k}_{p.name}" for p in cfg.pipelines for k in ("owed", "check")}
+    assert {t.task_id for t in daily.leaves} == {t.task_id for t in daily.tasks}
     for p in cfg.pipelines:
         owed, whole = daily.get_task(f"owed_{p.name}"), daily.get_task(f"check_{p.name}")
-        assert (owed.owed, whole.whole_table, whole.trigger_rule) == (True, True, "all_done")
-        assert whole.upstream_task_ids == {owed.task_id} and owed.pool == whole.pool == pool_name(p.name)
+        assert (owed.owed, whole.whole_table) == (True, True)
+        assert owed.pool == whole.pool == pool_name(p.name) and owed.priority_weight > whole.priority_weight
     # A pipeline's maintenance runs in its pool, between its drains; the shared tables' task does not.
     maintenance = {t.task_id: t.pool for t in bag.get_dag(MAINTENANCE_DAG).tasks}
     assert maintenance == {**{f"maintain_{p.name}": pool_name(p.name) for p in cfg.pipelines},

@@ -342,7 +342,7 @@ def test_the_spark_submit_entry_point_checks_a_batch(tmp_path, cfg, spark):
                           capture_output=True, text=True, timeout=600, env={**os.environ})
     report = summary_of(done.stdout)
     assert (report["caught_up"], report["still_owed"], report["batch"]) == ([2], 0, 2)
-    assert done.returncode == (0 if report["success"] else 1), done.stdout + done.stderr
+    assert done.returncode == 1 and not report["success"], done.stdout + done.stderr  # ~half its amounts > LIMIT
     assert [(r["run_id"], r["batch"]) for r in last_results(spark, c, p)] == [("dq2", 2), ("dq1", 1)]
 
 
@@ -529,14 +529,19 @@ def test_a_check_that_died_after_its_quarantine_delete_is_reported_by_the_next_n
     assert table(spark, qpath).count() == len(bad) and kept.isdisjoint(bad) and kept | bad == set(result.valid_ids)
 
     # Unreported rows of this pipeline's batch 1 in another target table (deleted and made anew) are
-    # not this table's; rows from before `_dq_table_id` (null) count for any table.
+    # not this table's. Rows from before `_dq_table_id` (null) count for any table when moved after
+    # the batch's last result; moved before it, that result counted them (the check that finished
+    # an older version's crashed move did).
     sample = table(spark, qpath).limit(1)
     strays = sample.withColumn("_dq_run_id", F.lit("dq-other-table")).withColumn("_dq_table_id", F.lit("another"))
-    older = (sample.withColumn("_dq_run_id", F.lit("dq-older")).withColumn("_dq_table_id", F.lit(None).cast("string"))
-             .withColumn("_dd_position", F.lit("0-1")))
-    strays.unionByName(older).write.format("delta").mode("append").save(qpath)
+    older = sample.withColumn("_dq_table_id", F.lit(None).cast("string"))
+    counted = older.withColumn("_dq_run_id", F.lit("dq-counted")).withColumn("_dd_position", F.lit("0-1"))
+    unseen = (older.withColumn("_dq_run_id", F.lit("dq-older")).withColumn("_dd_position", F.lit("0-2"))
+              .withColumn("_dq_quarantined_at", F.current_timestamp()))
+    strays.unionByName(counted).unionByName(unseen).write.format("delta").mode("append").save(qpath)
     third = check_batch(c, p, spark, 1)
     assert (third.success, third.quarantined, third.adopted_runs) == (False, 1, ["dq-older"])
+    assert third.failed == third.adopted_failed == [f"amount between 0.0 and {LIMIT}"]
 
 
 @pytest.mark.slow

@@ -107,13 +107,13 @@ def quality_dag(cfg: DeltadrainConfig) -> DAG:
              default_args={"retries": 1, "retry_delay": timedelta(minutes=5),
                            "execution_timeout": timedelta(hours=2)}) as dag:
         for p in cfg.pipelines:
-            owed = QualityOperator(task_id=f"owed_{p.name}", pipeline=p.name, config=_config_arg(cfg), owed=True,
-                                   pool=pool_name(p.name))
-            # After the owed batches' quarantine, whatever they concluded: a failed batch is no reason
-            # to leave the table unchecked.
-            whole = QualityOperator(task_id=f"check_{p.name}", pipeline=p.name, config=_config_arg(cfg),
-                                    whole_table=True, pool=pool_name(p.name), trigger_rule="all_done")
-            owed >> whole
+            # No edge between the two: a run's state comes from its leaf tasks, so a failed owed check
+            # must be a leaf to fail the run, and it is no reason to leave the table unchecked. The
+            # pool runs them one at a time; the owed batches go first when both wait.
+            QualityOperator(task_id=f"owed_{p.name}", pipeline=p.name, config=_config_arg(cfg), owed=True,
+                            pool=pool_name(p.name), priority_weight=2, weight_rule="absolute")
+            QualityOperator(task_id=f"check_{p.name}", pipeline=p.name, config=_config_arg(cfg), whole_table=True,
+                            pool=pool_name(p.name), priority_weight=1, weight_rule="absolute")
     return dag
 
 
