@@ -438,6 +438,11 @@ def unreported(spark, cfg: DeltadrainConfig, pipeline: PipelineConfig, batch: in
     older = F.col("_dq_table_id").isNull() if "_dq_table_id" in copies.columns else F.lit(True)
     if table is not None and "_dq_table_id" in copies.columns:
         copies = copies.where(older | (F.col("_dq_table_id") == F.lit(table)))
+    # Per run: one quarantine MERGE wrote its rows, with one table id and one timestamp.
+    seen = copies.groupBy("_dq_run_id").agg(F.max(older.cast("int")).alias("older"),
+                                             F.max("_dq_quarantined_at").alias("at")).collect()
+    if not seen:  # most checks: the batch has nothing in the quarantine yet, and the results are not read
+        return Unreported([], 0, [])
     accounted, last = set(), None
     if is_table(spark, rpath):
         results = spark.read.format("delta").load(rpath).where(
@@ -447,9 +452,8 @@ def unreported(spark, cfg: DeltadrainConfig, pipeline: PipelineConfig, batch: in
         for r in results.select("run_id", adopted.alias("adopted"), "checked_at").collect():
             accounted |= {r.run_id, *(r.adopted or [])}
             last = r.checked_at if last is None or (r.checked_at and r.checked_at > last) else last
-    if last is not None:
-        copies = copies.where(~older | (F.col("_dq_quarantined_at") > F.lit(last)))
-    runs = {r._dq_run_id for r in copies.select("_dq_run_id").distinct().collect()} - accounted
+    runs = {r._dq_run_id for r in seen if r._dq_run_id not in accounted
+            and not (r.older and last is not None and r.at is not None and r.at <= last)}
     if not runs:
         return Unreported([], 0, [])
     rows = spark.read.format("delta").load(str(cfg.target_path(pipeline))).where(F.col("_dd_batch") == F.lit(batch))
