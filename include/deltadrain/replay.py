@@ -144,6 +144,9 @@ class ReplayResult:
     skipped: list = field(default_factory=list)  # [{partition, position, reason}]
     preview: list = field(default_factory=list)
     written: int = 0  # reprocess: rows updated
+    # reprocess: the drained batches whose rows it updated, for the replay DAG's quality task to
+    # check again (deltadrain.quality.batches_to_check); rows a backfill wrote (batch 0) are not in one.
+    batches: list | None = None
     seconds: float = 0.0
 
     def line(self) -> str:
@@ -349,7 +352,8 @@ def select_published(spark, path: str, pipeline: PipelineConfig, request: Replay
     id_col = f"`{pipeline.payload_schema.id_field}`"
     df = _filtered(df, request, id_col=id_col, time_col="_dd_source_ts", partition_col="_dd_partition",
                    hi="_dd_pos_hi", lo="_dd_pos_lo")
-    return (df.select(F.col(id_col).alias("message_id"), "_dd_partition", "_dd_position", "_dd_pos_hi", "_dd_pos_lo")
+    return (df.select(F.col(id_col).alias("message_id"), "_dd_partition", "_dd_position", "_dd_pos_hi", "_dd_pos_lo",
+                      "_dd_batch")
             .orderBy("_dd_partition", "_dd_pos_hi", "_dd_pos_lo").limit(request.limit))
 
 
@@ -392,9 +396,18 @@ def reprocess(cfg, pipeline: PipelineConfig, spark, request: ReplayRequest, resu
                            for p, pos, e in refused]
         result.written = metrics.get("numTargetRowsUpdated", 0)
         result.replayed = result.written
+        result.batches = rewritten_batches(picked, result.skipped) if result.written else []
         rows.unpersist()
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def rewritten_batches(picked: list[dict], skipped: list[dict]) -> list[int]:
+    """The drained batches (>= 1) holding the picked rows a reprocess did not skip: the rows it
+    rewrote through the current transform, whose new values no check has judged yet."""
+    left_out = {(s["partition"], s["position"]) for s in skipped}
+    return sorted({int(r["_dd_batch"]) for r in picked
+                   if r.get("_dd_batch") and (r["_dd_partition"], r["_dd_position"]) not in left_out})
 
 
 def read_published_history(spark, cfg, pipeline: PipelineConfig, picked: list[dict], scratch):

@@ -146,6 +146,7 @@ def test_reprocess_restores_published_rows_through_the_transform_without_duplica
     for _ in range(2):  # twice: still one row
         r = replay(c, spark, request)
         assert r.selected == 1 and r.written == 1 and not r.skipped
+        assert r.batches == [original._dd_batch]  # for the replay DAG's quality task to check again
         rows = spark.read.format("delta").load(target).where(F.col("event_id") == victim).collect()
         assert len(rows) == 1 and rows[0].customer == original.customer
         assert rows[0]._dd_batch == original._dd_batch and rows[0]._dd_run_id == r.run_id
@@ -178,7 +179,7 @@ def test_a_reprocess_of_an_id_the_target_holds_twice_rewrites_each_row_from_its_
     DeltaTable.forPath(spark, target).update(F.lit(True), {"customer": F.lit("corrupted")})
     done = replay(c, spark, ReplayRequest(pipeline=p.name, mode="reprocess", message_ids=[first["event_id"]],
                                           dry_run=False))
-    assert (done.selected, done.written, done.skipped) == (2, 2, [])
+    assert (done.selected, done.written, done.skipped, done.batches) == (2, 2, [], [1, 2])
     assert rows() == published
 
 

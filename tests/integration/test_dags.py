@@ -24,6 +24,7 @@ from deltadrain.orchestration.names import (
     REPLAY_DAG,
     ingest_dag_id,
     pool_name,
+    replay_quality_task_id,
     replay_task_id,
 )
 from deltadrain.produce import MALFORMED_KINDS, produce
@@ -89,12 +90,17 @@ def test_dags_parse_without_errors_warnings_or_io(monkeypatch, airflow_db):
     assert {replay.get_task(replay_task_id(p.name)).max_active_tis_per_dag for p in cfg.pipelines} == {1}
     assert replay.params.get_param("pipeline").schema["enum"] == [p.name for p in cfg.pipelines]
     assert replay.params.get_param("limit").schema["minimum"] == 1
-    # Each pipeline's replay runs in its pool, between its drains, quality checks and maintenance.
+    # Each pipeline's replay runs in its pool, between its drains, quality checks and maintenance,
+    # and so does the check of the batches a reprocess rewrote, right after it.
     assert {t.task_id: t.pool for t in replay.tasks} == {
         "validate": "default_pool", "route": "default_pool",
-        **{replay_task_id(p.name): pool_name(p.name) for p in cfg.pipelines}}
+        **{replay_task_id(p.name): pool_name(p.name) for p in cfg.pipelines},
+        **{replay_quality_task_id(p.name): pool_name(p.name) for p in cfg.pipelines}}
     assert replay.get_task("route").downstream_task_ids == {replay_task_id(p.name) for p in cfg.pipelines}
-    assert {replay.get_task(replay_task_id(p.name)).priority_weight for p in cfg.pipelines} == {10}
+    for p in cfg.pipelines:
+        check = replay.get_task(replay_quality_task_id(p.name))
+        assert check.upstream_task_ids == {replay_task_id(p.name)} and check.drain_task == replay_task_id(p.name)
+        assert replay.get_task(replay_task_id(p.name)).priority_weight == check.priority_weight == 10
 
 
 @pytest.fixture
@@ -291,7 +297,9 @@ def test_replay_dag_sends_dead_letters_back_once(pipeline_dags, spark):
     data["pipelines"][0]["transform"] = "deltadrain.transforms.identity"
     path.write_text(yaml.safe_dump(data))
     run = run_dag(REPLAY_DAG, conf)
-    assert run["states"] == {"validate": "success", "route": "success", replay: "success"}, run["log"][-3000:]
+    # Sent back, the dead letters are checked with the batch that drains them: no check here.
+    assert run["states"] == {"validate": "success", "route": "success", replay: "success",
+                             replay_quality_task_id(p.name): "skipped"}, run["log"][-3000:]
     shown = run["xcoms"][replay]
     assert (shown["selected"], shown["replayed"], shown["dry_run"]) == (len(poison), len(poison), False)
     rows = dlq_rows(spark, c, p)
@@ -304,14 +312,25 @@ def test_replay_dag_sends_dead_letters_back_once(pipeline_dags, spark):
     ids = target_ids(spark, c, p)
     assert len(ids) == len(set(ids)) and set(ids) == set(result.valid_ids) | set(poison)
 
+    # A reprocess rewrites rows of drained batch 1: the batch is checked again right after it.
+    again = sorted(result.valid_ids)[:2]
+    run = run_dag(REPLAY_DAG, {"pipeline": p.name, "mode": "reprocess", "message_ids": again, "dry_run": False})
+    check = replay_quality_task_id(p.name)
+    assert run["states"] == {"validate": "success", "route": "success", replay: "success", check: "success"}, \
+        run["log"][-3000:]
+    assert (run["xcoms"][replay]["written"], run["xcoms"][replay]["batches"]) == (2, [1])
+    report = run["xcoms"][check]
+    assert (report["scope"], report["batch"], report["success"], report["caught_up"]) == ("batch", 1, True, [])
+    assert sorted(target_ids(spark, c, p)) == sorted(ids)
+
 
 @pytest.mark.slow
 def test_replay_dag_refuses_bad_params_with_a_clear_message(pipeline_dags):
     path, c, p = pipeline_dags()
     bad = {"pipeline": p.name, "since": "2026-05-02T00:00:00Z", "until": "2026-05-01T00:00:00Z"}
     run = run_dag(REPLAY_DAG, bad)
-    assert run["states"] == {"validate": "failed", "route": "upstream_failed",
-                             replay_task_id(p.name): "upstream_failed"}, run["log"][-3000:]
+    assert run["states"] == {"validate": "failed", "route": "upstream_failed", replay_task_id(p.name): "upstream_failed",
+                             replay_quality_task_id(p.name): "upstream_failed"}, run["log"][-3000:]
     assert "time range is inverted" in run["log"]
 
 

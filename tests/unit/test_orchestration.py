@@ -111,6 +111,14 @@ def test_the_quality_job_gets_every_batch_the_drain_task_committed():
     assert args[args.index("--batch"):] == ["--batch", "2", "--owed"]
     with pytest.raises(AirflowSkipException, match="no batch to check"):
         op.job_args(ctx({"outcome": "empty", "batch": 3, "batches": []}))
+    # The replay DAG's quality task: the batches a reprocess rewrote; a dlq replay's rows are
+    # checked with the batch that drains them again.
+    op = QualityOperator(task_id="quality_orders", pipeline="orders", drain_task="replay_orders")
+    args = op.job_args(ctx({"mode": "reprocess", "written": 3, "batches": [2, 7]}))
+    assert args[args.index("--batch"):] == ["--batch", "2", "7", "--owed"]
+    for summary in ({"mode": "dlq", "replayed": 4, "batches": None}, {"mode": "reprocess", "batches": []}):
+        with pytest.raises(AirflowSkipException, match="no batch to check"):
+            op.job_args(ctx(summary))
     # The daily DAG's tasks: the owed batches alone, then the whole table; one scope per task.
     daily = context("scheduled")
     assert QualityOperator(task_id="o", pipeline="orders", owed=True).job_args(daily)[-1] == "--owed"

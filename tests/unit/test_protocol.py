@@ -198,3 +198,15 @@ def test_a_stream_id_beyond_what_the_position_columns_hold_fails_its_claim_namin
                                                        "cannot store") + r" .* explicit XADD id.*XADD \*"):
             record_batch(chunk, decoder, schema)
     assert unstorable_id(["1-1", ok]) is None
+
+
+def test_a_reprocess_hands_the_drained_batches_of_the_rows_it_rewrote_to_the_quality_check():
+    from deltadrain.replay import rewritten_batches
+
+    picked = [{"_dd_partition": "s:{0}", "_dd_position": f"1-{i}", "_dd_batch": batch}
+              for i, batch in enumerate([3, 3, 5, 0, 8, None])]
+    # Batch 0 (a backfill's rows) and a row without one are in no drained batch; a skipped row was not rewritten.
+    skipped = [{"partition": "s:{0}", "position": "1-4", "reason": "no longer retained by the source"}]
+    assert rewritten_batches(picked, skipped) == [3, 5]
+    assert rewritten_batches(picked, []) == [3, 5, 8]
+    assert rewritten_batches([], []) == []

@@ -23,6 +23,7 @@ from deltadrain.orchestration.names import (
     REPLAY_DAG,
     ingest_dag_id,
     pool_name,
+    replay_quality_task_id,
     replay_task_id,
 )
 from deltadrain.orchestration.operators import (
@@ -223,8 +224,9 @@ def replay_dag(cfg: DeltadrainConfig) -> DAG:
                     "same entries twice never duplicates a row; a pipeline's replays go one at a time, so a second "
                     "run finds them REPLAYED and sends nothing; replays of different pipelines run side by side. "
                     "The request's pipeline picks the task that runs it (`replay_<pipeline>`, the others are "
-                    "skipped); that task runs in the pipeline's pool, between its drains. Start with dry_run to "
-                    "see what would go.",
+                    "skipped); that task runs in the pipeline's pool, between its drains. After a reprocess, "
+                    "`quality_<pipeline>` checks the batches whose rows it rewrote, as the ingest DAG checks new "
+                    "batches. Start with dry_run to see what would go.",
              default_args={"retries": 0, "execution_timeout": timedelta(minutes=60)}) as dag:
         validated = validate_request(config=_config_arg(cfg))
         # One task per pipeline, in that pipeline's pool: a reprocess MERGE or a DLQ replay's marks then
@@ -235,9 +237,15 @@ def replay_dag(cfg: DeltadrainConfig) -> DAG:
             # at a time across runs, whatever the pool's slots: a replay selects DEAD entries, sends
             # them, then marks them REPLAYED, so two over the same entries (a double submit in the
             # view) would both send them.
-            route >> ReplayOperator(task_id=replay_task_id(p.name), request_task="validate", config=_config_arg(cfg),
+            replay = ReplayOperator(task_id=replay_task_id(p.name), request_task="validate", config=_config_arg(cfg),
                                     pool=pool_name(p.name), priority_weight=10, weight_rule="absolute",
                                     max_active_tis_per_dag=1)
+            # A reprocess rewrote rows of drained batches through the current transform: their new
+            # values get the batch check new rows get. A dlq replay's rows are checked with the
+            # batch that drains them again, so this task skips.
+            route >> replay >> QualityOperator(
+                task_id=replay_quality_task_id(p.name), pipeline=p.name, config=_config_arg(cfg),
+                drain_task=replay.task_id, pool=pool_name(p.name), priority_weight=10, weight_rule="absolute")
     return dag
 
 

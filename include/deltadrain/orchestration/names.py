@@ -17,3 +17,8 @@ def pool_name(pipeline: str) -> str:
 def replay_task_id(pipeline: str) -> str:
     """The replay DAG's task for one pipeline's requests: it runs in that pipeline's pool."""
     return f"replay_{pipeline}"
+
+
+def replay_quality_task_id(pipeline: str) -> str:
+    """The replay DAG's task that checks the batches a reprocess of that pipeline rewrote."""
+    return f"quality_{pipeline}"
