@@ -693,8 +693,14 @@ def _check_batch_once(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, ba
     try:
         # A batch that added no rows (all duplicates or dead letters) has no newest event to judge.
         skip = ("fresh_within",) if rows.isEmpty() else ()
-        return _check(cfg, pipeline, spark, rows, "batch", batch, version, drain_run, run_id, skip,
-                      fresh_at=committed_at)
+        landed = None
+        if not skip and any(c.kind == "fresh_within" for c in build_checks(pipeline)):
+            landed = committed_at or run_finished_at(spark, cfg, pipeline, batch)
+            if landed is None:
+                log.warning("pipeline %s batch %d: when it landed is unknown (no commit file among the recent "
+                            "ones, no metrics row): fresh_within is not judged", pipeline.name, batch)
+                skip = ("fresh_within",)
+        return _check(cfg, pipeline, spark, rows, "batch", batch, version, drain_run, run_id, skip, fresh_at=landed)
     finally:
         rows.unpersist()
 
@@ -711,10 +717,28 @@ def check_table(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, run_id: 
     return _check(cfg, pipeline, spark, rows, "table", None, version, None, run_id)
 
 
+def run_finished_at(spark, cfg: DeltadrainConfig, pipeline: PipelineConfig, batch: int) -> datetime | None:
+    """When the drain run that committed `batch` finished, from the run metrics table (naive local,
+    as collected), or None: for a batch whose commit file find_commit does not reach (it reads the
+    newest 200 commits; log cleanup removes old ones)."""
+    from pyspark.sql import functions as F
+
+    from deltadrain.metrics import metrics_path
+
+    path = str(metrics_path(cfg))
+    if not is_table(spark, path):
+        return None
+    runs = spark.read.format("delta").load(path).where(
+        (F.col("pipeline") == F.lit(pipeline.name)) & (F.col("batch") == F.lit(batch))
+        & F.col("outcome").isin("committed", "already_committed"))
+    return runs.agg(F.min("finished_at")).first()[0]
+
+
 def freshness_reference(fresh_at: datetime | None) -> datetime:
     """The "now" `fresh_within` is judged at, as a naive local time like the timestamps PySpark
-    collects (see gx_expectation): a batch's commit time, so that a batch checked late (owed, a
-    retry) is judged as it was when it landed, not failed for the time its check waited; else now."""
+    collects (see gx_expectation): when a batch landed (aware, or naive local as collected), so that
+    a batch checked late (owed, a retry, after a reprocess) is judged as it was when it landed, not
+    failed for the time its check waited; else now (the whole table)."""
     return fresh_at.astimezone().replace(tzinfo=None) if fresh_at is not None else datetime.now()
 
 

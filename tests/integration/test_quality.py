@@ -167,7 +167,7 @@ def test_quarantine_moves_offending_rows_loses_nothing_and_the_drain_continues(t
     assert outcomes == [(3, False, len(bad3)), (1, True, 0), (1, False, len(bad))]
 
 
-def test_a_batch_checked_late_is_judged_fresh_as_of_its_commit_not_of_its_check(tmp_path, cfg, spark):
+def test_a_batch_checked_late_is_judged_fresh_as_of_its_commit_not_of_its_check(tmp_path, cfg, spark, monkeypatch):
     """An owed batch checked a day on (the daily DAG), or a retried check, must not fail `fresh_within`
     for the time it waited: freshness is judged at the batch's commit."""
     import os
@@ -204,6 +204,23 @@ def test_a_batch_checked_late_is_judged_fresh_as_of_its_commit_not_of_its_check(
     assert find_commit(spark, target, p.name, 1)["timestamp"] == landed + timedelta(minutes=10)
     late = check_batch(c, p, spark, 1)
     assert late.success and late.results[0]["kind"] == "fresh_within", late.results
+    # Past the newest commits find_commit reads (or after log cleanup): the run metrics say when it
+    # landed; with neither, freshness is not judged rather than judged at the check's time.
+    from delta.tables import DeltaTable
+    from pyspark.sql import functions as F
+
+    from deltadrain import quality as dq
+
+    monkeypatch.setattr(dq, "find_commit", lambda *a, **k: None)
+    runs = DeltaTable.forPath(spark, str(metrics_path(c)))
+    mine = (F.col("pipeline") == F.lit(p.name)) & (F.col("batch") == F.lit(1))
+    runs.update(mine, {"finished_at": F.lit((landed + timedelta(minutes=10)).astimezone().replace(tzinfo=None))})
+    from_metrics = check_batch(c, p, spark, 1)
+    assert from_metrics.success and from_metrics.results[0]["kind"] == "fresh_within", from_metrics.results
+    runs.delete(mine)
+    unknown = check_batch(c, p, spark, 1)
+    assert unknown.success and unknown.results == []
+    monkeypatch.undo()
     # The same events committed now are two days old when they land: stale, and the check says so.
     send(3, 5)
     assert drain(c, p, spark=spark).batch == 2

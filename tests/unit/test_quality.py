@@ -196,9 +196,24 @@ def test_unreported_quarantine_rows_name_each_check_they_broke_once_after_the_ch
     assert with_unreported(["type of amount"], []) == ["type of amount"]
 
 
-def test_freshness_is_judged_at_the_batchs_commit_as_pyspark_hands_times_over():
+def test_freshness_is_judged_at_the_batchs_commit_as_pyspark_hands_times_over(monkeypatch):
+    """GX compares the column's max as PySpark collects it: naive, in the process's local zone
+    (whatever the session time zone). The reference must be the same instant in that form."""
+    import time
+
+    from pyspark.sql.types import TimestampType
+
     committed = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
-    at = freshness_reference(committed)
-    assert at.tzinfo is None and at == committed.astimezone().replace(tzinfo=None)  # naive local, the same instant
-    now = freshness_reference(None)  # no commit file left (log cleanup): judged now
+    micros = int(committed.timestamp() * 1_000_000)
+    try:
+        for zone in ("America/New_York", "Asia/Kolkata", "UTC"):
+            monkeypatch.setenv("TZ", zone)
+            time.tzset()
+            collected = TimestampType().fromInternal(micros)  # how the batch's max event time reaches GX
+            assert freshness_reference(committed) == collected, zone
+            assert freshness_reference(collected) == collected, zone  # a metrics row's time, as collected
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    now = freshness_reference(None)  # the whole table: judged now
     assert now.tzinfo is None and abs(now - datetime.now()) < timedelta(minutes=1)

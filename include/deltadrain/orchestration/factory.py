@@ -243,9 +243,12 @@ def replay_dag(cfg: DeltadrainConfig) -> DAG:
             # A reprocess rewrote rows of drained batches through the current transform: their new
             # values get the batch check new rows get. A dlq replay's rows are checked with the
             # batch that drains them again, so this task skips.
+            # Only those batches: owed ones are the ingest and daily DAGs' to check. Retried once: the
+            # batches it checks already have results, so no later check takes them on if it fails.
             route >> replay >> QualityOperator(
                 task_id=replay_quality_task_id(p.name), pipeline=p.name, config=_config_arg(cfg),
-                drain_task=replay.task_id, pool=pool_name(p.name), priority_weight=10, weight_rule="absolute")
+                drain_task=replay.task_id, catch_up=False, pool=pool_name(p.name), priority_weight=10,
+                weight_rule="absolute", retries=1, retry_delay=timedelta(minutes=1))
     return dag
 
 

@@ -216,11 +216,14 @@ class QualityOperator(DeltadrainSparkOperator):
     job = "quality"
     reads_source = False
 
-    def __init__(self, *, drain_task: str | None = None, whole_table: bool = False, owed: bool = False, **kwargs):
+    def __init__(self, *, drain_task: str | None = None, whole_table: bool = False, owed: bool = False,
+                 catch_up: bool = True, **kwargs):
+        """`catch_up`: with `drain_task`, the owed batches too (the ingest DAG); the replay DAG
+        checks only the batches its reprocess rewrote."""
         super().__init__(**kwargs)
         if sum((drain_task is not None, whole_table, owed)) != 1:
             raise ValueError("QualityOperator checks one of: drain_task's batches, whole_table, owed")
-        self.drain_task, self.whole_table, self.owed = drain_task, whole_table, owed
+        self.drain_task, self.whole_table, self.owed, self.catch_up = drain_task, whole_table, owed, catch_up
 
     def job_args(self, context) -> list[str]:
         args = super().job_args(context)
@@ -238,7 +241,7 @@ class QualityOperator(DeltadrainSparkOperator):
             # A backfill commits no batch (its rows carry batch 0): the daily whole-table check covers them.
             raise AirflowSkipException(f"no batch to check (drain outcome: {summary.get('outcome', summary.get('mode'))})")
         # --owed: also the batches an earlier drain try committed and then failed, which no summary named.
-        return [*args, "--batch", *map(str, batches), "--owed"]
+        return [*args, "--batch", *map(str, batches), *(["--owed"] if self.catch_up else [])]
 
     def execute(self, context) -> Any:
         from airflow.sdk.exceptions import AirflowFailException
