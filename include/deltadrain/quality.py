@@ -511,8 +511,9 @@ def new_check_id() -> str:
 
 
 def batch_rows(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, batch: int):
-    """(rows the batch's commit added, table version, drain run id, commit time or None when log
-    cleanup removed the commit file); raises if the batch is not committed."""
+    """(rows the batch's commit added, table version, drain run id, commit time or None when
+    find_commit does not reach the commit file: older than the newest 200 commits, or removed by
+    log cleanup); raises if the batch is not committed."""
     from pyspark.sql import functions as F
 
     target = str(cfg.target_path(pipeline))

@@ -3,7 +3,8 @@
 - deltadrain__<pipeline>__ingest: wait for work (deferred) -> drain (spark-submit) -> quality of the batch
 - deltadrain__reaper:            stuck claims? -> reap each pipeline that has some
 - deltadrain__replay:            manual, validated Params -> the pipeline's replay task (spark-submit, its pool)
-- deltadrain__quality:           daily, each pipeline's owed batches, then its whole table against its suite
+                                 -> after a reprocess, the batch check of the batches it rewrote
+- deltadrain__quality:           daily, each pipeline's owed batches and its whole table against its suite
 - deltadrain__maintenance:       daily, OPTIMIZE and VACUUM of each pipeline's tables and the shared ones
 
 Parsing reads the config file and nothing else: no source, Spark or Delta is touched until a task runs.
@@ -241,10 +242,10 @@ def replay_dag(cfg: DeltadrainConfig) -> DAG:
                                     pool=pool_name(p.name), priority_weight=10, weight_rule="absolute",
                                     max_active_tis_per_dag=1)
             # A reprocess rewrote rows of drained batches through the current transform: their new
-            # values get the batch check new rows get. A dlq replay's rows are checked with the
-            # batch that drains them again, so this task skips.
-            # Only those batches: owed ones are the ingest and daily DAGs' to check. Retried once: the
-            # batches it checks already have results, so no later check takes them on if it fails.
+            # values get the batch check new rows get (only those batches: owed ones are the ingest and
+            # daily DAGs'). A dlq replay's rows are checked with the batch that drains them again, so
+            # this task skips. Retried once: its batches already have results, so no later check
+            # takes them on if it fails.
             route >> replay >> QualityOperator(
                 task_id=replay_quality_task_id(p.name), pipeline=p.name, config=_config_arg(cfg),
                 drain_task=replay.task_id, catch_up=False, pool=pool_name(p.name), priority_weight=10,
