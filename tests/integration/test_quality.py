@@ -211,16 +211,17 @@ def test_a_batch_checked_late_is_judged_fresh_as_of_its_commit_not_of_its_check(
 
     from deltadrain import quality as dq
 
-    monkeypatch.setattr(dq, "find_commit", lambda *a, **k: None)
-    runs = DeltaTable.forPath(spark, str(metrics_path(c)))
-    mine = (F.col("pipeline") == F.lit(p.name)) & (F.col("batch") == F.lit(1))
-    runs.update(mine, {"finished_at": F.lit((landed + timedelta(minutes=10)).astimezone().replace(tzinfo=None))})
-    from_metrics = check_batch(c, p, spark, 1)
-    assert from_metrics.success and from_metrics.results[0]["kind"] == "fresh_within", from_metrics.results
-    runs.delete(mine)
-    unknown = check_batch(c, p, spark, 1)
-    assert unknown.success and unknown.results == []
-    monkeypatch.undo()
+    with monkeypatch.context() as m:
+        m.setattr(dq, "find_commit", lambda *a, **k: None)
+        runs = DeltaTable.forPath(spark, str(metrics_path(c)))
+        mine = (F.col("pipeline") == F.lit(p.name)) & (F.col("batch") == F.lit(1))
+        landed_local = (landed + timedelta(minutes=10)).astimezone().replace(tzinfo=None)  # as PySpark takes it
+        runs.update(mine, {"finished_at": F.lit(landed_local)})
+        from_metrics = check_batch(c, p, spark, 1)
+        assert from_metrics.success and from_metrics.results[0]["kind"] == "fresh_within", from_metrics.results
+        runs.delete(mine)
+        unknown = check_batch(c, p, spark, 1)
+        assert unknown.success and unknown.results == []
     # The same events committed now are two days old when they land: stale, and the check says so.
     send(3, 5)
     assert drain(c, p, spark=spark).batch == 2
