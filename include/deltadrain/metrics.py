@@ -114,6 +114,21 @@ def last_runs(spark, cfg: DeltadrainConfig, pipeline: PipelineConfig, n: int = 1
 # -- the chart (pure functions, then the file) -----------------------------------------------------------
 
 
+def batch_finished_at(spark, cfg: DeltadrainConfig, pipeline: PipelineConfig, batch: int) -> datetime | None:
+    """When the drain run that committed `batch` finished (naive local, as collected), or None. The
+    quality check's landing time for a batch whose commit file find_commit does not reach (it reads
+    the newest 200 commits; log cleanup removes old ones)."""
+    from pyspark.sql import functions as F
+
+    path = str(metrics_path(cfg))
+    if not is_table(spark, path):
+        return None
+    runs = spark.read.format("delta").load(path).where(
+        (F.col("pipeline") == F.lit(pipeline.name)) & (F.col("batch") == F.lit(batch))
+        & F.col("outcome").isin("committed", "already_committed"))
+    return runs.agg(F.min("finished_at")).first()[0]
+
+
 def _polyline(points: list[tuple[float, float]], box: tuple[int, int, int, int], color: str) -> str:
     """SVG for (x, y) points scaled into box = (left, top, width, height); y grows upwards."""
     left, top, width, height = box

@@ -51,6 +51,7 @@ from deltadrain.lake import (
     snapshot_txn,
     table_id,
 )
+from deltadrain.metrics import batch_finished_at
 from deltadrain.paths import state_home
 
 log = logging.getLogger(__name__)
@@ -696,7 +697,7 @@ def _check_batch_once(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, ba
         skip = ("fresh_within",) if rows.isEmpty() else ()
         landed = None
         if not skip and any(c.kind == "fresh_within" for c in build_checks(pipeline)):
-            landed = committed_at or run_finished_at(spark, cfg, pipeline, batch)
+            landed = committed_at or batch_finished_at(spark, cfg, pipeline, batch)
             if landed is None:
                 log.warning("pipeline %s batch %d: when it landed is unknown (no commit file among the recent "
                             "ones, no metrics row): fresh_within is not judged", pipeline.name, batch)
@@ -716,23 +717,6 @@ def check_table(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, run_id: 
     version = table_version(spark, target)
     rows = spark.read.format("delta").option("versionAsOf", version).load(target)
     return _check(cfg, pipeline, spark, rows, "table", None, version, None, run_id)
-
-
-def run_finished_at(spark, cfg: DeltadrainConfig, pipeline: PipelineConfig, batch: int) -> datetime | None:
-    """When the drain run that committed `batch` finished, from the run metrics table (naive local,
-    as collected), or None: for a batch whose commit file find_commit does not reach (it reads the
-    newest 200 commits; log cleanup removes old ones)."""
-    from pyspark.sql import functions as F
-
-    from deltadrain.metrics import metrics_path
-
-    path = str(metrics_path(cfg))
-    if not is_table(spark, path):
-        return None
-    runs = spark.read.format("delta").load(path).where(
-        (F.col("pipeline") == F.lit(pipeline.name)) & (F.col("batch") == F.lit(batch))
-        & F.col("outcome").isin("committed", "already_committed"))
-    return runs.agg(F.min("finished_at")).first()[0]
 
 
 def freshness_reference(fresh_at: datetime | None) -> datetime:
