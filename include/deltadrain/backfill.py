@@ -44,6 +44,7 @@ class BackfillSummary:
     skipped_refused: list = field(default_factory=list)  # rows the target's constraints refuse: not merged
     skipped_quarantined: int = 0  # messages a batch check moved to the quarantine: not put back
     skipped_dead_lettered: int = 0  # messages the DLQ holds (dead or replayed): the replay is their way back
+    filtered: int = 0  # valid messages the transform kept no row for
     gaps: list = field(default_factory=list)
     acked: int = 0  # always 0: a backfill never acknowledges
     table_version: int | None = None
@@ -186,7 +187,15 @@ def backfill(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, start: date
              run_id: str | None = None, progress=None) -> BackfillSummary:
     """Heal [start, end) of the target from the source's retained history. `progress(step)` is called
     as each of STEPS is done (the CLI's progress bar)."""
-    from deltadrain.drain import claim_context, claim_schema, dead_letter_rows, ensure_target, new_run_id
+    from deltadrain.drain import (
+        claim_context,
+        claim_schema,
+        dead_letter_rows,
+        ensure_target,
+        filtered_out,
+        new_run_id,
+        split_claimed,
+    )
     from deltadrain.history import history_gaps, interval_range, read_history
 
     start, end = check_interval(start, end)
@@ -228,6 +237,7 @@ def backfill(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, start: date
         if summary.read > summary.skipped_dead_lettered:
             rows, bad, skipped = prepare_rows(spark, pipeline, claimed, run_id, scratch)
             summary.skipped_failing = [{"partition": p, "position": pos, "error": e} for p, pos, e in skipped]
+            summary.filtered = filtered_out(split_claimed(claimed)[0].count() - len(skipped), rows.count())
             summary.dead_lettered = bad.count()
             if summary.dead_lettered:
                 # The DLQ MERGE on (partition, position) keeps them single whoever writes them first.

@@ -15,8 +15,8 @@ from deltadrain.config import DeltadrainConfig, PipelineConfig
 from deltadrain.drain import RunSummary, drain, new_run_id
 from deltadrain.logs import run_logger
 
-SUMMED = ("claimed", "reclaimed", "written", "duplicates_skipped", "dead_lettered", "left_pending", "acked",
-          "released", "gaps")
+SUMMED = ("claimed", "reclaimed", "written", "duplicates_skipped", "dead_lettered", "left_pending", "filtered",
+          "acked", "released", "gaps")
 DONE = ("committed", "already_committed")
 
 

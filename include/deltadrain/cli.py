@@ -181,8 +181,14 @@ def _status(args) -> int:
         print(f"  last batch: {json.dumps(st['last_batch'], default=str)}")
     for r in st.get("last_runs") or []:
         print(f"  run {r['finished_at']:%Y-%m-%d %H:%M:%S} batch {r['batch']} {r['outcome']}: claimed {r['claimed']} "
-              f"written {r['written']} dead {r['dead']} in {r['seconds']} s ({r['rows_per_s'] or 0} rows/s)")
+              f"written {r['written']} dead {r['dead']}{_filtered(r)} in {r['seconds']} s "
+              f"({r['rows_per_s'] or 0} rows/s)")
     return 0
+
+
+def _filtered(run: dict) -> str:
+    """The transform's filtered count of a metrics row, when it filtered any (older rows have none)."""
+    return f" filtered {run['filtered']}" if run.get("filtered") else ""
 
 
 @command("quality")
@@ -240,7 +246,7 @@ def _metrics(args) -> int:
     print(f"{len(runs)} run(s) of {pipeline.name}, newest first")
     for r in runs:
         print(f"  {r['finished_at']:%Y-%m-%d %H:%M:%S}  batch {r['batch']}  {r['outcome']:<17} claimed {r['claimed']} "
-              f"written {r['written']} dup {r['duplicates']} dead {r['dead']}  {r['seconds']} s  "
+              f"written {r['written']} dup {r['duplicates']} dead {r['dead']}{_filtered(r)}  {r['seconds']} s  "
               f"{r['rows_per_s'] or 0} rows/s  backlog {r['backlog']}")
     if chart:
         print(f"chart: {chart}")

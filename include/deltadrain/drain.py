@@ -82,6 +82,9 @@ class RunSummary:
     duplicates_skipped: int = 0
     dead_lettered: int = 0
     left_pending: int = 0
+    # Valid messages the pipeline's transform kept no row for (it filtered them out): acknowledged,
+    # in no table. So that claimed = written + duplicates_skipped + dead_lettered + left_pending + filtered.
+    filtered: int = 0
     acked: int = 0
     released: int = 0
     gaps: int = 0
@@ -187,6 +190,12 @@ def batch_stats_columns(id_field: str) -> list:
     ids = F.col(f"`{id_field}`")
     return [F.count("*").alias("_dd_good"), F.count_distinct(ids).alias("_dd_distinct"),
             F.min(ids).alias("_dd_lo"), F.max(ids).alias("_dd_hi"), F.lit(None).cast("long").alias("_dd_bad")]
+
+
+def filtered_out(offered: int, kept: int) -> int:
+    """How many of the `offered` valid messages the transform kept no row for. A transform that
+    makes more rows than it was given (an explode) filtered nothing: their ids dedup in the MERGE."""
+    return max(0, offered - kept)
 
 
 def dedup_in_batch(df, id_field: str, by_place: bool = False):
@@ -457,7 +466,8 @@ class Drain:
             ensure_target(self.spark, self.target, p, good.schema, self.run_id)
 
         pending_culprits: list[tuple[str, str]] = []
-        if stats is None:
+        transforming = stats is None
+        if transforming:
             rows, stats = self._rows(good, batch)
         else:
             rows = target_rows(good, p, batch, self.run_id)
@@ -484,8 +494,10 @@ class Drain:
         failpoints.pause("before_commit")
         refused = 0
         for attempt in (1, 2):
+            # Counted before each commit try, over the rows it offers (refusals take some away).
+            s.filtered = filtered_out(good.count(), stats.good) if transforming else 0
             meta = commit_metadata(p.name, batch, self.run_id, s.positions, claimed=s.claimed,
-                                   dead_lettered=s.dead_lettered, **self.commit_extra)
+                                   dead_lettered=s.dead_lettered, filtered=s.filtered, **self.commit_extra)
             merged = rows if stats.unique else dedup_in_batch(rows, p.payload_schema.id_field)
             try:
                 result = commit_batch(self.spark, self.target, pipeline=p.name, expected_batch=expected,

@@ -15,14 +15,15 @@ from pathlib import Path
 
 from deltadrain.config import DeltadrainConfig, PipelineConfig
 from deltadrain.errors import DeltadrainError
-from deltadrain.lake import ensure_table, is_table, retry_conflicts
+from deltadrain.lake import add_missing_columns, ensure_table, is_table, retry_conflicts
 
 log = logging.getLogger(__name__)
 
 METRICS_SCHEMA = ("pipeline STRING NOT NULL, run_id STRING, batch BIGINT, outcome STRING, claimed BIGINT, "
                   "reclaimed BIGINT, written BIGINT, duplicates BIGINT, dead BIGINT, left_pending BIGINT, "
                   "acked BIGINT, released BIGINT, gaps BIGINT, seconds DOUBLE, rows_per_s DOUBLE, backlog BIGINT, "
-                  "timings STRING, error STRING, finished_at TIMESTAMP")
+                  "timings STRING, error STRING, finished_at TIMESTAMP, filtered BIGINT")
+# `filtered` came later: it is last because a table an older deltadrain made gains it at the end.
 
 
 def metrics_path(cfg: DeltadrainConfig) -> Path:
@@ -31,12 +32,12 @@ def metrics_path(cfg: DeltadrainConfig) -> Path:
 
 def metrics_row(summary, backlog: int | None, finished_at: datetime) -> tuple:
     """A RunSummary -> one row of METRICS_SCHEMA (pure)."""
-    handled = summary.written + summary.duplicates_skipped + summary.dead_lettered
+    handled = summary.written + summary.duplicates_skipped + summary.dead_lettered + summary.filtered
     rate = round(handled / summary.seconds, 3) if summary.seconds > 0 else None
     return (summary.pipeline, summary.run_id, summary.batch, summary.outcome, summary.claimed, summary.reclaimed,
             summary.written, summary.duplicates_skipped, summary.dead_lettered, summary.left_pending, summary.acked,
             summary.released, summary.gaps, float(summary.seconds), rate, backlog,
-            json.dumps(summary.timings, sort_keys=True), summary.error, finished_at)
+            json.dumps(summary.timings, sort_keys=True), summary.error, finished_at, summary.filtered)
 
 
 def record_run(spark, cfg: DeltadrainConfig, pipeline: PipelineConfig, summary, backlog: int | None = None) -> None:
@@ -54,6 +55,7 @@ def record_run(spark, cfg: DeltadrainConfig, pipeline: PipelineConfig, summary, 
     except Exception as exc:
         log.debug("metrics append with delta-rs failed (%s); appending with Spark", exc)
         ensure_table(spark, path, schema)
+        add_missing_columns(spark, path, schema)  # delta-rs refuses a row with a column the table lacks
         df = spark.createDataFrame([row], schema)
         # Blind appends from different pipelines do not conflict; the retry covers table creation races.
         retry_conflicts(lambda: df.write.format("delta").mode("append").save(path))

@@ -336,6 +336,66 @@ def test_a_transform_that_loses_ids_dead_letters_those_messages_instead_of_inser
     assert_exactly_once(spark, c, p, client, sorted(set(result.valid_ids) - lost), len(lost))
 
 
+def test_messages_the_transform_filters_out_are_counted_in_the_summary_commit_and_metrics(tmp_path, cfg, spark,
+                                                                                           capsys):
+    """A transform may drop rows. Those messages are acknowledged and land nowhere; the run counts them
+    (`filtered`), so that claimed = written + duplicates + dead + left pending + filtered, and says so in
+    its commit and its metrics row. A metrics table an older deltadrain made gains the column."""
+    from datetime import UTC, datetime, timedelta
+
+    from pyspark.sql.types import _parse_datatype_string
+
+    from deltadrain.backfill import backfill
+    from deltadrain.checkpoint import find_commit
+    from deltadrain.cli import main
+    from deltadrain.metrics import METRICS_SCHEMA, last_runs, metrics_path
+
+    path, c, p = make_pipeline(tmp_path, partitions=2, transform="tests.integration.filter_transform.drop_single_items")
+    client = valkey_client(c, p)
+    old = METRICS_SCHEMA.removesuffix(", filtered BIGINT")
+    assert old != METRICS_SCHEMA
+    row = (p.name, "older", 0, "empty", 0, 0, 0, 0, 0, 0, 0, 0, 0, 1.0, None, 0, "{}", None, datetime(2026, 1, 1))
+    spark.createDataFrame([row], _parse_datatype_string(old)).write.format("delta").save(str(metrics_path(c)))
+
+    result = produce(c, p, 600, seed=143, malformed_ratio=0.05)
+    payloads = {}
+    for m in generate(p, 600, seed=143, malformed_ratio=0.05):
+        try:
+            payloads[json.loads(m.value)["event_id"]] = json.loads(m.value)
+        except (ValueError, KeyError, TypeError):
+            continue
+    single = {i for i in result.valid_ids if payloads[i]["quantity"] == 1}
+    bad = result.bad_places(MALFORMED_KINDS)
+    assert 0 < len(single) < len(result.valid_ids) and bad
+    # A message the target holds comes again, and one it filtered: a duplicate, and filtered again.
+    kept = next(i for i in sorted(result.valid_ids) if i not in single)
+    run = drain(c, p, spark=spark)
+    for eid in (kept, min(single)):
+        client.xadd(p.source.streams[0], {b"data": json.dumps(payloads[eid]).encode()})
+    again = drain(c, p, spark=spark)
+
+    assert (run.outcome, run.claimed, run.filtered, run.dead_lettered, run.written, run.acked) == (
+        "committed", 600, len(single), len(bad), len(result.valid_ids) - len(single), 600), run
+    assert (again.claimed, again.filtered, again.duplicates_skipped, again.written, again.acked) == (2, 1, 1, 0, 2)
+    for r in (run, again):
+        assert r.claimed == r.written + r.duplicates_skipped + r.dead_lettered + r.left_pending + r.filtered
+    assert_exactly_once(spark, c, p, client, sorted(set(result.valid_ids) - single), bad)
+    target = str(c.target_path(p))
+    assert [find_commit(spark, target, p.name, b)["meta"]["filtered"] for b in (1, 2)] == [len(single), 1]
+    runs = last_runs(spark, c, p, 5)
+    assert [(r["run_id"], r["filtered"]) for r in runs] == [(again.run_id, 1), (run.run_id, len(single)),
+                                                             ("older", None)]
+    assert runs[1]["rows_per_s"] == pytest.approx(600 / run.seconds, abs=0.01)  # filtered ones count as handled
+    assert main(["--config", str(path), "metrics", p.name]) == 0
+    assert f"filtered {len(single)}" in capsys.readouterr().out
+    # A backfill over all of it counts the same messages filtered, and writes nothing.
+    healed = backfill(c, p, spark, datetime.now(UTC) - timedelta(hours=1), datetime.now(UTC) + timedelta(minutes=1))
+    assert (healed.read, healed.filtered, healed.skipped_dead_lettered, healed.written) == (
+        602, len(single) + 1, len(bad), 0), healed
+    assert healed.duplicates_skipped == len(result.valid_ids) - len(single) + 1
+    assert_exactly_once(spark, c, p, client, sorted(set(result.valid_ids) - single), bad)
+
+
 @pytest.mark.slow
 def test_a_message_that_kills_every_run_is_isolated_by_splitting_and_dead_after_max_retries_plus_one_deliveries(
         tmp_path, cfg, spark):

@@ -38,11 +38,11 @@ def test_later_batches_get_their_own_run_ids():
 
 
 def test_a_catch_up_reports_the_last_commit_with_the_counts_summed():
-    runs = [run(4), run(5), run(6, claimed=30), run(6, "empty", claimed=0)]
+    runs = [run(4), run(5, filtered=3), run(6, claimed=30, filtered=2), run(6, "empty", claimed=0)]
     out = CatchUp(runs, "the last batch was not full: the backlog is drained", batches=[4, 5, 6]).as_dict()
     assert (out["batch"], out["outcome"], out["run_id"]) == (6, "committed", "r6")
     assert (out["claimed"], out["written"], out["acked"], out["seconds"]) == (230, 230, 230, 8.0)
-    assert out["batches"] == [4, 5, 6] and [r["batch"] for r in out["runs"]] == [4, 5, 6, 6]
+    assert out["filtered"] == 5 and out["batches"] == [4, 5, 6] and [r["batch"] for r in out["runs"]] == [4, 5, 6, 6]
     assert out["later_error"] is None and "drained" in out["stopped"]
     # One batch: its summary as it was, plus what the catch-up adds.
     single = CatchUp([run(7)], "not full", batches=[7]).as_dict()

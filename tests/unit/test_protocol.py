@@ -210,3 +210,12 @@ def test_a_reprocess_hands_the_drained_batches_of_the_rows_it_rewrote_to_the_qua
     assert rewritten_batches(picked, skipped) == [3, 5]
     assert rewritten_batches(picked, []) == [3, 5, 8]
     assert rewritten_batches([], []) == []
+
+
+def test_the_transform_filtered_what_it_kept_no_row_for_and_an_explode_filtered_nothing():
+    from deltadrain.drain import filtered_out
+
+    assert filtered_out(100, 88) == 12
+    assert filtered_out(100, 100) == 0
+    assert filtered_out(100, 130) == 0  # an explode: the extra rows share ids, the MERGE dedups them
+    assert filtered_out(0, 0) == 0

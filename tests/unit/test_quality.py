@@ -110,8 +110,11 @@ def test_metrics_row_counts_every_handled_row_per_second():
     at = datetime(2026, 6, 1, tzinfo=UTC)
     row = metrics_row(summary(), 7, at)
     assert row[:9] == ("orders", "r1", 4, "committed", 110, 0, 100, 5, 5)
-    assert row[13:17] == (2.0, 55.0, 7, '{"claim": 0.5, "commit": 1.5}') and row[-1] == at
+    assert row[13:17] == (2.0, 55.0, 7, '{"claim": 0.5, "commit": 1.5}') and row[-2:] == (at, 0)
     assert metrics_row(summary(seconds=0.0), None, at)[14] is None  # no rate out of a zero-second run
+    # Messages the transform filtered out were handled too.
+    filtering = metrics_row(summary(claimed=130, filtered=20), None, at)
+    assert filtering[14] == 65.0 and filtering[-1] == 20
 
 
 def test_chart_draws_throughput_and_backlog_and_copes_with_no_runs():
