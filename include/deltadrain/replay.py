@@ -387,6 +387,7 @@ def reprocess(cfg, pipeline: PipelineConfig, spark, request: ReplayRequest, resu
                            for r in bad.select("_dd_partition", "_dd_position", "_dd_error").collect()]
         result.skipped += [{"partition": p, "position": pos, "reason": f"transform failed: {e}"}
                            for p, pos, e in failing]
+        result.skipped += filtered_now(found, result.skipped, rows)
         # Everything but the batch number: the row stays part of the batch that first published it.
         columns = [c for c in rows.columns if c != "_dd_batch"]
         meta = {"deltadrain": 1, "pipeline": pipeline.name, "kind": "reprocess", "run_id": result.run_id}
@@ -400,6 +401,16 @@ def reprocess(cfg, pipeline: PipelineConfig, spark, request: ReplayRequest, resu
         rows.unpersist()
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def filtered_now(found: set[tuple[str, str]], skipped: list[dict], rows) -> list[dict]:
+    """The re-read messages the current transform keeps no row for (it filters them out now): the
+    update-only MERGE leaves their published rows as they were, so they are reported, not rewritten."""
+    kept = {(r._dd_partition, r._dd_position) for r in rows.select("_dd_partition", "_dd_position").collect()}
+    left_out = {(s["partition"], s["position"]) for s in skipped}
+    return [{"partition": part, "position": pos,
+             "reason": "the transform keeps no row for it now (it filters it out): its published row is unchanged"}
+            for part, pos in sorted(found - left_out - kept)]
 
 
 def rewritten_batches(picked: list[dict], skipped: list[dict]) -> list[int]:

@@ -168,7 +168,8 @@ def pipeline_status(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark) -> d
                 out["last_batch"] = {"batch": meta.get("batch"), "run_id": meta.get("run_id"),
                                      "table_version": commit["version"], "at": commit["timestamp"],
                                      "written": inserted_rows(commit["metrics"]),
-                                     "claimed": meta.get("claimed"), "dead_lettered": meta.get("dead_lettered")}
+                                     "claimed": meta.get("claimed"), "dead_lettered": meta.get("dead_lettered"),
+                                     "filtered": meta.get("filtered")}
                 break
     out["last_runs"] = last_runs(spark, cfg, pipeline, 5)
     return out

@@ -210,6 +210,17 @@ def test_a_reprocess_skips_the_rows_a_constraint_refuses_naming_it_and_updates_t
     assert after[odd.event_id].asDict() == before[odd.event_id].asDict()  # untouched
     assert after[even.event_id]._dd_run_id == done.run_id and after[even.event_id].customer == even.customer
     assert spark.read.format("delta").load(target).count() == len(before)
+    # A transform that now filters one of them out: that row stays as published, reported, its batch unlisted.
+    single = next(r for r in before.values() if r.quantity == 1)
+    filtering = p.model_copy(update={"transform": "tests.integration.filter_transform.drop_single_items"})
+    done = replay(c.model_copy(update={"pipelines": [filtering]}), spark,
+                  ReplayRequest(pipeline=p.name, mode="reprocess", message_ids=[single.event_id, even.event_id],
+                                dry_run=False))
+    assert (done.selected, done.written, done.batches) == (2, 1, [even._dd_batch])
+    assert [(x["partition"], x["position"]) for x in done.skipped] == [(single._dd_partition, single._dd_position)]
+    assert "filters it out" in done.skipped[0]["reason"]
+    kept = spark.read.format("delta").load(target).where(F.col("event_id") == single.event_id).collect()
+    assert [r.asDict() for r in kept] == [before[single.event_id].asDict()]
 
 
 def test_a_dlq_replay_does_not_send_back_a_dead_letter_the_target_holds_at_its_own_place(tmp_path, spark,

@@ -6,6 +6,7 @@ Each test has a pipeline of its own (streams, group, tables), so they can share 
 from __future__ import annotations
 
 import json
+import logging
 import re
 import time
 
@@ -337,7 +338,7 @@ def test_a_transform_that_loses_ids_dead_letters_those_messages_instead_of_inser
 
 
 def test_messages_the_transform_filters_out_are_counted_in_the_summary_commit_and_metrics(tmp_path, cfg, spark,
-                                                                                           capsys):
+                                                                                           capsys, caplog):
     """A transform may drop rows. Those messages are acknowledged and land nowhere; the run counts them
     (`filtered`), so that claimed = written + duplicates + dead + left pending + filtered, and says so in
     its commit and its metrics row. A metrics table an older deltadrain made gains the column."""
@@ -369,10 +370,15 @@ def test_messages_the_transform_filters_out_are_counted_in_the_summary_commit_an
     assert 0 < len(single) < len(result.valid_ids) and bad
     # A message the target holds comes again, and one it filtered: a duplicate, and filtered again.
     kept = next(i for i in sorted(result.valid_ids) if i not in single)
+    caplog.set_level(logging.DEBUG, logger="deltadrain.metrics")
     run = drain(c, p, spark=spark)
+    # The old metrics table made delta-rs refuse the row; the Spark path added the column, once.
+    assert "appending with Spark" in caplog.text
+    caplog.clear()
     for eid in (kept, min(single)):
         client.xadd(p.source.streams[0], {b"data": json.dumps(payloads[eid]).encode()})
     again = drain(c, p, spark=spark)
+    assert "appending with Spark" not in caplog.text
 
     assert (run.outcome, run.claimed, run.filtered, run.dead_lettered, run.written, run.acked) == (
         "committed", 600, len(single), len(bad), len(result.valid_ids) - len(single), 600), run

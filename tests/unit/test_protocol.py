@@ -212,10 +212,10 @@ def test_a_reprocess_hands_the_drained_batches_of_the_rows_it_rewrote_to_the_qua
     assert rewritten_batches([], []) == []
 
 
-def test_the_transform_filtered_what_it_kept_no_row_for_and_an_explode_filtered_nothing():
+def test_the_transform_filtered_the_messages_it_kept_no_row_for_never_below_zero():
     from deltadrain.drain import filtered_out
 
     assert filtered_out(100, 88) == 12
     assert filtered_out(100, 100) == 0
-    assert filtered_out(100, 130) == 0  # an explode: the extra rows share ids, the MERGE dedups them
+    assert filtered_out(100, 130) == 0  # an explode that filtered nothing (or less than it added)
     assert filtered_out(0, 0) == 0

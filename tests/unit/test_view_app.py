@@ -171,3 +171,21 @@ def test_the_page_names_the_entries_valkey_runs_died_on():
             "delivered 2 times, the untried half of a split).") in left
     assert "max_retries + 1 deliveries" in left
     assert 'id="splits"' not in render(v={**v, "splits": []}, state="DEAD", triggered=[], replay_dag="r")
+
+
+def test_last_batches_show_what_the_transform_filtered_and_a_dash_for_runs_before_the_count():
+    from datetime import datetime
+
+    from deltadrain.orchestration.view import _templates
+
+    def batch(run: int, **more) -> dict:
+        return {"finished_at": datetime(2026, 11, 27, 12, run), "batch": run, "outcome": "committed", "claimed": 1200,
+                "written": 1000, "duplicates": 0, "dead": 0, "seconds": 2.0, "rows_per_s": 600, "backlog": 0, **more}
+
+    v = {"pipeline": "orders", "source": "valkey", "partitions": ["s0"], "PENDING": 0, "CLAIMED": 0,
+         "dead_letters": [], "last_batches": [batch(2, filtered=200), batch(1, filtered=None), batch(0)]}
+    page = _templates().get_template("pipeline.html.j2").render(v=v, state="DEAD", triggered=[], replay_dag="r")
+    table = page.split('<table id="batches">')[1].split("</table>")[0]
+    assert "<th>dead</th><th>filtered</th>" in table
+    cells = [row.split('<td class="n">') for row in table.split("<tr>")[2:]]
+    assert [row[6].split("<")[0] for row in cells] == ["200", "—", "—"]
