@@ -388,8 +388,13 @@ def quarantine(spark, cfg: DeltadrainConfig, pipeline: PipelineConfig, batch: in
         return 0
     ensure_table(spark, qpath, staged.schema)
     add_missing_columns(spark, qpath, staged.schema)  # a quarantine table from before `_dq_table_id`
+    # A copy another target table of this name left at the same place (the table and the source made
+    # anew: batch 1 again at the same positions) is not this row's: matching it would insert nothing,
+    # and the DELETE below would then leave the row in neither table. Copies from before the column
+    # (null) still match, as they did.
+    same_table = F.col("q._dq_table_id").isNull() | F.col("q._dq_table_id").eqNullSafe(F.col("s._dq_table_id"))
     retry_conflicts(lambda: DeltaTable.forPath(spark, qpath).alias("q").merge(
-        staged.alias("s"), quarantine_keys(id_field, "q")).whenNotMatchedInsertAll().execute())
+        staged.alias("s"), quarantine_keys(id_field, "q") & same_table).whenNotMatchedInsertAll().execute())
     failpoints.fail("before_quarantine_delete")  # tests: a crash here leaves the rows in both tables
     keys = staged.select(f"`{id_field}`", "_dd_batch", "_dd_partition", "_dd_position", "_dd_run_id").distinct()
     # Only the rows as they were checked: one a reprocess replay rewrote since (a new _dd_run_id) stays.
@@ -435,10 +440,8 @@ def unreported(spark, cfg: DeltadrainConfig, pipeline: PipelineConfig, batch: in
     qpath, rpath = str(quarantine_path(cfg, pipeline)), str(results_path(cfg))
     if not is_table(spark, qpath):
         return Unreported([], 0, [])
-    copies = spark.read.format("delta").load(qpath).where(F.col("_dd_batch") == F.lit(batch))
+    copies = of_table(spark.read.format("delta").load(qpath).where(F.col("_dd_batch") == F.lit(batch)), table)
     older = F.col("_dq_table_id").isNull() if "_dq_table_id" in copies.columns else F.lit(True)
-    if table is not None and "_dq_table_id" in copies.columns:
-        copies = copies.where(older | (F.col("_dq_table_id") == F.lit(table)))
     # Per run: one quarantine MERGE wrote its rows, with one table id and one timestamp.
     seen = copies.groupBy("_dq_run_id").agg(F.max(older.cast("int")).alias("older"),
                                              F.max("_dq_quarantined_at").alias("at")).collect()
@@ -476,11 +479,23 @@ def with_unreported(failed: list[str], reasons: list[str]) -> list[str]:
     return [*failed, *(name for name in reasons if name not in failed)]
 
 
-def take_back_rewritten(spark, cfg: DeltadrainConfig, pipeline: PipelineConfig, batch: int) -> int:
-    """Drop the quarantine copies of `batch`'s rows that the target still holds rewritten (another
-    `_dd_run_id`): a reprocess replay rewrote them between a check and its DELETE, which then left
-    them (see quarantine), or after a crash there. Their new values were never checked: they stay
-    in the target for the next check, and a row is in one table or the other. Returns how many."""
+def of_table(copies, table: str | None):
+    """The quarantine rows moved out of the target table whose Delta id is `table`, and those from
+    before rows named their table (null): not another table of the same name's, deleted since."""
+    from pyspark.sql import functions as F
+
+    if table is None or "_dq_table_id" not in copies.columns:
+        return copies
+    return copies.where(F.col("_dq_table_id").isNull() | (F.col("_dq_table_id") == F.lit(table)))
+
+
+def take_back_rewritten(spark, cfg: DeltadrainConfig, pipeline: PipelineConfig, batch: int,
+                        table: str | None) -> int:
+    """Drop the quarantine copies of `batch`'s rows that the target (Delta id `table`) still holds
+    rewritten (another `_dd_run_id`): a reprocess replay rewrote them between a check and its DELETE,
+    which then left them (see quarantine), or after a crash there. Their new values were never
+    checked: they stay in the target for the next check, and a row is in one table or the other.
+    Another table's copies at the same place are that table's, and stay. Returns how many."""
     from delta.tables import DeltaTable
     from pyspark.sql import functions as F
 
@@ -489,7 +504,7 @@ def take_back_rewritten(spark, cfg: DeltadrainConfig, pipeline: PipelineConfig, 
         return 0
     id_field = pipeline.payload_schema.id_field
     of_batch = F.col("_dd_batch") == F.lit(batch)  # both tables: Delta's statistics skip other batches' files
-    copies = spark.read.format("delta").load(qpath).where(of_batch)
+    copies = of_table(spark.read.format("delta").load(qpath).where(of_batch), table)
     rows = spark.read.format("delta").load(target).where(of_batch)
     rewritten = quarantine_keys(id_field, "t") & ~F.col("t._dd_run_id").eqNullSafe(F.col("s._dd_run_id"))
     stale = (copies.alias("s").join(rows.alias("t"), rewritten, "left_semi")
@@ -749,13 +764,13 @@ def _check(cfg, pipeline: PipelineConfig, spark, rows, scope: str, batch: int | 
     if policy == "quarantine" and scope == "batch":
         # First the stale copies a crashed check left of rows rewritten since: this round's MERGE
         # would match such a copy, insert nothing, and its DELETE then remove the rewritten row.
-        take_back_rewritten(spark, cfg, pipeline, batch)
+        take_back_rewritten(spark, cfg, pipeline, batch, table)
         # Before this round moves anything: its own rows would otherwise look like an earlier check's.
         earlier = unreported(spark, cfg, pipeline, batch, table)
         offending = offending_rows(rows, checks, results) if failed else None
         if offending is not None:
             moved = quarantine(spark, cfg, pipeline, batch, offending, run_id, table)
-            report.taken_back = take_back_rewritten(spark, cfg, pipeline, batch)
+            report.taken_back = take_back_rewritten(spark, cfg, pipeline, batch, table)
             report.quarantined = max(0, moved - report.taken_back)
         if earlier.runs:
             log.warning("pipeline %s batch %d: check(s) %s moved rows to the quarantine and died before writing "

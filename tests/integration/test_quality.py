@@ -498,6 +498,41 @@ def test_a_batch_check_takes_on_the_committed_batches_that_have_no_result(tmp_pa
     assert catch_up(c, p, spark, []) == ([2], 0)
 
 
+def test_a_target_and_source_made_anew_quarantine_their_own_rows_beside_the_old_tables(tmp_path, cfg, spark):
+    """A development loop: the target table and the stream are deleted and filled again, so batch 1
+    holds the same ids at the same stream ids once more, with other values. Its check quarantines its
+    own offending rows. The old table's copies at the same places neither stand in for them (the
+    target's DELETE would then have left the new rows in neither table) nor are taken back for them."""
+    _, c, p = make_pipeline(tmp_path, partitions=1, quality=quality("quarantine"))
+    client = valkey_client(c, p)
+    stream = p.source.streams[0]
+    payloads = [json.loads(m.value) for m in generate(p, 30, seed=9)]
+
+    def fill(amount_over: float) -> set[str]:
+        """The same entries at the same stream ids; every third one over the limit, by `amount_over`."""
+        for i, payload in enumerate(payloads):
+            amount = amount_over if i % 3 == 0 else 10.0
+            client.xadd(stream, {b"data": json.dumps({**payload, "amount": amount}).encode()}, id=f"{1000 + i}-1")
+        assert drain(c, p, spark=spark).batch == 1
+        return {payload["event_id"] for i, payload in enumerate(payloads) if i % 3 == 0}
+
+    bad = fill(300.0)
+    assert check_batch(c, p, spark, 1).quarantined == len(bad) == 10
+    old_table = table_id(spark, str(c.target_path(p)))
+    shutil.rmtree(c.target_path(p))
+    spark._jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()
+    client.delete(stream)  # and its group with it
+    assert fill(400.0) == bad
+    new_table = table_id(spark, str(c.target_path(p)))
+    report = check_batch(c, p, spark, 1)
+    assert (report.quarantined, report.taken_back, report.adopted_runs) == (10, 0, [])
+    copies = sorted((r._dq_table_id == new_table, r.event_id, r.amount)
+                    for r in table(spark, quarantine_path(c, p)).collect())
+    assert copies == sorted([*((False, i, 300.0) for i in bad), *((True, i, 400.0) for i in bad)])
+    assert {r._dq_table_id for r in table(spark, quarantine_path(c, p)).collect()} == {old_table, new_table}
+    assert set(target_ids(spark, c, p)) == {x["event_id"] for x in payloads} - bad
+
+
 def test_quarantine_moves_rows_only_for_checks_that_could_name_them(tmp_path, cfg, spark):
     """An expectation on a column the table does not have fails with GX's error; the rows that break
     the other expectations are still quarantined, and the check does not crash."""
