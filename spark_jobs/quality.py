@@ -8,6 +8,7 @@ and then the report as `deltadrain-summary: {json}` (for XCom, see deltadrain.jo
 import argparse
 import json
 import sys
+from datetime import timedelta
 
 from deltadrain.config import load_config
 from deltadrain.errors import DeltadrainError
@@ -24,6 +25,8 @@ def main() -> int:
     parser.add_argument("--owed", action="store_true",
                         help="the committed batches that have no result yet (at most 20): alone (the daily DAG), "
                              "or before the --batch ones (the ingest DAG)")
+    parser.add_argument("--settle", type=int, default=0, metavar="SECONDS",
+                        help="with --owed: leave out the batches committed less than SECONDS ago")
     parser.add_argument("--config")
     parser.add_argument("--run-id")
     args = parser.parse_args()
@@ -40,7 +43,8 @@ def main() -> int:
         spark = SparkSession.builder.getOrCreate()  # configured by spark-submit with the cached jars
         try:
             if not args.table:
-                report = check_batches(cfg, pipeline, spark, args.batch or [], run_id=args.run_id, owed=args.owed)
+                report = check_batches(cfg, pipeline, spark, args.batch or [], run_id=args.run_id, owed=args.owed,
+                                       settle=timedelta(seconds=args.settle))
             else:
                 report = check_table(cfg, pipeline, spark, run_id=args.run_id).as_dict()
         except BatchesFailed as exc:

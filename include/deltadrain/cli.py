@@ -193,6 +193,8 @@ def _filtered(run: dict) -> str:
 
 @command("quality")
 def _quality(args) -> int:
+    from datetime import timedelta
+
     from deltadrain.quality import BatchesFailed, QualityFailed, check_batches, check_table
 
     cfg, pipeline, spark = _pipeline_session(args, "quality")
@@ -201,7 +203,8 @@ def _quality(args) -> int:
         if args.table:
             out = check_table(cfg, pipeline, spark).as_dict()
         else:
-            out = check_batches(cfg, pipeline, spark, [args.batch] if args.batch else [], owed=args.owed)
+            out = check_batches(cfg, pipeline, spark, [args.batch] if args.batch else [], owed=args.owed,
+                                settle=timedelta(seconds=args.settle))
     except QualityFailed as exc:
         out, failed = exc.report.as_dict(), exc
     except BatchesFailed as exc:
@@ -495,6 +498,9 @@ def build_parser() -> argparse.ArgumentParser:
     scope.add_argument("--owed", action="store_true",
                        help="check the committed batches that have no result yet (at most 20; what the "
                             "ingest DAG's quality task does before its own batches)")
+    p.add_argument("--settle", type=_at_least(0), default=0, metavar="SECONDS",
+                   help="with --owed: leave out the batches committed less than SECONDS ago (their ingest run's "
+                        "quality task checks them; the daily DAG leaves an hour)")
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("metrics", help="the last drain runs of a pipeline from the metrics table, and a chart")

@@ -181,8 +181,9 @@ def snapshot_txn(spark, path: str, app_id: str) -> tuple[int | None, int | None]
     return (int(found.get()) if found.isDefined() else None), int(snapshot.version())
 
 
-def recent_commits(spark, path: str, limit: int = 100) -> list[dict]:
-    """The last commits' version, operation, metrics and parsed userMetadata (newest first).
+def recent_commits(spark, path: str, limit: int = 100, since: datetime | None = None) -> list[dict]:
+    """The last commits' version, operation, metrics and parsed userMetadata (newest first); with
+    `since`, only those made at or after it (the answer stops at the first older one).
 
     Read straight from the newest commit files through Delta's LogStore: the drain reads them twice
     per run, and DeltaTable.history() plans and runs a Spark job for it (~0.2-0.4 s each time).
@@ -202,6 +203,8 @@ def recent_commits(spark, path: str, limit: int = 100) -> list[dict]:
         lines = store.read(file, conf)
         info = next(filter(None, (commit_info(lines.apply(k)) for k in range(lines.length()))), None)
         if info is not None:
+            if since is not None and info["timestamp"] is not None and info["timestamp"] < since:
+                break
             out.append({"version": version, **info})
     return out
 

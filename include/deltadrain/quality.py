@@ -40,13 +40,14 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from deltadrain import failpoints
-from deltadrain.checkpoint import committed_batch, find_commit
+from deltadrain.checkpoint import carries_batch, committed_batch, find_commit
 from deltadrain.config import DeltadrainConfig, PipelineConfig
 from deltadrain.errors import DeltadrainError
 from deltadrain.lake import (
     add_missing_columns,
     ensure_table,
     is_table,
+    recent_commits,
     retry_conflicts,
     snapshot_txn,
     table_id,
@@ -570,8 +571,9 @@ def batches_to_check(summary: dict) -> list[int]:
 
 
 def owed_batches(checked: set[int], requested: list[int], committed: int | None,
-                 limit: int = CATCH_UP) -> tuple[list[int], int]:
-    """The committed batches with no result yet, besides `requested`: (the oldest `limit`, how many more).
+                 limit: int = CATCH_UP, settling: frozenset[int] = frozenset()) -> tuple[list[int], int]:
+    """The committed batches with no result yet, besides `requested` and the `settling` ones (committed
+    too recently: their own ingest run checks them): (the oldest `limit`, how many more).
 
     A drain try that commits and then fails (its acknowledgement, the group offsets, a kill) hands
     no batch to its quality task, and a check that dies (a crash between quarantine's MERGE and
@@ -582,7 +584,7 @@ def owed_batches(checked: set[int], requested: list[int], committed: int | None,
     if committed is None or not (checked or requested):
         return [], 0
     floor = max(1, min(checked) if checked else min(requested))
-    owed = [b for b in range(floor, committed + 1) if b not in checked and b not in requested]
+    owed = [b for b in range(floor, committed + 1) if b not in checked and b not in requested and b not in settling]
     return owed[:limit], max(0, len(owed) - limit)
 
 
@@ -604,23 +606,32 @@ def checked_batches(spark, cfg: DeltadrainConfig, pipeline: PipelineConfig, tabl
     return {int(r.batch) for r in rows.select("batch").distinct().collect()}
 
 
-def catch_up(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, requested: list[int]) -> tuple[list[int], int]:
-    """owed_batches against the results table and the target's newest committed batch."""
+def catch_up(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, requested: list[int],
+             settle: timedelta = timedelta(0)) -> tuple[list[int], int]:
+    """owed_batches against the results table and the target's newest committed batch, leaving out
+    the batches committed less than `settle` ago."""
     target = str(cfg.target_path(pipeline))
     if not is_table(spark, target):
         return [], 0
     committed = committed_batch(spark, target, pipeline.name)
-    return owed_batches(checked_batches(spark, cfg, pipeline, table_id(spark, target)), requested, committed)
+    settling = frozenset()
+    if settle > timedelta(0) and committed is not None:
+        since = datetime.now(UTC) - settle
+        settling = frozenset(c["meta"]["batch"] for c in recent_commits(spark, target, 200, since=since)
+                             if carries_batch(c["meta"], pipeline.name))
+    return owed_batches(checked_batches(spark, cfg, pipeline, table_id(spark, target)), requested, committed,
+                        settling=settling)
 
 
 def check_batches(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, batches: list[int],
-                  run_id: str | None = None, owed: bool = False) -> dict:
+                  run_id: str | None = None, owed: bool = False, settle: timedelta = timedelta(0)) -> dict:
     """check_batch for each batch, all of them even when one fails. One batch: its report. Several:
     one summary of them (success, failed expectations per batch, rows, quarantined, each report).
     With `owed`, first the committed batches that have no result yet (catch_up); the summary then
-    says which (`caught_up`) and how many are left for the next check (`still_owed`).
+    says which (`caught_up`) and how many are left for the next check (`still_owed`); `settle`
+    leaves out the ones committed less than that long ago (the daily DAG leaves an hour).
     Raises BatchesFailed (with that summary) when a batch failed under `on_failure: fail`, after all ran."""
-    caught_up, left = catch_up(cfg, pipeline, spark, batches) if owed else ([], 0)
+    caught_up, left = catch_up(cfg, pipeline, spark, batches, settle) if owed else ([], 0)
     if caught_up or left:
         log.warning("pipeline %s: batches %s were committed without a quality result; checking them now%s",
                     pipeline.name, caught_up, f" ({left} more are left for the next check)" if left else "")

@@ -76,7 +76,7 @@ def test_dags_parse_without_errors_warnings_or_io(monkeypatch, airflow_db):
     assert {t.task_id for t in daily.leaves} == {t.task_id for t in daily.tasks}
     for p in cfg.pipelines:
         owed, whole = daily.get_task(f"owed_{p.name}"), daily.get_task(f"check_{p.name}")
-        assert (owed.owed, whole.whole_table) == (True, True)
+        assert (owed.owed, owed.settle_s, whole.whole_table) == (True, 3600, True)
         assert owed.pool == whole.pool == pool_name(p.name) and owed.priority_weight > whole.priority_weight
     # A pipeline's maintenance runs in its pool, between its drains; the shared tables' task does not.
     maintenance = {t.task_id: t.pool for t in bag.get_dag(MAINTENANCE_DAG).tasks}

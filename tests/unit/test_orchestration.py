@@ -122,6 +122,8 @@ def test_the_quality_job_gets_every_batch_the_drain_task_committed():
     # The daily DAG's tasks: the owed batches alone, then the whole table; one scope per task.
     daily = context("scheduled")
     assert QualityOperator(task_id="o", pipeline="orders", owed=True).job_args(daily)[-1] == "--owed"
+    settled = QualityOperator(task_id="o", pipeline="orders", owed=True, settle_s=3600).job_args(daily)
+    assert settled[-3:] == ["--owed", "--settle", "3600"]
     assert QualityOperator(task_id="t", pipeline="orders", whole_table=True).job_args(daily)[-1] == "--table"
     for scopes in ({}, {"owed": True, "whole_table": True}, {"drain_task": "drain", "owed": True}):
         with pytest.raises(ValueError, match="checks one of"):

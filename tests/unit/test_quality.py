@@ -152,6 +152,9 @@ def test_owed_batches_are_the_committed_ones_without_a_result_since_the_first_ch
     # The oldest first, at most `limit`; the rest are counted for the next check.
     owed, left = owed_batches({1}, [100], committed=100, limit=20)
     assert owed == list(range(2, 22)) and left == 78
+    # The daily owed check: batches committed within its settle time are their ingest run's, not owed yet.
+    assert owed_batches({1, 2}, [], committed=6, settling=frozenset({5, 6})) == ([3, 4], 0)
+    assert owed_batches({1}, [], committed=3, settling=frozenset({2, 3})) == ([], 0)
 
 
 def test_gx_errors_are_found_flat_or_per_metric():
@@ -178,14 +181,14 @@ def test_an_owed_batch_that_cannot_be_checked_keeps_no_other_batch_unchecked(mon
             raise QualityError("Great Expectations could not validate: boom")
         return QualityReport(pipeline.name, "batch", batch, "s", "fail", True, 10)
 
-    monkeypatch.setattr(quality, "catch_up", lambda cfg, pipeline, spark, requested: ([2, 3], 0))
+    monkeypatch.setattr(quality, "catch_up", lambda cfg, pipeline, spark, requested, settle: ([2, 3], 0))
     monkeypatch.setattr(quality, "check_batch", fake_check)
     with pytest.raises(QualityError, match=r"owed batches could not be checked: batch 2: QualityError: Great "
                                            r"Expectations could not validate: boom \(batches \[3, 5\] were checked"):
         check_batches(cfg, pipeline, None, [5], owed=True)
     assert seen == [2, 3, 5]
     # The task's own batch failing to run is the task's error, as before.
-    monkeypatch.setattr(quality, "catch_up", lambda cfg, pipeline, spark, requested: ([], 0))
+    monkeypatch.setattr(quality, "catch_up", lambda cfg, pipeline, spark, requested, settle: ([], 0))
     with pytest.raises(QualityError, match="boom"):
         check_batches(cfg, pipeline, None, [2], owed=True)
 

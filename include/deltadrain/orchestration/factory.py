@@ -99,12 +99,17 @@ def ingest_dag(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> DAG:
     return dag
 
 
+# The daily owed check leaves the batches committed within this to the ingest run that drained them:
+# that run's quality task may be waiting for the pool, and checking first would check them twice.
+OWED_SETTLE = timedelta(hours=1)
+
+
 def quality_dag(cfg: DeltadrainConfig) -> DAG:
     with DAG(dag_id=QUALITY_DAG, schedule="@daily", start_date=min(p.airflow.start_date for p in cfg.pipelines),
              catchup=False, max_active_runs=1, tags=["deltadrain"],
              doc_md="Daily, per pipeline: first the committed batches no check has a result for yet "
                     "(`owed_<pipeline>`: a drain that committed and then failed, with no ingest run since to "
-                    "check them), then the whole target table against its Great Expectations suite "
+                    "check them; batches of the last hour are left to their ingest run), then the whole target table against its Great Expectations suite "
                     "(`check_<pipeline>`). Results are appended to the quality results table, Data Docs rendered.",
              default_args={"retries": 1, "retry_delay": timedelta(minutes=5),
                            "execution_timeout": timedelta(hours=2)}) as dag:
@@ -113,6 +118,7 @@ def quality_dag(cfg: DeltadrainConfig) -> DAG:
             # must be a leaf to fail the run, and it is no reason to leave the table unchecked. The
             # pool runs them one at a time; the owed batches go first when both wait.
             QualityOperator(task_id=f"owed_{p.name}", pipeline=p.name, config=_config_arg(cfg), owed=True,
+                            settle_s=int(OWED_SETTLE.total_seconds()),
                             pool=pool_name(p.name), priority_weight=2, weight_rule="absolute")
             QualityOperator(task_id=f"check_{p.name}", pipeline=p.name, config=_config_arg(cfg), whole_table=True,
                             pool=pool_name(p.name), priority_weight=1, weight_rule="absolute")

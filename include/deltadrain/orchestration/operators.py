@@ -217,20 +217,22 @@ class QualityOperator(DeltadrainSparkOperator):
     reads_source = False
 
     def __init__(self, *, drain_task: str | None = None, whole_table: bool = False, owed: bool = False,
-                 catch_up: bool = True, **kwargs):
+                 catch_up: bool = True, settle_s: int = 0, **kwargs):
         """`catch_up`: with `drain_task`, the owed batches too (the ingest DAG); the replay DAG
-        checks only the batches its reprocess rewrote."""
+        checks only the batches its reprocess rewrote. `settle_s`: with `owed`, leave out the batches
+        committed less than that many seconds ago (the daily DAG: their ingest run checks them)."""
         super().__init__(**kwargs)
         if sum((drain_task is not None, whole_table, owed)) != 1:
             raise ValueError("QualityOperator checks one of: drain_task's batches, whole_table, owed")
         self.drain_task, self.whole_table, self.owed, self.catch_up = drain_task, whole_table, owed, catch_up
+        self.settle_s = settle_s
 
     def job_args(self, context) -> list[str]:
         args = super().job_args(context)
         if self.whole_table:
             return [*args, "--table"]
         if self.owed:
-            return [*args, "--owed"]
+            return [*args, "--owed", *(["--settle", str(self.settle_s)] if self.settle_s else [])]
         from airflow.sdk.exceptions import AirflowSkipException
 
         from deltadrain.quality import batches_to_check
