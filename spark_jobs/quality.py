@@ -32,6 +32,8 @@ def main() -> int:
     args = parser.parse_args()
     if args.owed and args.table:
         parser.error("--owed goes with --batch, or alone")
+    if args.settle and not args.owed or args.settle < 0:
+        parser.error("--settle takes a number of seconds >= 0, with --owed")
     if not (args.batch or args.table or args.owed):
         parser.error("one of --batch, --table or --owed is required")
     from pyspark.sql import SparkSession

@@ -20,7 +20,7 @@ from deltadrain.config import DeltadrainConfig, PipelineConfig, ValkeySource
 from deltadrain.connections import valkey_client
 from deltadrain.deadletter import write_dead_letters
 from deltadrain.errors import DeltadrainError, error_line
-from deltadrain.lake import is_table, recent_commits, refused_rows, retry_conflicts
+from deltadrain.lake import is_table, of_table, recent_commits, refused_rows, retry_conflicts, table_id
 from deltadrain.paths import staging_dir
 
 NO_BATCH = 0  # the batch number of rows a backfill inserts (a reprocess keeps a row's); drained batches start at 1
@@ -160,12 +160,14 @@ def merge_without_checkpoint(spark, target: str, rows, pipeline: PipelineConfig,
     return {}, refused
 
 
-def without_held(spark, rows, table: str, partition: str = "_dd_partition", position: str = "_dd_position"):
+def without_held(spark, rows, table: str, partition: str = "_dd_partition", position: str = "_dd_position",
+                 target_id: str | None = None):
     """`rows` minus the messages (partition and position) `table` holds, where it has those columns
-    under the names given. An id sent again (a new position) is a new message and stays."""
+    under the names given. An id sent again (a new position) is a new message and stays. For the
+    quarantine, `target_id`: only the rows moved out of that target table (lake.of_table)."""
     if not is_table(spark, table):
         return rows
-    held = (spark.read.format("delta").load(table)
+    held = (of_table(spark.read.format("delta").load(table), target_id)
             .selectExpr(f"{partition} AS _dd_partition", f"{position} AS _dd_position").distinct())
     return rows.join(held, ["_dd_partition", "_dd_position"], "left_anti")
 
@@ -248,7 +250,7 @@ def backfill(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, start: date
             ensure_target(spark, target, pipeline, claimed.schema, run_id)
             # Quarantined messages re-read are the same messages: put back, only the whole-table check
             # (which never quarantines) would see them again.
-            kept = without_held(spark, rows, str(cfg.quarantine_path(pipeline)))
+            kept = without_held(spark, rows, str(cfg.quarantine_path(pipeline)), target_id=table_id(spark, target))
             offered, oldest = offered_rows(kept)
             summary.skipped_quarantined = 0 if kept is rows else rows.count() - offered
             if offered:

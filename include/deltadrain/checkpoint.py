@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from deltadrain.lake import is_table, recent_commits, snapshot_txn
+from deltadrain.lake import is_table, of_table, recent_commits, snapshot_txn, table_id
 
 # Columns every target row carries besides the payload.
 META_COLUMNS = (
@@ -81,6 +81,9 @@ def positions_from_rows(spark, path: str, dlq_path: str | None, batch: int,
     for table in (path, quarantine_path):
         if table and is_table(spark, table):
             rows = spark.read.format("delta").load(table).where(drained)
+            if table == quarantine_path and is_table(spark, path):
+                # Not the rows of an earlier target of this name: its batch numbers come again here.
+                rows = of_table(rows, table_id(spark, path))
             frames.append(rows.select(F.col("_dd_partition").alias("p"), F.col("_dd_position").alias("pos"),
                                       F.col("_dd_pos_hi").alias("hi"), F.col("_dd_pos_lo").alias("lo")))
             committers.append(rows.select(F.col("_dd_batch").alias("b"), F.col("_dd_run_id").alias("r")))

@@ -585,6 +585,8 @@ def _unreachable(exc: Exception, args) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command == "quality" and args.settle and not args.owed:
+        parser.error("--settle goes with --owed")
     try:
         if args.command in ("drain", "backfill", "replay"):
             from deltadrain.logs import configure

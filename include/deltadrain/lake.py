@@ -181,6 +181,17 @@ def snapshot_txn(spark, path: str, app_id: str) -> tuple[int | None, int | None]
     return (int(found.get()) if found.isDefined() else None), int(snapshot.version())
 
 
+def of_table(copies, table: str | None):
+    """The quarantine rows (`copies`) moved out of the target table whose Delta id is `table`, and
+    those from before rows named their table (null): not the rows of another table of the same
+    name, deleted since (its batches and positions may come again in the new one)."""
+    from pyspark.sql import functions as F
+
+    if table is None or "_dq_table_id" not in copies.columns:
+        return copies
+    return copies.where(F.col("_dq_table_id").isNull() | (F.col("_dq_table_id") == F.lit(table)))
+
+
 def recent_commits(spark, path: str, limit: int = 100, since: datetime | None = None) -> list[dict]:
     """The last commits' version, operation, metrics and parsed userMetadata (newest first); with
     `since`, only those made at or after it (the answer stops at the first older one).

@@ -47,6 +47,7 @@ from deltadrain.lake import (
     add_missing_columns,
     ensure_table,
     is_table,
+    of_table,
     recent_commits,
     retry_conflicts,
     snapshot_txn,
@@ -478,16 +479,6 @@ def with_unreported(failed: list[str], reasons: list[str]) -> list[str]:
     """The failed checks of a report that adopts unreported quarantine rows: its own, then the ones
     only those rows broke (the check that moved them judged them; this one no longer sees them)."""
     return [*failed, *(name for name in reasons if name not in failed)]
-
-
-def of_table(copies, table: str | None):
-    """The quarantine rows moved out of the target table whose Delta id is `table`, and those from
-    before rows named their table (null): not another table of the same name's, deleted since."""
-    from pyspark.sql import functions as F
-
-    if table is None or "_dq_table_id" not in copies.columns:
-        return copies
-    return copies.where(F.col("_dq_table_id").isNull() | (F.col("_dq_table_id") == F.lit(table)))
 
 
 def take_back_rewritten(spark, cfg: DeltadrainConfig, pipeline: PipelineConfig, batch: int,

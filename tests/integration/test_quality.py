@@ -9,12 +9,12 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from deltadrain import cli
-from deltadrain.checkpoint import read_checkpoint
+from deltadrain.checkpoint import find_commit, read_checkpoint
 from deltadrain.connections import valkey_client
 from deltadrain.drain import DrainError, drain
 from deltadrain.failpoints import InjectedFailure
@@ -482,6 +482,9 @@ def test_a_batch_check_takes_on_the_committed_batches_that_have_no_result(tmp_pa
     assert cli.main(["--config", str(path), "quality", p.name, "--owed", "--settle", "3600", "--json"]) == 0
     assert (json.loads(capsys.readouterr().out)["caught_up"], catch_up(c, p, spark, [], timedelta(hours=1))) == (
         [], ([], 0))
+    # Committed longer ago than the settle time: owed.
+    age = datetime.now(UTC) - find_commit(spark, str(c.target_path(p)), p.name, 5)["timestamp"]
+    assert age > timedelta(seconds=0.5) and catch_up(c, p, spark, [], age - timedelta(seconds=0.2)) == ([5], 0)
     assert cli.main(["--config", str(path), "quality", p.name, "--owed", "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert (shown["caught_up"], shown["still_owed"], shown["batch"], shown["scope"]) == ([5], 0, 5, "batch")

@@ -56,6 +56,8 @@ def test_drain_max_batches_is_positive(capsys):
     (["drain", "orders", "--run-id", "../../home"], "--run-id: run id '../../home': use 1-200 letters"),
     (["drain", "orders", "--run-id", ".."], "--run-id: run id '..'"),
     (["drain", "orders", "--run-id", "/"], "--run-id: run id '/'"),
+    (["quality", "orders", "--owed", "--settle", "-1"], "--settle: -1 is less than 0"),
+    (["quality", "orders", "--table", "--settle", "60"], "--settle goes with --owed"),
 ])
 def test_bad_flag_values_exit_2_with_one_line(argv, message, capsys):
     from deltadrain.cli import main

@@ -128,6 +128,9 @@ def test_the_quality_job_gets_every_batch_the_drain_task_committed():
     for scopes in ({}, {"owed": True, "whole_table": True}, {"drain_task": "drain", "owed": True}):
         with pytest.raises(ValueError, match="checks one of"):
             QualityOperator(task_id="q", pipeline="orders", **scopes)
+    for scopes in ({"owed": True, "settle_s": -1}, {"whole_table": True, "settle_s": 60}):
+        with pytest.raises(ValueError, match="settle_s"):
+            QualityOperator(task_id="q", pipeline="orders", **scopes)
 
 
 def test_a_failed_replay_names_the_pipeline_it_was_asked_for(monkeypatch):

@@ -224,6 +224,8 @@ class QualityOperator(DeltadrainSparkOperator):
         super().__init__(**kwargs)
         if sum((drain_task is not None, whole_table, owed)) != 1:
             raise ValueError("QualityOperator checks one of: drain_task's batches, whole_table, owed")
+        if settle_s < 0 or (settle_s and not owed):
+            raise ValueError("QualityOperator: settle_s is a number of seconds >= 0, for owed=True")
         self.drain_task, self.whole_table, self.owed, self.catch_up = drain_task, whole_table, owed, catch_up
         self.settle_s = settle_s
 
