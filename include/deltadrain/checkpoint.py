@@ -81,8 +81,9 @@ def positions_from_rows(spark, path: str, dlq_path: str | None, batch: int,
     for table in (path, quarantine_path):
         if table and is_table(spark, table):
             rows = spark.read.format("delta").load(table).where(drained)
-            if table == quarantine_path and is_table(spark, path):
+            if table == quarantine_path:
                 # Not the rows of an earlier target of this name: its batch numbers come again here.
+                # (No table at `path`: no id, and of_table keeps every row.)
                 rows = of_table(rows, table_id(spark, path))
             frames.append(rows.select(F.col("_dd_partition").alias("p"), F.col("_dd_position").alias("pos"),
                                       F.col("_dd_pos_hi").alias("hi"), F.col("_dd_pos_lo").alias("lo")))
