@@ -11,7 +11,8 @@
 - Every check appends one row to the results table `<lake>/_deltadrain/quality/results`, and
   renders Data Docs under `$DELTADRAIN_HOME/quality/data_docs/<pipeline>/index.html`.
 - A batch check with `owed` first takes on the committed batches that have no result yet
-  (owed_batches): a drain try that died after its commit hands its batch to no quality task.
+  (owed_batches): a drain try that died after its commit hands its batch to no quality task,
+  even when that was the pipeline's first Airflow drain (first_scheduled).
 - Failure policy: `fail` raises QualityFailed (after the results row is written), `warn` logs and
   returns, `quarantine` moves the batch's offending rows to `<lake>/_deltadrain/quarantine/<pipeline>`.
 
@@ -54,6 +55,7 @@ from deltadrain.lake import (
     table_id,
 )
 from deltadrain.metrics import batch_finished_at
+from deltadrain.orchestration.names import AIRFLOW_RUN_PREFIX
 from deltadrain.paths import state_home
 
 log = logging.getLogger(__name__)
@@ -562,19 +564,23 @@ def batches_to_check(summary: dict) -> list[int]:
 
 
 def owed_batches(checked: set[int], requested: list[int], committed: int | None,
-                 limit: int = CATCH_UP, settling: frozenset[int] = frozenset()) -> tuple[list[int], int]:
+                 limit: int = CATCH_UP, settling: frozenset[int] = frozenset(),
+                 first_scheduled: int | None = None) -> tuple[list[int], int]:
     """The committed batches with no result yet, besides `requested` and the `settling` ones (committed
     too recently: their own ingest run checks them): (the oldest `limit`, how many more).
 
     A drain try that commits and then fails (its acknowledgement, the group offsets, a kill) hands
     no batch to its quality task, and a check that dies (a crash between quarantine's MERGE and
     DELETE) writes no result: the next check takes them on. Owed means from the pipeline's first
-    check on (before it, with none yet, from the batches asked for): a pipeline drained for a while
-    without checks is not made to check its whole history.
+    check on; before it, with none yet, from the batches asked for or `first_scheduled` (the oldest
+    batch an Airflow drain committed), whichever is older: a pipeline drained for a while with the
+    CLI is not made to check its whole history, and the first Airflow drain that committed and then
+    failed does not leave its batch unchecked.
     """
-    if committed is None or not (checked or requested):
+    starts = checked or {*requested, *(() if first_scheduled is None else (first_scheduled,))}
+    if committed is None or not starts:
         return [], 0
-    floor = max(1, min(checked) if checked else min(requested))
+    floor = max(1, min(starts))
     owed = [b for b in range(floor, committed + 1) if b not in checked and b not in requested and b not in settling]
     return owed[:limit], max(0, len(owed) - limit)
 
@@ -610,8 +616,18 @@ def catch_up(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, requested: 
         since = datetime.now(UTC) - settle
         settling = frozenset(c["meta"]["batch"] for c in recent_commits(spark, target, 200, since=since)
                              if carries_batch(c["meta"], pipeline.name))
-    return owed_batches(checked_batches(spark, cfg, pipeline, table_id(spark, target)), requested, committed,
-                        settling=settling)
+    checked = checked_batches(spark, cfg, pipeline, table_id(spark, target))
+    first = None if checked or committed is None else first_scheduled(spark, target, pipeline.name)
+    return owed_batches(checked, requested, committed, settling=settling, first_scheduled=first)
+
+
+def first_scheduled(spark, target: str, pipeline: str, scan: int = 200) -> int | None:
+    """The oldest batch among the target's last `scan` commits that an Airflow drain committed (its
+    run id says so): its DAG run's quality task was to check it. Read only while the pipeline has no
+    check yet; a batch whose commit file log cleanup removed is not found."""
+    batches = [c["meta"]["batch"] for c in recent_commits(spark, target, scan)
+               if carries_batch(c["meta"], pipeline) and str(c["meta"].get("run_id") or "").startswith(AIRFLOW_RUN_PREFIX)]
+    return min(batches, default=None)
 
 
 def check_batches(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, batches: list[int],

@@ -20,6 +20,7 @@ from deltadrain.drain import DrainError, drain
 from deltadrain.failpoints import InjectedFailure
 from deltadrain.lake import table_id
 from deltadrain.metrics import last_runs, metrics_path, render_chart
+from deltadrain.orchestration.names import AIRFLOW_RUN_PREFIX, ingest_dag_id
 from deltadrain.produce import generate, produce
 from deltadrain.quality import (
     RESULTS_SCHEMA,
@@ -496,14 +497,16 @@ def test_a_batch_check_takes_on_the_committed_batches_that_have_no_result(tmp_pa
     old_table = table_id(spark, str(c.target_path(p)))
     shutil.rmtree(c.target_path(p))
     spark._jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()  # as the next task's own process sees it
-    for batch, start in enumerate((550, 600), 1):
+    # Its first batch is drained by an Airflow try that fails after its commit (its check never runs),
+    # the second by the CLI: no check yet, and both are owed, though the old table's 1 and 2 were checked.
+    airflow_try = f"{AIRFLOW_RUN_PREFIX}{ingest_dag_id(p.name)}-manual__2026-11-27T00_00_00-try1"
+    for batch, start, run_id in ((1, 550, airflow_try), (2, 600, None)):
         produce(c, p, 50, seed=7, start=start)
-        assert drain(c, p, spark=spark).batch == batch
-        if batch == 1:
-            assert check_batches(c, p, spark, [1], owed=True)["caught_up"] == []
-    # Batch 2's check never ran: it is owed, though the old table's batch 2 was checked.
+        assert drain(c, p, spark=spark, run_id=run_id).batch == batch
     assert table_id(spark, str(c.target_path(p))) != old_table
-    assert catch_up(c, p, spark, []) == ([2], 0)
+    assert catch_up(c, p, spark, []) == ([1, 2], 0)
+    assert check_batches(c, p, spark, [2], owed=True)["caught_up"] == [1]
+    assert catch_up(c, p, spark, []) == ([], 0)
 
 
 def test_a_target_and_source_made_anew_quarantine_their_own_rows_beside_the_old_tables(tmp_path, cfg, spark):

@@ -147,6 +147,11 @@ def test_owed_batches_are_the_committed_ones_without_a_result_since_the_first_ch
     # Before the pipeline's first check, only the batches asked for count: no history is owed.
     assert owed_batches(set(), [40], committed=40) == ([], 0)
     assert owed_batches(set(), [40], committed=41) == ([41], 0)  # committed since the drain's summary
+    # ... and from the oldest batch an Airflow drain committed: its try failed before its check ran.
+    assert owed_batches(set(), [2], committed=2, first_scheduled=1) == ([1], 0)
+    assert owed_batches(set(), [], committed=3, first_scheduled=2) == ([2, 3], 0)  # the daily owed task
+    assert owed_batches(set(), [40], committed=40, first_scheduled=40) == ([], 0)
+    assert owed_batches({5}, [7], committed=7, first_scheduled=1) == ([6], 0)  # once checked, checks rule
     # A batch asked for again (already_committed) is not counted twice.
     assert owed_batches({7}, [7, 8], committed=9) == ([9], 0)
     # The oldest first, at most `limit`; the rest are counted for the next check.

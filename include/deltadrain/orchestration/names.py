@@ -4,6 +4,9 @@ REAPER_DAG = "deltadrain__reaper"
 REPLAY_DAG = "deltadrain__replay"
 QUALITY_DAG = "deltadrain__quality"
 MAINTENANCE_DAG = "deltadrain__maintenance"
+# How the run ids of Airflow's tasks start (operators.deltadrain_run_id); a drain so named is followed
+# by its DAG run's quality task, which is how quality.catch_up tells such batches from CLI drains.
+AIRFLOW_RUN_PREFIX = "af-"
 
 
 def ingest_dag_id(pipeline: str) -> str:

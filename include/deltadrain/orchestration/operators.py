@@ -20,6 +20,7 @@ from typing import Any
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
 from deltadrain.jobs import ERROR_PREFIX, SUMMARY_PREFIX
+from deltadrain.orchestration.names import AIRFLOW_RUN_PREFIX
 from deltadrain.paths import PROJECT_ROOT
 
 SPARK_JOBS = PROJECT_ROOT / "spark_jobs"
@@ -33,7 +34,7 @@ class DeltadrainJobFailed(Exception):
 def deltadrain_run_id(context) -> str:
     """A run id that names the Airflow run and try, safe in Valkey consumer names and file paths."""
     ti = context["ti"]
-    base = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"af-{ti.dag_id}-{ti.run_id}")
+    base = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{AIRFLOW_RUN_PREFIX}{ti.dag_id}-{ti.run_id}")
     if len(base) > 110:  # cut, ending in a hash of the whole: two runs of a long DAG id stay apart
         base = f"{base[:101]}-{hashlib.sha256(base.encode()).hexdigest()[:8]}"
     # The try number is always kept: two tries of one task are two runs for the commit protocol.
