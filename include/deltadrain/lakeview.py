@@ -142,6 +142,37 @@ def last_batches(cfg: DeltadrainConfig, pipeline: PipelineConfig, n: int = 10) -
     return out
 
 
+def batch_checks(cfg: DeltadrainConfig, pipeline: PipelineConfig, batches: list[int]) -> dict[int, dict]:
+    """batch -> the newest quality check of that batch of the current target (newest_checks)."""
+    from deltadrain.quality import results_path
+
+    results, target = open_table(str(results_path(cfg))), open_table(str(cfg.target_path(pipeline)))
+    if results is None or target is None or not batches:
+        return {}
+    # Only the validated name and ints go into the text.
+    rows = query(results, "SELECT batch, success, failed, quarantined, policy, checked_at, table_id FROM r "  # noqa: S608
+                          f"WHERE pipeline = {_sql_literal(pipeline.name)} AND scope = 'batch' "
+                          f"AND batch IN ({', '.join(str(int(b)) for b in sorted(set(batches)))})", name="r")
+    return newest_checks(rows, target.metadata().id)
+
+
+def newest_checks(rows: list[dict], table: str) -> dict[int, dict]:
+    """Per batch, the newest of the results `rows` of the target whose Delta id is `table` (rows from
+    before results named their table count for any; a target made anew starts its batches at 1 again),
+    as the page shows it: passed, the expectations it failed, the rows it quarantined (pure)."""
+    def when(r: dict) -> float:
+        return r["checked_at"].timestamp() if r.get("checked_at") else float("-inf")
+
+    newest: dict[int, dict] = {}
+    for r in rows:
+        b = int(r["batch"])
+        if r.get("table_id") in (None, table) and (b not in newest or when(r) > when(newest[b])):
+            newest[b] = r
+    return {b: {"success": bool(r["success"]), "failed": json.loads(r["failed"] or "[]"),
+                "quarantined": int(r["quarantined"] or 0), "policy": r["policy"], "checked_at": r["checked_at"]}
+            for b, r in newest.items()}
+
+
 def _batch_commits(table, pipeline: PipelineConfig, search: int):
     """(commit, its deltadrain metadata) of the newest `search` commits that carry a batch of `pipeline`."""
     for commit in table.history(search):

@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from deltadrain import cli
+from deltadrain import cli, lakeview
 from deltadrain.checkpoint import find_commit, read_checkpoint
 from deltadrain.connections import valkey_client
 from deltadrain.drain import DrainError, drain
@@ -469,6 +469,11 @@ def test_a_batch_check_takes_on_the_committed_batches_that_have_no_result(tmp_pa
     assert [r["quarantined"] for r in out["reports"]] == [len(bad[2]), len(bad[3]), len(bad[4])]
     rows = table(spark, results_path(c)).where(f"pipeline = '{p.name}'").collect()
     assert sorted(r.batch for r in rows) == [1, 2, 3, 4]
+    # What the Airflow view shows of them (delta-rs, no JVM): each batch's check and the rows it moved.
+    shown = lakeview.batch_checks(c, p, [1, 2, 3, 4, 5])
+    assert {b: (q["success"], q["quarantined"]) for b, q in shown.items()} == {
+        b: (False, len(bad[b])) for b in (1, 2, 3, 4)}
+    assert all(q["failed"] == [f"amount between 0.0 and {LIMIT}"] for q in shown.values()), shown
     # Every offending row moved once, nothing else moved, nothing lost.
     moved = [r.event_id for r in table(spark, quarantine_path(c, p)).collect()]
     assert len(moved) == len(set(moved)) and set(moved) == set().union(*bad.values())

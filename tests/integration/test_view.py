@@ -82,6 +82,9 @@ def test_view_shows_real_counts_and_replays_selected(tmp_path, spark, valkey_ser
         assert {(d["partition"], d["position"]) for d in view["dead_letters"]} == {
             (r.partition, r.position) for r in dlq_rows(spark, c, p)}
         assert view["last_batches"] and view["last_batches"][0]["outcome"] in ("committed", "empty")
+        # Drained with the CLI, no batch check has run: every committed batch shows as not checked.
+        committed = [b for b in view["last_batches"] if b["outcome"] == "committed"]
+        assert committed and all(b["quality"] is None for b in committed)
         assert view["last_commit"]["batch"] >= 1
         began = time.monotonic()
         assert http("GET", data, token=token)[0] == 200

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from deltadrain.lakeview import PREVIEW_BYTES, preview
@@ -139,3 +141,21 @@ def test_a_replay_range_ending_at_a_bare_millisecond_takes_that_whole_millisecon
         ReplayRequest(pipeline="orders", position_from="6-0", position_to="5")
     with pytest.raises(ValidationError, match="beyond the largest position"):  # not a Spark cast error later
         ReplayRequest(pipeline="orders", position_from=str(2**63))
+
+
+def test_a_batch_shows_its_newest_check_of_the_current_target():
+    from datetime import UTC, datetime
+
+    from deltadrain.lakeview import newest_checks
+
+    def row(batch, hour, success, table="t2", failed=(), quarantined=0):
+        return {"batch": batch, "success": success, "failed": json.dumps(list(failed)), "quarantined": quarantined,
+                "policy": "quarantine", "checked_at": datetime(2026, 11, 27, hour, tzinfo=UTC), "table_id": table}
+
+    rows = [row(1, 10, False, failed=["amount_between"], quarantined=3), row(1, 12, True),  # checked again later
+            row(2, 11, False, failed=["id_unique"]), row(2, 13, True, table="t1"),  # a table made anew: not ours
+            row(3, 9, True, table=None)]  # from before results named their table: counts
+    got = newest_checks(rows, "t2")
+    assert {b: (c["success"], c["failed"], c["quarantined"]) for b, c in got.items()} == {
+        1: (True, [], 0), 2: (False, ["id_unique"], 0), 3: (True, [], 0)}
+    assert got[1]["checked_at"].hour == 12 and newest_checks(rows, "t9") == {3: got[3]}

@@ -189,3 +189,30 @@ def test_last_batches_show_what_the_transform_filtered_and_a_dash_for_runs_befor
     assert "<th>dead</th><th>filtered</th>" in table
     cells = [row.split('<td class="n">') for row in table.split("<tr>")[2:]]
     assert [row[6].split("<")[0] for row in cells] == ["200", "—", "—"]
+
+
+def test_last_batches_show_each_committed_batch_check():
+    from datetime import UTC, datetime
+
+    from deltadrain.orchestration.view import _templates
+
+    def batch(run: int, outcome: str = "committed", **more) -> dict:
+        return {"finished_at": datetime(2026, 11, 27, 12, run), "batch": run, "outcome": outcome, "claimed": 10,
+                "written": 10, "duplicates": 0, "dead": 0, "seconds": 1.0, "rows_per_s": 10, "backlog": 0, **more}
+
+    at = datetime(2026, 11, 27, 13, 5, tzinfo=UTC)
+    failed = {"success": False, "failed": ["amount_between", "id_unique"], "quarantined": 3, "policy": "quarantine",
+              "checked_at": at}
+    v = {"pipeline": "orders", "source": "valkey", "partitions": ["s0"], "PENDING": 0, "CLAIMED": 0,
+         "dead_letters": [], "last_batches": [
+             batch(4, quality=None), batch(3, quality=failed),
+             batch(2, quality={**failed, "success": True, "failed": [], "quarantined": 0}),
+             batch(2, outcome="failed")]}  # no check is of a run that committed nothing: no "quality" key
+    page = _templates().get_template("pipeline.html.j2").render(v=v, state="DEAD", triggered=[], replay_dag="r")
+    table = page.split('<table id="batches">')[1].split("</table>")[0]
+    assert "<th>outcome</th><th>quality</th>" in table
+    cells = [row.split("</td>")[3].strip() for row in table.split("<tr>")[2:]]
+    assert cells[0].startswith("<td title=") and cells[0].endswith(">not checked")
+    assert cells[1] == ('<td class="bad" title="checked 2026-11-27 13:05:00 UTC, on_failure: quarantine">'
+                        "failed: amount_between, id_unique (3 rows quarantined)")
+    assert cells[2] == '<td title="checked 2026-11-27 13:05:00 UTC">passed' and cells[3] == "<td>"

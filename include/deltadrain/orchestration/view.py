@@ -28,12 +28,14 @@ from fastapi import Request  # module level: FastAPI resolves the (postponed) an
 
 from deltadrain.config import DeltadrainConfig, PipelineConfig, ValkeySource
 from deltadrain.orchestration.names import MAINTENANCE_DAG, REPLAY_DAG, ingest_dag_id
+from deltadrain.outcome import Outcome
 
 log = logging.getLogger(__name__)
 
 URL_PREFIX = "/deltadrain"
 MAX_SELECTED = 1000  # entries per action (the replay job handles them on the driver)
 MAX_RUNS = 20  # id-less entries each need a run of their own; more in one click is a mistake
+COMMITTED = (Outcome.COMMITTED, Outcome.ALREADY_COMMITTED)  # the runs whose batch a quality check is of
 TEMPLATES = Path(__file__).resolve().parents[1] / "resources" / "view"
 
 
@@ -169,6 +171,11 @@ def pipeline_view(cfg: DeltadrainConfig, pipeline: PipelineConfig, dlq_state: st
     out["data_files"], out["maintenance_dag"] = lakeview.data_files(cfg, pipeline), MAINTENANCE_DAG
     out["gaps"] = lakeview.recorded_gaps(cfg, pipeline)
     out["last_batches"] = lakeview.last_batches(cfg, pipeline, batches)
+    # A run's batch is checked once it is committed; a failed run's number may be a later run's batch.
+    committed = [b for b in out["last_batches"] if b.get("batch") and b.get("outcome") in COMMITTED]
+    checks = lakeview.batch_checks(cfg, pipeline, [b["batch"] for b in committed])
+    for b in committed:
+        b["quality"] = checks.get(b["batch"])
     out["dead_letters"] = lakeview.dead_letters(cfg, pipeline, dlq_state, dlq_limit)
     out["read_seconds"] = round(time.monotonic() - began, 3)
     return out
