@@ -216,3 +216,32 @@ def test_last_batches_show_each_committed_batch_check():
     assert cells[1] == ('<td class="bad" title="checked 2026-11-27 13:05:00 UTC, on_failure: quarantine">'
                         "failed: amount_between, id_unique (3 rows quarantined)")
     assert cells[2] == '<td title="checked 2026-11-27 13:05:00 UTC">passed' and cells[3] == "<td>"
+
+
+def test_the_index_shows_each_pipeline_at_a_glance():
+    from datetime import UTC, datetime
+
+    from deltadrain.orchestration.view import _templates
+
+    run = {"finished_at": datetime(2026, 11, 27, 12, 30), "batch": 7, "outcome": "committed", "error": None,
+           "quality": {"success": True, "failed": [], "quarantined": 0, "policy": "fail",
+                       "checked_at": datetime(2026, 11, 27, 12, 31, tzinfo=UTC)}}
+    failed_run = {"finished_at": datetime(2026, 11, 27, 12, 40), "batch": 8, "outcome": "failed",
+                  "error": "DrainError: boom"}
+    healthy = {"pipeline": "orders", "source": "valkey", "lag": 1200, "DEAD": 0, "source_note": None,
+               "stale_claims": 0, "open_gaps": 0, "last_run": run, "last_committed": run}
+    troubled = {"pipeline": "clicks", "source": "kafka", "lag": None, "DEAD": 3,
+                "source_note": "source unreachable (KafkaException)", "stale_claims": 2, "open_gaps": 1,
+                "last_run": failed_run, "last_committed": {**run, "quality": None}}
+    new = {"pipeline": "fresh", "source": "valkey", "lag": 0, "DEAD": 0, "source_note": None, "stale_claims": 0,
+           "open_gaps": 0, "last_run": None, "last_committed": None}
+    page = _templates().get_template("index.html.j2").render(pipelines=[healthy, troubled, new])
+    rows = {r.split('"')[0]: r.replace("\n", "") for r in page.split('<tr id="pipeline-')[1:]}
+    assert '<td class="n">1,200</td><td class="n">0</td><td class="bad"></td>' in rows["orders"]
+    assert "<td>2026-11-27 12:30:00 committed</td><td class=\"n\">7</td><td title=" in rows["orders"]
+    assert rows["orders"].split("</td>")[7].endswith(">passed")
+    assert ('<td class="n">—</td><td class="n bad">3</td><td class="bad">source unreachable (KafkaException); '
+            "1 open gap; 2 stale claims; last run: DrainError: boom</td>") in rows["clicks"]
+    assert rows["clicks"].split("</td>")[7].endswith(">not checked")
+    assert "<td>no runs recorded yet</td><td></td><td></td>" in rows["fresh"]
+    assert _templates().get_template("index.html.j2").render(pipelines=[]).count("no pipeline you may read") == 1

@@ -36,6 +36,7 @@ URL_PREFIX = "/deltadrain"
 MAX_SELECTED = 1000  # entries per action (the replay job handles them on the driver)
 MAX_RUNS = 20  # id-less entries each need a run of their own; more in one click is a mistake
 COMMITTED = (Outcome.COMMITTED, Outcome.ALREADY_COMMITTED)  # the runs whose batch a quality check is of
+SUMMARY_RUNS = 10  # runs the index page reads per pipeline to find its last committed batch
 TEMPLATES = Path(__file__).resolve().parents[1] / "resources" / "view"
 
 
@@ -152,6 +153,43 @@ def _claims(counts: dict, pipeline: PipelineConfig) -> dict:
             "dead_runs": counts.get("dead_runs") or [], "splits": counts.get("splits") or []}
 
 
+def with_checks(cfg: DeltadrainConfig, pipeline: PipelineConfig, runs: list[dict]) -> list[dict]:
+    """`runs` (metrics rows), each that committed its batch given that batch's newest check as `quality`
+    (None: not checked yet). A failed run has no `quality`: its number may be a later run's batch."""
+    from deltadrain import lakeview
+
+    committed = [r for r in runs if r.get("batch") and r.get("outcome") in COMMITTED]
+    checks = lakeview.batch_checks(cfg, pipeline, [r["batch"] for r in committed])
+    for r in committed:
+        r["quality"] = checks.get(r["batch"])
+    return runs
+
+
+def pipeline_summary(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> dict:
+    """The index page's row of a pipeline: lag, dead letters, what needs a look, its last run and the
+    last committed batch with its check."""
+    from deltadrain import lakeview
+
+    counts = source_counts(cfg, pipeline)
+    runs = with_checks(cfg, pipeline, lakeview.last_batches(cfg, pipeline, SUMMARY_RUNS))
+    return {"pipeline": pipeline.name, "source": pipeline.source.kind,
+            "lag": counts["PENDING"] + counts["CLAIMED"] if counts["PENDING"] is not None else None,
+            "DEAD": lakeview.dlq_counts(cfg, pipeline).get("DEAD", 0), "source_note": counts.get("source_note"),
+            "stale_claims": counts.get("STALE_CLAIMED") or 0, "open_gaps": len(counts.get("open_gaps") or []),
+            "last_run": runs[0] if runs else None,
+            "last_committed": next((r for r in runs if "quality" in r), None)}
+
+
+def pipeline_summaries(cfg: DeltadrainConfig, pipelines: list[PipelineConfig]) -> list[dict]:
+    """pipeline_summary of each, side by side: a source that does not answer costs its timeout once."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    if len(pipelines) <= 1:
+        return [pipeline_summary(cfg, p) for p in pipelines]
+    with ThreadPoolExecutor(max_workers=min(8, len(pipelines))) as pool:
+        return list(pool.map(lambda p: pipeline_summary(cfg, p), pipelines))
+
+
 def pipeline_view(cfg: DeltadrainConfig, pipeline: PipelineConfig, dlq_state: str | None = "DEAD",
                   dlq_limit: int = 100, batches: int = 10) -> dict:
     """Everything the page shows, as plain data (the JSON endpoint returns it as is)."""
@@ -170,12 +208,7 @@ def pipeline_view(cfg: DeltadrainConfig, pipeline: PipelineConfig, dlq_state: st
     out["last_commit"] = lakeview.last_commit(cfg, pipeline)
     out["data_files"], out["maintenance_dag"] = lakeview.data_files(cfg, pipeline), MAINTENANCE_DAG
     out["gaps"] = lakeview.recorded_gaps(cfg, pipeline)
-    out["last_batches"] = lakeview.last_batches(cfg, pipeline, batches)
-    # A run's batch is checked once it is committed; a failed run's number may be a later run's batch.
-    committed = [b for b in out["last_batches"] if b.get("batch") and b.get("outcome") in COMMITTED]
-    checks = lakeview.batch_checks(cfg, pipeline, [b["batch"] for b in committed])
-    for b in committed:
-        b["quality"] = checks.get(b["batch"])
+    out["last_batches"] = with_checks(cfg, pipeline, lakeview.last_batches(cfg, pipeline, batches))
     out["dead_letters"] = lakeview.dead_letters(cfg, pipeline, dlq_state, dlq_limit)
     out["read_seconds"] = round(time.monotonic() - began, 3)
     return out
@@ -272,7 +305,7 @@ def create_app():
     def index(user=user_dep):
         cfg = load_cfg()
         pipelines = [p for p in cfg.pipelines if readable(user, p)]
-        return templates.get_template("index.html.j2").render(pipelines=pipelines)
+        return templates.get_template("index.html.j2").render(pipelines=pipeline_summaries(cfg, pipelines))
 
     @app.get("/api/pipelines")
     def list_pipelines(user=user_dep):
