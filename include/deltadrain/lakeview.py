@@ -146,11 +146,15 @@ def batch_checks(cfg: DeltadrainConfig, pipeline: PipelineConfig, batches: list[
     """batch -> the newest quality check of that batch of the current target (newest_checks)."""
     from deltadrain.quality import results_path
 
-    results, target = open_table(str(results_path(cfg))), open_table(str(cfg.target_path(pipeline)))
-    if results is None or target is None or not batches:
+    if not batches:
         return {}
+    results, target = open_table(str(results_path(cfg))), open_table(str(cfg.target_path(pipeline)))
+    if results is None or target is None:
+        return {}
+    # A results table from before `table_id` gains it only with the next check's row.
+    table = "table_id" if "table_id" in {f.name for f in results.schema().fields} else "NULL AS table_id"
     # Only the validated name and ints go into the text.
-    rows = query(results, "SELECT batch, success, failed, quarantined, policy, checked_at, table_id FROM r "  # noqa: S608
+    rows = query(results, f"SELECT batch, success, failed, quarantined, policy, checked_at, {table} FROM r "  # noqa: S608
                           f"WHERE pipeline = {_sql_literal(pipeline.name)} AND scope = 'batch' "
                           f"AND batch IN ({', '.join(str(int(b)) for b in sorted(set(batches)))})", name="r")
     return newest_checks(rows, target.metadata().id)
@@ -158,19 +162,33 @@ def batch_checks(cfg: DeltadrainConfig, pipeline: PipelineConfig, batches: list[
 
 def newest_checks(rows: list[dict], table: str) -> dict[int, dict]:
     """Per batch, the newest of the results `rows` of the target whose Delta id is `table` (rows from
-    before results named their table count for any; a target made anew starts its batches at 1 again),
-    as the page shows it: passed, the expectations it failed, the rows it quarantined (pure)."""
+    before results named their table count for any), as the page shows it: passed or the expectations
+    it failed, and the rows all the batch's checks quarantined (a re-check after a quarantine passes:
+    the rows it moved are gone from the target) (pure)."""
     def when(r: dict) -> float:
         return r["checked_at"].timestamp() if r.get("checked_at") else float("-inf")
 
     newest: dict[int, dict] = {}
+    moved: dict[int, int] = {}
     for r in rows:
         b = int(r["batch"])
-        if r.get("table_id") in (None, table) and (b not in newest or when(r) > when(newest[b])):
+        if r.get("table_id") not in (None, table):
+            continue
+        moved[b] = moved.get(b, 0) + int(r["quarantined"] or 0)
+        if b not in newest or when(r) > when(newest[b]):
             newest[b] = r
-    return {b: {"success": bool(r["success"]), "failed": json.loads(r["failed"] or "[]"),
-                "quarantined": int(r["quarantined"] or 0), "policy": r["policy"], "checked_at": r["checked_at"]}
+    return {b: {"success": bool(r["success"]), "failed": json.loads(r["failed"] or "[]"), "quarantined": moved[b],
+                "policy": r["policy"], "checked_at": r["checked_at"]}
             for b, r in newest.items()}
+
+
+def committed_runs(cfg: DeltadrainConfig, pipeline: PipelineConfig, search: int = 50) -> set[tuple[int, str]]:
+    """(batch, run id) of the newest `search` batch commits of the target: a run recorded as an error may
+    have committed its batch first (its acknowledgement failed, or it was killed after the commit)."""
+    table = open_table(str(cfg.target_path(pipeline)))
+    if table is None:
+        return set()
+    return {(meta["batch"], meta.get("run_id")) for _, meta in _batch_commits(table, pipeline, search)}
 
 
 def _batch_commits(table, pipeline: PipelineConfig, search: int):

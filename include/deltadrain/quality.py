@@ -55,7 +55,7 @@ from deltadrain.lake import (
     table_id,
 )
 from deltadrain.metrics import batch_finished_at
-from deltadrain.orchestration.names import AIRFLOW_RUN_PREFIX
+from deltadrain.orchestration.names import ingest_run_prefix
 from deltadrain.paths import state_home
 
 log = logging.getLogger(__name__)
@@ -573,7 +573,7 @@ def owed_batches(checked: set[int], requested: list[int], committed: int | None,
     no batch to its quality task, and a check that dies (a crash between quarantine's MERGE and
     DELETE) writes no result: the next check takes them on. Owed means from the pipeline's first
     check on; before it, with none yet, from the batches asked for or `first_scheduled` (the oldest
-    batch an Airflow drain committed), whichever is older: a pipeline drained for a while with the
+    batch the ingest DAG's drain committed), whichever is older: a pipeline drained for a while with the
     CLI is not made to check its whole history, and the first Airflow drain that committed and then
     failed does not leave its batch unchecked.
     """
@@ -622,11 +622,12 @@ def catch_up(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, requested: 
 
 
 def first_scheduled(spark, target: str, pipeline: str, scan: int = 200) -> int | None:
-    """The oldest batch among the target's last `scan` commits that an Airflow drain committed (its
-    run id says so): its DAG run's quality task was to check it. Read only while the pipeline has no
-    check yet; a batch whose commit file log cleanup removed is not found."""
+    """The oldest batch among the target's last `scan` commits that a drain of the pipeline's ingest
+    DAG committed (its run id says so): its DAG run's quality task was to check it. Read only while
+    the pipeline has no check yet; a batch whose commit file log cleanup removed is not found."""
+    prefix = ingest_run_prefix(pipeline)
     batches = [c["meta"]["batch"] for c in recent_commits(spark, target, scan)
-               if carries_batch(c["meta"], pipeline) and str(c["meta"].get("run_id") or "").startswith(AIRFLOW_RUN_PREFIX)]
+               if carries_batch(c["meta"], pipeline) and str(c["meta"].get("run_id") or "").startswith(prefix)]
     return min(batches, default=None)
 
 

@@ -20,7 +20,7 @@ from deltadrain.drain import DrainError, drain
 from deltadrain.failpoints import InjectedFailure
 from deltadrain.lake import table_id
 from deltadrain.metrics import last_runs, metrics_path, render_chart
-from deltadrain.orchestration.names import AIRFLOW_RUN_PREFIX, ingest_dag_id
+from deltadrain.orchestration.names import ingest_run_prefix
 from deltadrain.produce import generate, produce
 from deltadrain.quality import (
     RESULTS_SCHEMA,
@@ -504,7 +504,7 @@ def test_a_batch_check_takes_on_the_committed_batches_that_have_no_result(tmp_pa
     spark._jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()  # as the next task's own process sees it
     # Its first batch is drained by an Airflow try that fails after its commit (its check never runs),
     # the second by the CLI: no check yet, and both are owed, though the old table's 1 and 2 were checked.
-    airflow_try = f"{AIRFLOW_RUN_PREFIX}{ingest_dag_id(p.name)}-manual__2026-11-27T00_00_00-try1"
+    airflow_try = f"{ingest_run_prefix(p.name)}manual__2026-11-27T00_00_00-try1"
     for batch, start, run_id in ((1, 550, airflow_try), (2, 600, None)):
         produce(c, p, 50, seed=7, start=start)
         assert drain(c, p, spark=spark, run_id=run_id).batch == batch

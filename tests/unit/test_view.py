@@ -156,6 +156,47 @@ def test_a_batch_shows_its_newest_check_of_the_current_target():
             row(2, 11, False, failed=["id_unique"]), row(2, 13, True, table="t1"),  # a table made anew: not ours
             row(3, 9, True, table=None)]  # from before results named their table: counts
     got = newest_checks(rows, "t2")
+    # Batch 1 passes its re-check; the rows the first check moved still count.
     assert {b: (c["success"], c["failed"], c["quarantined"]) for b, c in got.items()} == {
-        1: (True, [], 0), 2: (False, ["id_unique"], 0), 3: (True, [], 0)}
+        1: (True, [], 3), 2: (False, ["id_unique"], 0), 3: (True, [], 0)}
     assert got[1]["checked_at"].hour == 12 and newest_checks(rows, "t9") == {3: got[3]}
+
+
+def test_batch_checks_read_a_results_table_from_before_table_id(tmp_path, cfg):
+    """A results table an older deltadrain wrote has no `table_id` until the next check's row adds
+    it: the view must still show its checks (a real delta-rs table, no JVM)."""
+    from datetime import UTC, datetime
+
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    from deltadrain.lakeview import batch_checks
+    from deltadrain.quality import results_path
+
+    c = cfg.model_copy(update={"data_dir": str(tmp_path / "lake")})
+    p = c.pipelines[0]
+    write_deltalake(str(c.target_path(p)), pa.table({"event_id": ["a"], "_dd_batch": pa.array([1], pa.int64())}))
+    at = datetime(2026, 11, 27, 12, tzinfo=UTC)
+    old = pa.table({"pipeline": [p.name, p.name, "other"], "scope": ["batch", "table", "batch"],
+                    "batch": pa.array([1, None, 1], pa.int64()), "success": [False, True, True],
+                    "failed": ['["id_unique"]', "[]", "[]"], "quarantined": pa.array([2, 0, 0], pa.int64()),
+                    "policy": ["quarantine"] * 3, "checked_at": pa.array([at] * 3, pa.timestamp("us", "UTC"))})
+    write_deltalake(str(results_path(c)), old)
+    got = batch_checks(c, p, [1, 2])
+    assert {b: (q["success"], q["failed"], q["quarantined"]) for b, q in got.items()} == {1: (False, ["id_unique"], 2)}
+    assert batch_checks(c, p, []) == {}
+
+
+def test_a_run_recorded_as_an_error_that_committed_its_batch_shows_its_check(monkeypatch, cfg):
+    from deltadrain import lakeview
+    from deltadrain.orchestration.view import with_checks
+
+    monkeypatch.setattr(lakeview, "committed_runs", lambda cfg, pipeline: {(5, "try1"), (4, "older")})
+    monkeypatch.setattr(lakeview, "batch_checks", lambda cfg, pipeline, batches: {b: {"success": True}
+                                                                                 for b in batches if b != 6})
+    runs = [{"batch": 6, "outcome": "committed", "run_id": "try2"},
+            {"batch": 5, "outcome": "error", "run_id": "try1"},  # committed, then its acknowledgement failed
+            {"batch": 5, "outcome": "error", "run_id": "try0"},  # failed before its commit: 5 is try1's
+            {"batch": 4, "outcome": "already_committed", "run_id": "again"}, {"batch": None, "outcome": "empty"}]
+    got = with_checks(cfg, cfg.pipelines[0], runs)
+    assert [r.get("quality", "-") for r in got] == [None, {"success": True}, "-", {"success": True}, "-"]

@@ -207,7 +207,8 @@ def test_last_batches_show_each_committed_batch_check():
          "dead_letters": [], "last_batches": [
              batch(4, quality=None), batch(3, quality=failed),
              batch(2, quality={**failed, "success": True, "failed": [], "quarantined": 0}),
-             batch(2, outcome="failed")]}  # no check is of a run that committed nothing: no "quality" key
+             batch(2, outcome="failed"),  # no check is of a run that committed nothing: no "quality" key
+             batch(1, quality={**failed, "success": True, "failed": [], "quarantined": 1})]}
     page = _templates().get_template("pipeline.html.j2").render(v=v, state="DEAD", triggered=[], replay_dag="r")
     table = page.split('<table id="batches">')[1].split("</table>")[0]
     assert "<th>outcome</th><th>quality</th>" in table
@@ -216,6 +217,7 @@ def test_last_batches_show_each_committed_batch_check():
     assert cells[1] == ('<td class="bad" title="checked 2026-11-27 13:05:00 UTC, on_failure: quarantine">'
                         "failed: amount_between, id_unique (3 rows quarantined)")
     assert cells[2] == '<td title="checked 2026-11-27 13:05:00 UTC">passed' and cells[3] == "<td>"
+    assert cells[4].endswith(">passed (1 row quarantined by an earlier check)")
 
 
 def test_the_index_shows_each_pipeline_at_a_glance():

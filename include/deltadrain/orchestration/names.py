@@ -4,13 +4,18 @@ REAPER_DAG = "deltadrain__reaper"
 REPLAY_DAG = "deltadrain__replay"
 QUALITY_DAG = "deltadrain__quality"
 MAINTENANCE_DAG = "deltadrain__maintenance"
-# How the run ids of Airflow's tasks start (operators.deltadrain_run_id); a drain so named is followed
-# by its DAG run's quality task, which is how quality.catch_up tells such batches from CLI drains.
-AIRFLOW_RUN_PREFIX = "af-"
+AIRFLOW_RUN_PREFIX = "af-"  # how the run ids of Airflow's tasks start (operators.deltadrain_run_id)
 
 
 def ingest_dag_id(pipeline: str) -> str:
     return f"deltadrain__{pipeline}__ingest"
+
+
+def ingest_run_prefix(pipeline: str) -> str:
+    """How the run id of each drain of the pipeline's ingest DAG starts: such a drain is followed by its
+    DAG run's quality task, which is how quality.first_scheduled tells its batches from CLI drains.
+    Never cut: a pipeline name has at most 63 characters, deltadrain_run_id cuts past 110."""
+    return f"{AIRFLOW_RUN_PREFIX}{ingest_dag_id(pipeline)}-"
 
 
 def pool_name(pipeline: str) -> str:

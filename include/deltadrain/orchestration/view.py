@@ -155,10 +155,14 @@ def _claims(counts: dict, pipeline: PipelineConfig) -> dict:
 
 def with_checks(cfg: DeltadrainConfig, pipeline: PipelineConfig, runs: list[dict]) -> list[dict]:
     """`runs` (metrics rows), each that committed its batch given that batch's newest check as `quality`
-    (None: not checked yet). A failed run has no `quality`: its number may be a later run's batch."""
+    (None: not checked yet). Other runs have no `quality`: their number may be a later run's batch."""
     from deltadrain import lakeview
 
-    committed = [r for r in runs if r.get("batch") and r.get("outcome") in COMMITTED]
+    others = [r for r in runs if r.get("batch") and r.get("outcome") not in COMMITTED]
+    # A try that committed and then failed is recorded as an error: its commit names its run.
+    made = lakeview.committed_runs(cfg, pipeline) if others else set()
+    committed = [r for r in runs if r.get("batch") and (r.get("outcome") in COMMITTED
+                                                        or (r["batch"], r.get("run_id")) in made)]
     checks = lakeview.batch_checks(cfg, pipeline, [r["batch"] for r in committed])
     for r in committed:
         r["quality"] = checks.get(r["batch"])
