@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import threading
+from contextlib import contextmanager
+from contextvars import ContextVar
 from datetime import UTC, datetime
 
 from deltadrain.checkpoint import carries_batch
@@ -25,17 +27,35 @@ PREVIEW_BYTES = 120
 _cache: dict[tuple, object] = {}
 _cache_lock = threading.Lock()
 _CACHE_MAX = 256
+_opened: ContextVar[dict | None] = ContextVar("deltadrain_lakeview_opened", default=None)
+
+
+@contextmanager
+def one_read():
+    """Within it, each table is opened once: a page's reads share one snapshot of it, and the log is
+    listed once per table, not once per read (bench/view_reads.py)."""
+    token = _opened.set({})
+    try:
+        yield
+    finally:
+        _opened.reset(token)
 
 
 def open_table(path: str):
-    """The table at `path`, or None when there is none yet."""
+    """The table at `path`, or None when there is none yet (within one_read, as first opened there)."""
     from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
 
+    opened = _opened.get()
+    if opened is not None and path in opened:
+        return opened[path]
     try:
-        return DeltaTable(path)
+        table = DeltaTable(path)
     except TableNotFoundError:
-        return None
+        table = None
+    if opened is not None:
+        opened[path] = table
+    return table
 
 
 def query(table, sql: str, name: str = "t") -> list[dict]:

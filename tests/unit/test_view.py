@@ -200,3 +200,20 @@ def test_a_run_recorded_as_an_error_that_committed_its_batch_shows_its_check(mon
             {"batch": 4, "outcome": "already_committed", "run_id": "again"}, {"batch": None, "outcome": "empty"}]
     got = with_checks(cfg, cfg.pipelines[0], runs)
     assert [r.get("quality", "-") for r in got] == [None, {"success": True}, "-", {"success": True}, "-"]
+
+
+def test_one_read_opens_each_table_once(tmp_path):
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    from deltadrain.lakeview import one_read, open_table
+
+    path = str(tmp_path / "t")
+    write_deltalake(path, pa.table({"x": [1]}))
+    assert open_table(path) is not open_table(path)  # outside: a fresh snapshot each time
+    with one_read():
+        first = open_table(path)
+        write_deltalake(path, pa.table({"x": [2]}), mode="append")
+        assert open_table(path) is first and first.version() == 0  # one snapshot for the whole page
+        assert open_table(str(tmp_path / "none")) is None
+    assert open_table(path).version() == 1

@@ -174,11 +174,13 @@ def pipeline_summary(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> dict:
     last committed batch with its check."""
     from deltadrain import lakeview
 
-    counts = source_counts(cfg, pipeline)
-    runs = with_checks(cfg, pipeline, lakeview.last_batches(cfg, pipeline, SUMMARY_RUNS))
+    with lakeview.one_read():  # in the pool's thread: each summary opens its own tables once
+        counts = source_counts(cfg, pipeline)
+        runs = with_checks(cfg, pipeline, lakeview.last_batches(cfg, pipeline, SUMMARY_RUNS))
+        dead = lakeview.dlq_counts(cfg, pipeline).get("DEAD", 0)
     return {"pipeline": pipeline.name, "source": pipeline.source.kind,
             "lag": counts["PENDING"] + counts["CLAIMED"] if counts["PENDING"] is not None else None,
-            "DEAD": lakeview.dlq_counts(cfg, pipeline).get("DEAD", 0), "source_note": counts.get("source_note"),
+            "DEAD": dead, "source_note": counts.get("source_note"),
             "stale_claims": counts.get("STALE_CLAIMED") or 0, "open_gaps": len(counts.get("open_gaps") or []),
             "last_run": runs[0] if runs else None,
             "last_committed": next((r for r in runs if "quality" in r), None)}
@@ -204,16 +206,17 @@ def pipeline_view(cfg: DeltadrainConfig, pipeline: PipelineConfig, dlq_state: st
                  "partitions": list(pipeline.source.streams) if isinstance(pipeline.source, ValkeySource)
                  else [pipeline.source.topic],
                  "on_gap": pipeline.source.on_gap, "ingest_dag": ingest_dag_id(pipeline.name)}
-    out.update(source_counts(cfg, pipeline))
-    out["PUBLISHED"] = lakeview.published_count(cfg, pipeline)
-    counts = lakeview.dlq_counts(cfg, pipeline)
-    out["DEAD"], out["REPLAYED"] = counts.get("DEAD", 0), counts.get("REPLAYED", 0)
-    out["lag"] = (out["PENDING"] + out["CLAIMED"]) if out["PENDING"] is not None else None
-    out["last_commit"] = lakeview.last_commit(cfg, pipeline)
-    out["data_files"], out["maintenance_dag"] = lakeview.data_files(cfg, pipeline), MAINTENANCE_DAG
-    out["gaps"] = lakeview.recorded_gaps(cfg, pipeline)
-    out["last_batches"] = with_checks(cfg, pipeline, lakeview.last_batches(cfg, pipeline, batches))
-    out["dead_letters"] = lakeview.dead_letters(cfg, pipeline, dlq_state, dlq_limit)
+    with lakeview.one_read():
+        out.update(source_counts(cfg, pipeline))
+        out["PUBLISHED"] = lakeview.published_count(cfg, pipeline)
+        counts = lakeview.dlq_counts(cfg, pipeline)
+        out["DEAD"], out["REPLAYED"] = counts.get("DEAD", 0), counts.get("REPLAYED", 0)
+        out["lag"] = (out["PENDING"] + out["CLAIMED"]) if out["PENDING"] is not None else None
+        out["last_commit"] = lakeview.last_commit(cfg, pipeline)
+        out["data_files"], out["maintenance_dag"] = lakeview.data_files(cfg, pipeline), MAINTENANCE_DAG
+        out["gaps"] = lakeview.recorded_gaps(cfg, pipeline)
+        out["last_batches"] = with_checks(cfg, pipeline, lakeview.last_batches(cfg, pipeline, batches))
+        out["dead_letters"] = lakeview.dead_letters(cfg, pipeline, dlq_state, dlq_limit)
     out["read_seconds"] = round(time.monotonic() - began, 3)
     return out
 
