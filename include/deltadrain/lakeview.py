@@ -27,13 +27,15 @@ PREVIEW_BYTES = 120
 _cache: dict[tuple, object] = {}
 _cache_lock = threading.Lock()
 _CACHE_MAX = 256
+HISTORY = 100  # the most commits any read here looks back over (recorded_gaps)
 _opened: ContextVar[dict | None] = ContextVar("deltadrain_lakeview_opened", default=None)
 
 
 @contextmanager
 def one_read():
-    """Within it, each table is opened once: a page's reads share one snapshot of it, and the log is
-    listed once per table, not once per read (bench/view_reads.py)."""
+    """Within it, each table is opened once: a page's data reads share one snapshot of it, and the
+    log is listed once per table, not once per read (bench/view_reads.py). Its history is read once
+    too, from a table opened for it (`history`)."""
     token = _opened.set({})
     try:
         yield
@@ -56,6 +58,25 @@ def open_table(path: str):
     if opened is not None:
         opened[path] = table
     return table
+
+
+def history(path: str) -> list[dict]:
+    """The newest HISTORY commits of the table at `path`, newest first ([] when there is none), from a
+    table opened just for it: delta-rs lists the commits made after an older snapshot but numbers
+    them down from that snapshot's version. Within one_read, read once per table."""
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    opened, key = _opened.get(), ("history", path)
+    if opened is not None and key in opened:
+        return opened[key]
+    try:
+        commits = DeltaTable(path).history(HISTORY)
+    except TableNotFoundError:
+        commits = []
+    if opened is not None:
+        opened[key] = commits
+    return commits
 
 
 def query(table, sql: str, name: str = "t") -> list[dict]:
@@ -146,13 +167,15 @@ def dead_letter_keys(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> dict[tu
     return {(r["partition"], r["position"]): r["message_id"] for r in rows}
 
 
-def last_batches(cfg: DeltadrainConfig, pipeline: PipelineConfig, n: int = 10) -> list[dict]:
-    """The pipeline's newest runs from the metrics table, newest first (the same rows as metrics.last_runs)."""
+def last_batches(cfg: DeltadrainConfig, pipeline: PipelineConfig, n: int = 10, numbered: bool = False) -> list[dict]:
+    """The pipeline's newest runs from the metrics table, newest first (the same rows as metrics.last_runs);
+    `numbered`: only runs with a batch number (an idle pipeline records many empty runs)."""
     table = open_table(str(metrics_path(cfg)))
     if table is None:
         return []
     # The name is checked against config.NAME by _sql_literal: nothing else can reach the text.
-    rows = query(table, f"SELECT * FROM m WHERE pipeline = {_sql_literal(pipeline.name)} "  # noqa: S608
+    numbers = " AND batch IS NOT NULL" if numbered else ""
+    rows = query(table, f"SELECT * FROM m WHERE pipeline = {_sql_literal(pipeline.name)}{numbers} "  # noqa: S608
                         f"ORDER BY finished_at DESC LIMIT {int(n)}", name="m")
     out = []
     for r in rows:
@@ -205,15 +228,12 @@ def newest_checks(rows: list[dict], table: str) -> dict[int, dict]:
 def committed_runs(cfg: DeltadrainConfig, pipeline: PipelineConfig, search: int = 50) -> set[tuple[int, str]]:
     """(batch, run id) of the newest `search` batch commits of the target: a run recorded as an error may
     have committed its batch first (its acknowledgement failed, or it was killed after the commit)."""
-    table = open_table(str(cfg.target_path(pipeline)))
-    if table is None:
-        return set()
-    return {(meta["batch"], meta.get("run_id")) for _, meta in _batch_commits(table, pipeline, search)}
+    return {(meta["batch"], meta.get("run_id")) for _, meta in _batch_commits(cfg, pipeline, search)}
 
 
-def _batch_commits(table, pipeline: PipelineConfig, search: int):
-    """(commit, its deltadrain metadata) of the newest `search` commits that carry a batch of `pipeline`."""
-    for commit in table.history(search):
+def _batch_commits(cfg: DeltadrainConfig, pipeline: PipelineConfig, search: int):
+    """(commit, its deltadrain metadata) of the target's newest `search` commits that carry a batch of `pipeline`."""
+    for commit in history(str(cfg.target_path(pipeline)))[:search]:
         try:
             meta = json.loads(commit.get("userMetadata") or "null")
         except ValueError:
@@ -228,10 +248,7 @@ def _at(commit: dict) -> datetime | None:
 
 def last_commit(cfg: DeltadrainConfig, pipeline: PipelineConfig, search: int = 20) -> dict | None:
     """The newest commit of the target that carries this pipeline's batch metadata (the checkpoint's fast path)."""
-    table = open_table(str(cfg.target_path(pipeline)))
-    if table is None:
-        return None
-    for commit, meta in _batch_commits(table, pipeline, search):
+    for commit, meta in _batch_commits(cfg, pipeline, search):
         return {"batch": meta["batch"], "run_id": meta.get("run_id"), "positions": meta.get("positions") or {},
                 "crashes": meta.get("crashes") or {}, "table_version": commit.get("version"), "at": _at(commit),
                 "written": inserted_rows(commit.get("operationMetrics") or {})}
@@ -252,8 +269,5 @@ def gap_row(gap: dict) -> dict:
 def recorded_gaps(cfg: DeltadrainConfig, pipeline: PipelineConfig, search: int = 100) -> list[dict]:
     """Gaps (messages the source lost before a run got them, invariant 1) that the pipeline's newest
     `search` commits recorded, newest first, with the batch and time of the commit that carries each."""
-    table = open_table(str(cfg.target_path(pipeline)))
-    if table is None:
-        return []
     return [{"batch": meta["batch"], "at": _at(commit), **gap_row(g)}
-            for commit, meta in _batch_commits(table, pipeline, search) for g in meta.get("gaps") or []]
+            for commit, meta in _batch_commits(cfg, pipeline, search) for g in meta.get("gaps") or []]

@@ -217,3 +217,54 @@ def test_one_read_opens_each_table_once(tmp_path):
         assert open_table(path) is first and first.version() == 0  # one snapshot for the whole page
         assert open_table(str(tmp_path / "none")) is None
     assert open_table(path).version() == 1
+
+
+def test_history_under_one_read_numbers_commits_made_after_the_table_was_opened(tmp_path, cfg):
+    """delta-rs numbers commits made after a snapshot down from that snapshot's version: the
+    checkpoint the page shows must carry the real version even when a batch lands mid-page."""
+    import pyarrow as pa
+    from deltalake import CommitProperties, write_deltalake
+
+    from deltadrain.lakeview import last_commit, one_read, open_table, published_count
+
+    c = cfg.model_copy(update={"data_dir": str(tmp_path / "lake")})
+    p = c.pipelines[0]
+    path = str(c.target_path(p))
+
+    def batch(n: int, mode: str) -> None:
+        meta = json.dumps({"deltadrain": 1, "pipeline": p.name, "batch": n, "run_id": f"r{n}", "positions": {}})
+        write_deltalake(path, pa.table({"event_id": [str(n)]}), mode=mode,
+                        commit_properties=CommitProperties(custom_metadata={"userMetadata": meta}))
+
+    batch(1, "error")
+    with one_read():
+        assert published_count(c, p) == 1 and open_table(path).version() == 0
+        batch(2, "append")  # lands while the page reads
+        assert (last_commit(c, p)["batch"], last_commit(c, p)["table_version"]) == (2, 1)
+    assert last_commit(c, p)["table_version"] == 1
+
+
+def test_an_index_row_says_what_it_could_not_read_and_the_others_still_show(monkeypatch, cfg):
+    import time
+
+    from deltadrain import lakeview
+    from deltadrain.orchestration import view
+
+    slow, broken = cfg.pipelines[0], cfg.pipelines[0].model_copy(update={"name": "broken"})
+
+    def counts(cfg, pipeline):
+        time.sleep(1.0 if pipeline is slow else 0)
+        return {"PENDING": 5, "CLAIMED": 2, "STALE_CLAIMED": 0}
+
+    def runs(cfg, pipeline, n, numbered=False):
+        if pipeline is broken:
+            raise OSError("the lake's disk is gone")
+        return []
+
+    monkeypatch.setattr(view, "source_counts", counts)
+    monkeypatch.setattr(view, "SOURCE_WAIT_S", 0.2)
+    monkeypatch.setattr(lakeview, "last_batches", runs)
+    rows = {r["pipeline"]: r for r in view.pipeline_summaries(cfg, [slow, broken])}
+    assert (rows[slow.name]["lag"], rows[slow.name]["source_note"]) == (None, "source did not answer within 0.2 s")
+    assert rows[slow.name]["lake_note"] is None and rows[slow.name]["DEAD"] is not None
+    assert (rows["broken"]["lag"], rows["broken"]["lake_note"]) == (7, "lake unreadable (OSError)")

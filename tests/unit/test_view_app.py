@@ -231,19 +231,25 @@ def test_the_index_shows_each_pipeline_at_a_glance():
     failed_run = {"finished_at": datetime(2026, 11, 27, 12, 40), "batch": 8, "outcome": "failed",
                   "error": "DrainError: boom"}
     healthy = {"pipeline": "orders", "source": "valkey", "lag": 1200, "DEAD": 0, "source_note": None,
-               "stale_claims": 0, "open_gaps": 0, "last_run": run, "last_committed": run}
+               "lake_note": None, "stale_messages": 0, "open_gaps": 0, "last_run": run, "last_committed": run}
     troubled = {"pipeline": "clicks", "source": "kafka", "lag": None, "DEAD": 3,
-                "source_note": "source unreachable (KafkaException)", "stale_claims": 2, "open_gaps": 1,
-                "last_run": failed_run, "last_committed": {**run, "quality": None}}
-    new = {"pipeline": "fresh", "source": "valkey", "lag": 0, "DEAD": 0, "source_note": None, "stale_claims": 0,
-           "open_gaps": 0, "last_run": None, "last_committed": None}
-    page = _templates().get_template("index.html.j2").render(pipelines=[healthy, troubled, new])
+                "source_note": "source unreachable (KafkaException)", "lake_note": None, "stale_messages": 2500,
+                "open_gaps": 1, "last_run": failed_run, "last_committed": {**run, "quality": None}}
+    new = {"pipeline": "fresh", "source": "valkey", "lag": 0, "DEAD": 0, "source_note": None, "lake_note": None,
+           "stale_messages": 0, "open_gaps": 0, "last_run": None, "last_committed": None}
+    long_error = {**failed_run, "error": "GapError: " + "x" * 300}
+    broken = {**new, "pipeline": "broken", "DEAD": None, "lake_note": "lake unreadable (OSError)",
+              "last_run": long_error}
+    page = _templates().get_template("index.html.j2").render(pipelines=[healthy, troubled, new, broken])
     rows = {r.split('"')[0]: r.replace("\n", "") for r in page.split('<tr id="pipeline-')[1:]}
     assert '<td class="n">1,200</td><td class="n">0</td><td class="bad"></td>' in rows["orders"]
     assert "<td>2026-11-27 12:30:00 committed</td><td class=\"n\">7</td><td title=" in rows["orders"]
     assert rows["orders"].split("</td>")[7].endswith(">passed")
     assert ('<td class="n">—</td><td class="n bad">3</td><td class="bad">source unreachable (KafkaException); '
-            "1 open gap; 2 stale claims; last run: DrainError: boom</td>") in rows["clicks"]
+            "1 open gap; 2,500 messages in stale claims; last run: DrainError: boom</td>") in rows["clicks"]
     assert rows["clicks"].split("</td>")[7].endswith(">not checked")
     assert "<td>no runs recorded yet</td><td></td><td></td>" in rows["fresh"]
+    # A lake that cannot be read is said in its row; a long error is cut, in full in the cell's title.
+    assert f'<td class="bad" title="GapError: {"x" * 300}">lake unreadable (OSError); last run: GapError: x' in rows["broken"]
+    assert "x" * 120 not in rows["broken"].split(">lake unreadable")[1]
     assert _templates().get_template("index.html.j2").render(pipelines=[]).count("no pipeline you may read") == 1

@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import time
 import urllib.parse
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from fastapi import Request  # module level: FastAPI resolves the (postponed) annotations in this module
@@ -36,7 +37,10 @@ URL_PREFIX = "/deltadrain"
 MAX_SELECTED = 1000  # entries per action (the replay job handles them on the driver)
 MAX_RUNS = 20  # id-less entries each need a run of their own; more in one click is a mistake
 COMMITTED = (Outcome.COMMITTED, Outcome.ALREADY_COMMITTED)  # the runs whose batch a quality check is of
-SUMMARY_RUNS = 10  # runs the index page reads per pipeline to find its last committed batch
+SUMMARY_RUNS = 10  # numbered runs the index page reads per pipeline to find its last committed batch
+SOURCE_WAIT_S = 5  # the longest a page waits for a source's counts (Valkey's own timeouts are 3 s)
+# Source calls run here so that a page can stop waiting for one; shared, so slow sources cannot pile up threads.
+_SOURCE_POOL = ThreadPoolExecutor(max_workers=8, thread_name_prefix="deltadrain-view-source")
 TEMPLATES = Path(__file__).resolve().parents[1] / "resources" / "view"
 
 
@@ -171,29 +175,46 @@ def with_checks(cfg: DeltadrainConfig, pipeline: PipelineConfig, runs: list[dict
 
 def pipeline_summary(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> dict:
     """The index page's row of a pipeline: lag, dead letters, what needs a look, its last run and the
-    last committed batch with its check."""
+    last committed batch with its check. A lake it cannot read is said in the row, not raised: one
+    pipeline must not take the index down."""
     from deltadrain import lakeview
 
-    with lakeview.one_read():  # in the pool's thread: each summary opens its own tables once
-        counts = source_counts(cfg, pipeline)
-        runs = with_checks(cfg, pipeline, lakeview.last_batches(cfg, pipeline, SUMMARY_RUNS))
-        dead = lakeview.dlq_counts(cfg, pipeline).get("DEAD", 0)
-    return {"pipeline": pipeline.name, "source": pipeline.source.kind,
-            "lag": counts["PENDING"] + counts["CLAIMED"] if counts["PENDING"] is not None else None,
-            "DEAD": dead, "source_note": counts.get("source_note"),
-            "stale_claims": counts.get("STALE_CLAIMED") or 0, "open_gaps": len(counts.get("open_gaps") or []),
-            "last_run": runs[0] if runs else None,
-            "last_committed": next((r for r in runs if "quality" in r), None)}
+    row = {"pipeline": pipeline.name, "source": pipeline.source.kind, "lag": None, "DEAD": None, "source_note": None,
+           "lake_note": None, "stale_messages": 0, "open_gaps": 0, "last_run": None, "last_committed": None}
+    counts = bounded_source_counts(cfg, pipeline)
+    row.update(lag=counts["PENDING"] + counts["CLAIMED"] if counts["PENDING"] is not None else None,
+               source_note=counts.get("source_note"), stale_messages=counts.get("STALE_CLAIMED") or 0,
+               open_gaps=len(counts.get("open_gaps") or []))
+    try:
+        with lakeview.one_read():  # in the pool's thread: each row opens its own tables once
+            last = lakeview.last_batches(cfg, pipeline, 1)
+            numbered = with_checks(cfg, pipeline, lakeview.last_batches(cfg, pipeline, SUMMARY_RUNS, numbered=True))
+            row.update(DEAD=lakeview.dlq_counts(cfg, pipeline).get("DEAD", 0), last_run=last[0] if last else None,
+                       last_committed=next((r for r in numbered if "quality" in r), None))
+    except Exception as exc:
+        log.exception("deltadrain view: the lake of pipeline %s could not be read", pipeline.name)
+        row["lake_note"] = f"lake unreadable ({type(exc).__name__})"
+    return row
 
 
 def pipeline_summaries(cfg: DeltadrainConfig, pipelines: list[PipelineConfig]) -> list[dict]:
-    """pipeline_summary of each, side by side: a source that does not answer costs its timeout once."""
-    from concurrent.futures import ThreadPoolExecutor
-
+    """pipeline_summary of each, side by side: a source that does not answer costs its wait once."""
     if len(pipelines) <= 1:
         return [pipeline_summary(cfg, p) for p in pipelines]
     with ThreadPoolExecutor(max_workers=min(8, len(pipelines))) as pool:
         return list(pool.map(lambda p: pipeline_summary(cfg, p), pipelines))
+
+
+def bounded_source_counts(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> dict:
+    """source_counts, waited for at most SOURCE_WAIT_S: a Kafka client's own waits (metadata, retried
+    transport errors) run to 30 s. A source past it is said to be slow; its call ends in its thread."""
+    from concurrent.futures import TimeoutError as Late
+
+    future = _SOURCE_POOL.submit(source_counts, cfg, pipeline)
+    try:
+        return future.result(timeout=SOURCE_WAIT_S)
+    except Late:
+        return {"PENDING": None, "CLAIMED": None, "source_note": f"source did not answer within {SOURCE_WAIT_S} s"}
 
 
 def pipeline_view(cfg: DeltadrainConfig, pipeline: PipelineConfig, dlq_state: str | None = "DEAD",
@@ -207,7 +228,7 @@ def pipeline_view(cfg: DeltadrainConfig, pipeline: PipelineConfig, dlq_state: st
                  else [pipeline.source.topic],
                  "on_gap": pipeline.source.on_gap, "ingest_dag": ingest_dag_id(pipeline.name)}
     with lakeview.one_read():
-        out.update(source_counts(cfg, pipeline))
+        out.update(bounded_source_counts(cfg, pipeline))
         out["PUBLISHED"] = lakeview.published_count(cfg, pipeline)
         counts = lakeview.dlq_counts(cfg, pipeline)
         out["DEAD"], out["REPLAYED"] = counts.get("DEAD", 0), counts.get("REPLAYED", 0)
