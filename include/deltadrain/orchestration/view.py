@@ -38,7 +38,7 @@ MAX_SELECTED = 1000  # entries per action (the replay job handles them on the dr
 MAX_RUNS = 20  # id-less entries each need a run of their own; more in one click is a mistake
 COMMITTED = (Outcome.COMMITTED, Outcome.ALREADY_COMMITTED)  # the runs whose batch a quality check is of
 SUMMARY_RUNS = 10  # numbered runs the index page reads per pipeline to find its last committed batch
-SOURCE_WAIT_S = 5  # the longest a page waits for a source's counts (Valkey's own timeouts are 3 s)
+SOURCE_WAIT_S = 10  # the longest a page waits for a source's counts (Valkey's own timeouts are 3 s)
 # Source calls run here so that a page can stop waiting for one; shared, so slow sources cannot pile up threads.
 _SOURCE_POOL = ThreadPoolExecutor(max_workers=8, thread_name_prefix="deltadrain-view-source")
 TEMPLATES = Path(__file__).resolve().parents[1] / "resources" / "view"
