@@ -43,40 +43,40 @@ def one_read():
         _opened.reset(token)
 
 
-def open_table(path: str):
-    """The table at `path`, or None when there is none yet (within one_read, as first opened there)."""
+def _once(key, make):
+    """make(), or within one_read what it gave there for `key` the first time."""
+    opened = _opened.get()
+    if opened is None:
+        return make()
+    if key not in opened:
+        opened[key] = make()
+    return opened[key]
+
+
+def _open(path: str):
     from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
 
-    opened = _opened.get()
-    if opened is not None and path in opened:
-        return opened[path]
     try:
-        table = DeltaTable(path)
+        return DeltaTable(path)
     except TableNotFoundError:
-        table = None
-    if opened is not None:
-        opened[path] = table
-    return table
+        return None
+
+
+def open_table(path: str):
+    """The table at `path`, or None when there is none yet (within one_read, as first opened there)."""
+    return _once(path, lambda: _open(path))
 
 
 def history(path: str) -> list[dict]:
     """The newest HISTORY commits of the table at `path`, newest first ([] when there is none), from a
     table opened just for it: delta-rs lists the commits made after an older snapshot but numbers
     them down from that snapshot's version. Within one_read, read once per table."""
-    from deltalake import DeltaTable
-    from deltalake.exceptions import TableNotFoundError
+    def read() -> list[dict]:
+        table = _open(path)
+        return table.history(HISTORY) if table is not None else []
 
-    opened, key = _opened.get(), ("history", path)
-    if opened is not None and key in opened:
-        return opened[key]
-    try:
-        commits = DeltaTable(path).history(HISTORY)
-    except TableNotFoundError:
-        commits = []
-    if opened is not None:
-        opened[key] = commits
-    return commits
+    return _once(("history", path), read)
 
 
 def query(table, sql: str, name: str = "t") -> list[dict]:

@@ -19,6 +19,8 @@ Reads go through `deltadrain.lakeview` (delta-rs): no Spark JVM in the API serve
 
 from __future__ import annotations
 
+import contextvars
+import functools
 import logging
 import time
 import urllib.parse
@@ -39,8 +41,6 @@ MAX_RUNS = 20  # id-less entries each need a run of their own; more in one click
 COMMITTED = (Outcome.COMMITTED, Outcome.ALREADY_COMMITTED)  # the runs whose batch a quality check is of
 SUMMARY_RUNS = 10  # numbered runs the index page reads per pipeline to find its last committed batch
 SOURCE_WAIT_S = 10  # the longest a page waits for a source's counts (Valkey's own timeouts are 3 s)
-# Source calls run here so that a page can stop waiting for one; shared, so slow sources cannot pile up threads.
-_SOURCE_POOL = ThreadPoolExecutor(max_workers=8, thread_name_prefix="deltadrain-view-source")
 TEMPLATES = Path(__file__).resolve().parents[1] / "resources" / "view"
 
 
@@ -181,19 +181,19 @@ def pipeline_summary(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> dict:
 
     row = {"pipeline": pipeline.name, "source": pipeline.source.kind, "lag": None, "DEAD": None, "source_note": None,
            "lake_note": None, "stale_messages": 0, "open_gaps": 0, "last_run": None, "last_committed": None}
-    counts = bounded_source_counts(cfg, pipeline)
-    row.update(lag=counts["PENDING"] + counts["CLAIMED"] if counts["PENDING"] is not None else None,
-               source_note=counts.get("source_note"), stale_messages=counts.get("STALE_CLAIMED") or 0,
-               open_gaps=len(counts.get("open_gaps") or []))
-    try:
-        with lakeview.one_read():  # in the pool's thread: each row opens its own tables once
+    with lakeview.one_read():  # in the pool's thread: each row opens its own tables once
+        counts = bounded_source_counts(cfg, pipeline)
+        row.update(lag=counts["PENDING"] + counts["CLAIMED"] if counts["PENDING"] is not None else None,
+                   source_note=counts.get("source_note"), stale_messages=counts.get("STALE_CLAIMED") or 0,
+                   open_gaps=len(counts.get("open_gaps") or []))
+        try:
             last = lakeview.last_batches(cfg, pipeline, 1)
             numbered = with_checks(cfg, pipeline, lakeview.last_batches(cfg, pipeline, SUMMARY_RUNS, numbered=True))
             row.update(DEAD=lakeview.dlq_counts(cfg, pipeline).get("DEAD", 0), last_run=last[0] if last else None,
                        last_committed=next((r for r in numbered if "quality" in r), None))
-    except Exception as exc:
-        log.exception("deltadrain view: the lake of pipeline %s could not be read", pipeline.name)
-        row["lake_note"] = f"lake unreadable ({type(exc).__name__})"
+        except Exception as exc:
+            log.exception("deltadrain view: the lake of pipeline %s could not be read", pipeline.name)
+            row["lake_note"] = f"lake unreadable ({type(exc).__name__})"
     return row
 
 
@@ -210,11 +210,19 @@ def bounded_source_counts(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> di
     transport errors) run to 30 s. A source past it is said to be slow; its call ends in its thread."""
     from concurrent.futures import TimeoutError as Late
 
-    future = _SOURCE_POOL.submit(source_counts, cfg, pipeline)
+    # In the caller's context: a Kafka source reads the target's history, which the page reads too (one_read).
+    future = _source_pool().submit(contextvars.copy_context().run, source_counts, cfg, pipeline)
     try:
         return future.result(timeout=SOURCE_WAIT_S)
     except Late:
         return {"PENDING": None, "CLAIMED": None, "source_note": f"source did not answer within {SOURCE_WAIT_S} s"}
+
+
+@functools.cache
+def _source_pool() -> ThreadPoolExecutor:
+    """Where source calls run, so that a page can stop waiting for one; shared, so slow sources cannot
+    pile up threads. Made on the first page, not when Airflow loads the plugin in every process."""
+    return ThreadPoolExecutor(max_workers=8, thread_name_prefix="deltadrain-view-source")
 
 
 def pipeline_view(cfg: DeltadrainConfig, pipeline: PipelineConfig, dlq_state: str | None = "DEAD",
