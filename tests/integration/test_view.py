@@ -62,7 +62,7 @@ def test_view_shows_real_counts_and_replays_selected(tmp_path, spark, valkey_ser
         page, data = f"{base}/pipelines/{p.name}", f"{base}/api/pipelines/{p.name}"
 
         # Authentication is required everywhere: none -> 401, a forged token -> 403.
-        for url in (f"{base}/", page, data, f"{base}/api/pipelines"):
+        for url in (f"{base}/", page, data, f"{base}/api/pipelines", f"{base}/api/overview"):
             assert http("GET", url)[0] == 401, url
             assert http("GET", url, token="not-a-jwt")[0] in (401, 403), url
         assert http("POST", f"{page}/replay", body=b"entry=x@1-0",
@@ -104,6 +104,12 @@ def test_view_shows_real_counts_and_replays_selected(tmp_path, spark, valkey_ser
         assert f'<td class="n">0</td><td class="n bad">{dead:,}</td><td class="bad"></td>' in row, row
         last = max(b["batch"] for b in view["last_batches"] if b["outcome"] == "committed")
         assert f'<td class="n">{last:,}</td><td title=' in row and row.split("</td>")[7].endswith(">not checked"), row
+        # The same row as JSON, for scripts and alerts.
+        status, body, _ = http("GET", f"{base}/api/overview", token=token)
+        assert status == 200, body
+        summary = next(r for r in json.loads(body)["pipelines"] if r["pipeline"] == p.name)
+        assert (summary["lag"], summary["DEAD"], summary["source_note"], summary["lake_note"]) == (0, dead, None, None)
+        assert summary["last_committed"]["batch"] == last and summary["last_committed"]["quality"] is None
 
         rows = dlq_rows(spark, c, p)
         poison = next(r for r in rows if r.message_id == result.poison_ids[0])

@@ -32,12 +32,19 @@ def client_for(monkeypatch, cfg):
     return make
 
 
-def test_pages_render_on_an_empty_lake(client_for, cfg):
+def test_pages_render_on_an_empty_lake(client_for, cfg, monkeypatch):
+    from deltadrain.orchestration import view
+
+    monkeypatch.setattr(view, "SOURCE_WAIT_S", 1)  # no broker runs here: each page would wait 10 s for it
     client = client_for(FakeAuth())
     names = [p.name for p in cfg.pipelines]
     assert client.get("/api/pipelines").json() == {"pipelines": names}
     index = client.get("/")
     assert index.status_code == 200 and all(f'href="pipelines/{n}"' in index.text for n in names)
+    # The index as JSON: one row per pipeline, nothing run and nothing dead yet.
+    rows = client.get("/api/overview").json()["pipelines"]
+    assert [r["pipeline"] for r in rows] == names
+    assert all((r["DEAD"], r["last_run"], r["last_committed"], r["lake_note"]) == (0, None, None, None) for r in rows)
     for name in names:
         data = client.get(f"/api/pipelines/{name}").json()
         assert (data["PUBLISHED"], data["DEAD"], data["REPLAYED"]) == (0, 0, 0)
@@ -52,6 +59,7 @@ def test_reading_and_replaying_need_the_permissions(client_for, cfg):
     name = cfg.pipelines[0].name
     assert client_for(FakeAuth(allow_read=False)).get(f"/api/pipelines/{name}").status_code == 403
     assert client_for(FakeAuth(allow_read=False)).get("/api/pipelines").json() == {"pipelines": []}
+    assert client_for(FakeAuth(allow_read=False)).get("/api/overview").json() == {"pipelines": []}
     no_run = client_for(FakeAuth(allow_run=False))
     r = no_run.post(f"/pipelines/{name}/replay", json={"entries": ["s@1-0"]}, headers={"Authorization": "Bearer x"})
     assert r.status_code == 403 and "deltadrain__replay" in r.text

@@ -16,7 +16,7 @@ from datetime import timedelta
 
 from airflow.sdk import DAG, Asset, CronDataIntervalTimetable, Param, task
 
-from deltadrain.config import DeltadrainConfig, PipelineConfig, load_config
+from deltadrain.config import DeltadrainConfig, PipelineConfig, ValkeySource, load_config
 from deltadrain.orchestration.names import (
     MAINTENANCE_DAG,
     QUALITY_DAG,
@@ -171,6 +171,7 @@ def reaper_dag(cfg: DeltadrainConfig) -> DAG:
 
 def replay_params(cfg: DeltadrainConfig) -> dict[str, Param]:
     names = [p.name for p in cfg.pipelines]
+    streams = [key for p in cfg.pipelines if isinstance(p.source, ValkeySource) for key in p.source.streams]
     position = r"^[0-9]+(-[0-9]+)?$"
     return {
         # No default: a trigger that names no pipeline is refused, never replayed on the YAML's first one.
@@ -187,7 +188,9 @@ def replay_params(cfg: DeltadrainConfig) -> dict[str, Param]:
                        description="dlq: last failure at or after; reprocess: appended at or after"),
         "until": Param(None, type=["null", "string"], format="date-time", title="Until",
                        description="before this time; must be after 'since'"),
-        "partition": Param(None, type=["null", "string"], title="Partition",
+        # The form proposes the stream keys (a datalist); not an enum: a Kafka partition is a number
+        # the broker knows, not the YAML. validate checks either against the pipeline.
+        "partition": Param(None, type=["null", "string"], title="Partition", examples=streams,
                            description="a stream key (orders:{0}) or a Kafka partition number (3)"),
         "position_from": Param(None, type=["null", "string"], pattern=position, title="Position from",
                                description="stream id (ms-seq) or Kafka offset, inclusive"),

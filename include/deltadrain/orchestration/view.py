@@ -337,15 +337,22 @@ def create_app():
             raise HTTPException(400, "state must be DEAD, REPLAYED or all")
         return None if state == "all" else state
 
+    def overview(user) -> list[dict]:
+        cfg = load_cfg()
+        return pipeline_summaries(cfg, [p for p in cfg.pipelines if readable(user, p)])
+
     @app.get("/", response_class=HTMLResponse)
     def index(user=user_dep):
-        cfg = load_cfg()
-        pipelines = [p for p in cfg.pipelines if readable(user, p)]
-        return templates.get_template("index.html.j2").render(pipelines=pipeline_summaries(cfg, pipelines))
+        return templates.get_template("index.html.j2").render(pipelines=overview(user))
 
     @app.get("/api/pipelines")
     def list_pipelines(user=user_dep):
         return {"pipelines": [p.name for p in load_cfg().pipelines if readable(user, p)]}
+
+    @app.get("/api/overview")
+    def overview_json(user=user_dep):
+        """The index as JSON, one row per pipeline the user may read (monitoring scripts, alerts)."""
+        return JSONResponse(_jsonable({"pipelines": overview(user)}))
 
     @app.get("/api/pipelines/{name}")
     def pipeline_json(name: str, user=user_dep, state: str = "DEAD", limit: int = 100):
