@@ -40,11 +40,14 @@ def archive_dir() -> Path:
 
 
 def java_home() -> Path | None:
-    """The JDK spark-submit starts: $JAVA_HOME, else the `java` on PATH."""
-    if os.environ.get("JAVA_HOME"):
-        return Path(os.environ["JAVA_HOME"]).resolve()
-    java = shutil.which("java")
-    return Path(java).resolve().parent.parent if java else None
+    """The JDK spark-submit starts (spark.java_binary's), or None without one: no archive then."""
+    from deltadrain.errors import PrerequisiteError
+    from deltadrain.spark import java_binary
+
+    try:
+        return Path(java_binary()).resolve().parent.parent
+    except PrerequisiteError:
+        return None
 
 
 def _stat(path: Path) -> tuple[str, int, int]:

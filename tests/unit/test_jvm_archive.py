@@ -23,6 +23,18 @@ def test_the_fingerprint_follows_every_file_an_archive_depends_on_not_their_orde
     assert len(prints) == len(changed) and base not in prints
 
 
+def test_the_archive_belongs_to_the_jdk_spark_starts(tmp_path, monkeypatch):
+    """$JAVA_HOME's JDK when it has a java (as spark.java_binary decides), none without one."""
+    java = tmp_path / "jdk" / "bin" / "java"
+    java.parent.mkdir(parents=True)
+    java.write_text("#!/bin/sh\n")
+    java.chmod(0o755)
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path / "jdk"))
+    assert jvm_archive.java_home() == (tmp_path / "jdk").resolve()
+    java.unlink()
+    assert jvm_archive.java_home() is None and jvm_archive.archive_path() is None
+
+
 def test_a_driver_maps_the_archive_only_when_one_was_built_for_its_jdk_and_jars(tmp_path, monkeypatch):
     path = tmp_path / "drain-abc.jsa"
     monkeypatch.setattr(jvm_archive, "archive_path", lambda: path)
