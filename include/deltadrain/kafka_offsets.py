@@ -221,13 +221,15 @@ def _checked(partitions):
     return partitions
 
 
-def watermarks(conf: dict, topic: str) -> dict[int, tuple[int, int]]:
+def watermarks(conf: dict, topic: str, deadline_s: float | None = None) -> dict[int, tuple[int, int]]:
     """partition -> (earliest available offset, end offset) for every partition the topic has now.
 
     Asked with the admin ListOffsets (per kind, one request per partition leader), not the consumer's
     get_watermark_offsets: when the earliest answer is negative (a restarted broker that has not
     loaded the partition yet), librdkafka reports the end offset as the earliest, and a drain would
-    take the whole partition for a retention gap. Here such an answer is asked again."""
+    take the whole partition for a retention gap. Here such an answer is asked again. With
+    `deadline_s` (a page that must answer) each request waits only for what is left of it; without,
+    each waits TIMEOUT and is asked again for TIMEOUT (a drain on a restarting broker)."""
     from confluent_kafka import IsolationLevel, KafkaError, KafkaException, TopicPartition
     from confluent_kafka.admin import AdminClient, OffsetSpec
 
@@ -241,15 +243,19 @@ def watermarks(conf: dict, topic: str) -> dict[int, tuple[int, int]]:
     # fails its futures.
     admin = AdminClient({**{k: v for k, v in conf.items() if k != "isolation.level"},
                          "allow.auto.create.topics": False})
+    end = time.monotonic() + (deadline_s or 0)
+
+    def left() -> float:
+        return max(0.5, min(TIMEOUT, end - time.monotonic())) if deadline_s else TIMEOUT
 
     def offsets(parts: list[int], spec) -> dict[int, int]:
         asked = {TopicPartition(topic, p): spec for p in parts}
-        answers = admin.list_offsets(asked, isolation_level=level, request_timeout=TIMEOUT)
+        answers = admin.list_offsets(asked, isolation_level=level, request_timeout=left())
         # No timeout of its own: request_timeout fails the future (a KafkaException, asked again).
         return {tp.partition: future.result().offset for tp, future in answers.items()}
 
     def read() -> dict[int, tuple[int, int]]:
-        meta = admin.list_topics(topic, timeout=TIMEOUT).topics.get(topic)
+        meta = admin.list_topics(topic, timeout=left()).topics.get(topic)
         if meta is None or meta.error is not None:
             raise OffsetError(f"topic '{topic}' is not available: {meta.error if meta else 'unknown topic'}")
         parts = sorted(meta.partitions)
@@ -262,7 +268,7 @@ def watermarks(conf: dict, topic: str) -> dict[int, tuple[int, int]]:
         return marks
 
     # One deadline for the whole answer, not one per partition.
-    return patiently(read, also=LEADER_MOVING)
+    return patiently(read, deadline_s or TIMEOUT, also=LEADER_MOVING)
 
 
 def answered_marks(earliest: dict[int, int], latest: dict[int, int]

@@ -203,6 +203,28 @@ def batch_checks(cfg: DeltadrainConfig, pipeline: PipelineConfig, batches: list[
     return newest_checks(rows, target.metadata().id)
 
 
+def owed_from(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> int | None:
+    """The lowest batch the quality tasks owe a check (quality.owed_batches): the pipeline's lowest
+    checked batch of the current target, or with none yet the oldest batch among the newest HISTORY
+    commits that the ingest DAG drained; None: nothing is owed (only the daily whole-table check)."""
+    from deltadrain.orchestration.names import ingest_run_prefix
+    from deltadrain.quality import results_path
+
+    results, target = open_table(str(results_path(cfg))), open_table(str(cfg.target_path(pipeline)))
+    if target is None:
+        return None
+    if results is not None:
+        table = "table_id" if "table_id" in {f.name for f in results.schema().fields} else "NULL AS table_id"
+        rows = query(results, f"SELECT {table}, min(batch) AS low FROM r "  # noqa: S608 (the validated name only)
+                              f"WHERE pipeline = {_sql_literal(pipeline.name)} AND scope = 'batch' GROUP BY 1", name="r")
+        lows = [int(r["low"]) for r in rows if r["table_id"] in (None, target.metadata().id)]
+        if lows:
+            return min(lows)
+    prefix = ingest_run_prefix(pipeline.name)
+    return min((meta["batch"] for _, meta in _batch_commits(cfg, pipeline, HISTORY)
+                if str(meta.get("run_id") or "").startswith(prefix)), default=None)
+
+
 def newest_checks(rows: list[dict], table: str) -> dict[int, dict]:
     """Per batch, the newest of the results `rows` of the target whose Delta id is `table` (rows from
     before results named their table count for any), as the page shows it: passed or the expectations

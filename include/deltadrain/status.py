@@ -82,23 +82,26 @@ def dead_after_ms(pipeline: PipelineConfig) -> int:
 def kafka_counts(conf: dict, source: KafkaSource, positions: dict[str, str], published: dict[str, int],
                  dead: dict[str, int], with_group: bool = True, first_run: bool | None = None,
                  crashes: dict | None = None, min_idle_ms: int = 60_000, stale_ms: int | None = None,
-                 committed_by: str | None = None, complete: bool = True) -> dict:
+                 committed_by: str | None = None, complete: bool = True, deadline_s: float | None = None) -> dict:
     """Per partition: end offset, lake checkpoint, PENDING (after the checkpoint, not claimed), CLAIMED
     (inside the range of a running batch, from the claim notice on the group offset: see
     kafka_offsets.announce_claims), offsets retention deleted unread (gap), the group's committed
     offset (informational), PUBLISHED and DEAD rows. Without the group (`with_group=False`) nothing
     is known to be claimed. `dead_runs`: the offsets that runs which died read (kafka_crashes; `crashes`
     is the lake's record): the runs the notices carry, and the notice's own run once it is older
-    than `stale_ms` (stale: a younger one may be a long batch still running)."""
+    than `stale_ms` (stale: a younger one may be a long batch still running). `deadline_s` bounds
+    the broker calls together (default: each its own TIMEOUT)."""
     import time
 
     from deltadrain.kafka_crashes import DeadRuns, settle
-    from deltadrain.kafka_offsets import claimed, committed, read_notice, start_offsets, watermarks
+    from deltadrain.kafka_offsets import TIMEOUT, claimed, committed, read_notice, start_offsets, watermarks
 
-    marks = watermarks(conf, source.topic)
+    end = time.monotonic() + (deadline_s or 0)
+    marks = watermarks(conf, source.topic, deadline_s)
     starts, gap_list = start_offsets(positions, marks, source.starting_offsets, first_run, complete)
     gaps = {g.partition: g.as_dict() for g in gap_list}
-    group = committed(conf, source.group, source.topic, sorted(marks)) if with_group else {}
+    left = max(0.5, end - time.monotonic()) if deadline_s else TIMEOUT
+    group = committed(conf, source.group, source.topic, sorted(marks), left) if with_group else {}
     now_ms = int(time.time() * 1000)
     partitions, claimed_by, dead_runs = {}, {}, []
     for part, (low, high) in sorted(marks.items()):

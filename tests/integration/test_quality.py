@@ -445,7 +445,10 @@ def test_a_batch_check_takes_on_the_committed_batches_that_have_no_result(tmp_pa
 
     path, c, p, client, first = drained(tmp_path, spark, 200, quality=quality("quarantine"))
     bad = {1: over_limit(spark, c, p, 1)}
+    # Drained with the CLI before any check: the view says no batch check owes it; once checked, from it on.
+    assert lakeview.owed_from(c, p) is None
     assert check_batches(c, p, spark, [1], owed=True)["caught_up"] == []  # the first check owes nothing
+    assert lakeview.owed_from(c, p) == 1
     # Batch 2: committed by a drain killed before it acknowledged (the Airflow try fails, its summary is lost).
     sent = [first, produce(c, p, 100, seed=7, start=200)]
     killed = cli_drain(path, p.name, env={"DELTADRAIN_FAILPOINT": "after_commit"})
@@ -510,6 +513,7 @@ def test_a_batch_check_takes_on_the_committed_batches_that_have_no_result(tmp_pa
         assert drain(c, p, spark=spark, run_id=run_id).batch == batch
     assert table_id(spark, str(c.target_path(p))) != old_table
     assert catch_up(c, p, spark, []) == ([1, 2], 0)
+    assert lakeview.owed_from(c, p) == 1  # the view agrees: from the ingest DAG's batch on
     assert check_batches(c, p, spark, [2], owed=True)["caught_up"] == [1]
     assert catch_up(c, p, spark, []) == ([], 0)
 

@@ -82,9 +82,10 @@ def test_view_shows_real_counts_and_replays_selected(tmp_path, spark, valkey_ser
         assert {(d["partition"], d["position"]) for d in view["dead_letters"]} == {
             (r.partition, r.position) for r in dlq_rows(spark, c, p)}
         assert view["last_batches"] and view["last_batches"][0]["outcome"] in ("committed", "empty")
-        # Drained with the CLI, no batch check has run: every committed batch shows as not checked.
+        # Drained with the CLI, no batch check has run: every committed batch shows as not checked,
+        # and owed to no batch check (only the daily whole-table check reads them).
         committed = [b for b in view["last_batches"] if b["outcome"] == "committed"]
-        assert committed and all(b["quality"] is None for b in committed)
+        assert committed and all(b["quality"] is None and b["owed"] is False for b in committed)
         assert view["last_commit"]["batch"] >= 1
         began = time.monotonic()
         assert http("GET", data, token=token)[0] == 200
@@ -103,13 +104,13 @@ def test_view_shows_real_counts_and_replays_selected(tmp_path, spark, valkey_ser
         row = row.replace("\n", "")
         assert f'<td class="n">0</td><td class="n bad">{dead:,}</td><td class="bad"></td>' in row, row
         last = max(b["batch"] for b in view["last_batches"] if b["outcome"] == "committed")
-        assert f'<td class="n">{last:,}</td><td title=' in row and row.split("</td>")[7].endswith(">not checked"), row
+        assert f'<td class="n">{last:,}</td><td title=' in row and row.split("</td>")[7].endswith(">not checked (whole-table check only)"), row
         # The same row as JSON, for scripts and alerts.
         status, body, _ = http("GET", f"{base}/api/overview", token=token)
         assert status == 200, body
         summary = next(r for r in json.loads(body)["pipelines"] if r["pipeline"] == p.name)
         assert (summary["lag"], summary["DEAD"], summary["source_note"], summary["lake_note"]) == (0, dead, None, None)
-        assert summary["last_committed"]["batch"] == last and summary["last_committed"]["quality"] is None
+        assert (summary["last_committed"]["batch"], summary["last_committed"]["quality"]) == (last, None)
 
         rows = dlq_rows(spark, c, p)
         poison = next(r for r in rows if r.message_id == result.poison_ids[0])

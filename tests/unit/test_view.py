@@ -170,7 +170,7 @@ def test_batch_checks_read_a_results_table_from_before_table_id(tmp_path, cfg):
     import pyarrow as pa
     from deltalake import write_deltalake
 
-    from deltadrain.lakeview import batch_checks
+    from deltadrain.lakeview import batch_checks, owed_from
     from deltadrain.quality import results_path
 
     c = cfg.model_copy(update={"data_dir": str(tmp_path / "lake")})
@@ -185,6 +185,37 @@ def test_batch_checks_read_a_results_table_from_before_table_id(tmp_path, cfg):
     got = batch_checks(c, p, [1, 2])
     assert {b: (q["success"], q["failed"], q["quarantined"]) for b, q in got.items()} == {1: (False, ["id_unique"], 2)}
     assert batch_checks(c, p, []) == {}
+    assert owed_from(c, p) == 1  # its rows name no table: they count for the current one
+
+
+def test_batches_are_owed_from_the_lowest_check_of_this_table_or_else_from_the_ingest_dags_first(tmp_path, cfg):
+    """What the view says of an unchecked batch follows quality.owed_batches: owed from the lowest
+    batch checked on this target table; with none, from the oldest batch the ingest DAG drained
+    (its run id says so); else owed to no check (real delta-rs tables, commit metadata as a drain's)."""
+    from datetime import UTC, datetime
+
+    import pyarrow as pa
+    from deltalake import CommitProperties, DeltaTable, write_deltalake
+
+    from deltadrain.lakeview import owed_from
+    from deltadrain.orchestration.names import ingest_run_prefix
+    from deltadrain.quality import results_path
+
+    c = cfg.model_copy(update={"data_dir": str(tmp_path / "lake")})
+    p = c.pipelines[0]
+    target = str(c.target_path(p))
+    assert owed_from(c, p) is None  # no table yet
+    for batch, run_id in ((1, "host-cli-1"), (2, f"{ingest_run_prefix(p.name)}scheduled__x-try1"), (3, "host-cli-2")):
+        meta = json.dumps({"pipeline": p.name, "batch": batch, "run_id": run_id})
+        write_deltalake(target, pa.table({"event_id": [str(batch)], "_dd_batch": pa.array([batch], pa.int64())}),
+                        mode="append", commit_properties=CommitProperties(custom_metadata={"userMetadata": meta}))
+    assert owed_from(c, p) == 2  # no check yet: from the ingest DAG's batch; the CLI's batch 1 is owed nothing
+    at = pa.array([datetime(2026, 11, 27, 12, tzinfo=UTC)] * 2, pa.timestamp("us", "UTC"))
+    write_deltalake(str(results_path(c)), pa.table({
+        "pipeline": [p.name] * 2, "scope": ["batch"] * 2, "batch": pa.array([1, 3], pa.int64()),
+        "success": [True] * 2, "failed": ["[]"] * 2, "quarantined": pa.array([0, 0], pa.int64()),
+        "policy": ["fail"] * 2, "checked_at": at, "table_id": ["an-older-table", DeltaTable(target).metadata().id]}))
+    assert owed_from(c, p) == 3  # the older table's check of its batch 1 does not count
 
 
 def test_a_run_recorded_as_an_error_that_committed_its_batch_shows_its_check(monkeypatch, cfg):
@@ -192,6 +223,7 @@ def test_a_run_recorded_as_an_error_that_committed_its_batch_shows_its_check(mon
     from deltadrain.orchestration.view import with_checks
 
     monkeypatch.setattr(lakeview, "committed_runs", lambda cfg, pipeline: {(5, "try1"), (4, "older")})
+    monkeypatch.setattr(lakeview, "owed_from", lambda cfg, pipeline: 6)
     monkeypatch.setattr(lakeview, "batch_checks", lambda cfg, pipeline, batches: {b: {"success": True}
                                                                                  for b in batches if b != 6})
     runs = [{"batch": 6, "outcome": "committed", "run_id": "try2"},
@@ -200,6 +232,7 @@ def test_a_run_recorded_as_an_error_that_committed_its_batch_shows_its_check(mon
             {"batch": 4, "outcome": "already_committed", "run_id": "again"}, {"batch": None, "outcome": "empty"}]
     got = with_checks(cfg, cfg.pipelines[0], runs)
     assert [r.get("quality", "-") for r in got] == [None, {"success": True}, "-", {"success": True}, "-"]
+    assert [r.get("owed", "-") for r in got] == [True, "-", "-", "-", "-"]  # said of unchecked batches only
 
 
 def test_one_read_opens_each_table_once(tmp_path):
@@ -268,3 +301,21 @@ def test_an_index_row_says_what_it_could_not_read_and_the_others_still_show(monk
     assert (rows[slow.name]["lag"], rows[slow.name]["source_note"]) == (None, "source did not answer within 0.2 s")
     assert rows[slow.name]["lake_note"] is None and rows[slow.name]["DEAD"] is not None
     assert (rows["broken"]["lag"], rows["broken"]["lake_note"]) == (7, "lake unreadable (OSError)")
+
+
+def test_a_kafka_broker_that_is_down_is_named_unreachable_within_the_pages_wait(cfg, monkeypatch):
+    """The broker calls get the page's wait (not their own 30 s): the page names the broker
+    unreachable instead of 'did not answer', and the source pool's thread is free again."""
+    import socket
+
+    from deltadrain.orchestration import view
+
+    with socket.socket() as s:  # a port nothing listens on once closed
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    kafka = next(p for p in cfg.pipelines if p.source.kind == "kafka")
+    down = kafka.model_copy(update={"source": kafka.source.model_copy(
+        update={"bootstrap_servers": f"127.0.0.1:{port}"})})
+    monkeypatch.setattr(view, "SOURCE_WAIT_S", 3)
+    counts = view.bounded_source_counts(cfg, down)
+    assert (counts["PENDING"], counts["source_note"]) == (None, "source unreachable (KafkaException)")

@@ -213,10 +213,11 @@ def test_last_batches_show_each_committed_batch_check():
               "checked_at": at}
     v = {"pipeline": "orders", "source": "valkey", "partitions": ["s0"], "PENDING": 0, "CLAIMED": 0,
          "dead_letters": [], "last_batches": [
-             batch(4, quality=None), batch(3, quality=failed),
+             batch(4, quality=None, owed=True), batch(3, quality=failed),
              batch(2, quality={**failed, "success": True, "failed": [], "quarantined": 0}),
              batch(2, outcome="failed"),  # no check is of a run that committed nothing: no "quality" key
-             batch(1, quality={**failed, "success": True, "failed": [], "quarantined": 1})]}
+             batch(1, quality={**failed, "success": True, "failed": [], "quarantined": 1}),
+             batch(0, quality=None, owed=False)]}  # drained with the CLI before the first check
     page = _templates().get_template("pipeline.html.j2").render(v=v, state="DEAD", triggered=[], replay_dag="r")
     table = page.split('<table id="batches">')[1].split("</table>")[0]
     assert "<th>outcome</th><th>quality</th>" in table
@@ -226,6 +227,7 @@ def test_last_batches_show_each_committed_batch_check():
                         "failed: amount_between, id_unique (3 rows quarantined)")
     assert cells[2] == '<td title="checked 2026-11-27 13:05:00 UTC">passed' and cells[3] == "<td>"
     assert cells[4].endswith(">passed (1 row quarantined by an earlier check)")
+    assert cells[5].endswith(">not checked (whole-table check only)")
 
 
 def test_the_index_shows_each_pipeline_at_a_glance():
@@ -242,7 +244,7 @@ def test_the_index_shows_each_pipeline_at_a_glance():
                "lake_note": None, "stale_messages": 0, "open_gaps": 0, "last_run": run, "last_committed": run}
     troubled = {"pipeline": "clicks", "source": "kafka", "lag": None, "DEAD": 3,
                 "source_note": "source unreachable (KafkaException)", "lake_note": None, "stale_messages": 2500,
-                "open_gaps": 1, "last_run": failed_run, "last_committed": {**run, "quality": None}}
+                "open_gaps": 1, "last_run": failed_run, "last_committed": {**run, "quality": None, "owed": True}}
     new = {"pipeline": "fresh", "source": "valkey", "lag": 0, "DEAD": 0, "source_note": None, "lake_note": None,
            "stale_messages": 0, "open_gaps": 0, "last_run": None, "last_committed": None}
     long_error = {**failed_run, "error": "GapError: " + "x" * 300}

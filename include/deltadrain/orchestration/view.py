@@ -132,7 +132,7 @@ def kafka_counts(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> dict:
     try:
         got = counts({**kafka_consumer_conf(cfg, pipeline), "socket.timeout.ms": 3000}, pipeline.source,
                      last.get("positions") or {}, {}, {}, crashes=last.get("crashes"), min_idle_ms=pipeline.min_idle_ms,
-                     stale_ms=dead_after_ms(pipeline))
+                     stale_ms=dead_after_ms(pipeline), deadline_s=SOURCE_WAIT_S - 0.5)
     except OffsetError as exc:  # the broker answered: no such topic (yet), or a recreated one
         return {"PENDING": None, "CLAIMED": None, "source_note": str(exc)}
     except Exception as exc:
@@ -159,7 +159,8 @@ def _claims(counts: dict, pipeline: PipelineConfig) -> dict:
 
 def with_checks(cfg: DeltadrainConfig, pipeline: PipelineConfig, runs: list[dict]) -> list[dict]:
     """`runs` (metrics rows), each that committed its batch given that batch's newest check as `quality`
-    (None: not checked yet). Other runs have no `quality`: their number may be a later run's batch."""
+    (None: not checked yet, and then `owed`: whether a quality task is to check it). Other runs have
+    no `quality`: their number may be a later run's batch."""
     from deltadrain import lakeview
 
     others = [r for r in runs if r.get("batch") and r.get("outcome") not in COMMITTED]
@@ -170,6 +171,10 @@ def with_checks(cfg: DeltadrainConfig, pipeline: PipelineConfig, runs: list[dict
     checks = lakeview.batch_checks(cfg, pipeline, [r["batch"] for r in committed])
     for r in committed:
         r["quality"] = checks.get(r["batch"])
+    if unchecked := [r for r in committed if r["quality"] is None]:
+        floor = lakeview.owed_from(cfg, pipeline)
+        for r in unchecked:
+            r["owed"] = floor is not None and r["batch"] >= floor
     return runs
 
 
@@ -206,8 +211,9 @@ def pipeline_summaries(cfg: DeltadrainConfig, pipelines: list[PipelineConfig]) -
 
 
 def bounded_source_counts(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> dict:
-    """source_counts, waited for at most SOURCE_WAIT_S: a Kafka client's own waits (metadata, retried
-    transport errors) run to 30 s. A source past it is said to be slow; its call ends in its thread."""
+    """source_counts, waited for at most SOURCE_WAIT_S. Kafka's broker calls get all but 0.5 s of it
+    (their own waits run to 30 s), so a broker that is down is named unreachable and frees its
+    thread; a source still past the wait (a hung connection) is said to be slow."""
     from concurrent.futures import TimeoutError as Late
 
     # In the caller's context: a Kafka source reads the target's history, which the page reads too (one_read).
