@@ -247,9 +247,10 @@ def newest_checks(rows: list[dict], table: str) -> dict[int, dict]:
             for b, r in newest.items()}
 
 
-def committed_runs(cfg: DeltadrainConfig, pipeline: PipelineConfig, search: int = 50) -> set[tuple[int, str]]:
-    """(batch, run id) of the newest `search` batch commits of the target: a run recorded as an error may
-    have committed its batch first (its acknowledgement failed, or it was killed after the commit)."""
+def committed_runs(cfg: DeltadrainConfig, pipeline: PipelineConfig, search: int = HISTORY) -> set[tuple[int, str]]:
+    """(batch, run id) of the batch commits among the target's newest `search` commits (all the history
+    the page reads): a run recorded as an error may have committed its batch first (its
+    acknowledgement failed, or it was killed after the commit)."""
     return {(meta["batch"], meta.get("run_id")) for _, meta in _batch_commits(cfg, pipeline, search)}
 
 
