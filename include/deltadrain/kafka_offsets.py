@@ -246,7 +246,7 @@ def watermarks(conf: dict, topic: str, deadline_s: float | None = None) -> dict[
     end = time.monotonic() + (deadline_s or 0)
 
     def left() -> float:
-        return max(0.5, min(TIMEOUT, end - time.monotonic())) if deadline_s else TIMEOUT
+        return TIMEOUT if deadline_s is None else max(0.5, min(TIMEOUT, end - time.monotonic()))
 
     def offsets(parts: list[int], spec) -> dict[int, int]:
         asked = {TopicPartition(topic, p): spec for p in parts}
@@ -268,7 +268,7 @@ def watermarks(conf: dict, topic: str, deadline_s: float | None = None) -> dict[
         return marks
 
     # One deadline for the whole answer, not one per partition.
-    return patiently(read, deadline_s or TIMEOUT, also=LEADER_MOVING)
+    return patiently(read, TIMEOUT if deadline_s is None else deadline_s, also=LEADER_MOVING)
 
 
 def answered_marks(earliest: dict[int, int], latest: dict[int, int]

@@ -68,15 +68,15 @@ def open_table(path: str):
     return _once(path, lambda: _open(path))
 
 
-def history(path: str) -> list[dict]:
-    """The newest HISTORY commits of the table at `path`, newest first ([] when there is none), from a
+def history(path: str, limit: int = HISTORY) -> list[dict]:
+    """The newest `limit` commits of the table at `path`, newest first ([] when there is none), from a
     table opened just for it: delta-rs lists the commits made after an older snapshot but numbers
-    them down from that snapshot's version. Within one_read, read once per table."""
+    them down from that snapshot's version. Within one_read, read once per table and limit."""
     def read() -> list[dict]:
         table = _open(path)
-        return table.history(HISTORY) if table is not None else []
+        return table.history(limit) if table is not None else []
 
-    return _once(("history", path), read)
+    return _once(("history", path, limit), read)
 
 
 def query(table, sql: str, name: str = "t") -> list[dict]:
@@ -194,34 +194,39 @@ def batch_checks(cfg: DeltadrainConfig, pipeline: PipelineConfig, batches: list[
     results, target = open_table(str(results_path(cfg))), open_table(str(cfg.target_path(pipeline)))
     if results is None or target is None:
         return {}
-    # A results table from before `table_id` gains it only with the next check's row.
-    table = "table_id" if "table_id" in {f.name for f in results.schema().fields} else "NULL AS table_id"
     # Only the validated name and ints go into the text.
-    rows = query(results, f"SELECT batch, success, failed, quarantined, policy, checked_at, {table} FROM r "  # noqa: S608
+    rows = query(results, f"SELECT batch, success, failed, quarantined, policy, checked_at, {_table_id(results)} FROM r "  # noqa: S608
                           f"WHERE pipeline = {_sql_literal(pipeline.name)} AND scope = 'batch' "
                           f"AND batch IN ({', '.join(str(int(b)) for b in sorted(set(batches)))})", name="r")
     return newest_checks(rows, target.metadata().id)
 
 
+def _table_id(results) -> str:
+    """The results' table id column; a results table from before `table_id` gains it only with the
+    next check's row, and its rows count for any target table (NULL)."""
+    return "table_id" if "table_id" in {f.name for f in results.schema().fields} else "NULL AS table_id"
+
+
 def owed_from(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> int | None:
     """The lowest batch the quality tasks owe a check (quality.owed_batches): the pipeline's lowest
-    checked batch of the current target, or with none yet the oldest batch among the newest HISTORY
-    commits that the ingest DAG drained; None: nothing is owed (only the daily whole-table check)."""
+    checked batch of the current target, or with none yet the oldest batch the ingest DAG drained
+    among as many commits as quality.first_scheduled looks over; None: nothing is owed (only the
+    daily whole-table check reads them)."""
     from deltadrain.orchestration.names import ingest_run_prefix
-    from deltadrain.quality import results_path
+    from deltadrain.quality import FIRST_SCHEDULED_SCAN, results_path
 
     results, target = open_table(str(results_path(cfg))), open_table(str(cfg.target_path(pipeline)))
     if target is None:
         return None
     if results is not None:
-        table = "table_id" if "table_id" in {f.name for f in results.schema().fields} else "NULL AS table_id"
-        rows = query(results, f"SELECT {table}, min(batch) AS low FROM r "  # noqa: S608 (the validated name only)
-                              f"WHERE pipeline = {_sql_literal(pipeline.name)} AND scope = 'batch' GROUP BY 1", name="r")
+        rows = query(results, f"SELECT {_table_id(results)}, min(batch) AS low FROM r "  # noqa: S608 (the validated name only)
+                              f"WHERE pipeline = {_sql_literal(pipeline.name)} AND scope = 'batch' "
+                              "AND batch IS NOT NULL GROUP BY 1", name="r")
         lows = [int(r["low"]) for r in rows if r["table_id"] in (None, target.metadata().id)]
         if lows:
             return min(lows)
     prefix = ingest_run_prefix(pipeline.name)
-    return min((meta["batch"] for _, meta in _batch_commits(cfg, pipeline, HISTORY)
+    return min((meta["batch"] for _, meta in _batch_commits(cfg, pipeline, FIRST_SCHEDULED_SCAN)
                 if str(meta.get("run_id") or "").startswith(prefix)), default=None)
 
 
@@ -256,7 +261,8 @@ def committed_runs(cfg: DeltadrainConfig, pipeline: PipelineConfig, search: int 
 
 def _batch_commits(cfg: DeltadrainConfig, pipeline: PipelineConfig, search: int):
     """(commit, its deltadrain metadata) of the target's newest `search` commits that carry a batch of `pipeline`."""
-    for commit in history(str(cfg.target_path(pipeline)))[:search]:
+    path = str(cfg.target_path(pipeline))
+    for commit in (history(path) if search <= HISTORY else history(path, search))[:search]:
         try:
             meta = json.loads(commit.get("userMetadata") or "null")
         except ValueError:

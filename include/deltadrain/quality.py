@@ -72,6 +72,7 @@ RESULTS_SCHEMA = ("pipeline STRING NOT NULL, scope STRING NOT NULL, batch BIGINT
 TXN_KEYS = ("spark.databricks.delta.write.txnAppId", "spark.databricks.delta.write.txnVersion")
 USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
 DOCS_KEEP = 200  # validation pages kept per pipeline; the results table keeps the whole history
+FIRST_SCHEDULED_SCAN = 200  # commits looked over for the ingest DAG's first batch (the view looks as far)
 RECHECKS = 2  # a batch check checks again this often when rows were rewritten under it (take_back_rewritten)
 CATCH_UP = 20  # owed batches a batch check takes on besides its own; the next check takes the rest
 
@@ -621,7 +622,7 @@ def catch_up(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, requested: 
     return owed_batches(checked, requested, committed, settling=settling, first_scheduled=first)
 
 
-def first_scheduled(spark, target: str, pipeline: str, scan: int = 200) -> int | None:
+def first_scheduled(spark, target: str, pipeline: str, scan: int = FIRST_SCHEDULED_SCAN) -> int | None:
     """The oldest batch among the target's last `scan` commits that a drain of the pipeline's ingest
     DAG committed (its run id says so): its DAG run's quality task was to check it. Read only while
     the pipeline has no check yet; a batch whose commit file log cleanup removed is not found."""

@@ -100,7 +100,7 @@ def kafka_counts(conf: dict, source: KafkaSource, positions: dict[str, str], pub
     marks = watermarks(conf, source.topic, deadline_s)
     starts, gap_list = start_offsets(positions, marks, source.starting_offsets, first_run, complete)
     gaps = {g.partition: g.as_dict() for g in gap_list}
-    left = max(0.5, end - time.monotonic()) if deadline_s else TIMEOUT
+    left = TIMEOUT if deadline_s is None else max(0.5, end - time.monotonic())
     group = committed(conf, source.group, source.topic, sorted(marks), left) if with_group else {}
     now_ms = int(time.time() * 1000)
     partitions, claimed_by, dead_runs = {}, {}, []

@@ -351,3 +351,12 @@ def test_source_credentials_never_reach_the_spark_submit_command_line(monkeypatc
             with pytest.raises(DeltadrainJobFailed, match="the Spark master yarn would get the source's credentials "
                                                           r"\(AIRFLOW_CONN_SRC\) on the spark-submit command line"):
                 op._get_hook()
+
+
+def test_the_replay_form_proposes_the_stream_keys_and_nothing_without_valkey_pipelines(cfg):
+    from deltadrain.orchestration.factory import replay_params
+
+    keys = [k for p in cfg.pipelines if p.source.kind == "valkey" for k in p.source.streams]
+    assert keys and replay_params(cfg)["partition"].schema["examples"] == keys
+    kafka_only = cfg.model_copy(update={"pipelines": [p for p in cfg.pipelines if p.source.kind == "kafka"]})
+    assert "examples" not in replay_params(kafka_only)["partition"].schema  # an empty list shows an empty menu

@@ -218,6 +218,28 @@ def test_batches_are_owed_from_the_lowest_check_of_this_table_or_else_from_the_i
     assert owed_from(c, p) == 3  # the older table's check of its batch 1 does not count
 
 
+def test_the_ingest_dags_first_batch_is_looked_for_as_far_back_as_the_quality_task_looks(tmp_path, cfg):
+    """Past the HISTORY commits the page reads for itself: with no check yet, an ingest DAG batch
+    followed by more than 100 other commits is still where owed batches start (quality.first_scheduled)."""
+    import pyarrow as pa
+    from deltalake import CommitProperties, write_deltalake
+
+    from deltadrain.lakeview import HISTORY, one_read, owed_from
+    from deltadrain.orchestration.names import ingest_run_prefix
+    from deltadrain.quality import FIRST_SCHEDULED_SCAN
+
+    c = cfg.model_copy(update={"data_dir": str(tmp_path / "lake")})
+    p = c.pipelines[0]
+    target, rows = str(c.target_path(p)), pa.table({"event_id": ["x"], "_dd_batch": pa.array([1], pa.int64())})
+    meta = json.dumps({"pipeline": p.name, "batch": 1, "run_id": f"{ingest_run_prefix(p.name)}scheduled__x-try1"})
+    write_deltalake(target, rows, commit_properties=CommitProperties(custom_metadata={"userMetadata": meta}))
+    for _ in range(HISTORY + 5):  # maintenance, replays, quarantines: commits that carry no batch
+        write_deltalake(target, rows, mode="append")
+    assert HISTORY + 6 <= FIRST_SCHEDULED_SCAN
+    with one_read():
+        assert owed_from(c, p) == 1
+
+
 def test_a_run_recorded_as_an_error_that_committed_its_batch_shows_its_check(monkeypatch, cfg):
     from deltadrain import lakeview
     from deltadrain.orchestration.view import with_checks
@@ -233,6 +255,14 @@ def test_a_run_recorded_as_an_error_that_committed_its_batch_shows_its_check(mon
     got = with_checks(cfg, cfg.pipelines[0], runs)
     assert [r.get("quality", "-") for r in got] == [None, {"success": True}, "-", {"success": True}, "-"]
     assert [r.get("owed", "-") for r in got] == [True, "-", "-", "-", "-"]  # said of unchecked batches only
+
+    def unreadable(cfg, pipeline):
+        raise OSError("results table unreadable")
+
+    # What is owed only qualifies "not checked": when it cannot be read, the runs are shown without it.
+    monkeypatch.setattr(lakeview, "owed_from", unreadable)
+    runs = [{"batch": 6, "outcome": "committed", "run_id": "try2"}]
+    assert with_checks(cfg, cfg.pipelines[0], runs) == [{**runs[0], "quality": None}]
 
 
 def test_one_read_opens_each_table_once(tmp_path):
@@ -285,7 +315,7 @@ def test_an_index_row_says_what_it_could_not_read_and_the_others_still_show(monk
 
     slow, broken = cfg.pipelines[0], cfg.pipelines[0].model_copy(update={"name": "broken"})
 
-    def counts(cfg, pipeline):
+    def counts(cfg, pipeline, until=None):
         time.sleep(1.0 if pipeline is slow else 0)
         return {"PENDING": 5, "CLAIMED": 2, "STALE_CLAIMED": 0}
 

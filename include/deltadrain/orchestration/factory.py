@@ -190,8 +190,9 @@ def replay_params(cfg: DeltadrainConfig) -> dict[str, Param]:
                        description="before this time; must be after 'since'"),
         # The form proposes the stream keys (a datalist); not an enum: a Kafka partition is a number
         # the broker knows, not the YAML. validate checks either against the pipeline.
-        "partition": Param(None, type=["null", "string"], title="Partition", examples=streams,
-                           description="a stream key (orders:{0}) or a Kafka partition number (3)"),
+        "partition": Param(None, type=["null", "string"], title="Partition",
+                           description="a stream key (orders:{0}) or a Kafka partition number (3)",
+                           **({"examples": streams} if streams else {})),
         "position_from": Param(None, type=["null", "string"], pattern=position, title="Position from",
                                description="stream id (ms-seq) or Kafka offset, inclusive"),
         "position_to": Param(None, type=["null", "string"], pattern=position, title="Position to",

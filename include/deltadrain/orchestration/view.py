@@ -103,10 +103,11 @@ def same_origin(headers: dict[str, str], host: str) -> bool:
 # -- reading -----------------------------------------------------------------------------------------
 
 
-def source_counts(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> dict:
-    """PENDING / CLAIMED from the source. Errors are reported by type only (messages may hold hosts)."""
+def source_counts(cfg: DeltadrainConfig, pipeline: PipelineConfig, until: float | None = None) -> dict:
+    """PENDING / CLAIMED from the source. Errors are reported by type only (messages may hold hosts).
+    `until` (time.monotonic()): when a Kafka source's broker calls give up."""
     if not isinstance(pipeline.source, ValkeySource):
-        return kafka_counts(cfg, pipeline)
+        return kafka_counts(cfg, pipeline, until)
     from deltadrain.connections import valkey_client
     from deltadrain.gaps import gaps_key
     from deltadrain.status import valkey_counts
@@ -119,9 +120,10 @@ def source_counts(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> dict:
     return _claims(counts, pipeline)
 
 
-def kafka_counts(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> dict:
+def kafka_counts(cfg: DeltadrainConfig, pipeline: PipelineConfig, until: float | None = None) -> dict:
     """PENDING and CLAIMED from the broker's end offsets, the group's claim notices and the lake's
-    checkpoint (status.kafka_counts, with the checkpoint read by delta-rs)."""
+    checkpoint (status.kafka_counts, with the checkpoint read by delta-rs); the broker calls give up
+    at `until` (their own waits run to 30 s)."""
     from deltadrain import lakeview
     from deltadrain.connections import kafka_consumer_conf
     from deltadrain.kafka_offsets import OffsetError
@@ -132,7 +134,8 @@ def kafka_counts(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> dict:
     try:
         got = counts({**kafka_consumer_conf(cfg, pipeline), "socket.timeout.ms": 3000}, pipeline.source,
                      last.get("positions") or {}, {}, {}, crashes=last.get("crashes"), min_idle_ms=pipeline.min_idle_ms,
-                     stale_ms=dead_after_ms(pipeline), deadline_s=SOURCE_WAIT_S - 0.5)
+                     stale_ms=dead_after_ms(pipeline),
+                     deadline_s=None if until is None else max(0.5, until - time.monotonic()))
     except OffsetError as exc:  # the broker answered: no such topic (yet), or a recreated one
         return {"PENDING": None, "CLAIMED": None, "source_note": str(exc)}
     except Exception as exc:
@@ -172,7 +175,11 @@ def with_checks(cfg: DeltadrainConfig, pipeline: PipelineConfig, runs: list[dict
     for r in committed:
         r["quality"] = checks.get(r["batch"])
     if unchecked := [r for r in committed if r["quality"] is None]:
-        floor = lakeview.owed_from(cfg, pipeline)
+        try:
+            floor = lakeview.owed_from(cfg, pipeline)
+        except Exception:  # it only qualifies "not checked": the page shows the rest
+            log.exception("deltadrain view: what pipeline %s owes a check could not be read", pipeline.name)
+            return runs
         for r in unchecked:
             r["owed"] = floor is not None and r["batch"] >= floor
     return runs
@@ -211,13 +218,14 @@ def pipeline_summaries(cfg: DeltadrainConfig, pipelines: list[PipelineConfig]) -
 
 
 def bounded_source_counts(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> dict:
-    """source_counts, waited for at most SOURCE_WAIT_S. Kafka's broker calls get all but 0.5 s of it
-    (their own waits run to 30 s), so a broker that is down is named unreachable and frees its
-    thread; a source still past the wait (a hung connection) is said to be slow."""
+    """source_counts, waited for at most SOURCE_WAIT_S. Kafka's broker calls give up a second before
+    (their own waits run to 30 s), so a broker that is down is named unreachable and frees its pool
+    thread about when the page stops waiting; a source still past the wait is said to be slow."""
     from concurrent.futures import TimeoutError as Late
 
     # In the caller's context: a Kafka source reads the target's history, which the page reads too (one_read).
-    future = _source_pool().submit(contextvars.copy_context().run, source_counts, cfg, pipeline)
+    until = time.monotonic() + SOURCE_WAIT_S - 1  # from the ask: the pool may start the call later
+    future = _source_pool().submit(contextvars.copy_context().run, source_counts, cfg, pipeline, until)
     try:
         return future.result(timeout=SOURCE_WAIT_S)
     except Late:
