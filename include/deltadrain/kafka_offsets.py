@@ -211,6 +211,12 @@ def patiently(call, deadline_s: float = TIMEOUT, pause: float = 0.2, also: froze
         pause = min(pause * 2, 2.0)
 
 
+def remaining(until: float | None) -> float:
+    """How long a broker request may wait: TIMEOUT, or with `until` (time.monotonic(): a page that
+    must answer) what is left of it, at least 0.5 s so that it is asked once."""
+    return TIMEOUT if until is None else max(0.5, min(TIMEOUT, until - time.monotonic()))
+
+
 def _checked(partitions):
     """Raise the first per-partition error of a committed()/commit() answer, so `patiently` sees it."""
     from confluent_kafka import KafkaException
@@ -221,15 +227,14 @@ def _checked(partitions):
     return partitions
 
 
-def watermarks(conf: dict, topic: str, deadline_s: float | None = None) -> dict[int, tuple[int, int]]:
+def watermarks(conf: dict, topic: str, until: float | None = None) -> dict[int, tuple[int, int]]:
     """partition -> (earliest available offset, end offset) for every partition the topic has now.
 
     Asked with the admin ListOffsets (per kind, one request per partition leader), not the consumer's
     get_watermark_offsets: when the earliest answer is negative (a restarted broker that has not
     loaded the partition yet), librdkafka reports the end offset as the earliest, and a drain would
-    take the whole partition for a retention gap. Here such an answer is asked again. With
-    `deadline_s` (a page that must answer) each request waits only for what is left of it; without,
-    each waits TIMEOUT and is asked again for TIMEOUT (a drain on a restarting broker)."""
+    take the whole partition for a retention gap. Here such an answer is asked again, for TIMEOUT
+    (a drain on a restarting broker), or up to `until` (`remaining`)."""
     from confluent_kafka import IsolationLevel, KafkaError, KafkaException, TopicPartition
     from confluent_kafka.admin import AdminClient, OffsetSpec
 
@@ -243,19 +248,15 @@ def watermarks(conf: dict, topic: str, deadline_s: float | None = None) -> dict[
     # fails its futures.
     admin = AdminClient({**{k: v for k, v in conf.items() if k != "isolation.level"},
                          "allow.auto.create.topics": False})
-    end = time.monotonic() + (deadline_s or 0)
-
-    def left() -> float:
-        return TIMEOUT if deadline_s is None else max(0.5, min(TIMEOUT, end - time.monotonic()))
 
     def offsets(parts: list[int], spec) -> dict[int, int]:
         asked = {TopicPartition(topic, p): spec for p in parts}
-        answers = admin.list_offsets(asked, isolation_level=level, request_timeout=left())
+        answers = admin.list_offsets(asked, isolation_level=level, request_timeout=remaining(until))
         # No timeout of its own: request_timeout fails the future (a KafkaException, asked again).
         return {tp.partition: future.result().offset for tp, future in answers.items()}
 
     def read() -> dict[int, tuple[int, int]]:
-        meta = admin.list_topics(topic, timeout=left()).topics.get(topic)
+        meta = admin.list_topics(topic, timeout=remaining(until)).topics.get(topic)
         if meta is None or meta.error is not None:
             raise OffsetError(f"topic '{topic}' is not available: {meta.error if meta else 'unknown topic'}")
         parts = sorted(meta.partitions)
@@ -268,7 +269,7 @@ def watermarks(conf: dict, topic: str, deadline_s: float | None = None) -> dict[
         return marks
 
     # One deadline for the whole answer, not one per partition.
-    return patiently(read, TIMEOUT if deadline_s is None else deadline_s, also=LEADER_MOVING)
+    return patiently(read, remaining(until), also=LEADER_MOVING)
 
 
 def answered_marks(earliest: dict[int, int], latest: dict[int, int]

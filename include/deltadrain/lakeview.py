@@ -212,8 +212,7 @@ def owed_from(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> int | None:
     checked batch of the current target, or with none yet the oldest batch the ingest DAG drained
     among as many commits as quality.first_scheduled looks over; None: nothing is owed (only the
     daily whole-table check reads them)."""
-    from deltadrain.orchestration.names import ingest_run_prefix
-    from deltadrain.quality import FIRST_SCHEDULED_SCAN, results_path
+    from deltadrain.quality import FIRST_SCHEDULED_SCAN, oldest_scheduled, results_path
 
     results, target = open_table(str(results_path(cfg))), open_table(str(cfg.target_path(pipeline)))
     if target is None:
@@ -225,9 +224,7 @@ def owed_from(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> int | None:
         lows = [int(r["low"]) for r in rows if r["table_id"] in (None, target.metadata().id)]
         if lows:
             return min(lows)
-    prefix = ingest_run_prefix(pipeline.name)
-    return min((meta["batch"] for _, meta in _batch_commits(cfg, pipeline, FIRST_SCHEDULED_SCAN)
-                if str(meta.get("run_id") or "").startswith(prefix)), default=None)
+    return oldest_scheduled((meta for _, meta in _batch_commits(cfg, pipeline, FIRST_SCHEDULED_SCAN)), pipeline.name)
 
 
 def newest_checks(rows: list[dict], table: str) -> dict[int, dict]:
@@ -261,8 +258,8 @@ def committed_runs(cfg: DeltadrainConfig, pipeline: PipelineConfig, search: int 
 
 def _batch_commits(cfg: DeltadrainConfig, pipeline: PipelineConfig, search: int):
     """(commit, its deltadrain metadata) of the target's newest `search` commits that carry a batch of `pipeline`."""
-    path = str(cfg.target_path(pipeline))
-    for commit in (history(path) if search <= HISTORY else history(path, search))[:search]:
+    # A shorter search reads the page's own HISTORY (read once per page), a longer one reads its own.
+    for commit in history(str(cfg.target_path(pipeline)), max(search, HISTORY))[:search]:
         try:
             meta = json.loads(commit.get("userMetadata") or "null")
         except ValueError:

@@ -626,10 +626,15 @@ def first_scheduled(spark, target: str, pipeline: str, scan: int = FIRST_SCHEDUL
     """The oldest batch among the target's last `scan` commits that a drain of the pipeline's ingest
     DAG committed (its run id says so): its DAG run's quality task was to check it. Read only while
     the pipeline has no check yet; a batch whose commit file log cleanup removed is not found."""
+    return oldest_scheduled((c["meta"] for c in recent_commits(spark, target, scan)), pipeline)
+
+
+def oldest_scheduled(metas, pipeline: str) -> int | None:
+    """The oldest batch among commit metadata `metas` that a drain of the pipeline's ingest DAG
+    committed (its run id begins with the DAG's run prefix) (pure; the view reads the same with delta-rs)."""
     prefix = ingest_run_prefix(pipeline)
-    batches = [c["meta"]["batch"] for c in recent_commits(spark, target, scan)
-               if carries_batch(c["meta"], pipeline) and str(c["meta"].get("run_id") or "").startswith(prefix)]
-    return min(batches, default=None)
+    return min((m["batch"] for m in metas
+                if carries_batch(m, pipeline) and str(m.get("run_id") or "").startswith(prefix)), default=None)
 
 
 def check_batches(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, batches: list[int],

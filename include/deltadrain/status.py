@@ -82,26 +82,24 @@ def dead_after_ms(pipeline: PipelineConfig) -> int:
 def kafka_counts(conf: dict, source: KafkaSource, positions: dict[str, str], published: dict[str, int],
                  dead: dict[str, int], with_group: bool = True, first_run: bool | None = None,
                  crashes: dict | None = None, min_idle_ms: int = 60_000, stale_ms: int | None = None,
-                 committed_by: str | None = None, complete: bool = True, deadline_s: float | None = None) -> dict:
+                 committed_by: str | None = None, complete: bool = True, until: float | None = None) -> dict:
     """Per partition: end offset, lake checkpoint, PENDING (after the checkpoint, not claimed), CLAIMED
     (inside the range of a running batch, from the claim notice on the group offset: see
     kafka_offsets.announce_claims), offsets retention deleted unread (gap), the group's committed
     offset (informational), PUBLISHED and DEAD rows. Without the group (`with_group=False`) nothing
     is known to be claimed. `dead_runs`: the offsets that runs which died read (kafka_crashes; `crashes`
     is the lake's record): the runs the notices carry, and the notice's own run once it is older
-    than `stale_ms` (stale: a younger one may be a long batch still running). `deadline_s` bounds
-    the broker calls together (default: each its own TIMEOUT)."""
+    than `stale_ms` (stale: a younger one may be a long batch still running). `until`
+    (time.monotonic()) bounds the broker calls together (default: each its own TIMEOUT)."""
     import time
 
     from deltadrain.kafka_crashes import DeadRuns, settle
-    from deltadrain.kafka_offsets import TIMEOUT, claimed, committed, read_notice, start_offsets, watermarks
+    from deltadrain.kafka_offsets import claimed, committed, read_notice, remaining, start_offsets, watermarks
 
-    end = time.monotonic() + (deadline_s or 0)
-    marks = watermarks(conf, source.topic, deadline_s)
+    marks = watermarks(conf, source.topic, until)
     starts, gap_list = start_offsets(positions, marks, source.starting_offsets, first_run, complete)
     gaps = {g.partition: g.as_dict() for g in gap_list}
-    left = TIMEOUT if deadline_s is None else max(0.5, end - time.monotonic())
-    group = committed(conf, source.group, source.topic, sorted(marks), left) if with_group else {}
+    group = committed(conf, source.group, source.topic, sorted(marks), remaining(until)) if with_group else {}
     now_ms = int(time.time() * 1000)
     partitions, claimed_by, dead_runs = {}, {}, []
     for part, (low, high) in sorted(marks.items()):

@@ -134,8 +134,7 @@ def kafka_counts(cfg: DeltadrainConfig, pipeline: PipelineConfig, until: float |
     try:
         got = counts({**kafka_consumer_conf(cfg, pipeline), "socket.timeout.ms": 3000}, pipeline.source,
                      last.get("positions") or {}, {}, {}, crashes=last.get("crashes"), min_idle_ms=pipeline.min_idle_ms,
-                     stale_ms=dead_after_ms(pipeline),
-                     deadline_s=None if until is None else max(0.5, until - time.monotonic()))
+                     stale_ms=dead_after_ms(pipeline), until=until)
     except OffsetError as exc:  # the broker answered: no such topic (yet), or a recreated one
         return {"PENDING": None, "CLAIMED": None, "source_note": str(exc)}
     except Exception as exc:
