@@ -2,7 +2,8 @@
 # The test suite's driver JVMs: four spawned-JVM tests (two DAG runs through spark-submit, the
 # backfill/replay CLI, a split drain) run under each DELTADRAIN_DRIVER_JAVA_OPTIONS side in turn.
 # Prints wall, user and sys seconds of the whole pytest process tree per side.
-# Usage: bench/suite_jvm_options.sh SIDE...   (SIDE: default | c1), e.g. `default c1` then `c1 default`.
+# Usage: bench/suite_jvm_options.sh SIDE...   (SIDE: default | c1 | c1serial), e.g. `default c1` then
+# `c1 default`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TESTS=(
@@ -15,6 +16,7 @@ for side in "$@"; do
   case "$side" in
     default) opts="" ;;  # an empty value: conftest's setdefault leaves it, so no extra option
     c1) opts="-XX:TieredStopAtLevel=1" ;;
+    c1serial) opts="-XX:TieredStopAtLevel=1 -XX:+UseSerialGC" ;;  # one GC thread, no G1 concurrent work
     *) echo "unknown side: $side" >&2; exit 2 ;;
   esac
   DELTADRAIN_DRIVER_JAVA_OPTIONS="$opts" /usr/bin/time -f "$side wall=%e user=%U sys=%S" \
