@@ -631,7 +631,7 @@ def first_scheduled(spark, target: str, pipeline: str, scan: int = FIRST_SCHEDUL
 
 def oldest_scheduled(metas, pipeline: str) -> int | None:
     """The oldest batch among commit metadata `metas` that a drain of the pipeline's ingest DAG
-    committed (its run id begins with the DAG's run prefix) (pure; the view reads the same with delta-rs)."""
+    committed, by its run id's prefix. Pure: first_scheduled (Spark) and the view (delta-rs) share it."""
     prefix = ingest_run_prefix(pipeline)
     return min((m["batch"] for m in metas
                 if carries_batch(m, pipeline) and str(m.get("run_id") or "").startswith(prefix)), default=None)
