@@ -20,7 +20,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Iterator
 
 from deltadrain import failpoints
-from deltadrain.claim import ClaimContext, _client, failure_field
+from deltadrain.claim import ClaimContext, _client, alone_field, failure_field
 from deltadrain.connections import as_text
 
 ACK_CHUNK = 2_000  # entries per XACK / XCLAIM call
@@ -78,7 +78,8 @@ def acknowledge(files: Iterable[str], ctx: ClaimContext, keep: frozenset = froze
         for stream, entries in staged_entries(files, keep):
             pipe = client.pipeline(transaction=False)
             pipe.xack(stream, ctx.group, *[position for position, _ in entries])
-            retried = [failure_field(stream, position) for position, attempts in entries if attempts > 1]
+            retried = [f(stream, position) for position, attempts in entries if attempts > 1
+                       for f in (failure_field, alone_field)]
             if retried:
                 pipe.hdel(ctx.failures_key, *retried)
             done += pipe.execute()[0]

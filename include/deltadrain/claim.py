@@ -16,6 +16,7 @@ from datetime import datetime
 from deltadrain.connections import as_text
 from deltadrain.decode import BatchDecoder
 from deltadrain.gaps import ZERO, carried_ends_of, deleted_while_pending, record, state_of, unread_gap
+from deltadrain.isolation import convicted, death_reason
 from deltadrain.positions import StreamId
 
 # The largest stream id halves deltadrain stores: "ms-seq" as two int64 columns, and the milliseconds
@@ -93,6 +94,11 @@ def failure_field(stream: str, position: str) -> str:
     return f"{stream}\x00{position}"
 
 
+def alone_field(stream: str, position: str) -> str:
+    """The failures hash's count of the runs that read this entry and nothing else (valkey_crashes)."""
+    return f"{stream}\x00{position}\x00alone"
+
+
 GAP = "entry was deleted from the stream (MAXLEN trimming or XDEL) before it was processed"
 
 
@@ -127,15 +133,20 @@ class Entries:
                    [1] * n, [False] * n)
 
 
-def retries_run_out(ctx: ClaimContext, attempts: int, data, last_failure: dict | None) -> tuple | None:
-    """The preset verdict of an entry delivered more than max_retries + 1 times, else None."""
-    if attempts <= ctx.max_attempts:
+def retries_run_out(ctx: ClaimContext, attempts: int, data, last_failure: dict | None,
+                    alone_reads: int = 0) -> tuple | None:
+    """The preset verdict of an entry that has had its attempts, else None: one whose transform failed
+    (a failure is recorded) and that was delivered more than max_retries + 1 times, or one that runs
+    which read it alone (this one included, `alone_reads`) died on max_retries times
+    (`isolation.convicted`). Deliveries to runs that died holding it among others convict nothing."""
+    max_retries = ctx.max_attempts - 1
+    if last_failure is not None and attempts > ctx.max_attempts:
+        reason = (f"delivered {attempts} times without a committed batch (max_retries={max_retries}); "
+                  f"last error: {last_failure.get('error')}")
+    elif convicted(alone_reads - 1, 0, max_retries):
+        reason = death_reason(alone_reads - 1, max_retries, f"delivered {attempts} times in all")
+    else:
         return None
-    last = (last_failure or {}).get("error", "none was recorded: the runs it was delivered to died or were stopped "
-                                             "before committing (a crash, a hang stopped at the task's "
-                                             "execution_timeout, out of memory)")
-    reason = (f"delivered {attempts} times without a committed batch (max_retries={ctx.max_attempts - 1}); "
-              f"last error: {last}")
     first = (last_failure or {}).get("first")
     return None, "max_retries", reason, data, datetime.fromisoformat(first) if first else None
 
@@ -215,12 +226,13 @@ def run_claim(task: ClaimTask, ctx: ClaimContext) -> Iterator[Entries]:
                 chunk.add(str(StreamId.parse(gone)), None, 0, True, preset=(None, "gap", GAP, None, None))
             if entries:
                 counts = _delivery_counts(client, task.stream, ctx, entries)
-                failures = _failures(client, ctx, task.stream, entries, counts)
+                failures, alone = _failures(client, ctx, task.stream, entries, counts)
                 for entry_id, fields in entries:
                     pos = as_text(entry_id)
                     data = (fields or {}).get(VALKEY_FIELD)
                     attempts = counts.get(pos, 2)
-                    chunk.add(pos, data, attempts, True, retries_run_out(ctx, attempts, data, failures.get(pos)))
+                    chunk.add(pos, data, attempts, True,
+                              retries_run_out(ctx, attempts, data, failures.get(pos), alone.get(pos, 0)))
                 got += len(entries)
             if not task.new:
                 got += len(deleted)  # a split's quota counts the pending list, deleted entries too
@@ -316,10 +328,17 @@ def _delivery_counts(client, stream: str, ctx: ClaimContext, entries) -> dict[st
     return {as_text(r["message_id"]): int(r["times_delivered"]) for r in rows}
 
 
-def _failures(client, ctx: ClaimContext, stream: str, entries, counts: dict[str, int]) -> dict[str, dict]:
+def _failures(client, ctx: ClaimContext, stream: str, entries, counts: dict[str, int]
+              ) -> tuple[dict[str, dict], dict[str, int]]:
+    """The recorded transform failures of the entries delivered more than max_retries + 1 times, and
+    the reads alone of every redelivered entry (valkey_crashes)."""
     keys = [as_text(e[0]) for e in entries]
-    keys = [k for k in keys if counts.get(k, 2) > ctx.max_attempts]
-    if not keys:
-        return {}
-    values = client.hmget(ctx.failures_key, [failure_field(stream, k) for k in keys])
-    return {k: json.loads(v) for k, v in zip(keys, values, strict=True) if v}
+    again = [k for k in keys if counts.get(k, 2) > 1]
+    spent = [k for k in again if counts.get(k, 2) > ctx.max_attempts]
+    if not again:
+        return {}, {}
+    fields = [alone_field(stream, k) for k in again] + [failure_field(stream, k) for k in spent]
+    values = client.hmget(ctx.failures_key, fields)
+    alone = {k: int(v) for k, v in zip(again, values[:len(again)], strict=True) if v}
+    failures = {k: json.loads(v) for k, v in zip(spent, values[len(again):], strict=True) if v}
+    return failures, alone

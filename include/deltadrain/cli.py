@@ -163,18 +163,21 @@ def _status(args) -> int:
             print(f"  GAP: partition {gap['partition']} offsets [{gap['start']}, {gap['end']}) were deleted by "
                   f"retention before they were read ({gap['missing']} messages)")
         for dead in st.get("dead_runs") or []:
-            print("  DEAD RUNS: partition {} offsets [{}, {}) were read by {} runs that died before committing; "
-                  "the next run reads less there (past max_retries + 1: dead letters)".format(
-                      dead["partition"], *dead["offsets"], dead["runs"]))
+            print("  UNDER SUSPICION: partition {} offsets [{}, {}) ({} offsets) were read by {} runs that died "
+                  "before committing, {} of them with one message alone; the next runs read it half at a time "
+                  "(max_retries deaths alone: a dead letter)".format(
+                      dead["partition"], *dead["offsets"], dead["offsets"][1] - dead["offsets"][0], dead["runs"],
+                      dead.get("alone", 0)))
     else:
         for gap in st.get("gaps") or []:
             size = "unknown number of entries" if gap["missing"] is None else f"{gap['missing']} entries"
             print(f"  GAP: stream {gap['partition']} ids {gap['from']} .. {gap['to']} ({size}): {gap['reason']}")
         for piece in st.get("splits") or []:
             rest = ", the untried half of a split" if piece["kind"] == "rest" else ""
-            print(f"  DEAD RUNS: stream {piece['partition']} ids {piece['ids'][0]} .. {piece['ids'][1]} "
-                  f"({piece['entries']} entries, delivered {piece['deliveries']} times{rest}): runs died on them "
-                  "before committing; the next runs read them a part at a time (past max_retries + 1: dead letters)")
+            print(f"  UNDER SUSPICION: stream {piece['partition']} ids {piece['ids'][0]} .. {piece['ids'][1]} "
+                  f"({piece['entries']} entries, delivered {piece['deliveries']} times{rest}, "
+                  f"{piece.get('alone', 0)} runs died reading one alone): runs died on them before committing; the "
+                  "next runs read them half at a time (max_retries deaths alone: a dead letter)")
     cp = st["checkpoint"]
     print(f"  checkpoint: batch {cp['batch']}, table version {cp['table_version']}, positions {cp['positions']}")
     if st["last_batch"]:

@@ -168,8 +168,10 @@ class KafkaSource(_Model):
     # read_committed: a transactional producer's aborted records are never data, and an open
     # transaction's records wait for its end. read_uncommitted reads them all (Kafka's default).
     isolation_level: Literal["read_committed", "read_uncommitted"] = "read_committed"
-    # Where the message id comes from; falls back to topic-partition-offset when absent.
-    id_from: Literal["field", "key", "header"] = "field"
+    # Where the message id comes from: the payload's id field (a payload without one is a dead letter),
+    # that field or else the record's topic-partition-offset (field_or_offset), the record key or a
+    # header (each falling back to topic-partition-offset when the record has none).
+    id_from: Literal["field", "field_or_offset", "key", "header"] = "field"
     id_header: str | None = None
     on_gap: Literal["fail", "continue"] = "fail"
 

@@ -48,7 +48,7 @@ from deltadrain.positions import merge_positions
 from deltadrain.secrets import credentials
 from deltadrain.stage import BatchStats, Staged, stage
 from deltadrain.transforms import identity, load_transform
-from deltadrain.valkey_crashes import Split, find_split, mark_rest
+from deltadrain.valkey_crashes import Split, count_alone, find_split, mark_rest
 
 # What a run that stops on a gap (on_gap: fail) tells the operator, for either source.
 GO_ON_PAST = ("Nothing was committed. To go on past them, with the next commit recording them, trigger one run "
@@ -665,6 +665,8 @@ class ValkeyDrain(Drain):
         # Nothing pending in the group: no run died on anything, and the pending list is not paged.
         split = self.find_split() if any(pending for _, pending in counts.values()) else None
         if sum(quotas.values()):
+            if split is not None and split.alone:
+                count_alone(self.client, split, self.ctx.failures_key)
             staged = self.claim(quotas, split=split)
             if split is not None and split.marks_rest:
                 mark_rest(self.client, split, source.group, p.min_idle_ms, self.ctx.failures_key, self.consumer)
@@ -700,11 +702,11 @@ class ValkeyDrain(Drain):
         self.refuse(result, expected)
 
     def find_split(self) -> Split | None:
-        """What runs that died left pending, split when they died on it twice (valkey_crashes): this
-        run then reads that part only. None: an ordinary batch."""
+        """What runs that died left pending, split (valkey_crashes): this run then reads that part
+        only. None: an ordinary batch."""
         source: ValkeySource = self.pipeline.source
         split = find_split(self.client, source.streams, source.group, self.pipeline.min_idle_ms,
-                           self.ctx.failures_key, self.consumer, self.ctx.max_attempts)
+                           self.ctx.failures_key, self.consumer)
         if split is not None:
             self.summary.dead_runs = split.summary()
             s = self.summary

@@ -32,6 +32,7 @@ from deltadrain.kafka_crashes import (
     bisect,
     dead_run_reason,
     settle,
+    suspects,
     transform_attempts,
     used_up,
 )
@@ -122,13 +123,16 @@ def kafka_batch(ctx: DecodeContext, decoder: BatchDecoder, arrow_schema, batch):
     parts, offsets = batch.column("partition").to_pylist(), batch.column("offset").to_pylist()
     values = batch.column("value").to_pylist()
     places = list(zip(parts, offsets, strict=True))
-    fallback = [f"{ctx.topic}-{part}-{offset}" for part, offset in places]
     replayed = replay_ids(batch.column("replay_id")) if "replay_id" in batch.schema.names else {}
-    for i, message_id in replayed.items():
-        fallback[i] = message_id
+    if ctx.id_from == "field":  # no id in the payload: a dead letter, whatever its place
+        fallback = [None] * n
+    else:
+        fallback = [f"{ctx.topic}-{part}-{offset}" for part, offset in places]
+        for i, message_id in replayed.items():
+            fallback[i] = message_id
     preset = {i: (fallback[i], "tombstone", TOMBSTONE, None, None) for i, value in enumerate(values) if value is None}
     message_ids = None
-    if ctx.id_from != "field":
+    if ctx.id_from in ("key", "header"):
         # The key or header is the identity; without one (null key, missing header), the record's place is.
         column = batch.column("key" if ctx.id_from == "key" else "headers").to_pylist()
         message_ids = []
@@ -145,12 +149,13 @@ def kafka_batch(ctx: DecodeContext, decoder: BatchDecoder, arrow_schema, batch):
             seg = record.at(offset) if record else None
             if seg is None:
                 continue
-            if used_up(seg[2], attempts[i] - 1, ctx.max_retries) and i not in preset:
+            alone = record.alone_at(offset)
+            if used_up(alone, attempts[i] - 1, ctx.max_retries) and i not in preset:
                 # Not decoded: whatever stopped those runs is not run again.
                 first = datetime.fromtimestamp(seg[3] / 1000, UTC)
                 # Not decoded, its id is unknown, unless it is a copy whose id the replay sent along.
                 preset[i] = (message_ids[i] if message_ids else replayed.get(i), "max_retries",
-                             dead_run_reason(seg[2], ctx.max_retries, seg, part), values[i], first)
+                             dead_run_reason(alone, ctx.max_retries, offset, part), values[i], first)
             attempts[i] += seg[2]
     offset = batch.column("offset")
     cols = {"_dd_partition": batch.column("partition").cast(pa.string()), "_dd_position": offset.cast(pa.string()),
@@ -411,12 +416,13 @@ class KafkaDrain(Drain):
             if settled:
                 self.dead[part] = settled
         records = {q: d.record for q, d in self.dead.items() if d.record}
-        self.summary.dead_runs = [{"partition": q, "offsets": [lo, hi], "runs": n}
-                                  for q, r in sorted(records.items()) for lo, hi, n, _ in r.segments]
-        ranges = bisect(plan.ranges, records, self.pipeline.max_retries)
+        self.summary.dead_runs = suspects(records)
+        ranges = bisect(plan.ranges, records)
         if ranges == plan.ranges:
             return plan
-        return Plan(ranges, plan.gaps, {**plan.positions, **{str(q): str(end) for q, (_, end) in ranges.items()}})
+        # A partition this run does not read keeps its start (past a gap the plan reports).
+        ends = {q: ranges.get(q, (start, start))[1] for q, (start, _) in plan.ranges.items()}
+        return Plan(ranges, plan.gaps, {**plan.positions, **{str(q): str(end) for q, end in ends.items()}})
 
     def carry_dead_runs(self, positions: dict[str, str]) -> None:
         """The dead runs this commit keeps next to its checkpoint (those behind it are finished)."""

@@ -138,11 +138,13 @@ NOTICE = "deltadrain_claim"
 
 
 def claim_notice(run_id: str, start: int, end: int, since_ms: int, crashes: dict | None = None,
-                 earlier: list | None = None) -> str:
+                 earlier: list | None = None, width: int | None = None) -> str:
     """The group-offset metadata that tells status a run is reading [start, end) of a partition. It
-    also carries what the run knew of dead runs on that partition (`kafka_crashes`), for the run after
-    it should this one die too."""
-    notice: dict = {"run": run_id, "range": [start, end], "since_ms": since_ms}
+    also carries how many offsets the whole run reads (`width`, over all its partitions: a run of one
+    offset that dies died with that message alone) and what the run knew of dead runs on that
+    partition (`kafka_crashes`), for the run after it should this one die too."""
+    notice: dict = {"run": run_id, "range": [start, end], "since_ms": since_ms,
+                    "width": end - start if width is None else width}
     if crashes:
         notice["crashes"] = crashes
     if earlier:
@@ -155,7 +157,8 @@ def read_notice(metadata: str | None) -> dict | None:
     try:
         notice = json.loads(metadata or "").get(NOTICE)
         start, end = (int(x) for x in notice["range"])
-        out = {"run": str(notice["run"]), "range": [start, end], "since_ms": int(notice["since_ms"])}
+        out = {"run": str(notice["run"]), "range": [start, end], "since_ms": int(notice["since_ms"]),
+               "width": int(notice.get("width") or 0)}
     except (ValueError, TypeError, AttributeError, KeyError):
         return None
     out["crashes"] = notice.get("crashes") if isinstance(notice.get("crashes"), dict) else {}
@@ -339,11 +342,12 @@ def announce_claims(conf: dict, group: str, topic: str, ranges: dict[int, tuple[
     if current is None:
         current = committed(conf, group, topic, sorted(ranges), deadline_s)
     since = int(time.time() * 1000)
+    width = sum(end - start for start, end in ranges.values())
     offsets = []
     for p, (start, end) in sorted(ranges.items()):
         offset = current.get(p, (None, None))[0]
         offset = offset if offset is not None else lake.get(p, start)
-        meta = claim_notice(run_id, start, end, since, **(carried or {}).get(p, {}))
+        meta = claim_notice(run_id, start, end, since, width=width, **(carried or {}).get(p, {}))
         offsets.append(TopicPartition(topic, p, offset, metadata=meta))
     _commit(conf, group, offsets, deadline_s)
 

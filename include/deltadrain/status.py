@@ -34,8 +34,8 @@ def valkey_counts(client, source: ValkeySource, gaps_at: str | None = None, pipe
                   ) -> dict:
     """Counts per stream, and the gaps: those recorded in the hash `gaps_at` that no commit carries yet, and
     those the next drain will find (entries removed before the group read them). With the `pipeline`,
-    `splits`: what runs that died left pending that drains split (valkey_crashes), in the order they
-    settle it."""
+    `splits`: the ranges under suspicion, what runs that died left pending that drains split
+    (valkey_crashes), in the order they settle it."""
     pending = claimed = 0
     consumers: dict[str, dict] = {}
     oldest_idle = 0
@@ -60,17 +60,25 @@ def valkey_counts(client, source: ValkeySource, gaps_at: str | None = None, pipe
 
 
 def valkey_splits(client, pipeline: PipelineConfig) -> list[dict]:
-    """Pieces of the segments runs died on twice or more, and the rests of split ones: the idle
-    entries of the pending list, read PAGE at a time."""
+    """Pieces of the segments runs died on, and the rests of split ones, with the deaths alone of a
+    single entry: the idle entries of the pending list, read PAGE at a time."""
+    from deltadrain.claim import alone_field
     from deltadrain.drain import failures_key
     from deltadrain.valkey_crashes import RESTING, SPLIT_FROM, SUSPECT, reclaimable, segments
 
     source: ValkeySource = pipeline.source
+    key = failures_key(pipeline.name)
     found = segments((s, i, n, kind) for s, i, n, kind, _ in
-                     reclaimable(client, source.streams, source.group, pipeline.min_idle_ms,
-                                 failures_key(pipeline.name), own=""))
-    return [piece for seg in found if seg.kind == RESTING or (seg.kind == SUSPECT and seg.deliveries >= SPLIT_FROM)
-            for piece in seg.as_json()]
+                     reclaimable(client, source.streams, source.group, pipeline.min_idle_ms, key, own=""))
+    out = []
+    for seg in found:
+        if seg.kind == RESTING or (seg.kind == SUSPECT and seg.deliveries >= SPLIT_FROM):
+            alone = 0
+            if seg.entries == 1:  # the runs that read it alone (valkey_crashes.count_alone), all of them dead
+                piece = seg.pieces[0]
+                alone = int(client.hget(key, alone_field(piece.stream, piece.first)) or 0)
+            out += [{**piece, "alone": alone} for piece in seg.as_json()]
+    return out
 
 
 def dead_after_ms(pipeline: PipelineConfig) -> int:
@@ -93,7 +101,7 @@ def kafka_counts(conf: dict, source: KafkaSource, positions: dict[str, str], pub
     (time.monotonic()) bounds the broker calls together (default: each its own TIMEOUT)."""
     import time
 
-    from deltadrain.kafka_crashes import DeadRuns, settle
+    from deltadrain.kafka_crashes import DeadRuns, settle, suspects
     from deltadrain.kafka_offsets import claimed, committed, read_notice, remaining, start_offsets, watermarks
 
     marks = watermarks(conf, source.topic, until)
@@ -109,7 +117,7 @@ def kafka_counts(conf: dict, source: KafkaSource, positions: dict[str, str], pub
         kept = (crashes or {}).get(key) or {}
         record = settle(DeadRuns.from_json(kept), list(kept.get("earlier") or []), notice, starts[part], now_ms,
                         min_idle_ms, stale_ms, committed_by).record
-        dead_runs += [{"partition": part, "offsets": [lo, hi], "runs": n} for lo, hi, n, _ in record.segments]
+        dead_runs += suspects({part: record})
         held = claimed(notice, starts[part], high)
         partitions[key] = {"earliest": low, "end_offset": high,
                            "lake_checkpoint": int(positions[key]) if key in positions else None,

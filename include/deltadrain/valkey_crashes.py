@@ -1,29 +1,26 @@
-"""Valkey: split what runs that died left pending, so a message that kills its run takes few
-others with it (DESIGN.md invariant 6).
+"""Valkey: split what runs that died left pending, until what kills runs is alone (invariant 6; the
+rule itself is `isolation`'s).
 
 A Valkey claim is a delivery. The entries of a run that dies (a crash, a hang stopped at the task's
-execution_timeout, out of memory) stay pending, and each run that takes them again counts one more
-delivery. Past max_retries + 1 deliveries an entry is a `max_retries` dead letter
-(claim.retries_run_out). Without more, a message that kills every run took its whole batch there.
-
-What a dead run left is reclaimed whole once, with new entries: most runs that die were not killed by
-their data (a restart, a lost worker, a deploy). Entries delivered twice or more without a commit are
-suspects, unless a transform failure is recorded for them (the drain's culprits, which ride along
-with new entries and are isolated in the run) or a run that stopped without dying handed them back
-to RELEASED (a lost race, a gap under on_gap: fail). Then, one segment at a time, in (stream, id)
-order:
+execution_timeout, out of memory, a worker restarted) stay pending, idle, with a consumer that is
+gone. Most such runs were not killed by their data, so a death convicts no entry: it only makes the
+next runs read less. Entries a dead run left are suspects, unless a transform failure is recorded
+for them (the drain's culprits, which ride along with new entries and are isolated in the run) or a
+run that stopped without dying handed them back to RELEASED (a lost race, a gap under on_gap: fail).
+Then, one segment at a time, in (stream, id) order:
 
 - a run reads the first half of the first suspect segment and nothing else, and hands the other
   half to the consumer REST, delivery counts kept (XCLAIM ... JUSTID);
 - a REST segment is read whole by a later run: if it kills that run too, it is suspect again;
-- a segment whose entries have had their max_retries + 1 deliveries is read whole: reading it only
-  makes them dead letters.
+- a run that reads a single entry and nothing else counts one read alone for it (`alone_field` in
+  the drain's failures hash) before it claims it. An entry read alone more than max_retries times
+  has died alone max_retries times: the claim makes it a `max_retries` dead letter, unread by the
+  transform (`claim.retries_run_out`). An acknowledged entry's count is deleted with it.
 
 A segment is a run of pending entries, idle past min_idle_ms, of one kind and one delivery count, so
-the pieces of earlier splits stay apart. A message that kills every run is delivered max_retries + 1
-times and takes at most batch_cap / 2**(max_retries - 1) entries into the DLQ with it (replayable),
-not the batch. The pending list itself (who holds an entry, how often it was delivered) is the whole
-record: nothing else is kept. Everything above the I/O helpers at the end is pure.
+the pieces of earlier splits stay apart. A message that kills every run is read by at most
+`isolation.crash_loop_runs(batch_cap, max_retries)` runs and ends in the DLQ alone; its neighbours
+are published. Everything above the I/O helpers at the end is pure.
 """
 
 from __future__ import annotations
@@ -31,10 +28,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
+from deltadrain.isolation import read_width
+
 REST = "deltadrain-rest"  # the consumer holding the untried halves of split segments
 RELEASED = "deltadrain-released"  # entries runs that stopped cleanly handed back (acknowledge.release)
 SUSPECT, RESTING, CULPRIT, HANDED_BACK = "suspect", "rest", "culprit", "released"
-SPLIT_FROM = 2  # deliveries: the first redelivery of a dead run's entries is whole
+SPLIT_FROM = 1  # deliveries: a dead run's entries are split from their first redelivery
 PAGE = 1_000  # XPENDING entries per call
 
 
@@ -91,17 +90,26 @@ class Split:
 
     segment: Segment
     read: tuple[tuple[str, str, int], ...]
-    how: str  # FIRST_HALF, REST_OF_SPLIT or USED_UP
+    how: str  # FIRST_HALF or REST_OF_SPLIT
 
     @property
     def marks_rest(self) -> bool:
-        return self.how == FIRST_HALF
+        return self.how == FIRST_HALF and sum(n for _, _, n in self.read) < self.segment.entries
+
+    @property
+    def alone(self) -> tuple[str, str] | None:
+        """(stream, id) of the one entry the run reads, when it reads one entry only."""
+        if sum(n for _, _, n in self.read) == 1:
+            stream, first, _ = self.read[0]
+            return stream, first
+        return None
 
     def summary(self) -> list[dict]:
-        return [{**piece, "read": self.how} for piece in self.segment.as_json()]
+        how = ALONE if self.alone else self.how
+        return [{**piece, "read": how} for piece in self.segment.as_json()]
 
 
-FIRST_HALF, REST_OF_SPLIT, USED_UP = "first half", "whole: the rest of a split", "whole: deliveries used up"
+FIRST_HALF, REST_OF_SPLIT, ALONE = "first half", "whole: the rest of a split", "alone"
 
 
 def first_entries(segment: Segment, n: int) -> tuple[tuple[str, str, int], ...]:
@@ -116,7 +124,7 @@ def first_entries(segment: Segment, n: int) -> tuple[tuple[str, str, int], ...]:
     return tuple(out)
 
 
-def choose(found: Iterable[Segment], max_attempts: int) -> Split | None:
+def choose(found: Iterable[Segment]) -> Split | None:
     """The split a run reads, or None for an ordinary batch (new entries, idle ones reclaimed whole).
     The first REST segment or suspect segment in (stream, id) order decides: the earliest pieces are
     settled first, as Kafka's checkpoint settles its ranges in offset order."""
@@ -124,9 +132,8 @@ def choose(found: Iterable[Segment], max_attempts: int) -> Split | None:
         if seg.kind == RESTING:
             return Split(seg, first_entries(seg, seg.entries), REST_OF_SPLIT)
         if seg.kind == SUSPECT and seg.deliveries >= SPLIT_FROM:
-            if seg.deliveries >= max_attempts:  # one more delivery is past max_retries + 1
-                return Split(seg, first_entries(seg, seg.entries), USED_UP)
-            return Split(seg, first_entries(seg, max(1, seg.entries // 2)), FIRST_HALF)
+            n = read_width(seg.entries, seg.deliveries, inside=False)
+            return Split(seg, first_entries(seg, n), FIRST_HALF)
     return None
 
 
@@ -173,11 +180,20 @@ def reclaimable(client, streams: Iterable[str], group: str, min_idle_ms: int, fa
         start = "-"
 
 
-def find_split(client, streams: Iterable[str], group: str, min_idle_ms: int, failures_key: str, own: str,
-               max_attempts: int) -> Split | None:
+def find_split(client, streams: Iterable[str], group: str, min_idle_ms: int, failures_key: str,
+               own: str) -> Split | None:
     entries = ((s, i, n, kind) for s, i, n, kind, _ in
                reclaimable(client, streams, group, min_idle_ms, failures_key, own))
-    return choose(segments(entries), max_attempts)
+    return choose(segments(entries))
+
+
+def count_alone(client, split: Split, failures_key: str) -> int:
+    """Before the claim of a split that reads one entry: one more read alone for it (`alone_field`).
+    Counted first, so that a run killed while it reads the entry is counted. Returns the count."""
+    from deltadrain.claim import alone_field
+
+    stream, entry = split.alone
+    return int(client.hincrby(failures_key, alone_field(stream, entry), 1))
 
 
 def mark_rest(client, split: Split, group: str, min_idle_ms: int, failures_key: str, own: str) -> int:

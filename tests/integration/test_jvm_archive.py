@@ -1,5 +1,6 @@
-"""The class-data archive on real parts: built by a real training drain (its own Valkey and lake),
-mapped by a driver that spark-submit starts with the project's conf, and harmless when it is broken."""
+"""The class-data archive on real parts: the one `make install` built by a real training drain (its own
+Valkey and lake), mapped by a driver that spark-submit starts with the project's conf; a training
+killed half way; and harmless when it is broken."""
 
 from __future__ import annotations
 
@@ -55,7 +56,7 @@ def _processes_naming(text: str) -> list[str]:
 
 
 @pytest.mark.slow
-def test_a_real_training_drain_builds_the_archive_that_a_submitted_driver_maps(tmp_path, monkeypatch):
+def test_a_training_killed_in_its_second_batch_leaves_no_archive_and_nothing_running(tmp_path, monkeypatch):
     cds = tmp_path / "cds"
     cds.mkdir()
     stale = cds / "drain-0123456789abcdef0123.jsa"  # another JDK's or jar set's
@@ -64,8 +65,8 @@ def test_a_real_training_drain_builds_the_archive_that_a_submitted_driver_maps(t
     (tmp_path / "tmp").mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))  # the training's state home and Valkey
 
-    # A training SIGKILLed in its second batch: no archive, and nothing of it left running that could
-    # write one later (its JVM) or hold a port (its Valkey).
+    # No archive, and nothing of it left running that could write one later (its JVM) or hold a port
+    # (its Valkey); an older archive stays until a training succeeds.
     monkeypatch.setenv("DELTADRAIN_FAILPOINT", "after_claim")
     monkeypatch.setenv("DELTADRAIN_FAILPOINT_SKIP", "1")
     with pytest.raises(jvm_archive.ArchiveError, match="exited -9 without an archive"):
@@ -73,11 +74,17 @@ def test_a_real_training_drain_builds_the_archive_that_a_submitted_driver_maps(t
     time.sleep(2)
     assert sorted(p.name for p in cds.iterdir()) == sorted([stale.name, jvm_archive.archive_path().with_suffix(".log").name])
     assert _processes_naming(str(tmp_path)) == [] and list((tmp_path / "tmp").iterdir()) == []
-    monkeypatch.delenv("DELTADRAIN_FAILPOINT")
 
-    path, built = jvm_archive.build()
-    assert built and path.parent == cds and path.stat().st_size > 50 * 2**20
-    assert not stale.exists() and not list(cds.glob("*.partial"))
+
+@pytest.mark.slow
+def test_the_archive_make_install_trained_is_current_and_a_submitted_driver_maps_it(tmp_path):
+    """`make install` trains the archive with a real drain (`deltadrain jvm-archive`): this test reads
+    what that training left instead of training again."""
+    path = jvm_archive.archive_path()
+    assert path is not None and path.is_file(), (
+        f"no class-data archive at {path}: `make install` builds it (or `.venv/bin/deltadrain jvm-archive`)")
+    assert path.stat().st_size > 50 * 2**20 and not list(path.parent.glob("*.partial"))
+    assert [p.name for p in path.parent.glob("drain-*.jsa")] == [path.name]  # older ones were removed
     # The training drained every batch for real, dead letters included.
     runs = [json.loads(line) for line in path.with_suffix(".log").read_text().splitlines()
             if line.startswith('{"pipeline"')]

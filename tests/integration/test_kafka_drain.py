@@ -57,8 +57,10 @@ def make_kafka_pipeline(tmp_path, partitions: int = 4, **overrides):
     name = f"k_{uuid.uuid4().hex[:8]}"
     pipe = next(p for p in data["pipelines"] if p["source"]["kind"] == "kafka")
     pipe["name"] = name
+    # field_or_offset: these tests count the payloads without an id as published under their place
+    # (FALLBACK_KINDS); the example's `field` dead-letters them (its own test).
     pipe["source"].update({"topic": name, "partitions": partitions, "group": f"{name}-group",
-                           **overrides.pop("source", {})})
+                           "id_from": "field_or_offset", **overrides.pop("source", {})})
     pipe["target"]["path"] = name
     pipe.pop("quality", None)
     pipe.update(overrides)
@@ -513,20 +515,21 @@ def test_poison_message_holds_its_partition_for_max_retries_runs_then_is_dead(tm
 
 
 @pytest.mark.slow
-def test_a_message_that_kills_every_run_is_isolated_by_bisection_and_dead_after_max_retries_deaths(tmp_path, cfg,
-                                                                                                  spark):
+def test_a_message_that_kills_every_run_is_isolated_by_bisection_and_dead_alone(tmp_path, cfg, spark):
     """Kafka has no delivery count: a run killed by a message (SIGKILL from inside its transform, as a
-    crash or an out-of-memory kill would) leaves only its claim notice. The next runs count it, read
-    half of the dead run's range, and the message dies with max_retries + 1 runs, not forever."""
-
+    crash or an out-of-memory kill would) leaves only its claim notice. The next runs count it and read
+    half of the dead run's range at a time; a run that read the one message alone and died counts a
+    death alone. The message is dead after max_retries of those, read by at most
+    isolation.crash_loop_runs runs; every other message is published."""
+    from deltadrain.isolation import crash_loop_runs
     from tests.integration.crash_transform import CRASH_MARKER
 
-    path, c, p = make_kafka_pipeline(tmp_path, partitions=1, batch_cap=16, max_retries=2, min_idle_ms=0,
+    path, c, p = make_kafka_pipeline(tmp_path, partitions=1, batch_cap=8, max_retries=2, min_idle_ms=0,
                                      transform="tests.integration.crash_transform.crash_on_marker")
-    messages = [m for m in generate(p, 60, seed=91) if m.kind == "valid"][:40]
-    crasher = 21
+    messages = [m for m in generate(p, 40, seed=91) if m.kind == "valid"][:20]
+    crasher = 11
     payloads = send_marked(c, p, messages, crasher, CRASH_MARKER)
-    assert end_offsets(c, p) == {"0": "40"}
+    assert end_offsets(c, p) == {"0": "20"}
 
     runs, seen = [], []
     while lake_checkpoint(spark, c, p).positions != end_offsets(c, p):
@@ -541,38 +544,29 @@ def test_a_message_that_kills_every_run_is_isolated_by_bisection_and_dead_after_
         s = summary_of(out)
         assert s["outcome"] == "committed", s
         runs.append(s)
-    # The message killed exactly max_retries + 1 runs; the runs after a death read less than the cap.
-    assert runs.count("killed") == p.max_retries + 1, runs
-    narrowed = [r for r in runs if r != "killed" and r["dead_runs"]]
-    assert len(narrowed) == 4 and all(r["claimed"] < p.batch_cap for r in narrowed)
-    # [0, 16) commits; [16, 32) dies; its first half [16, 24) dies; [16, 20) commits; the rest of that
-    # half [20, 24) dies a third time; then [20, 24) are dead letters unread by the transform, and the
-    # rest of [16, 32) and the cap again.
+    # [0, 8) commits; [8, 16) dies; its first half [8, 12) dies; [8, 10) commits; the rest [10, 12) dies;
+    # [10, 11) commits; [11, 12) alone dies twice (max_retries 2); then it is a dead letter unread by the
+    # transform; [12, 16), the piece no run died on since, half at a time; the last 4.
     assert [r if r == "killed" else (r["claimed"], r["dead_lettered"]) for r in runs] == [
-        (16, 0), "killed", "killed", (4, 0), "killed", (4, 4), (4, 0), (4, 0), (8, 0)], runs
-    # Status names the offsets dead runs read once a run has counted them (a notice's own run only
-    # once it is stale and older than min_idle_ms: it may be a long batch still running).
-    assert seen == [[], [{"partition": 0, "offsets": [16, 32], "runs": 1}],
-                    [{"partition": 0, "offsets": [16, 24], "runs": 2}, {"partition": 0, "offsets": [24, 32], "runs": 1}]]
-    assert runs[3]["dead_runs"] == seen[2]
-    assert runs[5]["dead_runs"] == [{"partition": 0, "offsets": [20, 24], "runs": 3},
-                                    {"partition": 0, "offsets": [24, 32], "runs": 1}]
-    # It is a dead letter with its bytes and why; the others it took with it are few, next to it,
-    # and dead letters too (replayable); every other message is published once.
+        (8, 0), "killed", "killed", (2, 0), "killed", (1, 0), "killed", "killed", (1, 1), (2, 0), (2, 0), (4, 0)], runs
+    assert runs.count("killed") + 1 == crash_loop_runs(p.batch_cap, p.max_retries)
+    # Status names the ranges under suspicion once a run has counted them (a notice's own run only once
+    # it is stale and older than min_idle_ms: it may be a long batch still running).
+    assert seen[:2] == [[], [{"partition": 0, "offsets": [8, 16], "runs": 1, "alone": 0}]]
+    assert seen[4] == [{"partition": 0, "offsets": [11, 12], "runs": 4, "alone": 1},
+                       {"partition": 0, "offsets": [12, 16], "runs": 1, "alone": 0}]
+    assert runs[8]["dead_runs"] == [{"partition": 0, "offsets": [11, 12], "runs": 5, "alone": 2},
+                                    {"partition": 0, "offsets": [12, 16], "runs": 1, "alone": 0}]
+    # It alone is a dead letter, with its bytes and why; every other message is published once.
     dead = dlq_rows(spark, c, p)
-    by_offset = {int(r.position): r for r in dead}
-    assert crasher in by_offset and len(dead) <= p.batch_cap >> p.max_retries
-    assert sorted(by_offset) == list(range(min(by_offset), max(by_offset) + 1))
-    assert {r.error_type for r in dead} == {"max_retries"}
-    assert {r.attempts for r in dead} == {p.max_retries + 2}  # max_retries + 1 dead runs, then this one
-    assert "drain runs that died or failed before committing" in by_offset[crasher].error
-    assert bytes(by_offset[crasher].original) == payloads[crasher]
+    assert [int(r.position) for r in dead] == [crasher] and dead[0].error_type == "max_retries"
+    assert "every run that read this message alone died before committing: 2 runs" in dead[0].error
+    assert bytes(dead[0].original) == payloads[crasher]
     ids = target_ids(spark, c, p)
-    assert len(ids) == len(set(ids)) and set(ids).isdisjoint({messages[o].key for o in by_offset})
-    assert sorted(ids) == sorted(m.key for o, m in enumerate(messages) if o not in by_offset)
+    assert sorted(ids) == sorted(m.key for o, m in enumerate(messages) if o != crasher)
     # Nothing is left in the record once the lake has passed it.
     checkpoint = lake_checkpoint(spark, c, p)
-    assert checkpoint.meta.get("crashes") is None and checkpoint.positions == {"0": "40"}
+    assert checkpoint.meta.get("crashes") is None and checkpoint.positions == {"0": "20"}
     assert pipeline_status(c, p, spark)["dead_runs"] == []
     assert drain(c, p, spark=spark).outcome == "empty"
 
@@ -642,10 +636,10 @@ def test_a_run_airflow_kills_in_a_hanging_transform_is_counted_and_the_message_d
     from deltadrain.spark import spark_submit_command
     from tests.integration.hang_transform import FLAG_ENV, HANG_MARKER
 
-    path, c, p = make_kafka_pipeline(tmp_path, partitions=1, batch_cap=16, max_retries=1, min_idle_ms=0,
+    path, c, p = make_kafka_pipeline(tmp_path, partitions=1, batch_cap=4, max_retries=1, min_idle_ms=0,
                                      transform="tests.integration.hang_transform.hang_on_marker")
-    messages = [m for m in generate(p, 30, seed=93) if m.kind == "valid"][:16]
-    hangs = 5
+    messages = [m for m in generate(p, 30, seed=93) if m.kind == "valid"][:4]
+    hangs = 1
     payloads = send_marked(c, p, messages, hangs, HANG_MARKER)
     conf, group, topic = kafka_client_conf(c, p), p.source.group, p.source.topic
     job = str(PROJECT_ROOT / "spark_jobs" / "drain.py")
@@ -672,23 +666,27 @@ def test_a_run_airflow_kills_in_a_hanging_transform_is_counted_and_the_message_d
         return notice
 
     first = killed_while_hanging("hang-1")
-    assert first["range"] == [0, 16] and first["crashes"] == {}
+    assert first["range"] == [0, 4] and first["crashes"] == {} and first["width"] == 4
     second = killed_while_hanging("hang-2")  # it counted the first and read the first half only
-    assert second["range"] == [0, 8] and second["crashes"]["seg"] == [[0, 16, 1, first["since_ms"]]]
+    assert second["range"] == [0, 2] and second["crashes"]["seg"] == [[0, 4, 1, first["since_ms"]]]
     assert second["crashes"]["counted"] == ["hang-1"]
-    # max_retries 1: two dead runs used up [0, 8); they are dead letters, not run through the transform.
+    s = drain(c, p, spark=spark)  # [0, 2) died twice: its first half alone, which does not hang
+    assert (s.outcome, s.claimed, s.written) == ("committed", 1, 1), s.line()
+    third = killed_while_hanging("hang-3")  # the rest of [0, 2): the hanging message alone
+    assert third["range"] == [1, 2] and third["width"] == 1
+    # max_retries 1: one death alone and it is a dead letter, not run through the transform again.
     s = drain(c, p, spark=spark)
-    assert (s.outcome, s.claimed, s.dead_lettered, s.written) == ("committed", 8, 8, 0), s.line()
-    assert s.dead_runs == [{"partition": 0, "offsets": [0, 8], "runs": 2}, {"partition": 0, "offsets": [8, 16], "runs": 1}]
+    assert (s.outcome, s.claimed, s.dead_lettered, s.written) == ("committed", 1, 1, 0), s.line()
+    assert s.dead_runs == [{"partition": 0, "offsets": [1, 2], "runs": 3, "alone": 1},
+                           {"partition": 0, "offsets": [2, 4], "runs": 1, "alone": 0}]
     rest = [drain(c, p, spark=spark) for _ in range(3)]
-    assert [(r.outcome, r.claimed) for r in rest] == [("committed", 4), ("committed", 4), ("empty", 0)]
+    assert [(r.outcome, r.claimed) for r in rest] == [("committed", 1), ("committed", 1), ("empty", 0)]
     dead = {int(r.position): r for r in dlq_rows(spark, c, p)}
-    assert sorted(dead) == list(range(8)) and {r.error_type for r in dead.values()} == {"max_retries"}
-    assert {r.attempts for r in dead.values()} == {p.max_retries + 2}
+    assert sorted(dead) == [hangs] and dead[hangs].error_type == "max_retries"
     assert bytes(dead[hangs].original) == payloads[hangs]
     ids = target_ids(spark, c, p)
-    assert sorted(ids) == sorted(m.key for m in messages[8:])
-    assert lake_checkpoint(spark, c, p).positions == {"0": "16"} and not running("spark_jobs/drain.py", "hang-")
+    assert sorted(ids) == sorted(m.key for i, m in enumerate(messages) if i != hangs)
+    assert lake_checkpoint(spark, c, p).positions == {"0": "4"} and not running("spark_jobs/drain.py", "hang-")
 
 
 def test_offsets_checkpoint_survives_delta_log_checkpoint_and_cleanup(tmp_path, cfg, spark):

@@ -403,27 +403,28 @@ def test_messages_the_transform_filters_out_are_counted_in_the_summary_commit_an
 
 
 @pytest.mark.slow
-def test_a_message_that_kills_every_run_is_isolated_by_splitting_and_dead_after_max_retries_plus_one_deliveries(
-        tmp_path, cfg, spark):
+def test_a_message_that_kills_every_run_is_isolated_by_splitting_and_dead_alone(tmp_path, cfg, spark):
     """A Valkey claim is a delivery, so runs killed by a message (SIGKILL from inside the transform, as
-    a crash or an out-of-memory kill would) raise the delivery counts of their batch. The first
-    redelivery is whole; from the second, runs read half of what runs died on and hand the other half
-    to REST (valkey_crashes). The crasher is dead after max_retries + 1 deliveries and takes
-    16 / 2**(max_retries - 1) entries with it, not the batch; the stream goes on."""
-    from deltadrain.valkey_crashes import FIRST_HALF, REST, REST_OF_SPLIT, USED_UP
+    a crash or an out-of-memory kill would) leave their entries pending. Each run after a death reads
+    half of what died (valkey_crashes), the other half waits with REST; a run that reads one entry
+    alone counts it. The crasher is dead once runs that read it alone died max_retries times; every
+    other entry is published, and the crasher was read by at most isolation.crash_loop_runs runs."""
+    from deltadrain.drain import failures_key
+    from deltadrain.isolation import crash_loop_runs
+    from deltadrain.valkey_crashes import ALONE, FIRST_HALF, REST, REST_OF_SPLIT
     from tests.integration.crash_transform import CRASH_MARKER
 
-    path, c, p = make_pipeline(tmp_path, partitions=1, batch_cap=16, max_retries=3, min_idle_ms=0,
+    path, c, p = make_pipeline(tmp_path, partitions=1, batch_cap=8, max_retries=2, min_idle_ms=0,
                                transform="tests.integration.crash_transform.crash_on_marker")
     client = valkey_client(c, p)
-    messages = [m for m in generate(p, 40, seed=97) if m.kind == "valid"][:24]
+    messages = [m for m in generate(p, 30, seed=97) if m.kind == "valid"][:12]
     payloads = [m.value for m in messages]
     payloads[5] = json.dumps({**json.loads(payloads[5]), "status": CRASH_MARKER}).encode()
     stream, group = p.source.streams[0], p.source.group
     ids = [client.xadd(stream, {b"data": value}).decode() for value in payloads]
     runs = []
     while pending(client, p) or not runs or runs[-1] == "killed" or runs[-1]["outcome"] != "empty":
-        assert len(runs) < 12, runs
+        assert len(runs) < 14, runs
         proc = cli_drain(path, p.name)
         out, err = proc.communicate(timeout=600)
         if proc.returncode == -9:
@@ -431,33 +432,37 @@ def test_a_message_that_kills_every_run_is_isolated_by_splitting_and_dead_after_
         else:
             assert proc.returncode == 0, err[-3000:]
             runs.append(summary_of(out))
-        if len(runs) == 3:
-            # The third run read the first half of the 16 the first two died on, and handed the rest to
-            # REST, delivered twice; the reaper leaves REST alone. Status names both.
+        if len(runs) == 4:
+            # [4, 8) died read whole as a rest, and its first half [4, 6) died: [6, 8) waits with REST,
+            # delivered twice; the reaper leaves REST alone. Status names both as under suspicion.
             pel = _pel(client, stream, group)
-            assert {i: pel[i][:2] for i in ids[8:16]} == {i: (REST, 2) for i in ids[8:16]}
-            assert {pel[i][1] for i in ids[:8]} == {3}
-            assert reap(c, p, client)["taken_over"] == 8
-            assert {i for i, (owner, _, _) in _pel(client, stream, group).items() if owner == REST} == set(ids[8:16])
+            assert {i: pel[i][:2] for i in ids[6:8]} == {i: (REST, 2) for i in ids[6:8]}
+            assert {pel[i][1] for i in ids[4:6]} == {3}
+            assert reap(c, p, client)["taken_over"] == 2
             splits = pipeline_status(c, p, spark)["splits"]
-            assert [(x["ids"], x["entries"], x["deliveries"], x["kind"]) for x in splits] == [
-                ([ids[0], ids[7]], 8, 3, "suspect"), ([ids[8], ids[15]], 8, 2, "rest")]
-    # Killed with 16 (delivery 1), 16 (2), the first 8 (3); their first 4 land (4); the next 4, read
-    # whole as REST, kill a run (4); then they are used up: 4 dead letters; the REST 8 land; the 8 new.
+            assert [(x["ids"], x["entries"], x["deliveries"], x["kind"], x["alone"]) for x in splits] == [
+                ([ids[4], ids[5]], 2, 3, "suspect", 0), ([ids[6], ids[7]], 2, 2, "rest", 0)]
+        if len(runs) == 7:  # the crasher died alone twice: status says so before it is a dead letter
+            splits = pipeline_status(c, p, spark)["splits"]
+            assert (splits[0]["ids"], splits[0]["entries"], splits[0]["alone"]) == ([ids[5], ids[5]], 1, 2)
+    # Killed with 8; their first half [0, 4) lands; the rest [4, 8), read whole, dies; its first half
+    # [4, 6) dies; [4] alone lands; [5] alone dies twice (max_retries 2), then is a dead letter unread
+    # by the transform; the REST [6, 8) lands; then the 4 new entries.
     assert [r if r == "killed" else (r["claimed"], r["dead_lettered"], r["written"]) for r in runs] == [
-        "killed", "killed", "killed", (4, 0, 4), "killed", (4, 4, 0), (8, 0, 8), (8, 0, 8), (0, 0, 0)], runs
+        "killed", (4, 0, 4), "killed", "killed", (1, 0, 1), "killed", "killed", (1, 1, 0), (2, 0, 2), (4, 0, 4),
+        (0, 0, 0)], runs
     assert [{x["read"] for x in r["dead_runs"]} for r in runs if r != "killed"] == [
-        {FIRST_HALF}, {USED_UP}, {REST_OF_SPLIT}, set(), set()]
+        {FIRST_HALF}, {ALONE}, {ALONE}, {REST_OF_SPLIT}, set(), set()]
+    # Runs that read the crasher: 8, 4, 2, then alone twice and once more as a dead letter.
+    assert runs.count("killed") + 1 == crash_loop_runs(p.batch_cap, p.max_retries)
     dead = {r.position: r for r in dlq_rows(spark, c, p)}
-    assert sorted(dead, key=StreamId.parse) == ids[4:8]
-    assert {r.error_type for r in dead.values()} == {"max_retries"}
-    assert {r.attempts for r in dead.values()} == {p.max_retries + 2}
-    assert "delivered 5 times without a committed batch" in dead[ids[5]].error
-    assert "died or were stopped before committing" in dead[ids[5]].error
+    assert list(dead) == [ids[5]] and dead[ids[5]].error_type == "max_retries"
+    assert "every run that read this message alone died before committing: 2 runs" in dead[ids[5]].error
     assert bytes(dead[ids[5]].original) == payloads[5]
-    assert sorted(target_ids(spark, c, p)) == sorted(m.key for i, m in enumerate(messages) if not 4 <= i < 8)
+    assert sorted(target_ids(spark, c, p)) == sorted(m.key for i, m in enumerate(messages) if i != 5)
     assert pending(client, p) == 0
     assert pipeline_status(c, p, spark)["splits"] == []
+    assert client.hlen(failures_key(p.name)) == 0  # the counts alone went with their entries
 
 
 def test_a_split_across_streams_reads_the_first_half_in_stream_order_then_the_rest_whole_then_new_entries(

@@ -249,17 +249,23 @@ def status_output(monkeypatch, capsys, pipeline: str, source: str, **fields) -> 
     return capsys.readouterr().out
 
 
-def test_kafka_status_names_the_offsets_runs_died_reading(monkeypatch, capsys):
+def test_kafka_status_names_the_ranges_under_suspicion(monkeypatch, capsys):
     out = status_output(monkeypatch, capsys, "clicks", "kafka",
-                        dead_runs=[{"partition": 0, "offsets": [16, 24], "runs": 2}])
-    assert ("DEAD RUNS: partition 0 offsets [16, 24) were read by 2 runs that died before committing; the next "
-            "run reads less there (past max_retries + 1: dead letters)") in out
+                        dead_runs=[{"partition": 0, "offsets": [16, 24], "runs": 2, "alone": 0},
+                                   {"partition": 0, "offsets": [24, 25], "runs": 4, "alone": 2}])
+    assert ("UNDER SUSPICION: partition 0 offsets [16, 24) (8 offsets) were read by 2 runs that died before "
+            "committing, 0 of them with one message alone; the next runs read it half at a time (max_retries "
+            "deaths alone: a dead letter)") in out
+    assert "partition 0 offsets [24, 25) (1 offsets) were read by 4 runs that died before committing, 2 of them" in out
 
 
-def test_valkey_status_names_the_entries_runs_died_on(monkeypatch, capsys):
+def test_valkey_status_names_the_entries_under_suspicion(monkeypatch, capsys):
     out = status_output(monkeypatch, capsys, "orders", "valkey", CLAIMED=12, splits=[
-        {"partition": "s0", "ids": ["5-0", "8-0"], "entries": 4, "deliveries": 4, "kind": "suspect"},
-        {"partition": "s0", "ids": ["9-0", "17-0"], "entries": 8, "deliveries": 2, "kind": "rest"}])
-    assert ("DEAD RUNS: stream s0 ids 5-0 .. 8-0 (4 entries, delivered 4 times): runs died on them before "
-            "committing; the next runs read them a part at a time (past max_retries + 1: dead letters)") in out
-    assert "DEAD RUNS: stream s0 ids 9-0 .. 17-0 (8 entries, delivered 2 times, the untried half of a split)" in out
+        {"partition": "s0", "ids": ["5-0", "8-0"], "entries": 4, "deliveries": 4, "kind": "suspect", "alone": 0},
+        {"partition": "s0", "ids": ["9-0", "17-0"], "entries": 8, "deliveries": 2, "kind": "rest", "alone": 0},
+        {"partition": "s0", "ids": ["20-0", "20-0"], "entries": 1, "deliveries": 6, "kind": "suspect", "alone": 2}])
+    assert ("UNDER SUSPICION: stream s0 ids 5-0 .. 8-0 (4 entries, delivered 4 times, 0 runs died reading one "
+            "alone): runs died on them before committing; the next runs read them half at a time (max_retries "
+            "deaths alone: a dead letter)") in out
+    assert "stream s0 ids 9-0 .. 17-0 (8 entries, delivered 2 times, the untried half of a split, 0 runs" in out
+    assert "stream s0 ids 20-0 .. 20-0 (1 entries, delivered 6 times, 2 runs died reading one alone)" in out

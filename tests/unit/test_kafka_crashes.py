@@ -48,7 +48,7 @@ def test_the_notice_of_the_run_that_committed_the_checkpoint_is_no_dead_run():
 
 def test_a_young_notice_may_be_a_slow_run_it_is_carried_and_counted_once_old_enough():
     young = settle(DeadRuns(), [], notice("r1", 0, 16, 1_000), 0, NOW, MIN_IDLE)
-    assert not young.record and young.earlier == [{"run": "r1", "range": [0, 16], "since_ms": NOW - 1_000}]
+    assert not young.record and young.earlier == [{"run": "r1", "range": [0, 16], "since_ms": NOW - 1_000, "width": 16}]
     # The next run's notice carried it; that run died too. Later both are old enough: two dead runs.
     later = NOW + MIN_IDLE
     carried = read_notice(claim_notice("r2", 0, 8, NOW, crashes=young.record.as_json(), earlier=young.earlier))
@@ -97,44 +97,45 @@ def test_damaged_records_are_no_records():
         (2, 3, 1, 0),)
 
 
-def test_bisection_isolates_a_crasher_in_max_retries_plus_one_deaths():
-    """Drive the decisions as runs would: a message at offset 21 kills every run that reads it."""
-    crasher, end, cap, max_retries = 21, 40, 16, 2
-    lake, position, deaths, dead_letters, runs = DeadRuns(), 0, 0, [], 0
-    while position < end:
-        runs += 1
-        assert runs < 20
-        ranges = bisect({0: (position, min(end, position + cap))}, {0: lake}, max_retries)
-        lo, hi = ranges[0]
-        spent = [o for o in range(lo, hi) if used_up(lake.runs_at(o), 0, max_retries)]
-        if lo <= crasher < hi and crasher not in spent:
-            deaths += 1
-            lake = lake.with_dead_run(f"run{runs}", lo, hi, runs)
-            continue
-        dead_letters += spent
-        position = hi
-        lake = lake.passed(position)
-    assert deaths == max_retries + 1
-    assert crasher in dead_letters and len(dead_letters) <= cap >> max_retries
-    assert dead_letters == list(range(dead_letters[0], dead_letters[-1] + 1))
+def test_a_run_of_one_offset_that_dies_is_a_death_alone_and_a_commit_forgets_it():
+    r = DeadRuns().with_dead_run("a", 16, 32, 100).with_dead_run("b", 16, 17, 200, alone=True)
+    assert r.alone == ((16, 1),) and r.alone_at(16) == 1 and r.alone_at(17) == 0
+    assert r.with_dead_run("c", 16, 18, 300, alone=True).alone == ((16, 1),)  # two offsets: not alone
+    assert r.merged(DeadRuns()).alone == r.alone and DeadRuns().merged(r).alone == r.alone
+    assert DeadRuns.from_json(json.loads(json.dumps(r.as_json()))) == r
+    assert r.passed(17).alone == ()
 
 
-def test_a_crash_unrelated_to_the_data_costs_two_smaller_runs():
+def test_a_notice_counts_alone_only_when_its_whole_run_read_one_offset():
+    one = settle(DeadRuns(), [], notice("r1", 7, 8, MIN_IDLE, width=1), 7, NOW, MIN_IDLE)
+    assert one.record.alone == ((7, 1),)
+    # The same range in a run that read other partitions too: no death alone.
+    wide = settle(DeadRuns(), [], notice("r1", 7, 8, MIN_IDLE, width=9), 7, NOW, MIN_IDLE)
+    assert wide.record.alone == () and wide.record.runs_at(7) == 1
+    young = settle(DeadRuns(), [], notice("r1", 7, 8, 1_000, width=1), 7, NOW, MIN_IDLE)
+    assert young.earlier[0]["width"] == 1
+    later = settle(DeadRuns(), young.earlier, None, 7, NOW + MIN_IDLE, MIN_IDLE)
+    assert later.record.alone == ((7, 1),)
+
+
+def test_bisect_reads_one_partition_half_at_a_time_and_a_crash_unrelated_to_the_data_costs_two_runs():
     lake = DeadRuns().with_dead_run("r1", 0, 16, 0)
-    assert bisect({0: (0, 16), 1: (5, 9)}, {0: lake}, 3) == {0: (0, 8), 1: (5, 9)}
-    assert bisect({0: (8, 24)}, {0: lake.passed(8)}, 3) == {0: (8, 16)}  # the rest of it
-    assert bisect({0: (16, 32)}, {0: lake.passed(16)}, 3) == {0: (16, 32)}  # then the cap again
-    assert bisect({0: (0, 16)}, {0: DeadRuns(((0, 1, 1, 0),))}, 3) == {0: (0, 1)}  # one message alone
+    # Partition 1 waits: a run that dies must be counted against the one range it read.
+    assert bisect({0: (0, 16), 1: (5, 9)}, {0: lake}) == {0: (0, 8)}
+    assert bisect({0: (8, 24)}, {0: lake.passed(8)}) == {0: (8, 16)}  # the rest of it, whole
+    assert bisect({0: (16, 32), 1: (5, 9)}, {0: lake.passed(16)}) == {0: (16, 32), 1: (5, 9)}  # then all again
+    assert bisect({0: (0, 16)}, {0: DeadRuns(((0, 1, 1, 0),))}) == {0: (0, 1)}  # one message alone
+    assert bisect({0: (3, 9), 2: (0, 4)}, {2: DeadRuns(((0, 4, 1, 0),))}) == {2: (0, 2)}
 
 
-def test_used_up_counts_dead_runs_and_failed_transform_runs_together():
-    assert not used_up(0, 9, 3)  # no dead run: the transform path decides
-    assert not used_up(3, 0, 3) and used_up(4, 0, 3)
-    assert not used_up(2, 1, 3) and used_up(2, 2, 3)
+def test_used_up_counts_deaths_alone_and_failed_transform_runs_together():
+    assert not used_up(0, 9, 3)  # no death alone: the transform path decides
+    assert not used_up(2, 0, 3) and used_up(3, 0, 3)
+    assert not used_up(1, 1, 3) and used_up(1, 2, 3)
 
 
 def test_a_used_up_message_is_a_max_retries_dead_letter_and_is_not_decoded():
-    lake = DeadRuns(((5, 7, 3, 1_700_000_000_000),), ("r",))
+    lake = DeadRuns(((5, 6, 3, 1_700_000_000_000), (6, 7, 3, 1_700_000_000_000)), ("r",), ((5, 2), (6, 2)))
     c = DecodeContext(topic="clicks", fields={"event_id": "string", "amount": "double"}, id_field="event_id",
                       required=["event_id"], max_bytes=1000, id_from="field", id_header=None,
                       dead_runs={0: lake}, max_retries=2)
@@ -155,7 +156,8 @@ def test_a_used_up_message_is_a_max_retries_dead_letter_and_is_not_decoded():
     assert [r["_dd_message_id"] for r in rows[1:3]] == [None, "clicks-0-2"]
     dead = rows[1]
     assert dead["event_id"] is None and dead["_dd_original"] == b'{"event_id": "e5", "amount": 1}'
-    assert "read by 3 drain runs that died" in dead["_dd_error"] and "offsets [5, 7)" in dead["_dd_error"]
+    assert "every run that read this message alone died before committing: 2 runs" in dead["_dd_error"]
+    assert "partition 0 offset 5" in dead["_dd_error"]
     assert dead["_dd_first_failure_at"] == datetime.fromtimestamp(1_700_000_000, UTC)
     assert rows[0]["event_id"] == "e4" and rows[3]["event_id"] == "e7"
 

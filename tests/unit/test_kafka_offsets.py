@@ -137,7 +137,10 @@ def kafka_row(c: DecodeContext, part, offset, ts, key, value, headers, replay_id
 def test_kafka_rows_ids_from_field_key_header_and_the_offset_fallback():
     row = kafka_row(ctx(), 0, 5, TS, b"k", b'{"event_id": "e1", "amount": 2}', [])
     assert row[:8] == ("0", "5", 5, 0, TS, 3, False, "e1") and row[8] is None and row[-2:] == ("e1", 2.0)
-    assert kafka_row(ctx(), 0, 6, TS, None, b'{"amount": 2}', [])[7] == "clicks-0-6"
+    # id_from: field (the default) has no fallback: a payload without its id is a dead letter.
+    missing = kafka_row(ctx(), 0, 6, TS, None, b'{"amount": 2}', [])
+    assert missing[7] is None and missing[8] == "missing_id" and "'event_id' is missing" in missing[9]
+    assert kafka_row(ctx(id_from="field_or_offset"), 0, 6, TS, None, b'{"amount": 2}', [])[7] == "clicks-0-6"
     key = kafka_row(ctx(id_from="key"), 1, 6, TS, b"from-key", b'{"event_id": "e1", "amount": 2}', [])
     assert key[7] == "from-key" and key[-2] == "from-key"
     assert kafka_row(ctx(id_from="key"), 1, 7, TS, None, b'{"amount": 2}', [])[7] == "clicks-1-7"  # null key
@@ -151,20 +154,24 @@ def test_kafka_rows_ids_from_field_key_header_and_the_offset_fallback():
 def test_a_replayed_copy_without_an_id_of_its_own_takes_the_dead_letters_id():
     # The copy sits at partition 0, offset 90; the dead letter it copies had the id of its place, 3@41.
     copy = b"clicks-3-41"
-    assert kafka_row(ctx(), 0, 90, TS, None, b'{"amount": 2}', [], copy)[7] == "clicks-3-41"
-    assert kafka_row(ctx(), 0, 90, TS, None, None, [], copy)[7] == "clicks-3-41"  # a tombstone's too
+    offsets = ctx(id_from="field_or_offset")
+    assert kafka_row(offsets, 0, 90, TS, None, b'{"amount": 2}', [], copy)[7] == "clicks-3-41"
+    assert kafka_row(offsets, 0, 90, TS, None, None, [], copy)[7] == "clicks-3-41"  # a tombstone's too
     # An id of its own wins, and an unreadable or empty replay id is ignored.
-    assert kafka_row(ctx(), 0, 90, TS, None, b'{"event_id": "e1", "amount": 2}', [], copy)[7] == "e1"
+    assert kafka_row(offsets, 0, 90, TS, None, b'{"event_id": "e1", "amount": 2}', [], copy)[7] == "e1"
     hdr = ctx(id_from="header", id_header="id")
     assert kafka_row(hdr, 0, 90, TS, None, b'{"amount": 1}', [{"key": "id", "value": b"h-1"}], copy)[7] == "h-1"
     assert kafka_row(hdr, 0, 90, TS, None, b'{"amount": 1}', [], copy)[7] == "clicks-3-41"
     for junk in (b"", b"\xff\xfe"):
-        assert kafka_row(ctx(), 0, 90, TS, None, b'{"amount": 2}', [], junk)[7] == "clicks-0-90"
+        assert kafka_row(offsets, 0, 90, TS, None, b'{"amount": 2}', [], junk)[7] == "clicks-0-90"
+    # Under id_from: field a copy without the id field is what its original was: a dead letter.
+    assert kafka_row(ctx(), 0, 90, TS, None, b'{"amount": 2}', [], copy)[8] == "missing_id"
 
 
 def test_kafka_bad_records_become_dead_letters_with_a_reason():
-    tomb = kafka_row(ctx(), 0, 1, TS, b"k", None, [])
+    tomb = kafka_row(ctx(id_from="field_or_offset"), 0, 1, TS, b"k", None, [])
     assert tomb[8:10] == ("tombstone", TOMBSTONE) and tomb[7] == "clicks-0-1"
+    assert kafka_row(ctx(), 0, 1, TS, b"k", None, [])[7:10] == (None, "tombstone", TOMBSTONE)
     bad_key = kafka_row(ctx(id_from="key"), 0, 2, TS, b"\xff\xfe", b'{"amount": 1}', [])
     assert bad_key[8] == "invalid_utf8" and "key is not valid UTF-8" in bad_key[9]
     wrong = kafka_row(ctx(), 0, 3, TS, None, b'{"event_id": "e", "amount": "x"}', [])
@@ -226,7 +233,7 @@ def test_a_per_partition_error_in_a_committed_answer_is_raised():
 def test_a_claim_notice_reads_back_and_other_metadata_is_no_notice():
     text = claim_notice("run-1", 20, 40, 1_700_000_000_000)
     assert len(text) < 200  # far under the broker's offset.metadata.max.bytes (4096)
-    assert read_notice(text) == {"run": "run-1", "range": [20, 40], "since_ms": 1_700_000_000_000,
+    assert read_notice(text) == {"run": "run-1", "range": [20, 40], "since_ms": 1_700_000_000_000, "width": 20,
                                  "crashes": {}, "earlier": []}
     for other in (None, "", "lag-tool v2", "[1, 2]", '{"deltadrain_claim": 3}', '{"x": {"run": "a"}}',
                   '{"deltadrain_claim": {"run": "a", "range": [1], "since_ms": 0}}',

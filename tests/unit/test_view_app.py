@@ -157,12 +157,15 @@ def test_the_page_names_the_offsets_runs_died_reading():
 
     v = {"pipeline": "clicks", "source": "kafka", "partitions": ["0", "1"], "PENDING": 0, "CLAIMED": 0,
          "last_batches": [], "dead_letters": [],
-         "dead_runs": [{"partition": 0, "offsets": [16, 24], "runs": 2}, {"partition": 1, "offsets": [3, 5000],
-                                                                         "runs": 1}]}
+         "dead_runs": [{"partition": 0, "offsets": [16, 24], "runs": 2, "alone": 0},
+                       {"partition": 1, "offsets": [3, 5000], "runs": 1, "alone": 0},
+                       {"partition": 1, "offsets": [5000, 5001], "runs": 5, "alone": 2}]}
     render = _templates().get_template("pipeline.html.j2").render
     died = render(v=v, state="DEAD", triggered=[], replay_dag="r").split('id="dead-runs"')[1].split("</span>")[0]
-    assert "partition\n0 offsets [16, 24) (2 runs), partition\n1 offsets [3, 5,000) (1 run)." in died
-    assert "max_retries + 1" in died
+    assert ("Under suspicion: partition\n0 offsets [16, 24) (8 wide,\n2 runs died reading it), partition\n1 offsets "
+            "[3, 5,000) (4,997 wide,\n1 run died reading it), partition\n1 offsets [5,000, 5,001) (1 wide,\n5 runs "
+            "died reading it, 2 with one message alone).") in died
+    assert "Nothing is dead-lettered for that; a message alone in max_retries runs that died is." in died
     assert 'id="dead-runs"' not in render(v={**v, "dead_runs": []}, state="DEAD", triggered=[], replay_dag="r")
 
 
@@ -172,12 +175,15 @@ def test_the_page_names_the_entries_valkey_runs_died_on():
     v = {"pipeline": "orders", "source": "valkey", "partitions": ["s0"], "PENDING": 0, "CLAIMED": 12,
          "last_batches": [], "dead_letters": [],
          "splits": [{"partition": "s0", "ids": ["5-0", "8-0"], "entries": 4, "deliveries": 4, "kind": "suspect"},
-                    {"partition": "s0", "ids": ["9-0", "17-0"], "entries": 8, "deliveries": 2, "kind": "rest"}]}
+                    {"partition": "s0", "ids": ["9-0", "17-0"], "entries": 8, "deliveries": 2, "kind": "rest"},
+                    {"partition": "s0", "ids": ["20-0", "20-0"], "entries": 1, "deliveries": 7, "kind": "suspect",
+                     "alone": 3}]}
     render = _templates().get_template("pipeline.html.j2").render
     left = render(v=v, state="DEAD", triggered=[], replay_dag="r").split('id="splits"')[1].split("</span>")[0]
-    assert ("stream\ns0 ids 5-0 .. 8-0 (4 entries, delivered 4 times), stream\ns0 ids 9-0 .. 17-0 (8 entries, "
-            "delivered 2 times, the untried half of a split).") in left
-    assert "max_retries + 1 deliveries" in left
+    assert ("Under suspicion: stream\ns0 ids 5-0 .. 8-0 (4 entries, delivered 4 times), stream\ns0 ids 9-0 .. 17-0 "
+            "(8 entries, delivered 2 times, the untried half of a split), stream\ns0 ids 20-0 .. 20-0 (1 entries, "
+            "delivered 7 times, 3 runs died reading one alone).") in left
+    assert "a message alone in max_retries runs that died is" in left
     assert 'id="splits"' not in render(v={**v, "splits": []}, state="DEAD", triggered=[], replay_dag="r")
 
 

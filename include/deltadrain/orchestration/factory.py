@@ -49,12 +49,6 @@ def ingest_dag(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> DAG:
     af = pipeline.airflow
     # An interval timetable: every run has a data interval, which is what a backfill run re-reads.
     schedule = CronDataIntervalTimetable(pipeline.schedule, timezone="UTC") if pipeline.schedule else None
-    # Kafka runs after a dead one read half of its range (kafka_crashes); Valkey ones after the second
-    # dead run on the same entries (valkey_crashes: the first redelivery is whole).
-    halves = (" (each run after one reads half of its range, so few go with the culprit)"
-              if pipeline.source.kind == "kafka" else
-              " (from the second such run on the same entries, the next runs read them half at a time, so few go "
-              "with the culprit)")
     doc = (f"Drains **{pipeline.name}** ({pipeline.source.kind}) into `{cfg.target_path(pipeline)}` "
            f"exactly once; dead letters in `{cfg.dlq_path(pipeline)}`.\n\n"
            "- a scheduled or manual run waits for new messages, stuck claims or a gap, then drains one batch, or up "
@@ -64,9 +58,10 @@ def ingest_dag(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> DAG:
            "the live checkpoint does not move and nothing is acknowledged;\n"
            "- a gap (messages the source deleted before a commit held them) is recorded by the next commit; "
            "under `on_gap: fail` it first stops the runs, until you trigger one with **Accept gaps** on;\n"
-           "- a drain task that dies (a crash, its `execution_timeout`, out of memory) counts an attempt for "
-           f"what it was reading; after `max_retries` + 1 such runs those messages are dead letters{halves}, so a "
-           "message that kills every run cannot stop the pipeline.")
+           "- a drain task that dies (a crash, its `execution_timeout`, out of memory, a worker restart) convicts "
+           "nothing: the runs after it read half of what it read at a time, and only a message that was alone in "
+           f"`max_retries` runs that died is a dead letter, so a message that kills every run cannot stop the "
+           "pipeline and takes no other message with it.")
     with DAG(
         dag_id=ingest_dag_id(pipeline.name),
         schedule=schedule,
