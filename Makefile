@@ -39,10 +39,12 @@ jvm-archive: jars
 demo: install
 	$(BIN)/deltadrain demo
 
-# The whole suite, slow end-to-end tests included (CI runs exactly this).
+# The whole suite, slow end-to-end tests included (CI runs exactly this), on two workers: each has
+# its own services, Spark session and Airflow DB (tests/conftest.py). TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= 2
 test: install
 	$(BIN)/ruff check .
-	DELTADRAIN_REQUIRE_ALL_TESTS=1 $(BIN)/pytest
+	DELTADRAIN_REQUIRE_ALL_TESTS=1 $(BIN)/pytest -n $(TEST_WORKERS) --dist worksteal
 
 # The quick loop while developing: skips the slow end-to-end tests.
 test-fast: install

@@ -1,7 +1,8 @@
 """Session fixtures: real embedded Valkey and Kafka, a real Spark session, an isolated state home.
 
-Every test session gets its own DELTADRAIN_HOME and free ports, so a developer's running demo
-services are never touched and two test sessions never collide.
+Every test session, and every pytest-xdist worker of one (`make test` runs two), gets its own
+DELTADRAIN_HOME, free ports and Airflow DB, so a developer's running demo services are never touched
+and two sessions or workers never collide.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ def free_port() -> int:
 # binary), an xfail, or one deselected (-m, -k, or the same through PYTEST_ADDOPTS) fails the
 # session, so a green run never hides tests that did not run.
 REQUIRE_ALL = "DELTADRAIN_REQUIRE_ALL_TESTS"
+GIVEN = "DELTADRAIN_TEST_GIVEN_AIRFLOW_SETTINGS"
 
 
 def not_run(stats: dict) -> dict[str, int]:
@@ -63,9 +65,12 @@ def pytest_configure(config):
     from deltadrain.config import load_config
     from deltadrain.services import airflow_env
 
+    # Settings the developer gave are kept. Those this hook set in the process that started pytest-xdist's
+    # workers are set again in each worker: a worker has a home, ports and Airflow DB of its own.
+    given = os.environ.setdefault(GIVEN, ",".join(k for k in os.environ if k.startswith("AIRFLOW")))
     for key, value in airflow_env(load_config()).items():
         # The DB stays the default under AIRFLOW_HOME, so that subprocesses with another home get theirs.
-        if key.startswith("AIRFLOW") and key != "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN" and key not in os.environ:
+        if key.startswith("AIRFLOW") and key != "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN" and key not in given.split(","):
             os.environ[key] = value
 
 

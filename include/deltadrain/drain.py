@@ -48,7 +48,7 @@ from deltadrain.positions import merge_positions
 from deltadrain.secrets import credentials
 from deltadrain.stage import BatchStats, Staged, stage
 from deltadrain.transforms import identity, load_transform
-from deltadrain.valkey_crashes import Split, count_alone, find_split, mark_rest
+from deltadrain.valkey_crashes import Split, count_alone, find_split, mark_rest, uncount_alone
 
 # What a run that stops on a gap (on_gap: fail) tells the operator, for either source.
 GO_ON_PAST = ("Nothing was committed. To go on past them, with the next commit recording them, trigger one run "
@@ -242,6 +242,7 @@ def find_culprits(indexed, n: int, evaluate) -> list[tuple[int, str]]:
         except DrainError:
             raise
         except Exception as exc:
+            failpoints.reraise_abandon(exc)
             return error_line(exc)
         return None
 
@@ -419,19 +420,33 @@ class Drain:
 
     def run(self) -> RunSummary:
         started = self._last = time.monotonic()
+        abandoned = False
         try:
             self._run()
+        except BaseException as exc:
+            if abandoned := failpoints.abandons(exc):
+                self._abandon()
+                raise failpoints.Abandoned(failpoints.ABANDON) from None
+            raise
         finally:
-            self.summary.seconds = round(time.monotonic() - started, 3)
-            shutil.rmtree(self.scratch, ignore_errors=True)
-            self._finish()
-            s = self.summary
-            run_logger(s.pipeline, s.run_id, s.batch, source=self.pipeline.source.kind).info(
-                "%s", fields(step="end", outcome=s.outcome, claimed=s.claimed, written=s.written,
-                             dead_lettered=s.dead_lettered, acked=s.acked, seconds=s.seconds, error=s.error))
-            # Best effort (never raises): one row per run in the metrics table, failed runs included.
-            record_run_safely(self.spark, self.cfg, self.pipeline, self.summary, backlog=self.backlog_total)
+            if not abandoned:
+                self._end(started)
         return self.summary
+
+    def _abandon(self) -> None:
+        """A run stopped as a SIGKILL stops it (failpoints.ABANDON): nothing is cleaned up."""
+
+    def _end(self, started: float) -> None:
+        """Every run's end, committed or not: its scratch, cleanup, the last log line and metrics row."""
+        self.summary.seconds = round(time.monotonic() - started, 3)
+        shutil.rmtree(self.scratch, ignore_errors=True)
+        self._finish()
+        s = self.summary
+        run_logger(s.pipeline, s.run_id, s.batch, source=self.pipeline.source.kind).info(
+            "%s", fields(step="end", outcome=s.outcome, claimed=s.claimed, written=s.written,
+                         dead_lettered=s.dead_lettered, acked=s.acked, seconds=s.seconds, error=s.error))
+        # Best effort (never raises): one row per run in the metrics table, failed runs included.
+        record_run_safely(self.spark, self.cfg, self.pipeline, self.summary, backlog=self.backlog_total)
 
     def _run(self) -> None:
         raise NotImplementedError
@@ -572,6 +587,7 @@ class Drain:
         except DrainError:
             raise
         except Exception as exc:
+            failpoints.reraise_abandon(exc)
             rows.unpersist()
             return None, error_line(exc)
         return rows, BatchStats.of(row)
@@ -593,6 +609,7 @@ class ValkeyDrain(Drain):
             raise DrainError(f"pipeline '{pipeline.name}' is not a Valkey pipeline")
         super().__init__(cfg, pipeline, spark, run_id)
         self.consumer = f"drain-{self.run_id}"
+        self.split: Split | None = None  # what runs that died left, when this run reads part of it
         self.client = valkey_client(cfg, pipeline)
         self.ctx = claim_context(cfg, pipeline, self.consumer)
 
@@ -663,7 +680,7 @@ class ValkeyDrain(Drain):
         self.stop_at_gaps(expected, checkpoint.positions)  # on_gap: fail, before anything is claimed
         staged = None
         # Nothing pending in the group: no run died on anything, and the pending list is not paged.
-        split = self.find_split() if any(pending for _, pending in counts.values()) else None
+        split = self.split = self.find_split() if any(pending for _, pending in counts.values()) else None
         if sum(quotas.values()):
             if split is not None and split.alone:
                 count_alone(self.client, split, self.ctx.failures_key)
@@ -698,8 +715,14 @@ class ValkeyDrain(Drain):
             return
         # Another writer is ahead, or the table went backwards: acknowledge nothing (invariant 5).
         if staged is not None:
-            s.released = release(staged.files, self.ctx)
+            s.released = self.release(staged)
         self.refuse(result, expected)
+
+    def release(self, staged: Staged) -> int:
+        """Hand this run's claims back (it stopped without dying). A read alone it counted was no death."""
+        if self.split is not None and self.split.alone:
+            uncount_alone(self.client, self.split, self.ctx.failures_key)
+        return release(staged.files, self.ctx)
 
     def find_split(self) -> Split | None:
         """What runs that died left pending, split (valkey_crashes): this run then reads that part
@@ -741,7 +764,7 @@ class ValkeyDrain(Drain):
         if not gaps:
             return
         if staged is not None:
-            s.released = release(staged.files, self.ctx)
+            s.released = self.release(staged)
         s.batch, s.positions = expected, positions
         s.gap_ranges, s.gaps = gaps, count(gaps)
         s.error = (f"entries were deleted from the source before this pipeline committed them: "

@@ -84,3 +84,24 @@ class InjectedFailure(RuntimeError):
 def fail(name: str) -> None:
     if _fires(name):
         raise InjectedFailure(f"failpoint {name}")
+
+
+# An in-process stand-in for a run's death, for the tests that need many of them in a row (the
+# crash loops): a test transform raises an error carrying ABANDON, and the run stops where it is, as
+# a SIGKILL stops it, its claims and claim notices left behind and none of its cleanup run. The real
+# SIGKILLs stay in the kill tests.
+ABANDON = "deltadrain-abandon-run"
+
+
+class Abandoned(BaseException):
+    """A run stopped as a SIGKILL stops it (BaseException: no `except Exception` handles it)."""
+
+
+def abandons(exc: BaseException) -> bool:
+    return isinstance(exc, Abandoned) or ABANDON in str(exc)
+
+
+def reraise_abandon(exc: BaseException) -> None:
+    """In a handler that would take a transform's error for the data's: let an abandon through."""
+    if abandons(exc):
+        raise Abandoned(ABANDON) from None

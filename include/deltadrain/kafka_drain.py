@@ -452,6 +452,10 @@ class KafkaDrain(Drain):
         self._notice = threading.Thread(target=notice, name=f"claim-notice-{self.run_id}", daemon=True)
         self._notice.start()
 
+    def _abandon(self) -> None:
+        """As before a SIGKILL, the claim notices are out (they land about when the read starts)."""
+        self._settle_notice()
+
     def _settle_notice(self) -> None:
         """Wait for the notices, so that they land before the group-offset commit. One that lands
         after it anyway (a broker slower than NOTICE_WAIT_S) claims nothing behind the lake's

@@ -196,6 +196,16 @@ def count_alone(client, split: Split, failures_key: str) -> int:
     return int(client.hincrby(failures_key, alone_field(stream, entry), 1))
 
 
+def uncount_alone(client, split: Split, failures_key: str) -> None:
+    """Take back `count_alone`'s count of a run that stopped without dying (it handed its claim back)."""
+    from deltadrain.claim import alone_field
+
+    stream, entry = split.alone
+    field = alone_field(stream, entry)
+    if int(client.hincrby(failures_key, field, -1)) <= 0:
+        client.hdel(failures_key, field)
+
+
 def mark_rest(client, split: Split, group: str, min_idle_ms: int, failures_key: str, own: str) -> int:
     """After this run claimed the first half: hand the rest of the segment (the entries in its pieces'
     ranges still idle and held by others) to REST, delivery counts and idleness kept (`claim_held`:

@@ -1,5 +1,7 @@
 """Transforms that kill their drain run on one message: what a message that crashes the process (a
-native library's fault, running out of memory) does to a run. The tests of dead runs use them."""
+native library's fault, running out of memory) does to a run. The tests of dead runs use them:
+`crash_on_marker` with a real SIGKILL through the CLI, `abandon_on_marker` in the test's process for
+the crash loops that need many deaths in a row (failpoints.ABANDON)."""
 
 CRASH_MARKER = "__crash__"
 
@@ -70,3 +72,20 @@ def crash_then_fail_on_marker(df):
             raise ValueError("the marker fails this run's transform")
 
     return _on_marker(df, kill_then_fail)
+
+
+def abandon_on_marker(df):
+    """Stops the run that meets the marker as a SIGKILL would, in the test's own process: the UDF
+    raises an error carrying failpoints.ABANDON, and the drain leaves its claims and claim notices
+    behind and cleans nothing up (deltadrain.failpoints.Abandoned reaches the caller)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StringType
+
+    from deltadrain.failpoints import ABANDON
+
+    def check(status):
+        if status == CRASH_MARKER:
+            raise RuntimeError(f"{ABANDON}: the marker stops this run")
+        return status
+
+    return df.withColumn("status", F.udf(check, StringType())(F.col("status")))

@@ -509,9 +509,9 @@ def test_kafka_drains_airflow_times_out_in_a_hanging_transform_are_counted_and_t
     path, c, p = make_kafka_pipeline(tmp_path, partitions=1, batch_cap=4, max_retries=1, min_idle_ms=0,
                                      transform="tests.integration.hang_transform.hang_on_marker",
                                      # A drain task's claim notice is on the group offset ~12 s after
-                                     # the task starts (this machine idle): 35 s leaves room for the
-                                     # runs the hang stops.
-                                     airflow={"retries": 0, "execution_timeout": 35, "max_drain_time": 30})
+                                     # the task starts (this machine idle): 45 s leaves room for the
+                                     # runs the hang stops while the other test worker is busy.
+                                     airflow={"retries": 0, "execution_timeout": 45, "max_drain_time": 30})
     monkeypatch.setenv("DELTADRAIN_CONFIG", str(path))
     # The drain's Python driver (spark-submit's child) imports the test transform from the checkout.
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
@@ -532,7 +532,7 @@ def test_kafka_drains_airflow_times_out_in_a_hanging_transform_are_counted_and_t
     # From here a run must finish whole batches: [0, 1), which does not hang, commits; the rest of [0, 2)
     # is the hanging message alone, which stops a run once more; then it is a dead letter (max_retries 1).
     data = yaml.safe_load(path.read_text())
-    data["pipelines"][0]["airflow"]["execution_timeout"] = 120
+    data["pipelines"][0]["airflow"]["execution_timeout"] = 60
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     states = []
     while not dlq_rows(spark, c, p):

@@ -514,18 +514,19 @@ def test_poison_message_holds_its_partition_for_max_retries_runs_then_is_dead(tm
     assert group_of(c, p)["1"] == poison_offset + 1
 
 
-@pytest.mark.slow
 def test_a_message_that_kills_every_run_is_isolated_by_bisection_and_dead_alone(tmp_path, cfg, spark):
-    """Kafka has no delivery count: a run killed by a message (SIGKILL from inside its transform, as a
-    crash or an out-of-memory kill would) leaves only its claim notice. The next runs count it and read
+    """Kafka has no delivery count: a run killed by a message (stopped from inside its transform as a
+    SIGKILL stops it, failpoints.ABANDON: the real SIGKILLs are the kill tests') leaves only its claim
+    notice. The next runs count it and read
     half of the dead run's range at a time; a run that read the one message alone and died counts a
     death alone. The message is dead after max_retries of those, read by at most
     isolation.crash_loop_runs runs; every other message is published."""
     from deltadrain.isolation import crash_loop_runs
     from tests.integration.crash_transform import CRASH_MARKER
+    from tests.integration.test_valkey_drain import run_or_killed
 
-    path, c, p = make_kafka_pipeline(tmp_path, partitions=1, batch_cap=8, max_retries=2, min_idle_ms=0,
-                                     transform="tests.integration.crash_transform.crash_on_marker")
+    _, c, p = make_kafka_pipeline(tmp_path, partitions=1, batch_cap=8, max_retries=2, min_idle_ms=0,
+                                  transform="tests.integration.crash_transform.abandon_on_marker")
     messages = [m for m in generate(p, 40, seed=91) if m.kind == "valid"][:20]
     crasher = 11
     payloads = send_marked(c, p, messages, crasher, CRASH_MARKER)
@@ -534,16 +535,12 @@ def test_a_message_that_kills_every_run_is_isolated_by_bisection_and_dead_alone(
     runs, seen = [], []
     while lake_checkpoint(spark, c, p).positions != end_offsets(c, p):
         assert len(runs) < 14, runs
-        proc = cli_drain(path, p.name)
-        out, err = proc.communicate(timeout=600)
-        if proc.returncode == -9:
-            runs.append("killed")
-            seen.append(pipeline_status(c, p, spark)["dead_runs"])  # what status shows after the kill
-            continue
-        assert proc.returncode == 0, err[-3000:]
-        s = summary_of(out)
-        assert s["outcome"] == "committed", s
+        s = run_or_killed(c, p, spark)
         runs.append(s)
+        if s == "killed":
+            seen.append(pipeline_status(c, p, spark)["dead_runs"])  # what status shows after the kill
+        else:
+            assert s["outcome"] == "committed", s
     # [0, 8) commits; [8, 16) dies; its first half [8, 12) dies; [8, 10) commits; the rest [10, 12) dies;
     # [10, 11) commits; [11, 12) alone dies twice (max_retries 2); then it is a dead letter unread by the
     # transform; [12, 16), the piece no run died on since, half at a time; the last 4.
