@@ -11,7 +11,7 @@ third run's claim (one more delivery each, toward max_retries and the DLQ).
 Both run in the driver over the staged claim files, reading only the partition, position and
 attempts columns, ACK_CHUNK rows at a time: the driver's memory stays bounded by the chunk, not the
 batch. As a Spark job this took about 1 s per warm 200 000-entry batch (up to 3 s), from the driver
-about 0.5 s (docs/benchmarks.md, "eighth round").
+about 0.5 s (docs/benchmarks.md, "Valkey drain throughput").
 """
 
 from __future__ import annotations

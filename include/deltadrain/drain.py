@@ -1,4 +1,4 @@
-"""One drain run, step by step (DESIGN.md "One drain run").
+"""One drain run, step by step (docs/contract.md, "One drain run").
 
 read checkpoint -> claim (Spark tasks) -> decode -> dead letters -> MERGE with the checkpoint
 -> compare-and-set outcome -> acknowledge (or release) -> summary. Every step's decision lives in a
@@ -573,7 +573,7 @@ class Drain:
 
     def count_filtered(self, good, stats: BatchStats) -> int:
         """The valid messages the transform kept no row for: one more pass over the staged rows (0.17 s
-        per 100 000, bench/filtered_count.py), paid only by pipelines with a transform."""
+        per 100 000, bench/filtered_count/filtered_count.py), paid only by pipelines with a transform."""
         return filtered_out(good.count(), stats.good)
 
     def _rows(self, good, batch: int):

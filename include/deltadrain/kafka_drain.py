@@ -1,4 +1,4 @@
-"""One drain run of a Kafka pipeline (DESIGN.md "One drain run (Kafka)").
+"""One drain run of a Kafka pipeline (docs/contract.md, "One drain run").
 
 read checkpoint (the lake) -> fix the offset ranges (watermarks, batch cap, gaps) -> read exactly
 those ranges with Spark's batch Kafka source, decoding in the same tasks -> dead letters -> MERGE

@@ -1,6 +1,6 @@
 """Kafka offsets: which range a run reads, which offsets retention took, and the group-offset commit.
 
-The lake is the source of truth (DESIGN.md "One drain run (Kafka)"): a partition's checkpoint is
+The lake is the source of truth (docs/contract.md, "One drain run"): a partition's checkpoint is
 the next offset to read (the exclusive end of the last committed range). The consumer-group
 offsets are written after each commit for lag tools and are never read back as truth.
 

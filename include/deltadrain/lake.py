@@ -54,7 +54,7 @@ def damaged_log(exc: BaseException) -> str | None:
     """What to do about a Delta commit file that fails Hadoop's checksum, or None for other errors.
 
     Before deltadrain's log store, two writers racing for one version could leave one's commit
-    beside Hadoop's checksum of the other's, and every read of the table then fails (README.md)."""
+    beside Hadoop's checksum of the other's, and every read of the table then fails (docs/operations.md)."""
     match = _CHECKSUM.search(str(exc))
     if match is None:
         return None
@@ -63,7 +63,7 @@ def damaged_log(exc: BaseException) -> str | None:
     return (f"the Delta table's commit {path} does not match Hadoop's checksum of it, {crc}. Two writers "
             f"racing for that version before deltadrain's log store leave exactly this: delete {crc} "
             f"(Hadoop's file, not Delta's {name[:-5]}.crc) and the table reads again; the commit that lost "
-            f"the race is gone, and for a target table a backfill over its time heals the gap (README.md, "
+            f"the race is gone, and for a target table a backfill over its time heals the gap (docs/operations.md, "
             f"log store). If no such race can have happened, the disk damaged the commit: restore it instead")
 
 

@@ -34,7 +34,7 @@ _opened: ContextVar[dict | None] = ContextVar("deltadrain_lakeview_opened", defa
 @contextmanager
 def one_read():
     """Within it, each table is opened once: a page's data reads share one snapshot of it, and the
-    log is listed once per table, not once per read (bench/view_reads.py). Its history is read once
+    log is listed once per table, not once per read (bench/view_reads/view_reads.py). Its history is read once
     too, from a table opened for it (`history`)."""
     token = _opened.set({})
     try:

@@ -1,4 +1,4 @@
-"""The compare-and-set outcome of a commit (seed 002), decided from what the table says afterwards."""
+"""The compare-and-set outcome of a commit (docs/contract.md, "One drain run", step 6), decided from what the table says afterwards."""
 
 from __future__ import annotations
 

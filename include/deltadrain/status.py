@@ -1,4 +1,4 @@
-"""Lifecycle counts of a pipeline (seed 004): PENDING, CLAIMED, PUBLISHED, DEAD, plus the checkpoint."""
+"""Lifecycle counts of a pipeline (docs/contract.md, "Lifecycle"): PENDING, CLAIMED, PUBLISHED, DEAD, plus the checkpoint."""
 
 from __future__ import annotations
 

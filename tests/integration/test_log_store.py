@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from py4j.protocol import Py4JJavaError
 
-from bench.log_store_race import DELTA_DEFAULT, new_store, race, write
+from bench.log_store.log_store_race import DELTA_DEFAULT, new_store, race, write
 from deltadrain.jars import LOG_STORE_CLASS
 from deltadrain.lake import damaged_log
 
@@ -80,7 +80,7 @@ def test_concurrent_delta_commits_go_through_it_and_none_is_lost(spark, tmp_path
 
 @pytest.mark.slow
 def test_a_stale_checksum_an_older_race_left_fails_reads_until_it_is_deleted(spark, tmp_path):
-    # The repair README.md gives for a table damaged before this store: the race left one writer's
+    # The repair docs/operations.md gives for a table damaged before this store: the race left one writer's
     # commit beside Hadoop's checksum of the other's, and deleting that checksum makes it readable.
     path = str(tmp_path / "t")
     spark.range(3).write.format("delta").save(path)
