@@ -78,7 +78,9 @@ def acknowledge(files: Iterable[str], ctx: ClaimContext, keep: frozenset = froze
         for stream, entries in staged_entries(files, keep):
             pipe = client.pipeline(transaction=False)
             pipe.xack(stream, ctx.group, *[position for position, _ in entries])
-            retried = [f(stream, position) for position, attempts in entries if attempts > 1
+            # Redelivered entries may have a recorded failure or count alone; so may a gap marker
+            # (attempts 0: an entry deleted while pending, met by a run that read it alone).
+            retried = [f(stream, position) for position, attempts in entries if attempts != 1
                        for f in (failure_field, alone_field)]
             if retried:
                 pipe.hdel(ctx.failures_key, *retried)

@@ -675,12 +675,15 @@ class ValkeyDrain(Drain):
         s.batch = batch
         counts = group_backlog(self.client, source)
         quotas = allocate(p.batch_cap, {stream: sum(c) for stream, c in counts.items()})
-        self.find_unread_gaps()  # before this run's XREADGROUP moves the group past them
+        # Nothing pending in the group: no run died on anything, and the pending list is not paged.
+        split = self.split = self.find_split() if any(pending for _, pending in counts.values()) else None
+        if split is None:
+            # Before this run's XREADGROUP moves the group past them. A split reads no new entries:
+            # the run that next does finds them, so that each is reported once.
+            self.find_unread_gaps()
         self._lap("checkpoint")
         self.stop_at_gaps(expected, checkpoint.positions)  # on_gap: fail, before anything is claimed
         staged = None
-        # Nothing pending in the group: no run died on anything, and the pending list is not paged.
-        split = self.split = self.find_split() if any(pending for _, pending in counts.values()) else None
         if sum(quotas.values()):
             if split is not None and split.alone:
                 count_alone(self.client, split, self.ctx.failures_key)

@@ -1163,26 +1163,32 @@ def _read_by_a_crashed_drain(tmp_path, produced: int, seed: int, deleted: int, o
 
 def test_an_entry_deleted_while_pending_is_reported_with_its_id(tmp_path, cfg, spark, capsys):
     from deltadrain.cli import main
+    from deltadrain.valkey_crashes import RELEASED, REST
 
     path, c, p, client, msgs, ids = _read_by_a_crashed_drain(tmp_path, 20, seed=102, deleted=4, on_gap="fail")
     stream = p.source.streams[0]
     # Under on_gap: fail the run that finds it (its XAUTOCLAIM drops it from the pending list) stops,
-    # commits nothing and releases all it claimed, the 10 new entries too; the next run stops before
-    # claiming anything.
+    # commits nothing and releases all it claimed: the first half of what the dead run held (split),
+    # the other half waiting with REST; the next run stops before claiming anything.
     for _ in range(2):
         with pytest.raises(DrainError, match=rf"ids {ids[4]} to {ids[4]} \(1 entry, deleted while pending\)"):
             drain(c, p, spark=spark)
         assert not (c.target_path(p) / "_delta_log").exists()
-        assert sorted(_pel(client, stream, p.source.group)) == sorted(ids[:4] + ids[5:])
-    # The operator accepts the loss for one run (the config keeps on_gap: fail).
+        pel = _pel(client, stream, p.source.group)
+        assert sorted(pel) == sorted(ids[:4] + ids[5:10])
+        assert {pel[i][0] for i in ids[:4]} == {RELEASED} and {pel[i][0] for i in ids[5:10]} == {REST}
+    # The operator accepts the loss for one run (the config keeps on_gap: fail). It reads the rest of
+    # the split and its commit carries the gap.
     capsys.readouterr()
     assert main(["--config", str(path), "drain", p.name, "--accept-gaps"]) == 0
     s = summary_of(capsys.readouterr().out)
-    # The deleted entry left the pending list with the failed run's XAUTOCLAIM: 19 to acknowledge.
-    assert (s["outcome"], s["reclaimed"], s["written"], s["acked"], s["gaps"]) == ("committed", 19, 19, 19, 1)
+    assert (s["outcome"], s["reclaimed"], s["written"], s["acked"], s["gaps"]) == ("committed", 5, 5, 5, 1)
     assert [(g["partition"], g["kind"], g["from"], g["to"], g["missing"], g["ids"]) for g in s["gap_ranges"]] == [
         (stream, "pending", ids[4], ids[4], 1, [ids[4]])]
     assert read_checkpoint(spark, str(c.target_path(p)), p.name).meta["gaps"] == s["gap_ranges"]
+    # Then what the failed runs handed back rides along with the new entries; the gap is not met again.
+    rest = drain(c, p, spark=spark)
+    assert (rest.outcome, rest.reclaimed, rest.written, rest.gap_ranges) == ("committed", 4, 14, [])
     assert sorted(target_ids(spark, c, p)) == sorted(m.key for i, m in enumerate(msgs) if i != 4)
     assert pending(client, p) == 0
     assert drain(c, p, spark=spark).gap_ranges == []  # carried by one commit, then forgotten
@@ -1244,8 +1250,8 @@ def test_deleting_or_trimming_acknowledged_entries_is_no_gap(tmp_path, cfg, spar
 
 @pytest.mark.slow
 def test_a_gap_found_by_a_run_that_dies_is_carried_by_the_next_commit(tmp_path, cfg, spark):
-    """The killed run's XREADGROUP moved the group past the trimmed entries and its XAUTOCLAIM dropped the
-    deleted pending one from the pending list: only its gap records can still tell of them."""
+    """The killed run's XAUTOCLAIM dropped the deleted pending entries it met from the pending list: only
+    its gap records can still tell of them."""
     path, c, p = make_pipeline(tmp_path, partitions=1, min_idle_ms=0, source={"on_gap": "continue"})
     client = valkey_client(c, p)
     stream = p.source.streams[0]
@@ -1258,13 +1264,24 @@ def test_a_gap_found_by_a_run_that_dies_is_carried_by_the_next_commit(tmp_path, 
     proc = cli_drain(path, p.name, {"DELTADRAIN_FAILPOINT": "after_claim"})
     _, err = proc.communicate(timeout=600)
     assert proc.returncode == -9 and fired("after_claim") in err, err[-3000:]
-    s = drain(c, p, spark=spark)
-    assert s.outcome == "committed" and s.written == 30
-    got = {g["kind"]: g for g in s.gap_ranges}
-    assert got["pending"]["ids"] == ids[:5] and got["pending"]["missing"] == 5 and s.gaps == 20
-    assert got["unread"]["missing"] == 15 and _covers(got["unread"], ids[5:20])
-    assert not _covers(got["unread"], ids[20:21])
-    assert read_checkpoint(spark, str(c.target_path(p)), p.name).meta["gaps"] == s.gap_ranges
+    # The next run reads part of what the dead runs held (split: their entries are pending, deleted
+    # or not), and its commit carries the deleted pending entries the killed run met.
+    first = drain(c, p, spark=spark)
+    assert first.outcome == "committed"
+    found = [i for g in first.gap_ranges if g["kind"] == "pending" for i in g["ids"]]
+    assert ids[:2] == found[:2]
+    assert read_checkpoint(spark, str(c.target_path(p)), p.name).meta["gaps"] == first.gap_ranges
+    runs = [first]
+    while runs[-1].outcome != "empty":
+        assert len(runs) < 8, [r.line() for r in runs]
+        runs.append(drain(c, p, spark=spark))
+    # Every gap once: the 5 deleted while pending, and the 15 trimmed before the group read them,
+    # found by the first run that read new entries.
+    reported = [i for r in runs for g in r.gap_ranges if g["kind"] == "pending" for i in g["ids"]]
+    assert sorted(reported, key=StreamId.parse) == ids[:5] and sum(r.gaps for r in runs) == 20
+    (unread,) = [g for r in runs for g in r.gap_ranges if g["kind"] == "unread"]
+    assert unread["missing"] == 15 and _covers(unread, ids[5:20]) and not _covers(unread, ids[20:21])
+    assert sum(r.written for r in runs) == 30
     assert sorted(target_ids(spark, c, p)) == sorted(m.key for m in msgs[20:])
 
 
@@ -1315,6 +1332,13 @@ def test_the_reaper_leaves_a_deleted_pending_entry_for_the_drain_to_report(tmp_p
     _, c, p, client, _, ids = _read_by_a_crashed_drain(tmp_path, 10, seed=106, deleted=6)
     report = reap(c, p, client)
     assert report["taken_over"] == 9 and report["consumers_removed"] == []  # it still holds the deleted one
-    s = drain(c, p, spark=spark)
-    assert s.written == 9 and [g["ids"] for g in s.gap_ranges] == [[ids[6]]]
+    # The dead run's 10 are read half at a time: the first 5, then the rest, where the deleted one (never
+    # handed to REST: only what the stream still has moves) is met and reported once.
+    runs = [drain(c, p, spark=spark)]
+    assert (runs[0].written, runs[0].gap_ranges) == (5, [])
+    while runs[-1].outcome != "empty":
+        assert len(runs) < 8, [r.line() for r in runs]
+        runs.append(drain(c, p, spark=spark))
+    assert sum(r.written for r in runs) == 9
+    assert [g["ids"] for r in runs for g in r.gap_ranges] == [[ids[6]]]
     assert pending(client, p) == 0
