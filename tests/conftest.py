@@ -63,7 +63,7 @@ def pytest_configure(config):
     # Airflow reads its settings when first imported: point it at this session's own home and DB
     # (the same environment the embedded `airflow standalone` gets).
     from deltadrain.config import load_config
-    from deltadrain.services import airflow_env
+    from deltadrain.embedded import airflow_env
 
     # Settings the developer gave are kept. Those this hook set in the process that started pytest-xdist's
     # workers are set again in each worker: a worker has a home, ports and Airflow DB of its own.
@@ -82,7 +82,7 @@ def cfg():
 
 
 def _service(cfg, name):
-    from deltadrain import services
+    from deltadrain.dev import services
 
     services.up(cfg, [name])
     yield services.FACTORIES[name](cfg)

@@ -9,10 +9,10 @@ each with a consumer group and a lake of its own, so that every run drains the s
 import sys
 from pathlib import Path
 
-from deltadrain import services
-from deltadrain.bench import _bench_config, _config_copy
 from deltadrain.config import load_config
-from deltadrain.produce import produce
+from deltadrain.dev import services
+from deltadrain.dev.bench import _bench_config, _config_copy
+from deltadrain.dev.produce import produce
 
 work = Path(sys.argv[1])
 work.mkdir(parents=True, exist_ok=True)

@@ -22,11 +22,11 @@ from pathlib import Path
 
 import yaml
 
-from deltadrain import services
 from deltadrain.config import load_config
+from deltadrain.dev import services
+from deltadrain.dev.produce import produce
 from deltadrain.jobs import SUMMARY_PREFIX
 from deltadrain.paths import PROJECT_ROOT
-from deltadrain.produce import produce
 from deltadrain.spark import spark_submit_command
 
 

@@ -7,10 +7,10 @@ import statistics
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from deltadrain import services
 from deltadrain.config import DeltadrainConfig, PipelineConfig, load_config
 from deltadrain.connections import kafka_client_conf
-from deltadrain.produce import ensure_topic, produce
+from deltadrain.dev import services
+from deltadrain.dev.produce import ensure_topic, produce
 
 
 @contextmanager

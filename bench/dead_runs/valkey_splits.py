@@ -26,11 +26,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "common"))  # bench
 
 from timing import median_ms
 
-from deltadrain import services
 from deltadrain.config import load_config
 from deltadrain.connections import valkey_client
+from deltadrain.dev import services
+from deltadrain.dev.produce import produce
 from deltadrain.drain import backlog, ensure_groups, failures_key
-from deltadrain.produce import produce
 from deltadrain.valkey_crashes import REST, find_split, mark_rest
 
 OWN = "drain-bench"

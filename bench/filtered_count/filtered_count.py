@@ -18,11 +18,11 @@ import statistics
 import sys
 import time
 
-from deltadrain import services
 from deltadrain.config import load_config
 from deltadrain.connections import valkey_client
+from deltadrain.dev import services
+from deltadrain.dev.produce import produce
 from deltadrain.drain import Drain, drain
-from deltadrain.produce import produce
 from deltadrain.spark import get_spark
 
 

@@ -16,12 +16,12 @@ import statistics
 import sys
 import time
 
-from deltadrain import services
 from deltadrain.config import load_config
 from deltadrain.connections import valkey_client
+from deltadrain.dev import services
+from deltadrain.dev.produce import produce
 from deltadrain.drain import ensure_groups
 from deltadrain.gaps import gaps_key, recorded, unread_gaps
-from deltadrain.produce import produce
 
 
 def main(count: int = 200_000, rounds: int = 300) -> dict:

@@ -20,7 +20,7 @@ import time
 import valkey
 
 from deltadrain.claim import READ_CHUNK, ClaimContext, read_new, read_new_past_gaps, reader
-from deltadrain.services import valkey_binary
+from deltadrain.dev.services import valkey_binary
 
 STREAM, GROUP = "bench:{0}", "g"
 

@@ -26,10 +26,10 @@ from pathlib import Path
 
 def run(config: str, batches: int, opts: str) -> dict:
     """One drain process: BATCHES batches under `opts`, measured batch by batch."""
-    from deltadrain.bench import own_cpu_seconds
     from deltadrain.config import load_config
+    from deltadrain.dev.bench import own_cpu_seconds
+    from deltadrain.dev.services.process import proc_stat
     from deltadrain.drain import drain
-    from deltadrain.services.process import proc_stat
     from deltadrain.spark import DEFAULT_CONF, get_spark
 
     cfg = load_config(config)
@@ -72,10 +72,10 @@ def summary(batches: list[dict]) -> dict | None:
 
 
 def main(workdir: Path, rounds: int, batches: int, cap: int, flag_sets: list[str]) -> dict:
-    from deltadrain import services
-    from deltadrain.bench import _bench_config, _config_copy, _machine
     from deltadrain.config import load_config
-    from deltadrain.produce import produce
+    from deltadrain.dev import services
+    from deltadrain.dev.bench import _bench_config, _config_copy, _machine
+    from deltadrain.dev.produce import produce
 
     workdir.mkdir(parents=True, exist_ok=True)
     config, name = _bench_config(workdir, 4, cap)

@@ -22,8 +22,8 @@ import time
 from deltadrain import quality, services
 from deltadrain.config import Expectation, QualityConfig, load_config
 from deltadrain.connections import valkey_client
+from deltadrain.dev.produce import produce
 from deltadrain.drain import drain
-from deltadrain.produce import produce
 from deltadrain.spark import get_spark
 
 

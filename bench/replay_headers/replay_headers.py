@@ -22,13 +22,13 @@ from pathlib import Path
 
 import yaml
 
-from deltadrain import services
 from deltadrain.config import load_config
 from deltadrain.connections import kafka_consumer_conf
+from deltadrain.dev import services
+from deltadrain.dev.produce import ensure_topic, produce
 from deltadrain.kafka_drain import read_ranges
 from deltadrain.kafka_offsets import watermarks
 from deltadrain.paths import PROJECT_ROOT
-from deltadrain.produce import ensure_topic, produce
 from deltadrain.spark import get_spark
 
 

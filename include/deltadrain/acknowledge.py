@@ -20,7 +20,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Iterator
 
 from deltadrain import failpoints
-from deltadrain.claim import ClaimContext, _client, alone_field, failure_field
+from deltadrain.claim import RELEASED, ClaimContext, _client, alone_field, failure_field
 from deltadrain.connections import as_text
 
 ACK_CHUNK = 2_000  # entries per XACK / XCLAIM call
@@ -95,8 +95,6 @@ def release(files: Iterable[str], ctx: ClaimContext) -> int:
     """Make the staged entries this run's consumer still holds reclaimable at once; leave the rest.
     They go to the consumer RELEASED: a run that stopped without dying handed them back, so the next
     run reclaims them whole instead of splitting them as a dead run's (valkey_crashes)."""
-    from deltadrain.valkey_crashes import RELEASED
-
     client = _client(ctx)
     done = 0
     try:

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from deltadrain.connections import as_text
+from deltadrain.connections import VALKEY_FIELD, as_text
 from deltadrain.decode import BatchDecoder
 from deltadrain.gaps import ZERO, carried_ends_of, deleted_while_pending, record, state_of, unread_gap
 from deltadrain.isolation import convicted, death_reason
@@ -26,6 +26,10 @@ from deltadrain.positions import StreamId
 # `unstorable_id_message`.
 MAX_SEQ = 2**63 - 1
 MAX_MS = 253_402_214_399_999  # 9999-12-30T23:59:59.999Z
+# Consumers of the group that are no run: the untried halves of split segments (valkey_crashes), and
+# what runs that stopped without dying handed back (acknowledge.release).
+REST = "deltadrain-rest"
+RELEASED = "deltadrain-released"
 READ_CHUNK = 5_000  # entries per XREADGROUP / XAUTOCLAIM call
 TASK_QUOTA = 50_000  # entries per Spark task: more tasks for a big stream share, same memory per task
 
@@ -126,8 +130,6 @@ class Entries:
     def unparsed(cls, stream: str, entries: list) -> Entries:
         """First deliveries (XREADGROUP >, or history reads with XRANGE), as a `reader` client returns
         them: [id, [field, value, ...]] each; attempt 1, nothing preset."""
-        from deltadrain.produce import VALKEY_FIELD
-
         n = len(entries)
         return cls(stream, [e[0].decode() for e in entries], [payload_of(e[1], VALKEY_FIELD) for e in entries],
                    [1] * n, [False] * n)
@@ -205,8 +207,6 @@ def _client(ctx: ClaimContext):
 
 def run_claim(task: ClaimTask, ctx: ClaimContext) -> Iterator[Entries]:
     """Executor side: claim up to task.quota entries of one stream, a chunk at a time."""
-    from deltadrain.produce import VALKEY_FIELD
-
     client = reader(ctx)
     got = 0
     if task.reclaim:

@@ -60,7 +60,7 @@ def _pipeline_session(args, purpose: str):
 
 @command("services")
 def _services(args) -> int:
-    from deltadrain import services
+    from deltadrain.dev import services
 
     cfg = load_config(args.config)
     only = args.only.split(",") if args.only else None
@@ -78,19 +78,19 @@ def _services(args) -> int:
 
 @command("pools")
 def _pools(args) -> int:
-    from deltadrain import services
+    from deltadrain.orchestration import pools
 
-    cfg, env = load_config(args.config), services.pools_env()
-    rows: list[dict] = [{"pool": n, "slots": 1} for n in services.ensure_airflow_pools(cfg, env)]
+    cfg, env = load_config(args.config), pools.pools_env()
+    rows: list[dict] = [{"pool": n, "slots": 1} for n in pools.ensure_airflow_pools(cfg, env)]
     if args.prune:
-        rows += [{"pool": n, "deleted": True} for n in services.prune_airflow_pools(cfg, env)]
+        rows += [{"pool": n, "deleted": True} for n in pools.prune_airflow_pools(cfg, env)]
     _print(rows, args.json)
     return 0
 
 
 @command("produce")
 def _produce(args) -> int:
-    from deltadrain.produce import produce
+    from deltadrain.dev.produce import produce
 
     cfg = load_config(args.config)
     result = produce(cfg, cfg.pipeline(args.pipeline), args.count, seed=args.seed,
@@ -314,7 +314,7 @@ def _dlq(args) -> int:
 
 @command("demo")
 def _demo(args) -> int:
-    from deltadrain.demo import run_demo
+    from deltadrain.dev.demo import run_demo
 
     run_demo(load_config(args.config), args.count)
     return 0
@@ -324,7 +324,7 @@ def _demo(args) -> int:
 def _bench(args) -> int:
     from pathlib import Path
 
-    from deltadrain.bench import run_bench, run_kafka_bench
+    from deltadrain.dev.bench import run_bench, run_kafka_bench
 
     workdir = Path(args.workdir) if args.workdir else None
     if args.source == "kafka":
@@ -355,11 +355,11 @@ def _jars(args) -> int:
 
 @command("jvm-archive")
 def _jvm_archive(args) -> int:
-    from deltadrain import jvm_archive
+    from deltadrain.dev import archive_training
 
     try:
-        path, built = jvm_archive.build(force=args.force)
-    except jvm_archive.ArchiveError as exc:
+        path, built = archive_training.build(force=args.force)
+    except archive_training.ArchiveError as exc:
         # Not a prerequisite: every drain still runs, its JVM only starts the slow way.
         print(f"warning: no class-data archive built, so Spark drivers start without one: {exc}", file=sys.stderr)
         return 0 if args.optional else 1

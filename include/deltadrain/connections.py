@@ -6,6 +6,8 @@ from deltadrain.config import DeltadrainConfig, KafkaSource, PipelineConfig, Val
 from deltadrain.positions import StreamId
 from deltadrain.secrets import credentials
 
+# The field of a Valkey stream entry that holds the message's payload (what producers XADD).
+VALKEY_FIELD = b"data"
 # librdkafka's codes for "no broker answered" (as opposed to a broker that answered with an error).
 KAFKA_UNREACHABLE = frozenset({"_TRANSPORT", "_ALL_BROKERS_DOWN", "_TIMED_OUT", "_RESOLVE"})
 KAFKA_LOGIN_REFUSED = frozenset({"_AUTHENTICATION", "SASL_AUTHENTICATION_FAILED"})
@@ -46,7 +48,7 @@ def group_counts(client, stream: str, group: str) -> tuple[int, int]:
 def valkey_url(cfg: DeltadrainConfig, source: ValkeySource) -> str:
     if source.url:
         return source.url
-    from deltadrain.services import ports
+    from deltadrain.embedded import ports
 
     return f"valkey://127.0.0.1:{ports(cfg).valkey}/0"
 
@@ -69,7 +71,7 @@ def valkey_client(cfg: DeltadrainConfig, pipeline: PipelineConfig, **kwargs):
 def kafka_bootstrap(cfg: DeltadrainConfig, source: KafkaSource) -> str:
     if source.bootstrap_servers:
         return source.bootstrap_servers
-    from deltadrain.services import ports
+    from deltadrain.embedded import ports
 
     return f"127.0.0.1:{ports(cfg).kafka}"
 

@@ -654,7 +654,7 @@ class ValkeyDrain(Drain):
         return self.spark.createDataFrame(dead, schema), pending
 
     def _originals(self, keys: list[tuple[str, str]]) -> dict[tuple[str, str], bytes]:
-        from deltadrain.produce import VALKEY_FIELD
+        from deltadrain.connections import VALKEY_FIELD
 
         pipe = self.client.pipeline(transaction=False)
         for stream, position in keys:

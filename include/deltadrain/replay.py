@@ -198,8 +198,7 @@ def over_maxlen(maxlen: int | None, sending: dict[str, int], unfinished: dict[st
 def _enqueue_valkey(cfg, pipeline, entries) -> None:
     from collections import Counter
 
-    from deltadrain.connections import group_counts, valkey_client
-    from deltadrain.produce import VALKEY_FIELD
+    from deltadrain.connections import VALKEY_FIELD, group_counts, valkey_client
 
     client = valkey_client(cfg, pipeline)
     # The stream's MAXLEN holds for replayed entries as for produced ones (approximate: whole nodes).

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
-from deltadrain.errors import PrerequisiteError
 from deltadrain.jars import LOG_STORE_CLASS, classpath
+from deltadrain.java import check_java, java_binary  # noqa: F401 (spark.java_binary: the JDK a driver starts)
 
 DELTA_CONF = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
@@ -41,33 +39,6 @@ DEFAULT_CONF = {
     "spark.databricks.delta.schema.autoMerge.enabled": "false",
     "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{LOG4J}",
 }
-
-
-def java_binary() -> str:
-    """The `java` Spark (and the Kafka broker) will start: $JAVA_HOME/bin/java when JAVA_HOME is set,
-    as spark-class does, else the one on PATH."""
-    if home := os.environ.get("JAVA_HOME"):
-        java = os.path.join(home, "bin", "java")
-        if not os.access(java, os.X_OK):
-            raise PrerequisiteError(f"JAVA_HOME={home} has no bin/java; point JAVA_HOME at a JDK 17 or newer, "
-                                    "or unset it to use the `java` on PATH.")
-        return java
-    java = shutil.which("java")
-    if java is None:
-        raise PrerequisiteError("Java 17 is needed by Spark and Kafka but `java` is not on PATH "
-                                "(Debian: `apt-get install -y openjdk-17-jdk-headless`).")
-    return java
-
-
-def check_java() -> str:
-    """The `java` to use, checked to be Java 17 or newer; a missing or old one names the fix."""
-    java = java_binary()
-    out = subprocess.run([java, "-version"], capture_output=True, text=True).stderr
-    if '"1.' in out or not any(f'"{v}' in out for v in range(17, 30)):
-        first = out.splitlines()[0] if out else "nothing"
-        raise PrerequisiteError(f"Java 17 or newer is needed; `{java} -version` says: {first} "
-                                "(Debian: `apt-get install -y openjdk-17-jdk-headless`, or set JAVA_HOME to a JDK 17).")
-    return java
 
 
 def spark_conf(extra: dict[str, str] | None = None) -> dict[str, str]:

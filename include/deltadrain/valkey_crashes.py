@@ -28,10 +28,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
+from deltadrain.claim import RELEASED, REST
 from deltadrain.isolation import read_width
 
-REST = "deltadrain-rest"  # the consumer holding the untried halves of split segments
-RELEASED = "deltadrain-released"  # entries runs that stopped cleanly handed back (acknowledge.release)
 SUSPECT, RESTING, CULPRIT, HANDED_BACK = "suspect", "rest", "culprit", "released"
 SPLIT_FROM = 1  # deliveries: a dead run's entries are split from their first redelivery
 PAGE = 1_000  # XPENDING entries per call

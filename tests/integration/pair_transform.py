@@ -2,7 +2,7 @@
 no single message explains the failure (say, a check across rows). Used by the Kafka test that a run
 failing on its batch is counted as an attempt, so that the range is halved until it commits."""
 
-from deltadrain.produce import event_id
+from deltadrain.dev.produce import event_id
 
 PAIR = (event_id(87, 10), event_id(87, 80))
 

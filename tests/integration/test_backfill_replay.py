@@ -13,9 +13,9 @@ import pytest
 from deltadrain.backfill import BackfillError, backfill
 from deltadrain.checkpoint import read_checkpoint
 from deltadrain.connections import as_text, valkey_client
+from deltadrain.dev.produce import MALFORMED_KINDS, generate, produce
 from deltadrain.drain import drain
 from deltadrain.errors import DeltadrainError
-from deltadrain.produce import MALFORMED_KINDS, generate, produce
 from deltadrain.replay import ReplayRequest, parse_request, replay
 from tests.integration.helpers import (
     assert_exactly_once,
@@ -295,8 +295,8 @@ def test_replayed_dead_letters_are_appended_under_the_streams_maxlen(tmp_path, v
     """config's maxlen is applied by every producer of a stream: replay's XADD trims as produce does
     (approximately: whole nodes of 100 entries go), and without maxlen it keeps everything. Entries
     the group has not drained yet are never what it trims: such a replay is refused, nothing sent."""
+    from deltadrain.dev.produce import VALKEY_FIELD
     from deltadrain.errors import DeltadrainError
-    from deltadrain.produce import VALKEY_FIELD
     from deltadrain.replay import _enqueue_valkey
 
     _, c, p = make_pipeline(tmp_path, partitions=1)
@@ -488,7 +488,7 @@ def test_a_kafka_backfill_does_not_duplicate_a_record_stamped_long_before_its_in
     from confluent_kafka import Producer
 
     from deltadrain.connections import kafka_client_conf
-    from deltadrain.produce import generate
+    from deltadrain.dev.produce import generate
     from tests.integration.test_kafka_drain import drain_until_done as drain_kafka
     from tests.integration.test_kafka_drain import make_kafka_pipeline
 

@@ -16,7 +16,7 @@ import time
 import pytest
 
 from deltadrain.connections import valkey_client
-from deltadrain.produce import MALFORMED_KINDS, produce
+from deltadrain.dev.produce import MALFORMED_KINDS, produce
 from tests.integration.helpers import (
     assert_exactly_once,
     cli_drain,

@@ -17,6 +17,7 @@ import yaml
 
 from deltadrain.checkpoint import read_checkpoint
 from deltadrain.connections import valkey_client
+from deltadrain.dev.produce import MALFORMED_KINDS, produce
 from deltadrain.orchestration.names import (
     MAINTENANCE_DAG,
     QUALITY_DAG,
@@ -27,7 +28,6 @@ from deltadrain.orchestration.names import (
     replay_quality_task_id,
     replay_task_id,
 )
-from deltadrain.produce import MALFORMED_KINDS, produce
 from tests.integration.helpers import ROOT, assert_exactly_once, dlq_rows, make_pipeline, pending, target_ids
 
 DAGS = ROOT / "dags"
@@ -167,7 +167,7 @@ def test_ingest_dag_reads_a_connection_kept_only_in_airflows_metadata_db(pipelin
     from airflow.models.connection import Connection
     from airflow.utils.session import create_session
 
-    from deltadrain.services import ports
+    from deltadrain.dev.services import ports
 
     admin = valkey.Valkey(port=ports(c).valkey)
     user, secret = f"ui_{p.name}", uuid.uuid4().hex
@@ -388,7 +388,7 @@ def test_a_savepoint_that_writes_holds_the_metadata_dbs_write_lock_from_its_star
     from pathlib import Path
 
     db = str(Path(airflow_db) / "airflow.db")
-    assert os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_SESSION_MAKER"] == "deltadrain.services.airflow_db.session_maker"
+    assert os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_SESSION_MAKER"] == "deltadrain.orchestration.airflow_db.session_maker"
     run = [sys.executable, "-c", READ_THEN_WRITE_IN_A_SAVEPOINT, db]
     done = subprocess.run(run, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and "written" in done.stdout, done.stderr[-3000:]
@@ -501,8 +501,8 @@ def test_kafka_drains_airflow_times_out_in_a_hanging_transform_are_counted_and_t
     goes on."""
 
     from deltadrain.connections import kafka_client_conf
+    from deltadrain.dev.produce import generate
     from deltadrain.kafka_offsets import committed, read_notice
-    from deltadrain.produce import generate
     from tests.integration.hang_transform import HANG_MARKER
     from tests.integration.test_kafka_drain import lake_checkpoint, make_kafka_pipeline, send_marked
 

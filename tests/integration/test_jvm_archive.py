@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from deltadrain import jvm_archive
+from deltadrain.dev import archive_training
 from deltadrain.spark import spark_submit_command
 
 # Runs under spark-submit: a Delta round trip, then which archives the driver JVM has mapped.
@@ -69,8 +70,8 @@ def test_a_training_killed_in_its_second_batch_leaves_no_archive_and_nothing_run
     # (its Valkey); an older archive stays until a training succeeds.
     monkeypatch.setenv("DELTADRAIN_FAILPOINT", "after_claim")
     monkeypatch.setenv("DELTADRAIN_FAILPOINT_SKIP", "1")
-    with pytest.raises(jvm_archive.ArchiveError, match="exited -9 without an archive"):
-        jvm_archive.build()
+    with pytest.raises(archive_training.ArchiveError, match="exited -9 without an archive"):
+        archive_training.build()
     time.sleep(2)
     assert sorted(p.name for p in cds.iterdir()) == sorted([stale.name, jvm_archive.archive_path().with_suffix(".log").name])
     assert _processes_naming(str(tmp_path)) == [] and list((tmp_path / "tmp").iterdir()) == []
@@ -89,9 +90,9 @@ def test_the_archive_make_install_trained_is_current_and_a_submitted_driver_maps
     runs = [json.loads(line) for line in path.with_suffix(".log").read_text().splitlines()
             if line.startswith('{"pipeline"')]
     assert [r["outcome"] for r in runs] == ["committed"] * 3
-    assert sum(r["claimed"] for r in runs) == jvm_archive.TRAINING_MESSAGES
+    assert sum(r["claimed"] for r in runs) == archive_training.TRAINING_MESSAGES
     assert all(r["dead_lettered"] > 0 and r["acked"] == r["claimed"] for r in runs)
-    assert jvm_archive.build() == (path, False)  # up to date: nothing to do
+    assert archive_training.build() == (path, False)  # up to date: nothing to do
 
     out, _ = _probe(tmp_path, "t1")
     assert out["rows"] == 100 and str(path) in out["mapped"]

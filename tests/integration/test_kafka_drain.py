@@ -14,6 +14,7 @@ import yaml
 
 from deltadrain.checkpoint import read_checkpoint
 from deltadrain.connections import kafka_client_conf
+from deltadrain.dev.produce import MALFORMED_KINDS, ensure_topic, generate, produce
 from deltadrain.drain import DrainError, drain
 from deltadrain.failpoints import fired
 from deltadrain.kafka_offsets import (
@@ -26,7 +27,6 @@ from deltadrain.kafka_offsets import (
     withdraw_claims,
 )
 from deltadrain.probe import probe
-from deltadrain.produce import MALFORMED_KINDS, ensure_topic, generate, produce
 from deltadrain.status import kafka_counts, mark_stale, pipeline_status, stale_after_ms
 from tests.integration.helpers import (
     BOTH_TRANSFORMS,

@@ -97,7 +97,7 @@ def test_the_benchs_live_heap_probe_sees_what_the_driver_jvm_holds(spark):
     taken only once two probes in a row agree, and only then is the 128 MiB added. G1 counts a
     4 MiB array as five 1 MiB regions, hence up to 160 MiB for the 128.
     (Py4J keeps arrays it handed out alive, so letting them go is not part of this check.)"""
-    from deltadrain.bench import jvm_live_heap_mib
+    from deltadrain.dev.bench import jvm_live_heap_mib
 
     gateway = spark.sparkContext._gateway
     readings = [jvm_live_heap_mib(spark)]
@@ -120,7 +120,7 @@ def test_the_benchs_cpu_accounting_puts_each_process_under_its_role(spark):
     the Spark job's Python workers 2 x 0.6, this driver 0.5; each shows under its own role, and the
     machine's busy time covers them all. (How much the JIT compiles for one job is the JVM's business:
     only that it is read.)"""
-    from deltadrain.bench import cpu_by_role, cpu_report
+    from deltadrain.dev.bench import cpu_by_role, cpu_report
 
     server = subprocess.Popen([sys.executable, "-c", BURN.format(s=1.0) + "print('burnt', flush=True)\ntime.sleep(60)"],
                               start_new_session=True, stdout=subprocess.PIPE, text=True)
@@ -213,7 +213,7 @@ def test_kafka_produce_consume_roundtrip_and_spark_batch_read(kafka_broker, cfg,
     from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
     from deltadrain.connections import kafka_bootstrap, kafka_spark_options
-    from deltadrain.produce import produce
+    from deltadrain.dev.produce import produce
 
     pipeline = cfg.pipeline("clicks")
     result = produce(cfg, pipeline, 300, seed=11)

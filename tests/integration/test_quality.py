@@ -16,12 +16,12 @@ import pytest
 from deltadrain import cli, lakeview
 from deltadrain.checkpoint import find_commit, read_checkpoint
 from deltadrain.connections import valkey_client
+from deltadrain.dev.produce import generate, produce
 from deltadrain.drain import DrainError, drain
 from deltadrain.failpoints import InjectedFailure
 from deltadrain.lake import table_id
 from deltadrain.metrics import last_runs, metrics_path, render_chart
 from deltadrain.orchestration.names import ingest_run_prefix
-from deltadrain.produce import generate, produce
 from deltadrain.quality import (
     RESULTS_SCHEMA,
     QualityFailed,
@@ -177,7 +177,7 @@ def test_a_batch_checked_late_is_judged_fresh_as_of_its_commit_not_of_its_check(
     from datetime import UTC, datetime, timedelta
 
     from deltadrain.checkpoint import find_commit
-    from deltadrain.produce import _valid_payload
+    from deltadrain.dev.produce import _valid_payload
 
     _, c, p = make_pipeline(tmp_path, partitions=1, quality={"on_failure": "warn", "expectations": [
         {"column": "event_time", "kind": "fresh_within", "within": "PT1H"}]})

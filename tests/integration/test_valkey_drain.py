@@ -14,10 +14,10 @@ import pytest
 
 from deltadrain.checkpoint import read_checkpoint
 from deltadrain.connections import valkey_client
+from deltadrain.dev.produce import MALFORMED_KINDS, generate, produce
 from deltadrain.drain import DrainError, drain
 from deltadrain.failpoints import fired
 from deltadrain.positions import StreamId
-from deltadrain.produce import MALFORMED_KINDS, generate, produce
 from deltadrain.reap import REAPER, reap
 from deltadrain.replay import ReplayRequest, replay
 from deltadrain.status import mark_stale, pipeline_status, stale_after_ms, valkey_counts

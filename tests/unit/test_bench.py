@@ -1,6 +1,6 @@
 """The Kafka bench's arithmetic over rounds (pure; the bench itself runs outside the test suite)."""
 
-from deltadrain.bench import combine_rounds
+from deltadrain.dev.bench import combine_rounds
 
 
 def side(messages: int, seconds: float) -> dict:
@@ -18,7 +18,7 @@ def test_rounds_combine_into_overall_rates_and_keep_the_spread():
 
 
 def test_cpu_report_gives_core_seconds_per_100k_messages_and_the_cores_kept_busy():
-    from deltadrain.bench import cpu_report
+    from deltadrain.dev.bench import cpu_report
 
     before = {"driver_python": 1.0, "driver_jvm": 10.0, "python_workers": 0.0, "source_server": 5.0,
               "machine_busy": 100.0}

@@ -335,7 +335,7 @@ def test_a_repeated_pipeline_name_names_both_entries():
 
 
 def test_a_taken_port_names_the_setting_that_moves_it(tmp_path):
-    from deltadrain.services.process import Service
+    from deltadrain.dev.services.process import Service
 
     kafka = Service("kafka", tmp_path, [9092, 9093], list, bool)
     assert kafka.port_setting(9092) == "services.kafka_port in the config or DELTADRAIN_KAFKA_PORT"

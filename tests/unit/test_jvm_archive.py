@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from deltadrain import jvm_archive
 from deltadrain.config import load_config
+from deltadrain.dev import archive_training
 
 JDK = [("/jdk/release", 1000, 1), ("/jdk/lib/server/libjvm.so", 22_000_000, 2)]
 JARS = [("/jars/spark-core.jar", 15_000_000, 3), ("/cache/delta-spark.jar", 6_000_000, 4)]
@@ -73,9 +74,9 @@ def test_extra_driver_options_from_the_environment_come_last_and_an_empty_value_
 
 
 def test_the_training_drain_uses_a_private_pipeline_and_lake(tmp_path):
-    cfg = load_config(jvm_archive._training_config(tmp_path))
+    cfg = load_config(archive_training._training_config(tmp_path))
     (pipeline,) = cfg.pipelines
     assert pipeline.source.kind == "valkey" and pipeline.source.url is None  # the private Valkey
     assert all(s.startswith("jvm_archive:") for s in pipeline.source.streams)
-    assert pipeline.batch_cap == jvm_archive.TRAINING_BATCH and not pipeline.quality.expectations
+    assert pipeline.batch_cap == archive_training.TRAINING_BATCH and not pipeline.quality.expectations
     assert cfg.lake_dir() == tmp_path / "lake"

@@ -87,7 +87,7 @@ def test_only_pools_deltadrain_made_for_pipelines_gone_from_the_config_are_stale
     from pathlib import Path
 
     from deltadrain.config import load_config
-    from deltadrain.services import pool_specs, stale_pools
+    from deltadrain.orchestration.pools import pool_specs, stale_pools
 
     cfg = load_config(Path(__file__).resolve().parents[2] / "config" / "pipelines.yaml")
     listed = [{"pool": name, "slots": 1, "description": spec["description"]} for name, spec in pool_specs(cfg).items()]

@@ -3,7 +3,7 @@ from collections import Counter
 
 import pytest
 
-from deltadrain.produce import MALFORMED_KINDS, generate, partition_for
+from deltadrain.dev.produce import MALFORMED_KINDS, generate, partition_for
 from deltadrain.transforms import POISON_MARKER
 
 

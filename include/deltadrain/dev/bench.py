@@ -30,8 +30,8 @@ from pathlib import Path
 
 import yaml
 
+from deltadrain.dev.services.process import all_pids, proc_stat
 from deltadrain.paths import PROJECT_ROOT
-from deltadrain.services.process import all_pids, proc_stat
 
 
 def _bench_config(workdir: Path, partitions: int, batch: int, window: str = "PT1H",
@@ -58,7 +58,7 @@ def bench_source(cfg, pipeline):
     """The pipeline's source server up for the block, and stopped after it if the bench started it
     (`services.running`); the bench's own source data deleted after it, whatever happened in it.
     Otherwise both stay: after Valkey run 12's 2.2 million entries, a server of 687 MiB resident."""
-    from deltadrain import services
+    from deltadrain.dev import services
 
     with services.running(cfg, [pipeline.source.kind]):
         try:
@@ -383,8 +383,8 @@ def phase_structured_streaming(cfg, pipeline, spark, workdir: Path, server_group
 
 
 def run_phase(phase: str, config: str, pipeline_name: str, workdir: str, arg: int) -> dict:
-    from deltadrain import services
     from deltadrain.config import load_config
+    from deltadrain.dev import services
     from deltadrain.spark import get_spark
 
     cfg = load_config(config)
@@ -411,7 +411,7 @@ def run_phase(phase: str, config: str, pipeline_name: str, workdir: str, arg: in
 
 
 def _subphase(phase: str, config: Path, name: str, workdir: Path, arg: int = 0) -> dict:
-    cmd = [sys.executable, "-m", "deltadrain.bench", phase, str(config), name, str(workdir), str(arg)]
+    cmd = [sys.executable, "-m", "deltadrain.dev.bench", phase, str(config), name, str(workdir), str(arg)]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"bench phase {phase} failed:\n{done.stderr[-4000:]}")
@@ -468,7 +468,7 @@ def run_kafka_bench(count: int, partitions: int, batch: int, workdir: Path | Non
 
 def _kafka_rounds(cfg, config: Path, name: str, workdir: Path, count: int, partitions: int, batch: int,
                   rounds: int) -> dict:
-    from deltadrain.produce import produce
+    from deltadrain.dev.produce import produce
 
     pipeline = cfg.pipeline(name)
     report: dict = {"machine": _machine(), "source": "kafka", "count": count, "partitions": partitions,
@@ -520,7 +520,7 @@ def run_bench(count: int, partitions: int, batch: int, workdir: Path | None = No
 
 def _valkey_phases(cfg, config: Path, name: str, workdir: Path, count: int, partitions: int,
                    batch: int) -> dict:
-    from deltadrain.produce import produce
+    from deltadrain.dev.produce import produce
 
     pipeline = cfg.pipeline(name)
     report: dict = {"machine": _machine(), "count": count, "partitions": partitions, "batch_cap": batch}

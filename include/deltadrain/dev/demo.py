@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 
-from deltadrain import services
 from deltadrain.config import DeltadrainConfig, ValkeySource
 from deltadrain.connections import valkey_client
-from deltadrain.produce import generate, produce
+from deltadrain.dev import services
+from deltadrain.dev.produce import generate, produce
 from deltadrain.status import pipeline_status
 
 

@@ -15,13 +15,13 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from deltadrain.config import DeltadrainConfig, KafkaSource, PipelineConfig, ValkeySource
+from deltadrain.connections import VALKEY_FIELD
 from deltadrain.transforms import POISON_MARKER
 
 # What a malformed message can be; each one is a DLQ reason the decoder must name.
 MALFORMED_KINDS = ("invalid_json", "empty", "missing_id", "null_id", "wrong_type", "invalid_utf8",
                    "oversized", "not_an_object", "lone_surrogate", "too_deep")
 STATUSES = ("new", "paid", "shipped", "cancelled")
-VALKEY_FIELD = b"data"
 
 
 @dataclass(frozen=True)

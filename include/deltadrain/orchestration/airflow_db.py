@@ -2,7 +2,7 @@
 
 Every Airflow process of the embedded install (scheduler, DAG processor, API server, triggerer, task
 runners, a CLI call such as `airflow backfill create`) writes the same SQLite file, one writer at a
-time, so two things are set for that DB only (`services.airflow_env`; a user's own DB is untouched):
+time, so two things are set for that DB only (`embedded.airflow_env`; a user's own DB is untouched):
 
 - `[database] sql_alchemy_connect_args` = `SQLITE_CONNECT_ARGS`. Python's driver gives up after 5 s
   of waiting for a write lock with "database is locked", which a busy 2-core machine exceeds while

@@ -1,0 +1,124 @@
+"""Where the embedded services listen and how to log in to them: their ports, their state home, the
+embedded Airflow's environment and admin login. The runtime reads these (connections default to the
+embedded services' addresses; the view and the pools command act on the embedded Airflow); starting
+and stopping the services is a development tool (`deltadrain.dev.services`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from deltadrain.config import DeltadrainConfig, ServicesConfig
+from deltadrain.errors import ServiceError
+from deltadrain.paths import PROJECT_ROOT, config_path, state_home
+
+
+@dataclass(frozen=True)
+class Ports:
+    valkey: int
+    kafka: int
+    kafka_controller: int
+    airflow: int
+
+    @classmethod
+    def resolve(cls, services: ServicesConfig) -> Ports:
+        def pick(env: str, default: int) -> int:
+            text = os.environ.get(env)
+            if text is None:
+                return default
+            if not text.strip().isdigit() or not 1 <= int(text) <= 65535:
+                raise ServiceError(f"{env}={text!r} is not a port number (1-65535)")
+            return int(text)
+
+        return cls(
+            valkey=pick("DELTADRAIN_VALKEY_PORT", services.valkey_port),
+            kafka=pick("DELTADRAIN_KAFKA_PORT", services.kafka_port),
+            kafka_controller=pick("DELTADRAIN_KAFKA_CONTROLLER_PORT", services.kafka_controller_port),
+            airflow=pick("DELTADRAIN_AIRFLOW_PORT", services.airflow_port),
+        )
+
+
+def write_private(path: Path, text: str) -> None:
+    """Create `path` readable by its owner only from the start (write, then chmod, leaves a moment in
+    which the umask's mode lets others read the secret). One that exists is kept: two processes that
+    both found none, and the first one's secret stands."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+
+
+def ports(cfg: DeltadrainConfig) -> Ports:
+    return Ports.resolve(cfg.services)
+
+
+def services_home() -> Path:
+    return state_home() / "services"
+
+
+def airflow_home() -> Path:
+    return services_home() / "airflow"
+
+
+def airflow_password_file() -> Path:
+    return airflow_home() / "simple_auth_manager_passwords.json.generated"
+
+
+def airflow_env(cfg: DeltadrainConfig) -> dict[str, str]:
+    """The environment every Airflow process of the embedded install runs with (also used by tests)."""
+    port = ports(cfg).airflow
+    home = airflow_home()
+    bindir = str(Path(sys.executable).parent)
+    secret_file = home / ".jwt_secret"
+    if not secret_file.exists():
+        home.mkdir(parents=True, exist_ok=True)
+        write_private(secret_file, secrets.token_urlsafe(32))
+    env = {
+        # standalone starts its components as `airflow ...` by name: our bin/ must come first.
+        "PATH": bindir + os.pathsep + os.environ.get("PATH", ""),
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(PROJECT_ROOT / "dags"),
+        "AIRFLOW__CORE__PLUGINS_FOLDER": str(PROJECT_ROOT / "plugins"),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+        # 32 workers x ~130 MiB by default; size it to a 2-core machine.
+        "AIRFLOW__CORE__PARALLELISM": str(cfg.services.airflow_parallelism),
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(airflow_password_file()),
+        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
+        "AIRFLOW__API__HOST": "127.0.0.1",
+        "AIRFLOW__API__PORT": str(port),
+        "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{port}",
+        "AIRFLOW__API_AUTH__JWT_SECRET": secret_file.read_text().strip(),
+        "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "30",
+        "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "False",
+        "DELTADRAIN_HOME": str(state_home()),
+        "DELTADRAIN_CONFIG": str(cfg.source_file or config_path()),
+    }
+    if "AIRFLOW_CONN_SPARK_DEFAULT" not in os.environ:
+        # The ingest DAG's spark-submit runs locally unless the user points spark_default elsewhere.
+        env["AIRFLOW_CONN_SPARK_DEFAULT"] = json.dumps({"conn_type": "spark", "host": "local[*]"})
+    if "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN" not in os.environ:
+        env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = f"sqlite:///{home / 'airflow.db'}"
+        # Wait for another process's write lock instead of failing after SQLite's 5 s, and let a
+        # savepoint that will write hold the write lock from its start (see orchestration.airflow_db).
+        for key, value in (("SQL_ALCHEMY_CONNECT_ARGS", "SQLITE_CONNECT_ARGS"),
+                           ("SQL_ALCHEMY_CONNECT_ARGS_ASYNC", "SQLITE_CONNECT_ARGS"),
+                           ("SQL_ALCHEMY_SESSION_MAKER", "session_maker")):
+            if f"AIRFLOW__DATABASE__{key}" not in os.environ:
+                env[f"AIRFLOW__DATABASE__{key}"] = f"deltadrain.orchestration.airflow_db.{value}"
+    return env
+
+
+def airflow_login() -> tuple[str, str | None]:
+    try:
+        return "admin", json.loads(airflow_password_file().read_text()).get("admin")
+    except (FileNotFoundError, ValueError):
+        return "admin", None
