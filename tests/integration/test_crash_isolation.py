@@ -4,8 +4,8 @@ backlog with malformed and poison messages, on both sources, then drained to the
 the Delta tables: every valid message exactly once in the target, and only the malformed and poison
 messages in the DLQ (invariant 6).
 
-Seeded: the seed is in the test's id and in every assertion message. DELTADRAIN_CRASH_SEEDS (e.g.
-"1-20") runs more seeds than the suite's."""
+Seeded: the seed is in the test's id and in every assertion message. The suite runs seed 1 on each
+source; DELTADRAIN_CRASH_SEEDS (e.g. "1-20") runs more (docs/testing.md)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ KILLS = 3
 
 
 def seeds() -> list[int]:
-    spec = os.environ.get("DELTADRAIN_CRASH_SEEDS", "1-2")
+    spec = os.environ.get("DELTADRAIN_CRASH_SEEDS", "1")
     lo, _, hi = spec.partition("-")
     return list(range(int(lo), int(hi or lo) + 1))
 
@@ -56,9 +56,9 @@ def kill_at_random_moments(path, name: str, rng: random.Random, min_idle_ms: int
 def test_random_sigkills_of_valkey_catch_up_drains_dead_letter_only_bad_messages(seed, tmp_path, cfg, spark,
                                                                                 valkey_server):
     rng = random.Random(seed)
-    path, c, p = make_pipeline(tmp_path, partitions=2, batch_cap=50, max_retries=2, min_idle_ms=1000)
+    path, c, p = make_pipeline(tmp_path, partitions=2, batch_cap=40, max_retries=2, min_idle_ms=1000)
     client = valkey_client(c, p)
-    result = produce(c, p, 500, seed=seed, malformed_ratio=0.05, poison_ratio=0.006)
+    result = produce(c, p, 320, seed=seed, malformed_ratio=0.05, poison_ratio=0.01)
     happened = kill_at_random_moments(path, p.name, rng, p.min_idle_ms)
     assert happened.count("killed") >= 1, f"seed {seed}: no drain was killed: {happened}"
     drain_until_done(c, p, spark, client, max_runs=60)
@@ -78,9 +78,9 @@ def test_random_sigkills_of_kafka_catch_up_drains_dead_letter_only_bad_messages(
 
     rng = random.Random(seed)
     # id_from: field, as the example: a payload without its id is a dead letter too.
-    path, c, p = make_kafka_pipeline(tmp_path, partitions=2, batch_cap=50, max_retries=2, min_idle_ms=1000,
+    path, c, p = make_kafka_pipeline(tmp_path, partitions=2, batch_cap=40, max_retries=2, min_idle_ms=1000,
                                      source={"id_from": "field"})
-    result = produce(c, p, 500, seed=seed, malformed_ratio=0.05, poison_ratio=0.006)
+    result = produce(c, p, 320, seed=seed, malformed_ratio=0.05, poison_ratio=0.01)
     happened = kill_at_random_moments(path, p.name, rng, p.min_idle_ms)
     assert happened.count("killed") >= 1, f"seed {seed}: no drain was killed: {happened}"
     kafka_drain_until_done(c, p, spark, max_runs=60)
