@@ -514,6 +514,7 @@ def test_poison_message_holds_its_partition_for_max_retries_runs_then_is_dead(tm
     assert group_of(c, p)["1"] == poison_offset + 1
 
 
+@pytest.mark.slow
 def test_a_message_that_kills_every_run_is_isolated_by_bisection_and_dead_alone(tmp_path, cfg, spark):
     """Kafka has no delivery count: a run killed by a message (stopped from inside its transform as a
     SIGKILL stops it, failpoints.ABANDON: the real SIGKILLs are the kill tests') leaves only its claim

@@ -404,6 +404,7 @@ def test_messages_the_transform_filters_out_are_counted_in_the_summary_commit_an
     assert_exactly_once(spark, c, p, client, sorted(set(result.valid_ids) - single), bad)
 
 
+@pytest.mark.slow
 def test_a_message_that_kills_every_run_is_isolated_by_splitting_and_dead_alone(tmp_path, cfg, spark):
     """A Valkey claim is a delivery, so runs killed by a message (stopped from inside the transform as
     a SIGKILL stops them, failpoints.ABANDON: the real SIGKILLs are the kill tests') leave their
