@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from deltadrain.claim import RELEASED, REST
+from deltadrain.claim import RELEASED, REST, alone_field
 from deltadrain.isolation import read_width
 
 SUSPECT, RESTING, CULPRIT, HANDED_BACK = "suspect", "rest", "culprit", "released"
@@ -189,16 +189,12 @@ def find_split(client, streams: Iterable[str], group: str, min_idle_ms: int, fai
 def count_alone(client, split: Split, failures_key: str) -> int:
     """Before the claim of a split that reads one entry: one more read alone for it (`alone_field`).
     Counted first, so that a run killed while it reads the entry is counted. Returns the count."""
-    from deltadrain.claim import alone_field
-
     stream, entry = split.alone
     return int(client.hincrby(failures_key, alone_field(stream, entry), 1))
 
 
 def uncount_alone(client, split: Split, failures_key: str) -> None:
     """Take back `count_alone`'s count of a run that stopped without dying (it handed its claim back)."""
-    from deltadrain.claim import alone_field
-
     stream, entry = split.alone
     field = alone_field(stream, entry)
     if int(client.hincrby(failures_key, field, -1)) <= 0:
