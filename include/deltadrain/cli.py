@@ -68,9 +68,11 @@ def _services(args) -> int:
     rows = action(cfg, only)
     _print(rows, args.json)
     if args.action == "up" and not args.json and "airflow" in services.select(only):
-        user, password = services.airflow_login()
-        print(f"Airflow UI: http://127.0.0.1:{services.ports(cfg).airflow}  login: {user}  "
-              f"(password in {services.airflow_password_file()})")
+        from deltadrain.embedded import airflow_login, airflow_password_file, ports
+
+        user, password = airflow_login()
+        print(f"Airflow UI: http://127.0.0.1:{ports(cfg).airflow}  login: {user}  "
+              f"(password in {airflow_password_file()})")
     if args.action == "status":
         return 0 if all(r["state"] == "running" for r in rows) else 3
     return 0

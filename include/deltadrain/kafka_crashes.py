@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from deltadrain.isolation import convicted, death_reason, read_width
+from deltadrain.isolation import death_reason, read_width
 
 COUNTED_KEPT = 8  # run ids remembered per partition, so that a notice is never counted twice
 EARLIER_KEPT = 4  # young notices carried forward per partition
@@ -196,12 +196,6 @@ def suspects(records: dict[int, DeadRuns]) -> list[dict]:
     return [{"partition": q, "offsets": [lo, hi], "runs": n, "alone": max((a for o, a in r.alone if lo <= o < hi),
                                                                           default=0)}
             for q, r in sorted(records.items()) for lo, hi, n, _ in r.segments]
-
-
-def used_up(alone_deaths: int, earlier_attempts: int, max_retries: int) -> bool:
-    """Whether a message is dead for dying (`isolation.convicted`): runs that read it alone died
-    `alone_deaths` times, and its transform failed it `earlier_attempts` times."""
-    return convicted(alone_deaths, earlier_attempts, max_retries)
 
 
 def transform_attempts(attempts: int, dead_runs: int) -> int:

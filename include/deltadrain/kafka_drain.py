@@ -26,6 +26,7 @@ from deltadrain.config import DeltadrainConfig, KafkaSource, PipelineConfig
 from deltadrain.connections import kafka_client_conf, kafka_consumer_conf, kafka_spark_options
 from deltadrain.decode import BatchDecoder
 from deltadrain.drain import GO_ON_PAST, BatchFailure, Drain, DrainError, claim_schema
+from deltadrain.isolation import convicted
 from deltadrain.kafka_crashes import (
     DeadRuns,
     Settled,
@@ -34,7 +35,6 @@ from deltadrain.kafka_crashes import (
     settle,
     suspects,
     transform_attempts,
-    used_up,
 )
 from deltadrain.kafka_offsets import (
     OffsetError,
@@ -150,7 +150,7 @@ def kafka_batch(ctx: DecodeContext, decoder: BatchDecoder, arrow_schema, batch):
             if seg is None:
                 continue
             alone = record.alone_at(offset)
-            if used_up(alone, attempts[i] - 1, ctx.max_retries) and i not in preset:
+            if convicted(alone, attempts[i] - 1, ctx.max_retries) and i not in preset:
                 # Not decoded: whatever stopped those runs is not run again.
                 first = datetime.fromtimestamp(seg[3] / 1000, UTC)
                 # Not decoded, its id is unknown, unless it is a copy whose id the replay sent along.

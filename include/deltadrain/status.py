@@ -70,14 +70,14 @@ def valkey_splits(client, pipeline: PipelineConfig) -> list[dict]:
     key = failures_key(pipeline.name)
     found = segments((s, i, n, kind) for s, i, n, kind, _ in
                      reclaimable(client, source.streams, source.group, pipeline.min_idle_ms, key, own=""))
+    shown = [seg for seg in found if seg.kind == RESTING or (seg.kind == SUSPECT and seg.deliveries >= SPLIT_FROM)]
+    # A single entry's count of the runs that read it alone (valkey_crashes.count_alone), all of them dead.
+    singles = [seg.pieces[0] for seg in shown if seg.entries == 1]
+    counts = iter(client.hmget(key, [alone_field(p.stream, p.first) for p in singles]) if singles else ())
     out = []
-    for seg in found:
-        if seg.kind == RESTING or (seg.kind == SUSPECT and seg.deliveries >= SPLIT_FROM):
-            alone = 0
-            if seg.entries == 1:  # the runs that read it alone (valkey_crashes.count_alone), all of them dead
-                piece = seg.pieces[0]
-                alone = int(client.hget(key, alone_field(piece.stream, piece.first)) or 0)
-            out += [{**piece, "alone": alone} for piece in seg.as_json()]
+    for seg in shown:
+        alone = int(next(counts) or 0) if seg.entries == 1 else 0
+        out += [{**piece, "alone": alone} for piece in seg.as_json()]
     return out
 
 

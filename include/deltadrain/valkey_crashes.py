@@ -92,13 +92,17 @@ class Split:
     how: str  # FIRST_HALF or REST_OF_SPLIT
 
     @property
+    def entries(self) -> int:
+        return sum(n for _, _, n in self.read)
+
+    @property
     def marks_rest(self) -> bool:
-        return self.how == FIRST_HALF and sum(n for _, _, n in self.read) < self.segment.entries
+        return self.how == FIRST_HALF and self.entries < self.segment.entries
 
     @property
     def alone(self) -> tuple[str, str] | None:
         """(stream, id) of the one entry the run reads, when it reads one entry only."""
-        if sum(n for _, _, n in self.read) == 1:
+        if self.entries == 1:
             stream, first, _ = self.read[0]
             return stream, first
         return None

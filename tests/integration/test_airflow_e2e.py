@@ -19,6 +19,7 @@ from deltadrain.checkpoint import read_checkpoint
 from deltadrain.connections import valkey_client
 from deltadrain.dev import services
 from deltadrain.dev.produce import MALFORMED_KINDS, produce
+from deltadrain.embedded import airflow_env
 from deltadrain.orchestration.names import REPLAY_DAG, ingest_dag_id
 from tests.integration.helpers import assert_exactly_once, dlq_rows, lag, make_pipeline, pending, target_ids
 
@@ -101,7 +102,7 @@ def test_airflow_end_to_end(tmp_path, monkeypatch, spark, valkey_server):
         last = minute_floor(produced_at)
         while datetime.now(UTC) < last + timedelta(minutes=1, seconds=5):
             time.sleep(2)  # the second interval must be over before it can be backfilled
-        env = {**os.environ, **services.airflow_env(c)}
+        env = {**os.environ, **airflow_env(c)}
         airflow = str(Path(sys.executable).parent / "airflow")
         done = subprocess.run([airflow, "backfill", "create", "--dag-id", dag_id, "--from-date", first.isoformat(),
                                "--to-date", last.isoformat(), "--reprocess-behavior", "completed"],

@@ -167,7 +167,7 @@ def test_ingest_dag_reads_a_connection_kept_only_in_airflows_metadata_db(pipelin
     from airflow.models.connection import Connection
     from airflow.utils.session import create_session
 
-    from deltadrain.dev.services import ports
+    from deltadrain.embedded import ports
 
     admin = valkey.Valkey(port=ports(c).valkey)
     user, secret = f"ui_{p.name}", uuid.uuid4().hex

@@ -13,7 +13,7 @@ import pytest
 
 from deltadrain.claim import ClaimContext, retries_run_out
 from deltadrain.isolation import convicted, crash_loop_runs, read_width
-from deltadrain.kafka_crashes import DeadRuns, bisect, used_up
+from deltadrain.kafka_crashes import DeadRuns, bisect
 from deltadrain.valkey_crashes import RELEASED, REST, choose, kind_of, segments
 
 
@@ -111,7 +111,7 @@ def kafka_world(ends: dict[int, int], cap: int, max_retries: int, killers=(), di
                 room -= take
         ranges = bisect(ranges, {p: r for p, r in records.items() if r})
         held = [(p, o) for p, (lo, hi) in ranges.items() for o in range(lo, hi)]
-        spent = {(p, o) for p, o in held if used_up(records[p].alone_at(o), 0, max_retries)}
+        spent = {(p, o) for p, o in held if convicted(records[p].alone_at(o), 0, max_retries)}
         for k in killers:
             if k in held:
                 out.killer_reads.setdefault(k, []).append(len(held))

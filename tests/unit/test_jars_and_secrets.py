@@ -150,7 +150,7 @@ def test_secret_files_are_created_private(tmp_path):
     import os
     import stat
 
-    from deltadrain.dev.services import write_private
+    from deltadrain.embedded import write_private
 
     old = os.umask(0o022)
     try:
@@ -166,7 +166,7 @@ def test_secret_files_are_created_private(tmp_path):
 @pytest.mark.parametrize("value", ["abc", "0", "99999", "-1", ""])
 def test_a_port_variable_that_is_not_a_port_is_one_clear_error(monkeypatch, value):
     from deltadrain.config import ServicesConfig
-    from deltadrain.dev.services import Ports
+    from deltadrain.embedded import Ports
     from deltadrain.errors import ServiceError
 
     monkeypatch.setenv("DELTADRAIN_VALKEY_PORT", value)

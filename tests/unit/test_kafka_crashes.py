@@ -6,7 +6,8 @@ from datetime import UTC, datetime
 import pyarrow as pa
 
 from deltadrain.decode import BatchDecoder
-from deltadrain.kafka_crashes import DeadRuns, bisect, settle, transform_attempts, used_up
+from deltadrain.isolation import convicted
+from deltadrain.kafka_crashes import DeadRuns, bisect, settle, transform_attempts
 from deltadrain.kafka_drain import DecodeContext, kafka_batch
 from deltadrain.kafka_offsets import claim_notice, read_notice
 from tests.unit.test_kafka_offsets import CLAIM
@@ -128,10 +129,10 @@ def test_bisect_reads_one_partition_half_at_a_time_and_a_crash_unrelated_to_the_
     assert bisect({0: (3, 9), 2: (0, 4)}, {2: DeadRuns(((0, 4, 1, 0),))}) == {2: (0, 2)}
 
 
-def test_used_up_counts_deaths_alone_and_failed_transform_runs_together():
-    assert not used_up(0, 9, 3)  # no death alone: the transform path decides
-    assert not used_up(2, 0, 3) and used_up(3, 0, 3)
-    assert not used_up(1, 1, 3) and used_up(1, 2, 3)
+def test_deaths_alone_and_failed_transform_runs_count_together():
+    assert not convicted(0, 9, 3)  # no death alone: the transform path decides
+    assert not convicted(2, 0, 3) and convicted(3, 0, 3)
+    assert not convicted(1, 1, 3) and convicted(1, 2, 3)
 
 
 def test_a_used_up_message_is_a_max_retries_dead_letter_and_is_not_decoded():

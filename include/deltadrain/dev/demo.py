@@ -8,6 +8,7 @@ from deltadrain.config import DeltadrainConfig, ValkeySource
 from deltadrain.connections import valkey_client
 from deltadrain.dev import services
 from deltadrain.dev.produce import generate, produce
+from deltadrain.embedded import airflow_login, airflow_password_file, ports
 from deltadrain.status import pipeline_status
 
 
@@ -40,14 +41,14 @@ def run_demo(cfg: DeltadrainConfig, count: int = 5000) -> dict:
     spark = get_spark("deltadrain-demo")
     spark.sparkContext.setLogLevel("ERROR")
     status = pipeline_status(cfg, pipeline, spark)
-    user, _ = services.airflow_login()
-    port = services.ports(cfg).airflow
+    user, _ = airflow_login()
+    port = ports(cfg).airflow
     print("== where to look")
     print(f"   lifecycle: PENDING={status['PENDING']} CLAIMED={status['CLAIMED']} PUBLISHED={status['PUBLISHED']} "
           f"DEAD={status['DEAD']}  (the poison message stays CLAIMED until its retries run out)")
     print(f"   Delta table:  {cfg.target_path(pipeline)}")
     print(f"   DLQ table:    {cfg.dlq_path(pipeline)}")
-    print(f"   Airflow UI:   http://127.0.0.1:{port}  login: {user}, password in {services.airflow_password_file()}")
+    print(f"   Airflow UI:   http://127.0.0.1:{port}  login: {user}, password in {airflow_password_file()}")
     print(f"   DAG runs:     http://127.0.0.1:{port}/dags/{dag_id}  (the drain task's log shows the run summary)")
     print(f"   lifecycle, DLQ and replay in the UI: http://127.0.0.1:{port}/deltadrain/  (menu Browse > deltadrain)")
     print(f"   replay DAG:   http://127.0.0.1:{port}/dags/deltadrain__replay/trigger  (dry_run first)")

@@ -19,13 +19,9 @@ from pathlib import Path
 
 from deltadrain.config import DeltadrainConfig
 from deltadrain.dev.services.process import Service, port_open
-
-# What the commands and the demo read through this module: where the services listen, their logins.
-from deltadrain.embedded import (  # noqa: F401
-    Ports,
+from deltadrain.embedded import (
     airflow_env,
     airflow_home,
-    airflow_login,
     airflow_password_file,
     ports,
     services_home,
