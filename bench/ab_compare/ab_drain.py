@@ -16,8 +16,8 @@ import sys
 import time
 
 import deltadrain
+from deltadrain.catchup import drain
 from deltadrain.config import load_config
-from deltadrain.drain import drain
 from deltadrain.spark import get_spark
 
 

@@ -18,11 +18,11 @@ import sys
 import time
 from pathlib import Path
 
+from deltadrain.catchup import drain
 from deltadrain.config import load_config
 from deltadrain.dev import services
 from deltadrain.dev.bench import _bench_config, _machine, cpu_by_role, cpu_report, phase_raw_read
 from deltadrain.dev.produce import produce
-from deltadrain.drain import drain
 from deltadrain.spark import get_spark
 
 WARM_UP = [200_000, 200_000]

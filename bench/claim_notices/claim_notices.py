@@ -22,11 +22,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "common"))  # bench
 from kafka_sides import pipelines
 from timing import median_ms
 
-from deltadrain.connections import kafka_client_conf
-from deltadrain.drain import drain
-from deltadrain.kafka_drain import KafkaDrain
+from deltadrain.catchup import drain
+from deltadrain.sources.kafka.client import kafka_client_conf
+from deltadrain.sources.kafka.drain import KafkaDrain
+from deltadrain.sources.kafka.status import kafka_counts
 from deltadrain.spark import get_spark
-from deltadrain.status import kafka_counts
 
 
 def main(workdir: Path, count: int, batch: int) -> dict:

@@ -8,9 +8,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from deltadrain.config import DeltadrainConfig, PipelineConfig, load_config
-from deltadrain.connections import kafka_client_conf
 from deltadrain.dev import services
 from deltadrain.dev.produce import ensure_topic, produce
+from deltadrain.sources.kafka.client import kafka_client_conf
 
 
 @contextmanager

@@ -8,10 +8,10 @@ from pathlib import Path
 import yaml
 
 from deltadrain.config import load_config
-from deltadrain.connections import kafka_client_conf
 from deltadrain.dev import services
 from deltadrain.dev.produce import ensure_topic, produce
 from deltadrain.paths import PROJECT_ROOT
+from deltadrain.sources.kafka.client import kafka_client_conf
 
 
 def pipelines(workdir: Path, batch: int, sides: tuple[str, ...], prefix: str, count: int):

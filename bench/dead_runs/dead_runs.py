@@ -1,7 +1,7 @@
 """What counting dead Kafka runs costs a run (docs/benchmarks.md, "Dead runs and splits"), on one broker.
 
 A Kafka run now reads the group offsets (its claim notices) before it fixes its ranges, to count the
-runs that died (`kafka_crashes`); before, only the notice thread read them, during the read.
+runs that died (`kafka.crashes`); before, only the notice thread read them, during the read.
 
 1. The read itself: `KafkaDrain.count_dead_runs` (group offsets + the decisions) against the broker
    request every run already made there (`watermarks`), alternating, on a 6-partition topic.
@@ -27,9 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "common"))  # bench
 from kafka_sides import pipelines
 from timing import median_ms
 
-from deltadrain.drain import drain
-from deltadrain.kafka_drain import KafkaDrain
-from deltadrain.kafka_offsets import plan_ranges, watermarks
+from deltadrain.catchup import drain
+from deltadrain.sources.kafka.drain import KafkaDrain
+from deltadrain.sources.kafka.offsets import plan_ranges, watermarks
 from deltadrain.spark import get_spark
 
 

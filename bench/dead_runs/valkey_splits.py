@@ -1,7 +1,7 @@
 """What looking for dead runs' entries costs a Valkey run (docs/benchmarks.md, "Dead runs and splits").
 
 Every Valkey drain now pages the pending list for entries idle past min_idle_ms before it claims
-(`valkey_crashes.find_split`: XPENDING ... IDLE, one call per stream when nothing is stuck). This
+(`valkey.crashes.find_split`: XPENDING ... IDLE, one call per stream when nothing is stuck). This
 times, on the sample `orders` pipeline's streams holding COUNT entries, with its own Valkey (started
 and stopped here; DELTADRAIN_HOME and DELTADRAIN_VALKEY_PORT private to it):
 
@@ -27,11 +27,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "common"))  # bench
 from timing import median_ms
 
 from deltadrain.config import load_config
-from deltadrain.connections import valkey_client
 from deltadrain.dev import services
 from deltadrain.dev.produce import produce
-from deltadrain.drain import backlog, ensure_groups, failures_key
-from deltadrain.valkey_crashes import REST, find_split, mark_rest
+from deltadrain.sources.valkey.client import valkey_client
+from deltadrain.sources.valkey.crashes import REST, find_split, mark_rest
+from deltadrain.sources.valkey.drain import backlog, ensure_groups, failures_key
 
 OWN = "drain-bench"
 

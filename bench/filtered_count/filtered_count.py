@@ -18,11 +18,12 @@ import statistics
 import sys
 import time
 
+from deltadrain.catchup import drain
 from deltadrain.config import load_config
-from deltadrain.connections import valkey_client
 from deltadrain.dev import services
 from deltadrain.dev.produce import produce
-from deltadrain.drain import Drain, drain
+from deltadrain.drain import Drain
+from deltadrain.sources.valkey.client import valkey_client
 from deltadrain.spark import get_spark
 
 

@@ -17,11 +17,11 @@ import sys
 import time
 
 from deltadrain.config import load_config
-from deltadrain.connections import valkey_client
 from deltadrain.dev import services
 from deltadrain.dev.produce import produce
-from deltadrain.drain import ensure_groups
-from deltadrain.gaps import gaps_key, recorded, unread_gaps
+from deltadrain.sources.valkey.client import valkey_client
+from deltadrain.sources.valkey.drain import ensure_groups
+from deltadrain.sources.valkey.gaps import gaps_key, recorded, unread_gaps
 
 
 def main(count: int = 200_000, rounds: int = 300) -> dict:

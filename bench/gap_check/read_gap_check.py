@@ -19,8 +19,8 @@ import time
 
 import valkey
 
-from deltadrain.claim import READ_CHUNK, ClaimContext, read_new, read_new_past_gaps, reader
 from deltadrain.dev.services import valkey_binary
+from deltadrain.sources.valkey.claim import READ_CHUNK, ClaimContext, read_new, read_new_past_gaps, reader
 
 STREAM, GROUP = "bench:{0}", "g"
 

@@ -26,10 +26,10 @@ from pathlib import Path
 
 def run(config: str, batches: int, opts: str) -> dict:
     """One drain process: BATCHES batches under `opts`, measured batch by batch."""
+    from deltadrain.catchup import drain
     from deltadrain.config import load_config
     from deltadrain.dev.bench import own_cpu_seconds
     from deltadrain.dev.services.process import proc_stat
-    from deltadrain.drain import drain
     from deltadrain.spark import DEFAULT_CONF, get_spark
 
     cfg = load_config(config)

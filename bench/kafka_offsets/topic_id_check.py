@@ -1,8 +1,8 @@
 """What the Kafka drain's topic-id check costs a run (docs/benchmarks.md, "Kafka offsets").
 
-Before it plans its ranges, every Kafka drain asks the broker for the topic's id (`kafka_offsets.topic_id`,
+Before it plans its ranges, every Kafka drain asks the broker for the topic's id (`kafka.offsets.topic_id`,
 an AdminClient describe) to tell a recreated topic from the one its checkpoint was taken on. Every run
-already reads the topic's watermarks (`kafka_offsets.watermarks`); this times both, alternating, on
+already reads the topic's watermarks (`kafka.offsets.watermarks`); this times both, alternating, on
 the sample `clicks` pipeline's topic, with its own broker (started and stopped here; DELTADRAIN_HOME
 and the Kafka ports private to it).
 
@@ -21,8 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "common"))  # bench
 
 from kafka_sample import clicks_topic, ms_stats
 
-from deltadrain.connections import kafka_client_conf, kafka_consumer_conf
-from deltadrain.kafka_offsets import topic_id, watermarks
+from deltadrain.sources.kafka.client import kafka_client_conf, kafka_consumer_conf
+from deltadrain.sources.kafka.offsets import topic_id, watermarks
 
 
 def main(rounds: int = 100) -> dict:

@@ -1,7 +1,7 @@
 """What reading a topic's watermarks costs with the admin ListOffsets against the consumer's
 get_watermark_offsets it replaced (docs/benchmarks.md, "Kafka offsets").
 
-Every Kafka drain, probe and status reads the watermarks (`kafka_offsets.watermarks`). The old way
+Every Kafka drain, probe and status reads the watermarks (`kafka.offsets.watermarks`). The old way
 (kept here only as the baseline) sent two requests per partition, one after the other; the admin way
 sends one request per kind and partition leader. This times both, alternating, on the sample `clicks`
 topic (4 partitions) with its own broker, and checks that both give the same answer.
@@ -21,8 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "common"))  # bench
 
 from kafka_sample import clicks_topic, ms_stats
 
-from deltadrain.connections import kafka_consumer_conf
-from deltadrain.kafka_offsets import TIMEOUT, watermarks
+from deltadrain.sources.kafka.client import kafka_consumer_conf
+from deltadrain.sources.kafka.offsets import TIMEOUT, watermarks
 
 
 def consumer_watermarks(conf: dict, topic: str) -> dict[int, tuple[int, int]]:

@@ -16,11 +16,11 @@ import sys
 import time
 from pathlib import Path
 
+from deltadrain.catchup import drain
 from deltadrain.config import load_config
 from deltadrain.dev import services
 from deltadrain.dev.bench import _bench_config, jvm_live_heap_mib
 from deltadrain.dev.produce import produce
-from deltadrain.drain import drain
 from deltadrain.spark import get_spark
 
 

@@ -31,12 +31,13 @@ from datetime import UTC, datetime
 
 from overlap_claim import run_order
 
-from deltadrain.acknowledge import acknowledge
 from deltadrain.checkpoint import commit_metadata, read_checkpoint
-from deltadrain.claim import allocate, claim_arrow, plan
 from deltadrain.commit import USER_METADATA, merge_condition
-from deltadrain.drain import ValkeyDrain, backlog, claim_schema, ensure_groups, new_run_id
+from deltadrain.drain import claim_schema, new_run_id
 from deltadrain.positions import merge_positions
+from deltadrain.sources.valkey.acknowledge import acknowledge
+from deltadrain.sources.valkey.claim import allocate, claim_arrow, plan
+from deltadrain.sources.valkey.drain import ValkeyDrain, backlog, ensure_groups
 from deltadrain.stage import Staged, StagingFile, report_arrow_schema
 
 

@@ -17,10 +17,11 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from deltadrain.claim import allocate
 from deltadrain.config import load_config
-from deltadrain.connections import group_counts, valkey_client
-from deltadrain.drain import ValkeyDrain, new_run_id
+from deltadrain.drain import new_run_id
+from deltadrain.sources.valkey.claim import allocate
+from deltadrain.sources.valkey.client import group_counts, valkey_client
+from deltadrain.sources.valkey.drain import ValkeyDrain
 from deltadrain.spark import get_spark
 
 

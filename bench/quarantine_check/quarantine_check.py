@@ -19,11 +19,12 @@ import statistics
 import sys
 import time
 
-from deltadrain import quality, services
+from deltadrain import quality
+from deltadrain.catchup import drain
 from deltadrain.config import Expectation, QualityConfig, load_config
-from deltadrain.connections import valkey_client
+from deltadrain.dev import services
 from deltadrain.dev.produce import produce
-from deltadrain.drain import drain
+from deltadrain.sources.valkey.client import valkey_client
 from deltadrain.spark import get_spark
 
 

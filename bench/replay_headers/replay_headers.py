@@ -2,7 +2,7 @@
 "replay identity header"). A replayed dead letter carries its message id in a
 header, so field-id pipelines read it to give a copy without an id of its own the dead letter's id.
 
-The same offset ranges of one topic are read, decoded and staged (`kafka_drain.read_ranges`, the
+The same offset ranges of one topic are read, decoded and staged (`kafka.drain.read_ranges`, the
 drain's claim step) with and without headers, alternating which goes first, in one Spark session.
 
     DELTADRAIN_HOME=/tmp/ddkafka DELTADRAIN_KAFKA_PORT=27392 DELTADRAIN_KAFKA_CONTROLLER_PORT=27393 \\
@@ -23,12 +23,12 @@ from pathlib import Path
 import yaml
 
 from deltadrain.config import load_config
-from deltadrain.connections import kafka_consumer_conf
 from deltadrain.dev import services
 from deltadrain.dev.produce import ensure_topic, produce
-from deltadrain.kafka_drain import read_ranges
-from deltadrain.kafka_offsets import watermarks
 from deltadrain.paths import PROJECT_ROOT
+from deltadrain.sources.kafka.client import kafka_consumer_conf
+from deltadrain.sources.kafka.drain import read_ranges
+from deltadrain.sources.kafka.offsets import watermarks
 from deltadrain.spark import get_spark
 
 

@@ -1,5 +1,5 @@
 """What a Kafka reprocess of a few records far apart costs: read as separate ranges around them
-(`kafka_history.pick_rounds`) against one range from the first to the last (what it did before)
+(`kafka.history.pick_rounds`) against one range from the first to the last (what it did before)
 (docs/benchmarks.md, "Kafka reprocess reads around its picks").
 
 Produces COUNT messages to the sample `clicks` topic (4 partitions) on its own broker, picks the
@@ -24,9 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "common"))  # bench
 
 from kafka_sample import clicks_topic
 
-from deltadrain import kafka_history
-from deltadrain.connections import kafka_consumer_conf
-from deltadrain.kafka_offsets import watermarks
+from deltadrain.sources.kafka import history as kafka_history
+from deltadrain.sources.kafka.client import kafka_consumer_conf
+from deltadrain.sources.kafka.offsets import watermarks
 from deltadrain.spark import get_spark
 
 ONE_RANGE = 10**15  # a span no two picks reach: one range per partition, as before

@@ -16,12 +16,12 @@ import time
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 
-from deltadrain.config import DeltadrainConfig, PipelineConfig, ValkeySource
-from deltadrain.connections import valkey_client
+from deltadrain.config import DeltadrainConfig, PipelineConfig
 from deltadrain.deadletter import write_dead_letters
 from deltadrain.errors import DeltadrainError, error_line
 from deltadrain.lake import is_table, of_table, recent_commits, refused_rows, retry_conflicts, table_id
 from deltadrain.paths import staging_dir
+from deltadrain.sources import source_of
 
 NO_BATCH = 0  # the batch number of rows a backfill inserts (a reprocess keeps a row's); drained batches start at 1
 
@@ -190,33 +190,17 @@ def backfill(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, start: date
     """Heal [start, end) of the target from the source's retained history. `progress(step)` is called
     as each of STEPS is done (the CLI's progress bar)."""
     from deltadrain.drain import (
-        claim_context,
-        claim_schema,
         dead_letter_rows,
         ensure_target,
         filtered_out,
         new_run_id,
         split_claimed,
     )
-    from deltadrain.history import history_gaps, interval_range, read_history
 
     start, end = check_interval(start, end)
     run_id = run_id or new_run_id()
     summary = BackfillSummary(pipeline.name, run_id, start.isoformat(), end.isoformat())
     began = time.monotonic()
-    if not isinstance(pipeline.source, ValkeySource):
-        from deltadrain.kafka_history import kafka_interval_rows
-
-        def read(scratch):
-            return kafka_interval_rows(spark, cfg, pipeline, start, end, str(scratch))
-    else:
-        ranges = [interval_range(s, start, end) for s in pipeline.source.streams]
-        summary.gaps = history_gaps(valkey_client(cfg, pipeline), ranges)
-        ctx = claim_context(cfg, pipeline, consumer="backfill")
-
-        def read(scratch):
-            return read_history(spark, ranges, ctx, claim_schema(pipeline), str(scratch / "history")), []
-
     done_steps: set[str] = set()
 
     def step(name: str) -> None:
@@ -226,8 +210,7 @@ def backfill(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, start: date
 
     scratch = staging_dir(run_id)
     try:
-        claimed, gaps = read(scratch)
-        summary.gaps += gaps
+        claimed, summary.gaps = source_of(pipeline).read_interval(spark, cfg, pipeline, start, end, scratch)
         summary.read = claimed.count()
         # A dead letter is out of the target on purpose (a poison message that killed runs, a transform
         # failure). Decoded afresh with the transform since fixed it would be inserted beside its DEAD

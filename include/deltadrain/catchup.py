@@ -1,4 +1,5 @@
-"""Catch-up: one drain task drains several batches in one Spark session while full batches wait.
+"""Drain runs: one (`drain`, by the pipeline's source), or several in one Spark session while full
+batches wait (catch-up: `drain_batches`).
 
 Each batch is a complete drain run (its own checkpoint read, claim, commit and acknowledgement),
 so the protocol is the same as for one batch; only the JVM start and the cold first batch are paid
@@ -12,12 +13,22 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from deltadrain.config import DeltadrainConfig, PipelineConfig
-from deltadrain.drain import RunSummary, drain, new_run_id
+from deltadrain.drain import RunSummary, new_run_id
 from deltadrain.logs import run_logger
+from deltadrain.sources import source_of
 
 SUMMED = ("claimed", "reclaimed", "written", "duplicates_skipped", "dead_lettered", "left_pending", "filtered",
           "acked", "released", "gaps")
 DONE = ("committed", "already_committed")
+
+
+def drain(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark=None, run_id: str | None = None) -> RunSummary:
+    """One drain run of `pipeline`, by its source (a Spark session of its own unless given)."""
+    if spark is None:
+        from deltadrain.spark import get_spark
+
+        spark = get_spark(f"deltadrain-drain-{pipeline.name}")
+    return source_of(pipeline).drain(cfg, pipeline, spark, run_id)
 
 
 def next_batch(last: RunSummary, batch_cap: int, done: int, elapsed_s: float, max_batches: int,

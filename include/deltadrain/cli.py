@@ -104,7 +104,7 @@ def _produce(args) -> int:
 
 @command("drain")
 def _drain(args) -> int:
-    from deltadrain.drain import drain
+    from deltadrain.catchup import drain
 
     cfg = load_config(args.config)
     pipeline = cfg.pipeline(args.pipeline)
@@ -121,29 +121,24 @@ def _drain(args) -> int:
 
 @command("reap")
 def _reap(args) -> int:
-    from deltadrain.reap import reap
+    from deltadrain.sources import source_of
 
     cfg = load_config(args.config)
-    names = [args.pipeline] if args.pipeline else [p.name for p in cfg.pipelines if p.source.kind == "valkey"]
+    names = [args.pipeline] if args.pipeline else [p.name for p in cfg.pipelines if source_of(p).holds_claims]
     for name in names:
-        print(json.dumps(reap(cfg, cfg.pipeline(name))))
+        pipeline = cfg.pipeline(name)
+        print(json.dumps(source_of(pipeline).reap(cfg, pipeline)))
     return 0
-
-
-def stale_reason(st: dict) -> str:
-    after = st["stale_after_ms"]
-    if st["source"] == "kafka":
-        return (f"older than the drain task's execution_timeout ({after} ms): its run is gone, "
-                "the next drain reads the range again")
-    return f"idle over min_idle_ms ({after} ms): the next drain or the reaper takes these entries over"
 
 
 @command("status")
 def _status(args) -> int:
+    from deltadrain.sources import source_of
     from deltadrain.status import pipeline_status
 
     cfg, pipeline, spark = _pipeline_session(args, "status")
     st = pipeline_status(cfg, pipeline, spark)
+    source = source_of(pipeline)
     if args.json:
         print(json.dumps(st, indent=2, default=str))
         return 0
@@ -152,34 +147,11 @@ def _status(args) -> int:
     print(f"  CLAIMED   {st.get('CLAIMED', 0):>10}   oldest claim idle {st.get('oldest_claim_idle_ms', 0)} ms")
     for consumer, info in (st.get("claimed_by") or {}).items():
         print(f"    {consumer}: {info['claimed']} claimed, idle {info['idle_ms']} ms"
-              + (f"  STALE: {stale_reason(st)}" if info.get("stale") else ""))
+              + (f"  STALE: {source.stale_reason(st['stale_after_ms'])}" if info.get("stale") else ""))
     print(f"  PUBLISHED {st['PUBLISHED']:>10}")
     print(f"  DEAD      {st['DEAD']:>10}   (replayed {st['REPLAYED']})")
-    if st["source"] == "kafka":
-        print("  partition  end offset  lake checkpoint  pending  claimed range  group offset  published  dead")
-        for part, info in st["partitions"].items():
-            held = "[{}, {})".format(*info["claimed_range"]) if info["claimed_range"] else "-"
-            print(f"  {part:>9}  {info['end_offset']:>10}  {str(info['lake_checkpoint']):>15}  {info['pending']:>7}  "
-                  f"{held:>13}  {str(info['group_offset']):>12}  {info['published']:>9}  {info['dead']:>4}")
-        for gap in st.get("gaps") or []:
-            print(f"  GAP: partition {gap['partition']} offsets [{gap['start']}, {gap['end']}) were deleted by "
-                  f"retention before they were read ({gap['missing']} messages)")
-        for dead in st.get("dead_runs") or []:
-            print("  UNDER SUSPICION: partition {} offsets [{}, {}) ({} offsets) were read by {} runs that died "
-                  "before committing, {} of them with one message alone; the next runs read it half at a time "
-                  "(max_retries deaths alone: a dead letter)".format(
-                      dead["partition"], *dead["offsets"], dead["offsets"][1] - dead["offsets"][0], dead["runs"],
-                      dead.get("alone", 0)))
-    else:
-        for gap in st.get("gaps") or []:
-            size = "unknown number of entries" if gap["missing"] is None else f"{gap['missing']} entries"
-            print(f"  GAP: stream {gap['partition']} ids {gap['from']} .. {gap['to']} ({size}): {gap['reason']}")
-        for piece in st.get("splits") or []:
-            rest = ", the untried half of a split" if piece["kind"] == "rest" else ""
-            print(f"  UNDER SUSPICION: stream {piece['partition']} ids {piece['ids'][0]} .. {piece['ids'][1]} "
-                  f"({piece['entries']} entries, delivered {piece['deliveries']} times{rest}, "
-                  f"{piece.get('alone', 0)} runs died reading one alone): runs died on them before committing; the "
-                  "next runs read them half at a time (max_retries deaths alone: a dead letter)")
+    for line in source.status_lines(st):
+        print(f"  {line}")
     cp = st["checkpoint"]
     print(f"  checkpoint: batch {cp['batch']}, table version {cp['table_version']}, positions {cp['positions']}")
     if st["last_batch"]:

@@ -11,7 +11,7 @@ import re
 import urllib.parse
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 import yaml
 from pydantic import (
@@ -139,6 +139,10 @@ class ValkeySource(_Model):
             raise ValueError("lists a stream twice")
         return v
 
+    def connection_id_used(self) -> str | None:
+        """The Airflow connection the credentials come from, if any."""
+        return self.connection_id
+
 
 class KafkaSecurity(_Model):
     protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
@@ -181,8 +185,14 @@ class KafkaSource(_Model):
             raise ValueError("id_from: header needs id_header")
         return self
 
+    def connection_id_used(self) -> str | None:
+        """The Airflow connection the SASL credentials come from, if any."""
+        return self.security.connection_id
 
-Source = Annotated[ValkeySource | KafkaSource, Field(discriminator="kind")]
+
+# Each source's `source:` block, told apart by its `kind` (deltadrain.sources: one package per kind).
+SourceSettings = Annotated[ValkeySource | KafkaSource, Field(discriminator="kind")]
+SOURCE_KINDS = frozenset(get_args(m.model_fields["kind"].annotation)[0] for m in get_args(get_args(SourceSettings)[0]))
 
 
 class TargetConfig(_Model):
@@ -287,7 +297,7 @@ class AirflowSettings(_Model):
 
 class PipelineConfig(_Model):
     name: str
-    source: Source
+    source: SourceSettings
     target: TargetConfig
     payload_schema: SchemaConfig = Field(alias="schema")
     transform: str | None = None
@@ -336,8 +346,7 @@ class PipelineConfig(_Model):
 
     def connection_ids(self) -> list[str]:
         """The Airflow connections the source's credentials come from."""
-        source = self.source
-        conn_id = source.connection_id if isinstance(source, ValkeySource) else source.security.connection_id
+        conn_id = self.source.connection_id_used()
         return [conn_id] if conn_id else []
 
     def accepting_gaps(self) -> PipelineConfig:
@@ -409,7 +418,7 @@ def _where(data: dict, loc: tuple) -> tuple[str | None, str]:
         entries = data.get("pipelines") or []
         entry = entries[loc[1]] if loc[1] < len(entries) else {}
         name = entry.get("name") if isinstance(entry, dict) else None
-        rest = [str(x) for x in loc[2:] if x not in ("valkey", "kafka")]
+        rest = [str(x) for x in loc[2:] if x not in SOURCE_KINDS]  # pydantic names the union's member
         return (name or f"#{loc[1] + 1}"), ".".join(rest) or "(pipeline)"
     return None, ".".join(str(x) for x in loc) or "(top level)"
 

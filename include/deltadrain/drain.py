@@ -5,7 +5,7 @@ read checkpoint -> claim (Spark tasks) -> decode -> dead letters -> MERGE with t
 small module of its own; this one only puts them in order.
 
 `Drain` holds what every source shares (transform, poison isolation, dead letters, the commit and
-its outcome); `ValkeyDrain` here and `KafkaDrain` (kafka_drain.py) only claim and acknowledge.
+its outcome); each source's subclass (`sources/<kind>/drain.py`) only claims and acknowledges.
 """
 
 from __future__ import annotations
@@ -20,35 +20,18 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 
 from deltadrain import failpoints
-from deltadrain.acknowledge import acknowledge, release
-from deltadrain.checkpoint import META_COLUMNS, commit_metadata, read_checkpoint
-from deltadrain.claim import ClaimContext, allocate, claim_arrow, failure_field, plan
+from deltadrain.checkpoint import META_COLUMNS, commit_metadata
 from deltadrain.commit import CONFLICT_RETRIES, NewTable, commit_batch
-from deltadrain.config import DeltadrainConfig, PipelineConfig, ValkeySource
-from deltadrain.connections import as_text, group_counts, valkey_client, valkey_url
+from deltadrain.config import DeltadrainConfig, PipelineConfig
 from deltadrain.deadletter import DEAD, take_back, write_dead_letters
 from deltadrain.errors import DeltadrainError, error_line
-from deltadrain.gaps import (
-    as_ranges,
-    count,
-    describe_gap,
-    forget,
-    found_unread,
-    gaps_key,
-    move_past,
-    recorded,
-)
-from deltadrain.gaps import record as record_gaps
 from deltadrain.lake import ensure_table, is_table, refused_rows, row_constraints
 from deltadrain.logs import fields, run_logger
 from deltadrain.metrics import record_run_safely
 from deltadrain.outcome import Outcome
 from deltadrain.paths import staging_dir
-from deltadrain.positions import merge_positions
-from deltadrain.secrets import credentials
-from deltadrain.stage import BatchStats, Staged, stage
+from deltadrain.stage import BatchStats
 from deltadrain.transforms import identity, load_transform
-from deltadrain.valkey_crashes import Split, count_alone, find_split, mark_rest, uncount_alone
 
 # What a run that stops on a gap (on_gap: fail) tells the operator, for either source.
 GO_ON_PAST = ("Nothing was committed. To go on past them, with the next commit recording them, trigger one run "
@@ -90,10 +73,10 @@ class RunSummary:
     released: int = 0
     gaps: int = 0
     # Kafka: offsets retention deleted before they were read. Valkey: entries removed before the group
-    # read them or while pending, as recorded and not yet carried by a commit (deltadrain.gaps).
+    # read them or while pending, as recorded and not yet carried by a commit (deltadrain.sources.valkey.gaps).
     gap_ranges: list = field(default_factory=list)
-    # Kafka: offsets read by runs that died before committing, and how many (deltadrain.kafka_crashes).
-    # Valkey: the segment of entries runs died on that this run reads part of (valkey_crashes).
+    # Kafka: offsets read by runs that died before committing, and how many (deltadrain.sources.kafka.crashes).
+    # Valkey: the segment of entries runs died on that this run reads part of (valkey.crashes).
     # This run reads less there, and a message past max_retries + 1 attempts is a dead letter.
     dead_runs: list = field(default_factory=list)
     seconds: float = 0.0
@@ -109,8 +92,6 @@ def new_run_id() -> str:
     return f"{socket.gethostname()[:20]}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
-def failures_key(pipeline: str) -> str:
-    return f"deltadrain:{{{pipeline}}}:failures"
 
 
 def claim_schema(pipeline: PipelineConfig):
@@ -123,35 +104,12 @@ def claim_schema(pipeline: PipelineConfig):
         f"_dd_original binary, _dd_first_failure_at timestamp, {payload}")
 
 
-def ensure_groups(client, source: ValkeySource) -> None:
-    for stream in source.streams:
-        try:
-            client.xgroup_create(stream, source.group, id="0", mkstream=True)
-        except Exception as exc:  # BUSYGROUP: it exists, which is the usual case
-            if "BUSYGROUP" not in str(exc):
-                raise
 
 
-def group_backlog(client, source: ValkeySource) -> dict[str, tuple[int, int]]:
-    """Per stream: (entries not yet delivered to the group (lag), entries pending in it)."""
-    return {stream: group_counts(client, stream, source.group) for stream in source.streams}
 
 
-def backlog(client, source: ValkeySource) -> dict[str, int]:
-    """Per stream: lag plus pending, what a run may claim."""
-    return {stream: sum(counts) for stream, counts in group_backlog(client, source).items()}
 
 
-def claim_context(cfg: DeltadrainConfig, pipeline: PipelineConfig, consumer: str) -> ClaimContext:
-    source = pipeline.source
-    creds = credentials(connection_id=source.connection_id, password_env=source.password_env)
-    schema = pipeline.payload_schema
-    return ClaimContext(
-        url=valkey_url(cfg, source), username=creds.username, password=creds.password, group=source.group,
-        consumer=consumer, min_idle_ms=pipeline.min_idle_ms, max_attempts=pipeline.max_retries + 1,
-        fields=dict(schema.fields), id_field=schema.id_field, required=list(schema.required),
-        max_bytes=pipeline.max_message_bytes, failures_key=failures_key(pipeline.name),
-        gaps_key=gaps_key(pipeline.name))
 
 
 def target_rows(good, pipeline: PipelineConfig, batch: int, run_id: str):
@@ -601,217 +559,5 @@ class Drain:
             "%s", fields(step=step, seconds=s.timings[step], claimed=s.claimed or None,
                          dead_lettered=s.dead_lettered or None, outcome=s.outcome))
 
-class ValkeyDrain(Drain):
-    """Claims through the consumer group (XAUTOCLAIM + XREADGROUP), acknowledges with XACK."""
-
-    def __init__(self, cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, run_id: str | None = None):
-        if not isinstance(pipeline.source, ValkeySource):
-            raise DrainError(f"pipeline '{pipeline.name}' is not a Valkey pipeline")
-        super().__init__(cfg, pipeline, spark, run_id)
-        self.consumer = f"drain-{self.run_id}"
-        self.split: Split | None = None  # what runs that died left, when this run reads part of it
-        self.client = valkey_client(cfg, pipeline)
-        self.ctx = claim_context(cfg, pipeline, self.consumer)
-
-    def claim(self, quotas: dict[str, int], reclaim: bool = True, split: Split | None = None) -> Staged:
-        """Claim and stage the batch in exactly one Spark job: no later action can run a claim
-        (XREADGROUP) a second time, whatever Spark recomputes. `reclaim=False` takes new entries
-        only, never idle ones with XAUTOCLAIM; a `split` only the idle entries it names."""
-        ctx = self.ctx
-        if split is not None:
-            tasks = [(stream, n, True, start, False) for stream, start, n in split.read]
-        else:
-            tasks = [(t.stream, t.quota, t.reclaim and reclaim, t.start, t.new) for t in plan(quotas)]
-        # One claim task per Spark partition (parallelize keeps the slices), all tasks in parallel.
-        task_df = self.spark.createDataFrame(self.spark.sparkContext.parallelize(tasks, len(tasks)),
-                                             "stream string, quota long, reclaim boolean, start string, new boolean")
-        return stage(task_df, lambda batches, arrow_schema: claim_arrow(batches, ctx, arrow_schema),
-                     claim_schema(self.pipeline), self.pipeline.payload_schema.id_field, str(self.scratch / "claimed"))
-
-    def settle_culprits(self, culprits):
-        """Culprits out of retries become dead letters (returned); the others stay pending for
-        redelivery, their error recorded so that their dead letter can name it later."""
-        rows = culprits.collect()  # at most MAX_CULPRITS rows
-        key = failures_key(self.pipeline.name)
-        fields = [failure_field(r._dd_partition, r._dd_position) for r in rows]
-        old = {f: json.loads(v) for f, v in zip(fields, self.client.hmget(key, fields), strict=True) if v}
-        now = datetime.now(UTC)
-        firsts = {f: datetime.fromisoformat(old[f]["first"]) if f in old else now for f in fields}
-        spent, retry = [], {}
-        for f, r in zip(fields, rows, strict=True):
-            if r._dd_attempts >= self.ctx.max_attempts:
-                spent.append(r)
-            else:
-                retry[f] = json.dumps({"error": r._dd_culprit_error, "error_type": "transform",
-                                       "first": firsts[f].isoformat(), "last": now.isoformat(),
-                                       "attempts": r._dd_attempts})
-        if retry:
-            self.client.hset(key, mapping=retry)
-        schema = culprits.drop("_dd_culprit_error").schema
-        dead = self.dead_records(spent, schema.names, "transform", "transform failed",
-                                 lambda r: firsts[failure_field(r._dd_partition, r._dd_position)])
-        pending = [(r._dd_partition, r._dd_position) for f, r in zip(fields, rows, strict=True) if f in retry]
-        return self.spark.createDataFrame(dead, schema), pending
-
-    def _originals(self, keys: list[tuple[str, str]]) -> dict[tuple[str, str], bytes]:
-        from deltadrain.connections import VALKEY_FIELD
-
-        pipe = self.client.pipeline(transaction=False)
-        for stream, position in keys:
-            pipe.xrange(stream, position, position, count=1)
-        return {key: entries[0][1].get(VALKEY_FIELD) for key, entries in zip(keys, pipe.execute(), strict=True)
-                if entries}
-
-    def backlog_total(self) -> int:
-        return sum(backlog(self.client, self.pipeline.source).values())
-
-    def _run(self) -> None:
-        s, p = self.summary, self.pipeline
-        source: ValkeySource = p.source
-        ensure_groups(self.client, source)
-        checkpoint = read_checkpoint(self.spark, self.target, p.name, self.dlq, self.quarantine)
-        expected = checkpoint.batch
-        batch = expected + 1
-        s.batch = batch
-        counts = group_backlog(self.client, source)
-        quotas = allocate(p.batch_cap, {stream: sum(c) for stream, c in counts.items()})
-        # Nothing pending in the group: no run died on anything, and the pending list is not paged.
-        split = self.split = self.find_split() if any(pending for _, pending in counts.values()) else None
-        if split is None:
-            # Before this run's XREADGROUP moves the group past them. A split reads no new entries:
-            # the run that next does finds them, so that each is reported once.
-            self.find_unread_gaps()
-        self._lap("checkpoint")
-        self.stop_at_gaps(expected, checkpoint.positions)  # on_gap: fail, before anything is claimed
-        staged = None
-        if sum(quotas.values()):
-            if split is not None and split.alone:
-                count_alone(self.client, split, self.ctx.failures_key)
-            staged = self.claim(quotas, split=split)
-            if split is not None and split.marks_rest:
-                mark_rest(self.client, split, source.group, p.min_idle_ms, self.ctx.failures_key, self.consumer)
-            failpoints.hit("after_claim")
-            failpoints.pause("after_claim")
-            self._lap("claim")
-            s.claimed, s.reclaimed = staged.total.rows, staged.total.reclaimed
-        carried = self.report_gaps()
-        if staged is not None:  # the claim may have found entries deleted while pending
-            self.stop_at_gaps(expected, checkpoint.positions, staged, carried)
-        s.positions = checkpoint.positions
-        if s.claimed:
-            s.positions = merge_positions(checkpoint.positions, staged.positions)
-            claimed, oldest = staged.rows(self.spark), staged.total.oldest
-            stats = staged.stats() if self.identity_transform else None
-        elif carried:  # gaps alone (on_gap: continue): a commit without rows carries them
-            (claimed, stats), oldest = self.no_rows(), None
-        else:
-            s.batch = expected
-            return
-        result, pending_culprits = self.publish(claimed, expected, oldest, stats)
-        if result.outcome in (Outcome.COMMITTED, Outcome.ALREADY_COMMITTED):
-            forget(self.client, self.ctx.gaps_key, carried)  # a committed batch's metadata holds them now
-            if s.claimed:
-                failpoints.hit("after_commit")
-                failpoints.pause("after_commit")
-                s.acked = acknowledge(staged.files, self.ctx, keep=frozenset(pending_culprits))
-                self._lap("ack")
-            return
-        # Another writer is ahead, or the table went backwards: acknowledge nothing (invariant 5).
-        if staged is not None:
-            s.released = self.release(staged)
-        self.refuse(result, expected)
-
-    def release(self, staged: Staged) -> int:
-        """Hand this run's claims back (it stopped without dying). A read alone it counted was no death."""
-        if self.split is not None and self.split.alone:
-            uncount_alone(self.client, self.split, self.ctx.failures_key)
-        return release(staged.files, self.ctx)
-
-    def find_split(self) -> Split | None:
-        """What runs that died left pending, split (valkey_crashes): this run then reads that part
-        only. None: an ordinary batch."""
-        source: ValkeySource = self.pipeline.source
-        split = find_split(self.client, source.streams, source.group, self.pipeline.min_idle_ms,
-                           self.ctx.failures_key, self.consumer)
-        if split is not None:
-            self.summary.dead_runs = split.summary()
-            s = self.summary
-            log = run_logger(s.pipeline, s.run_id, s.batch, source=source.kind)
-            for piece in s.dead_runs:
-                log.warning("%s", fields(step="split", partition=piece["partition"], first=piece["ids"][0],
-                                         last=piece["ids"][1], entries=piece["entries"],
-                                         deliveries=piece["deliveries"], read=piece["read"]))
-        return split
-
-    def find_unread_gaps(self) -> None:
-        """Record the entries each stream lost before the group read them (two XINFO calls a stream).
-        Under on_gap: continue, a gap with nothing readable after it is then gone past: the group
-        moves to the stream's end, so that the commit that carries the gap is the last to report it."""
-        source: ValkeySource = self.pipeline.source
-        found = found_unread(self.client, source.streams, source.group, self.ctx.gaps_key)
-        record_gaps(self.client, self.ctx.gaps_key, [gap for gap, _ in found])
-        if source.on_gap == "continue":
-            for gap, st in found:
-                move_past(self.client, gap.partition, source.group, st)
-
-    def stop_at_gaps(self, expected: int, positions: dict, staged: Staged | None = None,
-                     carried: dict[str, str] | None = None) -> None:
-        """on_gap: fail. A run that meets a recorded gap (`carried`, as `report_gaps` read them, else
-        read here) commits nothing: it releases what it claimed and stops with an error naming the
-        gaps, which stay recorded (status and the Airflow view show them) until a run under
-        on_gap: continue carries them in its commit."""
-        if self.pipeline.source.on_gap != "fail":
-            return
-        s = self.summary
-        gaps = as_ranges(carried if carried is not None else recorded(self.client, self.ctx.gaps_key))
-        if not gaps:
-            return
-        if staged is not None:
-            s.released = self.release(staged)
-        s.batch, s.positions = expected, positions
-        s.gap_ranges, s.gaps = gaps, count(gaps)
-        s.error = (f"entries were deleted from the source before this pipeline committed them: "
-                   f"{'; '.join(describe_gap(g) for g in gaps)}. {GO_ON_PAST}")
-        raise DrainError(s.error)
-
-    def report_gaps(self) -> dict[str, str]:
-        """Every recorded gap no commit has carried yet (this run's, and those of runs that died or
-        lost the race after recording theirs) goes into the summary, the log and this run's commit
-        metadata. Returns them as recorded, for `forget` after the commit."""
-        s = self.summary
-        carried = recorded(self.client, self.ctx.gaps_key)
-        s.gap_ranges = as_ranges(carried)
-        s.gaps = count(s.gap_ranges)
-        if s.gap_ranges:
-            self.commit_extra["gaps"] = s.gap_ranges
-            log = run_logger(s.pipeline, s.run_id, s.batch, source=self.pipeline.source.kind)
-            for g in s.gap_ranges:
-                log.warning("%s", fields(step="gap", partition=g["partition"], kind=g["kind"], first=g["from"],
-                                         last=g["to"], missing=g["missing"], reason=g["reason"]))
-        return carried
-
-    def _finish(self) -> None:
-        self._drop_consumer_if_idle()
-
-    def _drop_consumer_if_idle(self) -> None:
-        """A finished run's consumer has nothing pending; remove it so XINFO stays readable."""
-        try:
-            for stream in self.pipeline.source.streams:
-                consumers = self.client.xinfo_consumers(stream, self.pipeline.source.group)
-                mine = next((c for c in consumers if as_text(c["name"]) == self.consumer), None)
-                if mine is not None and int(mine["pending"]) == 0:
-                    self.client.xgroup_delconsumer(stream, self.pipeline.source.group, self.consumer)
-        except Exception:
-            pass  # best effort; the reaper removes idle consumers too
 
 
-def drain(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark=None, run_id: str | None = None) -> RunSummary:
-    if spark is None:
-        from deltadrain.spark import get_spark
-
-        spark = get_spark(f"deltadrain-drain-{pipeline.name}")
-    if isinstance(pipeline.source, ValkeySource):
-        return ValkeyDrain(cfg, pipeline, spark, run_id).run()
-    from deltadrain.kafka_drain import KafkaDrain  # imports this module: not at the top
-
-    return KafkaDrain(cfg, pipeline, spark, run_id).run()

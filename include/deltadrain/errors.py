@@ -15,6 +15,10 @@ class PrerequisiteError(DeltadrainError):
     """Something the machine lacks (Java, Maven, the jar cache); the message names the fix."""
 
 
+class ReplayError(DeltadrainError):
+    """A replay that was refused or sent nothing (its parameters, or the source would not take it)."""
+
+
 class ServiceError(DeltadrainError):
     """An embedded service that cannot start or answer (port taken, crashed, timed out)."""
 

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from datetime import UTC, datetime
 
-from deltadrain.checkpoint import carries_batch
+from deltadrain.checkpoint import Checkpoint, carries_batch
 from deltadrain.config import DeltadrainConfig, PipelineConfig
 from deltadrain.deadletter import DEAD, REPLAYED
 from deltadrain.lake import inserted_rows
@@ -279,6 +279,15 @@ def last_commit(cfg: DeltadrainConfig, pipeline: PipelineConfig, search: int = 2
                 "crashes": meta.get("crashes") or {}, "table_version": commit.get("version"), "at": _at(commit),
                 "written": inserted_rows(commit.get("operationMetrics") or {})}
     return None
+
+
+def checkpoint(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> Checkpoint:
+    """The checkpoint as the newest batch commit keeps it (batch 0, no positions, when none is found)."""
+    last = last_commit(cfg, pipeline)
+    if last is None:
+        return Checkpoint(0)
+    return Checkpoint(last["batch"], last["positions"], last["table_version"], last["run_id"], "commit",
+                      {"crashes": last["crashes"]})
 
 
 def gap_row(gap: dict) -> dict:

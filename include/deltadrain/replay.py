@@ -22,20 +22,17 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from deltadrain.config import DeltadrainConfig, KafkaSource, PipelineConfig, ValkeySource
+from deltadrain.config import DeltadrainConfig, PipelineConfig
 from deltadrain.deadletter import DEAD, REPLAYED
-from deltadrain.errors import DeltadrainError
+from deltadrain.errors import ReplayError
 from deltadrain.lake import is_table, retry_conflicts
 from deltadrain.paths import staging_dir
 from deltadrain.positions import StreamId
+from deltadrain.sources import source_of
 
 LONG_MAX = 2**63 - 1  # the position columns are longs
 MAX_LIMIT = 100_000  # entries are handled on the driver; bigger replays run in several goes
 PREVIEW = 20
-
-
-class ReplayError(DeltadrainError):
-    pass
 
 
 class ReplayRequest(BaseModel):
@@ -111,26 +108,13 @@ def parse_request(cfg: DeltadrainConfig, params: dict) -> ReplayRequest:
     if request.pipeline not in names:
         raise ReplayError(f"invalid replay parameters: pipeline '{request.pipeline}' is not configured "
                           f"(configured: {', '.join(names)})")
-    problem = source_problem(cfg.pipeline(request.pipeline).source, request)
+    pipeline = cfg.pipeline(request.pipeline)
+    positions = {name: value for name in ("position_from", "position_to")
+                 if (value := getattr(request, name)) is not None}
+    problem = source_of(pipeline).replay_problem(pipeline, request.partition, positions)
     if problem:
         raise ReplayError(f"invalid replay parameters: {problem}")
     return request
-
-
-def source_problem(source: ValkeySource | KafkaSource, request: ReplayRequest) -> str | None:
-    """What the pipeline's source makes of the request's partition and positions; a misspelt stream
-    would select nothing, and a Kafka offset written as `5-3` would leave offset 5 out."""
-    if isinstance(source, ValkeySource):
-        if request.partition is not None and request.partition not in source.streams:
-            return f"partition: '{request.partition}' is not one of the pipeline's streams ({', '.join(source.streams)})"
-        return None
-    if request.partition is not None and not (request.partition.isascii() and request.partition.isdigit()):
-        return f"partition: a Kafka partition is a number, got '{request.partition}'"
-    for name in ("position_from", "position_to"):
-        value = getattr(request, name)
-        if value is not None and "-" in value:  # the field's own check leaves digits, or ms-seq
-            return f"{name}: a Kafka position is an offset (a number), got '{value}'"
-    return None
 
 
 @dataclass
@@ -187,75 +171,12 @@ def select_dead_letters(spark, path: str, request: ReplayRequest):
     return df.orderBy("partition", "pos_hi", "pos_lo").limit(request.limit)
 
 
-def over_maxlen(maxlen: int | None, sending: dict[str, int], unfinished: dict[str, int]) -> list[str]:
-    """The streams a replay would push past their MAXLEN: each XADD trims the oldest entries, so the
-    copies plus the entries the group has not finished (unread and pending) must fit, or some of them
-    would be trimmed before a drain read them (a gap, and copies marked REPLAYED that never landed)."""
-    return [f"{s}: {n} copies + {unfinished.get(s, 0)} entries not yet drained > maxlen {maxlen}"
-            for s, n in sorted(sending.items()) if maxlen and n + unfinished.get(s, 0) > maxlen]
 
 
-def _enqueue_valkey(cfg, pipeline, entries) -> None:
-    from collections import Counter
-
-    from deltadrain.connections import VALKEY_FIELD, group_counts, valkey_client
-
-    client = valkey_client(cfg, pipeline)
-    # The stream's MAXLEN holds for replayed entries as for produced ones (approximate: whole nodes).
-    maxlen = pipeline.source.maxlen
-    trim = {"maxlen": maxlen, "approximate": True} if maxlen else {}
-    if maxlen:
-        sending = Counter(e["partition"] for e in entries)
-        # Entries the group has still to read or acknowledge (without the group: every entry).
-        unfinished = {s: sum(group_counts(client, s, pipeline.source.group)) for s in sending}
-        full = over_maxlen(maxlen, sending, unfinished)
-        if full:
-            raise ReplayError(f"replay refused, nothing sent: {'; '.join(full)}. Replay fewer at a time (limit), "
-                              "let the drains catch up first, or raise source.maxlen")
-    pipe = client.pipeline(transaction=False)
-    for e in entries:
-        pipe.xadd(e["partition"], {VALKEY_FIELD: e["original"], b"replay_of": e["position"].encode()}, **trim)
-    pipe.execute()
 
 
-def kafka_copy_identity(source: KafkaSource, entry: dict) -> tuple[str | None, list[tuple[str, bytes]]]:
-    """(key, headers) of a dead letter's copy, which must get the id its original had, or would have
-    had: a copy sent twice (a crash between sending and marking) then lands on one row. The drain
-    takes REPLAY_ID_HEADER's value where it would take the record's place (topic-partition-offset)
-    for an id; a dead letter with no id (dead after max_retries killed runs, never decoded) carries
-    its original's place, so an id-less copy is not named after its own new offset."""
-    from deltadrain.kafka_drain import REPLAY_ID_HEADER
-
-    message_id = entry["message_id"]
-    headers = [("deltadrain-replay-of", f"{entry['partition']}@{entry['position']}".encode()),
-               (REPLAY_ID_HEADER, (message_id or f"{source.topic}-{entry['partition']}-{entry['position']}").encode())]
-    if message_id and source.id_from == "header":
-        headers.append((source.id_header, message_id.encode()))
-    # Keep the message's identity where the pipeline reads it from (key or header).
-    return (message_id if source.id_from == "key" else None), headers
 
 
-def _enqueue_kafka(cfg, pipeline, entries) -> None:
-    from confluent_kafka import Producer
-
-    from deltadrain.connections import kafka_client_conf
-
-    source: KafkaSource = pipeline.source
-    producer = Producer({**kafka_client_conf(cfg, pipeline), "enable.idempotence": True, "acks": "all"})
-    failures: list[str] = []
-
-    def done(err, _msg):
-        if err is not None:
-            failures.append(str(err))
-
-    for e in entries:
-        # A Kafka dead letter's partition is the topic partition's number: it goes back there.
-        kwargs = {"partition": int(e["partition"])} if str(e["partition"]).isdigit() else {}
-        key, headers = kafka_copy_identity(source, e)
-        producer.produce(source.topic, value=e["original"], key=key, headers=headers, on_delivery=done, **kwargs)
-        producer.poll(0)
-    if producer.flush(60) or failures:
-        raise ReplayError(f"Kafka did not take every replayed message: {failures[:3] or 'flush timed out'}")
 
 
 def mark_replayed(spark, path: str, pipeline: str, keys: list[tuple[str, str]], run_id: str) -> None:
@@ -288,7 +209,7 @@ def replay_dead_letters(cfg, pipeline: PipelineConfig, spark, request: ReplayReq
     result.preview = [{"partition": r["partition"], "position": r["position"], "message_id": r["message_id"],
                        "error": (r["error"] or "")[:200]} for r in rows[:PREVIEW]]
     entries = []
-    drained = pipeline.source.streams if isinstance(pipeline.source, ValkeySource) else None
+    drained = source_of(pipeline).partition_names(pipeline)
     for r in rows:
         if drained is not None and r["partition"] not in drained:
             result.skipped.append({"partition": r["partition"], "position": r["position"],
@@ -317,10 +238,7 @@ def replay_dead_letters(cfg, pipeline: PipelineConfig, spark, request: ReplayReq
         return
     # Source first, DLQ state after: a crash in between re-sends on the next replay (the MERGE on the
     # message id absorbs it) instead of marking entries REPLAYED that never went back.
-    if isinstance(pipeline.source, ValkeySource):
-        _enqueue_valkey(cfg, pipeline, entries)
-    else:
-        _enqueue_kafka(cfg, pipeline, entries)
+    source_of(pipeline).send_back(cfg, pipeline, entries)
     mark_replayed(spark, path, pipeline.name, [(e["partition"], e["position"]) for e in entries], result.run_id)
     result.replayed = len(entries)
 
@@ -375,7 +293,8 @@ def reprocess(cfg, pipeline: PipelineConfig, spark, request: ReplayRequest, resu
         return
     scratch = staging_dir(result.run_id)
     try:
-        history = read_published_history(spark, cfg, pipeline, picked, scratch)
+        history = source_of(pipeline).read_places(spark, cfg, pipeline,
+                                                    [(r["_dd_partition"], r["_dd_position"]) for r in picked], scratch)
         found = {(r._dd_partition, r._dd_position) for r in history.select("_dd_partition", "_dd_position").collect()}
         result.skipped += [{"partition": r["_dd_partition"], "position": r["_dd_position"],
                             "reason": "no longer retained by the source"}
@@ -418,25 +337,6 @@ def rewritten_batches(picked: list[dict], skipped: list[dict]) -> list[int]:
     left_out = {(s["partition"], s["position"]) for s in skipped}
     return sorted({int(r["_dd_batch"]) for r in picked
                    if r.get("_dd_batch") and (r["_dd_partition"], r["_dd_position"]) not in left_out})
-
-
-def read_published_history(spark, cfg, pipeline: PipelineConfig, picked: list[dict], scratch):
-    from deltadrain.drain import claim_context, claim_schema
-
-    if isinstance(pipeline.source, ValkeySource):
-        from deltadrain.history import StreamRange, read_history
-
-        by_stream: dict[str, list[str]] = {}
-        for r in picked:
-            by_stream.setdefault(r["_dd_partition"], []).append(r["_dd_position"])
-        ranges = [StreamRange(s, str(min(map(StreamId.parse, ids))), str(max(map(StreamId.parse, ids))), tuple(ids))
-                  for s, ids in sorted(by_stream.items())]
-        ctx = claim_context(cfg, pipeline, "replay")
-        return read_history(spark, ranges, ctx, claim_schema(pipeline), str(scratch / "history"))
-    from deltadrain.kafka_history import kafka_offset_rows
-
-    return kafka_offset_rows(spark, cfg, pipeline, [(r["_dd_partition"], int(r["_dd_position"])) for r in picked],
-                             str(scratch / "history"))
 
 
 STEPS = ("select", "replay")

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from deltadrain.catchup import drain
 from deltadrain.config import load_config
-from deltadrain.drain import drain
-from deltadrain.reap import reap
+from deltadrain.sources.valkey.reap import reap
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -11,12 +11,12 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from deltadrain.backfill import BackfillError, backfill
+from deltadrain.catchup import drain
 from deltadrain.checkpoint import read_checkpoint
-from deltadrain.connections import as_text, valkey_client
 from deltadrain.dev.produce import MALFORMED_KINDS, generate, produce
-from deltadrain.drain import drain
 from deltadrain.errors import DeltadrainError
 from deltadrain.replay import ReplayRequest, parse_request, replay
+from deltadrain.sources.valkey.client import as_text, valkey_client
 from tests.integration.helpers import (
     assert_exactly_once,
     dlq_rows,
@@ -297,7 +297,7 @@ def test_replayed_dead_letters_are_appended_under_the_streams_maxlen(tmp_path, v
     the group has not drained yet are never what it trims: such a replay is refused, nothing sent."""
     from deltadrain.dev.produce import VALKEY_FIELD
     from deltadrain.errors import DeltadrainError
-    from deltadrain.replay import _enqueue_valkey
+    from deltadrain.sources import source_of
 
     _, c, p = make_pipeline(tmp_path, partitions=1)
     p = p.model_copy(update={"source": p.source.model_copy(update={"maxlen": maxlen})})
@@ -310,11 +310,11 @@ def test_replayed_dead_letters_are_appended_under_the_streams_maxlen(tmp_path, v
     client.xgroup_create(stream, p.source.group, id="0")  # all 1000 unread
     if maxlen:
         with pytest.raises(DeltadrainError, match=re.escape(f"{stream}: 1 copies + 1000 entries not yet drained > maxlen 50")):
-            _enqueue_valkey(c, p, [copy])
+            source_of(p).send_back(c, p, [copy])
         assert client.xlen(stream) == 1000
         entries = client.xreadgroup(p.source.group, "d", {stream: ">"}, count=990)[0][1]
         client.xack(stream, p.source.group, *[i for i, _ in entries])  # 10 left to drain: room for one copy
-    _enqueue_valkey(c, p, [copy])
+    source_of(p).send_back(c, p, [copy])
     length = client.xlen(stream)
     assert (50 <= length < 150) if maxlen else length == 1001
     last = client.xrevrange(stream, count=1)[0][1]
@@ -408,7 +408,8 @@ def test_kafka_backfill_and_reprocess_heal_rows_once_without_touching_offsets(tm
     from delta.tables import DeltaTable
     from pyspark.sql import functions as F
 
-    from deltadrain import kafka_drain, kafka_history
+    from deltadrain.sources.kafka import drain as kafka_drain
+    from deltadrain.sources.kafka import history as kafka_history
     from tests.integration.test_kafka_drain import drain_until_done as drain_kafka
     from tests.integration.test_kafka_drain import group_of, lake_checkpoint, make_kafka_pipeline
 
@@ -487,8 +488,8 @@ def test_a_kafka_backfill_does_not_duplicate_a_record_stamped_long_before_its_in
     dedup window starts from the rows' oldest source time), or every backfill inserts it again."""
     from confluent_kafka import Producer
 
-    from deltadrain.connections import kafka_client_conf
     from deltadrain.dev.produce import generate
+    from deltadrain.sources.kafka.client import kafka_client_conf
     from tests.integration.test_kafka_drain import drain_until_done as drain_kafka
     from tests.integration.test_kafka_drain import make_kafka_pipeline
 
@@ -513,7 +514,7 @@ def test_a_kafka_backfill_of_an_interval_retention_took_whole_reports_the_gap(tm
     from confluent_kafka import TopicPartition
     from confluent_kafka.admin import AdminClient
 
-    from deltadrain.connections import kafka_client_conf
+    from deltadrain.sources.kafka.client import kafka_client_conf
     from tests.integration.test_kafka_drain import make_kafka_pipeline
 
     _, c, p = make_kafka_pipeline(tmp_path, partitions=1)
@@ -557,7 +558,7 @@ def test_a_kafka_dlq_replay_sent_twice_lands_each_dead_letter_once(tmp_path, spa
 
     import deltadrain.replay as replay_module
     from deltadrain.config import load_config
-    from deltadrain.connections import kafka_client_conf
+    from deltadrain.sources.kafka.client import kafka_client_conf
     from deltadrain.transforms import POISON_MARKER
     from tests.integration.test_kafka_drain import drain_until_done as drain_kafka
     from tests.integration.test_kafka_drain import make_kafka_pipeline
@@ -622,7 +623,7 @@ def test_history_gaps_name_a_trim_an_xdel_both_at_once_and_a_stream_emptied(tmp_
     """What a backfill reports of the history it cannot read, from a real stream's XINFO: trimming
     leaves max-deleted-entry-id alone, so an XDEL after a trim is a second gap; a stream trimmed to
     empty has no first entry (it reads 0-0) and is one gap up to its last id, not none."""
-    from deltadrain.history import StreamRange, history_gaps
+    from deltadrain.sources.valkey.history import StreamRange, history_gaps
 
     _, c, p = make_pipeline(tmp_path, partitions=1)
     client = valkey_client(c, p)

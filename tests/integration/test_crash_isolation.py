@@ -15,8 +15,8 @@ import time
 
 import pytest
 
-from deltadrain.connections import valkey_client
 from deltadrain.dev.produce import MALFORMED_KINDS, produce
+from deltadrain.sources.valkey.client import valkey_client
 from tests.integration.helpers import (
     assert_exactly_once,
     cli_drain,

@@ -16,7 +16,6 @@ import pytest
 import yaml
 
 from deltadrain.checkpoint import read_checkpoint
-from deltadrain.connections import valkey_client
 from deltadrain.dev.produce import MALFORMED_KINDS, produce
 from deltadrain.orchestration.names import (
     MAINTENANCE_DAG,
@@ -28,6 +27,7 @@ from deltadrain.orchestration.names import (
     replay_quality_task_id,
     replay_task_id,
 )
+from deltadrain.sources.valkey.client import valkey_client
 from tests.integration.helpers import ROOT, assert_exactly_once, dlq_rows, make_pipeline, pending, target_ids
 
 DAGS = ROOT / "dags"
@@ -228,7 +228,7 @@ def test_an_ingest_run_stops_on_a_gap_with_nothing_after_it_and_says_how_to_go_o
 
 @pytest.mark.slow
 def test_reaper_dag_takes_over_stuck_claims_and_removes_dead_consumers(pipeline_dags, spark):
-    from deltadrain.drain import ensure_groups
+    from deltadrain.sources.valkey.drain import ensure_groups
 
     path, c, p = pipeline_dags(min_idle_ms=0)
     client = valkey_client(c, p)
@@ -249,7 +249,7 @@ def test_reaper_dag_takes_over_stuck_claims_and_removes_dead_consumers(pipeline_
 
 @pytest.mark.slow
 def test_maintenance_dag_compacts_and_vacuums_through_spark_submit(pipeline_dags, spark):
-    from deltadrain.drain import drain
+    from deltadrain.catchup import drain
     from deltadrain.maintain import files_on_disk, snapshot_files
 
     path, c, p = pipeline_dags(batch_cap=40)
@@ -500,9 +500,9 @@ def test_kafka_drains_airflow_times_out_in_a_hanging_transform_are_counted_and_t
     that read the message alone died max_retries times it is a dead letter, alone, and the pipeline
     goes on."""
 
-    from deltadrain.connections import kafka_client_conf
     from deltadrain.dev.produce import generate
-    from deltadrain.kafka_offsets import committed, read_notice
+    from deltadrain.sources.kafka.client import kafka_client_conf
+    from deltadrain.sources.kafka.offsets import committed, read_notice
     from tests.integration.hang_transform import HANG_MARKER
     from tests.integration.test_kafka_drain import lake_checkpoint, make_kafka_pipeline, send_marked
 

@@ -12,12 +12,15 @@ import uuid
 import pytest
 import yaml
 
+from deltadrain.catchup import drain
 from deltadrain.checkpoint import read_checkpoint
-from deltadrain.connections import kafka_client_conf
 from deltadrain.dev.produce import MALFORMED_KINDS, ensure_topic, generate, produce
-from deltadrain.drain import DrainError, drain
+from deltadrain.drain import DrainError
 from deltadrain.failpoints import fired
-from deltadrain.kafka_offsets import (
+from deltadrain.probe import probe
+from deltadrain.sources import source_of
+from deltadrain.sources.kafka.client import kafka_client_conf
+from deltadrain.sources.kafka.offsets import (
     announce_claims,
     commit_group_offsets,
     committed,
@@ -26,8 +29,8 @@ from deltadrain.kafka_offsets import (
     watermarks,
     withdraw_claims,
 )
-from deltadrain.probe import probe
-from deltadrain.status import kafka_counts, mark_stale, pipeline_status, stale_after_ms
+from deltadrain.sources.kafka.status import kafka_counts
+from deltadrain.status import mark_stale, pipeline_status
 from tests.integration.helpers import (
     BOTH_TRANSFORMS,
     HANDLER,
@@ -946,7 +949,7 @@ def test_status_shows_a_running_batchs_ranges_as_claimed_and_a_killed_runs_notic
     # than the drain task's execution_timeout ...
     # (First the source's counts alone, read at once: pipeline_status starts Spark jobs, and on a
     # slow machine the notice could be stale before they end.)
-    st = mark_stale(kafka_counts(conf, p.source, {}, {}, {}), stale_after_ms(p))
+    st = mark_stale(kafka_counts(conf, p.source, {}, {}, {}), source_of(p).stale_after_ms(p))
     assert st["claimed_by"][run_id]["idle_ms"] <= 15_000, st
     assert (st["claimed_by"][run_id]["stale"], st["STALE_CLAIMED"]) == (False, 0)
     st = pipeline_status(c, p, spark)
@@ -969,7 +972,7 @@ def test_status_shows_a_running_batchs_ranges_as_claimed_and_a_killed_runs_notic
 
 
 def test_a_run_that_fails_in_its_read_takes_its_claim_notices_off(tmp_path, cfg, spark, monkeypatch):
-    import deltadrain.kafka_drain
+    import deltadrain.sources.kafka.drain
 
     path, c, p = make_kafka_pipeline(tmp_path, partitions=2)
     produce(c, p, 100, seed=83)
@@ -983,7 +986,7 @@ def test_a_run_that_fails_in_its_read_takes_its_claim_notices_off(tmp_path, cfg,
             seen.update(committed(conf, group, topic, [0, 1]))
         raise RuntimeError("broker lost mid-read")
 
-    monkeypatch.setattr(deltadrain.kafka_drain, "read_ranges", broken)
+    monkeypatch.setattr(deltadrain.sources.kafka.drain, "read_ranges", broken)
     with pytest.raises(RuntimeError, match="broker lost mid-read"):
         drain(c, p, spark=spark)
     # During the run both partitions carried its notice; after the failure neither does, and the
@@ -999,7 +1002,7 @@ def test_a_run_that_fails_in_its_read_takes_its_claim_notices_off(tmp_path, cfg,
 def test_a_run_whose_transform_fails_its_batch_leaves_its_claim_notices_to_be_counted(counted, tmp_path, cfg, spark,
                                                                                       monkeypatch):
     from deltadrain.drain import BatchFailure
-    from deltadrain.kafka_drain import KafkaDrain
+    from deltadrain.sources.kafka.drain import KafkaDrain
 
     path, c, p = make_kafka_pipeline(tmp_path, partitions=2)
     produce(c, p, 100, seed=83)

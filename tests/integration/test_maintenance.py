@@ -6,14 +6,14 @@ from __future__ import annotations
 import pytest
 import yaml
 
+from deltadrain.catchup import drain
 from deltadrain.checkpoint import read_checkpoint
 from deltadrain.config import load_config
-from deltadrain.connections import valkey_client
 from deltadrain.dev.produce import MALFORMED_KINDS, produce
-from deltadrain.drain import drain
 from deltadrain.maintain import files_on_disk, maintain, snapshot_files
 from deltadrain.metrics import last_runs, metrics_path
 from deltadrain.orchestration.view import pipeline_view
+from deltadrain.sources.valkey.client import valkey_client
 from tests.integration.helpers import (
     assert_exactly_once,
     dlq_rows,

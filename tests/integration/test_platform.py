@@ -193,7 +193,7 @@ def test_a_creation_under_way_or_abandoned_does_not_fail_table_creation(spark, t
 
 
 def test_valkey_xadd_xreadgroup_xack_roundtrip_with_aof(valkey_server, cfg):
-    from deltadrain.connections import valkey_client
+    from deltadrain.sources.valkey.client import valkey_client
 
     client = valkey_client(cfg, cfg.pipeline("orders"))
     assert client.config_get("appendonly")["appendonly"] == "yes"
@@ -212,8 +212,8 @@ def test_valkey_xadd_xreadgroup_xack_roundtrip_with_aof(valkey_server, cfg):
 def test_kafka_produce_consume_roundtrip_and_spark_batch_read(kafka_broker, cfg, spark):
     from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-    from deltadrain.connections import kafka_bootstrap, kafka_spark_options
     from deltadrain.dev.produce import produce
+    from deltadrain.sources.kafka.client import kafka_bootstrap, kafka_spark_options
 
     pipeline = cfg.pipeline("clicks")
     result = produce(cfg, pipeline, 300, seed=11)
@@ -241,7 +241,7 @@ def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
 
 
 def test_produce_is_deterministic_for_a_seed(valkey_server, cfg):
-    from deltadrain.connections import valkey_client
+    from deltadrain.sources.valkey.client import valkey_client
 
     client = valkey_client(cfg, cfg.pipeline("orders"))
     streams = cfg.pipeline("orders").source.streams

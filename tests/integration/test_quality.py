@@ -14,10 +14,10 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from deltadrain import cli, lakeview
+from deltadrain.catchup import drain
 from deltadrain.checkpoint import find_commit, read_checkpoint
-from deltadrain.connections import valkey_client
 from deltadrain.dev.produce import generate, produce
-from deltadrain.drain import DrainError, drain
+from deltadrain.drain import DrainError
 from deltadrain.failpoints import InjectedFailure
 from deltadrain.lake import table_id
 from deltadrain.metrics import last_runs, metrics_path, render_chart
@@ -35,6 +35,7 @@ from deltadrain.quality import (
     results_path,
     write_result,
 )
+from deltadrain.sources.valkey.client import valkey_client
 from tests.integration.helpers import make_pipeline, pending, target_ids
 
 pytestmark = pytest.mark.usefixtures("valkey_server")

@@ -104,11 +104,11 @@ def test_a_bench_stops_only_the_server_it_started_and_drops_its_own_source(tmp_p
     """`deltadrain bench` starts Valkey or Kafka if needed (`bench.bench_source`, `services.running`): a
     server it started is stopped afterwards, one that was running is left running, and the bench's
     streams and pipeline keys are deleted even when a phase fails."""
-    from deltadrain.connections import valkey_client
     from deltadrain.dev import services
     from deltadrain.dev.bench import bench_source
     from deltadrain.dev.produce import produce
-    from deltadrain.drain import failures_key
+    from deltadrain.sources.valkey.client import valkey_client
+    from deltadrain.sources.valkey.drain import failures_key
     from tests.integration.helpers import make_pipeline
 
     env = _own_env(tmp_path)

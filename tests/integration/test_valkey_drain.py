@@ -12,15 +12,18 @@ import time
 
 import pytest
 
+from deltadrain.catchup import drain
 from deltadrain.checkpoint import read_checkpoint
-from deltadrain.connections import valkey_client
 from deltadrain.dev.produce import MALFORMED_KINDS, generate, produce
-from deltadrain.drain import DrainError, drain
+from deltadrain.drain import DrainError
 from deltadrain.failpoints import fired
 from deltadrain.positions import StreamId
-from deltadrain.reap import REAPER, reap
 from deltadrain.replay import ReplayRequest, replay
-from deltadrain.status import mark_stale, pipeline_status, stale_after_ms, valkey_counts
+from deltadrain.sources import source_of
+from deltadrain.sources.valkey.client import valkey_client
+from deltadrain.sources.valkey.reap import REAPER, reap
+from deltadrain.sources.valkey.status import valkey_counts
+from deltadrain.status import mark_stale, pipeline_status
 from tests.integration.helpers import (
     BOTH_TRANSFORMS,
     HANDLER,
@@ -212,7 +215,7 @@ def test_stream_ids_up_to_the_end_of_9999_drain_and_one_beyond_stops_the_run_nam
     second run reclaims it: min_idle_ms 0)."""
     from datetime import UTC
 
-    from deltadrain.claim import MAX_MS
+    from deltadrain.sources.valkey.claim import MAX_MS
 
     _, c, p = make_pipeline(tmp_path, partitions=1, min_idle_ms=0)
     client = valkey_client(c, p)
@@ -284,7 +287,7 @@ def test_reaper_takes_over_claims_of_a_dead_consumer(tmp_path, cfg, spark):
         client.xreadgroup(p.source.group, "crashed-drain", {stream: ">"}, count=50)
     assert pending(client, p) == 200
     # Status flags a claimant idle over min_idle_ms as stale: its entries are anyone's to take over.
-    fresh = mark_stale(valkey_counts(client, p.source), stale_after_ms(p))["claimed_by"]["crashed-drain"]
+    fresh = mark_stale(valkey_counts(client, p.source), source_of(p).stale_after_ms(p))["claimed_by"]["crashed-drain"]
     assert fresh["claimed"] == 200 and fresh["stale"] == (fresh["idle_ms"] > 200)
     time.sleep(0.3)
     st = pipeline_status(c, p, spark)
@@ -409,12 +412,12 @@ def test_a_message_that_kills_every_run_is_isolated_by_splitting_and_dead_alone(
     """A Valkey claim is a delivery, so runs killed by a message (stopped from inside the transform as
     a SIGKILL stops them, failpoints.ABANDON: the real SIGKILLs are the kill tests') leave their
     entries pending. Each run after a death reads
-    half of what died (valkey_crashes), the other half waits with REST; a run that reads one entry
+    half of what died (valkey.crashes), the other half waits with REST; a run that reads one entry
     alone counts it. The crasher is dead once runs that read it alone died max_retries times; every
     other entry is published, and the crasher was read by at most isolation.crash_loop_runs runs."""
-    from deltadrain.drain import failures_key
     from deltadrain.isolation import crash_loop_runs
-    from deltadrain.valkey_crashes import ALONE, FIRST_HALF, REST, REST_OF_SPLIT
+    from deltadrain.sources.valkey.crashes import ALONE, FIRST_HALF, REST, REST_OF_SPLIT
+    from deltadrain.sources.valkey.drain import failures_key
     from tests.integration.crash_transform import CRASH_MARKER
 
     _, c, p = make_pipeline(tmp_path, partitions=1, batch_cap=8, max_retries=2, min_idle_ms=0,
@@ -480,7 +483,7 @@ def test_a_split_across_streams_reads_the_first_half_in_stream_order_then_the_re
     The next run reads the first 20 in (stream, id) order (the first two streams' entries) and hands
     the other 20 to REST across both remaining streams, delivery counts kept; the run after reads the
     REST 20 whole; then the new entries come. Every message lands once."""
-    from deltadrain.valkey_crashes import FIRST_HALF, REST, REST_OF_SPLIT
+    from deltadrain.sources.valkey.crashes import FIRST_HALF, REST, REST_OF_SPLIT
 
     _, c, p = make_pipeline(tmp_path, partitions=4, batch_cap=40, min_idle_ms=0)
     client = valkey_client(c, p)
@@ -1017,8 +1020,8 @@ def test_entries_trimmed_before_the_group_read_them_are_a_reported_gap(tmp_path,
     """Under on_gap: fail (the default) a run stops at the gap and claims nothing; once the operator
     accepts the loss (on_gap: continue), the next commit carries the gap and goes on after it."""
     from deltadrain.cli import main
-    from deltadrain.connections import group_counts
     from deltadrain.probe import probe
+    from deltadrain.sources.valkey.client import group_counts
 
     path, c, p = make_pipeline(tmp_path, partitions=2)
     client = valkey_client(c, p)
@@ -1077,9 +1080,9 @@ def test_entries_trimmed_while_a_claim_task_reads_are_a_gap_it_records(tmp_path,
     """The run checks for gaps before it claims; a producer trimming with MAXLEN while the claim tasks
     read (a drain that falls behind) removes entries past the group's position after that check. Each
     XREADGROUP runs in one transaction with the XINFO calls of the check and records what it reads past."""
-    from deltadrain import claim
-    from deltadrain.drain import claim_context, ensure_groups
-    from deltadrain.gaps import gaps_key, recorded
+    from deltadrain.sources.valkey import claim
+    from deltadrain.sources.valkey.drain import claim_context, ensure_groups
+    from deltadrain.sources.valkey.gaps import gaps_key, recorded
 
     path, c, p = make_pipeline(tmp_path, partitions=1, source={"on_gap": "continue"})
     client = valkey_client(c, p)
@@ -1110,9 +1113,9 @@ def test_a_gap_with_nothing_readable_after_it_is_committed_past_once_under_conti
     deliver, so nothing would move the group past either gap. Under on_gap: continue the run moves it
     to the stream's end and commits the gaps in a batch without rows; later runs neither report them
     again nor see work, and the group's lag stays exact for what comes next."""
-    from deltadrain.connections import group_counts
     from deltadrain.orchestration.view import pipeline_view
     from deltadrain.probe import probe
+    from deltadrain.sources.valkey.client import group_counts
 
     _, c, p = make_pipeline(tmp_path, partitions=2, source={"on_gap": "continue"})
     client = valkey_client(c, p)
@@ -1164,7 +1167,7 @@ def _read_by_a_crashed_drain(tmp_path, produced: int, seed: int, deleted: int, o
 
 def test_an_entry_deleted_while_pending_is_reported_with_its_id(tmp_path, cfg, spark, capsys):
     from deltadrain.cli import main
-    from deltadrain.valkey_crashes import RELEASED, REST
+    from deltadrain.sources.valkey.crashes import RELEASED, REST
 
     path, c, p, client, msgs, ids = _read_by_a_crashed_drain(tmp_path, 20, seed=102, deleted=4, on_gap="fail")
     stream = p.source.streams[0]
@@ -1298,9 +1301,9 @@ def test_a_release_moves_only_the_entries_its_run_still_holds(tmp_path, cfg, spa
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from deltadrain.acknowledge import release
-    from deltadrain.drain import claim_context
-    from deltadrain.valkey_crashes import RELEASED
+    from deltadrain.sources.valkey.acknowledge import release
+    from deltadrain.sources.valkey.crashes import RELEASED
+    from deltadrain.sources.valkey.drain import claim_context
 
     _, c, p = make_pipeline(tmp_path, partitions=1, min_idle_ms=60_000)
     client = valkey_client(c, p)

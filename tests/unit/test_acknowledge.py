@@ -4,7 +4,7 @@ against a real Valkey in the integration tests)."""
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from deltadrain.acknowledge import ACK_CHUNK, staged_entries
+from deltadrain.sources.valkey.acknowledge import ACK_CHUNK, staged_entries
 
 
 def write(path, rows):

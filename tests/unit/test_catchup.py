@@ -22,7 +22,7 @@ def test_a_full_committed_batch_is_followed_by_another_until_a_limit():
     assert next_batch(run(1), 100, done=1, elapsed_s=5, max_batches=10, max_seconds=600) is None
     assert next_batch(run(2, "already_committed"), 100, 2, 5, 10, 600) is None
     assert "not full" in next_batch(run(1, claimed=99), 100, 1, 5, 10, 600)
-    # A batch narrowed after dead runs (deltadrain.valkey_crashes, kafka_crashes) is short on purpose.
+    # A batch narrowed after dead runs (deltadrain.sources.valkey.crashes, kafka.crashes) is short on purpose.
     narrowed = run(1, claimed=8, dead_runs=[{"partition": "s", "ids": ["1-0", "9-0"], "entries": 16}])
     assert next_batch(narrowed, 100, 1, 5, 10, 600) is None
     assert "max_batches_per_run (3)" in next_batch(run(3), 100, 3, 5, 3, 600)

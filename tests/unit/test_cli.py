@@ -91,23 +91,23 @@ def test_stale_claims_are_flagged_by_the_sources_own_limit():
     """Valkey: idle over min_idle_ms (reclaimable); Kafka: older than the drain task's execution_timeout."""
     from pathlib import Path
 
-    from deltadrain.cli import stale_reason
     from deltadrain.config import load_config
-    from deltadrain.status import mark_stale, stale_after_ms
+    from deltadrain.sources import source_of
+    from deltadrain.status import mark_stale
 
     cfg = load_config(Path(__file__).resolve().parents[2] / "config" / "pipelines.yaml")
     valkey = next(p for p in cfg.pipelines if p.source.kind == "valkey")
     kafka = next(p for p in cfg.pipelines if p.source.kind == "kafka")
-    assert stale_after_ms(valkey) == valkey.min_idle_ms
-    assert stale_after_ms(kafka) == kafka.airflow.execution_timeout.total_seconds() * 1000
+    assert source_of(valkey).stale_after_ms(valkey) == valkey.min_idle_ms
+    assert source_of(kafka).stale_after_ms(kafka) == kafka.airflow.execution_timeout.total_seconds() * 1000
     counts = {"claimed_by": {"a": {"claimed": 5, "idle_ms": 1000}, "b": {"claimed": 7, "idle_ms": 1001},
                              "c": {"claimed": 2, "idle_ms": 5000}}}
     mark_stale(counts, 1000)
     assert {k: v["stale"] for k, v in counts["claimed_by"].items()} == {"a": False, "b": True, "c": True}
     assert (counts["STALE_CLAIMED"], counts["stale_after_ms"]) == (9, 1000)
     assert mark_stale({"claimed_by": {}}, 10)["STALE_CLAIMED"] == 0
-    assert "execution_timeout (1000 ms)" in stale_reason({"source": "kafka", "stale_after_ms": 1000})
-    assert "reaper" in stale_reason({"source": "valkey", "stale_after_ms": 1000})
+    assert "execution_timeout (1000 ms)" in source_of(kafka).stale_reason(1000)
+    assert "reaper" in source_of(valkey).stale_reason(1000)
 
 
 # What Py4J reports when Hadoop finds a commit file that does not match its side checksum (the
@@ -239,11 +239,14 @@ def status_output(monkeypatch, capsys, pipeline: str, source: str, **fields) -> 
     """What `deltadrain status PIPELINE` prints for a status of `source` with `fields` set."""
     import deltadrain.cli as cli
     import deltadrain.status as status
+    from deltadrain.config import load_config
+    from deltadrain.paths import PROJECT_ROOT
 
+    cfg = load_config(PROJECT_ROOT / "config" / "pipelines.yaml")
     st = {"pipeline": pipeline, "source": source, "PENDING": 5, "CLAIMED": 0, "claimed_by": {}, "PUBLISHED": 16,
           "DEAD": 0, "REPLAYED": 0, "gaps": [], "partitions": {}, "last_batch": None, "last_runs": [],
           "checkpoint": {"batch": 1, "table_version": 1, "positions": {}}, **fields}
-    monkeypatch.setattr(cli, "_pipeline_session", lambda args, purpose: (None, None, None))
+    monkeypatch.setattr(cli, "_pipeline_session", lambda args, purpose: (cfg, cfg.pipeline(pipeline), None))
     monkeypatch.setattr(status, "pipeline_status", lambda cfg, pipeline, spark: st)
     assert cli.main(["status", pipeline]) == 0
     return capsys.readouterr().out

@@ -210,7 +210,7 @@ def test_urls_without_a_password_are_accepted(url):
 
 
 def test_kafka_reads_committed_records_unless_told_otherwise():
-    from deltadrain.connections import kafka_client_conf, kafka_consumer_conf, kafka_spark_options
+    from deltadrain.sources.kafka.client import kafka_client_conf, kafka_consumer_conf, kafka_spark_options
 
     data = example()
     data["pipelines"][1]["source"].pop("isolation_level", None)

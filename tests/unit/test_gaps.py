@@ -1,4 +1,4 @@
-"""The gap decision (deltadrain.gaps) over the XINFO states a real Valkey 9 showed for each case
+"""The gap decision (deltadrain.sources.valkey.gaps) over the XINFO states a real Valkey 9 showed for each case
 (the integration tests in test_valkey_drain.py produce them on a real server)."""
 
 from __future__ import annotations
@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from deltadrain.gaps import (
+from deltadrain.positions import StreamId as S
+from deltadrain.sources.valkey.gaps import (
     LISTED_IDS,
     SEQ_MAX,
     Gap,
@@ -20,7 +21,6 @@ from deltadrain.gaps import (
     successor,
     unread_gap,
 )
-from deltadrain.positions import StreamId as S
 
 NONE = S(0, 0)
 
@@ -142,7 +142,7 @@ def test_malformed_ids_are_refused(bad):
 
 
 def test_a_gap_is_described_by_its_stream_range_size_and_kind():
-    from deltadrain.gaps import describe_gap
+    from deltadrain.sources.valkey.gaps import describe_gap
 
     unread = {"partition": "s:{0}", "kind": "unread", "from": "5-1", "to": "9-0", "missing": 40}
     pending = {"partition": "s:{1}", "kind": "pending", "from": "7-0", "to": "7-0", "missing": 1}

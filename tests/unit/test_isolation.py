@@ -1,6 +1,6 @@
 """Runs that die isolate the message that kills them and convict nobody else (deltadrain.isolation),
-driven through each source's own pure decisions: Valkey's pending-list splits (valkey_crashes,
-claim.retries_run_out) and Kafka's dead-run record and bisection (kafka_crashes). Each world below
+driven through each source's own pure decisions: Valkey's pending-list splits (valkey.crashes,
+claim.retries_run_out) and Kafka's dead-run record and bisection (kafka.crashes). Each world below
 plays runs against a source the way the drains do, with messages that kill every run that reads them,
 runs that die for reasons of their own, and messages whose transform fails."""
 
@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from deltadrain.claim import ClaimContext, retries_run_out
 from deltadrain.isolation import convicted, crash_loop_runs, read_width
-from deltadrain.kafka_crashes import DeadRuns, bisect
-from deltadrain.valkey_crashes import RELEASED, REST, choose, kind_of, segments
+from deltadrain.sources.kafka.crashes import DeadRuns, bisect
+from deltadrain.sources.valkey.claim import ClaimContext, retries_run_out
+from deltadrain.sources.valkey.crashes import RELEASED, REST, choose, kind_of, segments
 
 
 @dataclass
@@ -95,7 +95,7 @@ def valkey_world(n: int, cap: int, max_retries: int, killers=(), failing=(), die
 
 def kafka_world(ends: dict[int, int], cap: int, max_retries: int, killers=(), dies=lambda run: False) -> Outcome:
     """Partitions of `ends` offsets drained by runs of at most `cap` offsets (the earliest partitions
-    first), each run's death counted by the next one as the claim notices let it (kafka_crashes)."""
+    first), each run's death counted by the next one as the claim notices let it (kafka.crashes)."""
     records = {p: DeadRuns() for p in ends}
     position = dict.fromkeys(ends, 0)
     out = Outcome()

@@ -90,7 +90,7 @@ def test_kafka_sasl_settings_reach_both_clients_from_the_environment(monkeypatch
     import yaml
 
     from deltadrain.config import parse_config
-    from deltadrain.connections import kafka_client_conf, kafka_spark_options
+    from deltadrain.sources.kafka.client import kafka_client_conf, kafka_spark_options
 
     root = Path(__file__).resolve().parents[2]
     data = yaml.safe_load((root / "config" / "pipelines.yaml").read_text())
@@ -135,7 +135,7 @@ def test_a_killed_runs_staging_is_swept_a_day_later_and_a_live_ones_is_kept(tmp_
 @pytest.mark.parametrize(("raw", "quoted"), [('se"cret', 'se\\"cret'), ("ends\\", "ends\\\\"),
                                              ('a\\"; x="y', 'a\\\\\\"; x=\\"y')])
 def test_a_jaas_value_cannot_end_its_quotes_early(raw, quoted):
-    from deltadrain.connections import jaas_quoted
+    from deltadrain.sources.kafka.client import jaas_quoted
 
     assert jaas_quoted(raw) == quoted
     # Read back as Java's StreamTokenizer does (a backslash takes the next character as it is).

@@ -7,9 +7,9 @@ import pyarrow as pa
 
 from deltadrain.decode import BatchDecoder
 from deltadrain.isolation import convicted
-from deltadrain.kafka_crashes import DeadRuns, bisect, settle, transform_attempts
-from deltadrain.kafka_drain import DecodeContext, kafka_batch
-from deltadrain.kafka_offsets import claim_notice, read_notice
+from deltadrain.sources.kafka.crashes import DeadRuns, bisect, settle, transform_attempts
+from deltadrain.sources.kafka.drain import DecodeContext, kafka_batch
+from deltadrain.sources.kafka.offsets import claim_notice, read_notice
 from tests.unit.test_kafka_offsets import CLAIM
 
 MIN_IDLE = 60_000
@@ -204,8 +204,8 @@ def test_a_notice_with_a_record_stays_under_the_brokers_metadata_limit():
 
 def test_a_replayed_copy_carries_the_id_its_original_had_or_would_have_had():
     from deltadrain.config import KafkaSource
-    from deltadrain.kafka_drain import REPLAY_ID_HEADER
-    from deltadrain.replay import kafka_copy_identity
+    from deltadrain.sources.kafka.drain import REPLAY_ID_HEADER
+    from deltadrain.sources.kafka.replay import kafka_copy_identity
 
     def copy(entry, **source):
         key, headers = kafka_copy_identity(KafkaSource(kind="kafka", topic="clicks", **source), entry)

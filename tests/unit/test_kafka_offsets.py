@@ -8,8 +8,8 @@ import pyarrow as pa
 import pytest
 
 from deltadrain.decode import BatchDecoder
-from deltadrain.kafka_drain import TOMBSTONE, DecodeContext, kafka_batch
-from deltadrain.kafka_offsets import (
+from deltadrain.sources.kafka.drain import TOMBSTONE, DecodeContext, kafka_batch
+from deltadrain.sources.kafka.offsets import (
     Gap,
     OffsetError,
     answered_marks,
@@ -196,7 +196,7 @@ def _flaky(errors: list, result="answer"):
 def test_a_broker_that_is_loading_its_groups_is_asked_again_until_it_answers():
     from confluent_kafka import KafkaError
 
-    from deltadrain.kafka_offsets import patiently
+    from deltadrain.sources.kafka.offsets import patiently
 
     call, calls = _flaky([KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError.NOT_COORDINATOR])
     assert patiently(call, deadline_s=5, pause=0.01) == "answer" and len(calls) == 3
@@ -205,7 +205,7 @@ def test_a_broker_that_is_loading_its_groups_is_asked_again_until_it_answers():
 def test_a_lasting_or_real_broker_error_is_raised_not_retried_forever():
     from confluent_kafka import KafkaError, KafkaException
 
-    from deltadrain.kafka_offsets import patiently
+    from deltadrain.sources.kafka.offsets import patiently
 
     call, calls = _flaky([KafkaError.GROUP_AUTHORIZATION_FAILED])
     with pytest.raises(KafkaException, match="GROUP_AUTHORIZATION_FAILED|[Aa]uthoriz"):
@@ -221,7 +221,7 @@ def test_a_lasting_or_real_broker_error_is_raised_not_retried_forever():
 def test_a_per_partition_error_in_a_committed_answer_is_raised():
     from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-    from deltadrain.kafka_offsets import _checked
+    from deltadrain.sources.kafka.offsets import _checked
 
     ok = [TopicPartition("t", 0, 5)]
     assert _checked(ok) == ok
@@ -266,7 +266,7 @@ def test_an_unknown_earliest_offset_is_asked_again_not_taken_for_the_end():
 
 
 def test_picks_far_apart_are_read_as_separate_ranges_not_everything_between():
-    from deltadrain.kafka_history import pick_rounds
+    from deltadrain.sources.kafka.history import pick_rounds
 
     marks = {0: (100, 10_000_000), 1: (0, 50), 2: (0, 10)}
     picks = [("0", 150), ("0", 120), ("0", 9_000_000), ("0", 5_000_000), ("0", 5_000_010), ("1", 3), ("1", 3),

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import logging
 
-from deltadrain.claim import ClaimContext
 from deltadrain.logs import fields, run_logger
+from deltadrain.sources.valkey.claim import ClaimContext
 
 
 def test_fields_are_key_value_pairs_without_empty_ones():

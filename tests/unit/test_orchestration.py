@@ -310,7 +310,7 @@ def test_one_unreachable_valkey_source_does_not_stop_the_reaping_of_the_others(m
             raise ConnectionError("Error 111 connecting to valkey-a:6379")
         return SimpleNamespace(reclaimable=3, idle_consumers=0)
 
-    monkeypatch.setattr(probe, "probe_valkey", fake_probe)
+    monkeypatch.setattr(probe, "probe", fake_probe)
     found = StuckClaimsSensor(task_id="find_stuck_claims", config=str(path)).poke({})
     assert bool(found) and found.xcom_value == ["refunds"]
 

@@ -5,10 +5,10 @@ import re
 
 import pytest
 
-from deltadrain.claim import TASK_QUOTA, allocate, plan
 from deltadrain.decode import decode
 from deltadrain.outcome import Outcome, decide
 from deltadrain.positions import StreamId, max_position, merge_positions
+from deltadrain.sources.valkey.claim import TASK_QUOTA, allocate, plan
 
 FIELDS = {"event_id": "string", "amount": "double", "quantity": "long", "event_time": "timestamp",
           "ok": "boolean"}
@@ -123,7 +123,7 @@ def test_a_commit_files_commit_info_gives_the_checkpoint_metadata_and_its_time()
 
 
 def test_an_unparsed_xreadgroup_reply_gives_positions_and_payloads():
-    from deltadrain.claim import Entries, payload_of
+    from deltadrain.sources.valkey.claim import Entries, payload_of
 
     assert payload_of([b"data", b"{}"], b"data") == b"{}"
     assert payload_of([b"other", b"x", b"data", b"{}"], b"data") == b"{}"  # not the first field
@@ -151,7 +151,7 @@ def _claim_schema_and_decoder():
 
 
 def test_claim_record_batches_split_positions_into_integer_pairs():
-    from deltadrain.claim import Entries, record_batch
+    from deltadrain.sources.valkey.claim import Entries, record_batch
 
     schema, decoder = _claim_schema_and_decoder()
     chunk = Entries.unparsed("s", [[b"1795472338020-9", [b"data", b'{"event_id": "a"}']],
@@ -163,7 +163,7 @@ def test_claim_record_batches_split_positions_into_integer_pairs():
 
 
 def test_a_replay_that_would_trim_undrained_entries_past_maxlen_is_refused_per_stream():
-    from deltadrain.replay import over_maxlen
+    from deltadrain.sources.valkey.replay import over_maxlen
 
     assert over_maxlen(None, {"s0": 10**6}, {"s0": 10**6}) == []  # no MAXLEN: nothing is trimmed
     assert over_maxlen(100, {"s0": 60, "s1": 60}, {"s0": 40, "s1": 41}) == [
@@ -185,7 +185,7 @@ def test_a_constraint_that_refuses_most_of_a_batch_refuses_the_data_not_a_few_me
 def test_a_stream_id_beyond_what_the_position_columns_hold_fails_its_claim_naming_the_entry_and_the_fix():
     """Valkey ids go up to 2^64 - 1 in both halves (explicit XADD ids): the claim says which entry,
     not a bare cast error, every run."""
-    from deltadrain.claim import MAX_MS, MAX_SEQ, Entries, record_batch, unstorable_id
+    from deltadrain.sources.valkey.claim import MAX_MS, MAX_SEQ, Entries, record_batch, unstorable_id
 
     schema, decoder = _claim_schema_and_decoder()
     ok = f"{MAX_MS}-{MAX_SEQ}"

@@ -1,9 +1,9 @@
-"""Splitting what Valkey runs that died left pending (deltadrain.valkey_crashes): segments and the choice
+"""Splitting what Valkey runs that died left pending (deltadrain.sources.valkey.crashes): segments and the choice
 of what a run reads. Pure; the runs a killer goes through are in test_isolation.py."""
 
 from __future__ import annotations
 
-from deltadrain.valkey_crashes import (
+from deltadrain.sources.valkey.crashes import (
     ALONE,
     CULPRIT,
     FIRST_HALF,

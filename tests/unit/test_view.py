@@ -90,8 +90,8 @@ def test_gap_rows_show_valkey_id_ranges_and_kafka_offsets_alike():
 
 
 def test_kafka_pending_is_end_offset_minus_the_lake_checkpoint():
-    # The view and status share kafka_offsets.start_offsets (the drain's own start rule).
-    from deltadrain.kafka_offsets import start_offsets
+    # The view and status share kafka.offsets.start_offsets (the drain's own start rule).
+    from deltadrain.sources.kafka.offsets import start_offsets
 
     def pending(marks, positions, starting):
         starts, _ = start_offsets(positions, marks, starting)

@@ -116,10 +116,10 @@ def train(out: Path, workdir: Path) -> None:
     from the environment, which must be set before deltadrain reads it."""
     os.environ["DELTADRAIN_HOME"] = str(workdir / "home")
     os.environ["DELTADRAIN_VALKEY_PORT"] = str(_free_port())
+    from deltadrain.catchup import drain
     from deltadrain.config import load_config
     from deltadrain.dev import services
     from deltadrain.dev.produce import produce
-    from deltadrain.drain import drain
     from deltadrain.spark import DEFAULT_CONF, get_spark
 
     def give_up(*_):

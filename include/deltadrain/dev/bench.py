@@ -70,9 +70,10 @@ def bench_source(cfg, pipeline):
 def _drop_source(cfg, pipeline) -> None:
     """Delete the bench pipeline's Valkey streams, failure counts and gap records, or its Kafka topic."""
     from deltadrain.config import ValkeySource
-    from deltadrain.connections import kafka_client_conf, valkey_client
-    from deltadrain.drain import failures_key
-    from deltadrain.gaps import gaps_key
+    from deltadrain.sources.kafka.client import kafka_client_conf
+    from deltadrain.sources.valkey.client import valkey_client
+    from deltadrain.sources.valkey.drain import failures_key
+    from deltadrain.sources.valkey.gaps import gaps_key
 
     if isinstance(pipeline.source, ValkeySource):
         client = valkey_client(cfg, pipeline)
@@ -212,8 +213,8 @@ def jvm_live_heap_mib(spark, settle_rounds: int = 6) -> float:
 
 def phase_raw_read(cfg, pipeline, spark, server_group: int | None = None) -> dict:
     """XREADGROUP only, with its own group and the drain's own task plan: the read limit."""
-    from deltadrain.claim import READ_CHUNK, _client, allocate, plan, read_new, reader
-    from deltadrain.drain import backlog, claim_context
+    from deltadrain.sources.valkey.claim import READ_CHUNK, _client, allocate, plan, read_new, reader
+    from deltadrain.sources.valkey.drain import backlog, claim_context
 
     client_ctx = claim_context(cfg, pipeline, "raw-reader")
     ctx = client_ctx.__class__(**{**client_ctx.__dict__, "group": "bench-raw"})
@@ -249,7 +250,7 @@ def phase_raw_read(cfg, pipeline, spark, server_group: int | None = None) -> dic
 
 
 def phase_drain(cfg, pipeline, spark, server_group: int | None = None) -> dict:
-    from deltadrain.drain import drain
+    from deltadrain.catchup import drain
 
     runs = []
     cpu_before = cpu_by_role(server_group, spark)
@@ -336,8 +337,8 @@ def phase_structured_streaming(cfg, pipeline, spark, workdir: Path, server_group
     from pyspark.sql.types import _parse_datatype_string
 
     from deltadrain.commit import TXN_APP, TXN_VERSION
-    from deltadrain.connections import kafka_spark_options
     from deltadrain.lake import ensure_table
+    from deltadrain.sources.kafka.client import kafka_spark_options
 
     schema = pipeline.payload_schema
     payload = _parse_datatype_string(", ".join(f"`{n}` {t}" for n, t in schema.fields.items()))

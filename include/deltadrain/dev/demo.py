@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 
 from deltadrain.config import DeltadrainConfig, ValkeySource
-from deltadrain.connections import valkey_client
 from deltadrain.dev import services
 from deltadrain.dev.produce import generate, produce
 from deltadrain.embedded import airflow_login, airflow_password_file, ports
+from deltadrain.sources.valkey.client import valkey_client
 from deltadrain.status import pipeline_status
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from deltadrain.config import DeltadrainConfig, KafkaSource, PipelineConfig, ValkeySource
-from deltadrain.connections import VALKEY_FIELD
+from deltadrain.sources.valkey.client import VALKEY_FIELD
 from deltadrain.transforms import POISON_MARKER
 
 # What a malformed message can be; each one is a DLQ reason the decoder must name.
@@ -160,7 +160,7 @@ def _chunks(it: Iterator[Message], size: int) -> Iterator[list[Message]]:
 
 
 def _valkey_writer(cfg: DeltadrainConfig, pipeline: PipelineConfig, messages: Iterator[Message], bar):
-    from deltadrain.connections import as_text, valkey_client
+    from deltadrain.sources.valkey.client import as_text, valkey_client
 
     source = pipeline.source
     assert isinstance(source, ValkeySource)
@@ -197,7 +197,7 @@ def ensure_topic(conf: dict, topic: str, partitions: int) -> None:
 def _kafka_writer(cfg: DeltadrainConfig, pipeline: PipelineConfig, messages: Iterator[Message], bar):
     from confluent_kafka import Producer
 
-    from deltadrain.connections import kafka_client_conf
+    from deltadrain.sources.kafka.client import kafka_client_conf
 
     source = pipeline.source
     assert isinstance(source, KafkaSource)

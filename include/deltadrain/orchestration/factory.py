@@ -16,7 +16,7 @@ from datetime import timedelta
 
 from airflow.sdk import DAG, Asset, CronDataIntervalTimetable, Param, task
 
-from deltadrain.config import DeltadrainConfig, PipelineConfig, ValkeySource, load_config
+from deltadrain.config import DeltadrainConfig, PipelineConfig, load_config
 from deltadrain.orchestration.names import (
     MAINTENANCE_DAG,
     QUALITY_DAG,
@@ -35,6 +35,7 @@ from deltadrain.orchestration.operators import (
 )
 from deltadrain.orchestration.sensors import SourceWorkSensor, StuckClaimsSensor
 from deltadrain.replay import MAX_LIMIT
+from deltadrain.sources import source_of
 
 
 def target_asset(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> Asset:
@@ -142,10 +143,10 @@ def maintenance_dag(cfg: DeltadrainConfig) -> DAG:
 def reap_pipeline(pipeline: str, config: str | None = None) -> dict:
     """Take over one pipeline's stuck claims and remove its dead consumers."""
     from deltadrain.config import load_config as load
-    from deltadrain.reap import reap
 
     cfg = load(config)
-    report = reap(cfg, cfg.pipeline(pipeline))
+    found = cfg.pipeline(pipeline)
+    report = source_of(found).reap(cfg, found)
     print(f"deltadrain: reaped {pipeline}: {report}")
     return report
 
@@ -166,7 +167,7 @@ def reaper_dag(cfg: DeltadrainConfig) -> DAG:
 
 def replay_params(cfg: DeltadrainConfig) -> dict[str, Param]:
     names = [p.name for p in cfg.pipelines]
-    streams = [key for p in cfg.pipelines if isinstance(p.source, ValkeySource) for key in p.source.streams]
+    streams = [key for p in cfg.pipelines for key in source_of(p).partition_names(p) or []]
     position = r"^[0-9]+(-[0-9]+)?$"
     return {
         # No default: a trigger that names no pipeline is refused, never replayed on the YAML's first one.

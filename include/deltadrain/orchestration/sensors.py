@@ -109,15 +109,16 @@ class StuckClaimsSensor(BaseSensorOperator):
         self.config = config
 
     def poke(self, context) -> PokeReturnValue:
-        from deltadrain.config import ValkeySource, load_config
-        from deltadrain.probe import probe_valkey
+        from deltadrain.config import load_config
+        from deltadrain.probe import probe
+        from deltadrain.sources import source_of
 
         cfg = load_config(self.config)
         stuck = []
         for pipeline in cfg.pipelines:
-            if isinstance(pipeline.source, ValkeySource):
+            if source_of(pipeline).holds_claims:
                 try:
-                    found = probe_valkey(cfg, pipeline)
+                    found = probe(cfg, pipeline)
                 except Exception as exc:  # one unreachable source must not stop the others' reaping
                     self.log.warning("deltadrain: probing %s failed (%s); its claims wait for the next run",
                                      pipeline.name, exc)

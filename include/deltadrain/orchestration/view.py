@@ -29,9 +29,10 @@ from pathlib import Path
 
 from fastapi import Request  # module level: FastAPI resolves the (postponed) annotations in this module
 
-from deltadrain.config import DeltadrainConfig, PipelineConfig, ValkeySource
+from deltadrain.config import DeltadrainConfig, PipelineConfig
 from deltadrain.orchestration.names import MAINTENANCE_DAG, REPLAY_DAG, ingest_dag_id
 from deltadrain.outcome import Outcome
+from deltadrain.sources import LakeSide, SourceNote, source_of
 
 log = logging.getLogger(__name__)
 
@@ -104,42 +105,19 @@ def same_origin(headers: dict[str, str], host: str) -> bool:
 
 
 def source_counts(cfg: DeltadrainConfig, pipeline: PipelineConfig, until: float | None = None) -> dict:
-    """PENDING / CLAIMED from the source. Errors are reported by type only (messages may hold hosts).
-    `until` (time.monotonic()): when a Kafka source's broker calls give up."""
-    if not isinstance(pipeline.source, ValkeySource):
-        return kafka_counts(cfg, pipeline, until)
-    from deltadrain.connections import valkey_client
-    from deltadrain.gaps import gaps_key
-    from deltadrain.status import valkey_counts
+    """PENDING / CLAIMED from the source, with the checkpoint as delta-rs reads it. Errors are reported
+    by type only (messages may hold hosts), but for what the source answered (SourceNote). `until`
+    (time.monotonic()): when the source's calls give up (their own waits run to 30 s)."""
+    from deltadrain import lakeview
 
     try:
-        client = valkey_client(cfg, pipeline, socket_timeout=3, socket_connect_timeout=3)
-        counts = valkey_counts(client, pipeline.source, gaps_key(pipeline.name), pipeline)
+        counts = source_of(pipeline).counts(cfg, pipeline, LakeSide(lambda: lakeview.checkpoint(cfg, pipeline)),
+                                            until=until, quick=True)
+    except SourceNote as exc:  # e.g. no such topic (yet), or a recreated one
+        return {"PENDING": None, "CLAIMED": None, "source_note": str(exc)}
     except Exception as exc:  # the view still shows the lake side
         return {"PENDING": None, "CLAIMED": None, "source_note": f"source unreachable ({type(exc).__name__})"}
     return _claims(counts, pipeline)
-
-
-def kafka_counts(cfg: DeltadrainConfig, pipeline: PipelineConfig, until: float | None = None) -> dict:
-    """PENDING and CLAIMED from the broker's end offsets, the group's claim notices and the lake's
-    checkpoint (status.kafka_counts, with the checkpoint read by delta-rs); the broker calls give up
-    at `until` (their own waits run to 30 s)."""
-    from deltadrain import lakeview
-    from deltadrain.connections import kafka_consumer_conf
-    from deltadrain.kafka_offsets import OffsetError
-    from deltadrain.status import dead_after_ms
-    from deltadrain.status import kafka_counts as counts
-
-    last = lakeview.last_commit(cfg, pipeline) or {}
-    try:
-        got = counts({**kafka_consumer_conf(cfg, pipeline), "socket.timeout.ms": 3000}, pipeline.source,
-                     last.get("positions") or {}, {}, {}, crashes=last.get("crashes"), min_idle_ms=pipeline.min_idle_ms,
-                     stale_ms=dead_after_ms(pipeline), until=until)
-    except OffsetError as exc:  # the broker answered: no such topic (yet), or a recreated one
-        return {"PENDING": None, "CLAIMED": None, "source_note": str(exc)}
-    except Exception as exc:
-        return {"PENDING": None, "CLAIMED": None, "source_note": f"source unreachable ({type(exc).__name__})"}
-    return _claims(got, pipeline)
 
 
 def _claims(counts: dict, pipeline: PipelineConfig) -> dict:
@@ -147,9 +125,9 @@ def _claims(counts: dict, pipeline: PipelineConfig) -> dict:
     and the open gaps: what the next run reports (Valkey: entries removed before the group read them,
     or recorded by a run no commit carried yet; Kafka: offsets retention deleted past the checkpoint)."""
     from deltadrain import lakeview
-    from deltadrain.status import mark_stale, stale_after_ms
+    from deltadrain.status import mark_stale
 
-    mark_stale(counts, stale_after_ms(pipeline))
+    mark_stale(counts, source_of(pipeline).stale_after_ms(pipeline))
     return {"PENDING": counts["PENDING"], "CLAIMED": counts["CLAIMED"], "claimed_by": counts["claimed_by"],
             "oldest_claim_idle_ms": counts["oldest_claim_idle_ms"], "STALE_CLAIMED": counts["STALE_CLAIMED"],
             "stale_after_ms": counts["stale_after_ms"],
@@ -245,8 +223,7 @@ def pipeline_view(cfg: DeltadrainConfig, pipeline: PipelineConfig, dlq_state: st
 
     began = time.monotonic()
     out: dict = {"pipeline": pipeline.name, "source": pipeline.source.kind,
-                 "partitions": list(pipeline.source.streams) if isinstance(pipeline.source, ValkeySource)
-                 else [pipeline.source.topic],
+                 "partitions": source_of(pipeline).reads(pipeline),
                  "on_gap": pipeline.source.on_gap, "ingest_dag": ingest_dag_id(pipeline.name)}
     with lakeview.one_read():
         out.update(bounded_source_counts(cfg, pipeline))

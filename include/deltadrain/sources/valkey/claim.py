@@ -13,11 +13,18 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from deltadrain.connections import VALKEY_FIELD, as_text
 from deltadrain.decode import BatchDecoder
-from deltadrain.gaps import ZERO, carried_ends_of, deleted_while_pending, record, state_of, unread_gap
 from deltadrain.isolation import convicted, death_reason
 from deltadrain.positions import StreamId
+from deltadrain.sources.valkey.client import VALKEY_FIELD, as_text
+from deltadrain.sources.valkey.gaps import (
+    ZERO,
+    carried_ends_of,
+    deleted_while_pending,
+    record,
+    state_of,
+    unread_gap,
+)
 
 # The largest stream id halves deltadrain stores: "ms-seq" as two int64 columns, and the milliseconds
 # as a timestamp too (`_dd_source_ts`: Spark's and Python's timestamps end with the year 9999, and
@@ -26,7 +33,7 @@ from deltadrain.positions import StreamId
 # `unstorable_id_message`.
 MAX_SEQ = 2**63 - 1
 MAX_MS = 253_402_214_399_999  # 9999-12-30T23:59:59.999Z
-# Consumers of the group that are no run: the untried halves of split segments (valkey_crashes), and
+# Consumers of the group that are no run: the untried halves of split segments (valkey.crashes), and
 # what runs that stopped without dying handed back (acknowledge.release).
 REST = "deltadrain-rest"
 RELEASED = "deltadrain-released"
@@ -40,7 +47,7 @@ class ClaimTask:
     quota: int
     reclaim: bool  # the first task of each stream also takes over idle entries
     start: str = "0-0"  # where its XAUTOCLAIM starts
-    new: bool = True  # False: a split (valkey_crashes) reads `quota` idle entries from `start`, nothing new
+    new: bool = True  # False: a split (valkey.crashes) reads `quota` idle entries from `start`, nothing new
 
 
 @dataclass(frozen=True)
@@ -59,7 +66,7 @@ class ClaimContext:
     required: list[str]
     max_bytes: int
     failures_key: str
-    gaps_key: str = ""  # where deleted-while-pending gaps are recorded (deltadrain.gaps)
+    gaps_key: str = ""  # where deleted-while-pending gaps are recorded (deltadrain.sources.valkey.gaps)
 
 
 def allocate(cap: int, backlog: dict[str, int]) -> dict[str, int]:
@@ -99,7 +106,7 @@ def failure_field(stream: str, position: str) -> str:
 
 
 def alone_field(stream: str, position: str) -> str:
-    """The failures hash's count of the runs that read this entry and nothing else (valkey_crashes)."""
+    """The failures hash's count of the runs that read this entry and nothing else (valkey.crashes)."""
     return f"{stream}\x00{position}\x00alone"
 
 
@@ -331,7 +338,7 @@ def _delivery_counts(client, stream: str, ctx: ClaimContext, entries) -> dict[st
 def _failures(client, ctx: ClaimContext, stream: str, entries, counts: dict[str, int]
               ) -> tuple[dict[str, dict], dict[str, int]]:
     """The recorded transform failures of the entries delivered more than max_retries + 1 times, and
-    the reads alone of every redelivered entry (valkey_crashes)."""
+    the reads alone of every redelivered entry (valkey.crashes)."""
     keys = [as_text(e[0]) for e in entries]
     again = [k for k in keys if counts.get(k, 2) > 1]
     spent = [k for k in again if counts.get(k, 2) > ctx.max_attempts]

@@ -1,5 +1,5 @@
 """Kafka history for backfills and reprocess replays: offsets of a time interval, or of picked
-records, read with the drain's own reader (deltadrain.kafka_drain.read_ranges) and never
+records, read with the drain's own reader (deltadrain.sources.kafka.drain.read_ranges) and never
 committed to the consumer group."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ from __future__ import annotations
 from datetime import datetime
 
 from deltadrain.config import DeltadrainConfig, PipelineConfig
-from deltadrain.connections import kafka_consumer_conf
-from deltadrain.kafka_drain import TASK_OFFSETS
-from deltadrain.kafka_offsets import TIMEOUT, watermarks
+from deltadrain.sources.kafka.client import kafka_consumer_conf
+from deltadrain.sources.kafka.drain import TASK_OFFSETS
+from deltadrain.sources.kafka.offsets import TIMEOUT, watermarks
 
 # Picked records of a partition this many offsets apart or more are read as separate ranges: reading
 # the offsets between them would cost more than another read.
@@ -51,7 +51,7 @@ def interval_gaps(marks: dict[int, tuple[int, int]], ranges: dict[int, tuple[int
 def kafka_interval_rows(spark, cfg: DeltadrainConfig, pipeline: PipelineConfig, start: datetime, end: datetime,
                         scratch: str):
     """(rows of the records appended in [start, end), gaps) — the backfill's read."""
-    from deltadrain.kafka_drain import read_ranges
+    from deltadrain.sources.kafka.drain import read_ranges
 
     conf = kafka_consumer_conf(cfg, pipeline)
     topic = pipeline.source.topic
@@ -74,7 +74,7 @@ def kafka_offset_rows(spark, cfg: DeltadrainConfig, pipeline: PipelineConfig, pi
 
     from pyspark.sql import functions as F
 
-    from deltadrain.kafka_drain import read_ranges
+    from deltadrain.sources.kafka.drain import read_ranges
 
     marks = watermarks(kafka_consumer_conf(cfg, pipeline), pipeline.source.topic)
     rounds = pick_rounds(picks, marks, span=PICK_SPAN)

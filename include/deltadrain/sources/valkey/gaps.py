@@ -21,8 +21,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from deltadrain.connections import as_text
 from deltadrain.positions import StreamId
+from deltadrain.sources.valkey.client import as_text
 
 SEQ_MAX = 2**64 - 1
 ZERO = StreamId(0, 0)

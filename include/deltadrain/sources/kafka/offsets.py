@@ -13,8 +13,8 @@ import json
 import time
 from dataclasses import asdict, dataclass
 
-from deltadrain.claim import allocate
 from deltadrain.errors import DeltadrainError
+from deltadrain.sources.valkey.claim import allocate
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ def start_offsets(checkpoint: dict[str, str], watermarks: dict[int, tuple[int, i
     later (added to the topic) starts at its earliest offset, and reports as a gap what retention
     deleted of it before (its offsets start at 0), when the checkpoint is `complete` (a commit's
     positions list every partition; a checkpoint rebuilt from rows only those with rows). A
-    `latest` first run therefore reads nothing, and must commit where it started (`kafka_drain`),
+    `latest` first run therefore reads nothing, and must commit where it started (`kafka.drain`),
     or the next run would be a first run too."""
     if first_run is None:
         first_run = not checkpoint
@@ -142,7 +142,7 @@ def claim_notice(run_id: str, start: int, end: int, since_ms: int, crashes: dict
     """The group-offset metadata that tells status a run is reading [start, end) of a partition. It
     also carries how many offsets the whole run reads (`width`, over all its partitions: a run of one
     offset that dies died with that message alone) and what the run knew of dead runs on that
-    partition (`kafka_crashes`), for the run after it should this one die too."""
+    partition (`kafka.crashes`), for the run after it should this one die too."""
     notice: dict = {"run": run_id, "range": [start, end], "since_ms": since_ms,
                     "width": end - start if width is None else width}
     if crashes:
@@ -331,7 +331,7 @@ def announce_claims(conf: dict, group: str, topic: str, ranges: dict[int, tuple[
                     carried: dict[int, dict] | None = None) -> None:
     """Put a claim notice on the group offset of each partition a run reads, so that status can show
     the range of a running batch (Kafka has no pending list), and so that the next run can count this
-    one as dead if it never commits (`kafka_crashes`: `carried` is what the notice carries for that).
+    one as dead if it never commits (`kafka.crashes`: `carried` is what the notice carries for that).
     The offsets do not move; a partition the group never committed gets the lake's position (`lake`,
     else the range's start), so they never lead the lake checkpoint. `current`: the group's offsets
     as the run read them at its start (else read here). A neighbour's group commit landing between

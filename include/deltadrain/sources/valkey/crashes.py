@@ -28,8 +28,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from deltadrain.claim import RELEASED, REST, alone_field
 from deltadrain.isolation import read_width
+from deltadrain.sources.valkey.claim import RELEASED, REST, alone_field
 
 SUSPECT, RESTING, CULPRIT, HANDED_BACK = "suspect", "rest", "culprit", "released"
 SPLIT_FROM = 1  # deliveries: a dead run's entries are split from their first redelivery
@@ -157,8 +157,8 @@ def reclaimable(client, streams: Iterable[str], group: str, min_idle_ms: int, fa
     """(stream, id, deliveries, kind, holder) of every pending entry idle past min_idle_ms that `own`
     does not hold, in (stream, id) order from `start`, PAGE entries a call. Transform failures are
     looked up only for entries delivered SPLIT_FROM times or more (the only ones that may be split)."""
-    from deltadrain.claim import failure_field
-    from deltadrain.connections import as_text
+    from deltadrain.sources.valkey.claim import failure_field
+    from deltadrain.sources.valkey.client import as_text
 
     for stream in sorted(streams):
         while True:
@@ -209,7 +209,7 @@ def mark_rest(client, split: Split, group: str, min_idle_ms: int, failures_key: 
     """After this run claimed the first half: hand the rest of the segment (the entries in its pieces'
     ranges still idle and held by others) to REST, delivery counts and idleness kept (`claim_held`:
     only what its holder still holds and the stream still has). Returns how many moved."""
-    from deltadrain.acknowledge import claim_held
+    from deltadrain.sources.valkey.acknowledge import claim_held
 
     moved = 0
     for piece in split.segment.pieces:

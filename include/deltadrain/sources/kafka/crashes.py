@@ -1,7 +1,7 @@
 """Kafka: the runs that died reading a range (invariant 6; the rule itself is `isolation`'s).
 
 Valkey counts a delivery for every entry a run claims; Kafka has no delivery count. What a dead run
-leaves is its claim notice on the group offset (`kafka_offsets.announce_claims`): its run id, the
+leaves is its claim notice on the group offset (`kafka.offsets.announce_claims`): its run id, the
 range it read, since when, and how many offsets the whole run read (`width`). The next run counts
 it: every offset of that range at or after the lake's checkpoint gets one dead run, and where the run
 read that one offset and nothing else, one death alone. The count is kept per partition as segments

@@ -20,8 +20,8 @@ from collections import defaultdict
 from collections.abc import Iterable, Iterator
 
 from deltadrain import failpoints
-from deltadrain.claim import RELEASED, ClaimContext, _client, alone_field, failure_field
-from deltadrain.connections import as_text
+from deltadrain.sources.valkey.claim import RELEASED, ClaimContext, _client, alone_field, failure_field
+from deltadrain.sources.valkey.client import as_text
 
 ACK_CHUNK = 2_000  # entries per XACK / XCLAIM call
 COLUMNS = ["_dd_partition", "_dd_position", "_dd_attempts"]
@@ -94,7 +94,7 @@ def acknowledge(files: Iterable[str], ctx: ClaimContext, keep: frozenset = froze
 def release(files: Iterable[str], ctx: ClaimContext) -> int:
     """Make the staged entries this run's consumer still holds reclaimable at once; leave the rest.
     They go to the consumer RELEASED: a run that stopped without dying handed them back, so the next
-    run reclaims them whole instead of splitting them as a dead run's (valkey_crashes)."""
+    run reclaims them whole instead of splitting them as a dead run's (valkey.crashes)."""
     client = _client(ctx)
     done = 0
     try:

@@ -9,11 +9,10 @@ commit is compare-and-set on the batch sequence, and the MERGE is on the id.
 
 from __future__ import annotations
 
-from deltadrain.acknowledge import claim_held
-from deltadrain.config import DeltadrainConfig, PipelineConfig, ValkeySource
-from deltadrain.connections import as_text, valkey_client
-from deltadrain.errors import DeltadrainError
-from deltadrain.valkey_crashes import RELEASED, REST
+from deltadrain.config import DeltadrainConfig, PipelineConfig
+from deltadrain.sources.valkey.acknowledge import claim_held
+from deltadrain.sources.valkey.client import as_text, valkey_client
+from deltadrain.sources.valkey.crashes import RELEASED, REST
 
 REAPER = "deltadrain-reaper"
 PAGE = 1_000
@@ -21,9 +20,6 @@ PAGE = 1_000
 
 def reap(cfg: DeltadrainConfig, pipeline: PipelineConfig, client=None) -> dict:
     source = pipeline.source
-    if not isinstance(source, ValkeySource):
-        raise DeltadrainError(f"pipeline '{pipeline.name}' reads Kafka; reap is for Valkey pipelines only (a Kafka "
-                              "drain holds no claims: a failed run's offsets are read again by the next drain)")
     client = client or valkey_client(cfg, pipeline)
     idle = pipeline.min_idle_ms
     report = {"pipeline": pipeline.name, "taken_over": 0, "consumers_removed": [], "streams": {}}
@@ -38,7 +34,7 @@ def reap(cfg: DeltadrainConfig, pipeline: PipelineConfig, client=None) -> dict:
         for consumer in consumers:
             name = as_text(consumer["name"])
             # REST holds the untried halves of split segments, RELEASED what runs that stopped cleanly
-            # handed back (valkey_crashes): handing them to the reaper would make them a dead run's,
+            # handed back (valkey.crashes): handing them to the reaper would make them a dead run's,
             # and they are reclaimable already.
             if name in (REAPER, REST, RELEASED) or int(consumer["pending"]) == 0:
                 continue

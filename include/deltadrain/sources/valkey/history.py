@@ -1,7 +1,7 @@
 """History: re-read what a source still retains, without claiming or acknowledging anything.
 
 Backfills (a time interval) and reprocess replays (published positions) read the source's
-retained history here. The rows have the claim's shape (deltadrain.claim), so decoding, the
+retained history here. The rows have the claim's shape (deltadrain.sources.valkey.claim), so decoding, the
 transform and the MERGE are the drain's own; only the group's state is never touched.
 """
 
@@ -11,9 +11,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 
-from deltadrain.claim import ClaimContext, Entries, decoder_for, reader, record_batch
-from deltadrain.connections import as_text
 from deltadrain.positions import StreamId
+from deltadrain.sources.valkey.claim import ClaimContext, Entries, decoder_for, reader, record_batch
+from deltadrain.sources.valkey.client import as_text
 from deltadrain.stage import stage
 
 READ_CHUNK = 5_000

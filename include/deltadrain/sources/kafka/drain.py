@@ -8,7 +8,7 @@ with the ending offsets in the same commit -> compare-and-set outcome -> commit 
 Kafka has no per-message pending list: a message that makes the transform fail holds its
 partition's checkpoint at its offset, and its attempts (the number of runs that tried it) are kept
 in the commit metadata next to the checkpoint, so nothing outside the table can drift from it.
-A message that kills the run itself is counted from the dead run's claim notice (`kafka_crashes`).
+A message that kills the run itself is counted from the dead run's claim notice (`kafka.crashes`).
 """
 
 from __future__ import annotations
@@ -21,13 +21,14 @@ from datetime import UTC, datetime
 
 from deltadrain import failpoints
 from deltadrain.checkpoint import read_checkpoint
-from deltadrain.claim import decoder_for
 from deltadrain.config import DeltadrainConfig, KafkaSource, PipelineConfig
-from deltadrain.connections import kafka_client_conf, kafka_consumer_conf, kafka_spark_options
 from deltadrain.decode import BatchDecoder
 from deltadrain.drain import GO_ON_PAST, BatchFailure, Drain, DrainError, claim_schema
 from deltadrain.isolation import convicted
-from deltadrain.kafka_crashes import (
+from deltadrain.logs import run_logger
+from deltadrain.outcome import Outcome
+from deltadrain.sources.kafka.client import kafka_client_conf, kafka_consumer_conf, kafka_spark_options
+from deltadrain.sources.kafka.crashes import (
     DeadRuns,
     Settled,
     bisect,
@@ -36,7 +37,7 @@ from deltadrain.kafka_crashes import (
     suspects,
     transform_attempts,
 )
-from deltadrain.kafka_offsets import (
+from deltadrain.sources.kafka.offsets import (
     OffsetError,
     Plan,
     announce_claims,
@@ -52,8 +53,7 @@ from deltadrain.kafka_offsets import (
     watermarks,
     withdraw_claims,
 )
-from deltadrain.logs import run_logger
-from deltadrain.outcome import Outcome
+from deltadrain.sources.valkey.claim import decoder_for
 from deltadrain.stage import Staged, stage
 
 NOTICE_WAIT_S = 15  # how long a run waits, after its read, for its claim notices to land
@@ -224,7 +224,7 @@ class KafkaDrain(Drain):
         self.retries: dict = {}  # the previous commit's retry record
         self.noticed: list[int] = []  # partitions carrying this run's claim notice (until the group commit)
         self._notice: threading.Thread | None = None
-        self.dead: dict[int, Settled] = {}  # partition -> the runs that died reading it (kafka_crashes)
+        self.dead: dict[int, Settled] = {}  # partition -> the runs that died reading it (kafka.crashes)
         self.group: dict | None = None  # the group's offsets and notices as read at the start (None: unread)
         self.failed_on_batch = False  # the transform failed the batch as a whole: an attempt (see _finish)
         self.held: dict[str, int] = {}  # partition -> offset of its first message left for another attempt
@@ -397,7 +397,7 @@ class KafkaDrain(Drain):
 
     def count_dead_runs(self, plan: Plan, lake: dict, committed_by: str | None = None) -> Plan:
         """Count the runs that died reading from the checkpoint (their claim notices, and what the lake
-        and the notices carry), and narrow this run's ranges where they did (`kafka_crashes`)."""
+        and the notices carry), and narrow this run's ranges where they did (`kafka.crashes`)."""
         parts = sorted(int(k) for k in plan.positions)
         try:
             self.group = committed(self.conf, self.source.group, self.source.topic, parts, 10) if parts else {}
@@ -459,7 +459,7 @@ class KafkaDrain(Drain):
     def _settle_notice(self) -> None:
         """Wait for the notices, so that they land before the group-offset commit. One that lands
         after it anyway (a broker slower than NOTICE_WAIT_S) claims nothing behind the lake's
-        checkpoint (`kafka_offsets.claimed`) and its offsets never lead that checkpoint."""
+        checkpoint (`kafka.offsets.claimed`) and its offsets never lead that checkpoint."""
         if self._notice is not None:
             self._notice.join(NOTICE_WAIT_S)
             self._notice = None
@@ -468,7 +468,7 @@ class KafkaDrain(Drain):
         """A run that did not commit its group offsets takes its claim notices off: its ranges go
         back to PENDING in status (a killed run's notices stay until the next run's group commit).
         Two kinds of run leave them, and the next run counts them as attempts at what they read
-        (kafka_crashes), as a redelivery counts on Valkey:
+        (kafka.crashes), as a redelivery counts on Valkey:
         - one whose Spark JVM is gone: it was killed (Airflow's on_kill SIGKILLs spark-submit, whose
           JVM the Python driver outlives for a moment; the OOM killer), maybe by a message;
         - one whose transform failed the batch in a way no single message isolates (`BatchFailure`).

@@ -1,0 +1,67 @@
+"""Kafka client settings for a pipeline (librdkafka's and Spark's Kafka source's), with its secrets
+resolved at the edge (never stored, never logged)."""
+
+from __future__ import annotations
+
+from deltadrain.config import DeltadrainConfig, KafkaSource, PipelineConfig
+from deltadrain.secrets import credentials
+
+
+def kafka_bootstrap(cfg: DeltadrainConfig, source: KafkaSource) -> str:
+    if source.bootstrap_servers:
+        return source.bootstrap_servers
+    from deltadrain.embedded import ports
+
+    return f"127.0.0.1:{ports(cfg).kafka}"
+
+
+def _kafka_settings(cfg: DeltadrainConfig, pipeline: PipelineConfig):
+    """(bootstrap servers, security settings, SASL credentials or None), shared by both clients."""
+    source = pipeline.source
+    assert isinstance(source, KafkaSource)
+    sec = source.security
+    creds = (credentials(connection_id=sec.connection_id, username_env=sec.username_env,
+                         password_env=sec.password_env) if sec.sasl_mechanism else None)
+    return kafka_bootstrap(cfg, source), sec, creds
+
+
+def kafka_client_conf(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> dict[str, str]:
+    """librdkafka settings (confluent-kafka) for producers, admin and offset commits."""
+    servers, sec, creds = _kafka_settings(cfg, pipeline)
+    conf = {"bootstrap.servers": servers, "security.protocol": sec.protocol}
+    if creds is not None:
+        conf.update({"sasl.mechanism": sec.sasl_mechanism, "sasl.username": creds.username or "",
+                     "sasl.password": creds.password or ""})
+    if sec.ssl_ca_location:
+        conf["ssl.ca.location"] = sec.ssl_ca_location
+    return conf
+
+
+def kafka_consumer_conf(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> dict[str, str]:
+    """kafka_client_conf for the clients that read offsets: the end offsets they see must be the ones
+    Spark reads up to (under read_committed, the last stable offset)."""
+    return {**kafka_client_conf(cfg, pipeline), "isolation.level": pipeline.source.isolation_level}
+
+
+def jaas_quoted(value: str) -> str:
+    """A value inside a JAAS option's double quotes: a backslash escapes the next character, so it is
+    escaped first; otherwise a credential ending in one, or holding \\", ends the value early."""
+    return value.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def kafka_spark_options(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> dict[str, str]:
+    """The same settings for Spark's Kafka source (Java client names, JAAS for SASL)."""
+    servers, sec, creds = _kafka_settings(cfg, pipeline)
+    opts = {"kafka.bootstrap.servers": servers, "kafka.security.protocol": sec.protocol,
+            "kafka.isolation.level": pipeline.source.isolation_level}
+    if creds is not None:
+        module = ("org.apache.kafka.common.security.plain.PlainLoginModule" if sec.sasl_mechanism == "PLAIN"
+                  else "org.apache.kafka.common.security.scram.ScramLoginModule")
+        user, pw = jaas_quoted(creds.username or ""), jaas_quoted(creds.password or "")
+        opts["kafka.sasl.mechanism"] = sec.sasl_mechanism
+        opts["kafka.sasl.jaas.config"] = f'{module} required username="{user}" password="{pw}";'
+    if sec.ssl_ca_location:
+        # The Java client reads a PEM CA file as a truststore of type PEM (same file as librdkafka's).
+        opts["kafka.ssl.truststore.type"] = "PEM"
+        opts["kafka.ssl.truststore.location"] = sec.ssl_ca_location
+    return opts

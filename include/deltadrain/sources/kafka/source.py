@@ -1,0 +1,115 @@
+"""Kafka topics as a deltadrain source: a fixed offset range per partition and run, the ending
+offsets in the lake's commit, the group offsets committed after it for lag tools. Each step lives in
+its own module here; this one answers the `Source` interface by calling them (imported on use)."""
+
+from __future__ import annotations
+
+from deltadrain.errors import DeltadrainError
+from deltadrain.sources import LakeSide, SourceNote
+
+# librdkafka's codes for "no broker answered" (as opposed to a broker that answered with an error).
+UNREACHABLE = frozenset({"_TRANSPORT", "_ALL_BROKERS_DOWN", "_TIMED_OUT", "_RESOLVE"})
+LOGIN_REFUSED = frozenset({"_AUTHENTICATION", "SASL_AUTHENTICATION_FAILED"})
+
+
+class Kafka:
+    kind = "kafka"
+    service = "Kafka"
+    address_field = "bootstrap_servers"
+    holds_claims = False  # a range is not a lease: the next drain reads a failed run's offsets again
+
+    def reads(self, pipeline) -> list[str]:
+        return [pipeline.source.topic]
+
+    def partition_names(self, pipeline) -> list[str] | None:
+        return None  # numbers, known to the broker only
+
+    def address(self, cfg, pipeline) -> str:
+        from deltadrain.sources.kafka.client import kafka_bootstrap
+
+        return kafka_bootstrap(cfg, pipeline.source)
+
+    def connection_failure(self, exc: BaseException) -> tuple[bool, str] | None:
+        if type(exc).__name__ != "KafkaException" or not exc.args or not hasattr(exc.args[0], "name"):
+            return None
+        error = exc.args[0]
+        if error.name() in UNREACHABLE or error.name() in LOGIN_REFUSED:
+            return error.name() in LOGIN_REFUSED, f"{error.name()}: {error.str()}"
+        return None
+
+    def drain(self, cfg, pipeline, spark, run_id=None):
+        from deltadrain.sources.kafka.drain import KafkaDrain
+
+        return KafkaDrain(cfg, pipeline, spark, run_id).run()
+
+    def read_interval(self, spark, cfg, pipeline, start, end, scratch):
+        from deltadrain.sources.kafka.history import kafka_interval_rows
+
+        return kafka_interval_rows(spark, cfg, pipeline, start, end, str(scratch))
+
+    def read_places(self, spark, cfg, pipeline, places, scratch):
+        from deltadrain.sources.kafka.history import kafka_offset_rows
+
+        return kafka_offset_rows(spark, cfg, pipeline, [(part, int(pos)) for part, pos in places],
+                                 str(scratch / "history"))
+
+    def send_back(self, cfg, pipeline, entries) -> None:
+        from deltadrain.sources.kafka.replay import send_back
+
+        send_back(cfg, pipeline, entries)
+
+    def replay_problem(self, pipeline, partition: str | None, positions: dict[str, str]) -> str | None:
+        if partition is not None and not (partition.isascii() and partition.isdigit()):
+            return f"partition: a Kafka partition is a number, got '{partition}'"
+        for name, value in positions.items():
+            # A Kafka offset written as `5-3` would leave offset 5 out (the field's own check leaves
+            # digits, or ms-seq).
+            if "-" in value:
+                return f"{name}: a Kafka position is an offset (a number), got '{value}'"
+        return None
+
+    def probe(self, cfg, pipeline):
+        from deltadrain.sources.kafka.probe import probe_kafka
+
+        return probe_kafka(cfg, pipeline)
+
+    def counts(self, cfg, pipeline, lake: LakeSide, until: float | None = None, quick: bool = False) -> dict:
+        from deltadrain.sources.kafka.client import kafka_consumer_conf
+        from deltadrain.sources.kafka.offsets import OffsetError
+        from deltadrain.sources.kafka.status import dead_after_ms, kafka_counts
+
+        checkpoint = lake.checkpoint
+        positions = checkpoint.positions
+        if checkpoint.found_in == "rows":  # rows hold the last offset read, the checkpoint the next one
+            positions = {k: str(int(v) + 1) for k, v in positions.items()}
+        conf = kafka_consumer_conf(cfg, pipeline)
+        if quick:
+            conf["socket.timeout.ms"] = 3000
+        try:
+            return kafka_counts(conf, pipeline.source, positions, lake.published(), lake.dead(),
+                                first_run=checkpoint.batch == 0, crashes=checkpoint.meta.get("crashes"),
+                                min_idle_ms=pipeline.min_idle_ms, stale_ms=dead_after_ms(pipeline),
+                                committed_by=checkpoint.run_id, complete=checkpoint.found_in != "rows", until=until)
+        except OffsetError as exc:  # the broker answered: no such topic (yet), or a recreated one
+            raise SourceNote(str(exc)) from exc
+
+    def stale_after_ms(self, pipeline) -> int:
+        from deltadrain.sources.kafka.status import stale_after_ms
+
+        return stale_after_ms(pipeline)
+
+    def stale_reason(self, after_ms: int) -> str:
+        return (f"older than the drain task's execution_timeout ({after_ms} ms): its run is gone, "
+                "the next drain reads the range again")
+
+    def status_lines(self, status: dict) -> list[str]:
+        from deltadrain.sources.kafka.status import status_lines
+
+        return status_lines(status)
+
+    def reap(self, cfg, pipeline) -> dict:
+        raise DeltadrainError(f"pipeline '{pipeline.name}' reads Kafka; reap is for Valkey pipelines only (a Kafka "
+                              "drain holds no claims: a failed run's offsets are read again by the next drain)")
+
+
+SOURCE = Kafka()

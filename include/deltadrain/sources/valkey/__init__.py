@@ -1,0 +1,1 @@
+"""Valkey streams: the source package (source.py answers the `Source` interface; one module per step)."""

@@ -1,0 +1,66 @@
+"""Valkey clients for a pipeline, with its secrets resolved at the edge (never stored, never logged),
+and the counts of a consumer group that every Valkey step reads."""
+
+from __future__ import annotations
+
+from deltadrain.config import DeltadrainConfig, PipelineConfig, ValkeySource
+from deltadrain.positions import StreamId
+from deltadrain.secrets import credentials
+
+# The field of a Valkey stream entry that holds the message's payload (what producers XADD).
+VALKEY_FIELD = b"data"
+
+
+def as_text(value) -> str:
+    """Valkey replies come as bytes; names and ids are compared as text."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def stream_counts(client, stream: str, group: str) -> tuple[int, int, int]:
+    """(length, lag, pending) of `group` on `stream`: the entries the stream holds, those not yet
+    delivered to the group (at most), and those it holds. Without the group every entry counts as
+    not yet delivered."""
+    if not client.exists(stream):
+        return 0, 0, 0
+    info = next((g for g in client.xinfo_groups(stream) if as_text(g["name"]) == group), None)
+    length = client.xlen(stream)
+    if info is None:
+        return length, length, 0
+    pending = int(info.get("pending", 0))
+    lag = info.get("lag")
+    if lag is not None:
+        return length, min(int(lag), length), pending  # the server's lag still counts entries trimmed since
+    # The server lost count (entries deleted past the group's position): every entry left may be
+    # unread, unless the newest was delivered already.
+    newest = client.xrevrange(stream, count=1)
+    got = StreamId.parse(as_text(info["last-delivered-id"]))
+    return length, (0 if not newest or StreamId.parse(as_text(newest[0][0])) <= got else length), pending
+
+
+def group_counts(client, stream: str, group: str) -> tuple[int, int]:
+    """(lag, pending) of `group` on `stream` (`stream_counts` without the length)."""
+    _, lag, pending = stream_counts(client, stream, group)
+    return lag, pending
+
+
+def valkey_url(cfg: DeltadrainConfig, source: ValkeySource) -> str:
+    if source.url:
+        return source.url
+    from deltadrain.embedded import ports
+
+    return f"valkey://127.0.0.1:{ports(cfg).valkey}/0"
+
+
+def valkey_client(cfg: DeltadrainConfig, pipeline: PipelineConfig, **kwargs):
+    import valkey
+
+    source = pipeline.source
+    assert isinstance(source, ValkeySource)
+    creds = credentials(connection_id=source.connection_id, password_env=source.password_env)
+    url = valkey_url(cfg, source).replace("valkey://", "redis://", 1).replace("valkeys://", "rediss://", 1)
+    opts = {"socket_timeout": 30, "socket_connect_timeout": 5, "health_check_interval": 30, **kwargs}
+    if creds.password:
+        opts["password"] = creds.password
+        if creds.username:
+            opts["username"] = creds.username
+    return valkey.Valkey.from_url(url, **opts)

@@ -1,0 +1,112 @@
+"""Valkey streams as a deltadrain source: a consumer group per pipeline, claims in its pending list
+(XREADGROUP, XAUTOCLAIM), XACK after the commit. Each step lives in its own module here; this one
+answers the `Source` interface by calling them (imported on use, so that asking costs nothing)."""
+
+from __future__ import annotations
+
+from deltadrain.sources import LakeSide
+
+
+class Valkey:
+    kind = "valkey"
+    service = "Valkey"
+    address_field = "url"
+    holds_claims = True
+
+    def reads(self, pipeline) -> list[str]:
+        return list(pipeline.source.streams)
+
+    def partition_names(self, pipeline) -> list[str] | None:
+        return list(pipeline.source.streams)
+
+    def address(self, cfg, pipeline) -> str:
+        import urllib.parse
+
+        from deltadrain.sources.valkey.client import valkey_url
+
+        url = urllib.parse.urlsplit(valkey_url(cfg, pipeline.source))
+        return f"{url.hostname}:{url.port or 6379}"
+
+    def connection_failure(self, exc: BaseException) -> tuple[bool, str] | None:
+        if not type(exc).__module__.startswith("valkey"):
+            return None
+        import valkey.exceptions as v
+
+        if isinstance(exc, v.ConnectionError | v.TimeoutError):
+            return isinstance(exc, v.AuthenticationError), str(exc)
+        return None
+
+    def drain(self, cfg, pipeline, spark, run_id=None):
+        from deltadrain.sources.valkey.drain import ValkeyDrain
+
+        return ValkeyDrain(cfg, pipeline, spark, run_id).run()
+
+    def read_interval(self, spark, cfg, pipeline, start, end, scratch):
+        from deltadrain.drain import claim_schema
+        from deltadrain.sources.valkey.client import valkey_client
+        from deltadrain.sources.valkey.drain import claim_context
+        from deltadrain.sources.valkey.history import history_gaps, interval_range, read_history
+
+        ranges = [interval_range(s, start, end) for s in pipeline.source.streams]
+        gaps = history_gaps(valkey_client(cfg, pipeline), ranges)  # before the read: what was gone first
+        ctx = claim_context(cfg, pipeline, consumer="backfill")
+        return read_history(spark, ranges, ctx, claim_schema(pipeline), str(scratch / "history")), gaps
+
+    def read_places(self, spark, cfg, pipeline, places, scratch):
+        from deltadrain.drain import claim_schema
+        from deltadrain.positions import StreamId
+        from deltadrain.sources.valkey.drain import claim_context
+        from deltadrain.sources.valkey.history import StreamRange, read_history
+
+        by_stream: dict[str, list[str]] = {}
+        for stream, position in places:
+            by_stream.setdefault(stream, []).append(position)
+        ranges = [StreamRange(s, str(min(map(StreamId.parse, ids))), str(max(map(StreamId.parse, ids))), tuple(ids))
+                  for s, ids in sorted(by_stream.items())]
+        ctx = claim_context(cfg, pipeline, "replay")
+        return read_history(spark, ranges, ctx, claim_schema(pipeline), str(scratch / "history"))
+
+    def send_back(self, cfg, pipeline, entries) -> None:
+        from deltadrain.sources.valkey.replay import send_back
+
+        send_back(cfg, pipeline, entries)
+
+    def replay_problem(self, pipeline, partition: str | None, positions: dict[str, str]) -> str | None:
+        streams = pipeline.source.streams
+        if partition is not None and partition not in streams:
+            return f"partition: '{partition}' is not one of the pipeline's streams ({', '.join(streams)})"
+        return None
+
+    def probe(self, cfg, pipeline):
+        from deltadrain.sources.valkey.probe import probe_valkey
+
+        return probe_valkey(cfg, pipeline)
+
+    def counts(self, cfg, pipeline, lake: LakeSide, until: float | None = None, quick: bool = False) -> dict:
+        from deltadrain.sources.valkey.client import valkey_client
+        from deltadrain.sources.valkey.gaps import gaps_key
+        from deltadrain.sources.valkey.status import valkey_counts
+
+        # Valkey's own timeouts bound each call; `quick` shortens them to a page's patience.
+        client = valkey_client(cfg, pipeline, **({"socket_timeout": 3, "socket_connect_timeout": 3} if quick else {}))
+        return valkey_counts(client, pipeline.source, gaps_key(pipeline.name), pipeline)
+
+    def stale_after_ms(self, pipeline) -> int:
+        # After min_idle_ms the next drain or the reaper takes the entries over.
+        return pipeline.min_idle_ms
+
+    def stale_reason(self, after_ms: int) -> str:
+        return f"idle over min_idle_ms ({after_ms} ms): the next drain or the reaper takes these entries over"
+
+    def status_lines(self, status: dict) -> list[str]:
+        from deltadrain.sources.valkey.status import status_lines
+
+        return status_lines(status)
+
+    def reap(self, cfg, pipeline) -> dict:
+        from deltadrain.sources.valkey.reap import reap
+
+        return reap(cfg, pipeline)
+
+
+SOURCE = Valkey()

@@ -1,0 +1,74 @@
+"""Lifecycle counts at a Valkey source: per stream, what the group has not read (PENDING), what its
+consumers hold (CLAIMED), the gaps, and the ranges under suspicion that runs which died left."""
+
+from __future__ import annotations
+
+from deltadrain.config import PipelineConfig, ValkeySource
+from deltadrain.sources.valkey.client import as_text, stream_counts
+from deltadrain.sources.valkey.gaps import as_ranges, open_gaps
+
+
+def valkey_counts(client, source: ValkeySource, gaps_at: str | None = None, pipeline: PipelineConfig | None = None
+                  ) -> dict:
+    """Counts per stream, and the gaps: those recorded in the hash `gaps_at` that no commit carries yet, and
+    those the next drain will find (entries removed before the group read them). With the `pipeline`,
+    `splits`: the ranges under suspicion, what runs that died left pending that drains split
+    (valkey.crashes), in the order they settle it."""
+    pending = claimed = 0
+    consumers: dict[str, dict] = {}
+    oldest_idle = 0
+    partitions = {}
+    gaps = open_gaps(client, source.streams, source.group, gaps_at)
+    for stream in source.streams:
+        length, lag, in_pel = stream_counts(client, stream, source.group)
+        pending += lag
+        claimed += in_pel
+        partitions[stream] = {"length": length, "pending": lag, "claimed": in_pel}
+        if in_pel:
+            for c in client.xinfo_consumers(stream, source.group):
+                entry = consumers.setdefault(as_text(c["name"]), {"claimed": 0, "idle_ms": int(c["idle"])})
+                entry["claimed"] += int(c["pending"])
+                entry["idle_ms"] = min(entry["idle_ms"], int(c["idle"]))
+            first = client.xpending_range(stream, source.group, min="-", max="+", count=1)
+            if first:
+                oldest_idle = max(oldest_idle, int(first[0]["time_since_delivered"]))
+    splits = valkey_splits(client, pipeline) if claimed and pipeline is not None else []
+    return {"PENDING": pending, "CLAIMED": claimed, "claimed_by": {k: v for k, v in consumers.items() if v["claimed"]},
+            "oldest_claim_idle_ms": oldest_idle, "partitions": partitions, "gaps": as_ranges(gaps), "splits": splits}
+
+
+def valkey_splits(client, pipeline: PipelineConfig) -> list[dict]:
+    """Pieces of the segments runs died on, and the rests of split ones, with the deaths alone of a
+    single entry: the idle entries of the pending list, read PAGE at a time."""
+    from deltadrain.sources.valkey.claim import alone_field
+    from deltadrain.sources.valkey.crashes import RESTING, SPLIT_FROM, SUSPECT, reclaimable, segments
+    from deltadrain.sources.valkey.drain import failures_key
+
+    source: ValkeySource = pipeline.source
+    key = failures_key(pipeline.name)
+    found = segments((s, i, n, kind) for s, i, n, kind, _ in
+                     reclaimable(client, source.streams, source.group, pipeline.min_idle_ms, key, own=""))
+    shown = [seg for seg in found if seg.kind == RESTING or (seg.kind == SUSPECT and seg.deliveries >= SPLIT_FROM)]
+    # A single entry's count of the runs that read it alone (valkey.crashes.count_alone), all of them dead.
+    singles = [seg.pieces[0] for seg in shown if seg.entries == 1]
+    counts = iter(client.hmget(key, [alone_field(p.stream, p.first) for p in singles]) if singles else ())
+    out = []
+    for seg in shown:
+        alone = int(next(counts) or 0) if seg.entries == 1 else 0
+        out += [{**piece, "alone": alone} for piece in seg.as_json()]
+    return out
+
+
+def status_lines(st: dict) -> list[str]:
+    """`deltadrain status`'s lines of the source's own: the gaps and the ranges under suspicion."""
+    lines = []
+    for gap in st.get("gaps") or []:
+        size = "unknown number of entries" if gap["missing"] is None else f"{gap['missing']} entries"
+        lines.append(f"GAP: stream {gap['partition']} ids {gap['from']} .. {gap['to']} ({size}): {gap['reason']}")
+    for piece in st.get("splits") or []:
+        rest = ", the untried half of a split" if piece["kind"] == "rest" else ""
+        lines.append(f"UNDER SUSPICION: stream {piece['partition']} ids {piece['ids'][0]} .. {piece['ids'][1]} "
+                     f"({piece['entries']} entries, delivered {piece['deliveries']} times{rest}, "
+                     f"{piece.get('alone', 0)} runs died reading one alone): runs died on them before committing; "
+                     "the next runs read them half at a time (max_retries deaths alone: a dead letter)")
+    return lines
