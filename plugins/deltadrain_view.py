@@ -3,7 +3,7 @@
 
 from airflow.plugins_manager import AirflowPlugin
 
-from deltadrain.orchestration.view import URL_PREFIX, create_app
+from deltadrain.orchestration.view.app import URL_PREFIX, create_app
 
 
 class DeltadrainViewPlugin(AirflowPlugin):

@@ -26,7 +26,7 @@ from timing import median_ms
 
 from deltadrain import lakeview
 from deltadrain.config import load_config
-from deltadrain.orchestration.view import pipeline_summary, with_checks
+from deltadrain.orchestration.view.data import pipeline_summary, with_checks
 
 
 def page_reads(cfg, p) -> list:

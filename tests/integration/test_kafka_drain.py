@@ -436,7 +436,7 @@ def test_a_retention_gap_is_reported_with_its_range_and_stops_or_continues_per_p
     assert st["gaps"] == [{"partition": 0, "start": 100, "end": 250, "missing": 150}]
     assert st["partitions"]["0"]["pending"] == 150  # what is left to read: 250..399
     assert lake_checkpoint(spark, c, p).batch == 1  # on_gap: fail committed nothing
-    from deltadrain.orchestration.view import pipeline_view
+    from deltadrain.orchestration.view.data import pipeline_view
 
     view = pipeline_view(c, p)  # the Airflow view shows the gap that stops the runs
     assert [(g["partition"], g["range"], g["missing"]) for g in view["open_gaps"]] == [("0", "offsets 100 to 249", 150)]
@@ -462,7 +462,7 @@ def test_a_gap_with_nothing_readable_after_it_is_committed_past_once_under_conti
     from confluent_kafka import TopicPartition
     from confluent_kafka.admin import AdminClient
 
-    from deltadrain.orchestration.view import pipeline_view
+    from deltadrain.orchestration.view.data import pipeline_view
 
     _, c, p = make_kafka_pipeline(tmp_path, partitions=2, source={"on_gap": "continue"})
     first = produce(c, p, 100, seed=57)

@@ -12,7 +12,7 @@ from deltadrain.config import load_config
 from deltadrain.dev.produce import MALFORMED_KINDS, produce
 from deltadrain.maintain import files_on_disk, maintain, snapshot_files
 from deltadrain.metrics import last_runs, metrics_path
-from deltadrain.orchestration.view import pipeline_view
+from deltadrain.orchestration.view.data import pipeline_view
 from deltadrain.sources.valkey.client import valkey_client
 from tests.integration.helpers import (
     assert_exactly_once,

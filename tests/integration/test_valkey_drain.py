@@ -1035,7 +1035,8 @@ def test_entries_trimmed_before_the_group_read_them_are_a_reported_gap(tmp_path,
     assert [(g["partition"], g["missing"]) for g in st["gaps"]] == [(trimmed_stream, 40)]
     assert main(["--config", str(path), "status", p.name]) == 0
     assert f"GAP: stream {trimmed_stream} ids 0-1 .. " in capsys.readouterr().out
-    from deltadrain.orchestration.view import _templates, pipeline_view
+    from deltadrain.orchestration.view.app import _templates
+    from deltadrain.orchestration.view.data import pipeline_view
 
     # The Airflow view shows it too, open until a run has recorded it.
     assert [(g["partition"], g["kind"], g["missing"]) for g in pipeline_view(c, p)["open_gaps"]] == [
@@ -1113,7 +1114,7 @@ def test_a_gap_with_nothing_readable_after_it_is_committed_past_once_under_conti
     deliver, so nothing would move the group past either gap. Under on_gap: continue the run moves it
     to the stream's end and commits the gaps in a batch without rows; later runs neither report them
     again nor see work, and the group's lag stays exact for what comes next."""
-    from deltadrain.orchestration.view import pipeline_view
+    from deltadrain.orchestration.view.data import pipeline_view
     from deltadrain.probe import probe
     from deltadrain.sources.valkey.client import group_counts
 

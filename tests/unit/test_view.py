@@ -7,14 +7,14 @@ import json
 import pytest
 
 from deltadrain.lakeview import PREVIEW_BYTES, preview
-from deltadrain.orchestration.view import (
+from deltadrain.orchestration.view.actions import (
     MAX_RUNS,
     SelectionError,
     parse_entry,
     same_origin,
     selection_to_confs,
-    self_api_url,
 )
+from deltadrain.orchestration.view.app import self_api_url
 
 DEAD = {("orders:{0}", "1-0"): "a", ("orders:{0}", "2-0"): None, ("orders:{1}", "1-1"): "b",
         ("orders:{1}", "9-0"): "a", ("t-3", "42"): None}
@@ -118,7 +118,7 @@ def test_the_view_calls_the_api_where_the_server_listens_not_where_the_browser_w
 
 
 def test_airflow_base_url_reads_the_api_servers_own_settings(monkeypatch):
-    from deltadrain.orchestration.view import airflow_base_url
+    from deltadrain.orchestration.view.app import airflow_base_url
 
     monkeypatch.setenv("AIRFLOW__API__HOST", "0.0.0.0")
     monkeypatch.setenv("AIRFLOW__API__PORT", "8080")
@@ -242,7 +242,7 @@ def test_the_ingest_dags_first_batch_is_looked_for_as_far_back_as_the_quality_ta
 
 def test_a_run_recorded_as_an_error_that_committed_its_batch_shows_its_check(monkeypatch, cfg):
     from deltadrain import lakeview
-    from deltadrain.orchestration.view import with_checks
+    from deltadrain.orchestration.view.data import with_checks
 
     monkeypatch.setattr(lakeview, "committed_runs", lambda cfg, pipeline: {(5, "try1"), (4, "older")})
     monkeypatch.setattr(lakeview, "owed_from", lambda cfg, pipeline: 6)
@@ -311,7 +311,7 @@ def test_an_index_row_says_what_it_could_not_read_and_the_others_still_show(monk
     import time
 
     from deltadrain import lakeview
-    from deltadrain.orchestration import view
+    from deltadrain.orchestration.view import data
 
     slow, broken = cfg.pipelines[0], cfg.pipelines[0].model_copy(update={"name": "broken"})
 
@@ -324,10 +324,10 @@ def test_an_index_row_says_what_it_could_not_read_and_the_others_still_show(monk
             raise OSError("the lake's disk is gone")
         return []
 
-    monkeypatch.setattr(view, "source_counts", counts)
-    monkeypatch.setattr(view, "SOURCE_WAIT_S", 0.2)
+    monkeypatch.setattr(data, "source_counts", counts)
+    monkeypatch.setattr(data, "SOURCE_WAIT_S", 0.2)
     monkeypatch.setattr(lakeview, "last_batches", runs)
-    rows = {r["pipeline"]: r for r in view.pipeline_summaries(cfg, [slow, broken])}
+    rows = {r["pipeline"]: r for r in data.pipeline_summaries(cfg, [slow, broken])}
     assert (rows[slow.name]["lag"], rows[slow.name]["source_note"]) == (None, "source did not answer within 0.2 s")
     assert rows[slow.name]["lake_note"] is None and rows[slow.name]["DEAD"] is not None
     assert (rows["broken"]["lag"], rows["broken"]["lake_note"]) == (7, "lake unreadable (OSError)")
@@ -338,7 +338,7 @@ def test_a_kafka_broker_that_is_down_is_named_unreachable_within_the_pages_wait(
     unreachable instead of 'did not answer', and the source pool's thread is free again."""
     import socket
 
-    from deltadrain.orchestration import view
+    from deltadrain.orchestration.view import data
 
     with socket.socket() as s:  # a port nothing listens on once closed
         s.bind(("127.0.0.1", 0))
@@ -346,6 +346,6 @@ def test_a_kafka_broker_that_is_down_is_named_unreachable_within_the_pages_wait(
     kafka = next(p for p in cfg.pipelines if p.source.kind == "kafka")
     down = kafka.model_copy(update={"source": kafka.source.model_copy(
         update={"bootstrap_servers": f"127.0.0.1:{port}"})})
-    monkeypatch.setattr(view, "SOURCE_WAIT_S", 3)
-    counts = view.bounded_source_counts(cfg, down)
+    monkeypatch.setattr(data, "SOURCE_WAIT_S", 3)
+    counts = data.bounded_source_counts(cfg, down)
     assert (counts["PENDING"], counts["source_note"]) == (None, "source unreachable (KafkaException)")

@@ -21,7 +21,7 @@ def client_for(monkeypatch, cfg):
     from airflow.api_fastapi.core_api.security import get_user
     from fastapi.testclient import TestClient
 
-    from deltadrain.orchestration.view import create_app
+    from deltadrain.orchestration.view.app import create_app
 
     def make(auth: FakeAuth):
         monkeypatch.setattr(airflow_app, "get_auth_manager", lambda: auth)
@@ -33,9 +33,7 @@ def client_for(monkeypatch, cfg):
 
 
 def test_pages_render_on_an_empty_lake(client_for, cfg, monkeypatch):
-    from deltadrain.orchestration import view
-
-    monkeypatch.setattr(view, "SOURCE_WAIT_S", 1)  # no broker runs here: each page would wait 10 s for it
+    monkeypatch.setattr("deltadrain.orchestration.view.data.SOURCE_WAIT_S", 1)  # no broker runs here: each page would wait 10 s for it
     client = client_for(FakeAuth())
     names = [p.name for p in cfg.pipelines]
     assert client.get("/api/pipelines").json() == {"pipelines": names}
@@ -72,7 +70,7 @@ def test_reading_and_replaying_need_the_permissions(client_for, cfg):
 
 
 def test_the_page_names_who_holds_claims_and_flags_stale_ones():
-    from deltadrain.orchestration.view import _templates
+    from deltadrain.orchestration.view.app import _templates
 
     v = {"pipeline": "orders", "source": "valkey", "partitions": ["s0"], "PENDING": 0, "CLAIMED": 12,
          "oldest_claim_idle_ms": 90_000, "stale_after_ms": 60_000, "last_batches": [], "dead_letters": [],
@@ -86,7 +84,7 @@ def test_the_page_names_who_holds_claims_and_flags_stale_ones():
 
 
 def test_open_gaps_say_whether_runs_stop_on_them_and_how_to_go_on():
-    from deltadrain.orchestration.view import _templates
+    from deltadrain.orchestration.view.app import _templates
 
     gap = {"partition": "s0", "kind": "unread", "range": "1-0 to 9-0", "missing": 40, "reason": "trimmed"}
     v = {"pipeline": "orders", "source": "valkey", "partitions": ["s0"], "PENDING": 0, "CLAIMED": 0,
@@ -107,7 +105,7 @@ def test_links_to_airflows_pages_stay_under_the_path_airflow_is_served_at():
     import re
     from urllib.parse import urljoin
 
-    from deltadrain.orchestration.view import _templates
+    from deltadrain.orchestration.view.app import _templates
 
     v = {"pipeline": "orders", "source": "valkey", "partitions": ["s0"], "PENDING": 0, "CLAIMED": 0,
          "last_batches": [], "dead_letters": [], "gaps": [], "on_gap": "fail", "ingest_dag": "deltadrain__orders__ingest",
@@ -142,7 +140,7 @@ def test_a_replay_that_cannot_reach_airflow_is_a_502_with_the_reason(client_for,
 
 
 def test_the_page_shows_the_tables_data_files_and_links_the_maintenance_dag():
-    from deltadrain.orchestration.view import _templates
+    from deltadrain.orchestration.view.app import _templates
 
     v = {"pipeline": "orders", "source": "valkey", "partitions": ["s0"], "PENDING": 0, "CLAIMED": 0,
          "last_batches": [], "dead_letters": [], "data_files": {"target": 1234, "dlq": None},
@@ -153,7 +151,7 @@ def test_the_page_shows_the_tables_data_files_and_links_the_maintenance_dag():
 
 
 def test_the_page_names_the_offsets_runs_died_reading():
-    from deltadrain.orchestration.view import _templates
+    from deltadrain.orchestration.view.app import _templates
 
     v = {"pipeline": "clicks", "source": "kafka", "partitions": ["0", "1"], "PENDING": 0, "CLAIMED": 0,
          "last_batches": [], "dead_letters": [],
@@ -170,7 +168,7 @@ def test_the_page_names_the_offsets_runs_died_reading():
 
 
 def test_the_page_names_the_entries_valkey_runs_died_on():
-    from deltadrain.orchestration.view import _templates
+    from deltadrain.orchestration.view.app import _templates
 
     v = {"pipeline": "orders", "source": "valkey", "partitions": ["s0"], "PENDING": 0, "CLAIMED": 12,
          "last_batches": [], "dead_letters": [],
@@ -190,7 +188,7 @@ def test_the_page_names_the_entries_valkey_runs_died_on():
 def test_last_batches_show_what_the_transform_filtered_and_a_dash_for_runs_before_the_count():
     from datetime import datetime
 
-    from deltadrain.orchestration.view import _templates
+    from deltadrain.orchestration.view.app import _templates
 
     def batch(run: int, **more) -> dict:
         return {"finished_at": datetime(2026, 11, 27, 12, run), "batch": run, "outcome": "committed", "claimed": 1200,
@@ -208,7 +206,7 @@ def test_last_batches_show_what_the_transform_filtered_and_a_dash_for_runs_befor
 def test_last_batches_show_each_committed_batch_check():
     from datetime import UTC, datetime
 
-    from deltadrain.orchestration.view import _templates
+    from deltadrain.orchestration.view.app import _templates
 
     def batch(run: int, outcome: str = "committed", **more) -> dict:
         return {"finished_at": datetime(2026, 11, 27, 12, run), "batch": run, "outcome": outcome, "claimed": 10,
@@ -239,7 +237,7 @@ def test_last_batches_show_each_committed_batch_check():
 def test_the_index_shows_each_pipeline_at_a_glance():
     from datetime import UTC, datetime
 
-    from deltadrain.orchestration.view import _templates
+    from deltadrain.orchestration.view.app import _templates
 
     run = {"finished_at": datetime(2026, 11, 27, 12, 30), "batch": 7, "outcome": "committed", "error": None,
            "quality": {"success": True, "failed": [], "quarantined": 0, "policy": "fail",
