@@ -1,6 +1,6 @@
 """spark-submit entry point of one data-quality check (what the Airflow ingest and quality DAGs submit).
 
-Thin on purpose: everything is in deltadrain.quality. Prints the Data Docs path (for the task log)
+Thin on purpose: everything is in the deltadrain.quality package. Prints the Data Docs path (for the task log)
 and then the report as `deltadrain-summary: {json}` (for XCom, see deltadrain.jobs). Exits 1 when the data fails under
 `on_failure: fail` or the check cannot run, 0 otherwise (a `warn` or `quarantine` failure is data).
 """
@@ -13,7 +13,8 @@ from datetime import timedelta
 from deltadrain.config import load_config
 from deltadrain.errors import DeltadrainError
 from deltadrain.jobs import ERROR_PREFIX, SUMMARY_PREFIX
-from deltadrain.quality import BatchesFailed, QualityFailed, check_batches, check_table
+from deltadrain.quality.check import check_batches, check_table
+from deltadrain.quality.errors import BatchesFailed, QualityFailed
 
 
 def main() -> int:

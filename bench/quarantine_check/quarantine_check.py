@@ -1,4 +1,4 @@
-"""What looking for unreported quarantine rows (`quality.unreported`) costs a batch check under
+"""What looking for unreported quarantine rows (`quality.quarantine.unreported`) costs a batch check under
 `on_failure: quarantine` (docs/benchmarks.md, "unreported quarantine rows").
 
 The sample `orders` pipeline, its suite swapped for one that about half the sample rows break
@@ -19,11 +19,11 @@ import statistics
 import sys
 import time
 
-from deltadrain import quality
 from deltadrain.catchup import drain
 from deltadrain.config import Expectation, QualityConfig, load_config
 from deltadrain.dev import services
 from deltadrain.dev.produce import produce
+from deltadrain.quality import check, quarantine
 from deltadrain.sources.valkey.client import valkey_client
 from deltadrain.spark import get_spark
 
@@ -32,7 +32,7 @@ def main(size: int = 10_000, batches: int = 10) -> dict:
     cfg = load_config()
     p = cfg.pipeline("orders").model_copy(update={"quality": QualityConfig(
         on_failure="quarantine", expectations=[Expectation(column="amount", kind="between", min=0, max=250)])})
-    real, nothing = quality.unreported, (lambda *a, **k: quality.Unreported([], 0, []))
+    real, nothing = quarantine.unreported, (lambda *a, **k: quarantine.Unreported([], 0, []))
     timed: dict[str, list[float]] = {"check_with": [], "check_without": [], "recheck_lookup": []}
     with services.running(cfg, ["valkey"]):
         client = valkey_client(cfg, p)
@@ -43,17 +43,17 @@ def main(size: int = 10_000, batches: int = 10) -> dict:
                 produce(cfg, p, size, seed=5, start=b * size, progress=False)
                 batch = drain(cfg, p, spark=spark).batch
                 side = "check_with" if b % 2 == 0 else "check_without"
-                quality.unreported = real if side == "check_with" else nothing
+                check.unreported = real if side == "check_with" else nothing
                 began = time.perf_counter()
-                quality.check_batch(cfg, p, spark, batch)
+                check.check_batch(cfg, p, spark, batch)
                 timed[side].append(time.perf_counter() - began)
-                quality.unreported = real
+                check.unreported = real
                 began = time.perf_counter()
                 found = real(spark, cfg, p, batch, None)
                 timed["recheck_lookup"].append(time.perf_counter() - began)
                 assert not found.runs, found  # every run that moved rows has its results row
         finally:
-            quality.unreported = real
+            check.unreported = real
             for key in p.source.streams:
                 client.delete(key)
     # The first two batches warm the session up; medians of the rest.

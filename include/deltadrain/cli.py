@@ -172,7 +172,8 @@ def _filtered(run: dict) -> str:
 def _quality(args) -> int:
     from datetime import timedelta
 
-    from deltadrain.quality import BatchesFailed, QualityFailed, check_batches, check_table
+    from deltadrain.quality.check import check_batches, check_table
+    from deltadrain.quality.errors import BatchesFailed, QualityFailed
 
     cfg, pipeline, spark = _pipeline_session(args, "quality")
     failed = None

@@ -408,7 +408,7 @@ class DeltadrainConfig(_Model):
         return self.lake_dir() / "_deltadrain" / "dlq" / pipeline.name
 
     def quarantine_path(self, pipeline: PipelineConfig) -> Path:
-        """Where the batch checks move rows that break the pipeline's suite (`quality.quarantine`)."""
+        """Where the batch checks move rows that break the pipeline's suite (`quality.quarantine.quarantine`)."""
         return self.lake_dir() / "_deltadrain" / "quarantine" / pipeline.name
 
 

@@ -187,7 +187,7 @@ def last_batches(cfg: DeltadrainConfig, pipeline: PipelineConfig, n: int = 10, n
 
 def batch_checks(cfg: DeltadrainConfig, pipeline: PipelineConfig, batches: list[int]) -> dict[int, dict]:
     """batch -> the newest quality check of that batch of the current target (newest_checks)."""
-    from deltadrain.quality import results_path
+    from deltadrain.quality.results import results_path
 
     if not batches:
         return {}
@@ -208,11 +208,12 @@ def _table_id(results) -> str:
 
 
 def owed_from(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> int | None:
-    """The lowest batch the quality tasks owe a check (quality.owed_batches): the pipeline's lowest
+    """The lowest batch the quality tasks owe a check (quality.owed.owed_batches): the pipeline's lowest
     checked batch of the current target, or with none yet the oldest batch the ingest DAG drained
-    among as many commits as quality.first_scheduled looks over; None: nothing is owed (only the
+    among as many commits as quality.owed.first_scheduled looks over; None: nothing is owed (only the
     daily whole-table check reads them)."""
-    from deltadrain.quality import FIRST_SCHEDULED_SCAN, oldest_scheduled, results_path
+    from deltadrain.quality.owed import FIRST_SCHEDULED_SCAN, oldest_scheduled
+    from deltadrain.quality.results import results_path
 
     results, target = open_table(str(results_path(cfg))), open_table(str(cfg.target_path(pipeline)))
     if target is None:

@@ -52,7 +52,7 @@ def pipeline_tables(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> dict[str
 
 def shared_tables(cfg: DeltadrainConfig) -> dict[str, Path]:
     from deltadrain.metrics import metrics_path
-    from deltadrain.quality import results_path
+    from deltadrain.quality.results import results_path
 
     return {"metrics": metrics_path(cfg), "quality_results": results_path(cfg)}
 

@@ -129,7 +129,7 @@ class ReplayResult:
     preview: list = field(default_factory=list)
     written: int = 0  # reprocess: rows updated
     # reprocess: the drained batches whose rows it updated, for the replay DAG's quality task to
-    # check again (deltadrain.quality.batches_to_check); rows a backfill wrote (batch 0) are not in one.
+    # check again (deltadrain.quality.owed.batches_to_check); rows a backfill wrote (batch 0) are not in one.
     batches: list | None = None
     seconds: float = 0.0
 

@@ -22,19 +22,11 @@ from deltadrain.failpoints import InjectedFailure
 from deltadrain.lake import table_id
 from deltadrain.metrics import last_runs, metrics_path, render_chart
 from deltadrain.orchestration.names import ingest_run_prefix
-from deltadrain.quality import (
-    RESULTS_SCHEMA,
-    QualityFailed,
-    QualityReport,
-    catch_up,
-    check_batch,
-    check_table,
-    checked_batches,
-    last_results,
-    quarantine_path,
-    results_path,
-    write_result,
-)
+from deltadrain.quality.check import check_batch, check_table
+from deltadrain.quality.errors import QualityFailed
+from deltadrain.quality.owed import catch_up, checked_batches
+from deltadrain.quality.quarantine import quarantine_path
+from deltadrain.quality.results import RESULTS_SCHEMA, QualityReport, last_results, results_path, write_result
 from deltadrain.sources.valkey.client import valkey_client
 from tests.integration.helpers import make_pipeline, pending, target_ids
 
@@ -97,7 +89,7 @@ def test_failing_expectation_fails_the_check_after_writing_results_and_docs(tmp_
 def test_failing_expectation_warns_and_keeps_the_rows(tmp_path, cfg, spark, caplog):
     _, c, p, _, _ = drained(tmp_path, spark, 120, quality=quality(
         "warn", {"column": "event_time", "kind": "fresh_within", "within": "P1D"}))
-    with caplog.at_level(logging.WARNING, logger="deltadrain.quality"):
+    with caplog.at_level(logging.WARNING, logger="deltadrain.quality.check"):
         report = check_batch(c, p, spark, 1)
     assert not report.success
     # Sample events are dated in early 2026 + seed days: not within a day of now.
@@ -212,7 +204,7 @@ def test_a_batch_checked_late_is_judged_fresh_as_of_its_commit_not_of_its_check(
     from delta.tables import DeltaTable
     from pyspark.sql import functions as F
 
-    from deltadrain import quality as dq
+    from deltadrain.quality import check as dq
 
     with monkeypatch.context() as m:
         m.setattr(dq, "find_commit", lambda *a, **k: None)
@@ -368,7 +360,8 @@ def test_the_spark_submit_entry_point_checks_a_batch(tmp_path, cfg, spark):
 
 
 def test_a_catch_ups_batches_are_all_checked_even_when_the_first_fails(tmp_path, cfg, spark):
-    from deltadrain.quality import BatchesFailed, check_batches
+    from deltadrain.quality.check import check_batches
+    from deltadrain.quality.errors import BatchesFailed
 
     path, c, p = make_pipeline(tmp_path, partitions=2, batch_cap=100, quality=quality("fail"))
     produce(c, p, 200, seed=7)
@@ -441,7 +434,7 @@ def test_a_batch_check_takes_on_the_committed_batches_that_have_no_result(tmp_pa
     """No quality task is told of a batch whose drain try died after its commit, and a check killed
     between quarantine's MERGE and DELETE writes no result: the next batch check takes both on."""
     from deltadrain import failpoints
-    from deltadrain.quality import check_batches
+    from deltadrain.quality.check import check_batches
     from tests.integration.helpers import cli_drain
 
     path, c, p, client, first = drained(tmp_path, spark, 200, quality=quality("quarantine"))
@@ -625,7 +618,7 @@ def test_a_row_a_reprocess_rewrites_during_quarantine_is_checked_again_not_lost(
     Now the DELETE leaves it, its old copy leaves the quarantine, and the batch is checked again."""
     from pyspark.sql import functions as F
 
-    from deltadrain import quality as q
+    from deltadrain.quality import quarantine as q
     from deltadrain.replay import ReplayRequest, replay
 
     _, c, p, _, result = drained(tmp_path, spark, 120, quality=quality("quarantine"))

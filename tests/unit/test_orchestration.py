@@ -59,7 +59,7 @@ def test_run_ids_of_long_dag_ids_stay_apart_and_short_ones_read_as_they_are():
     first = run_id(long_dag, "scheduled__2026-05-01T00:00:00+00:00")
     second = run_id(long_dag, "scheduled__2026-05-01T00:05:00+00:00")
     assert first != second and len(first) == len(second) == 110 + len("-try1")
-    # The longest pipeline name keeps its ingest DAG's whole prefix (quality.first_scheduled reads it).
+    # The longest pipeline name keeps its ingest DAG's whole prefix (quality.owed.first_scheduled reads it).
     longest = run_id(ingest_dag_id("p" * 63), "scheduled__2026-05-01T00:00:00+00:00")
     assert len(longest) == len(first) and longest.startswith(ingest_run_prefix("p" * 63))
     assert run_id("deltadrain__orders__ingest", "manual__2026-05-01T00:00:00+00:00") == \

@@ -12,17 +12,10 @@ from deltadrain.config import parse_config
 from deltadrain.drain import RunSummary
 from deltadrain.errors import ConfigError
 from deltadrain.metrics import chart_html, metrics_row, panel_svg
-from deltadrain.quality import (
-    Check,
-    batch_to_check,
-    build_checks,
-    freshness_reference,
-    gx_expectation,
-    owed_batches,
-    reasons_of,
-    suite_name,
-    with_unreported,
-)
+from deltadrain.quality.check import freshness_reference
+from deltadrain.quality.checks import Check, build_checks, gx_expectation, suite_name
+from deltadrain.quality.owed import batch_to_check, owed_batches
+from deltadrain.quality.quarantine import reasons_of, with_unreported
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -163,7 +156,7 @@ def test_owed_batches_are_the_committed_ones_without_a_result_since_the_first_ch
 
 
 def test_gx_errors_are_found_flat_or_per_metric():
-    from deltadrain.quality import gx_error
+    from deltadrain.quality.gx import gx_error
 
     assert gx_error({"raised_exception": True, "exception_message": "boom"}) == "boom"
     per_metric = {("column_values.nonnull.unexpected_count", "abc", ()): {
@@ -175,8 +168,10 @@ def test_gx_errors_are_found_flat_or_per_metric():
 
 def test_an_owed_batch_that_cannot_be_checked_keeps_no_other_batch_unchecked(monkeypatch, cfg):
     """Pure control flow of check_batches: the check itself is faked (each batch's outcome is given)."""
-    from deltadrain import quality
-    from deltadrain.quality import QualityError, QualityReport, check_batches
+    from deltadrain.quality import check
+    from deltadrain.quality.check import check_batches
+    from deltadrain.quality.errors import QualityError
+    from deltadrain.quality.results import QualityReport
 
     pipeline, seen = cfg.pipelines[0], []
 
@@ -186,14 +181,14 @@ def test_an_owed_batch_that_cannot_be_checked_keeps_no_other_batch_unchecked(mon
             raise QualityError("Great Expectations could not validate: boom")
         return QualityReport(pipeline.name, "batch", batch, "s", "fail", True, 10)
 
-    monkeypatch.setattr(quality, "catch_up", lambda cfg, pipeline, spark, requested, settle: ([2, 3], 0))
-    monkeypatch.setattr(quality, "check_batch", fake_check)
+    monkeypatch.setattr(check, "catch_up", lambda cfg, pipeline, spark, requested, settle: ([2, 3], 0))
+    monkeypatch.setattr(check, "check_batch", fake_check)
     with pytest.raises(QualityError, match=r"owed batches could not be checked: batch 2: QualityError: Great "
                                            r"Expectations could not validate: boom \(batches \[3, 5\] were checked"):
         check_batches(cfg, pipeline, None, [5], owed=True)
     assert seen == [2, 3, 5]
     # The task's own batch failing to run is the task's error, as before.
-    monkeypatch.setattr(quality, "catch_up", lambda cfg, pipeline, spark, requested, settle: ([], 0))
+    monkeypatch.setattr(check, "catch_up", lambda cfg, pipeline, spark, requested, settle: ([], 0))
     with pytest.raises(QualityError, match="boom"):
         check_batches(cfg, pipeline, None, [2], owed=True)
 

@@ -171,7 +171,7 @@ def test_batch_checks_read_a_results_table_from_before_table_id(tmp_path, cfg):
     from deltalake import write_deltalake
 
     from deltadrain.lakeview import batch_checks, owed_from
-    from deltadrain.quality import results_path
+    from deltadrain.quality.results import results_path
 
     c = cfg.model_copy(update={"data_dir": str(tmp_path / "lake")})
     p = c.pipelines[0]
@@ -189,7 +189,7 @@ def test_batch_checks_read_a_results_table_from_before_table_id(tmp_path, cfg):
 
 
 def test_batches_are_owed_from_the_lowest_check_of_this_table_or_else_from_the_ingest_dags_first(tmp_path, cfg):
-    """What the view says of an unchecked batch follows quality.owed_batches: owed from the lowest
+    """What the view says of an unchecked batch follows quality.owed.owed_batches: owed from the lowest
     batch checked on this target table; with none, from the oldest batch the ingest DAG drained
     (its run id says so); else owed to no check (real delta-rs tables, commit metadata as a drain's)."""
     from datetime import UTC, datetime
@@ -199,7 +199,7 @@ def test_batches_are_owed_from_the_lowest_check_of_this_table_or_else_from_the_i
 
     from deltadrain.lakeview import owed_from
     from deltadrain.orchestration.names import ingest_run_prefix
-    from deltadrain.quality import results_path
+    from deltadrain.quality.results import results_path
 
     c = cfg.model_copy(update={"data_dir": str(tmp_path / "lake")})
     p = c.pipelines[0]
@@ -220,13 +220,13 @@ def test_batches_are_owed_from_the_lowest_check_of_this_table_or_else_from_the_i
 
 def test_the_ingest_dags_first_batch_is_looked_for_as_far_back_as_the_quality_task_looks(tmp_path, cfg):
     """Past the HISTORY commits the page reads for itself: with no check yet, an ingest DAG batch
-    followed by more than 100 other commits is still where owed batches start (quality.first_scheduled)."""
+    followed by more than 100 other commits is still where owed batches start (quality.owed.first_scheduled)."""
     import pyarrow as pa
     from deltalake import CommitProperties, write_deltalake
 
     from deltadrain.lakeview import HISTORY, one_read, owed_from
     from deltadrain.orchestration.names import ingest_run_prefix
-    from deltadrain.quality import FIRST_SCHEDULED_SCAN
+    from deltadrain.quality.owed import FIRST_SCHEDULED_SCAN
 
     c = cfg.model_copy(update={"data_dir": str(tmp_path / "lake")})
     p = c.pipelines[0]

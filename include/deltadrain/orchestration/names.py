@@ -13,7 +13,7 @@ def ingest_dag_id(pipeline: str) -> str:
 
 def ingest_run_prefix(pipeline: str) -> str:
     """How the run id of each drain of the pipeline's ingest DAG starts: such a drain is followed by its
-    DAG run's quality task, which is how quality.first_scheduled tells its batches from CLI drains.
+    DAG run's quality task, which is how quality.owed.first_scheduled tells its batches from CLI drains.
     Never cut: a pipeline name has at most 63 characters, deltadrain_run_id cuts past 110."""
     return f"{AIRFLOW_RUN_PREFIX}{ingest_dag_id(pipeline)}-"
 

@@ -238,7 +238,7 @@ class QualityOperator(DeltadrainSparkOperator):
             return [*args, "--owed", *(["--settle", str(self.settle_s)] if self.settle_s else [])]
         from airflow.sdk.exceptions import AirflowSkipException
 
-        from deltadrain.quality import batches_to_check
+        from deltadrain.quality.owed import batches_to_check
 
         summary = context["ti"].xcom_pull(task_ids=self.drain_task) or {}
         batches = batches_to_check(summary)
