@@ -19,7 +19,7 @@ from deltadrain.checkpoint import read_checkpoint
 from deltadrain.dev import services
 from deltadrain.dev.produce import MALFORMED_KINDS, produce
 from deltadrain.embedded import airflow_env
-from deltadrain.orchestration.names import REPLAY_DAG, ingest_dag_id
+from deltadrain.names import REPLAY_DAG, ingest_dag_id
 from deltadrain.sources.valkey.client import valkey_client
 from tests.integration.helpers import assert_exactly_once, dlq_rows, lag, make_pipeline, pending, target_ids
 

@@ -17,7 +17,7 @@ import yaml
 
 from deltadrain.checkpoint import read_checkpoint
 from deltadrain.dev.produce import MALFORMED_KINDS, produce
-from deltadrain.orchestration.names import (
+from deltadrain.names import (
     MAINTENANCE_DAG,
     QUALITY_DAG,
     REAPER_DAG,

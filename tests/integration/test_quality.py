@@ -21,7 +21,7 @@ from deltadrain.drain import DrainError
 from deltadrain.failpoints import InjectedFailure
 from deltadrain.lake import table_id
 from deltadrain.metrics import last_runs, metrics_path, render_chart
-from deltadrain.orchestration.names import ingest_run_prefix
+from deltadrain.names import ingest_run_prefix
 from deltadrain.quality.check import check_batch, check_table
 from deltadrain.quality.errors import QualityFailed
 from deltadrain.quality.owed import catch_up, checked_batches

@@ -16,7 +16,7 @@ import pytest
 from deltadrain.airflow_api import embedded_api
 from deltadrain.dev import services
 from deltadrain.dev.produce import VALKEY_FIELD, produce
-from deltadrain.orchestration.names import REPLAY_DAG
+from deltadrain.names import REPLAY_DAG
 from deltadrain.sources.valkey.client import valkey_client
 from tests.integration.helpers import dlq_rows, drain_until_done, make_pipeline, target_ids
 

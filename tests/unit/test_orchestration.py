@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from deltadrain.orchestration.names import ingest_dag_id, pool_name
+from deltadrain.names import ingest_dag_id, pool_name
 
 
 def test_backfill_runs_are_told_apart_by_the_run_type_value():
@@ -49,7 +49,7 @@ def test_the_drain_job_gets_the_interval_only_in_a_backfill():
 def test_run_ids_of_long_dag_ids_stay_apart_and_short_ones_read_as_they_are():
     # Cut to 110 characters, two scheduled runs of a pipeline with a long name shared a run id (and a
     # Valkey consumer): the timestamps that tell them apart were past the cut.
-    from deltadrain.orchestration.names import ingest_dag_id, ingest_run_prefix
+    from deltadrain.names import ingest_dag_id, ingest_run_prefix
     from deltadrain.orchestration.operators import deltadrain_run_id
 
     def run_id(dag_id, airflow_run_id):

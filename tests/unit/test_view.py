@@ -198,7 +198,7 @@ def test_batches_are_owed_from_the_lowest_check_of_this_table_or_else_from_the_i
     from deltalake import CommitProperties, DeltaTable, write_deltalake
 
     from deltadrain.lakeview import owed_from
-    from deltadrain.orchestration.names import ingest_run_prefix
+    from deltadrain.names import ingest_run_prefix
     from deltadrain.quality.results import results_path
 
     c = cfg.model_copy(update={"data_dir": str(tmp_path / "lake")})
@@ -225,7 +225,7 @@ def test_the_ingest_dags_first_batch_is_looked_for_as_far_back_as_the_quality_ta
     from deltalake import CommitProperties, write_deltalake
 
     from deltadrain.lakeview import HISTORY, one_read, owed_from
-    from deltadrain.orchestration.names import ingest_run_prefix
+    from deltadrain.names import ingest_run_prefix
     from deltadrain.quality.owed import FIRST_SCHEDULED_SCAN
 
     c = cfg.model_copy(update={"data_dir": str(tmp_path / "lake")})

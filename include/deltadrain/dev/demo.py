@@ -23,7 +23,7 @@ def run_demo(cfg: DeltadrainConfig, count: int = 5000) -> dict:
     valkey_client(cfg, pipeline).xadd(pipeline.source.streams[0], {b"data": poison.value})
     print(f"   {json.dumps(result.summary()['kinds'])} + 1 poison")
     from deltadrain.airflow_api import embedded_api
-    from deltadrain.orchestration.names import REAPER_DAG, ingest_dag_id
+    from deltadrain.names import REAPER_DAG, ingest_dag_id
 
     dag_id = ingest_dag_id(pipeline.name)
     api = embedded_api(cfg)

@@ -17,7 +17,7 @@ from datetime import timedelta
 from airflow.sdk import DAG, Asset, CronDataIntervalTimetable, Param, task
 
 from deltadrain.config import DeltadrainConfig, PipelineConfig, load_config
-from deltadrain.orchestration.names import (
+from deltadrain.names import (
     MAINTENANCE_DAG,
     QUALITY_DAG,
     REAPER_DAG,

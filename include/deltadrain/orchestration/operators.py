@@ -20,7 +20,7 @@ from typing import Any
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
 from deltadrain.jobs import ERROR_PREFIX, SUMMARY_PREFIX
-from deltadrain.orchestration.names import AIRFLOW_RUN_PREFIX
+from deltadrain.names import AIRFLOW_RUN_PREFIX
 from deltadrain.paths import PROJECT_ROOT
 
 SPARK_JOBS = PROJECT_ROOT / "spark_jobs"

@@ -21,7 +21,7 @@ POOL_DESCRIPTION = "deltadrain: drains of "  # marks the pools deltadrain made (
 
 def pool_specs(cfg: DeltadrainConfig) -> dict[str, dict]:
     """One pool per pipeline, one slot: a pipeline's drains and table checks never run side by side."""
-    from deltadrain.orchestration.names import pool_name
+    from deltadrain.names import pool_name
 
     return {pool_name(p.name): {"slots": 1, "description": f"{POOL_DESCRIPTION}{p.name}",
                                 "include_deferred": False} for p in cfg.pipelines}

@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 from deltadrain.checkpoint import carries_batch, committed_batch
 from deltadrain.config import DeltadrainConfig, PipelineConfig
 from deltadrain.lake import is_table, recent_commits, table_id
-from deltadrain.orchestration.names import ingest_run_prefix
+from deltadrain.names import ingest_run_prefix
 from deltadrain.quality.results import results_path
 
 FIRST_SCHEDULED_SCAN = 200  # commits looked over for the ingest DAG's first batch (the view looks as far)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import urllib.parse
 
 from deltadrain.config import DeltadrainConfig, PipelineConfig
-from deltadrain.orchestration.names import REPLAY_DAG
+from deltadrain.names import REPLAY_DAG
 
 MAX_SELECTED = 1000  # entries per action (the replay job handles them on the driver)
 MAX_RUNS = 20  # id-less entries each need a run of their own; more in one click is a mistake

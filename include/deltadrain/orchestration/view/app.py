@@ -23,7 +23,7 @@ from pathlib import Path
 from fastapi import Request  # module level: FastAPI resolves the (postponed) annotations in this module
 
 from deltadrain.config import DeltadrainConfig, PipelineConfig
-from deltadrain.orchestration.names import REPLAY_DAG, ingest_dag_id
+from deltadrain.names import REPLAY_DAG, ingest_dag_id
 from deltadrain.orchestration.view.actions import (
     MAX_RUNS,
     SelectionError,

@@ -13,7 +13,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from deltadrain.config import DeltadrainConfig, PipelineConfig
-from deltadrain.orchestration.names import MAINTENANCE_DAG, ingest_dag_id
+from deltadrain.names import MAINTENANCE_DAG, ingest_dag_id
 from deltadrain.outcome import Outcome
 from deltadrain.sources import LakeSide, SourceNote, source_of
 
