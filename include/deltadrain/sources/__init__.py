@@ -3,8 +3,8 @@
 
 The shared steps (decode, stage, dead letters, the commit and its outcome, culprits, quality,
 metrics, status, the view, replay and backfill) ask `source_of(pipeline)` and never which kind it
-is. A kind's package is imported only when a pipeline of that kind is met, so this module stays
-light: the config models import their source's `settings` through it.
+is. A kind's package is imported only when a pipeline of that kind is met: this module imports
+nothing of them, and a sensor that asks a Valkey source never loads Kafka's client.
 """
 
 from __future__ import annotations

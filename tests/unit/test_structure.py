@@ -1,0 +1,91 @@
+"""The package's shape: every source answers the whole interface, the shared steps never ask which
+kind a source is, and no module imports another that imports it back (docs/sources.md)."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import re
+from pathlib import Path
+
+import pytest
+
+from deltadrain.sources import KINDS, Source, for_kind
+
+PACKAGE = Path(__file__).resolve().parents[2] / "include" / "deltadrain"
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = ("deltadrain", *path.relative_to(PACKAGE).with_suffix("").parts)
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def imports(path: Path, known: dict[str, Path]) -> set[str]:
+    """The package's modules `path` imports, at the top or inside a function."""
+
+    def resolve(name: str) -> str | None:
+        while name and name not in known:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("deltadrain"):
+            found |= {resolve(f"{node.module}.{a.name}") for a in node.names}
+        elif isinstance(node, ast.Import):
+            found |= {resolve(a.name) for a in node.names if a.name.startswith("deltadrain")}
+    return found - {None}
+
+
+def test_every_source_answers_the_whole_interface():
+    members = {name for name, _ in inspect.getmembers(Source) if not name.startswith("_")}
+    members |= set(Source.__annotations__)
+    assert {"drain", "read_interval", "send_back", "probe", "counts", "reap"} <= members
+    for kind in KINDS:
+        source = for_kind(kind)
+        assert source.kind == kind
+        missing = sorted(m for m in members if not hasattr(source, m))
+        assert not missing, f"{kind} lacks {missing}"
+        for name in members:
+            if callable(getattr(Source, name, None)):
+                wanted = list(inspect.signature(getattr(Source, name)).parameters)
+                assert list(inspect.signature(getattr(type(source), name)).parameters) == wanted, (kind, name)
+
+
+# What choosing between kinds looks like: an isinstance on a source model, or a comparison with a kind.
+KIND_BRANCH = re.compile(r"isinstance\([^)]*(Valkey|Kafka)Source|kind\s*[!=]=\s*[\"'](valkey|kafka)[\"']"
+                         r"|[\"'](valkey|kafka)[\"']\s*[!=]=|\.source\.(streams|topic)\b")
+
+
+@pytest.mark.parametrize("path", sorted(p for p in PACKAGE.rglob("*.py")
+                                        if not {"sources", "dev"} & set(p.relative_to(PACKAGE).parts)),
+                         ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_shared_modules_never_ask_which_kind_a_source_is(path):
+    """Outside sources/ (and the development tools of dev/, which produce test data per kind)."""
+    branches = [f"{n}: {line.strip()}" for n, line in enumerate(path.read_text().splitlines(), 1)
+                if KIND_BRANCH.search(line)]
+    assert not branches
+
+
+def test_no_module_imports_one_that_imports_it_back():
+    known = modules()
+    graph = {name: imports(path, known) - {name} for name, path in known.items()}
+    cycles = []
+
+    def visit(name: str, trail: list[str]) -> None:
+        for other in sorted(graph[name]):
+            if other in trail:
+                cycles.append(trail[trail.index(other):] + [other])
+            elif other not in seen:
+                seen.add(other)
+                visit(other, [*trail, other])
+
+    seen: set[str] = set()
+    for start in sorted(graph):
+        if start not in seen:
+            seen.add(start)
+            visit(start, [start])
+    assert not cycles
