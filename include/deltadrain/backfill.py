@@ -153,7 +153,7 @@ def merge_without_checkpoint(spark, target: str, rows, pipeline: PipelineConfig,
                 raise
             raise BackfillError(f"the target table refused rows again without the {len(refused)} its "
                                 f"constraints name: {refused_rows(again)}") from again
-    for commit in recent_commits(spark, target, 20):
+    for commit in recent_commits(target, 20):
         if (commit["meta"] or {}).get("run_id") == metadata["run_id"]:
             return {"version": commit["version"], **{k: int(v) for k, v in commit["metrics"].items()
                                                      if str(v).isdigit()}}, refused
@@ -233,7 +233,7 @@ def backfill(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, start: date
             ensure_target(spark, target, pipeline, claimed.schema, run_id)
             # Quarantined messages re-read are the same messages: put back, only the whole-table check
             # (which never quarantines) would see them again.
-            kept = without_held(spark, rows, str(cfg.quarantine_path(pipeline)), target_id=table_id(spark, target))
+            kept = without_held(spark, rows, str(cfg.quarantine_path(pipeline)), target_id=table_id(target))
             offered, oldest = offered_rows(kept)
             summary.skipped_quarantined = 0 if kept is rows else rows.count() - offered
             if offered:

@@ -47,14 +47,14 @@ def commit_metadata(pipeline: str, batch: int, run_id: str, positions: dict[str,
                        "positions": positions, **counts}, sort_keys=True)
 
 
-def find_commit(spark, path: str, pipeline: str, batch: int) -> dict | None:
+def find_commit(path: str, pipeline: str, batch: int) -> dict | None:
     """The commit that wrote `batch` of `pipeline`, if its commit file still exists.
 
     It is almost always among the last few commits; only maintenance commits (OPTIMIZE, VACUUM,
     property changes) push it further back, so the search widens only when needed.
     """
     for limit in (5, 200):
-        for commit in recent_commits(spark, path, limit):
+        for commit in recent_commits(path, limit):
             meta = commit["meta"] or {}
             if meta.get("pipeline") == pipeline and meta.get("batch") == batch:
                 return commit
@@ -84,7 +84,7 @@ def positions_from_rows(spark, path: str, dlq_path: str | None, batch: int,
             if table == quarantine_path:
                 # Not the rows of an earlier target of this name: its batch numbers come again here.
                 # (No table at `path`: no id, and of_table keeps every row.)
-                rows = of_table(rows, table_id(spark, path))
+                rows = of_table(rows, table_id(path))
             frames.append(rows.select(F.col("_dd_partition").alias("p"), F.col("_dd_position").alias("pos"),
                                       F.col("_dd_pos_hi").alias("hi"), F.col("_dd_pos_lo").alias("lo")))
             committers.append(rows.select(F.col("_dd_batch").alias("b"), F.col("_dd_run_id").alias("r")))
@@ -109,11 +109,11 @@ def carries_batch(meta, pipeline: str) -> bool:
     return isinstance(meta, dict) and meta.get("pipeline") == pipeline and isinstance(meta.get("batch"), int)
 
 
-def committed_batch(spark, path: str, pipeline: str) -> int | None:
+def committed_batch(path: str, pipeline: str) -> int | None:
     """The pipeline's newest committed batch without its positions: read_checkpoint's fast path (the
     newest commits), else the txn."""
-    meta = next((c["meta"] for c in recent_commits(spark, path, 5) if carries_batch(c["meta"], pipeline)), None)
-    return meta["batch"] if meta is not None else snapshot_txn(spark, path, pipeline)[0]
+    meta = next((c["meta"] for c in recent_commits(path, 5) if carries_batch(c["meta"], pipeline)), None)
+    return meta["batch"] if meta is not None else snapshot_txn(path, pipeline)[0]
 
 
 def read_checkpoint(spark, path: str, pipeline: str, dlq_path: str | None = None,
@@ -123,16 +123,16 @@ def read_checkpoint(spark, path: str, pipeline: str, dlq_path: str | None = None
     # Fast path: the newest commits. Only deltadrain writes this pipeline's txn, always with its
     # metadata, so the newest commit that names the pipeline holds the current batch. Reading the
     # snapshot's txn set instead rebuilds Delta state (seconds per run).
-    commits = recent_commits(spark, path, 5)
+    commits = recent_commits(path, 5)
     for commit in commits:
         meta = commit["meta"]
         if carries_batch(meta, pipeline):
             return Checkpoint(meta["batch"], dict(meta.get("positions") or {}), commits[0]["version"],
                               meta.get("run_id"), "commit", meta)
-    batch, version = snapshot_txn(spark, path, pipeline)
+    batch, version = snapshot_txn(path, pipeline)
     if batch is None:
         return Checkpoint(0, table_version=version)
-    commit = find_commit(spark, path, pipeline, batch)
+    commit = find_commit(path, pipeline, batch)
     if commit is not None:
         meta = commit["meta"]
         return Checkpoint(batch, dict(meta.get("positions") or {}), version, meta.get("run_id"), "commit", meta)

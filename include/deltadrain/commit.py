@@ -75,8 +75,8 @@ def merge_condition(id_field: str, window_start: datetime | None, id_range: tupl
     return cond
 
 
-def _landed(spark, path: str, pipeline: str, batch: int, run_id: str) -> bool:
-    commit = find_commit(spark, path, pipeline, batch)
+def _landed(path: str, pipeline: str, batch: int, run_id: str) -> bool:
+    commit = find_commit(path, pipeline, batch)
     return commit is not None and (commit["meta"] or {}).get("run_id") == run_id
 
 
@@ -88,7 +88,7 @@ def commit_batch(spark, path: str, *, pipeline: str, expected_batch: int, run_id
     from delta.tables import DeltaTable
 
     target = expected_batch + 1
-    version_before = table_version(spark, path)
+    version_before = table_version(path)
     conflict = None
     lost_reply = False
     # Session conf, as MERGE takes them: a write by another thread of this session while the commit
@@ -104,7 +104,7 @@ def commit_batch(spark, path: str, *, pipeline: str, expected_batch: int, run_id
         for attempt in range(CONFLICT_RETRIES + 1):
             try:
                 failpoints.hit_later("during_merge")
-                creating = create is not None and not exists(spark, path)
+                creating = create is not None and not exists(path)
                 if creating:
                     # "errorifexists": a table created since the check fails this write (DELTA_PATH_EXISTS),
                     # one created during it fails its commit (a conflict); both end in the MERGE below.
@@ -120,13 +120,13 @@ def commit_batch(spark, path: str, *, pipeline: str, expected_batch: int, run_id
             except Exception as exc:
                 # Delta raises a conflict before it writes; any other error may come after our commit
                 # landed (a lost reply), and only then may a table found after a creation be ours.
-                landed = not is_conflict(exc) and _landed(spark, path, pipeline, target, run_id)
-                lost_creation = creating and not landed and (PATH_EXISTS in str(exc) or exists(spark, path))
+                landed = not is_conflict(exc) and _landed(path, pipeline, target, run_id)
+                lost_creation = creating and not landed and (PATH_EXISTS in str(exc) or exists(path))
                 if is_conflict(exc) or lost_creation:
                     conflict = type(exc).__name__ + ": " + str(exc).splitlines()[0][:300]
                     # A writer that did not move this pipeline's batch (a backfill, a quarantine,
                     # OPTIMIZE) only made us re-read: try again. A neighbour's batch is final.
-                    observed, _ = snapshot_txn(spark, path, pipeline)
+                    observed, _ = snapshot_txn(path, pipeline)
                     if (observed or 0) <= expected_batch and attempt < CONFLICT_RETRIES:
                         conflict = None
                         time.sleep(0.5 * (attempt + 1))
@@ -146,12 +146,12 @@ def commit_batch(spark, path: str, *, pipeline: str, expected_batch: int, run_id
                 spark.conf.set(key, value)
     # Fast path: our own commit among the newest ones settles it (reading the snapshot's txn set
     # rebuilds Delta state, seconds per run). Otherwise the snapshot's txn version decides.
-    commit = find_commit(spark, path, pipeline, target)
+    commit = find_commit(path, pipeline, target)
     ours = commit is not None and (commit["meta"] or {}).get("run_id") == run_id
     if ours:
         observed, version = target, commit["version"]
     else:
-        observed, version = snapshot_txn(spark, path, pipeline)
+        observed, version = snapshot_txn(path, pipeline)
     # "Already committed": the batch is ours, but this call did not see it land (its reply was lost).
     wrote_now = ours and not lost_reply and (version_before is None or commit["version"] > version_before)
     outcome = decide(expected_batch, observed, ours, wrote_now, conflicted=conflict is not None and not ours)

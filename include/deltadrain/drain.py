@@ -285,10 +285,13 @@ def isolate_culprits(spark, pipeline: PipelineConfig, good, batch: int, run_id: 
     """Bisect `good` for messages that make the transform fail: (culprits with `_dd_culprit_error`,
     the rest), or (None, good) when no single message explains a failure. Drains, backfills and
     replays isolate their culprits here."""
+    from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    spark.createDataFrame(good.rdd.zipWithIndex().map(lambda pair: (*pair[0], pair[1])),
-                          good.schema.add("_dd_idx", "long")).write.mode("overwrite").parquet(staged)
+    # A dense index 0..n-1 (the batch is at most batch_cap rows, numbered in one partition), staged so
+    # that every evaluation slices the same rows.
+    index = F.row_number().over(Window.orderBy(F.monotonically_increasing_id())) - 1
+    good.withColumn("_dd_idx", index.cast("long")).write.mode("overwrite").parquet(staged)
     indexed = spark.read.parquet(staged)
 
     def evaluate(part) -> None:

@@ -1,4 +1,5 @@
-"""Delta helpers: create tables, read the pipeline's txn version and commit metadata, classify errors."""
+"""Delta helpers: create tables, read the pipeline's txn version and commit metadata (from the log,
+with delta-rs: no JVM call), classify errors."""
 
 from __future__ import annotations
 
@@ -90,7 +91,7 @@ def ensure_table(spark, path: str, schema, partition_by: list[str] = (), cluster
     from delta.tables import DeltaTable
 
     for attempt in range(CREATE_ATTEMPTS):
-        if exists(spark, path):
+        if exists(path):
             return
         try:
             if cluster_by or properties:
@@ -109,7 +110,7 @@ def ensure_table(spark, path: str, schema, partition_by: list[str] = (), cluster
         except Exception:
             # Lost a creation race (DELTA_PATH_EXISTS, a conflict on version 0): the winner's table
             # is there. Or a creation is under way: its first commit lands soon. Else, raised.
-            if exists(spark, path):
+            if exists(path):
                 return
             if attempt == CREATE_ATTEMPTS - 1:
                 raise
@@ -137,18 +138,22 @@ def add_missing_columns(spark, path: str, schema) -> None:
             raise
 
 
-def _delta_log(spark, path: str):
-    return spark._jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
+def _log(path: str):
+    """The table's latest snapshot, read from its log by delta-rs in this process (no JVM, no Spark
+    job), or None when no commit is there yet. Opened afresh on every call: a writer in another
+    process may have committed since."""
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    try:
+        return DeltaTable(str(path))
+    except TableNotFoundError:
+        return None
 
 
-def _snapshot(spark, path: str, log=None):
-    none = spark._jvm.scala.Option.empty()
-    return (log or _delta_log(spark, path)).update(False, none, none)
-
-
-def exists(spark, path: str) -> bool:
-    """Whether a table is at `path` now, read from its log (this session's cached view may be stale)."""
-    return int(_snapshot(spark, path).version()) >= 0
+def exists(path: str) -> bool:
+    """Whether a table is at `path` now, read from its log (a session's cached view may be stale)."""
+    return _log(path) is not None
 
 
 def inserted_rows(metrics: dict) -> int:
@@ -157,28 +162,28 @@ def inserted_rows(metrics: dict) -> int:
     return int(metrics.get("numTargetRowsInserted", metrics.get("numOutputRows", 0)))
 
 
-def table_version(spark, path: str) -> int | None:
-    """The latest table version (cheap: no state reconstruction)."""
-    return int(_snapshot(spark, path).version()) if is_table(spark, path) else None
+def table_version(path: str) -> int | None:
+    """The latest table version."""
+    log = _log(path)
+    return log.version() if log is not None else None
 
 
-def table_id(spark, path: str) -> str | None:
+def table_id(path: str) -> str | None:
     """The table's Delta id (its metaData id): a table deleted and created again at the same path has
     another one, so records kept about the old table's batches are not taken for the new one's."""
-    snapshot = _snapshot(spark, path)
-    return str(snapshot.metadata().id()) if int(snapshot.version()) >= 0 else None
+    log = _log(path)
+    return log.metadata().id if log is not None else None
 
 
-def snapshot_txn(spark, path: str, app_id: str) -> tuple[int | None, int | None]:
+def snapshot_txn(path: str, app_id: str) -> tuple[int | None, int | None]:
     """(txn version of `app_id`, table version) from the latest snapshot.
 
     SetTransaction actions are kept in Delta checkpoints, so this survives log cleanup.
     """
-    if not is_table(spark, path):
+    log = _log(path)
+    if log is None:
         return None, None
-    snapshot = _snapshot(spark, path)
-    found = snapshot.transactions().get(app_id)
-    return (int(found.get()) if found.isDefined() else None), int(snapshot.version())
+    return log.transaction_version(app_id), log.version()
 
 
 def of_table(copies, table: str | None):
@@ -192,40 +197,34 @@ def of_table(copies, table: str | None):
     return copies.where(F.col("_dq_table_id").isNull() | (F.col("_dq_table_id") == F.lit(table)))
 
 
-def recent_commits(spark, path: str, limit: int = 100, since: datetime | None = None) -> list[dict]:
+def recent_commits(path: str, limit: int = 100, since: datetime | None = None) -> list[dict]:
     """The last commits' version, operation, metrics and parsed userMetadata (newest first); with
     `since`, only those made at or after it (the answer stops at the first older one).
 
-    Read straight from the newest commit files through Delta's LogStore: the drain reads them twice
-    per run, and DeltaTable.history() plans and runs a Spark job for it (~0.2-0.4 s each time).
-    commitInfo lives only in commit files, which log cleanup may remove; the answer stops at the
-    first one missing, and callers must cope with an empty answer.
+    Read from the newest commit files by delta-rs: the drain reads them twice per run, and Delta's
+    DeltaTable.history() plans and runs a Spark job for it. commitInfo lives only in commit files,
+    which log cleanup may remove; the answer stops at the first one missing, and callers must cope
+    with an empty answer.
     """
-    log = _delta_log(spark, path)
-    latest = int(_snapshot(spark, path, log).version())
-    conf, log_dir, store = log.newDeltaHadoopConf(), log.logPath(), log.store()
-    fs = log_dir.getFileSystem(conf)
+    log = _log(path)
+    if log is None:
+        return []
     out = []
-    for version in range(latest, max(latest - limit, -1), -1):
-        file = spark._jvm.org.apache.hadoop.fs.Path(log_dir, f"{version:020d}.json")
-        if not fs.exists(file):
+    expected = log.version()
+    for info in log.history(limit):
+        if info.get("version") != expected:  # a commit file cleaned up: no older commitInfo is read
             break
-        # Line by line: Delta writes commitInfo first, and one long string through py4j costs ~40 ms.
-        lines = store.read(file, conf)
-        info = next(filter(None, (commit_info(lines.apply(k)) for k in range(lines.length()))), None)
-        if info is not None:
-            if since is not None and info["timestamp"] is not None and info["timestamp"] < since:
-                break
-            out.append({"version": version, **info})
+        expected -= 1
+        commit = commit_info(info)
+        if since is not None and commit["timestamp"] is not None and commit["timestamp"] < since:
+            break
+        out.append({"version": info["version"], **commit})
     return out
 
 
-def commit_info(line: str) -> dict | None:
-    """One action of a commit file -> None, or for its commitInfo the operation, metrics, userMetadata
-    (parsed; None when it is not JSON) and time (the in-commit timestamp when the table keeps them)."""
-    info = json.loads(line).get("commitInfo") if line.strip() else None
-    if info is None:
-        return None
+def commit_info(info: dict) -> dict:
+    """A commit's commitInfo -> its operation, metrics, userMetadata (parsed; None when it is not JSON)
+    and time (the in-commit timestamp when the table keeps them)."""
     try:
         meta = json.loads(info["userMetadata"]) if info.get("userMetadata") else None
     except ValueError:

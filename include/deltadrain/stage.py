@@ -252,6 +252,22 @@ class Staged:
         return spark.read.schema(self.schema).parquet(*self.files)
 
 
+def task_rows(spark, rows: list[tuple], schema):
+    """`rows` (of StructType `schema`) as a DataFrame of one row per partition, so that each is a Spark
+    task of its own and all run at once. Built from literals, not an RDD: a Spark Connect client has
+    no SparkContext."""
+    from pyspark.sql import functions as F
+
+    if not rows:
+        return spark.createDataFrame([], schema)
+    structs = [F.struct(*[F.lit(value).cast(f.dataType).alias(f.name) for value, f in zip(row, schema.fields,
+                                                                                         strict=True)])
+               for row in rows]
+    # spark.range splits n ids over n partitions one each.
+    return (spark.range(0, len(rows), 1, len(rows))
+            .select(F.element_at(F.array(*structs), (F.col("id") + 1).cast("int")).alias("task")).select("task.*"))
+
+
 def stage(tasks, produce, schema, id_field: str, directory: str) -> Staged:
     """Run `produce` (input record batches -> claim record batches; a mapInArrow body) over the
     `tasks` DataFrame in one Spark job whose tasks stage their rows in `directory`."""

@@ -49,7 +49,7 @@ def pipeline_status(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark) -> d
     mark_stale(out, source.stale_after_ms(pipeline))
     out["last_batch"] = None
     if is_table(spark, target):
-        for commit in recent_commits(spark, target, 20):
+        for commit in recent_commits(target, 20):
             meta = commit["meta"]
             if carries_batch(meta, pipeline.name):
                 out["last_batch"] = {"batch": meta.get("batch"), "run_id": meta.get("run_id"),

@@ -185,7 +185,7 @@ def test_a_batch_checked_late_is_judged_fresh_as_of_its_commit_not_of_its_check(
     send(5, 0)
     assert drain(c, p, spark=spark).batch == 1
     # Batch 1 landed two days ago, ten minutes after its newest event: its commit file says so.
-    commit = find_commit(spark, target, p.name, 1)
+    commit = find_commit(target, p.name, 1)
     log_file = c.target_path(p) / "_delta_log" / f"{commit['version']:020d}.json"
     lines = [json.loads(line) for line in log_file.read_text().splitlines() if line.strip()]
     for action in lines:
@@ -196,7 +196,7 @@ def test_a_batch_checked_late_is_judged_fresh_as_of_its_commit_not_of_its_check(
     checksum = log_file.with_name(f".{log_file.name}.crc")  # Hadoop's, of the old bytes
     if checksum.exists():
         os.remove(checksum)
-    assert find_commit(spark, target, p.name, 1)["timestamp"] == landed + timedelta(minutes=10)
+    assert find_commit(target, p.name, 1)["timestamp"] == landed + timedelta(minutes=10)
     late = check_batch(c, p, spark, 1)
     assert late.success and late.results[0]["kind"] == "fresh_within", late.results
     # Past the newest commits find_commit reads (or after log cleanup): the run metrics say when it
@@ -486,7 +486,7 @@ def test_a_batch_check_takes_on_the_committed_batches_that_have_no_result(tmp_pa
     assert (json.loads(capsys.readouterr().out)["caught_up"], catch_up(c, p, spark, [], timedelta(hours=1))) == (
         [], ([], 0))
     # Committed longer ago than the settle time: owed.
-    age = datetime.now(UTC) - find_commit(spark, str(c.target_path(p)), p.name, 5)["timestamp"]
+    age = datetime.now(UTC) - find_commit(str(c.target_path(p)), p.name, 5)["timestamp"]
     assert age > timedelta(seconds=0.5) and catch_up(c, p, spark, [], age - timedelta(seconds=0.2)) == ([5], 0)
     assert cli.main(["--config", str(path), "quality", p.name, "--owed", "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)
@@ -496,7 +496,7 @@ def test_a_batch_check_takes_on_the_committed_batches_that_have_no_result(tmp_pa
 
     # The target is deleted and made anew: its batches start again at 1, and the old table's results
     # (batches 1-5 checked) must not make the new table's look checked.
-    old_table = table_id(spark, str(c.target_path(p)))
+    old_table = table_id(str(c.target_path(p)))
     shutil.rmtree(c.target_path(p))
     spark._jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()  # as the next task's own process sees it
     # Its first batch is drained by an Airflow try that fails after its commit (its check never runs),
@@ -505,7 +505,7 @@ def test_a_batch_check_takes_on_the_committed_batches_that_have_no_result(tmp_pa
     for batch, start, run_id in ((1, 550, airflow_try), (2, 600, None)):
         produce(c, p, 50, seed=7, start=start)
         assert drain(c, p, spark=spark, run_id=run_id).batch == batch
-    assert table_id(spark, str(c.target_path(p))) != old_table
+    assert table_id(str(c.target_path(p))) != old_table
     assert catch_up(c, p, spark, []) == ([1, 2], 0)
     assert lakeview.owed_from(c, p) == 1  # the view agrees: from the ingest DAG's batch on
     assert check_batches(c, p, spark, [2], owed=True)["caught_up"] == [1]
@@ -532,12 +532,12 @@ def test_a_target_and_source_made_anew_quarantine_their_own_rows_beside_the_old_
 
     bad = fill(300.0)
     assert check_batch(c, p, spark, 1).quarantined == len(bad) == 10
-    old_table = table_id(spark, str(c.target_path(p)))
+    old_table = table_id(str(c.target_path(p)))
     shutil.rmtree(c.target_path(p))
     spark._jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()
     client.delete(stream)  # and its group with it
     assert fill(400.0) == bad
-    new_table = table_id(spark, str(c.target_path(p)))
+    new_table = table_id(str(c.target_path(p)))
     report = check_batch(c, p, spark, 1)
     assert (report.quarantined, report.taken_back, report.adopted_runs) == (10, 0, [])
     copies = sorted((r._dq_table_id == new_table, r.event_id, r.amount)
@@ -581,7 +581,7 @@ def test_a_check_that_died_after_its_quarantine_delete_is_reported_by_the_next_n
     monkeypatch.delenv("DELTADRAIN_FAILPOINT")
     assert over_limit(spark, c, p, 1) == set() and last_results(spark, c, p) == []
     moved = table(spark, qpath).collect()
-    assert {r.event_id for r in moved} == bad and {r._dq_table_id for r in moved} == {table_id(spark, str(c.target_path(p)))}
+    assert {r.event_id for r in moved} == bad and {r._dq_table_id for r in moved} == {table_id(str(c.target_path(p)))}
 
     report = check_batch(c, p, spark, 1)
     assert (report.success, report.quarantined, report.adopted_runs) == (False, len(bad), ["dq-died"])

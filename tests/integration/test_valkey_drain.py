@@ -392,7 +392,7 @@ def test_messages_the_transform_filters_out_are_counted_in_the_summary_commit_an
         assert r.claimed == r.written + r.duplicates_skipped + r.dead_lettered + r.left_pending + r.filtered
     assert_exactly_once(spark, c, p, client, sorted(set(result.valid_ids) - single), bad)
     target = str(c.target_path(p))
-    assert [find_commit(spark, target, p.name, b)["meta"]["filtered"] for b in (1, 2)] == [len(single), 1]
+    assert [find_commit(target, p.name, b)["meta"]["filtered"] for b in (1, 2)] == [len(single), 1]
     runs = last_runs(spark, c, p, 5)
     assert [(r["run_id"], r["filtered"]) for r in runs] == [(again.run_id, 1), (run.run_id, len(single)),
                                                              ("older", None)]
@@ -561,7 +561,7 @@ def test_the_first_batch_creates_the_table_in_one_commit_with_its_checkpoint(tmp
     target = str(c.target_path(p))
     history = DeltaTable.forPath(spark, target).history().collect()
     assert [(h.version, h.operation) for h in history] == [(0, "WRITE")]  # no commit that only creates it
-    assert snapshot_txn(spark, target, p.name) == (1, 0)
+    assert snapshot_txn(target, p.name) == (1, 0)
     checkpoint = read_checkpoint(spark, target, p.name)
     assert (checkpoint.batch, checkpoint.positions, checkpoint.found_in) == (1, s.positions, "commit")
     assert pipeline_status(c, p, spark)["last_batch"]["written"] == len(result.valid_ids)
@@ -606,9 +606,9 @@ def test_a_table_created_after_the_first_batch_looked_is_merged_into(tmp_path, c
     looked = []
     real_exists = deltadrain.commit.exists
 
-    def stale_exists(spark_, path):  # what a check made just before the backfill's commit answers
+    def stale_exists(path):  # what a check made just before the backfill's commit answers
         looked.append(path)
-        return False if len(looked) == 1 else real_exists(spark_, path)
+        return False if len(looked) == 1 else real_exists(path)
 
     monkeypatch.setattr(deltadrain.commit, "exists", stale_exists)
     s = drain(c, p, spark=spark)

@@ -103,23 +103,21 @@ def test_a_commit_that_lost_every_retry_to_conflicts(expected, observed, outcome
     assert decide(expected, observed, False, False, conflicted=True) == outcome
 
 
-def test_a_commit_files_commit_info_gives_the_checkpoint_metadata_and_its_time():
+def test_a_commits_commit_info_gives_the_checkpoint_metadata_and_its_time():
     from datetime import UTC, datetime
 
     from deltadrain.lake import commit_info
 
     meta = {"pipeline": "orders", "batch": 7, "positions": {"s:0": "5-10"}, "run_id": "r1"}
-    line = json.dumps({"commitInfo": {"timestamp": 1_795_394_389_275, "operation": "MERGE", "userMetadata": json.dumps(meta),
-                                      "operationMetrics": {"numTargetRowsInserted": "3"}}})
-    got = commit_info(line)
+    info = {"timestamp": 1_795_394_389_275, "operation": "MERGE", "userMetadata": json.dumps(meta),
+            "operationMetrics": {"numTargetRowsInserted": "3"}}
+    got = commit_info(info)
     assert got == {"operation": "MERGE", "metrics": {"numTargetRowsInserted": "3"}, "meta": meta,
                    "timestamp": datetime.fromtimestamp(1_795_394_389.275, UTC)}
     # A table with in-commit timestamps: that is the commit's time. Metadata that is not ours: no meta.
-    ict = json.loads(line)
-    ict["commitInfo"].update(inCommitTimestamp=1_000, userMetadata="not json")
-    got = commit_info(json.dumps(ict))
+    got = commit_info({**info, "inCommitTimestamp": 1_000, "userMetadata": "not json"})
     assert got["timestamp"] == datetime.fromtimestamp(1, UTC) and got["meta"] is None
-    assert commit_info(json.dumps({"add": {"path": "part-0.parquet"}})) is None and commit_info("") is None
+    assert commit_info({"operation": "WRITE"}) == {"operation": "WRITE", "metrics": {}, "meta": None, "timestamp": None}
 
 
 def test_an_unparsed_xreadgroup_reply_gives_positions_and_payloads():

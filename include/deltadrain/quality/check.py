@@ -49,11 +49,11 @@ def batch_rows(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, batch: in
     target = str(cfg.target_path(pipeline))
     if not is_table(spark, target):
         raise QualityError(f"pipeline '{pipeline.name}': no target table at {target}; nothing to check")
-    commit = find_commit(spark, target, pipeline.name, batch)
+    commit = find_commit(target, pipeline.name, batch)
     if commit is not None:
         version, drain_run, at = commit["version"], (commit["meta"] or {}).get("run_id"), commit.get("timestamp")
     else:  # commit file gone (log cleanup) or never written: the txn says which
-        committed, version = snapshot_txn(spark, target, pipeline.name)
+        committed, version = snapshot_txn(target, pipeline.name)
         if committed is None or batch > committed or batch < 1:
             raise QualityError(f"pipeline '{pipeline.name}': batch {batch} is not committed "
                                f"(the table holds batches up to {committed or 0})")
@@ -171,7 +171,7 @@ def check_table(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, run_id: 
     target = str(cfg.target_path(pipeline))
     if not is_table(spark, target):
         raise QualityError(f"pipeline '{pipeline.name}': no target table at {target}; nothing to check")
-    version = table_version(spark, target)
+    version = table_version(target)
     rows = spark.read.format("delta").option("versionAsOf", version).load(target)
     return _check(cfg, pipeline, spark, rows, "table", None, version, None, run_id)
 
@@ -189,7 +189,7 @@ def _check(cfg, pipeline: PipelineConfig, spark, rows, scope: str, batch: int | 
            fresh_at: datetime | None = None) -> QualityReport:
     checks = [c for c in build_checks(pipeline) if c.kind not in skip]
     run_id = run_id or new_check_id()
-    table = table_id(spark, str(cfg.target_path(pipeline)))  # the table `rows` were read from, before GX runs
+    table = table_id(str(cfg.target_path(pipeline)))  # the table `rows` were read from, before GX runs
     now = freshness_reference(fresh_at)
     run_name = f"{scope}-{batch}-{run_id}" if batch is not None else f"{scope}-{run_id}"
     gx_result, index = run_gx(rows, pipeline, checks, run_name, now)

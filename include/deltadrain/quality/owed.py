@@ -86,13 +86,13 @@ def catch_up(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, requested: 
     target = str(cfg.target_path(pipeline))
     if not is_table(spark, target):
         return [], 0
-    committed = committed_batch(spark, target, pipeline.name)
+    committed = committed_batch(target, pipeline.name)
     settling = frozenset()
     if settle > timedelta(0) and committed is not None:
         since = datetime.now(UTC) - settle
-        settling = frozenset(c["meta"]["batch"] for c in recent_commits(spark, target, 200, since=since)
+        settling = frozenset(c["meta"]["batch"] for c in recent_commits(target, 200, since=since)
                              if carries_batch(c["meta"], pipeline.name))
-    checked = checked_batches(spark, cfg, pipeline, table_id(spark, target))
+    checked = checked_batches(spark, cfg, pipeline, table_id(target))
     first = None if checked or committed is None else first_scheduled(spark, target, pipeline.name)
     return owed_batches(checked, requested, committed, settling=settling, first_scheduled=first)
 
@@ -101,7 +101,7 @@ def first_scheduled(spark, target: str, pipeline: str, scan: int = FIRST_SCHEDUL
     """The oldest batch among the target's last `scan` commits that a drain of the pipeline's ingest
     DAG committed (its run id says so): its DAG run's quality task was to check it. Read only while
     the pipeline has no check yet; a batch whose commit file log cleanup removed is not found."""
-    return oldest_scheduled((c["meta"] for c in recent_commits(spark, target, scan)), pipeline)
+    return oldest_scheduled((c["meta"] for c in recent_commits(target, scan)), pipeline)
 
 
 def oldest_scheduled(metas, pipeline: str) -> int | None:

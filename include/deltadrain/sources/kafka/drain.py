@@ -489,9 +489,9 @@ class KafkaDrain(Drain):
                 self._warn("could not take the claim notices off the group offsets", exc)
 
     def _spark_alive(self) -> bool:
+        """Whether the Spark this run talks to still answers (its version is asked of it each time)."""
         try:
-            self.spark.sparkContext._jvm.java.lang.System.currentTimeMillis()
-            return True
+            return bool(self.spark.version)
         except Exception:
             return False
 

@@ -34,7 +34,7 @@ from deltadrain.sources.valkey.gaps import (
     recorded,
 )
 from deltadrain.sources.valkey.gaps import record as record_gaps
-from deltadrain.stage import Staged, stage
+from deltadrain.stage import Staged, stage, task_rows
 
 
 def failures_key(pipeline: str) -> str:
@@ -88,14 +88,17 @@ class ValkeyDrain(Drain):
         """Claim and stage the batch in exactly one Spark job: no later action can run a claim
         (XREADGROUP) a second time, whatever Spark recomputes. `reclaim=False` takes new entries
         only, never idle ones with XAUTOCLAIM; a `split` only the idle entries it names."""
+        from pyspark.sql.types import BooleanType, LongType, StringType, StructField, StructType
+
         ctx = self.ctx
         if split is not None:
             tasks = [(stream, n, True, start, False) for stream, start, n in split.read]
         else:
             tasks = [(t.stream, t.quota, t.reclaim and reclaim, t.start, t.new) for t in plan(quotas)]
         # One claim task per Spark partition (parallelize keeps the slices), all tasks in parallel.
-        task_df = self.spark.createDataFrame(self.spark.sparkContext.parallelize(tasks, len(tasks)),
-                                             "stream string, quota long, reclaim boolean, start string, new boolean")
+        task_df = task_rows(self.spark, tasks, StructType([
+            StructField("stream", StringType()), StructField("quota", LongType()), StructField("reclaim", BooleanType()),
+            StructField("start", StringType()), StructField("new", BooleanType())]))
         return stage(task_df, lambda batches, arrow_schema: claim_arrow(batches, ctx, arrow_schema),
                      claim_schema(self.pipeline), self.pipeline.payload_schema.id_field, str(self.scratch / "claimed"))
 

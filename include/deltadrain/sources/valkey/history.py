@@ -14,7 +14,7 @@ from datetime import datetime
 from deltadrain.positions import StreamId
 from deltadrain.sources.valkey.claim import ClaimContext, Entries, decoder_for, reader, record_batch
 from deltadrain.sources.valkey.client import as_text
-from deltadrain.stage import stage
+from deltadrain.stage import stage, task_rows
 
 READ_CHUNK = 5_000
 
@@ -112,17 +112,17 @@ def range_gaps(rng: StreamRange, info: dict) -> list[dict]:
 
 
 def read_history(spark, ranges: list[StreamRange], ctx: ClaimContext, schema, staged: str):
-    """The rows of `ranges`, read by one Spark task per range and staged to Parquet at `staged`."""
+    """The rows of `ranges`, read by one Spark task per range and staged to Parquet at `staged`. A task
+    row names its range by index; the ranges themselves (a reprocess may pick thousands of ids) travel
+    with the task's code, not as literals in the plan."""
+    from pyspark.sql.types import IntegerType, StructField, StructType
 
     def produce(batches, arrow_schema):
         decoder = decoder_for(ctx, arrow_schema)
         for batch in batches:
             for task in batch.to_pylist():
-                for chunk in read_range(StreamRange(task["stream"], task["lo"], task["hi"], tuple(task["ids"] or ())),
-                                        ctx):
+                for chunk in read_range(ranges[task["range"]], ctx):
                     yield record_batch(chunk, decoder, arrow_schema)
 
-    tasks = [(r.stream, r.lo, r.hi, list(r.ids)) for r in ranges]
-    task_df = spark.createDataFrame(spark.sparkContext.parallelize(tasks, max(1, len(tasks))),
-                                    "stream string, lo string, hi string, ids array<string>")
+    task_df = task_rows(spark, [(i,) for i in range(len(ranges))], StructType([StructField("range", IntegerType())]))
     return stage(task_df, produce, schema, ctx.id_field, staged).rows(spark)
