@@ -152,8 +152,11 @@ def _log(path: str):
 
 
 def exists(path: str) -> bool:
-    """Whether a table is at `path` now, read from its log (a session's cached view may be stale)."""
-    return _log(path) is not None
+    """Whether a table is at `path` now, read from its log (a session's cached view may be stale):
+    a commit there, without loading the table's state (the commit checks this on every try)."""
+    from deltalake import DeltaTable
+
+    return DeltaTable.is_deltatable(str(path))
 
 
 def inserted_rows(metrics: dict) -> int:
