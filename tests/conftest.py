@@ -1,4 +1,5 @@
-"""Session fixtures: real embedded Valkey and Kafka, a real Spark session, an isolated state home.
+"""Session fixtures: real embedded Valkey, Kafka and Spark Connect server, a real Spark session, an
+isolated state home.
 
 Every test session, and every pytest-xdist worker of one (`make test` runs two), gets its own
 DELTADRAIN_HOME, free ports and Airflow DB, so a developer's running demo services are never touched
@@ -53,7 +54,7 @@ def pytest_configure(config):
     home = Path(tempfile.mkdtemp(prefix="deltadrain-test-"))
     os.environ["DELTADRAIN_HOME"] = str(home)
     os.environ.setdefault("DELTADRAIN_CONFIG", str(ROOT / "config" / "pipelines.yaml"))
-    for name in ("VALKEY", "KAFKA", "KAFKA_CONTROLLER", "AIRFLOW"):
+    for name in ("VALKEY", "KAFKA", "KAFKA_CONTROLLER", "AIRFLOW", "SPARK_CONNECT"):
         os.environ[f"DELTADRAIN_{name}_PORT"] = str(free_port())
     os.environ.setdefault("DELTADRAIN_DRIVER_MEMORY", "1g")
     # The suite starts a driver JVM per CLI drain, spark-submit and DAG run, each living seconds: C1
@@ -97,6 +98,19 @@ def valkey_server(cfg):
 @pytest.fixture(scope="session")
 def kafka_broker(cfg):
     yield from _service(cfg, "kafka")
+
+
+@pytest.fixture(scope="session")
+def spark_connect_server(cfg):
+    """The embedded Spark Connect server, started as `services up` starts it. It serves the whole
+    session: it keeps the default JIT, like the `spark` fixture's JVM."""
+    from deltadrain.dev import services
+
+    with pytest.MonkeyPatch.context() as env:
+        env.delenv("DELTADRAIN_DRIVER_JAVA_OPTIONS", raising=False)
+        services.up(cfg, ["spark_connect"])
+    yield services.FACTORIES["spark_connect"](cfg)
+    services.down(cfg, ["spark_connect"])
 
 
 @pytest.fixture(scope="session")

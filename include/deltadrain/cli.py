@@ -431,9 +431,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--config", help="pipeline config YAML (default: $DELTADRAIN_CONFIG or config/pipelines.yaml)")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("services", help="start, stop or check the embedded Valkey, Kafka and Airflow")
+    p = sub.add_parser("services", help="start, stop or check the embedded Valkey, Kafka, Spark Connect "
+                                       "server and Airflow")
     p.add_argument("action", choices=["up", "down", "status"])
-    p.add_argument("--only", help="comma-separated subset of valkey,kafka,airflow")
+    p.add_argument("--only", help="comma-separated subset of valkey,kafka,spark_connect,airflow")
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("pools", help="create or update the Airflow pool of every pipeline (after adding one); "

@@ -24,6 +24,7 @@ class Ports:
     kafka: int
     kafka_controller: int
     airflow: int
+    spark_connect: int
 
     @classmethod
     def resolve(cls, services: ServicesConfig) -> Ports:
@@ -40,6 +41,7 @@ class Ports:
             kafka=pick("DELTADRAIN_KAFKA_PORT", services.kafka_port),
             kafka_controller=pick("DELTADRAIN_KAFKA_CONTROLLER_PORT", services.kafka_controller_port),
             airflow=pick("DELTADRAIN_AIRFLOW_PORT", services.airflow_port),
+            spark_connect=pick("DELTADRAIN_SPARK_CONNECT_PORT", services.spark_connect_port),
         )
 
 
@@ -57,6 +59,22 @@ def write_private(path: Path, text: str) -> None:
 
 def ports(cfg: DeltadrainConfig) -> Ports:
     return Ports.resolve(cfg.services)
+
+
+# The Airflow connection (the apache-spark provider's `spark_connect` type) to the embedded Connect server.
+SPARK_CONNECT_CONN_ID = "spark_connect"
+
+
+def spark_connect_url(cfg: DeltadrainConfig) -> str:
+    """The embedded Spark Connect server's address, as a Connect client takes it."""
+    return f"sc://127.0.0.1:{ports(cfg).spark_connect}"
+
+
+def spark_connect_connection(cfg: DeltadrainConfig) -> dict:
+    """The Airflow connection to the embedded Connect server, in the provider's fields: host and port.
+    No login (User ID) and no password (Token): it listens on 127.0.0.1 only, without TLS (use_ssl unset)."""
+    return {"conn_type": "spark_connect", "host": "127.0.0.1", "port": ports(cfg).spark_connect,
+            "description": "the embedded Spark Connect server (deltadrain services)"}
 
 
 def services_home() -> Path:
@@ -105,6 +123,10 @@ def airflow_env(cfg: DeltadrainConfig) -> dict[str, str]:
     if "AIRFLOW_CONN_SPARK_DEFAULT" not in os.environ:
         # The ingest DAG's spark-submit runs locally unless the user points spark_default elsewhere.
         env["AIRFLOW_CONN_SPARK_DEFAULT"] = json.dumps({"conn_type": "spark", "host": "local[*]"})
+    conn_var = f"AIRFLOW_CONN_{SPARK_CONNECT_CONN_ID.upper()}"
+    if conn_var not in os.environ:
+        # A user's own connection of this id (another server, a token) wins over the embedded server's.
+        env[conn_var] = json.dumps(spark_connect_connection(cfg))
     if "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN" not in os.environ:
         env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = f"sqlite:///{home / 'airflow.db'}"
         # Wait for another process's write lock instead of failing after SQLite's 5 s, and let a

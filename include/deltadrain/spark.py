@@ -41,6 +41,17 @@ DEFAULT_CONF = {
 }
 
 
+# The runtime SQL confs of DEFAULT_CONF: a Connect session sets these for itself, so that they hold on a
+# server deltadrain did not start too. The rest (extensions, catalog, log store, jars, memory) is fixed
+# when a server starts: the embedded server gets all of spark_conf().
+SESSION_KEYS = ("spark.sql.shuffle.partitions", "spark.databricks.delta.snapshotPartitions",
+                "spark.sql.sources.parallelPartitionDiscovery.parallelism", "spark.sql.session.timeZone",
+                "spark.databricks.delta.schema.autoMerge.enabled")
+
+CONNECT_SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
+CONNECT_LOG4J = Path(__file__).parent / "resources" / "log4j2-connect.properties"
+
+
 def spark_conf(extra: dict[str, str] | None = None) -> dict[str, str]:
     """The full conf of a deltadrain session; spark-submit in the DAGs passes the same."""
     from deltadrain.jvm_archive import java_options
@@ -83,3 +94,50 @@ def spark_submit_command(script: str, args: list[str], master: str | None = None
     for key, value in spark_conf(extra).items():
         cmd += ["--conf", f"{key}={value}"]
     return [*cmd, script, *args]
+
+
+def connect_server_conf(port: int, master: str | None = None) -> dict[str, str]:
+    """A Spark Connect server's conf: a local driver's (spark_conf()), gRPC on 127.0.0.1:`port`, and its
+    own log4j file, which also logs the server's start. With a local master every socket the driver opens
+    is bound to loopback; against a cluster master the executors must reach the driver, so the driver's
+    address stays Spark's choice."""
+    master = master or os.environ.get("DELTADRAIN_SPARK_MASTER", "local[*]")
+    conf = spark_conf({"spark.app.name": "deltadrain-connect",
+                       "spark.connect.grpc.binding.address": "127.0.0.1",
+                       "spark.connect.grpc.binding.port": str(port)})
+    conf["spark.driver.extraJavaOptions"] = conf["spark.driver.extraJavaOptions"].replace(
+        f"-Dlog4j2.configurationFile=file:{LOG4J}", f"-Dlog4j2.configurationFile=file:{CONNECT_LOG4J}")
+    if master.startswith("local"):
+        conf |= {"spark.driver.bindAddress": "127.0.0.1", "spark.driver.host": "127.0.0.1"}
+    return conf
+
+
+def connect_server_command(port: int, master: str | None = None) -> list[str]:
+    """spark-submit starting Spark's Connect server (its jar ships with pyspark) with the jar cache's
+    Delta, log store and Kafka source on the class path: nothing is resolved online."""
+    import pyspark
+
+    submit = Path(pyspark.__file__).parent / "bin" / "spark-submit"
+    cmd = [str(submit), "--master", master or os.environ.get("DELTADRAIN_SPARK_MASTER", "local[*]"),
+           "--class", CONNECT_SERVER_CLASS]
+    for key, value in connect_server_conf(port, master).items():
+        cmd += ["--conf", f"{key}={value}"]
+    return cmd
+
+
+def session_conf(extra: dict[str, str] | None = None) -> dict[str, str]:
+    return {**{key: DEFAULT_CONF[key] for key in SESSION_KEYS}, **(extra or {})}
+
+
+def connect_session(url: str, extra: dict[str, str] | None = None):
+    """A new Spark Connect session on the server at `url` (`sc://host:port`), with deltadrain's session
+    confs (and `extra`): each call its own session, so confs set on one (a txnAppId) never reach another.
+
+    pyspark's rule: once a process made a Connect session it is a Connect client (pyspark's functions
+    build Connect columns), and get_spark() can no longer start a local driver in it."""
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.remote(url)
+    for key, value in session_conf(extra).items():
+        builder = builder.config(key, value)
+    return builder.create()

