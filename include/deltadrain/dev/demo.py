@@ -13,7 +13,7 @@ from deltadrain.status import pipeline_status
 
 
 def run_demo(cfg: DeltadrainConfig, count: int = 5000) -> dict:
-    print("== starting the embedded services (Valkey, Kafka, Airflow)")
+    print("== starting the embedded services (Valkey, Kafka, Spark Connect, Airflow)")
     for row in services.up(cfg):
         print(f"   {row['service']}: {row['result']} ({row.get('address', '')})")
     pipeline = next(p for p in cfg.pipelines if isinstance(p.source, ValkeySource))
