@@ -134,7 +134,9 @@ def connect_session(url: str, extra: dict[str, str] | None = None):
     confs (and `extra`): each call its own session, so confs set on one (a txnAppId) never reach another.
 
     pyspark's rule: once a process made a Connect session it is a Connect client (pyspark's functions
-    build Connect columns), and get_spark() can no longer start a local driver in it."""
+    build Connect columns), and get_spark() can no longer start a local driver in it. The mark is
+    SPARK_CONNECT_MODE_ENABLED in os.environ: children inherit it, so start one that needs a local
+    driver without it."""
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.remote(url)
