@@ -36,6 +36,9 @@ from deltadrain.orchestration.pools import ensure_airflow_pools
 
 # Airflow last: its connections point at the others, and `down` stops it first.
 ALL = ("valkey", "kafka", "spark_connect", "airflow")
+# What `services up` starts when no service is named: the Connect server is left out until the drains
+# run on it (docs/spark-connect.md); `down` and `status` take them all.
+UP_DEFAULT = ("valkey", "kafka", "airflow")
 
 
 # --- Valkey -------------------------------------------------------------------------------------
@@ -242,8 +245,8 @@ FACTORIES = {"valkey": valkey_service, "kafka": kafka_service, "spark_connect": 
              "airflow": airflow_service}
 
 
-def select(names: list[str] | None) -> list[str]:
-    chosen = names or list(ALL)
+def select(names: list[str] | None, default: tuple[str, ...] = ALL) -> list[str]:
+    chosen = names or list(default)
     unknown = [n for n in chosen if n not in FACTORIES]
     if unknown:
         raise ServiceError(f"unknown service(s) {unknown}; choose from {list(ALL)}")
@@ -252,7 +255,7 @@ def select(names: list[str] | None) -> list[str]:
 
 def up(cfg: DeltadrainConfig, names: list[str] | None = None) -> list[dict]:
     out = []
-    for name in select(names):
+    for name in select(names, UP_DEFAULT):
         svc = FACTORIES[name](cfg)
         out.append({"service": name, "result": svc.up(), **svc.status()})
         if name == "airflow":
