@@ -19,7 +19,16 @@ from datetime import UTC, datetime
 from deltadrain.config import DeltadrainConfig, PipelineConfig
 from deltadrain.deadletter import write_dead_letters
 from deltadrain.errors import DeltadrainError, error_line
-from deltadrain.lake import is_table, of_table, recent_commits, refused_rows, retry_conflicts, table_id
+from deltadrain.lake import (
+    is_table,
+    merge_into,
+    of_table,
+    recent_commits,
+    refused_rows,
+    retry_conflicts,
+    sql_name,
+    table_id,
+)
 from deltadrain.paths import staging_dir
 from deltadrain.sources import source_of
 
@@ -101,7 +110,6 @@ def merge_without_checkpoint(spark, target: str, rows, pipeline: PipelineConfig,
     Idempotent, so a lost race is simply retried. Returns the commit's metrics and the messages
     (partition, position, constraint) left out of it because the target's constraints refuse their
     rows: history, like a transform failure here, not dead letters."""
-    from delta.tables import DeltaTable
     from pyspark.sql import functions as F
 
     from deltadrain.commit import USER_METADATA, merge_condition
@@ -113,8 +121,10 @@ def merge_without_checkpoint(spark, target: str, rows, pipeline: PipelineConfig,
     if update_matched:
         # A reprocessed message updates the row it was published as: an id the target holds twice
         # (repeated beyond dedup_window) is two messages, each re-read and matched at its own place.
-        for column in ("_dd_partition", "_dd_position"):
-            condition = condition & (F.col(f"t.{column}") == F.col(f"s.{column}"))
+        condition += " AND t._dd_partition = s._dd_partition AND t._dd_position = s._dd_position"
+        clauses = "WHEN MATCHED THEN UPDATE SET " + ", ".join(f"{sql_name(c)} = s.{sql_name(c)}" for c in update_matched)
+    else:
+        clauses = "WHEN NOT MATCHED THEN INSERT *"
 
     def unique(df):
         # An insert keeps one row per id; an update one per id and place (a place read twice, or a
@@ -124,12 +134,7 @@ def merge_without_checkpoint(spark, target: str, rows, pipeline: PipelineConfig,
     def merge(source) -> None:
         spark.conf.set(USER_METADATA, text)
         try:
-            builder = DeltaTable.forPath(spark, target).alias("t").merge(source.alias("s"), condition)
-            if update_matched:
-                builder = builder.whenMatchedUpdate(set={f"`{c}`": f"s.`{c}`" for c in update_matched})
-            else:
-                builder = builder.whenNotMatchedInsertAll()
-            builder.execute()
+            merge_into(spark, target, source, condition, clauses)
         finally:
             spark.conf.unset(USER_METADATA)
 

@@ -20,7 +20,16 @@ from datetime import datetime
 
 from deltadrain import failpoints
 from deltadrain.checkpoint import find_commit
-from deltadrain.lake import exists, inserted_rows, is_conflict, snapshot_txn, table_version
+from deltadrain.lake import (
+    exists,
+    inserted_rows,
+    is_conflict,
+    merge_into,
+    snapshot_txn,
+    sql_literal,
+    sql_name,
+    table_version,
+)
 from deltadrain.outcome import Outcome, decide
 
 TXN_APP = "spark.databricks.delta.write.txnAppId"
@@ -59,19 +68,19 @@ class NewTable:
 PATH_EXISTS = "DELTA_PATH_EXISTS"
 
 
-def merge_condition(id_field: str, window_start: datetime | None, id_range: tuple[str, str] | None = None):
-    """The MERGE's match: same id, within the dedup window. `id_range` (the batch's lowest and highest
-    id) changes nothing about which rows match, but as literals Delta can skip every file whose id
-    statistics lie outside it: with ids that grow over time (sequence numbers, ULIDs, UUIDv7) the
-    MERGE then reads little more than the files of the last batches."""
-    from pyspark.sql import functions as F
-
-    target_id = F.col(f"t.`{id_field}`")
-    cond = target_id == F.col(f"s.`{id_field}`")
+def merge_condition(id_field: str, window_start: datetime | None, id_range: tuple[str, str] | None = None,
+                    target: str = "t") -> str:
+    """The MERGE's match, as SQL between `target` and the source `s`: same id, within the dedup window.
+    `id_range` (the batch's lowest and highest id) changes nothing about which rows match, but as
+    literals Delta can skip every file whose id statistics lie outside it: with ids that grow over time
+    (sequence numbers, ULIDs, UUIDv7) the MERGE then reads little more than the files of the last batches."""
+    column = sql_name(id_field)
+    target_id = f"{target}.{column}"
+    cond = f"{target_id} = s.{column}"
     if window_start is not None:
-        cond = cond & (F.col("t._dd_source_ts") >= F.lit(window_start))
+        cond += f" AND {target}._dd_source_ts >= {sql_literal(window_start)}"
     if id_range is not None:
-        cond = cond & (target_id >= F.lit(id_range[0])) & (target_id <= F.lit(id_range[1]))
+        cond += f" AND {target_id} >= {sql_literal(id_range[0])} AND {target_id} <= {sql_literal(id_range[1])}"
     return cond
 
 
@@ -85,8 +94,6 @@ def commit_batch(spark, path: str, *, pipeline: str, expected_batch: int, run_id
                  create: NewTable | None = None) -> CommitResult:
     """Commit batch `expected_batch + 1`: MERGE `rows`, or create the table with them when `create`
     is given and there is none. Conflicts with writers that did not move the batch are retried."""
-    from delta.tables import DeltaTable
-
     target = expected_batch + 1
     version_before = table_version(path)
     conflict = None
@@ -106,15 +113,14 @@ def commit_batch(spark, path: str, *, pipeline: str, expected_batch: int, run_id
                 failpoints.hit_later("during_merge")
                 creating = create is not None and not exists(path)
                 if creating:
-                    # "errorifexists": a table created since the check fails this write (DELTA_PATH_EXISTS),
+                    # "error" (if it exists): a table created since the check fails this write (DELTA_PATH_EXISTS),
                     # one created during it fails its commit (a conflict); both end in the MERGE below.
-                    (rows.write.format("delta").mode("errorifexists").partitionBy(*create.partition_by)
+                    (rows.write.format("delta").mode("error").partitionBy(*create.partition_by)
                      .option("txnAppId", pipeline).option("txnVersion", target).option("userMetadata", metadata)
                      .save(path))
                 else:
-                    (DeltaTable.forPath(spark, path).alias("t")
-                     .merge(rows.alias("s"), merge_condition(id_field, window_start, id_range))
-                     .whenNotMatchedInsertAll().execute())
+                    merge_into(spark, path, rows, merge_condition(id_field, window_start, id_range),
+                               "WHEN NOT MATCHED THEN INSERT *")
                 failpoints.fail("after_merge")  # tests: the commit landed but its reply was lost
                 break
             except Exception as exc:

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from deltadrain.lake import ensure_table, is_table, retry_conflicts
+from deltadrain.lake import ensure_table, is_table, merge_into, retry_conflicts, sql_literal, table_ref
 
 DLQ_SCHEMA = ("pipeline STRING NOT NULL, partition STRING NOT NULL, position STRING NOT NULL, pos_hi BIGINT, "
               "pos_lo BIGINT, message_id STRING, original BINARY, error STRING, error_type STRING, attempts INT, "
               "first_failure_at TIMESTAMP, last_failure_at TIMESTAMP, state STRING, batch BIGINT, run_id STRING, "
               "replayed_at TIMESTAMP, replay_run_id STRING")
 DEAD, REPLAYED = "DEAD", "REPLAYED"
+# A dead letter's key, between the DLQ (`d`) and a MERGE's source (`s`).
+SAME_PLACE = "d.pipeline = s.pipeline AND d.partition = s.partition AND d.position = s.position"
 
 
 def dlq_struct():
@@ -30,28 +32,17 @@ def ensure_dlq(spark, path: str) -> None:
 
 def write_dead_letters(spark, path: str, df) -> None:
     """Insert the dead letters in `df` (DLQ_SCHEMA columns) unless they are there already."""
-    from delta.tables import DeltaTable
-
     ensure_dlq(spark, path)
-
-    def merge():
-        (DeltaTable.forPath(spark, path).alias("d")
-         .merge(df.alias("s"), "d.pipeline = s.pipeline AND d.partition = s.partition AND d.position = s.position")
-         .whenNotMatchedInsertAll().execute())
-
-    retry_conflicts(merge)
+    retry_conflicts(lambda: merge_into(spark, path, df, SAME_PLACE, "WHEN NOT MATCHED THEN INSERT *", alias="d"))
 
 
 def take_back(spark, path: str, pipeline: str, run_id: str, error_type: str) -> None:
     """Delete the `error_type` dead letters run `run_id` wrote, before a commit that did not happen."""
-    from delta.tables import DeltaTable
-    from pyspark.sql import functions as F
-
     if not is_table(spark, path):
         return
-    retry_conflicts(lambda: DeltaTable.forPath(spark, path).delete(
-        (F.col("pipeline") == F.lit(pipeline)) & (F.col("run_id") == F.lit(run_id))
-        & (F.col("error_type") == F.lit(error_type)) & (F.col("state") == F.lit(DEAD))))
+    where = (f"pipeline = {sql_literal(pipeline)} AND run_id = {sql_literal(run_id)} "
+             f"AND error_type = {sql_literal(error_type)} AND state = {sql_literal(DEAD)}")
+    retry_conflicts(lambda: spark.sql(f"DELETE FROM {table_ref(path)} WHERE {where}"))  # noqa: S608 - sql_literal
 
 
 def list_dead_letters(spark, path: str, *, error_contains: str | None = None, since: datetime | None = None,

@@ -14,7 +14,11 @@ T = TypeVar("T")
 
 CONFLICTS = ("ConcurrentTransactionException", "ConcurrentAppendException", "ConcurrentDeleteReadException",
              "ConcurrentDeleteDeleteException", "MetadataChangedException", "ProtocolChangedException",
-             "ConcurrentWriteException", "DELTA_CONCURRENT")
+             "ConcurrentWriteException", "DELTA_CONCURRENT", "DELTA_METADATA_CHANGED", "DELTA_PROTOCOL_CHANGED")
+# How a broken CHECK or NOT NULL shows: the exception's class in a local driver, its error class (the
+# class's name does not travel) through Spark Connect.
+REFUSALS = ("DeltaInvariantViolationException", "DELTA_VIOLATE_CONSTRAINT_WITH_VALUES",
+            "DELTA_NOT_NULL_CONSTRAINT_VIOLATED", "DELTA_NOT_NULL_NESTED_FIELD")
 
 
 def is_conflict(exc: BaseException) -> bool:
@@ -27,7 +31,7 @@ def refused_rows(exc: BaseException) -> str | None:
     """The table's own reason when a write broke one of its constraints (a CHECK or NOT NULL the
     operator added): no retry of the same rows can commit. None for any other error."""
     text = str(exc)
-    if "DeltaInvariantViolationException" not in f"{type(exc).__name__} {text}":
+    if not any(name in f"{type(exc).__name__} {text}" for name in REFUSALS):
         return None
     start = max(text.find("[DELTA_"), 0)  # from Delta's error class on, past py4j's "calling o101" line
     return (text[start:].splitlines() or [""])[0].strip()[:500]
@@ -37,7 +41,7 @@ def row_constraints(spark, path: str) -> list[tuple[str, str]]:
     """(name, SQL condition every row must meet) per constraint the table holds rows to: its CHECK
     constraints and its top-level NOT NULL columns, named as Delta's refusal names them. Delta
     refuses a row whose CHECK is NULL as well as false."""
-    detail = spark.sql(f"DESCRIBE DETAIL delta.`{path}`").first()
+    detail = spark.sql(f"DESCRIBE DETAIL {table_ref(path)}").first()
     prefix = "delta.constraints."
     checks = [(f"CHECK constraint {key[len(prefix):]} ({cond})", cond)
               for key, cond in sorted((detail.properties or {}).items()) if key.startswith(prefix)]
@@ -69,9 +73,61 @@ def damaged_log(exc: BaseException) -> str | None:
 
 
 def is_table(spark, path: str) -> bool:
-    from delta.tables import DeltaTable
+    """Whether `path` holds a Delta table, read from its log (the session is not asked: kept for callers
+    that hold one)."""
+    return exists(path)
 
-    return DeltaTable.isDeltaTable(spark, path)
+
+def sql_literal(value) -> str:
+    """`value` as a Spark SQL literal, for the few places a value must stand in SQL text: Delta's MERGE
+    does not take parameter markers, and its file skipping needs literals. Strings are escaped for
+    Spark's parser (backslash escapes on), so no value can end the literal."""
+    if value is None:
+        return "NULL"
+    if isinstance(value, bool):
+        return "TRUE" if value else "FALSE"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, datetime):
+        if value.tzinfo is not None:
+            value = value.astimezone(UTC).replace(tzinfo=None)
+        return f"TIMESTAMP '{value.isoformat(sep=' ')}'"  # the sessions run in UTC (spark.DEFAULT_CONF)
+    if isinstance(value, str):
+        out = []
+        for ch in value:
+            if ch in "\\'":
+                out.append("\\" + ch)
+            elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+                out.append(f"\\u{ord(ch):04x}")
+            else:
+                out.append(ch)
+        return "'" + "".join(out) + "'"
+    raise TypeError(f"no SQL literal for {type(value).__name__}")
+
+
+def sql_name(name: str) -> str:
+    """A column name quoted for SQL text."""
+    return "`" + name.replace("`", "``") + "`"
+
+
+def table_ref(path: str) -> str:
+    """A path-based Delta table reference in SQL text."""
+    return "delta.`" + path.replace("`", "``") + "`"
+
+
+def merge_into(spark, path: str, source, on: str, clauses: str, alias: str = "t") -> None:
+    """MERGE `source` (a DataFrame, as `s`) into the Delta table at `path` (as `alias`) ON `on` with the
+    WHEN `clauses`, in SQL: the same statement in a local driver and through Spark Connect, where Delta's
+    Python merge builder needs a server plug-in. The source is a temp view of this session only, named
+    for this call."""
+    import uuid
+
+    view = f"_deltadrain_source_{uuid.uuid4().hex}"
+    source.createOrReplaceTempView(view)
+    try:
+        spark.sql(f"MERGE INTO {table_ref(path)} {alias} USING {view} s ON {on} {clauses}")
+    finally:
+        spark.catalog.dropTempView(view)
 
 
 CREATE_ATTEMPTS = 5
@@ -83,28 +139,19 @@ def ensure_table(spark, path: str, schema, partition_by: list[str] = (), cluster
 
     Existence is read from the log itself (`exists`), never from this session's cached view of the
     path. While another process creates the table, its `_delta_log` directory exists before its
-    first commit does; Delta's table builder takes such a directory for a table and fails with
+    first commit does; Delta's CREATE TABLE takes such a directory for a table and fails with
     DELTA_TABLE_NOT_FOUND, and so it would forever after a creator that died there. So a plain
     table is created by writing no rows in "error if exists" mode, which goes by the commits; the
-    builder is used only for what a write cannot declare (clustering, properties), and waits for
+    CREATE TABLE is used only for what a write cannot declare (clustering, properties), and waits for
     a creator under way."""
-    from delta.tables import DeltaTable
-
     for attempt in range(CREATE_ATTEMPTS):
         if exists(path):
             return
         try:
             if cluster_by or properties:
-                builder = DeltaTable.createIfNotExists(spark).location(path).addColumns(schema)
-                if partition_by:
-                    builder = builder.partitionedBy(*partition_by)
-                if cluster_by:
-                    builder = builder.clusterBy(*cluster_by)
-                for key, value in (properties or {}).items():
-                    builder = builder.property(key, value)
-                builder.execute()
+                spark.sql(create_table_sql(path, schema, partition_by, cluster_by, properties))
             else:
-                (spark.createDataFrame([], schema).write.format("delta").mode("errorifexists")
+                (spark.createDataFrame([], schema).write.format("delta").mode("error")
                  .partitionBy(*partition_by).save(path))
             return
         except Exception:
@@ -117,11 +164,32 @@ def ensure_table(spark, path: str, schema, partition_by: list[str] = (), cluster
             time.sleep(0.5 * (attempt + 1))
 
 
+def column_ddl(schema) -> str:
+    """`schema`'s columns as CREATE TABLE declares them: quoted names, Spark's type strings, NOT NULL."""
+    return ", ".join(f"{sql_name(f.name)} {f.dataType.simpleString()}{'' if f.nullable else ' NOT NULL'}"
+                     for f in schema.fields)
+
+
+def create_table_sql(path: str, schema, partition_by=(), cluster_by=(), properties: dict[str, str] | None = None) -> str:
+    """CREATE TABLE IF NOT EXISTS for a path-based Delta table, as SQL (a local driver and Spark Connect alike)."""
+    def names(columns) -> str:
+        return ", ".join(map(sql_name, columns))
+
+    text = f"CREATE TABLE IF NOT EXISTS {table_ref(path)} ({column_ddl(schema)}) USING delta"
+    if partition_by:
+        text += f" PARTITIONED BY ({names(partition_by)})"
+    if cluster_by:
+        text += f" CLUSTER BY ({names(cluster_by)})"
+    if properties:
+        text += " TBLPROPERTIES (" + ", ".join(f"{sql_literal(k)} = {sql_literal(v)}" for k, v in properties.items()) + ")"
+    return text
+
+
 def add_missing_columns(spark, path: str, schema) -> None:
     """Add to the table at `path` the columns of `schema` it lacks (nullable, at the end): a table an
     older deltadrain made gains the column a newer one writes, once and explicitly, not by appends
     with mergeSchema, which would let any later drift through. Racing adders are fine."""
-    from pyspark.sql.utils import AnalysisException
+    from pyspark.errors import AnalysisException
 
     def missing() -> list:
         have = set(spark.read.format("delta").load(path).columns)
@@ -130,9 +198,11 @@ def add_missing_columns(spark, path: str, schema) -> None:
     wanted = missing()
     if not wanted:
         return
-    columns = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in wanted)
+    from pyspark.sql.types import StructField, StructType
+
+    columns = column_ddl(StructType([StructField(f.name, f.dataType, True) for f in wanted]))
     try:
-        retry_conflicts(lambda: spark.sql(f"ALTER TABLE delta.`{path}` ADD COLUMNS ({columns})"))
+        retry_conflicts(lambda: spark.sql(f"ALTER TABLE {table_ref(path)} ADD COLUMNS ({columns})"))
     except AnalysisException:
         if missing():  # else another writer added them first
             raise

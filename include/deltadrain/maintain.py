@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from deltadrain.config import DeltadrainConfig, MaintenanceConfig, PipelineConfig
-from deltadrain.lake import is_table, retry_conflicts
+from deltadrain.lake import is_table, retry_conflicts, table_ref
 
 # Delta refuses a VACUUM that keeps less than this unless its check is switched off.
 DELTA_MIN_RETAIN_HOURS = 168
@@ -67,9 +67,7 @@ def files_on_disk(path: str | Path) -> int:
 
 
 def snapshot_files(spark, path: str) -> int:
-    from delta.tables import DeltaTable
-
-    return int(DeltaTable.forPath(spark, path).detail().select("numFiles").first()[0])
+    return int(spark.sql(f"DESCRIBE DETAIL {table_ref(path)}").select("numFiles").first()[0])
 
 
 def retain_hours(settings: MaintenanceConfig) -> float:
@@ -96,8 +94,6 @@ def retention_allowed(spark, hours: float):
 
 
 def maintain_table(spark, name: str, path: str | Path, settings: MaintenanceConfig) -> TableReport:
-    from delta.tables import DeltaTable
-
     began = time.monotonic()
     path = str(path)
     report = TableReport(name, path)
@@ -107,14 +103,14 @@ def maintain_table(spark, name: str, path: str | Path, settings: MaintenanceConf
     report.files_before = snapshot_files(spark, path)
     if settings.optimize:
         # Idempotent: a compaction that lost a race to another writer's commit is simply run again.
-        metrics = retry_conflicts(lambda: DeltaTable.forPath(spark, path).optimize().executeCompaction()
+        metrics = retry_conflicts(lambda: spark.sql(f"OPTIMIZE {table_ref(path)}")
                                   .select("metrics.numFilesRemoved", "metrics.numFilesAdded").first())
         report.compacted, report.added = int(metrics[0]), int(metrics[1])
     if settings.vacuum:
         before = files_on_disk(path)
         hours = retain_hours(settings)
         with retention_allowed(spark, hours):
-            DeltaTable.forPath(spark, path).vacuum(hours)
+            spark.sql(f"VACUUM {table_ref(path)} RETAIN {hours!r} HOURS").collect()
         report.vacuumed = max(0, before - files_on_disk(path))
     report.files_after = snapshot_files(spark, path)
     report.seconds = round(time.monotonic() - began, 3)

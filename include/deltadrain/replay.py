@@ -23,9 +23,9 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from deltadrain.config import DeltadrainConfig, PipelineConfig
-from deltadrain.deadletter import DEAD, REPLAYED
+from deltadrain.deadletter import DEAD, REPLAYED, SAME_PLACE
 from deltadrain.errors import ReplayError
-from deltadrain.lake import is_table, retry_conflicts
+from deltadrain.lake import is_table, merge_into, retry_conflicts, sql_literal
 from deltadrain.paths import staging_dir
 from deltadrain.positions import StreamId
 from deltadrain.sources import source_of
@@ -180,21 +180,14 @@ def select_dead_letters(spark, path: str, request: ReplayRequest):
 
 
 def mark_replayed(spark, path: str, pipeline: str, keys: list[tuple[str, str]], run_id: str) -> None:
-    from delta.tables import DeltaTable
     from pyspark.sql import functions as F
 
     done = spark.createDataFrame(keys, "partition string, position string").withColumn(
         "pipeline", F.lit(pipeline))
-
-    def merge():
-        (DeltaTable.forPath(spark, path).alias("d")
-         .merge(done.alias("s"), "d.pipeline = s.pipeline AND d.partition = s.partition AND d.position = s.position")
-         .whenMatchedUpdate(condition=F.col("d.state") == F.lit(DEAD),
-                            set={"state": F.lit(REPLAYED), "replayed_at": F.current_timestamp(),
-                                 "replay_run_id": F.lit(run_id)})
-         .execute())
-
-    retry_conflicts(merge)
+    retry_conflicts(lambda: merge_into(
+        spark, path, done, SAME_PLACE,
+        f"WHEN MATCHED AND d.state = {sql_literal(DEAD)} THEN UPDATE SET state = {sql_literal(REPLAYED)}, "
+        f"replayed_at = current_timestamp(), replay_run_id = {sql_literal(run_id)}", alias="d"))
 
 
 def replay_dead_letters(cfg, pipeline: PipelineConfig, spark, request: ReplayRequest, result: ReplayResult,

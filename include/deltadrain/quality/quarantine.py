@@ -23,7 +23,16 @@ from pathlib import Path
 
 from deltadrain import failpoints
 from deltadrain.config import DeltadrainConfig, PipelineConfig
-from deltadrain.lake import add_missing_columns, ensure_table, is_table, of_table, retry_conflicts
+from deltadrain.lake import (
+    add_missing_columns,
+    ensure_table,
+    is_table,
+    merge_into,
+    of_table,
+    retry_conflicts,
+    sql_literal,
+    sql_name,
+)
 from deltadrain.quality.checks import Check, violation
 from deltadrain.quality.results import results_path
 
@@ -65,6 +74,14 @@ def quarantine_keys(id_field: str, left: str):
     return cond
 
 
+def quarantine_keys_sql(id_field: str, left: str) -> str:
+    """quarantine_keys as SQL text, for a MERGE condition."""
+    cond = f"{left}._dd_batch = s._dd_batch"
+    for column in (sql_name(id_field), "_dd_partition", "_dd_position"):
+        cond += f" AND {left}.{column} <=> s.{column}"
+    return cond
+
+
 def quarantine(spark, cfg: DeltadrainConfig, pipeline: PipelineConfig, batch: int, rows, run_id: str,
                table: str | None) -> int:
     """Move `rows` (offending rows of `batch` of the target whose Delta id is `table`, with
@@ -72,7 +89,6 @@ def quarantine(spark, cfg: DeltadrainConfig, pipeline: PipelineConfig, batch: in
 
     Quarantine first (idempotent), then delete from the target: see the module docstring.
     """
-    from delta.tables import DeltaTable
     from pyspark.sql import functions as F
 
     target, qpath = str(cfg.target_path(pipeline)), str(quarantine_path(cfg, pipeline))
@@ -89,22 +105,21 @@ def quarantine(spark, cfg: DeltadrainConfig, pipeline: PipelineConfig, batch: in
     # anew: batch 1 again at the same positions) is not this row's: matching it would insert nothing,
     # and the DELETE below would then leave the row in neither table. Copies from before the column
     # (null) still match, as they did.
-    same_table = F.col("q._dq_table_id").isNull() | F.col("q._dq_table_id").eqNullSafe(F.col("s._dq_table_id"))
-    retry_conflicts(lambda: DeltaTable.forPath(spark, qpath).alias("q").merge(
-        staged.alias("s"), quarantine_keys(id_field, "q") & same_table).whenNotMatchedInsertAll().execute())
+    same_table = "(q._dq_table_id IS NULL OR q._dq_table_id <=> s._dq_table_id)"
+    retry_conflicts(lambda: merge_into(spark, qpath, staged, f"{quarantine_keys_sql(id_field, 'q')} AND {same_table}",
+                                       "WHEN NOT MATCHED THEN INSERT *", alias="q"))
     failpoints.fail("before_quarantine_delete")  # tests: a crash here leaves the rows in both tables
     keys = staged.select(f"`{id_field}`", "_dd_batch", "_dd_partition", "_dd_position", "_dd_run_id").distinct()
     # Only the rows as they were checked: one a reprocess replay rewrote since (a new _dd_run_id) stays.
-    cond = (quarantine_keys(id_field, "t") & F.col("t._dd_run_id").eqNullSafe(F.col("s._dd_run_id"))
-            & (F.col("t._dd_batch") == F.lit(batch)))  # the batch prunes other batches' files
+    cond = (f"{quarantine_keys_sql(id_field, 't')} AND t._dd_run_id <=> s._dd_run_id "
+            f"AND t._dd_batch = {sql_literal(batch)}")  # the batch prunes other batches' files
     # No txn and no pipeline/batch keys in this commit's metadata: the drain's checkpoint ignores it.
     for key in TXN_KEYS:
         spark.conf.unset(key)
     spark.conf.set(USER_METADATA, json.dumps({"deltadrain_quality": 1, "quarantine": {
         "pipeline": pipeline.name, "of_batch": batch, "rows": moved, "run_id": run_id}}, sort_keys=True))
     try:
-        retry_conflicts(lambda: DeltaTable.forPath(spark, target).alias("t").merge(keys.alias("s"), cond)
-                        .whenMatchedDelete().execute())
+        retry_conflicts(lambda: merge_into(spark, target, keys, cond, "WHEN MATCHED THEN DELETE"))
     finally:
         spark.conf.unset(USER_METADATA)
     failpoints.fail("after_quarantine_delete")  # tests: a crash here leaves moved rows no results row names
@@ -183,7 +198,6 @@ def take_back_rewritten(spark, cfg: DeltadrainConfig, pipeline: PipelineConfig, 
     which then left them (see quarantine), or after a crash there. Their new values were never
     checked: they stay in the target for the next check, and a row is in one table or the other.
     Another table's copies at the same place are that table's, and stay. Returns how many."""
-    from delta.tables import DeltaTable
     from pyspark.sql import functions as F
 
     target, qpath = str(cfg.target_path(pipeline)), str(quarantine_path(cfg, pipeline))
@@ -200,7 +214,6 @@ def take_back_rewritten(spark, cfg: DeltadrainConfig, pipeline: PipelineConfig, 
     if count:
         log.warning("pipeline %s batch %d: %d row(s) were rewritten after they were checked (a reprocess replay): "
                     "they stay in the target and leave the quarantine", pipeline.name, batch, count)
-        same = quarantine_keys(id_field, "q") & F.col("q._dd_run_id").eqNullSafe(F.col("s._dd_run_id"))
-        retry_conflicts(lambda: DeltaTable.forPath(spark, qpath).alias("q").merge(stale.alias("s"), same)
-                        .whenMatchedDelete().execute())
+        same = f"{quarantine_keys_sql(id_field, 'q')} AND q._dd_run_id <=> s._dd_run_id"
+        retry_conflicts(lambda: merge_into(spark, qpath, stale, same, "WHEN MATCHED THEN DELETE", alias="q"))
     return count
