@@ -1,34 +1,13 @@
-"""spark-submit entry point of table maintenance (what the Airflow maintenance DAG submits).
+"""spark-submit entry point: OPTIMIZE and VACUUM of one pipeline's tables, or with --shared of the shared tables (the maintenance DAG).
 
-Thin on purpose: everything is in deltadrain.maintain. One pipeline's tables, or with --shared the
-metrics and quality results tables; prints what it did, then the summary line for XCom.
+Thin on purpose: the job's arguments and body are deltadrain.jobs, which an Airflow task also runs
+through Spark Connect. Prints `deltadrain-summary: {json}` on success and `deltadrain: error: ...`
+with exit code 1 on failure.
 """
 
-import argparse
+import sys
 
-from deltadrain.jobs import exit_with, run_job
-
-
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    scope = parser.add_mutually_exclusive_group(required=True)
-    scope.add_argument("pipeline", nargs="?")
-    scope.add_argument("--shared", action="store_true")
-    parser.add_argument("--config")
-    parser.add_argument("--run-id")
-    args = parser.parse_args()
-
-    def body(spark):
-        from deltadrain.config import load_config
-        from deltadrain.maintain import describe, maintain
-
-        cfg = load_config(args.config)
-        summary = maintain(cfg, spark, cfg.pipeline(args.pipeline) if args.pipeline else None)
-        print("\n".join(describe(summary.as_dict())), flush=True)
-        return summary
-
-    return run_job(body)
-
+from deltadrain.jobs import main
 
 if __name__ == "__main__":
-    exit_with(main())
+    sys.exit(main("maintain"))

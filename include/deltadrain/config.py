@@ -371,9 +371,21 @@ class MaintenanceConfig(_Model):
     retain: NonNegativeDuration = timedelta(days=7)
 
 
+class SparkSettings(_Model):
+    """Where the DAGs' Spark jobs run (docs/spark-connect.md)."""
+
+    # connect: the Airflow task is a client of a long-lived Spark Connect server (the `connect_conn_id`
+    # connection; `services up` starts one). submit: each task starts a driver with spark-submit on the
+    # `submit_conn_id` connection's master (YARN, Kubernetes, a standalone master, local).
+    executor: Literal["connect", "submit"] = "connect"
+    connect_conn_id: str = Field("spark_connect", min_length=1)
+    submit_conn_id: str = Field("spark_default", min_length=1)
+
+
 class DeltadrainConfig(_Model):
     data_dir: str | None = None
     services: ServicesConfig = ServicesConfig()
+    spark: SparkSettings = SparkSettings()
     maintenance: MaintenanceConfig = MaintenanceConfig()
     pipelines: list[PipelineConfig] = Field(min_length=1)
 

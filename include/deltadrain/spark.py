@@ -6,6 +6,7 @@ import os
 import sys
 from pathlib import Path
 
+from deltadrain.errors import PrerequisiteError
 from deltadrain.jars import LOG_STORE_CLASS, classpath
 from deltadrain.java import check_java, java_binary  # noqa: F401 (spark.java_binary: the JDK a driver starts)
 
@@ -104,7 +105,13 @@ def connect_server_conf(port: int, master: str | None = None) -> dict[str, str]:
     master = master or os.environ.get("DELTADRAIN_SPARK_MASTER", "local[*]")
     conf = spark_conf({"spark.app.name": "deltadrain-connect",
                        "spark.connect.grpc.binding.address": "127.0.0.1",
-                       "spark.connect.grpc.binding.port": str(port)})
+                       "spark.connect.grpc.binding.port": str(port),
+                       # A client that died (a task SIGKILLed) leaves its query running until no one has
+                       # reattached for this long; then the server interrupts it (a hung transform's
+                       # workers are freed). Its session's confs and views go after the idle timeout.
+                       "spark.connect.execute.manager.detachedTimeout": "60s",
+                       "spark.connect.execute.manager.maintenanceInterval": "10s",
+                       "spark.connect.session.manager.defaultSessionTimeout": "15min"})
     conf["spark.driver.extraJavaOptions"] = conf["spark.driver.extraJavaOptions"].replace(
         f"-Dlog4j2.configurationFile=file:{LOG4J}", f"-Dlog4j2.configurationFile=file:{CONNECT_LOG4J}")
     if master.startswith("local"):
@@ -129,9 +136,42 @@ def session_conf(extra: dict[str, str] | None = None) -> dict[str, str]:
     return {**{key: DEFAULT_CONF[key] for key in SESSION_KEYS}, **(extra or {})}
 
 
-def connect_session(url: str, extra: dict[str, str] | None = None):
+def connect_url(conn_id: str) -> str:
+    """The Connect URL of Airflow's connection `conn_id` (the apache-spark provider's `spark_connect` type:
+    host, port, User ID, Token, use_ssl), made by the provider's own hook."""
+    from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
+
+    return SparkConnectHook(conn_id=conn_id).get_connection_url()
+
+
+def _address(url: str) -> tuple[str, int]:
+    from urllib.parse import urlparse
+
+    parsed = urlparse(url.replace("sc://", "http://", 1))
+    return parsed.hostname or "localhost", parsed.port or 15002
+
+
+def server_unreachable(url: str, conn_id: str | None = None) -> str | None:
+    """Why nothing can be sent to the Connect server at `url`, or None when its port answers. Asked before
+    a session starts: the client would otherwise retry a refused connection for minutes."""
+    import socket
+
+    host, port = _address(url)
+    try:
+        socket.create_connection((host, port), timeout=5).close()
+    except OSError as exc:
+        named = f" (Airflow connection '{conn_id}')" if conn_id else ""
+        return (f"the Spark Connect server at {host}:{port}{named} does not answer ({exc.strerror or exc}). "
+                "Start it with `deltadrain services up` (the embedded one), point the connection at your "
+                "server, or set `spark.executor: submit` in the config to run each job in a driver of its own")
+    return None
+
+
+def connect_session(url: str, extra: dict[str, str] | None = None, *, purpose: str = "deltadrain",
+                    conn_id: str | None = None):
     """A new Spark Connect session on the server at `url` (`sc://host:port`), with deltadrain's session
     confs (and `extra`): each call its own session, so confs set on one (a txnAppId) never reach another.
+    A server that does not answer is a PrerequisiteError naming the fix.
 
     pyspark's rule: once a process made a Connect session it is a Connect client (pyspark's functions
     build Connect columns), and get_spark() can no longer start a local driver in it. The mark is
@@ -139,6 +179,8 @@ def connect_session(url: str, extra: dict[str, str] | None = None):
     driver without it."""
     from pyspark.sql import SparkSession
 
+    if why := server_unreachable(url, conn_id):
+        raise PrerequisiteError(f"{purpose}: {why}")
     builder = SparkSession.builder.remote(url)
     for key, value in session_conf(extra).items():
         builder = builder.config(key, value)

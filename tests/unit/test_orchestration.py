@@ -151,7 +151,7 @@ def test_a_failed_replay_names_the_pipeline_it_was_asked_for(monkeypatch):
 
     monkeypatch.setattr(spark, "spark_conf", lambda: {})
     monkeypatch.setattr(SparkSubmitOperator, "execute", failing_submit)
-    op = ReplayOperator(task_id="replay", request_task="validate")
+    op = ReplayOperator(task_id="replay", request_task="validate", executor="submit")
     ctx = context("manual")
     ctx["ti"].xcom_pull = lambda task_ids: {"pipeline": "clicks", "mode": "dlq"}
     with pytest.raises(DeltadrainJobFailed) as failed:
@@ -180,12 +180,99 @@ def test_a_quality_task_whose_data_failed_is_not_retried_but_one_that_could_not_
     report = {"pipeline": "orders", "batch": 3, "success": False, "policy": "fail", "data_docs": "/d/index.html"}
     lines[:] = [SUMMARY_PREFIX + json.dumps(report), f"{ERROR_PREFIX}batch 3 failed data quality: amount between"]
     with pytest.raises(AirflowFailException, match="batch 3 failed data quality"):
-        QualityOperator(task_id="quality", pipeline="orders", drain_task="drain").execute(ctx)
+        QualityOperator(task_id="quality", pipeline="orders", drain_task="drain", executor="submit").execute(ctx)
     # No summary: the check could not run (no table yet, GX broke); Airflow may retry that.
     lines[:] = [f"{ERROR_PREFIX}pipeline 'orders': no target table"]
     with pytest.raises(DeltadrainJobFailed, match="no target table") as failed:
-        QualityOperator(task_id="quality", pipeline="orders", drain_task="drain").execute(ctx)
+        QualityOperator(task_id="quality", pipeline="orders", drain_task="drain", executor="submit").execute(ctx)
     assert not isinstance(failed.value, AirflowFailException)
+
+
+class FakeSession:
+    """Stands in for a Spark Connect session: what the operator asks of one (interrupt, stop)."""
+
+    def __init__(self):
+        self.stopped = self.interrupted = False
+
+    def interruptAll(self):  # noqa: N802 - pyspark's name
+        self.interrupted = True
+
+    def stop(self):
+        self.stopped = True
+
+
+def test_through_spark_connect_a_job_runs_in_the_task_on_a_session_of_its_own(monkeypatch):
+    """executor connect: the job's result is the task's, as through spark-submit: the summary is the XCom,
+    an error fails the task with the job's words, a quality failure under `fail` is not retried; the
+    session is stopped either way."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from deltadrain import jobs, spark
+    from deltadrain.orchestration.operators import DeltadrainJobFailed, DrainOperator, QualityOperator
+
+    sessions, calls = [], []
+    monkeypatch.setattr(spark, "connect_url", lambda conn_id: f"sc://127.0.0.1:1/;conn={conn_id}")
+
+    def new_session(url, **kwargs):
+        sessions.append(FakeSession())
+        return sessions[-1]
+
+    monkeypatch.setattr(spark, "connect_session", new_session)
+    results: list[jobs.JobResult] = []
+
+    def run(job, session, argv):
+        calls.append((job, session, argv))
+        return results.pop(0)
+
+    monkeypatch.setattr(jobs, "run", run)
+    ctx = context("scheduled")
+    results.append(jobs.JobResult({"outcome": "committed", "batch": 4, "batches": [4]}))
+    assert DrainOperator(task_id="drain", pipeline="orders").execute(ctx)["batch"] == 4
+    (job, session, argv), = calls
+    assert job == "drain" and session is sessions[0] and argv[0] == "orders" and "--run-id" in argv
+    assert sessions[0].stopped
+    results.append(jobs.JobResult(error="pipeline 'orders': no target table"))
+    with pytest.raises(DeltadrainJobFailed, match="deltadrain drain of 'orders' failed: pipeline 'orders': no target"):
+        DrainOperator(task_id="drain", pipeline="orders").execute(ctx)
+    assert sessions[1].stopped
+    ctx["ti"].xcom_pull = lambda task_ids: {"outcome": "committed", "batch": 3}
+    report = {"pipeline": "orders", "batch": 3, "success": False, "policy": "fail", "data_docs": "/d/index.html"}
+    results.append(jobs.JobResult(report, "batch 3 failed data quality: amount between"))
+    with pytest.raises(AirflowFailException, match="batch 3 failed data quality"):
+        QualityOperator(task_id="quality", pipeline="orders", drain_task="drain").execute(ctx)
+
+
+def test_a_killed_connect_task_interrupts_its_operations_on_the_server(monkeypatch):
+    """Airflow's on_kill (a timeout, a task marked failed): the server would run a hung transform on."""
+    from deltadrain import jobs, spark
+    from deltadrain.orchestration.operators import DrainOperator
+
+    op = DrainOperator(task_id="drain", pipeline="orders")
+    seen = {}
+    monkeypatch.setattr(spark, "connect_url", lambda conn_id: "sc://127.0.0.1:1")
+    monkeypatch.setattr(spark, "connect_session", lambda url, **kwargs: FakeSession())
+
+    def run(job, session, argv):
+        op.on_kill()  # what Airflow calls while the job runs
+        seen["interrupted"] = session.interrupted
+        return jobs.JobResult({"outcome": "committed", "batch": 1})
+
+    monkeypatch.setattr(jobs, "run", run)
+    op.execute(context("scheduled"))
+    assert seen["interrupted"]
+
+
+def test_a_connect_session_to_a_server_that_does_not_answer_names_the_fix():
+    from deltadrain.errors import PrerequisiteError
+    from deltadrain.spark import connect_session
+    from tests.conftest import free_port
+
+    port = free_port()
+    with pytest.raises(PrerequisiteError) as refused:
+        connect_session(f"sc://127.0.0.1:{port}", purpose="deltadrain drain of 'orders'", conn_id="spark_connect")
+    text = str(refused.value)
+    assert f"127.0.0.1:{port} (Airflow connection 'spark_connect') does not answer" in text
+    assert "`deltadrain services up`" in text and "spark.executor: submit" in text
 
 
 def test_the_ingest_sensor_defers_through_a_source_outage_but_not_through_a_config_error(monkeypatch, tmp_path):
@@ -360,3 +447,15 @@ def test_the_replay_form_proposes_the_stream_keys_and_nothing_without_valkey_pip
     assert keys and replay_params(cfg)["partition"].schema["examples"] == keys
     kafka_only = cfg.model_copy(update={"pipelines": [p for p in cfg.pipelines if p.source.kind == "kafka"]})
     assert "examples" not in replay_params(kafka_only)["partition"].schema  # an empty list shows an empty menu
+
+
+def test_a_jobs_bad_arguments_are_its_error_not_an_exit():
+    """A Connect task parses the job's arguments in its own process: argparse must not exit it."""
+    from deltadrain import jobs
+
+    for argv, words in ((["orders", "--owed", "--table"], "--owed goes with --batch"),
+                        (["orders"], "one of --batch, --table or --owed is required"),
+                        (["orders", "--settle", "60", "--batch", "1"], "--settle takes")):
+        result = jobs.run("quality", None, argv)
+        assert result.summary is None and words in result.error, result
+    assert "the following arguments are required: pipeline" in jobs.run("drain", None, []).error

@@ -1,9 +1,13 @@
-"""Operators: deltadrain's Spark jobs submitted with the Spark provider's SparkSubmitOperator.
+"""Operators: deltadrain's Spark jobs (deltadrain.jobs), run the way the config's `spark.executor` says.
 
-The jobs print one `deltadrain-summary: {json}` line when they succeed and one
-`deltadrain: error: ...` line when they fail. The operator reads both from spark-submit's output:
-the summary becomes the task's XCom (and a readable block in its log), and a failure carries the
-job's own error instead of only "exit code 1".
+- connect (the default): the task is a Spark Connect client of the server behind the `spark_connect`
+  Airflow connection (the apache-spark provider's type), in a session of its own; no JVM starts.
+- submit: the Spark provider's SparkSubmitOperator starts a driver for spark_jobs/<job>.py. The job
+  prints one `deltadrain-summary: {json}` line when it succeeds and one `deltadrain: error: ...` line
+  when it fails, and the operator reads both from spark-submit's output.
+
+Either way the summary becomes the task's XCom (and a readable block in its log), and a failure carries
+the job's own error instead of only "exit code 1".
 """
 
 from __future__ import annotations
@@ -42,26 +46,30 @@ def deltadrain_run_id(context) -> str:
 
 
 class DeltadrainSparkOperator(SparkSubmitOperator):
-    """Submits spark_jobs/<job>.py with deltadrain's Spark conf (Delta and the Kafka source from the
-    jar cache, the environment's Python) on the `spark_default` connection's master.
+    """Runs deltadrain's job `job` through the Spark Connect server (executor `connect`), or submits
+    spark_jobs/<job>.py with deltadrain's Spark conf (Delta and the Kafka source from the jar cache, the
+    environment's Python) on the `spark_default` connection's master (executor `submit`).
 
     Subclasses say which arguments the job gets (`job_args`). Everything that touches the disk (the
-    jar cache, the config) happens in execute(), never when the DAG file is parsed.
+    jar cache, the config) happens in execute(), never when the DAG file is parsed. `executor` and the
+    connection ids default to the config's `spark` settings.
     """
 
     ui_color = "#d7ecff"
     job = "drain"
     reads_source = True  # the job reads or writes the pipeline's source: it needs its connection
 
-    def __init__(self, *, pipeline: str | None = None, config: str | None = None,
-                 conn_id: str = "spark_default", **kwargs):
-        super().__init__(application=str(SPARK_JOBS / f"{self.job}.py"), conn_id=conn_id,
+    def __init__(self, *, pipeline: str | None = None, config: str | None = None, conn_id: str | None = None,
+                 executor: str | None = None, connect_conn_id: str | None = None, **kwargs):
+        super().__init__(application=str(SPARK_JOBS / f"{self.job}.py"), conn_id=conn_id or "spark_default",
                          name=f"deltadrain-{self.job}-{pipeline or 'all'}", **kwargs)
         self.pipeline, self.config = pipeline, config
+        self.executor, self.connect_conn_id, self.submit_conn_id = executor, connect_conn_id, conn_id
         self._summary: dict | None = None
         self._error: str | None = None
         self._tail: list[str] = []
         self._handed: dict[str, str] = {}  # AIRFLOW_CONN_* this run hands the job (execute)
+        self._session = None  # the Connect session while a connect run is under way (on_kill interrupts it)
 
     # -- what the job gets ------------------------------------------------------------------------
 
@@ -122,9 +130,22 @@ class DeltadrainSparkOperator(SparkSubmitOperator):
             yield line
 
     def execute(self, context) -> Any:
+        from deltadrain.config import load_config
+
+        settings = load_config(self.config).spark
+        executor = self.executor or settings.executor
+        argv = self.job_args(context)
+        if executor == "connect":
+            self._run_connect(argv, self.connect_conn_id or settings.connect_conn_id)
+        else:
+            self._conn_id = self.submit_conn_id or settings.submit_conn_id
+            self._run_submit(context, argv)
+        return self._report()
+
+    def _run_submit(self, context, argv: list[str]) -> None:
         from deltadrain.spark import spark_conf
 
-        self.application_args = self.job_args(context)
+        self.application_args = argv
         self.conf = {**spark_conf(), **(self.conf or {})}
         bindir = str(Path(sys.executable).parent)
         # The environment's spark-submit and python come first, whatever PATH the worker has.
@@ -137,6 +158,43 @@ class DeltadrainSparkOperator(SparkSubmitOperator):
             if self._error:
                 raise DeltadrainJobFailed(f"deltadrain {self.job} of {self.subject} failed: {self._error}") from exc
             raise
+
+    def _run_connect(self, argv: list[str], conn_id: str) -> None:
+        """The job in this task's process, a Spark Connect client in a session of its own: its confs (the
+        commit's app transaction) and temp views are never another run's. The source's connections are
+        read here, where Airflow's are; what the server's Python workers need of them travels with the
+        job's functions."""
+        from deltadrain.jobs import run
+        from deltadrain.spark import connect_session, connect_url
+
+        url = connect_url(conn_id)
+        self.log.info("deltadrain: %s of %s through Spark Connect (connection %r)", self.job, self.subject, conn_id)
+        self._session = connect_session(url, purpose=f"deltadrain {self.job} of {self.subject}",
+                                        conn_id=conn_id)
+        try:
+            result = run(self.job, self._session, argv)
+        finally:
+            session, self._session = self._session, None
+            session.stop()
+        for note in result.notes:
+            self.log.info("%s", note)
+        self._summary = result.summary
+        if result.error is not None:
+            self._error = result.error
+            raise DeltadrainJobFailed(f"deltadrain {self.job} of {self.subject} failed: {result.error}")
+
+    def on_kill(self) -> None:
+        session = self._session
+        if session is not None:
+            # The server would run the job on: a hung transform would hold its workers.
+            try:
+                session.interruptAll()
+            except Exception as exc:  # noqa: BLE001 - the task is going anyway
+                self.log.warning("deltadrain: could not interrupt the Connect session's operations: %s", exc)
+            return
+        super().on_kill()
+
+    def _report(self) -> dict:
         if self._summary is None:
             raise DeltadrainJobFailed(f"deltadrain {self.job} of {self.subject} printed no summary; "
                                       f"last lines: {' | '.join(self._tail[-5:])}")

@@ -1,0 +1,65 @@
+"""The SQL text deltadrain writes Delta with (lake.sql_literal, create_table_sql, commit.merge_condition):
+every value stays a literal, whatever it holds. tests/integration/test_spark_connect.py runs such text
+on a real server."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta, timezone
+
+import pytest
+
+from deltadrain.commit import merge_condition
+from deltadrain.lake import create_table_sql, sql_literal, table_ref
+
+
+@pytest.mark.parametrize(("value", "text"), [
+    ("evt-1", "'evt-1'"),
+    ("it's", "'it\\'s'"),
+    ("back\\slash", "'back\\\\slash'"),
+    ("' OR 1=1 --", "'\\' OR 1=1 --'"),
+    ("line\nbreak\x00", "'line\\u000abreak\\u0000'"),
+    ("zürich ✓", "'zürich ✓'"),
+    (7, "7"),
+    (True, "TRUE"),
+    (None, "NULL"),
+    (datetime(2026, 5, 1, 12, 0, 1, 5, tzinfo=timezone(timedelta(hours=2))), "TIMESTAMP '2026-05-01 10:00:01.000005'"),
+    (datetime(2026, 5, 1, tzinfo=UTC), "TIMESTAMP '2026-05-01 00:00:00'"),
+])
+def test_a_value_stands_in_sql_as_one_literal(value, text):
+    assert sql_literal(value) == text
+
+
+def test_a_literal_cannot_end_early():
+    """Unescaped, a quote would end the literal: every quote in the text is escaped, and the
+    backslashes before it come in pairs (each escapes the next)."""
+    for nasty in ("'", "\\'", "\\\\'", "a'b\\", "'; DROP TABLE t; --", "\\"):
+        body = sql_literal(nasty)[1:-1]
+        i = 0
+        while i < len(body):
+            if body[i] == "\\":
+                i += 2
+                continue
+            assert body[i] != "'", (nasty, body)
+            i += 1
+
+
+def test_no_sql_literal_for_what_it_does_not_know():
+    with pytest.raises(TypeError):
+        sql_literal(1.5)
+
+
+def test_the_merge_condition_names_the_id_and_keeps_the_range_as_literals():
+    cond = merge_condition("event`id", datetime(2026, 5, 1, tzinfo=UTC), ("a'", "z"))
+    assert cond == ("t.`event``id` = s.`event``id` AND t._dd_source_ts >= TIMESTAMP '2026-05-01 00:00:00' "
+                    "AND t.`event``id` >= 'a\\'' AND t.`event``id` <= 'z'")
+    assert merge_condition("id", None, target="q") == "q.`id` = s.`id`"
+
+
+def test_a_table_is_created_by_path_with_its_layout_and_properties():
+    from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+    schema = StructType([StructField("id", StringType(), False), StructField("n", LongType())])
+    text = create_table_sql("/lake/a`b", schema, ["n"], [], {"delta.appendOnly": "true"})
+    assert text == ("CREATE TABLE IF NOT EXISTS delta.`/lake/a``b` (`id` string NOT NULL, `n` bigint) USING delta "
+                    "PARTITIONED BY (`n`) TBLPROPERTIES ('delta.appendOnly' = 'true')")
+    assert table_ref("/x") == "delta.`/x`"
