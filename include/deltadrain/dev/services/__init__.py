@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import os
 import secrets
 import subprocess
 import sys
@@ -33,12 +34,12 @@ from deltadrain.embedded import (
 from deltadrain.errors import PrerequisiteError, ServiceError
 from deltadrain.jars import classpath
 from deltadrain.orchestration.pools import ensure_airflow_pools
+from deltadrain.paths import PROJECT_ROOT
 
 # Airflow last: its connections point at the others, and `down` stops it first.
 ALL = ("valkey", "kafka", "spark_connect", "airflow")
-# What `services up` starts when no service is named: the Connect server is left out until the drains
-# run on it (docs/spark-connect.md); `down` and `status` take them all.
-UP_DEFAULT = ("valkey", "kafka", "airflow")
+# What `services up` starts when no service is named; `down` and `status` take them all.
+UP_DEFAULT = ALL
 
 
 # --- Valkey -------------------------------------------------------------------------------------
@@ -212,8 +213,13 @@ def spark_connect_service(cfg: DeltadrainConfig) -> Service:
             return False
 
     # The server's planner starts Python workers (UDFs, mapInArrow) with PYSPARK_PYTHON from its
-    # environment, not spark.pyspark.python: this venv's interpreter, which has deltadrain.
-    env = {"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+    # environment, not spark.pyspark.python: this venv's interpreter, which has deltadrain. They import
+    # a pipeline's transform by its dotted name: from the project's root and include/, as a driver of
+    # the project's does. A Connect client's mark (SPARK_CONNECT_MODE_ENABLED) is not the server's.
+    path = os.pathsep.join([str(PROJECT_ROOT), str(PROJECT_ROOT / "include"),
+                            *filter(None, [os.environ.get("PYTHONPATH")])])
+    env = {"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable, "PYTHONPATH": path,
+           "SPARK_CONNECT_MODE_ENABLED": None}
     return Service("spark_connect", services_home() / "spark_connect", [port], command, healthy, env=env,
                    prepare=prepare, start_timeout=180, stop_timeout=30, describe=lambda: url)
 

@@ -83,7 +83,7 @@ class Service:
     ports: list[int]
     command: Callable[[], list[str]]
     healthy: Callable[[], bool]
-    env: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str | None] = field(default_factory=dict)  # None: not passed on from ours
     prepare: Callable[[], None] | None = None
     start_timeout: float = 60.0
     stop_timeout: float = 30.0
@@ -136,7 +136,7 @@ class Service:
         self.home.mkdir(parents=True, exist_ok=True)
         if self.prepare:
             self.prepare()
-        env = {**os.environ, **self.env}
+        env = {key: value for key, value in {**os.environ, **self.env}.items() if value is not None}
         with open(self.log_file, "ab") as log:
             proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=env,
                                     cwd=self.home, start_new_session=True, stdin=subprocess.DEVNULL)
