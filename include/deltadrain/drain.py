@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import socket
+import threading
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
@@ -307,6 +308,24 @@ def isolate_culprits(spark, pipeline: PipelineConfig, good, batch: int, run_id: 
     return culprits.cache(), rest
 
 
+_KILLED = threading.Event()
+
+
+def stop_as_killed() -> None:
+    """This process's task is being killed (Airflow's on_kill): the drain under way ends as a SIGKILL
+    would end it. Through Spark Connect the process lives on after a kill, and a run that cleaned up
+    after itself would not count as an attempt at its messages: a message that hangs every run that
+    reads it (until Airflow's timeout) would be read again for ever instead of isolated."""
+    _KILLED.set()
+
+
+def ended_as_killed(exc: BaseException) -> bool:
+    """A run ends as killed, nothing cleaned up, when its task is killed, when a test stops it as a kill
+    would (failpoints.ABANDON), or on a BaseException that is no Exception: an order to stop now, such as
+    the timeout Airflow's task runner raises (AirflowTaskTimeout) or an interrupt."""
+    return failpoints.abandons(exc) or _KILLED.is_set() or not isinstance(exc, Exception)
+
+
 class Drain:
     """One run. Construct, then call run(); the summary is returned, and printed by the callers.
 
@@ -385,9 +404,10 @@ class Drain:
         try:
             self._run()
         except BaseException as exc:
-            if abandoned := failpoints.abandons(exc):
+            if abandoned := ended_as_killed(exc):
                 self._abandon()
-                raise failpoints.Abandoned(failpoints.ABANDON) from None
+                if failpoints.abandons(exc):
+                    raise failpoints.Abandoned(failpoints.ABANDON) from None
             raise
         finally:
             if not abandoned:

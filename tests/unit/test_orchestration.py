@@ -244,9 +244,13 @@ def test_through_spark_connect_a_job_runs_in_the_task_on_a_session_of_its_own(mo
 
 def test_a_killed_connect_task_interrupts_its_operations_on_the_server(monkeypatch):
     """Airflow's on_kill (a timeout, a task marked failed): the server would run a hung transform on."""
-    from deltadrain import jobs, spark
+    import threading
+
+    from deltadrain import drain, jobs, spark
     from deltadrain.orchestration.operators import DrainOperator
 
+    monkeypatch.setattr(drain, "_KILLED", threading.Event())  # this process's mark, taken back after the test
+    assert not drain.ended_as_killed(RuntimeError("a MERGE failed"))
     op = DrainOperator(task_id="drain", pipeline="orders")
     seen = {}
     monkeypatch.setattr(spark, "connect_url", lambda conn_id: "sc://127.0.0.1:1")
@@ -260,6 +264,18 @@ def test_a_killed_connect_task_interrupts_its_operations_on_the_server(monkeypat
     monkeypatch.setattr(jobs, "run", run)
     op.execute(context("scheduled"))
     assert seen["interrupted"]
+    # The drain under way ends as a killed one: its claims stay for the next run to count.
+    assert drain.ended_as_killed(RuntimeError("[OPERATION_CANCELED]"))
+
+
+def test_a_run_stopped_by_an_order_to_stop_ends_as_killed():
+    """Airflow's execution_timeout raises AirflowTaskTimeout, a BaseException, inside the task."""
+    from airflow.sdk.exceptions import AirflowTaskTimeout
+
+    from deltadrain.drain import ended_as_killed
+
+    assert ended_as_killed(AirflowTaskTimeout()) and ended_as_killed(KeyboardInterrupt())
+    assert not ended_as_killed(ValueError("bad row"))
 
 
 def test_a_connect_session_to_a_server_that_does_not_answer_names_the_fix():

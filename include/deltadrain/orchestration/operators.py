@@ -173,6 +173,10 @@ class DeltadrainSparkOperator(SparkSubmitOperator):
                                         conn_id=conn_id)
         try:
             result = run(self.job, self._session, argv)
+        except BaseException:
+            # Airflow's timeout (raised in here) or a kill: the server would run the job's query on.
+            self._interrupt()
+            raise
         finally:
             session, self._session = self._session, None
             session.stop()
@@ -184,15 +188,22 @@ class DeltadrainSparkOperator(SparkSubmitOperator):
             raise DeltadrainJobFailed(f"deltadrain {self.job} of {self.subject} failed: {result.error}")
 
     def on_kill(self) -> None:
-        session = self._session
-        if session is not None:
-            # The server would run the job on: a hung transform would hold its workers.
-            try:
-                session.interruptAll()
-            except Exception as exc:  # noqa: BLE001 - the task is going anyway
-                self.log.warning("deltadrain: could not interrupt the Connect session's operations: %s", exc)
+        if self._session is None:
+            super().on_kill()
             return
-        super().on_kill()
+        from deltadrain.drain import stop_as_killed
+
+        stop_as_killed()  # the drain under way leaves its claims as a killed one does
+        self._interrupt()
+
+    def _interrupt(self) -> None:
+        session = self._session
+        if session is None:
+            return
+        try:
+            session.interruptAll()
+        except Exception as exc:  # noqa: BLE001 - the task is going anyway
+            self.log.warning("deltadrain: could not interrupt the Connect session's operations: %s", exc)
 
     def _report(self) -> dict:
         if self._summary is None:
