@@ -110,12 +110,19 @@ def _drain(args) -> int:
     pipeline = cfg.pipeline(args.pipeline)
     if args.accept_gaps:
         pipeline = pipeline.accepting_gaps()
+    spark = None  # a local driver of this process's own
+    if args.remote:
+        from deltadrain.embedded import spark_connect_url
+        from deltadrain.spark import connect_session
+
+        url = spark_connect_url(cfg) if args.remote == "embedded" else args.remote
+        spark = connect_session(url, purpose=f"deltadrain drain of '{pipeline.name}'")
     if args.max_batches == 1:
-        print(drain(cfg, pipeline, run_id=args.run_id).line())
+        print(drain(cfg, pipeline, spark=spark, run_id=args.run_id).line())
         return 0
     from deltadrain.catchup import drain_batches
 
-    print(drain_batches(cfg, pipeline, None, run_id=args.run_id, max_batches=args.max_batches).line())
+    print(drain_batches(cfg, pipeline, spark, run_id=args.run_id, max_batches=args.max_batches).line())
     return 0
 
 
@@ -461,6 +468,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--accept-gaps", action="store_true",
                    help="go on past the gaps (entries the source deleted before a commit held them) that stop "
                         "the pipeline under on_gap: fail; this run's commit records them")
+    p.add_argument("--remote", nargs="?", const="embedded", metavar="URL",
+                   help="run on a Spark Connect server (sc://host:port; alone: the embedded one) instead of a "
+                        "local driver")
 
     p = sub.add_parser("reap", help="take over stuck claims and remove dead consumers")
     p.add_argument("pipeline", nargs="?", help="default: every Valkey pipeline")
@@ -581,7 +591,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except Exception as exc:
-        hint = damaged_log(exc) or _unreachable(exc, args)
+        from deltadrain.spark import connect_lost
+
+        hint = damaged_log(exc) or connect_lost(exc) or _unreachable(exc, args)
         if hint is None:
             raise
         print(f"deltadrain: error: {hint}", file=sys.stderr)

@@ -158,7 +158,9 @@ def run(job: str, spark, argv: list[str]) -> JobResult:
         return JobResult(error=" ".join(str(exc).split()))
     except Exception as exc:
         log.error("deltadrain %s job failed:\n%s", job, traceback.format_exc())  # the whole of it in the log
-        return JobResult(error=damaged_log(exc) or error_line(exc))
+        from deltadrain.spark import connect_lost
+
+        return JobResult(error=damaged_log(exc) or connect_lost(exc) or error_line(exc))
 
 
 def main(job: str, argv: list[str] | None = None) -> int:

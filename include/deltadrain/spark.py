@@ -49,6 +49,7 @@ SESSION_KEYS = ("spark.sql.shuffle.partitions", "spark.databricks.delta.snapshot
                 "spark.sql.sources.parallelPartitionDiscovery.parallelism", "spark.sql.session.timeZone",
                 "spark.databricks.delta.schema.autoMerge.enabled")
 
+CONNECT_RETRIES = 12  # backoffs of 0.05, 0.2, 0.8, 3.2 s, then 10 s: about 85 s in all
 CONNECT_SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 CONNECT_LOG4J = Path(__file__).parent / "resources" / "log4j2-connect.properties"
 
@@ -167,6 +168,23 @@ def server_unreachable(url: str, conn_id: str | None = None) -> str | None:
     return None
 
 
+# What a Connect client raises when its server is gone or was restarted under it: refused or reset
+# connections (gRPC's UNAVAILABLE) once its retries are spent, a session the new server does not hold.
+_SERVER_LOST = ("RETRIES_EXCEEDED", "StatusCode.UNAVAILABLE", "SESSION_CHANGED", "INVALID_HANDLE.SESSION_NOT_FOUND",
+                "INVALID_HANDLE.SESSION_CLOSED")
+
+
+def connect_lost(exc: BaseException) -> str | None:
+    """What to do when a run lost its Spark Connect server, or None for other errors."""
+    text = f"{type(exc).__name__} {exc}"
+    if not any(mark in text for mark in _SERVER_LOST):
+        return None
+    first = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+    return (f"the Spark Connect server went away during the run ({first[:300]}). Nothing after that was "
+            "committed or acknowledged; the run's claims wait for the next run, which finishes the work "
+            "once the server is back (`deltadrain services status`, `deltadrain services up`)")
+
+
 def connect_session(url: str, extra: dict[str, str] | None = None, *, purpose: str = "deltadrain",
                     conn_id: str | None = None):
     """A new Spark Connect session on the server at `url` (`sc://host:port`), with deltadrain's session
@@ -181,7 +199,14 @@ def connect_session(url: str, extra: dict[str, str] | None = None, *, purpose: s
 
     if why := server_unreachable(url, conn_id):
         raise PrerequisiteError(f"{purpose}: {why}")
+    from pyspark.sql.connect.client.retries import DefaultPolicy
+
     builder = SparkSession.builder.remote(url)
     for key, value in session_conf(extra).items():
         builder = builder.config(key, value)
-    return builder.create()
+    session = builder.create()
+    # pyspark retries an unreachable server for ten minutes and more. A task waits about a minute and a
+    # half, which rides out a server being restarted (`services up` takes under a minute), and then fails
+    # with the server's error: its claims wait for the next run.
+    session.client.set_retry_policies([DefaultPolicy(max_retries=CONNECT_RETRIES, max_backoff=10_000)])
+    return session

@@ -35,8 +35,11 @@ def held_at(point: str, release: Path, at_most_ms: int = 180_000) -> dict[str, s
 
 
 def make_pipeline(tmp_path: Path, **overrides):
-    """A config file with one Valkey pipeline of its own (own streams, tables, group); returns (path, cfg, p)."""
+    """A config file with one Valkey pipeline of its own (own streams, tables, group); returns (path, cfg, p).
+    `executor`: the config's spark.executor (the DAGs' way to run their jobs), else its default."""
     data = yaml.safe_load((ROOT / "config" / "pipelines.yaml").read_text())
+    if executor := overrides.pop("executor", None):
+        data["spark"] = {**data.get("spark", {}), "executor": executor}
     name = f"t_{uuid.uuid4().hex[:8]}"
     pipe = next(p for p in data["pipelines"] if p["source"]["kind"] == "valkey")
     pipe["name"] = name

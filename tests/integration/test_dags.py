@@ -1,6 +1,7 @@
 """The Airflow DAGs: they parse cleanly without touching anything, and dag.test() runs of ingest,
-reaper and replay against the real embedded Valkey, spark-submit and Delta do what they say,
-judged by reading the tables back."""
+reaper and replay against the real embedded Valkey and Kafka, the embedded Spark Connect server (the
+default executor; one ingest test through spark-submit) and Delta do what they say, judged by reading
+the tables back."""
 
 from __future__ import annotations
 
@@ -105,8 +106,9 @@ def test_dags_parse_without_errors_warnings_or_io(monkeypatch, airflow_db):
 
 
 @pytest.fixture
-def pipeline_dags(tmp_path, monkeypatch, airflow_db, valkey_server):
-    """A pipeline of its own, with the DAG files parsed against its config."""
+def pipeline_dags(tmp_path, monkeypatch, airflow_db, valkey_server, spark_connect_server):
+    """A pipeline of its own, with the DAG files parsed against its config; its jobs run on the session's
+    Connect server unless `executor="submit"`."""
     def make(**overrides):
         path, c, p = make_pipeline(tmp_path, **overrides)
         monkeypatch.setenv("DELTADRAIN_CONFIG", str(path))
@@ -129,7 +131,7 @@ def run_dag(dag_id: str, run_conf: dict | None = None) -> dict:
 @pytest.mark.slow
 def test_ingest_dag_drains_through_spark_submit(pipeline_dags, spark):
     # 400 messages, batches of 150: one drain task catches up in three batches (two full ones).
-    path, c, p = pipeline_dags(batch_cap=150)
+    path, c, p = pipeline_dags(batch_cap=150, executor="submit")
     client = valkey_client(c, p)
     result = produce(c, p, 400, seed=91, malformed_ratio=0.1)
     run = run_dag(ingest_dag_id(p.name))
@@ -248,7 +250,7 @@ def test_reaper_dag_takes_over_stuck_claims_and_removes_dead_consumers(pipeline_
 
 
 @pytest.mark.slow
-def test_maintenance_dag_compacts_and_vacuums_through_spark_submit(pipeline_dags, spark):
+def test_maintenance_dag_compacts_and_vacuums_through_spark_connect(pipeline_dags, spark):
     from deltadrain.catchup import drain
     from deltadrain.maintain import files_on_disk, snapshot_files
 
@@ -493,12 +495,12 @@ def test_a_replay_trigger_without_a_pipeline_is_refused_by_airflows_param_valida
 
 @pytest.mark.slow
 def test_kafka_drains_airflow_times_out_in_a_hanging_transform_are_counted_and_the_message_ends_dead(
-        tmp_path, monkeypatch, airflow_db, kafka_broker, spark):
-    """The whole path through Airflow: a message hangs the transform, the drain task hits its
-    execution_timeout, Airflow's task runner calls on_kill (SparkSubmitHook: SIGKILL to spark-submit).
-    The next DAG runs count those runs as dead and read half of what they read at a time; once runs
-    that read the message alone died max_retries times it is a dead letter, alone, and the pipeline
-    goes on."""
+        tmp_path, monkeypatch, airflow_db, kafka_broker, spark_connect_server, spark):
+    """The whole path through Airflow and Spark Connect: a message hangs the transform (in the server's
+    Python worker), the drain task hits its execution_timeout, the run ends as a killed one and the
+    operator interrupts its query on the server. The next DAG runs count those runs as dead and read half
+    of what they read at a time; once runs that read the message alone died max_retries times it is a
+    dead letter, alone, and the pipeline goes on. (spark-submit's kill: tests/integration/test_kafka_drain.py.)"""
 
     from deltadrain.dev.produce import generate
     from deltadrain.sources.kafka.client import kafka_client_conf
@@ -513,8 +515,6 @@ def test_kafka_drains_airflow_times_out_in_a_hanging_transform_are_counted_and_t
                                      # runs the hang stops while the other test worker is busy.
                                      airflow={"retries": 0, "execution_timeout": 45, "max_drain_time": 30})
     monkeypatch.setenv("DELTADRAIN_CONFIG", str(path))
-    # The drain's Python driver (spark-submit's child) imports the test transform from the checkout.
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     messages = [m for m in generate(p, 30, seed=95) if m.kind == "valid"][:4]
     hangs = 1
     payloads = send_marked(c, p, messages, hangs, HANG_MARKER)

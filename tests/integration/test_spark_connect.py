@@ -1,6 +1,7 @@
 """The embedded Spark Connect server, started as `deltadrain services up` starts it: Delta MERGEs with a
 Delta app transaction through a client session, sessions that keep their confs apart under concurrency,
-the venv's Python in its workers, loopback only, and `services status|down` through the CLI."""
+the venv's Python in its workers, loopback only, `services status|down` through the CLI; and drains as
+its clients: two pipelines at once, a client SIGKILLed during its MERGE, the server SIGKILLed mid-batch."""
 
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ from deltadrain.embedded import SPARK_CONNECT_CONN_ID, spark_connect_url
 from deltadrain.spark import connect_session
 from tests.integration.test_services import _own_env, cli, processes_under
 
-# About 100 s on two cores: the server's start, a cold server's first MERGEs, a second server for the CLI.
 pytestmark = pytest.mark.slow
 
 TXN_APP = "spark.databricks.delta.write.txnAppId"
@@ -182,3 +182,119 @@ def test_services_up_status_down_through_the_cli(tmp_path):
     assert not port_open(port)
     assert processes_under(home) == []
     assert cli(env, "services", "status", "--only", "spark_connect").returncode == 3
+
+
+# -- drains through the server -------------------------------------------------------------------------
+
+def remote_drain(path: Path, pipeline: str, url: str, env: dict | None = None, args: tuple[str, ...] = ()):
+    """`deltadrain drain --remote URL` in a process of its own: a Connect client as an Airflow task is."""
+    from tests.integration.helpers import cli_drain
+
+    return cli_drain(path, pipeline, env, args=("--remote", url, *args))
+
+
+def summary_of(out: str) -> dict:
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_a_valkey_and_a_kafka_pipeline_drain_at_once_on_one_server_each_exactly_once(
+        spark_connect_server, kafka_broker, valkey_server, cfg, tmp_path, spark):
+    """Two clients, two pipelines, one server, at the same moment: each run's app transaction and views
+    are its session's, so each table ends with its own messages once and its own checkpoint."""
+    from deltadrain.checkpoint import read_checkpoint
+    from deltadrain.dev.produce import MALFORMED_KINDS, produce
+    from deltadrain.sources.valkey.client import valkey_client
+    from tests.integration import test_kafka_drain as kafka
+    from tests.integration.helpers import assert_exactly_once, make_pipeline
+
+    url = spark_connect_url(cfg)
+    vpath, vc, vp = make_pipeline(tmp_path / "v", min_idle_ms=0, batch_cap=2000)
+    kpath, kc, kp = kafka.make_kafka_pipeline(tmp_path / "k", partitions=2, batch_cap=2000)
+    vsent = produce(vc, vp, 1500, seed=51, malformed_ratio=0.05)
+    ksent = produce(kc, kp, 1500, seed=52, malformed_ratio=0.05)
+    runs = [remote_drain(vpath, vp.name, url), remote_drain(kpath, kp.name, url)]
+    outs = [run.communicate(timeout=600) for run in runs]
+    for run, (_, err) in zip(runs, outs, strict=True):
+        assert run.returncode == 0, err[-3000:]
+    vsum, ksum = (summary_of(out) for out, _ in outs)
+    assert (vsum["outcome"], vsum["batch"], vsum["claimed"]) == ("committed", 1, 1500)
+    assert (ksum["outcome"], ksum["batch"], ksum["claimed"]) == ("committed", 1, 1500)
+    client = valkey_client(vc, vp)
+    assert_exactly_once(spark, vc, vp, client, vsent.valid_ids, vsent.bad_places(MALFORMED_KINDS))
+    valid, fallback, bad = kafka.expected_counts(ksent)
+    kafka.assert_exactly_once(spark, kc, kp, valid, fallback, bad)
+    assert read_checkpoint(spark, str(kc.target_path(kp)), kp.name).positions == kafka.end_offsets(kc, kp)
+    # Each commit carries its own pipeline's app transaction and no other.
+    from deltalake import DeltaTable
+
+    for c, p, other in ((vc, vp, kp), (kc, kp, vp)):
+        table = DeltaTable(str(c.target_path(p)))
+        assert table.transaction_version(p.name) == 1 and table.transaction_version(other.name) is None
+
+
+def test_a_client_killed_during_its_merge_loses_and_doubles_nothing(spark_connect_server, valkey_server, cfg,
+                                                                      tmp_path, spark):
+    """The task's process SIGKILLed while the server runs its MERGE (into the table its first batch made):
+    the server may commit after the client is gone, while the next run already drains. Either way every
+    message lands once and nothing stays pending."""
+    from deltadrain.checkpoint import find_commit
+    from deltadrain.dev.produce import MALFORMED_KINDS, produce
+    from deltadrain.failpoints import fired
+    from deltadrain.sources.valkey.client import valkey_client
+    from tests.integration.helpers import assert_exactly_once, drain_until_done, make_pipeline
+
+    path, c, p = make_pipeline(tmp_path, min_idle_ms=0, batch_cap=1500, partitions=1)
+    client = valkey_client(c, p)
+    sent = produce(c, p, 3000, seed=53, malformed_ratio=0.05)
+    env = {"DELTADRAIN_FAILPOINT": "during_merge", "DELTADRAIN_FAILPOINT_SKIP": "1",
+           "DELTADRAIN_FAILPOINT_DELAY_MS": "300"}
+    killed = remote_drain(path, p.name, spark_connect_url(cfg), env, args=("--max-batches", "2"))
+    _, err = killed.communicate(timeout=600)
+    assert killed.returncode == -9 and fired("during_merge") in err, err[-3000:]
+    drain_until_done(c, p, spark, client)  # a local driver: a competing writer to the server's MERGE
+    # Whoever committed batch 2 (the killed client's MERGE or the next run), its rows are in the table once.
+    assert find_commit(str(c.target_path(p)), p.name, 2) is not None
+    assert_exactly_once(spark, c, p, client, sent.valid_ids, sent.bad_places(MALFORMED_KINDS))
+
+
+def test_a_server_killed_mid_batch_fails_the_run_clearly_and_after_up_the_next_runs_finish_once(
+        spark_connect_server, valkey_server, cfg, tmp_path, spark):
+    """The server SIGKILLed while a run holds its claims (held before its commit), then started again, as
+    `services up` does: the run fails with the server's error instead of hanging, commits nothing, and the
+    next run on the new server drains everything once."""
+    from deltadrain.checkpoint import read_checkpoint
+    from deltadrain.dev.produce import MALFORMED_KINDS, produce
+    from deltadrain.dev.services import up
+    from deltadrain.lake import exists
+    from deltadrain.sources.valkey.client import valkey_client
+    from tests.integration.helpers import assert_exactly_once, make_pipeline, pending, wait_held
+
+    path, c, p = make_pipeline(tmp_path, min_idle_ms=0, batch_cap=5000, partitions=2)
+    client = valkey_client(c, p)
+    sent = produce(c, p, 2000, seed=54, malformed_ratio=0.05)
+    release = tmp_path / "release"
+    url = spark_connect_url(cfg)
+    held = remote_drain(path, p.name, url, {"DELTADRAIN_PAUSE_BEFORE_COMMIT_MS": "300000",
+                                            "DELTADRAIN_PAUSE_BEFORE_COMMIT_UNTIL": str(release)})
+    # Held before its commit: its claims made, its dead letters written.
+    wait_held(held, lambda: pending(client, p) == 2000 and exists(str(c.dlq_path(p))), 300, "the run's claims")
+    server = psutil.Process(spark_connect_server.pid())
+    family = [server, *server.children(recursive=True)]
+    for proc in family:
+        proc.kill()
+    psutil.wait_procs(family, timeout=30)
+    with pytest.MonkeyPatch.context() as env:
+        env.delenv("DELTADRAIN_DRIVER_JAVA_OPTIONS", raising=False)
+        assert up(cfg, ["spark_connect"])[0]["result"] == "started"
+    release.touch()
+    out, err = held.communicate(timeout=300)
+    assert held.returncode != 0, out
+    error = err.strip().splitlines()[-1]
+    assert error.startswith("deltadrain: error: the Spark Connect server went away during the run"), err[-3000:]
+    assert read_checkpoint(spark, str(c.target_path(p)), p.name).batch == 0
+    assert pending(client, p) == 2000  # nothing acknowledged
+    again = remote_drain(path, p.name, url)
+    out, err = again.communicate(timeout=600)
+    assert again.returncode == 0, err[-3000:]
+    assert summary_of(out)["outcome"] == "committed"
+    assert_exactly_once(spark, c, p, client, sent.valid_ids, sent.bad_places(MALFORMED_KINDS))

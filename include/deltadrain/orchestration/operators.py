@@ -70,6 +70,7 @@ class DeltadrainSparkOperator(SparkSubmitOperator):
         self._tail: list[str] = []
         self._handed: dict[str, str] = {}  # AIRFLOW_CONN_* this run hands the job (execute)
         self._session = None  # the Connect session while a connect run is under way (on_kill interrupts it)
+        self._via_connect = False
 
     # -- what the job gets ------------------------------------------------------------------------
 
@@ -167,6 +168,7 @@ class DeltadrainSparkOperator(SparkSubmitOperator):
         from deltadrain.jobs import run
         from deltadrain.spark import connect_session, connect_url
 
+        self._via_connect = True
         url = connect_url(conn_id)
         self.log.info("deltadrain: %s of %s through Spark Connect (connection %r)", self.job, self.subject, conn_id)
         self._session = connect_session(url, purpose=f"deltadrain {self.job} of {self.subject}",
@@ -188,8 +190,8 @@ class DeltadrainSparkOperator(SparkSubmitOperator):
             raise DeltadrainJobFailed(f"deltadrain {self.job} of {self.subject} failed: {result.error}")
 
     def on_kill(self) -> None:
-        if self._session is None:
-            super().on_kill()
+        if not self._via_connect:
+            super().on_kill()  # SparkSubmitHook: SIGKILL to spark-submit
             return
         from deltadrain.drain import stop_as_killed
 
