@@ -36,6 +36,10 @@ SPARK_TYPES = {"string", "long", "int", "integer", "double", "float", "boolean",
 CRON_PRESETS = ("@hourly", "@daily", "@weekly", "@monthly", "@quarterly", "@yearly")  # Airflow's
 
 
+# An ingest DAG that starts its next run as soon as one ends (Airflow's continuous timetable).
+CONTINUOUS = "@continuous"
+
+
 def _schedule(v: str | None) -> str | None:
     """A cron expression or one of Airflow's presets, checked here rather than as a broken DAG."""
     if v is None or v in CRON_PRESETS:
@@ -61,8 +65,13 @@ def _not_negative(v: timedelta) -> timedelta:
     return v
 
 
+def _ingest_schedule(v):
+    return v if v == CONTINUOUS else _schedule(v)
+
+
 # Checked field types: the error names the field like any other (parse_config).
 Schedule = Annotated[str | None, AfterValidator(_schedule)]
+IngestSchedule = Annotated[str | None, AfterValidator(_ingest_schedule)]
 PositiveDuration = Annotated[timedelta, AfterValidator(_positive)]
 NonNegativeDuration = Annotated[timedelta, AfterValidator(_not_negative)]
 
@@ -315,7 +324,9 @@ class PipelineConfig(_Model):
     dedup_window: NonNegativeDuration = timedelta(days=7)
     max_message_bytes: int = Field(1_048_576, ge=64)
     quality: QualityConfig = QualityConfig()
-    schedule: Schedule = "*/5 * * * *"
+    # A cron expression, a preset, or "@continuous": the next run starts when one ends, and its sensor
+    # waits for work (docs/airflow.md, "Event-driven ingest").
+    schedule: IngestSchedule = "*/5 * * * *"
     airflow: AirflowSettings = AirflowSettings()
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)

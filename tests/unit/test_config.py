@@ -289,6 +289,21 @@ def test_schedules_take_cron_and_airflows_presets():
     assert "field 'maintenance.schedule': 'daily' is not a cron expression" in error_of(data)
 
 
+def test_an_ingest_schedule_may_be_continuous_and_its_dag_then_runs_back_to_back():
+    from airflow.sdk.definitions.timetables.simple import ContinuousTimetable
+
+    from deltadrain.names import ingest_dag_id
+    from deltadrain.orchestration.factory import build_dags
+
+    data = example()
+    data["pipelines"][0]["schedule"] = "@continuous"
+    cfg = parse_config(data, Path("x.yaml"))
+    dag = build_dags(cfg)[ingest_dag_id(cfg.pipelines[0].name)]
+    assert isinstance(dag.timetable, ContinuousTimetable) and dag.max_active_runs == 1
+    data["maintenance"]["schedule"] = "@continuous"  # the other DAGs run on a clock
+    assert "field 'maintenance.schedule': '@continuous' is not a cron expression" in error_of(data)
+
+
 def test_field_names_that_would_break_the_tables_sql_or_shadow_deltadrains_columns_are_refused():
     for bad in ("a`b", "_dd_batch", " "):
         data = example()

@@ -16,7 +16,7 @@ from datetime import timedelta
 
 from airflow.sdk import DAG, Asset, CronDataIntervalTimetable, Param, task
 
-from deltadrain.config import DeltadrainConfig, PipelineConfig, load_config
+from deltadrain.config import CONTINUOUS, DeltadrainConfig, PipelineConfig, load_config
 from deltadrain.names import (
     MAINTENANCE_DAG,
     QUALITY_DAG,
@@ -48,8 +48,12 @@ def _config_arg(cfg: DeltadrainConfig) -> str | None:
 
 def ingest_dag(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> DAG:
     af = pipeline.airflow
-    # An interval timetable: every run has a data interval, which is what a backfill run re-reads.
-    schedule = CronDataIntervalTimetable(pipeline.schedule, timezone="UTC") if pipeline.schedule else None
+    # An interval timetable: every run has a data interval, which is what a backfill run re-reads. Or
+    # continuous: a run starts as soon as the last one ended, and its sensor waits for the next work.
+    if pipeline.schedule in (None, CONTINUOUS):
+        schedule = pipeline.schedule
+    else:
+        schedule = CronDataIntervalTimetable(pipeline.schedule, timezone="UTC")
     doc = (f"Drains **{pipeline.name}** ({pipeline.source.kind}) into `{cfg.target_path(pipeline)}` "
            f"exactly once; dead letters in `{cfg.dlq_path(pipeline)}`.\n\n"
            "- a scheduled or manual run waits for new messages, stuck claims or a gap, then drains one batch, or up "
