@@ -122,3 +122,12 @@ def test_a_client_session_carries_the_runtime_confs_deltadrain_relies_on():
     # Static confs are the server's: a session cannot set them.
     assert not {"spark.sql.extensions", "spark.jars", "spark.driver.memory"} & set(conf)
     assert session_conf({"spark.sql.shuffle.partitions": "8"})["spark.sql.shuffle.partitions"] == "8"
+
+
+def test_a_missing_connect_connection_names_the_fix(monkeypatch):
+    from deltadrain.errors import PrerequisiteError
+    from deltadrain.spark import connect_url
+
+    monkeypatch.delenv("AIRFLOW_CONN_NO_SUCH_SERVER", raising=False)
+    with pytest.raises(PrerequisiteError, match="Airflow has no connection 'no_such_server'.*deltadrain services up"):
+        connect_url("no_such_server")
