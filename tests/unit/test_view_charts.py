@@ -66,7 +66,8 @@ def test_many_runs_are_merged_into_buckets_that_keep_the_totals():
 
 
 def test_the_charts_draw_a_point_or_bar_per_value_and_say_when_there_is_none():
-    runs = [run(30, 1, dead=2), run(20, 2), run(10, 3, timings={"claim": 0.5, "weird step": 0.2})]
+    runs = [run(30, 1, dead=2, backlog=0), run(20, 2, backlog=0),
+            run(10, 3, timings={"claim": 0.5, "weird step": 0.2}, backlog=0)]
     charts = {c["id"]: c for c in charts_svg(chart_data("orders", "1d", runs, [check(1, 5, success=False,
                                                                                         unexpected=3)], NOW))}
     assert list(charts) == ["throughput", "lag", "batch_seconds", "dead_letters", "quality"]
@@ -79,6 +80,8 @@ def test_the_charts_draw_a_point_or_bar_per_value_and_say_when_there_is_none():
     assert "weird step 0.2 s" in charts["batch_seconds"]["svg"]
     # Colours come from the page's CSS (light or dark): no colour is written into the SVG.
     assert not re.search(r'(fill|stroke)="#', "".join(c["svg"] for c in charts.values()))
+    # Counts are ticked in whole numbers, even when they are all 0.
+    assert re.findall(r'class="tick" x="50" y="[\d.]+" text-anchor="end">([^<]+)<', charts["lag"]["svg"]) == ["0", "1"]
     empty = line_svg("Lag", "msgs", [], "lag", 0, 1)
     assert "no runs in this window" in empty and "<circle" not in empty
 
@@ -164,6 +167,8 @@ def test_the_page_and_the_json_endpoint_serve_the_charts(charted, client_for):
     assert page.count('<circle class="pt"') == 4  # two runs in the day, on two line charts
     assert '<script src="../static/theme.js">' in page and "http" not in page.split("<body>")[0]
     assert client.get("/static/theme.js").headers["content-type"].startswith("text/javascript")
+    assert client.get("/static/icon.svg").headers["content-type"].startswith("image/svg+xml")
+    assert client.get("/static/app.py").status_code == 404  # only the files it names
     assert client_for(FakeAuth(allow_read=False)).get(f"/api/pipelines/{name}/charts").status_code == 403
 
 
@@ -179,3 +184,4 @@ def test_a_dags_tab_shows_its_pipeline_or_says_it_drains_none(charted, client_fo
     assert client_for(FakeAuth(allow_read=False)).get(f"/dags/{ingest_dag_id(name)}").status_code == 403
     assert {v["destination"]: v["href"] for v in EXTERNAL_VIEWS} == {"nav": "/deltadrain/",
                                                                      "dag": "/deltadrain/dags/{DAG_ID}"}
+    assert len({v["url_route"] for v in EXTERNAL_VIEWS}) == 2  # Airflow drops a view whose route is taken

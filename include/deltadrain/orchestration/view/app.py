@@ -40,11 +40,12 @@ log = logging.getLogger(__name__)
 URL_PREFIX = "/deltadrain"
 TEMPLATES = Path(__file__).resolve().parents[2] / "resources" / "view"
 STATIC = TEMPLATES / "static"
+STATIC_FILES = {"theme.js": "text/javascript", "icon.svg": "image/svg+xml", "icon-dark.svg": "image/svg+xml"}
 # The plugin's views in Airflow's UI (plugins/deltadrain_view.py): the navigation entry, and a tab on
 # every DAG's page that shows the pipeline of an ingest DAG ({DAG_ID} is filled in by the UI).
 EXTERNAL_VIEWS = [
     {"name": "deltadrain", "href": f"{URL_PREFIX}/", "destination": "nav", "url_route": "deltadrain",
-     "category": "browse"},
+     "nav_top_level": True, "icon": f"{URL_PREFIX}/static/icon.svg", "icon_dark_mode": f"{URL_PREFIX}/static/icon-dark.svg"},
     {"name": "deltadrain", "href": f"{URL_PREFIX}/dags/{{DAG_ID}}", "destination": "dag",
      "url_route": "deltadrain-pipeline"},
 ]
@@ -144,10 +145,13 @@ def create_app():
         cfg = load_cfg()
         return pipeline_summaries(cfg, [p for p in cfg.pipelines if readable(user, p)])
 
-    @app.get("/static/theme.js")
-    def theme_js(user=user_dep):
-        """The pages' one script (follows Airflow's light or dark theme): served here, nothing from the internet."""
-        return Response((STATIC / "theme.js").read_text(), media_type="text/javascript",
+    @app.get("/static/{name}")
+    def static(name: str, user=user_dep):
+        """The pages' one script (it follows Airflow's light or dark theme) and the navigation's icons:
+        served here, nothing comes from the internet."""
+        if name not in STATIC_FILES:
+            raise HTTPException(404, f"no {name!r}")
+        return Response((STATIC / name).read_text(), media_type=STATIC_FILES[name],
                         headers={"Cache-Control": "private, max-age=300"})
 
     @app.get("/", response_class=HTMLResponse)

@@ -187,16 +187,19 @@ def _failed(check: dict) -> list[str]:
 # -- drawing (pure) ------------------------------------------------------------------------------------
 
 W, H = 560, 210
-PAD_L, PAD_R, PAD_T, PAD_B = 56, 14, 12, 34
+PAD_L, PAD_R, PAD_T, PAD_B = 56, 14, 22, 34
 
 
-def _nice(top: float) -> tuple[float, float]:
-    """(axis maximum, tick step) for values up to `top`: 1, 2 or 5 times a power of ten, about 4 ticks."""
+def _nice(top: float, whole: bool = False) -> tuple[float, float]:
+    """(axis maximum, tick step) for values up to `top`: 1, 2 or 5 times a power of ten, about 4 ticks;
+    `whole`: counts, whose steps are whole numbers."""
     if top <= 0:
-        return 1.0, 0.25
+        return (1.0, 1.0) if whole else (1.0, 0.25)
     raw = top / 4
     power = 10 ** math.floor(math.log10(raw))
     step = next(m * power for m in (1, 2, 2.5, 5, 10) if m * power >= raw)
+    if whole:
+        step = max(1.0, math.ceil(step))
     return step * math.ceil(top / step - 1e-9), step
 
 
@@ -222,10 +225,10 @@ def _time_ticks(t0: float, t1: float) -> list[tuple[float, str]]:
     return [(t, datetime.fromtimestamp(t, UTC).strftime(fmt)) for t in range(int(first), int(t1) + 1, int(step))]
 
 
-def _frame(title: str, unit: str, top: float, chart_id: str) -> tuple[list[str], float, callable]:
+def _frame(title: str, unit: str, top: float, chart_id: str, whole: bool = False):
     """The SVG's opening, its y grid up to `top` and the y scale."""
     height = H - PAD_T - PAD_B
-    axis_max, step = _nice(top)
+    axis_max, step = _nice(top, whole)
 
     def sy(v: float) -> float:
         return PAD_T + height - height * v / axis_max
@@ -237,7 +240,7 @@ def _frame(title: str, unit: str, top: float, chart_id: str) -> tuple[list[str],
         v = i * step
         parts.append(f'<line class="grid" x1="{PAD_L}" x2="{W - PAD_R}" y1="{sy(v):.1f}" y2="{sy(v):.1f}"/>'
                      f'<text class="tick" x="{PAD_L - 6}" y="{sy(v) + 4:.1f}" text-anchor="end">{_num(v)}</text>')
-    parts.append(f'<text class="unit" x="{PAD_L - 6}" y="{PAD_T - 2}" text-anchor="end">{html.escape(unit)}</text>')
+    parts.append(f'<text class="unit" x="{PAD_L - 6}" y="{PAD_T - 10}" text-anchor="end">{html.escape(unit)}</text>')
     return parts, axis_max, sy
 
 
@@ -253,7 +256,7 @@ def _when(t: str) -> str:
 
 
 def line_svg(title: str, unit: str, points: list[dict], chart_id: str, t0: float, t1: float,
-             why_empty: str = "no runs in this window") -> str:
+             why_empty: str = "no runs in this window", whole: bool = False) -> str:
     """A line over time of points {t, v, runs} between t0 and t1 (epoch seconds)."""
     if not points:
         return _empty(title, chart_id, why_empty)
@@ -261,7 +264,7 @@ def line_svg(title: str, unit: str, points: list[dict], chart_id: str, t0: float
     # From the first point (a little before), not the window's start: a pipeline that ran for an
     # hour is not squeezed into the right edge of a week.
     t0 = max(t0, min(times) - max((t1 - min(times)) * 0.05, 30))
-    parts, _, sy = _frame(title, unit, max(p["v"] for p in points), chart_id)
+    parts, _, sy = _frame(title, unit, max(p["v"] for p in points), chart_id, whole)
     width = W - PAD_L - PAD_R
 
     def sx(t: float) -> float:
@@ -280,12 +283,12 @@ def line_svg(title: str, unit: str, points: list[dict], chart_id: str, t0: float
 
 
 def bars_svg(title: str, unit: str, bars: list[dict], chart_id: str, stacked: tuple[str, ...] = (),
-             why_empty: str = "no batches in this window", note=None) -> str:
+             why_empty: str = "no batches in this window", note=None, whole: bool = False) -> str:
     """Bars per batch (or group of batches) {batch, first_batch, v[, steps]}; with `stacked`, each bar
     is split into those steps (what is left of v is drawn as "other")."""
     if not bars:
         return _empty(title, chart_id, why_empty)
-    parts, _, sy = _frame(title, unit, max(b["v"] for b in bars), chart_id)
+    parts, _, sy = _frame(title, unit, max(b["v"] for b in bars), chart_id, whole)
     width = W - PAD_L - PAD_R
     slot = width / len(bars)
     bar_w = max(min(slot * 0.7, 28), 1)
@@ -314,7 +317,8 @@ def bars_svg(title: str, unit: str, bars: list[dict], chart_id: str, stacked: tu
                          f'</title></rect>')
             if b["v"] == 0:  # a zero is still a batch: a tick on the axis says it is there
                 parts.append(f'<rect class="zero" x="{x:.1f}" y="{sy(0) - 1:.1f}" width="{bar_w:.1f}" height="2"/>')
-        if i % label_every == 0 or i == len(bars) - 1:
+        last = i == len(bars) - 1 and i % label_every >= label_every / 2  # not on top of the label before it
+        if i % label_every == 0 or last:
             parts.append(f'<text class="tick" x="{x + bar_w / 2:.1f}" y="{H - PAD_B + 16}" '
                          f'text-anchor="middle">{b["batch"]}</text>')
     parts.append(f'<text class="unit" x="{W - PAD_R}" y="{H - 4}" text-anchor="end">batch</text></svg>')
@@ -345,15 +349,15 @@ def charts_svg(data: dict) -> list[dict]:
          "svg": line_svg("Throughput", "msg/s", s["throughput"], "throughput", t0, t1)},
         {"id": "lag", "title": "Lag", "unit": "messages",
          "what": "messages left in the source after each run (PENDING + CLAIMED)",
-         "svg": line_svg("Lag", "msgs", s["lag"], "lag", t0, t1)},
+         "svg": line_svg("Lag", "msgs", s["lag"], "lag", t0, t1, whole=True)},
         {"id": "batch_seconds", "title": "Batch seconds", "unit": "s", "legend": legend(steps),
          "what": "each batch's run time, split into its steps",
          "svg": bars_svg("Batch seconds", "s", s["batch_seconds"], "batch_seconds", stacked=steps)},
         {"id": "dead_letters", "title": "Dead letters per batch", "unit": "messages",
          "what": "messages each batch sent to the dead-letter table",
-         "svg": bars_svg("Dead letters per batch", "msgs", s["dead_letters"], "dead_letters")},
+         "svg": bars_svg("Dead letters per batch", "msgs", s["dead_letters"], "dead_letters", whole=True)},
         {"id": "quality", "title": "Quality failures per batch", "unit": "rows",
          "what": "rows failing expectations in each checked batch's newest check (red: the check failed)",
          "svg": bars_svg("Quality failures per batch", "rows", s["quality"], "quality",
-                         why_empty="no batch checked in this window", note=failures)},
+                         why_empty="no batch checked in this window", note=failures, whole=True)},
     ]

@@ -18,6 +18,7 @@
   }
   apply();
   var p = parentRoot();
+  if (p) { root.setAttribute("data-framed", ""); }  // transparent over Airflow's own background
   if (p && window.MutationObserver) {
     new MutationObserver(apply).observe(p, { attributes: true, attributeFilter: ["class", "style"] });
   }
