@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 JARS  := .cache/jars
 LOG_STORE := jvm/logstore/pom.xml $(wildcard jvm/logstore/src/main/java/dev/deltadrain/storage/*.java)
 
-.PHONY: install venv jars jvm-archive demo test test-fast lint bench lock services-down clean
+.PHONY: install venv jars jvm-archive browser demo test test-fast lint bench lock services-down clean
 
 install: venv $(STAMP) jars jvm-archive
 
@@ -35,6 +35,10 @@ $(JARS)/spark/.complete $(JARS)/kafka/.complete &: jvm/spark/pom.xml jvm/kafka/p
 jvm-archive: jars
 	$(BIN)/deltadrain jvm-archive --optional
 
+# Headless Chromium (Debian's package) for the view's browser test; a no-op when it is installed.
+browser:
+	@scripts/ensure-chromium
+
 # Installs, starts Valkey, Kafka and Airflow, produces sample events, ingests them, prints where to look.
 demo: install
 	$(BIN)/deltadrain demo
@@ -42,7 +46,7 @@ demo: install
 # The whole suite, slow end-to-end tests included (CI runs exactly this), on two workers: each has
 # its own services, Spark session and Airflow DB (tests/conftest.py). TEST_WORKERS=0 runs it in one process.
 TEST_WORKERS ?= 2
-test: install
+test: install browser
 	$(BIN)/ruff check .
 	DELTADRAIN_REQUIRE_ALL_TESTS=1 $(BIN)/pytest -n $(TEST_WORKERS) --dist worksteal
 

@@ -16,8 +16,9 @@ import pytest
 from deltadrain.airflow_api import embedded_api
 from deltadrain.dev import services
 from deltadrain.dev.produce import VALKEY_FIELD, produce
-from deltadrain.names import REPLAY_DAG
+from deltadrain.names import REPLAY_DAG, ingest_dag_id
 from deltadrain.sources.valkey.client import valkey_client
+from tests.integration.browser import Browser, artefacts_dir
 from tests.integration.helpers import dlq_rows, drain_until_done, make_pipeline, target_ids
 
 SCRIPT = b"<script>alert('dd')</script> is not JSON"
@@ -60,17 +61,20 @@ def test_view_shows_real_counts_and_replays_selected(tmp_path, spark, valkey_ser
         token = api.token()
         base = f"{api.base_url}/deltadrain"
         page, data = f"{base}/pipelines/{p.name}", f"{base}/api/pipelines/{p.name}"
+        charts = f"{data}/charts"
 
         # Authentication is required everywhere: none -> 401, a forged token -> 403.
-        for url in (f"{base}/", page, data, f"{base}/api/pipelines", f"{base}/api/overview"):
+        for url in (f"{base}/", page, data, f"{base}/api/pipelines", f"{base}/api/overview", charts,
+                    f"{base}/dags/{ingest_dag_id(p.name)}", f"{base}/static/theme.js"):
             assert http("GET", url)[0] == 401, url
             assert http("GET", url, token="not-a-jwt")[0] in (401, 403), url
         assert http("POST", f"{page}/replay", body=b"entry=x@1-0",
                     headers={"Content-Type": "application/x-www-form-urlencoded"})[0] == 401
-        # The nav entry is registered with the UI.
+        # The nav entry and the DAGs' tab are registered with the UI.
         plugins = api.call("GET", "/api/v2/plugins")["plugins"]
         ours = next(x for x in plugins if x["name"] == "deltadrain_view")
-        assert ours["external_views"][0]["href"] == "/deltadrain/" and ours["fastapi_apps"]
+        assert {v["destination"]: v["href"] for v in ours["external_views"]} == {
+            "nav": "/deltadrain/", "dag": "/deltadrain/dags/{DAG_ID}"} and ours["fastapi_apps"]
 
         began = time.monotonic()
         status, body, _ = http("GET", data, token=token)
@@ -111,6 +115,15 @@ def test_view_shows_real_counts_and_replays_selected(tmp_path, spark, valkey_ser
         summary = next(r for r in json.loads(body)["pipelines"] if r["pipeline"] == p.name)
         assert (summary["lag"], summary["DEAD"], summary["source_note"], summary["lake_note"]) == (0, dead, None, None)
         assert (summary["last_committed"]["batch"], summary["last_committed"]["quality"]) == (last, None)
+
+        # The charts' data: every run of the drains above, the dead letters they wrote per batch.
+        status, body, _ = http("GET", f"{charts}?window=1d", token=token)
+        assert status == 200, body
+        series = json.loads(body)["series"]
+        assert series["throughput"] and series["lag"] and series["batch_seconds"]
+        assert sum(b["v"] for b in series["dead_letters"]) == dead, series["dead_letters"]
+        assert all(b["steps"] for b in series["batch_seconds"] if b["outcome"] == "committed")
+        see_in_a_browser(tmp_path, api, p, dead)
 
         rows = dlq_rows(spark, c, p)
         poison = next(r for r in rows if r.message_id == result.poison_ids[0])
@@ -159,3 +172,52 @@ def test_view_shows_real_counts_and_replays_selected(tmp_path, spark, valkey_ser
         assert status == 400 and "not DEAD" in body, body
     finally:
         services.down(c, ["airflow"])
+
+
+def see_in_a_browser(tmp_path, api, p, dead: int) -> None:
+    """The view as a user sees it in Airflow's UI, in a real headless Chromium: logged in through
+    Airflow's login page, the index from the navigation entry and the pipeline from its ingest DAG's
+    tab (light and dark), with their charts drawn; screenshots kept as the test's artefacts."""
+    began, shots = time.monotonic(), artefacts_dir(tmp_path, "test_view")
+    frame = "document.querySelector('iframe[title=\"deltadrain\"]')?.contentDocument"
+    browser = Browser(tmp_path / "chromium")
+    try:
+        browser.go(f"{api.base_url}/auth/login/?next={urllib.parse.quote(api.base_url + '/')}")
+        browser.wait_for("document.querySelector('input[name=\"username\"]')", what="Airflow's login form")
+        for field, value in (("username", api.username), ("password", api.password)):
+            browser.evaluate(f"document.querySelector('input[name=\"{field}\"]').focus()")
+            browser.call("Input.insertText", text=value)
+        browser.evaluate("document.querySelector('button[type=\"submit\"]').click()")
+        browser.wait_for("document.cookie !== undefined && location.pathname.indexOf('/auth/') < 0",
+                         what="the login to go through")
+
+        # Airflow's navigation has a deltadrain entry: it opens the index inside Airflow's frame.
+        entry = "document.querySelector('nav a[href$=\"/plugin/deltadrain\"], a[href$=\"/plugin/deltadrain\"]')"
+        browser.wait_for(entry, what="a deltadrain entry in Airflow's navigation")
+        browser.evaluate(f"{entry}.click()")
+        browser.wait_for(f"{frame}?.querySelector('#pipeline-{p.name}')", what="the index in Airflow's frame")
+        browser.screenshot(shots / "index_in_airflow.png")
+
+        # The ingest DAG's tab shows the pipeline's page, its charts drawn with the drains' data.
+        api.wait_for_dag(ingest_dag_id(p.name), timeout=300)
+        tab = f"{api.base_url}/dags/{ingest_dag_id(p.name)}/plugin/deltadrain-pipeline"
+        for theme in ("light", "dark"):
+            browser.evaluate(f"localStorage.setItem('theme', '{theme}')")  # Airflow's own theme switch
+            browser.go(tab)
+            browser.wait_for(f"{frame}?.querySelector('#chart-throughput circle.pt')", what="the charts in the DAG's tab")
+            points = browser.evaluate(f"{frame}.querySelectorAll('#chart-throughput circle.pt').length")
+            bars = browser.evaluate(f"[...{frame}.querySelectorAll('#chart-dead_letters rect.bar')]"
+                                    ".reduce((n, r) => n + Number(r.dataset.v), 0)")
+            assert points >= 1 and bars == dead, (points, bars)
+            # The frame follows Airflow's theme.
+            assert browser.evaluate(f"{frame}.documentElement.dataset.theme") == theme
+            browser.screenshot(shots / f"pipeline_in_dag_tab_{theme}.png")
+        # The whole page on its own (the frame scrolls inside Airflow's).
+        browser.go(f"{api.base_url}/deltadrain/pipelines/{p.name}")
+        browser.wait_for("document.querySelector('#chart-lag circle.pt')", what="the pipeline page")
+        browser.screenshot(shots / "pipeline_page.png", full_page=True)
+        # Nothing was fetched from anywhere but Airflow.
+        assert browser.requested_hosts() == {urllib.parse.urlsplit(api.base_url).netloc}, browser.requested_hosts()
+        print(f"browser: {time.monotonic() - began:.1f}s, screenshots in {shots}")
+    finally:
+        browser.close()

@@ -117,8 +117,8 @@ def test_links_to_airflows_pages_stay_under_the_path_airflow_is_served_at():
     for here in ("http://h:8080/deltadrain/pipelines/orders", "https://h/airflow/deltadrain/pipelines/orders"):
         root = here.split("deltadrain/pipelines")[0]
         assert sorted(urljoin(here, link) for link in links) == [
-            f"{root}dags/deltadrain__maintenance", f"{root}dags/deltadrain__orders__ingest",
-            f"{root}dags/deltadrain__replay/runs/manual__1"]
+            f"{root}dags/deltadrain__maintenance", f"{root}dags/deltadrain__orders__ingest",  # the crumbs' DAG link
+            f"{root}dags/deltadrain__orders__ingest", f"{root}dags/deltadrain__replay/runs/manual__1"]
 
 
 def test_a_replay_that_cannot_reach_airflow_is_a_502_with_the_reason(client_for, cfg, monkeypatch):

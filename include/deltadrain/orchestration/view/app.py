@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import urllib.parse
+from datetime import datetime
 from pathlib import Path
 
 from fastapi import Request  # module level: FastAPI resolves the (postponed) annotations in this module
@@ -31,12 +32,23 @@ from deltadrain.orchestration.view.actions import (
     same_origin,
     trigger_replays,
 )
+from deltadrain.orchestration.view.charts import WINDOW_NAMES, WINDOWS, charts_svg, pipeline_charts, window_of
 from deltadrain.orchestration.view.data import _jsonable, pipeline_summaries, pipeline_view
 
 log = logging.getLogger(__name__)
 
 URL_PREFIX = "/deltadrain"
 TEMPLATES = Path(__file__).resolve().parents[2] / "resources" / "view"
+STATIC = TEMPLATES / "static"
+STATIC_FILES = {"theme.js": "text/javascript", "icon.svg": "image/svg+xml", "icon-dark.svg": "image/svg+xml"}
+# The plugin's views in Airflow's UI (plugins/deltadrain_view.py): the navigation entry, and a tab on
+# every DAG's page that shows the pipeline of an ingest DAG ({DAG_ID} is filled in by the UI).
+EXTERNAL_VIEWS = [
+    {"name": "deltadrain", "href": f"{URL_PREFIX}/", "destination": "nav", "url_route": "deltadrain",
+     "nav_top_level": True, "icon": f"{URL_PREFIX}/static/icon.svg", "icon_dark_mode": f"{URL_PREFIX}/static/icon-dark.svg"},
+    {"name": "deltadrain", "href": f"{URL_PREFIX}/dags/{{DAG_ID}}", "destination": "dag",
+     "url_route": "deltadrain-pipeline"},
+]
 
 
 def load_cfg() -> DeltadrainConfig:
@@ -90,7 +102,7 @@ def create_app():
     from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity, DagDetails
     from airflow.api_fastapi.core_api.security import get_user
     from fastapi import Depends, FastAPI, HTTPException
-    from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
+    from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
     from deltadrain.errors import DeltadrainError
 
@@ -123,13 +135,46 @@ def create_app():
             raise HTTPException(400, "state must be DEAD, REPLAYED or all")
         return None if state == "all" else state
 
+    def window_arg(window: str) -> str:
+        name = window_of(window)
+        if name is None:
+            raise HTTPException(400, f"window must be one of {', '.join(WINDOWS)}")
+        return name
+
     def overview(user) -> list[dict]:
         cfg = load_cfg()
         return pipeline_summaries(cfg, [p for p in cfg.pipelines if readable(user, p)])
 
+    @app.get("/static/{name}")
+    def static(name: str, user=user_dep):
+        """The pages' one script (it follows Airflow's light or dark theme) and the navigation's icons:
+        served here, nothing comes from the internet."""
+        if name not in STATIC_FILES:
+            raise HTTPException(404, f"no {name!r}")
+        return Response((STATIC / name).read_text(), media_type=STATIC_FILES[name],
+                        headers={"Cache-Control": "private, max-age=300"})
+
     @app.get("/", response_class=HTMLResponse)
     def index(user=user_dep):
-        return templates.get_template("index.html.j2").render(pipelines=overview(user))
+        return templates.get_template("index.html.j2").render(pipelines=overview(user), static="static")
+
+    @app.get("/dags/{dag_id}", response_class=HTMLResponse)
+    def dag_tab(dag_id: str, user=user_dep):
+        """The tab on a DAG's page: an ingest DAG's pipeline page; any other DAG is named as none."""
+        cfg = load_cfg()
+        pipeline = next((p for p in cfg.pipelines if ingest_dag_id(p.name) == dag_id), None)
+        if pipeline is not None:
+            find(cfg, pipeline.name, user)
+            return RedirectResponse(f"../pipelines/{urllib.parse.quote(pipeline.name)}", status_code=303)
+        return templates.get_template("not_ingest.html.j2").render(
+            dag_id=dag_id, pipelines=[p.name for p in cfg.pipelines if readable(user, p)], static="../static")
+
+    @app.get("/api/pipelines/{name}/charts")
+    def charts_json(name: str, user=user_dep, window: str = "1d"):
+        """The pipeline's chart series over the last day (1d) or week (7d)."""
+        cfg = load_cfg()
+        pipeline = find(cfg, name, user)
+        return JSONResponse(_jsonable(pipeline_charts(cfg, pipeline, window_arg(window))))
 
     @app.get("/api/pipelines")
     def list_pipelines(user=user_dep):
@@ -147,12 +192,23 @@ def create_app():
         return JSONResponse(_jsonable(pipeline_view(cfg, pipeline, state_arg(state), max(1, min(limit, 1000)))))
 
     @app.get("/pipelines/{name}", response_class=HTMLResponse)
-    def pipeline_page(name: str, user=user_dep, state: str = "DEAD", limit: int = 100, triggered: str = ""):
+    def pipeline_page(name: str, user=user_dep, state: str = "DEAD", limit: int = 100, triggered: str = "",
+                      window: str = "1d"):
         cfg = load_cfg()
         pipeline = find(cfg, name, user)
+        window = window_arg(window)
         data = pipeline_view(cfg, pipeline, state_arg(state), max(1, min(limit, 1000)))
+        try:
+            chart = pipeline_charts(cfg, pipeline, window)
+            charts, chart_runs = charts_svg(chart), chart["runs"]
+            chart_from = datetime.fromisoformat(chart["from"])
+        except Exception:  # the page still shows the counts
+            log.exception("deltadrain view: the charts of pipeline %s could not be read", pipeline.name)
+            charts, chart_runs, chart_from = [], None, None
         return templates.get_template("pipeline.html.j2").render(
-            v=data, state=state, replay_dag=REPLAY_DAG, triggered=[r for r in triggered.split(",") if r][:MAX_RUNS])
+            v=data, state=state, replay_dag=REPLAY_DAG, triggered=[r for r in triggered.split(",") if r][:MAX_RUNS],
+            static="../static", window=window, window_name=WINDOW_NAMES[window], windows=WINDOW_NAMES,
+            charts=charts, chart_runs=chart_runs, chart_from=chart_from)
 
     @app.post("/pipelines/{name}/replay")
     async def replay_selected(name: str, request: Request, user=user_dep):
