@@ -323,7 +323,7 @@ def _bench(args) -> int:
 def _jars(args) -> int:
     from deltadrain import jars
 
-    for kind in jars.KINDS:
+    for kind in args.only.split(",") if args.only else jars.KINDS:
         print(f"{kind}: {jars.fetch(kind, quiet=not args.verbose)}")
     return 0
 
@@ -540,6 +540,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("jars", help="fetch the JVM artefacts into the jar cache (mvn)")
     p.add_argument("--verbose", action="store_true")
+    p.add_argument("--only", help="comma-separated subset of the jar kinds spark,kafka,s3,s3a (default: all)")
     p = sub.add_parser("jvm-archive", help="build the Spark driver's class-data archive from a small real "
                        "drain, so that drivers start faster (make install runs it)")
     p.add_argument("--force", action="store_true", help="build it again even if it is up to date")
