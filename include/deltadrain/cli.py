@@ -67,7 +67,7 @@ def _services(args) -> int:
     action = {"up": services.up, "down": services.down, "status": services.status}[args.action]
     rows = action(cfg, only)
     _print(rows, args.json)
-    if args.action == "up" and not args.json and "airflow" in services.select(only):
+    if args.action == "up" and not args.json and "airflow" in services.select(only, cfg):
         from deltadrain.embedded import airflow_login, airflow_password_file, ports
 
         user, password = airflow_login()
@@ -431,9 +431,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--config", help="pipeline config YAML (default: $DELTADRAIN_CONFIG or config/pipelines.yaml)")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("services", help="start, stop or check the embedded Valkey, Kafka and Airflow")
+    p = sub.add_parser("services", help="start, stop or check the embedded Valkey, Kafka, S3 server and Airflow")
     p.add_argument("action", choices=["up", "down", "status"])
-    p.add_argument("--only", help="comma-separated subset of valkey,kafka,airflow")
+    p.add_argument("--only", help="comma-separated subset of valkey,kafka,s3,airflow (default: all but s3, "
+                                  "unless data_dir is an s3a:// URL; down: all)")
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("pools", help="create or update the Airflow pool of every pipeline (after adding one); "

@@ -89,6 +89,7 @@ class ServicesConfig(_Model):
     kafka_port: int = Field(19092, ge=1, le=65535)
     kafka_controller_port: int = Field(19093, ge=1, le=65535)
     airflow_port: int = Field(8088, ge=1, le=65535)
+    s3_port: int = Field(19000, ge=1, le=65535)
     airflow_parallelism: int = Field(4, ge=1, le=64)
     kafka_heap: str = "512m"
 
