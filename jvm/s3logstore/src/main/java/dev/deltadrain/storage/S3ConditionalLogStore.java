@@ -53,18 +53,19 @@ public class S3ConditionalLogStore extends HadoopFileSystemLogStore {
       return;
     }
     try {
-      // createFile(...).overwrite(false): hadoop-aws refuses at once when the key is there already,
-      // and sends If-None-Match: * with the PUT at close(), which the store refuses atomically.
+      // The conditional PUT alone decides: hadoop-aws sends If-None-Match: * with the PUT at close(),
+      // which the store refuses atomically (412) when the key exists. overwrite(true) only skips
+      // hadoop-aws's own existence check, a second answer that could only be older.
       FSDataOutputStream out =
-          (FSDataOutputStream) fs.createFile(path).overwrite(false).must(CONDITIONAL_CREATE, true).build();
+          (FSDataOutputStream) fs.createFile(path).overwrite(true).must(CONDITIONAL_CREATE, true).build();
       try {
         out.write(bytes);
       } finally {
         out.close();
       }
     } catch (IOException e) {
-      // The key was there before (Hadoop's FileAlreadyExistsException), the PUT was refused (412:
-      // hadoop-aws's RemoteFileChangedException), or another failure after which the object is there.
+      // The PUT was refused (412: hadoop-aws's RemoteFileChangedException, the cause of what is thrown
+      // below), or another failure after which the object is there.
       if (!fs.exists(path)) {
         throw e;
       }
