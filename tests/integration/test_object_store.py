@@ -144,6 +144,8 @@ def test_spark_on_s3_creates_and_merges_and_two_drivers_racing_for_a_version_los
             time.sleep(0.02)
         (tmp_path / f"go{step}").touch()
     first, second = (result(p) for p in procs)
+    print("drivers' timings (s):", {k: v for k, v in first.items() if k.endswith("_s")},
+          {k: v for k, v in second.items() if k.endswith("_s")})
     merged = [[0, "first"], [1, "first"], [2, "first"], *[[i, "merged"] for i in range(3, 8)]]
     assert first["store"] == "dev.deltadrain.storage.S3ConditionalLogStore"
     assert first["rows"] == merged
