@@ -54,7 +54,7 @@ def pytest_configure(config):
     home = Path(tempfile.mkdtemp(prefix="deltadrain-test-"))
     os.environ["DELTADRAIN_HOME"] = str(home)
     os.environ.setdefault("DELTADRAIN_CONFIG", str(ROOT / "config" / "pipelines.yaml"))
-    for name in ("VALKEY", "KAFKA", "KAFKA_CONTROLLER", "AIRFLOW", "SPARK_CONNECT"):
+    for name in ("VALKEY", "KAFKA", "KAFKA_CONTROLLER", "AIRFLOW", "SPARK_CONNECT", "S3"):
         os.environ[f"DELTADRAIN_{name}_PORT"] = str(free_port())
     os.environ.setdefault("DELTADRAIN_DRIVER_MEMORY", "1g")
     # The suite starts a driver JVM per CLI drain, spark-submit and DAG run, each living seconds: C1
@@ -111,6 +111,12 @@ def spark_connect_server(cfg):
         services.up(cfg, ["spark_connect"])
     yield services.FACTORIES["spark_connect"](cfg)
     services.down(cfg, ["spark_connect"])
+
+
+@pytest.fixture(scope="session")
+def s3_server(cfg):
+    """The embedded S3 server (S3Proxy on files under this session's home), with its login."""
+    yield from _service(cfg, "s3")
 
 
 @pytest.fixture(scope="session")

@@ -67,7 +67,7 @@ def _services(args) -> int:
     action = {"up": services.up, "down": services.down, "status": services.status}[args.action]
     rows = action(cfg, only)
     _print(rows, args.json)
-    if args.action == "up" and not args.json and "airflow" in services.select(only):
+    if args.action == "up" and not args.json and "airflow" in services.select(only, cfg):
         from deltadrain.embedded import airflow_login, airflow_password_file, ports
 
         user, password = airflow_login()
@@ -330,7 +330,7 @@ def _bench(args) -> int:
 def _jars(args) -> int:
     from deltadrain import jars
 
-    for kind in jars.KINDS:
+    for kind in args.only.split(",") if args.only else jars.KINDS:
         print(f"{kind}: {jars.fetch(kind, quiet=not args.verbose)}")
     return 0
 
@@ -438,10 +438,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--config", help="pipeline config YAML (default: $DELTADRAIN_CONFIG or config/pipelines.yaml)")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("services", help="start, stop or check the embedded Valkey, Kafka, Spark Connect "
-                                       "server and Airflow")
+    p = sub.add_parser("services", help="start, stop or check the embedded Valkey, Kafka, S3 server, Spark "
+                                       "Connect server and Airflow")
     p.add_argument("action", choices=["up", "down", "status"])
-    p.add_argument("--only", help="comma-separated subset of valkey,kafka,spark_connect,airflow")
+    p.add_argument("--only", help="comma-separated subset of valkey,kafka,s3,spark_connect,airflow (default: all "
+                                  "but s3, unless data_dir is an s3a:// URL; down: all)")
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("pools", help="create or update the Airflow pool of every pipeline (after adding one); "
@@ -551,6 +552,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("jars", help="fetch the JVM artefacts into the jar cache (mvn)")
     p.add_argument("--verbose", action="store_true")
+    p.add_argument("--only", help="comma-separated subset of the jar kinds spark,kafka,s3,s3a (default: all)")
     p = sub.add_parser("jvm-archive", help="build the Spark driver's class-data archive from a small real "
                        "drain, so that drivers start faster (make install runs it)")
     p.add_argument("--force", action="store_true", help="build it again even if it is up to date")

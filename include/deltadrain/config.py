@@ -100,6 +100,7 @@ class ServicesConfig(_Model):
     airflow_port: int = Field(8088, ge=1, le=65535)
     # Not Spark's 15002, like the others are not their servers' usual ports: a user's own server keeps its port.
     spark_connect_port: int = Field(15012, ge=1, le=65535)
+    s3_port: int = Field(19000, ge=1, le=65535)
     airflow_parallelism: int = Field(4, ge=1, le=64)
     kafka_heap: str = "512m"
 

@@ -25,6 +25,7 @@ class Ports:
     kafka_controller: int
     airflow: int
     spark_connect: int
+    s3: int
 
     @classmethod
     def resolve(cls, services: ServicesConfig) -> Ports:
@@ -42,6 +43,7 @@ class Ports:
             kafka_controller=pick("DELTADRAIN_KAFKA_CONTROLLER_PORT", services.kafka_controller_port),
             airflow=pick("DELTADRAIN_AIRFLOW_PORT", services.airflow_port),
             spark_connect=pick("DELTADRAIN_SPARK_CONNECT_PORT", services.spark_connect_port),
+            s3=pick("DELTADRAIN_S3_PORT", services.s3_port),
         )
 
 
@@ -89,6 +91,32 @@ def airflow_password_file() -> Path:
     return airflow_home() / "simple_auth_manager_passwords.json.generated"
 
 
+def s3_home() -> Path:
+    return services_home() / "s3"
+
+
+def s3_login_file() -> Path:
+    """The embedded S3 server's access key and secret (JSON), made by its first start, owner-only."""
+    return s3_home() / "login.json"
+
+
+# The bucket the embedded S3 server starts with.
+S3_BUCKET = "deltadrain"
+# The Airflow connection (type aws) deltadrain reads the object store's endpoint and login from.
+S3_CONNECTION_ID = "deltadrain_s3"
+
+
+def s3_connection(cfg: DeltadrainConfig) -> dict | None:
+    """The embedded S3 server as an Airflow connection (type aws, endpoint in extra), None before its
+    first start made a login."""
+    try:
+        login = json.loads(s3_login_file().read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+    return {"conn_type": "aws", "login": login["access_key_id"], "password": login["secret_access_key"],
+            "extra": {"endpoint_url": f"http://127.0.0.1:{ports(cfg).s3}", "region_name": "us-east-1"}}
+
+
 def airflow_env(cfg: DeltadrainConfig) -> dict[str, str]:
     """The environment every Airflow process of the embedded install runs with (also used by tests)."""
     port = ports(cfg).airflow
@@ -127,6 +155,10 @@ def airflow_env(cfg: DeltadrainConfig) -> dict[str, str]:
     if conn_var not in os.environ:
         # A user's own connection of this id (another server, a token) wins over the embedded server's.
         env[conn_var] = json.dumps(spark_connect_connection(cfg))
+    conn = f"AIRFLOW_CONN_{S3_CONNECTION_ID.upper()}"
+    if conn not in os.environ and (s3 := s3_connection(cfg)) is not None:
+        # The embedded S3 server, once `services up --only s3` made its login: start it before Airflow.
+        env[conn] = json.dumps(s3)
     if "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN" not in os.environ:
         env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = f"sqlite:///{home / 'airflow.db'}"
         # Wait for another process's write lock instead of failing after SQLite's 5 s, and let a

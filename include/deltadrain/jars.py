@@ -1,5 +1,10 @@
 """The JVM artefacts: fetched once from Maven Central with `mvn` into a git-ignored cache, plus
-deltadrain's own Delta log store (jvm/logstore), built with `mvn package` into the spark kind.
+deltadrain's own Delta log stores, built with `mvn package`: jvm/logstore (local lakes) into the spark
+kind, jvm/s3logstore (lakes on S3) into the s3a kind.
+
+The kinds: spark (Delta, the Kafka source), kafka (the embedded broker), s3 (the embedded S3 server,
+S3Proxy) and s3a (hadoop-aws and the AWS SDK bundle: added to a Spark session only when its lake is
+on S3, so the local sessions and their class-data archive stay as they are).
 
 Spark sessions, spark-submit and the Kafka broker only ever read this cache; nothing is resolved
 at job run time (no --packages, no Ivy), so a job never depends on a registry being reachable.
@@ -16,12 +21,19 @@ from pathlib import Path
 from deltadrain.errors import PrerequisiteError
 from deltadrain.paths import jar_cache, jvm_dir
 
-KINDS = ("spark", "kafka")
+KINDS = ("spark", "kafka", "s3", "s3a")
 FIX = "make jars"
 # Built from jvm/logstore (not fetched) into the spark kind: the log store every session commits with.
 LOG_STORE_ARTIFACT = "deltadrain-logstore"
 LOG_STORE_CLASS = "dev.deltadrain.storage.LocalLinkLogStore"
-_REQUIRED = {"spark": (LOG_STORE_ARTIFACT,)}
+# Built from jvm/s3logstore into the s3a kind: the log store of lakes on S3 (conditional PUT).
+S3_LOG_STORE_ARTIFACT = "deltadrain-s3logstore"
+S3_LOG_STORE_CLASS = "dev.deltadrain.storage.S3ConditionalLogStore"
+# The jar kinds whose cache also gets a module of jvm/ built with `mvn package`: (module, artifact).
+_BUILT = {"spark": ("logstore", LOG_STORE_ARTIFACT), "s3a": ("s3logstore", S3_LOG_STORE_ARTIFACT)}
+_REQUIRED = {kind: (artifact,) for kind, (_, artifact) in _BUILT.items()}
+# The kinds whose jars join pyspark's on one class path: those Spark already ships are dropped.
+_ON_SPARK = ("spark", "s3a")
 _MARKER = ".complete"
 _JAR_NAME = re.compile(r"^(?P<artifact>.+?)-(?P<version>\d+\.\d+[\w.\-]*)\.jar$")
 
@@ -61,24 +73,25 @@ def _mvn(args: list[str], *, quiet: bool) -> None:
         raise PrerequisiteError(f"`{' '.join(cmd)}` failed (exit {done.returncode}).\n{tail}")
 
 
-def build_log_store(out_dir: Path, *, quiet: bool = True) -> Path:
-    """Compile jvm/logstore (mvn package, its build kept outside the source tree) into `out_dir`."""
+def build_log_store(out_dir: Path, *, quiet: bool = True, module: str = "logstore",
+                    artifact: str = LOG_STORE_ARTIFACT) -> Path:
+    """Compile jvm/<module> (mvn package, its build kept outside the source tree) into `out_dir`."""
     with tempfile.TemporaryDirectory(dir=out_dir) as build:
-        _mvn(["-f", str(jvm_dir() / "logstore" / "pom.xml"), "package", f"-Ddeltadrain.build.dir={build}"],
+        _mvn(["-f", str(jvm_dir() / module / "pom.xml"), "package", f"-Ddeltadrain.build.dir={build}"],
              quiet=quiet)
-        (jar,) = Path(build).glob(f"{LOG_STORE_ARTIFACT}-*.jar")
+        (jar,) = Path(build).glob(f"{artifact}-*.jar")
         return Path(shutil.move(str(jar), out_dir / jar.name))
 
 
 def fetch(kind: str, *, quiet: bool = True) -> Path:
-    """Fill the cache for `kind` from its pom (jvm/<kind>/pom.xml), plus, for spark, the log store
-    built from jvm/logstore. Idempotent."""
+    """Fill the cache for `kind` from its pom (jvm/<kind>/pom.xml), plus, for spark and s3a, the log
+    store built from jvm/logstore or jvm/s3logstore. Idempotent."""
     if kind not in KINDS:
         raise ValueError(f"unknown jar kind {kind!r}; expected one of {KINDS}")
     if shutil.which("mvn") is None:
         raise PrerequisiteError(
-            "Maven (mvn) is not on PATH; it fetches the Delta, Spark-Kafka and Kafka broker jars and "
-            "builds deltadrain's Delta log store. "
+            "Maven (mvn) is not on PATH; it fetches the Delta, Spark-Kafka, Kafka broker, S3 server and "
+            "hadoop-aws jars and builds deltadrain's Delta log stores. "
             "Install it (Debian: `apt-get install -y maven`), then run `make jars`."
         )
     target = jar_cache() / kind
@@ -87,10 +100,11 @@ def fetch(kind: str, *, quiet: bool = True) -> Path:
     with tempfile.TemporaryDirectory(dir=target.parent) as staging:
         _mvn(["-f", str(pom), f"{DEPENDENCY_PLUGIN}:copy-dependencies", "-DincludeScope=runtime",
               f"-DoutputDirectory={staging}"], quiet=quiet)
-        if kind == "spark":
-            build_log_store(Path(staging), quiet=quiet)
+        if kind in _BUILT:
+            module, artifact = _BUILT[kind]
+            build_log_store(Path(staging), quiet=quiet, module=module, artifact=artifact)
         fetched = [p.name for p in Path(staging).glob("*.jar")]
-        provided = {artifact_name(p.name) for p in pyspark_jars_dir().glob("*.jar")} if kind == "spark" else set()
+        provided = {artifact_name(p.name) for p in pyspark_jars_dir().glob("*.jar")} if kind in _ON_SPARK else set()
         keep = jars_to_keep(fetched, provided)
         if target.exists():
             shutil.rmtree(target)

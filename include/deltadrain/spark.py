@@ -54,11 +54,16 @@ CONNECT_SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 CONNECT_LOG4J = Path(__file__).parent / "resources" / "log4j2-connect.properties"
 
 
-def spark_conf(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The full conf of a deltadrain session; spark-submit in the DAGs passes the same."""
+def spark_conf(extra: dict[str, str] | None = None, object_store=None, *,
+               with_login: bool = True) -> dict[str, str]:
+    """The full conf of a deltadrain session; spark-submit in the DAGs passes the same. With
+    `object_store` (objectstore.S3Settings), the session also reaches s3a:// paths: hadoop-aws and
+    deltadrain's S3 log store from the s3a jar kind, and the store's endpoint (and, unless
+    with_login is false, its login: never on a command line)."""
     from deltadrain.jvm_archive import java_options
 
-    conf = {**DEFAULT_CONF, **DELTA_CONF, "spark.jars": ",".join(str(j) for j in classpath("spark")),
+    jars = classpath("spark") + (classpath("s3a") if object_store is not None else [])
+    conf = {**DEFAULT_CONF, **DELTA_CONF, "spark.jars": ",".join(str(j) for j in jars),
             # Python workers must run this interpreter (its venv has deltadrain), not `python3` on PATH.
             "spark.pyspark.python": sys.executable, "spark.pyspark.driver.python": sys.executable}
     # The class-data archive `make install` built, if any: the driver JVM starts ~4 s sooner.
@@ -66,15 +71,22 @@ def spark_conf(extra: dict[str, str] | None = None) -> dict[str, str]:
     # Extra HotSpot options for every driver (the test suite's: C1 only, for its short-lived JVMs).
     if more := os.environ.get("DELTADRAIN_DRIVER_JAVA_OPTIONS", "").strip():
         conf["spark.driver.extraJavaOptions"] += f" {more}"
+    if object_store is not None:
+        from deltadrain.objectstore import spark_conf as s3a_conf
+
+        conf.update(s3a_conf(object_store, with_login=with_login))
     conf.update(extra or {})
     return conf
 
 
-def get_spark(app_name: str = "deltadrain", master: str | None = None, extra: dict[str, str] | None = None):
-    """A Delta-enabled SparkSession (reused if one is already running in this process)."""
+def get_spark(app_name: str = "deltadrain", master: str | None = None, extra: dict[str, str] | None = None,
+              object_store=None):
+    """A Delta-enabled SparkSession (reused if one is already running in this process). With
+    `object_store` (objectstore.S3Settings) it reaches s3a:// paths too; that takes a new JVM, as the
+    hadoop-aws jars join the class path only when it starts."""
     from pyspark.sql import SparkSession
 
-    conf = spark_conf(extra)  # raises the jar-cache error before a JVM starts
+    conf = spark_conf(extra, object_store)  # raises the jar-cache error before a JVM starts
     check_java()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(app_name).master(

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _own_env(tmp_path: Path, **ports: int) -> dict:
     env = {**os.environ, "DELTADRAIN_HOME": str(tmp_path / "home")}
-    for name in ("VALKEY", "KAFKA", "KAFKA_CONTROLLER", "AIRFLOW", "SPARK_CONNECT"):
+    for name in ("VALKEY", "KAFKA", "KAFKA_CONTROLLER", "AIRFLOW", "SPARK_CONNECT", "S3"):
         env[f"DELTADRAIN_{name}_PORT"] = str(ports.get(name.lower(), free_port()))
     return env
 
@@ -59,7 +59,7 @@ def test_up_is_idempotent_and_down_leaves_no_process(tmp_path):
     down = cli(env, "services", "down")
     assert down.returncode == 0, down.stderr
     assert processes_under(home) == []
-    assert cli(env, "services", "down").stdout.count("not running") == 4
+    assert cli(env, "services", "down").stdout.count("not running") == 5
     assert cli(env, "services", "status", "--only", "valkey").returncode == 3
     # And up again on the same state: Kafka storage is reused, not reformatted.
     again = cli(env, "services", "up", "--only", "valkey,kafka")

