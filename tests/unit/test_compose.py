@@ -375,7 +375,7 @@ BASE_CONFIG = ROOT / "config" / "pipelines.yaml"
 ADDRESS_KEYS = ("url", "bootstrap_servers")
 
 
-def test_compose_config_differs_only_in_source_addresses():
+def test_compose_config_differs_only_in_source_addresses_and_the_executor():
     from deltadrain.config import load_config
 
     base, ours = load_config(BASE_CONFIG), load_config(COMPOSE_CONFIG)
@@ -386,10 +386,14 @@ def test_compose_config_differs_only_in_source_addresses():
     assert {"valkey", "kafka"} <= set(services())
     assert "PLAINTEXT://kafka:9092" in environment(services()["kafka"])["KAFKA_ADVERTISED_LISTENERS"]
 
+    # Its DAGs submit to the cluster: Compose runs no Spark Connect server.
+    assert (ours.spark.executor, base.spark.executor) == ("submit", "connect")
+
     def without_addresses(data: dict) -> dict:
         for pipeline in data["pipelines"]:
             for key in ADDRESS_KEYS:
                 pipeline["source"].pop(key, None)
+        data.pop("spark", None)
         return data
 
     assert without_addresses(ours.model_dump()) == without_addresses(base.model_dump())
