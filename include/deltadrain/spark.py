@@ -189,9 +189,10 @@ def server_unreachable(url: str, conn_id: str | None = None) -> str | None:
 
 
 # What a Connect client raises when its server is gone or was restarted under it: refused or reset
-# connections (gRPC's UNAVAILABLE) once its retries are spent, a session the new server does not hold.
+# connections (gRPC's UNAVAILABLE) once its retries are spent, a session the new server does not hold,
+# and, after the client gave its session up on such an error, no session at all.
 _SERVER_LOST = ("RETRIES_EXCEEDED", "StatusCode.UNAVAILABLE", "SESSION_CHANGED", "INVALID_HANDLE.SESSION_NOT_FOUND",
-                "INVALID_HANDLE.SESSION_CLOSED")
+                "INVALID_HANDLE.SESSION_CLOSED", "NO_ACTIVE_SESSION")
 
 
 def connect_lost(exc: BaseException) -> str | None:

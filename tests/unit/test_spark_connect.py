@@ -131,3 +131,13 @@ def test_a_missing_connect_connection_names_the_fix(monkeypatch):
     monkeypatch.delenv("AIRFLOW_CONN_NO_SUCH_SERVER", raising=False)
     with pytest.raises(PrerequisiteError, match="Airflow has no connection 'no_such_server'.*deltadrain services up"):
         connect_url("no_such_server")
+
+
+def test_a_lost_server_is_told_from_other_errors():
+    from deltadrain.spark import connect_lost
+
+    lost = RuntimeError("[NO_ACTIVE_SESSION] No active Spark session found. Please create a new Spark session")
+    assert connect_lost(lost).startswith("the Spark Connect server went away during the run ([NO_ACTIVE_SESSION]")
+    assert "`deltadrain services up`" in connect_lost(lost)
+    assert connect_lost(RuntimeError("<_MultiThreadedRendezvous of RPC: status = StatusCode.UNAVAILABLE>"))
+    assert connect_lost(ValueError("[DELTA_CONCURRENT_APPEND] a conflict")) is None
