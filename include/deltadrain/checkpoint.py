@@ -116,10 +116,10 @@ def committed_batch(path: str, pipeline: str) -> int | None:
     return meta["batch"] if meta is not None else snapshot_txn(path, pipeline)[0]
 
 
-def read_checkpoint(spark, path: str, pipeline: str, dlq_path: str | None = None,
-                    quarantine_path: str | None = None) -> Checkpoint:
-    if not is_table(spark, path):
-        return Checkpoint(0)
+def log_checkpoint(path: str, pipeline: str) -> tuple[Checkpoint, bool]:
+    """The checkpoint as the table's log keeps it, read with delta-rs (no Spark), and whether its
+    positions must still be read from the rows (`positions_from_rows`): the commit that holds them
+    is gone (log cleanup). No table yet: batch 0."""
     # Fast path: the newest commits. Only deltadrain writes this pipeline's txn, always with its
     # metadata, so the newest commit that names the pipeline holds the current batch. Reading the
     # snapshot's txn set instead rebuilds Delta state (seconds per run).
@@ -128,13 +128,22 @@ def read_checkpoint(spark, path: str, pipeline: str, dlq_path: str | None = None
         meta = commit["meta"]
         if carries_batch(meta, pipeline):
             return Checkpoint(meta["batch"], dict(meta.get("positions") or {}), commits[0]["version"],
-                              meta.get("run_id"), "commit", meta)
+                              meta.get("run_id"), "commit", meta), False
     batch, version = snapshot_txn(path, pipeline)
     if batch is None:
-        return Checkpoint(0, table_version=version)
+        return Checkpoint(0, table_version=version), False
     commit = find_commit(path, pipeline, batch)
     if commit is not None:
         meta = commit["meta"]
-        return Checkpoint(batch, dict(meta.get("positions") or {}), version, meta.get("run_id"), "commit", meta)
-    return Checkpoint(batch, positions_from_rows(spark, path, dlq_path, batch, quarantine_path), version, None,
-                      "rows")
+        return Checkpoint(batch, dict(meta.get("positions") or {}), version, meta.get("run_id"), "commit", meta), False
+    return Checkpoint(batch, {}, version, None, "rows"), True
+
+
+def read_checkpoint(spark, path: str, pipeline: str, dlq_path: str | None = None,
+                    quarantine_path: str | None = None) -> Checkpoint:
+    if not is_table(spark, path):
+        return Checkpoint(0)
+    checkpoint, from_rows = log_checkpoint(path, pipeline)
+    if from_rows:
+        checkpoint.positions = positions_from_rows(spark, path, dlq_path, checkpoint.batch, quarantine_path)
+    return checkpoint

@@ -49,6 +49,22 @@ def stdout_to_stderr():
         os.close(saved)
 
 
+def _pipeline(args):
+    """(config, the pipeline named on the command line) for the commands that read tables with delta-rs."""
+    cfg = load_config(args.config)
+    return cfg, cfg.pipeline(args.pipeline)
+
+
+def _note(text: str) -> str:
+    """A note (a state, not a failure) as a status line: grey on a terminal."""
+    line = f"  note: {text}"
+    return f"\033[90m{line}\033[0m" if sys.stdout.isatty() and not os.environ.get("NO_COLOR") else line
+
+
+def _count(value) -> str:
+    return "?" if value is None else str(value)
+
+
 def _pipeline_session(args, purpose: str):
     """(config, the pipeline named on the command line, a Spark session) for the commands that read tables."""
     from deltadrain.spark import get_spark
@@ -143,15 +159,17 @@ def _status(args) -> int:
     from deltadrain.sources import source_of
     from deltadrain.status import pipeline_status
 
-    cfg, pipeline, spark = _pipeline_session(args, "status")
-    st = pipeline_status(cfg, pipeline, spark)
+    cfg, pipeline = _pipeline(args)
+    st = pipeline_status(cfg, pipeline)
     source = source_of(pipeline)
     if args.json:
         print(json.dumps(st, indent=2, default=str))
         return 0
     print(f"pipeline {st['pipeline']} ({st['source']})")
-    print(f"  PENDING   {st.get('PENDING', 0):>10}")
-    print(f"  CLAIMED   {st.get('CLAIMED', 0):>10}   oldest claim idle {st.get('oldest_claim_idle_ms', 0)} ms")
+    for note in st.get("notes") or []:
+        print(_note(note["note"]))
+    print(f"  PENDING   {_count(st.get('PENDING', 0)):>10}")
+    print(f"  CLAIMED   {_count(st.get('CLAIMED', 0)):>10}   oldest claim idle {_count(st.get('oldest_claim_idle_ms', 0))} ms")
     for consumer, info in (st.get("claimed_by") or {}).items():
         print(f"    {consumer}: {info['claimed']} claimed, idle {info['idle_ms']} ms"
               + (f"  STALE: {source.stale_reason(st['stale_after_ms'])}" if info.get("stale") else ""))
@@ -223,11 +241,14 @@ def _print_quality(report: dict) -> None:
 
 @command("metrics")
 def _metrics(args) -> int:
-    from deltadrain.metrics import last_runs, render_chart
+    from deltadrain.lakeview import last_batches, one_read
+    from deltadrain.metrics import CHART_RUNS, write_chart
 
-    cfg, pipeline, spark = _pipeline_session(args, "metrics")
-    runs = last_runs(spark, cfg, pipeline, args.last)
-    chart = str(render_chart(spark, cfg, pipeline, args.chart)) if args.chart else None
+    cfg, pipeline = _pipeline(args)
+    with one_read():
+        runs = last_batches(cfg, pipeline, args.last)
+        chart = (str(write_chart(pipeline.name, last_batches(cfg, pipeline, CHART_RUNS), args.chart))
+                 if args.chart else None)
     if args.json:
         print(json.dumps({"pipeline": pipeline.name, "runs": runs, "chart": chart}, indent=2, default=str))
         return 0
@@ -266,11 +287,9 @@ def _maintain(args) -> int:
 def _dlq(args) -> int:
     from datetime import datetime
 
-    from deltadrain.deadletter import list_dead_letters
-    from deltadrain.spark import get_spark
+    from deltadrain.lakeview import find_dead_letters
 
-    cfg = load_config(args.config)
-    pipeline = cfg.pipeline(args.pipeline)
+    cfg, pipeline = _pipeline(args)
 
     def when(text: str | None):
         if text is None:
@@ -280,9 +299,9 @@ def _dlq(args) -> int:
         except ValueError:
             raise DeltadrainError(f"--since/--until must be ISO-8601 times, got {text!r}") from None
 
-    rows = list_dead_letters(get_spark("deltadrain-dlq"), str(cfg.dlq_path(pipeline)), error_contains=args.error,
-                             since=when(args.since), until=when(args.until),
-                             state=None if args.state == "all" else args.state, limit=args.limit)
+    rows = find_dead_letters(str(cfg.dlq_path(pipeline)), error_contains=args.error, since=when(args.since),
+                             until=when(args.until), state=None if args.state == "all" else args.state,
+                             limit=args.limit)
     if args.json:
         print(json.dumps(rows, indent=2, default=str))
         return 0

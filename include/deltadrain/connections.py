@@ -20,9 +20,19 @@ def _failure(exc: BaseException) -> tuple[Source, bool, str] | None:
     return None
 
 
-def unreachable_source(exc: BaseException, cfg: DeltadrainConfig, pipelines: list[PipelineConfig]) -> str | None:
+def unreachable_source(exc: BaseException, cfg: DeltadrainConfig, pipelines: list[PipelineConfig],
+                       with_reason: bool = True) -> str | None:
     """A connection failure to the Valkey or Kafka of `pipelines` as one line that names the service,
-    its address and the fix; None when exc is no such failure."""
+    its address and the fix; None when exc is no such failure. `with_reason`: with what the client
+    said (the view leaves it out: it may name other hosts)."""
+    found = unreachable(exc, cfg, pipelines, with_reason)
+    return found[1] if found is not None else None
+
+
+def unreachable(exc: BaseException, cfg: DeltadrainConfig, pipelines: list[PipelineConfig],
+                with_reason: bool = True) -> tuple[str, str] | None:
+    """("unreachable" or "login_refused", unreachable_source's line), or None when exc is no failure
+    to reach or log in to a source's server."""
     found = _failure(exc)
     if found is None:
         return None
@@ -31,10 +41,11 @@ def unreachable_source(exc: BaseException, cfg: DeltadrainConfig, pipelines: lis
     ours = [p for p in pipelines if p.source.kind == kind] or [p for p in cfg.pipelines if p.source.kind == kind]
     where = ", ".join(sorted({source.address(cfg, p) for p in ours})) or "(no such pipeline)"
     names = ", ".join(f"'{p.name}'" for p in ours)
-    reason = " ".join(reason.split())[:300]
+    said = f" ({' '.join(reason.split())[:300]})" if with_reason else f" ({type(exc).__name__})"
     if login:
-        return (f"{service} at {where} refused the login of pipeline {names} ({reason}): check the password "
-                f"in the environment variable or Airflow connection that password_env/connection_id names")
+        return "login_refused", (
+            f"{service} at {where} refused the login of pipeline {names}{said}: check the password "
+            f"in the environment variable or Airflow connection that password_env/connection_id names")
     embedded = [p for p in ours if getattr(p.source, field) is None]
     fixes = []
     if embedded:
@@ -42,4 +53,4 @@ def unreachable_source(exc: BaseException, cfg: DeltadrainConfig, pipelines: lis
                      f"in the config or DELTADRAIN_{kind.upper()}_PORT)")
     if len(embedded) < len(ours):
         fixes.append(f"check source.{field} of pipeline {names} in {cfg.source_file} and that the server runs")
-    return f"cannot reach {service} at {where} for pipeline {names} ({reason}): " + "; or ".join(fixes)
+    return "unreachable", f"cannot reach {service} at {where} for pipeline {names}{said}: " + "; or ".join(fixes)

@@ -195,19 +195,26 @@ def chart_html(pipeline: str, runs: list[dict]) -> str:
             f"<th>dead</th><th>seconds</th><th>rows/s</th><th>backlog</th></tr>{rows}</table></body></html>")
 
 
+CHART_RUNS = 500  # the runs a chart draws
+
+
 def render_chart(spark, cfg: DeltadrainConfig, pipeline: PipelineConfig, out_path: str | Path,
-                 last: int = 500) -> Path:
+                 last: int = CHART_RUNS) -> Path:
     """Write the chart of the pipeline's last `last` runs to `out_path` (.html or .svg) and return the path."""
+    return write_chart(pipeline.name, last_runs(spark, cfg, pipeline, last), out_path)
+
+
+def write_chart(pipeline: str, runs: list[dict], out_path: str | Path) -> Path:
+    """Write the chart of `runs` (metrics rows) of `pipeline` to `out_path` (.html or .svg) and return the path."""
     out = Path(out_path).expanduser()
     if out.suffix.lower() not in (".html", ".htm", ".svg"):
-        raise DeltadrainError(f"chart for pipeline '{pipeline.name}': {out} must end in .html or .svg "
+        raise DeltadrainError(f"chart for pipeline '{pipeline}': {out} must end in .html or .svg "
                               "(the chart is drawn as SVG; no plotting library is installed for PNG)")
-    runs = last_runs(spark, cfg, pipeline, last)
     out.parent.mkdir(parents=True, exist_ok=True)
     if out.suffix.lower() == ".svg":
         ordered = sorted(runs, key=lambda r: r["finished_at"])
-        out.write_text(panel_svg(f"{pipeline.name}: rows/s", [(r["finished_at"], r["rows_per_s"]) for r in ordered
-                                                              if r["rows_per_s"] is not None], "#1f77b4", "rows/s"))
+        out.write_text(panel_svg(f"{pipeline}: rows/s", [(r["finished_at"], r["rows_per_s"]) for r in ordered
+                                                         if r["rows_per_s"] is not None], "#1f77b4", "rows/s"))
     else:
-        out.write_text(chart_html(pipeline.name, runs))
+        out.write_text(chart_html(pipeline, runs))
     return out

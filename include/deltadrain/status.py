@@ -1,13 +1,20 @@
-"""Lifecycle counts of a pipeline (docs/contract.md, "Lifecycle"): PENDING, CLAIMED, PUBLISHED, DEAD, plus the checkpoint."""
+"""Lifecycle counts of a pipeline (docs/contract.md, "Lifecycle"): PENDING, CLAIMED, PUBLISHED, DEAD, plus the checkpoint.
+
+The lake is read with delta-rs (`lakeview`), as the view reads it: no Spark JVM, but for the one case
+where the checkpoint's positions must be rebuilt from the rows (`checkpoint_for_status`).
+"""
 
 from __future__ import annotations
 
-from deltadrain.checkpoint import carries_batch, read_checkpoint
+import time
+
+from deltadrain.checkpoint import Checkpoint, carries_batch, log_checkpoint
 from deltadrain.config import DeltadrainConfig, PipelineConfig
 from deltadrain.deadletter import DEAD, REPLAYED
-from deltadrain.lake import inserted_rows, is_table, recent_commits
-from deltadrain.metrics import last_runs
+from deltadrain.lake import inserted_rows, recent_commits
 from deltadrain.sources import LakeSide, source_of
+
+SOURCE_WAIT_S = 10  # how long status waits for the source's answers (their own waits run to 30 s)
 
 
 def mark_stale(counts: dict, after_ms: int) -> dict:
@@ -20,43 +27,51 @@ def mark_stale(counts: dict, after_ms: int) -> dict:
     return counts
 
 
-def _per_partition(spark, path: str, column: str, where=None) -> dict[str, int]:
-    df = spark.read.format("delta").load(path)
-    if where is not None:
-        df = df.where(where)
-    return {r[column]: r["count"] for r in df.groupBy(column).count().collect()}
+def checkpoint_for_status(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> Checkpoint:
+    """The checkpoint from the target's log (delta-rs). Only when log cleanup removed the commit that
+    holds the last batch's positions are they read from the rows, with Spark, as a drain would."""
+    target = str(cfg.target_path(pipeline))
+    checkpoint, from_rows = log_checkpoint(target, pipeline.name)
+    if not from_rows:
+        return checkpoint
+    from deltadrain.checkpoint import read_checkpoint
+    from deltadrain.spark import get_spark
+
+    return read_checkpoint(get_spark(f"deltadrain-status-{pipeline.name}"), target, pipeline.name,
+                           str(cfg.dlq_path(pipeline)), str(cfg.quarantine_path(pipeline)))
 
 
-def pipeline_status(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark) -> dict:
-    from pyspark.sql import functions as F
+def pipeline_status(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> dict:
+    from deltadrain import lakeview, states
 
-    target, dlq = str(cfg.target_path(pipeline)), str(cfg.dlq_path(pipeline))
+    target = str(cfg.target_path(pipeline))
     source = source_of(pipeline)
     out: dict = {"pipeline": pipeline.name, "source": pipeline.source.kind}
-    checkpoint = read_checkpoint(spark, target, pipeline.name, dlq, str(cfg.quarantine_path(pipeline)))
-    lake = LakeSide(lambda: checkpoint,
-                    published=lambda: _per_partition(spark, target, "_dd_partition") if is_table(spark, target) else {},
-                    dead=lambda: (_per_partition(spark, dlq, "partition", (F.col("pipeline") == F.lit(pipeline.name))
-                                                 & (F.col("state") == F.lit(DEAD))) if is_table(spark, dlq) else {}))
-    out.update(source.counts(cfg, pipeline, lake))
-    out["PUBLISHED"] = spark.read.format("delta").load(target).count() if is_table(spark, target) else 0
-    dead = replayed = 0
-    if is_table(spark, dlq):
-        counts = {r.state: r["count"] for r in spark.read.format("delta").load(dlq).groupBy("state").count().collect()}
-        dead, replayed = counts.get(DEAD, 0), counts.get(REPLAYED, 0)
-    out["DEAD"], out["REPLAYED"] = dead, replayed
-    out["checkpoint"] = checkpoint.as_dict()
-    mark_stale(out, source.stale_after_ms(pipeline))
-    out["last_batch"] = None
-    if is_table(spark, target):
-        for commit in recent_commits(target, 20):
-            meta = commit["meta"]
-            if carries_batch(meta, pipeline.name):
-                out["last_batch"] = {"batch": meta.get("batch"), "run_id": meta.get("run_id"),
-                                     "table_version": commit["version"], "at": commit["timestamp"],
-                                     "written": inserted_rows(commit["metrics"]),
-                                     "claimed": meta.get("claimed"), "dead_lettered": meta.get("dead_lettered"),
-                                     "filtered": meta.get("filtered")}
-                break
-    out["last_runs"] = last_runs(spark, cfg, pipeline, 5)
+    with lakeview.one_read():
+        has_target = lakeview.open_table(target) is not None
+        checkpoint = checkpoint_for_status(cfg, pipeline) if has_target else Checkpoint(0)
+        lake = LakeSide(lambda: checkpoint, published=lambda: lakeview.rows_per_partition(cfg, pipeline),
+                        dead=lambda: lakeview.dead_per_partition(cfg, pipeline))
+        counts = states.source_counts(cfg, pipeline, lake, until=time.monotonic() + SOURCE_WAIT_S, quick=True)
+        notes = counts.pop("notes", None) or []
+        out.update(counts)
+        out["PUBLISHED"] = lakeview.published_count(cfg, pipeline)
+        dlq = lakeview.dlq_counts(cfg, pipeline)
+        out["DEAD"], out["REPLAYED"] = dlq.get(DEAD, 0), dlq.get(REPLAYED, 0)
+        out["checkpoint"] = checkpoint.as_dict()
+        mark_stale(out, source.stale_after_ms(pipeline))
+        out["last_batch"] = None
+        if has_target:
+            for commit in recent_commits(target, 20):
+                meta = commit["meta"]
+                if carries_batch(meta, pipeline.name):
+                    out["last_batch"] = {"batch": meta.get("batch"), "run_id": meta.get("run_id"),
+                                         "table_version": commit["version"], "at": commit["timestamp"],
+                                         "written": inserted_rows(commit["metrics"]),
+                                         "claimed": meta.get("claimed"), "dead_lettered": meta.get("dead_lettered"),
+                                         "filtered": meta.get("filtered")}
+                    break
+        out["last_runs"] = lakeview.last_batches(cfg, pipeline, 5)
+    never = states.never_run(pipeline, has_target)
+    out["notes"] = ([never] if never else []) + notes
     return out

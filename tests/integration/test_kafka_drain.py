@@ -277,7 +277,7 @@ def test_latest_starts_at_the_end_offsets_once_and_then_reads_everything_after_t
     ids = target_ids(spark, c, p)
     assert sorted(ids) == sorted(after.valid_ids)
     assert lake_checkpoint(spark, c, p).positions == end_offsets(c, p)
-    status = pipeline_status(c, p, spark)
+    status = pipeline_status(c, p)
     assert (status["PENDING"], status["PUBLISHED"]) == (0, 60)
 
 
@@ -329,7 +329,7 @@ def test_a_transactional_producers_aborted_and_open_records_never_land(tmp_path,
     drain_until_done(c, p, spark)
     assert sorted(target_ids(spark, c, p)) == sorted(kept)
     assert lake_checkpoint(spark, c, p).positions == end_offsets(c, p)
-    assert pipeline_status(c, p, spark)["PENDING"] == 0
+    assert pipeline_status(c, p)["PENDING"] == 0
     producer.flush(30)
 
 
@@ -412,7 +412,7 @@ def test_a_compacted_topic_lands_what_compaction_kept_once_and_its_checkpoint_pa
     assert lake_checkpoint(spark, c, p).positions == end_offsets(c, p) == {"0": "101"}
     assert group_of(c, p) == {"0": 101}
     assert not probe(c, p).has_work
-    st = pipeline_status(c, p, spark)
+    st = pipeline_status(c, p)
     assert (st["PENDING"], st["gaps"]) == (0, [])
 
 
@@ -432,7 +432,7 @@ def test_a_retention_gap_is_reported_with_its_range_and_stops_or_continues_per_p
     assert (found.new, found.gaps, found.has_work) == (150, 150, True)
     with pytest.raises(DrainError, match=r"partition 0 offsets \[100, 250\) \(150 messages\)"):
         drain(c, p, spark=spark)
-    st = pipeline_status(c, p, spark)
+    st = pipeline_status(c, p)
     assert st["gaps"] == [{"partition": 0, "start": 100, "end": 250, "missing": 150}]
     assert st["partitions"]["0"]["pending"] == 150  # what is left to read: 250..399
     assert lake_checkpoint(spark, c, p).batch == 1  # on_gap: fail committed nothing
@@ -450,7 +450,7 @@ def test_a_retention_gap_is_reported_with_its_range_and_stops_or_continues_per_p
     kept = later.valid_ids[150:]
     assert sorted(target_ids(spark, c, p)) == sorted(first.valid_ids + kept)
     assert lake_checkpoint(spark, c, p).positions == {"0": "400"}
-    assert pipeline_status(c, p, spark)["gaps"] == []
+    assert pipeline_status(c, p)["gaps"] == []
     view = pipeline_view(c, p)  # read past: no longer open, recorded by the commit that went on after it
     assert view["open_gaps"] == []
     assert [(g["batch"], g["range"], g["missing"]) for g in view["gaps"]] == [(s.batch, "offsets 100 to 249", 150)]
@@ -481,7 +481,7 @@ def test_a_gap_with_nothing_readable_after_it_is_committed_past_once_under_conti
     assert not probe(c, p).has_work
     again = drain(c, p, spark=spark)
     assert (again.outcome, again.gaps) == ("empty", 0), again.line()
-    assert pipeline_status(c, p, spark)["gaps"] == []
+    assert pipeline_status(c, p)["gaps"] == []
     view = pipeline_view(c, p)
     assert view["open_gaps"] == [] and sum(g["missing"] for g in view["gaps"]) == 100
     assert {g["batch"] for g in view["gaps"]} == {s.batch}
@@ -542,7 +542,7 @@ def test_a_message_that_kills_every_run_is_isolated_by_bisection_and_dead_alone(
         s = run_or_killed(c, p, spark)
         runs.append(s)
         if s == "killed":
-            seen.append(pipeline_status(c, p, spark)["dead_runs"])  # what status shows after the kill
+            seen.append(pipeline_status(c, p)["dead_runs"])  # what status shows after the kill
         else:
             assert s["outcome"] == "committed", s
     # [0, 8) commits; [8, 16) dies; its first half [8, 12) dies; [8, 10) commits; the rest [10, 12) dies;
@@ -568,7 +568,7 @@ def test_a_message_that_kills_every_run_is_isolated_by_bisection_and_dead_alone(
     # Nothing is left in the record once the lake has passed it.
     checkpoint = lake_checkpoint(spark, c, p)
     assert checkpoint.meta.get("crashes") is None and checkpoint.positions == {"0": "20"}
-    assert pipeline_status(c, p, spark)["dead_runs"] == []
+    assert pipeline_status(c, p)["dead_runs"] == []
     assert drain(c, p, spark=spark).outcome == "empty"
 
 
@@ -803,7 +803,7 @@ def test_sigkill_at_each_step_boundary_loses_and_duplicates_nothing(point, trans
         # notices put them, the start), never lead, and the notices claim nothing behind the lake.
         assert lake_checkpoint(spark, c, p).batch == 1
         assert set(group_of(c, p).values()) == {0}
-        assert pipeline_status(c, p, spark)["CLAIMED"] == 0
+        assert pipeline_status(c, p)["CLAIMED"] == 0
     else:
         assert lake_checkpoint(spark, c, p).batch == 0
     assert_group_never_leads(spark, c, p)
@@ -830,7 +830,7 @@ def test_sigkill_after_a_later_catch_up_batchs_commit_loses_and_duplicates_nothi
     lake = lake_checkpoint(spark, c, p)
     assert lake.batch == 2 and sum(int(v) for v in lake.positions.values()) == 2000
     assert sum(v or 0 for v in group_of(c, p).values()) == 1000  # the first batch's group commit only
-    assert pipeline_status(c, p, spark)["CLAIMED"] == 0  # the dead run's notices are behind the lake
+    assert pipeline_status(c, p)["CLAIMED"] == 0  # the dead run's notices are behind the lake
     assert_group_never_leads(spark, c, p)
     summaries = drain_until_done(c, p, spark)
     assert sum(s.claimed for s in summaries) == 1000  # the third thousand, nothing read twice
@@ -952,18 +952,18 @@ def test_status_shows_a_running_batchs_ranges_as_claimed_and_a_killed_runs_notic
     st = mark_stale(kafka_counts(conf, p.source, {}, {}, {}), source_of(p).stale_after_ms(p))
     assert st["claimed_by"][run_id]["idle_ms"] <= 15_000, st
     assert (st["claimed_by"][run_id]["stale"], st["STALE_CLAIMED"]) == (False, 0)
-    st = pipeline_status(c, p, spark)
+    st = pipeline_status(c, p)
     assert st["CLAIMED"] == 3000 and set(st["claimed_by"]) == {run_id}
     assert st["stale_after_ms"] == 15_000
     time.sleep(max(0.2, (15_000 - st["claimed_by"][run_id]["idle_ms"]) / 1000 + 0.5))
-    later = pipeline_status(c, p, spark)
+    later = pipeline_status(c, p)
     assert later["claimed_by"][run_id]["idle_ms"] > max(st["claimed_by"][run_id]["idle_ms"], 15_000)
     assert later["claimed_by"][run_id]["stale"] and later["STALE_CLAIMED"] == 3000 and later["CLAIMED"] == 3000
     assert later["dead_runs"] == []  # stale, but younger than min_idle_ms: no drain would count it yet
     # ... and block nothing: the next run reads the same ranges, commits them and takes them off.
     s = drain(c, p, spark=spark)
     assert s.outcome == "committed" and s.claimed == 3000 and s.run_id != run_id
-    st = pipeline_status(c, p, spark)
+    st = pipeline_status(c, p)
     assert (st["CLAIMED"], st["PENDING"], st["claimed_by"], st["STALE_CLAIMED"]) == (0, 0, {}, 0)
     assert all(v["claimed_range"] is None for v in st["partitions"].values())
     assert group_of(c, p) == {k: int(v) for k, v in ends.items()}

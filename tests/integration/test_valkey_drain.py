@@ -266,7 +266,7 @@ def test_batch_cap_bounds_a_run_and_status_shows_the_lifecycle(tmp_path, cfg, sp
     result = produce(c, p, 1000, seed=8, malformed_ratio=0.05)
     s = drain(c, p, spark=spark)
     assert s.claimed == 400
-    st = pipeline_status(c, p, spark)
+    st = pipeline_status(c, p)
     assert st["PENDING"] == 600 and st["CLAIMED"] == 0
     assert st["PUBLISHED"] + st["DEAD"] == 400 and st["checkpoint"]["batch"] == 1
     assert st["last_batch"]["batch"] == 1 and st["last_batch"]["claimed"] == 400
@@ -274,7 +274,7 @@ def test_batch_cap_bounds_a_run_and_status_shows_the_lifecycle(tmp_path, cfg, sp
     assert [x.claimed for x in summaries] == [400, 200]
     bad = result.bad_places(MALFORMED_KINDS)
     assert_exactly_once(spark, c, p, client, result.valid_ids, bad)
-    st = pipeline_status(c, p, spark)
+    st = pipeline_status(c, p)
     assert (st["PENDING"], st["CLAIMED"], st["PUBLISHED"], st["DEAD"]) == (0, 0, len(result.valid_ids), len(bad))
 
 
@@ -290,7 +290,7 @@ def test_reaper_takes_over_claims_of_a_dead_consumer(tmp_path, cfg, spark):
     fresh = mark_stale(valkey_counts(client, p.source), source_of(p).stale_after_ms(p))["claimed_by"]["crashed-drain"]
     assert fresh["claimed"] == 200 and fresh["stale"] == (fresh["idle_ms"] > 200)
     time.sleep(0.3)
-    st = pipeline_status(c, p, spark)
+    st = pipeline_status(c, p)
     assert st["claimed_by"]["crashed-drain"]["stale"] and st["STALE_CLAIMED"] == 200 == st["CLAIMED"]
     report = reap(c, p, client)
     assert report["taken_over"] == 200
@@ -439,11 +439,11 @@ def test_a_message_that_kills_every_run_is_isolated_by_splitting_and_dead_alone(
             assert {i: pel[i][:2] for i in ids[6:8]} == {i: (REST, 2) for i in ids[6:8]}
             assert {pel[i][1] for i in ids[4:6]} == {3}
             assert reap(c, p, client)["taken_over"] == 2
-            splits = pipeline_status(c, p, spark)["splits"]
+            splits = pipeline_status(c, p)["splits"]
             assert [(x["ids"], x["entries"], x["deliveries"], x["kind"], x["alone"]) for x in splits] == [
                 ([ids[4], ids[5]], 2, 3, "suspect", 0), ([ids[6], ids[7]], 2, 2, "rest", 0)]
         if len(runs) == 7:  # the crasher died alone twice: status says so before it is a dead letter
-            splits = pipeline_status(c, p, spark)["splits"]
+            splits = pipeline_status(c, p)["splits"]
             assert (splits[0]["ids"], splits[0]["entries"], splits[0]["alone"]) == ([ids[5], ids[5]], 1, 2)
     # Killed with 8; their first half [0, 4) lands; the rest [4, 8), read whole, dies; its first half
     # [4, 6) dies; [4] alone lands; [5] alone dies twice (max_retries 2), then is a dead letter unread
@@ -461,7 +461,7 @@ def test_a_message_that_kills_every_run_is_isolated_by_splitting_and_dead_alone(
     assert bytes(dead[ids[5]].original) == payloads[5]
     assert sorted(target_ids(spark, c, p)) == sorted(m.key for i, m in enumerate(messages) if i != 5)
     assert pending(client, p) == 0
-    assert pipeline_status(c, p, spark)["splits"] == []
+    assert pipeline_status(c, p)["splits"] == []
     assert client.hlen(failures_key(p.name)) == 0  # the counts alone went with their entries
 
 
@@ -564,7 +564,7 @@ def test_the_first_batch_creates_the_table_in_one_commit_with_its_checkpoint(tmp
     assert snapshot_txn(target, p.name) == (1, 0)
     checkpoint = read_checkpoint(spark, target, p.name)
     assert (checkpoint.batch, checkpoint.positions, checkpoint.found_in) == (1, s.positions, "commit")
-    assert pipeline_status(c, p, spark)["last_batch"]["written"] == len(result.valid_ids)
+    assert pipeline_status(c, p)["last_batch"]["written"] == len(result.valid_ids)
     assert_exactly_once(spark, c, p, client, result.valid_ids, result.bad_places(MALFORMED_KINDS))
     second = produce(c, p, 50, seed=94, start=300)
     assert drain(c, p, spark=spark).written == 50  # later batches MERGE into it
@@ -1031,7 +1031,7 @@ def test_entries_trimmed_before_the_group_read_them_are_a_reported_gap(tmp_path,
     _append(client, other, msgs[100:])
     assert client.xtrim(trimmed_stream, maxlen=60, approximate=False) == 40
     gone, kept = ids[:40], ids[40:]
-    st = pipeline_status(c, p, spark)  # status shows it before any drain
+    st = pipeline_status(c, p)  # status shows it before any drain
     assert [(g["partition"], g["missing"]) for g in st["gaps"]] == [(trimmed_stream, 40)]
     assert main(["--config", str(path), "status", p.name]) == 0
     assert f"GAP: stream {trimmed_stream} ids 0-1 .. " in capsys.readouterr().out
@@ -1049,7 +1049,7 @@ def test_entries_trimmed_before_the_group_read_them_are_a_reported_gap(tmp_path,
         drain(c, p, spark=spark)
     assert not (c.target_path(p) / "_delta_log").exists()
     assert [group_counts(client, st, p.source.group) for st in (trimmed_stream, other)] == [(60, 0), (10, 0)]
-    assert [(g["partition"], g["missing"]) for g in pipeline_status(c, p, spark)["gaps"]] == [(trimmed_stream, 40)]
+    assert [(g["partition"], g["missing"]) for g in pipeline_status(c, p)["gaps"]] == [(trimmed_stream, 40)]
     c, p = set_source(path, on_gap="continue")  # the operator accepts the loss
     caplog.set_level("WARNING", logger="deltadrain.run")
     s = drain(c, p, spark=spark)
@@ -1067,7 +1067,7 @@ def test_entries_trimmed_before_the_group_read_them_are_a_reported_gap(tmp_path,
     again = drain(c, p, spark=spark)
     assert (again.outcome, again.written, again.gaps, again.gap_ranges) == ("committed", 5, 0, [])
     assert "gaps" not in read_checkpoint(spark, str(c.target_path(p)), p.name).meta
-    assert pipeline_status(c, p, spark)["gaps"] == []
+    assert pipeline_status(c, p)["gaps"] == []
     # The Airflow view lists the gap with the batch whose commit recorded it (read with delta-rs).
     view = pipeline_view(c, p)
     assert view["open_gaps"] == []
@@ -1141,7 +1141,7 @@ def test_a_gap_with_nothing_readable_after_it_is_committed_past_once_under_conti
     assert not probe(c, p).has_work
     again = drain(c, p, spark=spark)
     assert (again.outcome, again.gaps) == ("empty", 0), again.line()
-    assert pipeline_status(c, p, spark)["gaps"] == []
+    assert pipeline_status(c, p)["gaps"] == []
     view = pipeline_view(c, p)
     assert view["open_gaps"] == [] and {g["batch"] for g in view["gaps"]} == {2}
     _append(client, trimmed, msgs[63:70])
@@ -1216,7 +1216,7 @@ def test_an_accepted_xdel_gap_beyond_the_batch_stops_no_later_run_and_a_new_one_
         drain(c, p, spark=spark)
     accepted = drain(c, p.accepting_gaps(), spark=spark)  # one batch of 30: the group stops at ids[29]
     assert (accepted.outcome, accepted.written, accepted.gaps) == ("committed", 30, 1), accepted.line()
-    assert probe(c, p).gaps == 0 and pipeline_status(c, p, spark)["gaps"] == []
+    assert probe(c, p).gaps == 0 and pipeline_status(c, p)["gaps"] == []
     s = drain(c, p, spark=spark)  # on_gap: fail again
     assert (s.outcome, s.written, s.gaps, s.gap_ranges) == ("committed", 30, 0, []), s.line()
     # A new XDEL beyond the accepted one is a new gap: it stops the runs until accepted in its turn.
@@ -1249,7 +1249,7 @@ def test_deleting_or_trimming_acknowledged_entries_is_no_gap(tmp_path, cfg, spar
     _append(client, stream, generate(p, 3, seed=103, start=40))
     last = drain(c, p, spark=spark)
     assert (last.outcome, last.written, last.gaps, last.gap_ranges) == ("committed", 3, 0, [])
-    assert pipeline_status(c, p, spark)["gaps"] == []
+    assert pipeline_status(c, p)["gaps"] == []
     assert len(target_ids(spark, c, p)) == 43
 
 

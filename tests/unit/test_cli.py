@@ -246,8 +246,8 @@ def status_output(monkeypatch, capsys, pipeline: str, source: str, **fields) -> 
     st = {"pipeline": pipeline, "source": source, "PENDING": 5, "CLAIMED": 0, "claimed_by": {}, "PUBLISHED": 16,
           "DEAD": 0, "REPLAYED": 0, "gaps": [], "partitions": {}, "last_batch": None, "last_runs": [],
           "checkpoint": {"batch": 1, "table_version": 1, "positions": {}}, **fields}
-    monkeypatch.setattr(cli, "_pipeline_session", lambda args, purpose: (cfg, cfg.pipeline(pipeline), None))
-    monkeypatch.setattr(status, "pipeline_status", lambda cfg, pipeline, spark: st)
+    monkeypatch.setattr(cli, "_pipeline", lambda args: (cfg, cfg.pipeline(pipeline)))
+    monkeypatch.setattr(status, "pipeline_status", lambda cfg, pipeline: st)
     assert cli.main(["status", pipeline]) == 0
     return capsys.readouterr().out
 

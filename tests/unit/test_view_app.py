@@ -267,3 +267,21 @@ def test_the_index_shows_each_pipeline_at_a_glance():
     assert f'<td class="bad" title="GapError: {"x" * 300}">lake unreadable (OSError); last run: GapError: x' in rows["broken"]
     assert "x" * 120 not in rows["broken"].split(">lake unreadable")[1]
     assert _templates().get_template("index.html.j2").render(pipelines=[]).count("no pipeline you may read") == 1
+
+
+def test_states_are_grey_notes_on_the_page_and_in_the_index_not_red():
+    from deltadrain.orchestration.view.app import _templates
+
+    notes = [{"state": "never_run", "note": "never run: <no> target table yet"},
+             {"state": "no_topic", "note": "topic 'clicks' does not exist yet"}]
+    v = {"pipeline": "clicks", "source": "kafka", "partitions": ["clicks"], "PENDING": 0, "CLAIMED": 0,
+         "last_batches": [], "dead_letters": [], "notes": notes}
+    page = _templates().get_template("pipeline.html.j2").render(v=v, state="DEAD", triggered=[], replay_dag="r")
+    assert '<p class="note" id="note-never_run">never run: &lt;no&gt; target table yet.</p>' in page
+    assert '<p class="note" id="note-no_topic">topic &#39;clicks&#39; does not exist yet.</p>' in page
+    assert 'class="bad"' not in page.split("<h2>Last batches</h2>")[0]
+    row = {"pipeline": "clicks", "source": "kafka", "lag": 0, "DEAD": 0, "source_note": None, "lake_note": None,
+           "stale_messages": 0, "open_gaps": 1, "last_run": None, "last_committed": None, "notes": notes}
+    index = _templates().get_template("index.html.j2").render(pipelines=[row]).replace("\n", "")
+    assert ('<td class="bad">1 open gap<span class="note">; never run: &lt;no&gt; target table yet</span>'
+            '<span class="note">; topic &#39;clicks&#39; does not exist yet</span></td>') in index

@@ -36,11 +36,7 @@ def run_demo(cfg: DeltadrainConfig, count: int = 5000) -> dict:
     run_id, summary = api.wait_for_drain(dag_id)
     print(f"   run {run_id}: drain succeeded")
     print("   " + json.dumps(summary))
-    from deltadrain.spark import get_spark
-
-    spark = get_spark("deltadrain-demo")
-    spark.sparkContext.setLogLevel("ERROR")
-    status = pipeline_status(cfg, pipeline, spark)
+    status = pipeline_status(cfg, pipeline)
     user, _ = airflow_login()
     port = ports(cfg).airflow
     print("== where to look")

@@ -31,15 +31,17 @@ def source_counts(cfg: DeltadrainConfig, pipeline: PipelineConfig, until: float 
     """PENDING / CLAIMED from the source, with the checkpoint as delta-rs reads it. Errors are reported
     by type only (messages may hold hosts), but for what the source answered (SourceNote). `until`
     (time.monotonic()): when the source's calls give up (their own waits run to 30 s)."""
-    from deltadrain import lakeview
+    from deltadrain import lakeview, states
 
     try:
-        counts = source_of(pipeline).counts(cfg, pipeline, LakeSide(lambda: lakeview.checkpoint(cfg, pipeline)),
-                                            until=until, quick=True)
-    except SourceNote as exc:  # e.g. no such topic (yet), or a recreated one
+        counts = states.source_counts(cfg, pipeline, LakeSide(lambda: lakeview.checkpoint(cfg, pipeline)),
+                                      until=until, quick=True, with_reason=False)
+    except SourceNote as exc:  # e.g. a topic deleted or recreated under the lake's checkpoint
         return {"PENDING": None, "CLAIMED": None, "source_note": str(exc)}
     except Exception as exc:  # the view still shows the lake side
         return {"PENDING": None, "CLAIMED": None, "source_note": f"source unreachable ({type(exc).__name__})"}
+    if counts["PENDING"] is None:  # a server that cannot be reached: said in a note, with its address
+        return {"PENDING": None, "CLAIMED": None, "notes": counts["notes"]}
     return _claims(counts, pipeline)
 
 
@@ -57,7 +59,17 @@ def _claims(counts: dict, pipeline: PipelineConfig) -> dict:
             "partitions": {k: {"pending": v["pending"], "claimed": v["claimed"]}
                            for k, v in counts["partitions"].items()},
             "open_gaps": [lakeview.gap_row(g) for g in counts.get("gaps") or []],
-            "dead_runs": counts.get("dead_runs") or [], "splits": counts.get("splits") or []}
+            "dead_runs": counts.get("dead_runs") or [], "splits": counts.get("splits") or [],
+            "notes": counts.get("notes") or []}
+
+
+def with_lake_notes(cfg: DeltadrainConfig, pipeline: PipelineConfig, notes: list[dict]) -> list[dict]:
+    """The notes of a page or index row (states, not failures: shown in grey): the lake's (a pipeline
+    never run) before the source's (a topic not created yet, a stream never written, a server down)."""
+    from deltadrain import lakeview, states
+
+    never = states.never_run(pipeline, lakeview.open_table(str(cfg.target_path(pipeline))) is not None)
+    return ([never] if never else []) + list(notes or [])
 
 
 def with_checks(cfg: DeltadrainConfig, pipeline: PipelineConfig, runs: list[dict]) -> list[dict]:
@@ -92,17 +104,19 @@ def pipeline_summary(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> dict:
     from deltadrain import lakeview
 
     row = {"pipeline": pipeline.name, "source": pipeline.source.kind, "lag": None, "DEAD": None, "source_note": None,
-           "lake_note": None, "stale_messages": 0, "open_gaps": 0, "last_run": None, "last_committed": None}
+           "lake_note": None, "stale_messages": 0, "open_gaps": 0, "last_run": None, "last_committed": None,
+           "notes": []}
     with lakeview.one_read():  # in the pool's thread: each row opens its own tables once
         counts = bounded_source_counts(cfg, pipeline)
         row.update(lag=counts["PENDING"] + counts["CLAIMED"] if counts["PENDING"] is not None else None,
                    source_note=counts.get("source_note"), stale_messages=counts.get("STALE_CLAIMED") or 0,
-                   open_gaps=len(counts.get("open_gaps") or []))
+                   open_gaps=len(counts.get("open_gaps") or []), notes=list(counts.get("notes") or []))
         try:
             last = lakeview.last_batches(cfg, pipeline, 1)
             numbered = with_checks(cfg, pipeline, lakeview.last_batches(cfg, pipeline, SUMMARY_RUNS, numbered=True))
             row.update(DEAD=lakeview.dlq_counts(cfg, pipeline).get("DEAD", 0), last_run=last[0] if last else None,
-                       last_committed=next((r for r in numbered if "quality" in r), None))
+                       last_committed=next((r for r in numbered if "quality" in r), None),
+                       notes=with_lake_notes(cfg, pipeline, row["notes"]))
         except Exception as exc:
             log.exception("deltadrain view: the lake of pipeline %s could not be read", pipeline.name)
             row["lake_note"] = f"lake unreadable ({type(exc).__name__})"
@@ -150,6 +164,7 @@ def pipeline_view(cfg: DeltadrainConfig, pipeline: PipelineConfig, dlq_state: st
                  "on_gap": pipeline.source.on_gap, "ingest_dag": ingest_dag_id(pipeline.name)}
     with lakeview.one_read():
         out.update(bounded_source_counts(cfg, pipeline))
+        out["notes"] = with_lake_notes(cfg, pipeline, out.get("notes"))
         out["PUBLISHED"] = lakeview.published_count(cfg, pipeline)
         counts = lakeview.dlq_counts(cfg, pipeline)
         out["DEAD"], out["REPLAYED"] = counts.get("DEAD", 0), counts.get("REPLAYED", 0)

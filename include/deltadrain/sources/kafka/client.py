@@ -43,6 +43,36 @@ def kafka_consumer_conf(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> dict
     return {**kafka_client_conf(cfg, pipeline), "isolation.level": pipeline.source.isolation_level}
 
 
+def split_servers(servers: str) -> list[tuple[str, int]]:
+    """`host:port,host:port` (a bracketed IPv6 host too) as (host, port) pairs; 9092 when no port (pure)."""
+    out = []
+    for item in filter(None, (s.strip() for s in servers.split(","))):
+        host, sep, port = item.rpartition(":")
+        if not sep or not port.isdigit() or (host.count(":") and not host.startswith("[")):
+            host, port = item, "9092"
+        out.append((host.strip("[]"), int(port)))
+    return out
+
+
+def check_reachable(servers: str, timeout_s: float = 2.0) -> None:
+    """Raise librdkafka's transport failure at once when no bootstrap server accepts a TCP connection:
+    its own clients try again until their timeout, and a down broker would cost a page or `status`
+    that long before it is named."""
+    import socket
+
+    from confluent_kafka import KafkaError, KafkaException
+
+    refused = []
+    for host, port in split_servers(servers):
+        try:
+            socket.create_connection((host, port), timeout=timeout_s).close()
+            return
+        except OSError as exc:
+            refused.append(f"{host}:{port}: {exc.strerror or type(exc).__name__}")
+    raise KafkaException(KafkaError(KafkaError._TRANSPORT, reason=f"no bootstrap server accepts connections "
+                                                                  f"({'; '.join(refused)})"))
+
+
 def jaas_quoted(value: str) -> str:
     """A value inside a JAAS option's double quotes: a backslash escapes the next character, so it is
     escaped first; otherwise a credential ending in one, or holding \\", ends the value early."""

@@ -51,6 +51,10 @@ class OffsetError(DeltadrainError):
     """The checkpoint and the topic disagree in a way no policy can settle (the topic was recreated)."""
 
 
+class TopicMissing(OffsetError):
+    """The broker answered that the topic does not exist (not created yet, or deleted)."""
+
+
 def start_offsets(checkpoint: dict[str, str], watermarks: dict[int, tuple[int, int]],
                   starting: str = "earliest", first_run: bool | None = None,
                   complete: bool = True) -> tuple[dict[int, int], list[Gap]]:
@@ -260,8 +264,10 @@ def watermarks(conf: dict, topic: str, until: float | None = None) -> dict[int, 
 
     def read() -> dict[int, tuple[int, int]]:
         meta = admin.list_topics(topic, timeout=remaining(until)).topics.get(topic)
-        if meta is None or meta.error is not None:
-            raise OffsetError(f"topic '{topic}' is not available: {meta.error if meta else 'unknown topic'}")
+        if meta is None or (meta.error is not None and meta.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART):
+            raise TopicMissing(f"topic '{topic}' is not available: {meta.error if meta else 'unknown topic'}")
+        if meta.error is not None:
+            raise OffsetError(f"topic '{topic}' is not available: {meta.error}")
         parts = sorted(meta.partitions)
         if not parts:
             return {}

@@ -74,9 +74,9 @@ class Kafka:
         return probe_kafka(cfg, pipeline)
 
     def counts(self, cfg, pipeline, lake: LakeSide, until: float | None = None, quick: bool = False) -> dict:
-        from deltadrain.sources.kafka.client import kafka_consumer_conf
-        from deltadrain.sources.kafka.offsets import OffsetError
-        from deltadrain.sources.kafka.status import dead_after_ms, kafka_counts
+        from deltadrain.sources.kafka.client import check_reachable, kafka_consumer_conf
+        from deltadrain.sources.kafka.offsets import OffsetError, TopicMissing
+        from deltadrain.sources.kafka.status import dead_after_ms, kafka_counts, missing_topic
 
         checkpoint = lake.checkpoint
         positions = checkpoint.positions
@@ -84,13 +84,17 @@ class Kafka:
             positions = {k: str(int(v) + 1) for k, v in positions.items()}
         conf = kafka_consumer_conf(cfg, pipeline)
         if quick:
-            conf["socket.timeout.ms"] = 3000
+            # A page or `status`: a broker that is down is said at once, in a note, not logged per retry.
+            check_reachable(conf["bootstrap.servers"])
+            conf.update({"socket.timeout.ms": 3000, "log_level": 2})
         try:
             return kafka_counts(conf, pipeline.source, positions, lake.published(), lake.dead(),
                                 first_run=checkpoint.batch == 0, crashes=checkpoint.meta.get("crashes"),
                                 min_idle_ms=pipeline.min_idle_ms, stale_ms=dead_after_ms(pipeline),
                                 committed_by=checkpoint.run_id, complete=checkpoint.found_in != "rows", until=until)
-        except OffsetError as exc:  # the broker answered: no such topic (yet), or a recreated one
+        except TopicMissing:  # the broker answered: no such topic (yet)
+            return missing_topic(pipeline, positions)
+        except OffsetError as exc:  # the broker answered: a recreated topic, or one it cannot serve
             raise SourceNote(str(exc)) from exc
 
     def stale_after_ms(self, pipeline) -> int:

@@ -5,6 +5,9 @@ offsets), the gaps retention made, and the offsets runs that died read."""
 from __future__ import annotations
 
 from deltadrain.config import KafkaSource, PipelineConfig
+from deltadrain.sources import SourceNote
+
+NO_TOPIC = "no_topic"
 
 
 def stale_after_ms(pipeline: PipelineConfig) -> int:
@@ -74,10 +77,27 @@ def kafka_counts(conf: dict, source: KafkaSource, positions: dict[str, str], pub
             "gaps": list(gaps.values()), "dead_runs": dead_runs, "partitions": partitions}
 
 
+def missing_topic(pipeline: PipelineConfig, positions: dict[str, str]) -> dict:
+    """The counts of a pipeline whose topic the broker does not know (pure): nothing to drain, and a
+    note that says why and what to do. A topic the lake's checkpoint holds offsets of was there and
+    is gone: that is no state to wait out, and is raised as a SourceNote."""
+    topic = pipeline.source.topic
+    if positions:
+        raise SourceNote(f"topic '{topic}' does not exist on the broker, yet the lake's checkpoint holds offsets of "
+                         f"it ({positions}): it was deleted after batches were drained from it; check the broker")
+    text = (f"topic '{topic}' does not exist yet: nothing has been produced to it. It appears when a producer "
+            f"first writes to it or it is created on the broker (`deltadrain produce {pipeline.name} --count N` "
+            "writes sample events); until then there is nothing to drain")
+    return {"PENDING": 0, "CLAIMED": 0, "claimed_by": {}, "oldest_claim_idle_ms": 0, "gaps": [], "dead_runs": [],
+            "partitions": {}, "notes": [{"state": NO_TOPIC, "note": text}]}
+
+
 def status_lines(st: dict) -> list[str]:
     """`deltadrain status`'s lines of the source's own: per partition, the gaps, the ranges under suspicion."""
-    lines = ["partition  end offset  lake checkpoint  pending  claimed range  group offset  published  dead"]
-    for part, info in st["partitions"].items():
+    lines = []
+    if st.get("partitions"):
+        lines.append("partition  end offset  lake checkpoint  pending  claimed range  group offset  published  dead")
+    for part, info in (st.get("partitions") or {}).items():
         held = "[{}, {})".format(*info["claimed_range"]) if info["claimed_range"] else "-"
         lines.append(f"{part:>9}  {info['end_offset']:>10}  {str(info['lake_checkpoint']):>15}  {info['pending']:>7}  "
                      f"{held:>13}  {str(info['group_offset']):>12}  {info['published']:>9}  {info['dead']:>4}")

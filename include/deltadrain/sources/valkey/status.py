@@ -18,12 +18,15 @@ def valkey_counts(client, source: ValkeySource, gaps_at: str | None = None, pipe
     consumers: dict[str, dict] = {}
     oldest_idle = 0
     partitions = {}
+    missing: list[str] = []  # streams with no key: never written (or deleted)
     gaps = open_gaps(client, source.streams, source.group, gaps_at)
     for stream in source.streams:
         length, lag, in_pel = stream_counts(client, stream, source.group)
         pending += lag
         claimed += in_pel
         partitions[stream] = {"length": length, "pending": lag, "claimed": in_pel}
+        if not length and not client.exists(stream):
+            missing.append(stream)
         if in_pel:
             for c in client.xinfo_consumers(stream, source.group):
                 entry = consumers.setdefault(as_text(c["name"]), {"claimed": 0, "idle_ms": int(c["idle"])})
@@ -34,7 +37,30 @@ def valkey_counts(client, source: ValkeySource, gaps_at: str | None = None, pipe
                 oldest_idle = max(oldest_idle, int(first[0]["time_since_delivered"]))
     splits = valkey_splits(client, pipeline) if claimed and pipeline is not None else []
     return {"PENDING": pending, "CLAIMED": claimed, "claimed_by": {k: v for k, v in consumers.items() if v["claimed"]},
-            "oldest_claim_idle_ms": oldest_idle, "partitions": partitions, "gaps": as_ranges(gaps), "splits": splits}
+            "oldest_claim_idle_ms": oldest_idle, "partitions": partitions, "gaps": as_ranges(gaps), "splits": splits,
+            "missing_streams": missing}
+
+
+NEVER_WRITTEN, STREAM_GONE = "never_written", "stream_gone"
+
+
+def stream_notes(pipeline: PipelineConfig, missing: list[str], positions: dict[str, str]) -> list[dict]:
+    """Notes on the pipeline's streams that do not exist (pure): never written, or, when the lake's
+    checkpoint holds a position of one, deleted since."""
+    never = [s for s in missing if s not in positions]
+    notes = []
+    if never:
+        many = len(never) > 1
+        notes.append({"state": NEVER_WRITTEN, "note": (
+            f"stream{'s' if many else ''} {', '.join(never)} {'have' if many else 'has'} never been written (no such "
+            f"key on the server): nothing to drain from {'them' if many else 'it'} yet. A stream appears with its "
+            f"first XADD (`deltadrain produce {pipeline.name} --count N` writes sample events)")})
+    for stream in (s for s in missing if s in positions):
+        notes.append({"state": STREAM_GONE, "note": (
+            f"stream {stream} does not exist, though the lake's checkpoint holds its position {positions[stream]}: "
+            "it was deleted (DEL, or the server lost its data) after batches were drained from it; new entries "
+            "start it again, check the server")})
+    return notes
 
 
 def valkey_splits(client, pipeline: PipelineConfig) -> list[dict]:
