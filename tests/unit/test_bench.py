@@ -31,3 +31,26 @@ def test_cpu_report_gives_core_seconds_per_100k_messages_and_the_cores_kept_busy
     assert cpu_report(before, after, 0, 0.0)["cores_busy"] == 0.0
     with_jit = cpu_report({**before, "driver_jvm_jit": 2.0}, {**after, "driver_jvm_jit": 14.0}, 1_000_000, 40.0)
     assert with_jit["core_seconds_per_100k"]["driver_jvm_jit"] == 1.2
+    with_server = cpu_report({**before, "connect_server": 3.0}, {**after, "connect_server": 33.0}, 1_000_000, 40.0)
+    assert with_server["core_seconds_per_100k"]["connect_server"] == 3.0
+
+
+def test_single_process_batch_reads_every_stream_up_to_the_cap():
+    from types import SimpleNamespace
+
+    from deltadrain.dev.bench import single_process_batch
+
+    class Client:  # XREADGROUP > over two streams holding 3 and 1 entries
+        def __init__(self):
+            self.left = {"s:{0}": [b"0-1", b"0-2", b"0-3"], "s:{1}": [b"1-1"]}
+
+        def xreadgroup(self, group, consumer, streams, count):
+            (stream, _), = streams.items()
+            got, self.left[stream] = self.left[stream][:count], self.left[stream][count:]
+            return [[stream, [(i, {b"data": b"{}"}) for i in got]]] if got else []
+
+    pipeline = SimpleNamespace(source=SimpleNamespace(streams=["s:{0}", "s:{1}"]))
+    ids, payloads = single_process_batch(Client(), pipeline, "g", "c", 3)
+    assert len(payloads) == 3 and sum(map(len, ids.values())) == 3
+    ids, payloads = single_process_batch(Client(), pipeline, "g", "c", 10)
+    assert ids == {"s:{0}": [b"0-1", b"0-2", b"0-3"], "s:{1}": [b"1-1"]} and len(payloads) == 4

@@ -109,6 +109,16 @@ def _peak_rss_kib(pid: int) -> int:
     return 0
 
 
+def _rss_kib(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    except FileNotFoundError:
+        pass
+    return 0
+
+
 HZ = os.sysconf("SC_CLK_TCK")
 
 
@@ -185,9 +195,25 @@ def cpu_report(before: dict, after: dict, messages: int, seconds: float) -> dict
     machine kept busy on average (anything else running on it shows there, not under a role)."""
     used = {k: after[k] - before[k] for k in after}
     per = 100_000 / messages if messages else 0.0
-    return {"core_seconds_per_100k": {k: round(used[k] * per, 3) for k in (*ROLES, "driver_jvm_jit", "machine_busy")
+    return {"core_seconds_per_100k": {k: round(used[k] * per, 3)
+                                      for k in (*ROLES, "connect_server", "driver_jvm_jit", "machine_busy")
                                       if k in used},
             "cores_busy": round(used["machine_busy"] / seconds, 2) if seconds else 0.0}
+
+
+def tree_cpu_seconds(root: int) -> float:
+    """CPU seconds of `root` and every process under it, counting children they reaped: a Spark
+    Connect server's JVM and its Python workers."""
+    procs = _processes()
+    children: dict[int, list[int]] = {}
+    for pid, (parent, *_rest) in procs.items():
+        children.setdefault(parent, []).append(pid)
+    total, stack = 0.0, [root] if root in procs else []
+    while stack:
+        pid = stack.pop()
+        total += procs[pid][2] + procs[pid][3]
+        stack += children.get(pid, [])
+    return total
 
 
 def jvm_live_heap_mib(spark, settle_rounds: int = 6) -> float:
@@ -249,11 +275,18 @@ def phase_raw_read(cfg, pipeline, spark, server_group: int | None = None) -> dic
     return {"messages": int(n), "seconds": round(seconds, 2), "rate": round(n / seconds), "cpu": cpu}
 
 
-def phase_drain(cfg, pipeline, spark, server_group: int | None = None) -> dict:
+def phase_drain(cfg, pipeline, spark, server_group: int | None = None, connect_pid: int | None = None) -> dict:
+    """Batches until the backlog is gone. With `connect_pid`, `spark` is a Spark Connect session and the
+    server's process tree (its JVM and Python workers) is a role of its own in the CPU report."""
     from deltadrain.catchup import drain
 
+    def cpu() -> dict:
+        if connect_pid is None:
+            return cpu_by_role(server_group, spark)
+        return {**cpu_by_role(server_group), "connect_server": tree_cpu_seconds(connect_pid)}
+
     runs = []
-    cpu_before = cpu_by_role(server_group, spark)
+    cpu_before = cpu()
     started = time.monotonic()
     while True:
         s = drain(cfg, pipeline, spark=spark)
@@ -263,7 +296,7 @@ def phase_drain(cfg, pipeline, spark, server_group: int | None = None) -> dict:
     seconds = time.monotonic() - started
     n = sum(r["claimed"] for r in runs)
     return {"messages": n, "seconds": round(seconds, 2), "rate": round(n / seconds) if seconds else 0,
-            "batches": len(runs), "runs": runs, "cpu": cpu_report(cpu_before, cpu_by_role(server_group, spark), n, seconds)}
+            "batches": len(runs), "runs": runs, "cpu": cpu_report(cpu_before, cpu(), n, seconds)}
 
 
 def phase_delta_append(cfg, pipeline, spark, workdir: Path) -> dict:
@@ -383,6 +416,106 @@ def phase_structured_streaming(cfg, pipeline, spark, workdir: Path, server_group
             "batches": len(batches), "runs": batches, "cpu": cpu_report(cpu_before, cpu_after, n, seconds)}
 
 
+SINGLE_APP = "single-process"
+
+
+def single_process_batch(client, pipeline, group: str, consumer: str, cap: int) -> tuple[dict[str, list], list]:
+    """XREADGROUP > of every stream until `cap` entries or none are left: ({stream: ids}, payloads)."""
+    from deltadrain.sources.valkey.claim import READ_CHUNK
+    from deltadrain.sources.valkey.client import VALKEY_FIELD
+
+    ids: dict[str, list] = {}
+    payloads: list[bytes] = []
+    open_streams = list(pipeline.source.streams)
+    while open_streams and len(payloads) < cap:
+        for stream in list(open_streams):
+            want = min(READ_CHUNK, cap - len(payloads))
+            if want <= 0:
+                break
+            reply = client.xreadgroup(group, consumer, {stream: ">"}, count=want)
+            entries = reply[0][1] if reply else []
+            if len(entries) < want:
+                open_streams.remove(stream)
+            for entry_id, fields in entries:
+                ids.setdefault(stream, []).append(entry_id)
+                payloads.append(fields[VALKEY_FIELD])
+    return ids, payloads
+
+
+def phase_single_process(cfg, pipeline, workdir: Path, group: str) -> dict:
+    """The consumer a user could write instead, in one Python process on one core: valkey-py
+    XREADGROUP, pyarrow's JSON decoder, a delta-rs insert-only MERGE on the id with the batch number
+    as a Delta app transaction and the streams' last positions as the commit's metadata (one commit),
+    XACK after the commit. No dedup window, no quarantine, no gap check: less work than the drain."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.json as pj
+    from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+    from deltalake.exceptions import TableNotFoundError
+
+    from deltadrain.sources.valkey.client import valkey_client
+
+    types = {"string": pa.string(), "double": pa.float64(), "long": pa.int64(), "int": pa.int32(),
+             "timestamp": pa.timestamp("us", tz="UTC"), "boolean": pa.bool_()}
+    schema = pa.schema([(n, types[t]) for n, t in pipeline.payload_schema.fields.items()])
+    parse = pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
+    id_field = pipeline.payload_schema.id_field
+    target = str(workdir / "single-process-target")
+    client = valkey_client(cfg, pipeline)
+    for stream in pipeline.source.streams:
+        try:
+            client.xgroup_create(stream, group, id="0")
+        except Exception as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+    try:
+        table = DeltaTable(target)
+        version = table.transaction_version(SINGLE_APP) or 0
+    except TableNotFoundError:
+        table, version = None, 0
+    # The decoder's first call loads what it needs (3 s in a cold process): outside the timing, as a
+    # Spark driver's JVM start is.
+    pj.read_json(io.BytesIO(b'{"%s": "x", "event_time": "2026-01-01T00:00:00Z"}' % id_field.encode()),
+                 parse_options=parse)
+    runs = []
+    cpu_before = cpu_by_role()
+    started = time.monotonic()
+    while True:
+        t0 = time.monotonic()
+        ids, payloads = single_process_batch(client, pipeline, group, "single", pipeline.batch_cap)
+        if not payloads:
+            break
+        t1 = time.monotonic()
+        rows = pj.read_json(io.BytesIO(b"\n".join(payloads)), parse_options=parse)
+        streams = [s for s, got in ids.items() for _ in got]
+        positions = [i.decode() for got in ids.values() for i in got]
+        rows = rows.append_column("_dd_partition", pa.array(streams, pa.string()))
+        rows = rows.append_column("_dd_position", pa.array(positions, pa.string()))
+        t2 = time.monotonic()
+        version += 1
+        props = CommitProperties(app_transactions=[Transaction(SINGLE_APP, version)],
+                                 custom_metadata={"positions": json.dumps({s: got[-1].decode() for s, got in ids.items()})})
+        if table is None:
+            write_deltalake(target, rows.schema.empty_table(), mode="append")
+            table = DeltaTable(target)
+        (table.merge(rows, f"t.{id_field} = s.{id_field}", source_alias="s", target_alias="t",
+                     commit_properties=props).when_not_matched_insert_all().execute())
+        t3 = time.monotonic()
+        pipe = client.pipeline(transaction=False)
+        for stream, got in ids.items():
+            pipe.xack(stream, group, *got)
+        pipe.execute()
+        t4 = time.monotonic()
+        runs.append({"claimed": len(payloads), "seconds": round(t4 - t0, 3),
+                     "timings": {"read": round(t1 - t0, 3), "decode": round(t2 - t1, 3),
+                                 "merge": round(t3 - t2, 3), "ack": round(t4 - t3, 3)}})
+    seconds = time.monotonic() - started
+    n = sum(r["claimed"] for r in runs)
+    return {"messages": n, "seconds": round(seconds, 2), "rate": round(n / seconds) if seconds else 0,
+            "batches": len(runs), "runs": runs, "cpu": cpu_report(cpu_before, cpu_by_role(), n, seconds)}
+
+
 def run_phase(phase: str, config: str, pipeline_name: str, workdir: str, arg: int) -> dict:
     from deltadrain.config import load_config
     from deltadrain.dev import services
@@ -392,6 +525,21 @@ def run_phase(phase: str, config: str, pipeline_name: str, workdir: str, arg: in
     pipeline = cfg.pipeline(pipeline_name)
     server = services.valkey_service(cfg) if pipeline.source.kind == "valkey" else services.kafka_service(cfg)
     group = server.pid()  # services start in a session of their own: the pid is the process group
+    if phase == "single_process":  # no Spark at all
+        out = phase_single_process(cfg, pipeline, Path(workdir), pipeline.source.group)
+        out.update(memory_report())
+        return out
+    if phase == "drain_connect":  # a client of the embedded Spark Connect server, as a task is
+        from deltadrain.embedded import spark_connect_url
+        from deltadrain.spark import connect_session
+
+        connect_pid = services.FACTORIES["spark_connect"](cfg).pid()
+        session = connect_session(spark_connect_url(cfg), purpose="deltadrain bench")
+        out = phase_drain(cfg, pipeline, session, group, connect_pid=connect_pid)
+        out["connect_server_rss_mib"] = round(_rss_kib(connect_pid) / 1024, 1) if connect_pid else None
+        session.stop()
+        out.update(memory_report())
+        return out
     spark = get_spark(f"deltadrain-bench-{phase}")
     spark.sparkContext.setLogLevel("ERROR")
     if phase == "raw_read":
@@ -508,15 +656,68 @@ def _kafka_rounds(cfg, config: Path, name: str, workdir: Path, count: int, parti
     return report
 
 
-def run_bench(count: int, partitions: int, batch: int, workdir: Path | None = None) -> dict:
+def run_bench(count: int, partitions: int, batch: int, workdir: Path | None = None, executor: str = "local") -> dict:
+    """`executor="connect"`: the raw read, the drain in a local driver, the drain on the embedded Spark
+    Connect server and a single-process delta-rs consumer, on the same entries (`_executor_phases`)."""
     from deltadrain.config import load_config
+    from deltadrain.dev import services
 
     workdir = workdir or Path(tempfile.mkdtemp(prefix="deltadrain-bench-"))
     workdir.mkdir(parents=True, exist_ok=True)
     config, name = _bench_config(workdir, partitions, batch)
     cfg = load_config(config)
     with bench_source(cfg, cfg.pipeline(name)):
-        return _valkey_phases(cfg, config, name, workdir, count, partitions, batch)
+        if executor == "local":
+            return _valkey_phases(cfg, config, name, workdir, count, partitions, batch)
+        with services.running(cfg, ["spark_connect"]):
+            return _executor_phases(cfg, config, name, workdir, count, partitions, batch)
+
+
+def _executor_phases(cfg, config: Path, name: str, workdir: Path, count: int, partitions: int,
+                     batch: int) -> dict:
+    """One backlog drained three ways, each with a consumer group and a lake of its own: the drain in a
+    local driver (a process of its own, JVM start excluded), the drain as a client of the Spark Connect
+    server, and the single-process delta-rs consumer; against the raw XREADGROUP rate. Each side first
+    drains a small backlog (1/10) that creates its tables and, for the Connect server, warms it as a
+    server that lives on is warm; a fresh driver and a fresh Python process start cold, as tasks do."""
+    from deltadrain.dev.produce import produce
+
+    pipeline = cfg.pipeline(name)
+    report: dict = {"machine": _machine(), "executor": "connect", "count": count, "partitions": partitions,
+                    "batch_cap": batch}
+    copies = {side: _config_copy(config, side) for side in ("connect", "single")}
+
+    def produced(n: int, start: int) -> dict:
+        started = time.monotonic()
+        r = produce(cfg, pipeline, n, seed=7, start=start, progress=True)
+        return {"messages": r.count, "rate": round(r.count / (time.monotonic() - started))}
+
+    def phase(label: str, kind: str, conf: Path) -> dict:
+        out = _step(label, lambda: _subphase(kind, conf, name, workdir))
+        out["load_avg_1m_after"] = os.getloadavg()[0]  # a shared machine: how fair the phase was
+        return out
+
+    small = max(count // 10, 1)
+    report["produce_small"] = _step("produce small backlog", lambda: produced(small, 0))
+    report["warm_up"] = {
+        "drain": phase("warm-up: drain, local driver", "drain", config),
+        "drain_connect": phase("warm-up: drain, Connect server", "drain_connect", copies["connect"]),
+        "single_process": phase("warm-up: single-process consumer", "single_process", copies["single"])}
+    report["produce"] = _step("produce full backlog", lambda: produced(count, small))
+    report["raw_read"] = phase("raw XREADGROUP", "raw_read", config)
+    report["drain"] = phase("drain, local driver", "drain", config)
+    report["drain_connect"] = phase("drain, Connect server", "drain_connect", copies["connect"])
+    report["single_process"] = phase("single-process consumer", "single_process", copies["single"])
+    raw = report["raw_read"]["rate"]
+    report["ratios"] = {
+        "drain_to_raw_read": round(report["drain"]["rate"] / raw, 3),
+        "drain_connect_to_raw_read": round(report["drain_connect"]["rate"] / raw, 3),
+        "single_process_to_raw_read": round(report["single_process"]["rate"] / raw, 3),
+        "drain_connect_to_single_process": round(report["drain_connect"]["rate"] / report["single_process"]["rate"], 3),
+        "drain_connect_to_drain": round(report["drain_connect"]["rate"] / report["drain"]["rate"], 3),
+    }
+    report["load_avg"] = os.getloadavg()
+    return report
 
 
 def _valkey_phases(cfg, config: Path, name: str, workdir: Path, count: int, partitions: int,
