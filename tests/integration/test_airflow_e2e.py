@@ -29,7 +29,7 @@ def minute_floor(t: datetime) -> datetime:
 
 
 @pytest.mark.slow
-def test_airflow_end_to_end(tmp_path, monkeypatch, spark, valkey_server):
+def test_airflow_end_to_end(tmp_path, monkeypatch, spark, valkey_server, spark_connect_server):
     path, c, p = make_pipeline(tmp_path, schedule="* * * * *", max_retries=0)
     data = yaml.safe_load(path.read_text())
     data["pipelines"][0]["airflow"] = {"wait_timeout": "PT20S", "poll_interval": "PT2S", "retries": 0}

@@ -44,7 +44,7 @@ def http(method: str, url: str, *, token: str | None = None, cookie: str | None 
 
 
 @pytest.mark.slow
-def test_view_shows_real_counts_and_replays_selected(tmp_path, spark, valkey_server, monkeypatch):
+def test_view_shows_real_counts_and_replays_selected(tmp_path, spark, valkey_server, spark_connect_server, monkeypatch):
     path, c, p = make_pipeline(tmp_path, max_retries=0, partitions=2)
     monkeypatch.setenv("DELTADRAIN_CONFIG", str(path))  # what the API server's view (and the DAGs) read
     client = valkey_client(c, p)
