@@ -100,17 +100,44 @@ def kafka_broker(cfg):
     yield from _service(cfg, "kafka")
 
 
-@pytest.fixture(scope="session")
-def spark_connect_server(cfg):
-    """The embedded Spark Connect server, started as `services up` starts it. It serves the whole
-    session: it keeps the default JIT, like the `spark` fixture's JVM."""
+def _start_connect_server(cfg) -> None:
+    """As `services up` starts it, with the default JIT (it lives the whole session, like the `spark`
+    fixture's JVM) and the demo's driver memory: every DAG test of the worker runs on it."""
     from deltadrain.dev import services
 
     with pytest.MonkeyPatch.context() as env:
         env.delenv("DELTADRAIN_DRIVER_JAVA_OPTIONS", raising=False)
+        env.setenv("DELTADRAIN_DRIVER_MEMORY", "2g")
         services.up(cfg, ["spark_connect"])
+
+
+@pytest.fixture(scope="session")
+def _connect_server_of_session(cfg):
+    from deltadrain.dev import services
+
+    _start_connect_server(cfg)
     yield services.FACTORIES["spark_connect"](cfg)
     services.down(cfg, ["spark_connect"])
+
+
+@pytest.fixture
+def spark_connect_server(cfg, _connect_server_of_session):
+    """The session's embedded Spark Connect server, running when the test starts. A server found gone
+    (a test killed it, or it died) is started again, with a warning that carries its log's last lines:
+    one death shows where it happened instead of failing every test after it."""
+    import warnings
+
+    from deltadrain.dev import services
+    from deltadrain.dev.services.process import port_open
+
+    svc = _connect_server_of_session
+    if not port_open(svc.ports[0]):
+        tail = svc.log_file.read_text(errors="replace").splitlines()[-15:] if svc.log_file.exists() else []
+        warnings.warn("the session's Spark Connect server was gone before this test; started again. Its log "
+                      "ended:\n" + "\n".join(tail), stacklevel=1)
+        services.down(cfg, ["spark_connect"])  # what is left of it (its Python workers)
+        _start_connect_server(cfg)
+    return svc
 
 
 @pytest.fixture(scope="session")
