@@ -69,6 +69,10 @@ def pytest_configure(config):
     # Settings the developer gave are kept. Those this hook set in the process that started pytest-xdist's
     # workers are set again in each worker: a worker has a home, ports and Airflow DB of its own.
     given = os.environ.setdefault(GIVEN, ",".join(k for k in os.environ if k.startswith("AIRFLOW")))
+    # A worker inherits what the hook set in that process: dropped, or airflow_env would take those for a
+    # developer's own and keep them (the connections to that process's Spark Connect and S3 ports).
+    for key in [k for k in os.environ if k.startswith("AIRFLOW") and k not in given.split(",")]:
+        del os.environ[key]
     for key, value in airflow_env(load_config()).items():
         # The DB stays the default under AIRFLOW_HOME, so that subprocesses with another home get theirs.
         if key.startswith("AIRFLOW") and key != "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN" and key not in given.split(","):
