@@ -4,8 +4,6 @@ tests/integration/test_view.py; here the user and the auth manager are stand-ins
 
 from __future__ import annotations
 
-import pytest
-
 
 class FakeAuth:
     def __init__(self, allow_read=True, allow_run=True):
@@ -13,23 +11,6 @@ class FakeAuth:
 
     def is_authorized_dag(self, *, method, user, access_entity=None, details=None):
         return self.allow_run if method == "POST" else self.allow_read
-
-
-@pytest.fixture
-def client_for(monkeypatch, cfg):
-    from airflow.api_fastapi import app as airflow_app
-    from airflow.api_fastapi.core_api.security import get_user
-    from fastapi.testclient import TestClient
-
-    from deltadrain.orchestration.view.app import create_app
-
-    def make(auth: FakeAuth):
-        monkeypatch.setattr(airflow_app, "get_auth_manager", lambda: auth)
-        app = create_app()
-        app.dependency_overrides[get_user] = lambda: object()
-        return TestClient(app)
-
-    return make
 
 
 def test_pages_render_on_an_empty_lake(client_for, cfg, monkeypatch):

@@ -129,24 +129,6 @@ def test_rows_are_read_from_real_delta_tables_of_the_window_and_pipeline(tmp_pat
 
 
 @pytest.fixture
-def client_for(monkeypatch):
-    """As in test_view_app: the view's app with a stand-in user and auth manager."""
-    from airflow.api_fastapi import app as airflow_app
-    from airflow.api_fastapi.core_api.security import get_user
-    from fastapi.testclient import TestClient
-
-    from deltadrain.orchestration.view.app import create_app
-
-    def make(auth: FakeAuth):
-        monkeypatch.setattr(airflow_app, "get_auth_manager", lambda: auth)
-        app = create_app()
-        app.dependency_overrides[get_user] = lambda: object()
-        return TestClient(app)
-
-    return make
-
-
-@pytest.fixture
 def charted(client_for, cfg, tmp_path, monkeypatch):
     monkeypatch.setattr("deltadrain.orchestration.view.data.SOURCE_WAIT_S", 1)
     c = cfg.model_copy(update={"data_dir": str(tmp_path / "lake")})

@@ -99,24 +99,23 @@ def _config_copy(config: Path, tag: str) -> Path:
     return copy
 
 
-def _peak_rss_kib(pid: int) -> int:
+def _status_kib(pid: int, field: str) -> int:
+    """A field of /proc/PID/status in KiB (VmHWM: peak resident, VmRSS: resident); 0 once it is gone."""
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1])
     except FileNotFoundError:
         pass
     return 0
+
+
+def _peak_rss_kib(pid: int) -> int:
+    return _status_kib(pid, "VmHWM")
 
 
 def _rss_kib(pid: int) -> int:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    except FileNotFoundError:
-        pass
-    return 0
+    return _status_kib(pid, "VmRSS")
 
 
 HZ = os.sysconf("SC_CLK_TCK")
