@@ -127,9 +127,11 @@ def test_concurrent_sessions_on_one_server_keep_their_own_confs(client, tmp_path
         assert len(table.to_pyarrow_table()) == rounds
 
 
-def test_its_python_workers_run_the_projects_interpreter(client):
+def test_its_python_workers_run_the_projects_interpreter_without_a_daemon_per_session(client,
+                                                                                       spark_connect_server):
     import sys
 
+    import psutil
     from pyspark.sql.functions import udf
 
     session = client()  # before the UDF: pyspark reads its Arrow setting from the active session
@@ -141,6 +143,15 @@ def test_its_python_workers_run_the_projects_interpreter(client):
         return sys.executable
 
     assert session.range(1).select(interpreter("id")).first()[0] == sys.executable
+    # Spark 4.1 would keep a pyspark.daemon per session for the server's life (docs/spark-connect.md).
+    def command(p: psutil.Process) -> list[str]:
+        try:
+            return p.cmdline()
+        except psutil.Error:  # exited since, or a worker that exited and awaits its reaping
+            return []
+
+    under = psutil.Process(spark_connect_server.pid()).children(recursive=True)
+    assert not [command(p) for p in under if "pyspark.daemon" in command(p)]
 
 
 def test_it_listens_on_loopback_only_and_status_shows_it(spark_connect_server, cfg):
