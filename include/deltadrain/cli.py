@@ -329,9 +329,8 @@ def _bench(args) -> int:
 
     workdir = Path(args.workdir) if args.workdir else None
     if args.source == "kafka":
-        if args.executor != "local":
-            raise DeltadrainError("bench --executor connect applies to --source valkey only")
-        report = run_kafka_bench(args.count, args.partitions, args.batch, workdir, rounds=args.rounds)
+        report = run_kafka_bench(args.count, args.partitions, args.batch, workdir, rounds=args.rounds,
+                                 executor=args.executor)
     elif args.rounds != 1:
         raise DeltadrainError("bench --rounds applies to --source kafka only (the Valkey bench compares "
                               "against raw limits measured in the same run)")
@@ -571,8 +570,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=_at_least(1), default=1,
                    help="Kafka: drain the topic this many times with each side, alternating which goes first")
     p.add_argument("--executor", choices=["local", "connect"], default="local",
-                   help="connect: the raw read, the drain in a local driver, the drain on the embedded Spark "
-                        "Connect server and a single-process delta-rs consumer, on the same backlog")
+                   help="connect, Valkey: the raw read, the drain in a local driver, the drain on the embedded "
+                        "Spark Connect server and a single-process delta-rs consumer, on the same backlog; "
+                        "connect, Kafka: both sides on the embedded Spark Connect server")
 
     p = sub.add_parser("jars", help="fetch the JVM artefacts into the jar cache (mvn)")
     p.add_argument("--verbose", action="store_true")

@@ -360,16 +360,17 @@ def phase_window(cfg, pipeline, spark, batch_rows: int) -> dict:
     return results
 
 
-def phase_structured_streaming(cfg, pipeline, spark, workdir: Path, server_group: int | None = None) -> dict:
+def phase_structured_streaming(cfg, pipeline, spark, workdir: Path, server_group: int | None = None,
+                               connect_pid: int | None = None) -> dict:
     """The canonical alternative for a Kafka topic: Structured Streaming with Trigger.AvailableNow and
     foreachBatch MERGE (insert-only on the id) made idempotent by txnAppId/txnVersion = batch id.
-    Same topic, same target columns, same batch size (maxOffsetsPerTrigger = the drain's batch cap)."""
-    from delta.tables import DeltaTable
+    Same topic, same target columns, same batch size (maxOffsetsPerTrigger = the drain's batch cap).
+    The MERGE is the drain's own SQL statement (`lake.merge_into`), so the same function runs in a
+    local driver and, with `connect_pid`, in the Spark Connect server's Python worker that runs a
+    Connect client's foreachBatch."""
     from pyspark.sql import functions as F
     from pyspark.sql.types import _parse_datatype_string
 
-    from deltadrain.commit import TXN_APP, TXN_VERSION
-    from deltadrain.lake import ensure_table
     from deltadrain.sources.kafka.client import kafka_spark_options
 
     schema = pipeline.payload_schema
@@ -385,10 +386,13 @@ def phase_structured_streaming(cfg, pipeline, spark, workdir: Path, server_group
         F.col("partition").cast("string").alias("_dd_partition"), F.col("offset").cast("string").alias("_dd_position"),
         F.col("offset").alias("_dd_pos_hi"), F.lit(0).cast("long").alias("_dd_pos_lo"),
         F.col("timestamp").alias("_dd_source_ts"), F.lit(1).alias("_dd_attempts"))
-    batches: list[dict] = []
 
     def upsert(df, batch_id: int) -> None:
-        started = time.monotonic()
+        from pyspark.sql import functions as F
+
+        from deltadrain.commit import TXN_APP, TXN_VERSION
+        from deltadrain.lake import ensure_table, merge_into
+
         session = df.sparkSession
         out = df.select("*", F.lit(batch_id).cast("long").alias("_dd_batch"), F.lit("ss").alias("_dd_run_id"),
                         F.current_timestamp().alias("_dd_ingested_at"))
@@ -396,23 +400,30 @@ def phase_structured_streaming(cfg, pipeline, spark, workdir: Path, server_group
         session.conf.set(TXN_APP, app_id)
         session.conf.set(TXN_VERSION, str(batch_id))
         try:
-            (DeltaTable.forPath(session, target).alias("t").merge(out.alias("s"), "t.event_id = s.event_id")
-             .whenNotMatchedInsertAll().execute())
+            merge_into(session, target, out, "t.event_id = s.event_id", "WHEN NOT MATCHED THEN INSERT *")
         finally:
             session.conf.unset(TXN_APP)
             session.conf.unset(TXN_VERSION)
-        batches.append({"batch": batch_id, "seconds": round(time.monotonic() - started, 3)})
 
-    cpu_before = cpu_by_role(server_group, spark)
+    def cpu() -> dict:
+        if connect_pid is None:
+            return cpu_by_role(server_group, spark)
+        return {**cpu_by_role(server_group), "connect_server": tree_cpu_seconds(connect_pid)}
+
+    cpu_before = cpu()
     started = time.monotonic()
     query = (rows.writeStream.foreachBatch(upsert).trigger(availableNow=True)
              .option("checkpointLocation", str(workdir / "ss-checkpoint")).start())
     query.awaitTermination()
     seconds = time.monotonic() - started
-    cpu_after = cpu_by_role(server_group, spark)
+    cpu_after = cpu()
     n = spark.read.format("delta").load(target).count()
+    # Through Connect the function runs in the server's worker: the table's log counts the batches.
+    from deltalake import DeltaTable
+
+    batches = sum(1 for c in DeltaTable(target).history() if c.get("operation") in ("MERGE", "WRITE"))
     return {"messages": n, "seconds": round(seconds, 2), "rate": round(n / seconds) if seconds else 0,
-            "batches": len(batches), "runs": batches, "cpu": cpu_report(cpu_before, cpu_after, n, seconds)}
+            "batches": batches, "cpu": cpu_report(cpu_before, cpu_after, n, seconds)}
 
 
 SINGLE_APP = "single-process"
@@ -528,13 +539,16 @@ def run_phase(phase: str, config: str, pipeline_name: str, workdir: str, arg: in
         out = phase_single_process(cfg, pipeline, Path(workdir), pipeline.source.group)
         out.update(memory_report())
         return out
-    if phase == "drain_connect":  # a client of the embedded Spark Connect server, as a task is
+    if phase in ("drain_connect", "structured_streaming_connect"):  # clients of the embedded server
         from deltadrain.embedded import spark_connect_url
         from deltadrain.spark import connect_session
 
         connect_pid = services.FACTORIES["spark_connect"](cfg).pid()
         session = connect_session(spark_connect_url(cfg), purpose="deltadrain bench")
-        out = phase_drain(cfg, pipeline, session, group, connect_pid=connect_pid)
+        if phase == "drain_connect":
+            out = phase_drain(cfg, pipeline, session, group, connect_pid=connect_pid)
+        else:
+            out = phase_structured_streaming(cfg, pipeline, session, Path(workdir), group, connect_pid=connect_pid)
         out["connect_server_rss_mib"] = round(_rss_kib(connect_pid) / 1024, 1) if connect_pid else None
         session.stop()
         out.update(memory_report())
@@ -596,31 +610,38 @@ def combine_rounds(rounds: list[dict]) -> dict:
                        "per_round": per_round}}
 
 
-def run_kafka_bench(count: int, partitions: int, batch: int, workdir: Path | None = None, rounds: int = 1) -> dict:
+def run_kafka_bench(count: int, partitions: int, batch: int, workdir: Path | None = None, rounds: int = 1,
+                    executor: str = "local") -> dict:
     """deltadrain's Kafka drain against Structured Streaming (AvailableNow + foreachBatch MERGE with
-    txnAppId/txnVersion) on the same topic, same target columns, same batch size, one after the other,
-    each in a fresh driver process (JVM start excluded from both).
+    txnAppId/txnVersion) on the same topic, same target columns, same batch size, one after the other.
+    `executor="local"`: each side in a fresh driver process (JVM start excluded from both);
+    `executor="connect"`: each side a client of the embedded Spark Connect server, which a warm-up
+    round of both sides (not counted) has warmed as a server that lives on is warm.
 
     With `rounds` > 1 both sides drain the topic again into fresh tables, in alternating order, so
     that neither side always runs first; a single run of each moves by ±10 % on a small machine,
     mostly in its cold first batch."""
     from deltadrain.config import load_config
+    from deltadrain.dev import services
 
     workdir = workdir or Path(tempfile.mkdtemp(prefix="deltadrain-bench-"))
     workdir.mkdir(parents=True, exist_ok=True)
     config, name = _bench_config(workdir, partitions, batch, kind="kafka")
     cfg = load_config(config)
     with bench_source(cfg, cfg.pipeline(name)):
-        return _kafka_rounds(cfg, config, name, workdir, count, partitions, batch, rounds)
+        if executor == "local":
+            return _kafka_rounds(cfg, config, name, workdir, count, partitions, batch, rounds)
+        with services.running(cfg, ["spark_connect"]):
+            return _kafka_rounds(cfg, config, name, workdir, count, partitions, batch, rounds, connect=True)
 
 
 def _kafka_rounds(cfg, config: Path, name: str, workdir: Path, count: int, partitions: int, batch: int,
-                  rounds: int) -> dict:
+                  rounds: int, connect: bool = False) -> dict:
     from deltadrain.dev.produce import produce
 
     pipeline = cfg.pipeline(name)
-    report: dict = {"machine": _machine(), "source": "kafka", "count": count, "partitions": partitions,
-                    "batch_cap": batch}
+    report: dict = {"machine": _machine(), "source": "kafka", "executor": "connect" if connect else "local",
+                    "count": count, "partitions": partitions, "batch_cap": batch}
 
     def produced() -> dict:
         started = time.monotonic()
@@ -629,21 +650,28 @@ def _kafka_rounds(cfg, config: Path, name: str, workdir: Path, count: int, parti
                 "per_partition": dict(r.per_partition)}
 
     def phase(side: str, label: str) -> dict:
-        out = _step(label, lambda: _subphase(side, config, name, workdir))
+        out = _step(label, lambda: _subphase(side + ("_connect" if connect else ""), config, name, workdir))
         # The machine may be shared: the 1-minute load average after each phase says how fair it was.
         out["load_avg_1m_after"] = os.getloadavg()[0]
         return out
 
+    labels = {"structured_streaming": "Structured Streaming AvailableNow + foreachBatch MERGE",
+              "drain": "deltadrain drain"}
+
+    def fresh() -> None:  # the drain starts from its (empty) lake, the alternative from a new checkpoint
+        for left in ("lake", "ss-target", "ss-checkpoint"):
+            shutil.rmtree(workdir / left, ignore_errors=True)
+
     report["produce"] = _step("produce", produced)
+    if connect:
+        report["warm_up"] = {side: phase(side, f"warm-up: {labels[side]}") for side in labels}
+        fresh()
     results = []
     for i in range(rounds):
-        if i:  # fresh tables: the drain starts from its (empty) lake, the alternative from a new checkpoint
-            for left in ("lake", "ss-target", "ss-checkpoint"):
-                shutil.rmtree(workdir / left, ignore_errors=True)
+        if i:
+            fresh()
         # The alternative first in round 1: the topic was just written, so both read it from the page cache.
         order = ["structured_streaming", "drain"] if i % 2 == 0 else ["drain", "structured_streaming"]
-        labels = {"structured_streaming": "Structured Streaming AvailableNow + foreachBatch MERGE",
-                  "drain": "deltadrain drain"}
         results.append({side: phase(side, f"round {i + 1}/{rounds}: {labels[side]}") for side in order})
     if rounds == 1:
         report.update(results[0])
