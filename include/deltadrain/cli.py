@@ -65,13 +65,25 @@ def _count(value) -> str:
     return "?" if value is None else str(value)
 
 
-def _pipeline_session(args, purpose: str):
-    """(config, the pipeline named on the command line, a Spark session) for the commands that read tables."""
+def _session(args, cfg, purpose: str):
+    """The command's Spark session: with --remote, a session on a Spark Connect server (alone: the
+    embedded one), as a DAG task's is; otherwise a local driver of this process's own."""
+    if getattr(args, "remote", None):
+        from deltadrain.embedded import spark_connect_url
+        from deltadrain.spark import connect_session
+
+        url = spark_connect_url(cfg) if args.remote == "embedded" else args.remote
+        return connect_session(url, purpose=f"deltadrain {purpose}")
     from deltadrain.spark import get_spark
 
+    return get_spark(f"deltadrain-{purpose.replace(' ', '-')}")
+
+
+def _pipeline_session(args, purpose: str):
+    """(config, the pipeline named on the command line, a Spark session) for the commands that read tables."""
     cfg = load_config(args.config)
     pipeline = cfg.pipeline(args.pipeline)
-    return cfg, pipeline, get_spark(f"deltadrain-{purpose}-{pipeline.name}")
+    return cfg, pipeline, _session(args, cfg, f"{purpose} of '{pipeline.name}'")
 
 
 @command("services")
@@ -126,13 +138,8 @@ def _drain(args) -> int:
     pipeline = cfg.pipeline(args.pipeline)
     if args.accept_gaps:
         pipeline = pipeline.accepting_gaps()
-    spark = None  # a local driver of this process's own
-    if args.remote:
-        from deltadrain.embedded import spark_connect_url
-        from deltadrain.spark import connect_session
-
-        url = spark_connect_url(cfg) if args.remote == "embedded" else args.remote
-        spark = connect_session(url, purpose=f"deltadrain drain of '{pipeline.name}'")
+    # Without --remote the drain makes its own local driver.
+    spark = _session(args, cfg, f"drain of '{pipeline.name}'") if args.remote else None
     if args.max_batches == 1:
         print(drain(cfg, pipeline, spark=spark, run_id=args.run_id).line())
         return 0
@@ -265,14 +272,13 @@ def _metrics(args) -> int:
 @command("maintain")
 def _maintain(args) -> int:
     from deltadrain.maintain import describe, maintain
-    from deltadrain.spark import get_spark
 
     cfg = load_config(args.config)
     named = [cfg.pipeline(name) for name in args.pipeline]
     pipelines = named or ([] if args.shared else list(cfg.pipelines))
     shared = args.shared or not args.pipeline
     with stdout_to_stderr():  # Delta's VACUUM prints to the JVM's stdout, which would break --json
-        spark = get_spark("deltadrain-maintain")
+        spark = _session(args, cfg, "maintain")
         summaries = [maintain(cfg, spark, p).as_dict() for p in pipelines] + (
             [maintain(cfg, spark).as_dict()] if shared else [])
     if args.json:
@@ -405,7 +411,6 @@ def _replay(args) -> int:
     from dataclasses import asdict
 
     from deltadrain.replay import STEPS, parse_request, replay
-    from deltadrain.spark import get_spark
 
     cfg = load_config(args.config)
     params = {"pipeline": args.pipeline, "mode": args.mode, "message_ids": args.message_id or [],
@@ -413,7 +418,7 @@ def _replay(args) -> int:
               "position_from": args.position_from, "position_to": args.position_to, "limit": args.limit,
               "dry_run": not args.apply}
     request = parse_request(cfg, {k: v for k, v in params.items() if v is not None})
-    spark = get_spark(f"deltadrain-replay-{args.pipeline}")
+    spark = _session(args, cfg, f"replay of '{args.pipeline}'")
     bar, advance = _steps_bar(f"replay {args.pipeline} ({args.mode})", STEPS, sys.stderr.isatty() and not args.json)
     with bar:
         result = replay(cfg, spark, request, progress=advance)
@@ -421,6 +426,12 @@ def _replay(args) -> int:
     if request.dry_run:
         print(f"dry run: {result.selected} entries would be replayed; add --apply to replay them", file=sys.stderr)
     return 0
+
+
+def _add_remote(p) -> None:
+    p.add_argument("--remote", nargs="?", const="embedded", metavar="URL",
+                   help="run on a Spark Connect server (sc://host:port; alone: the embedded one) instead of a "
+                        "local driver")
 
 
 def _at_least(low: int):
@@ -489,9 +500,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--accept-gaps", action="store_true",
                    help="go on past the gaps (entries the source deleted before a commit held them) that stop "
                         "the pipeline under on_gap: fail; this run's commit records them")
-    p.add_argument("--remote", nargs="?", const="embedded", metavar="URL",
-                   help="run on a Spark Connect server (sc://host:port; alone: the embedded one) instead of a "
-                        "local driver")
+    _add_remote(p)
 
     p = sub.add_parser("reap", help="take over stuck claims and remove dead consumers")
     p.add_argument("pipeline", nargs="?", help="default: every Valkey pipeline")
@@ -512,6 +521,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --owed: leave out the batches committed less than SECONDS ago (their ingest run's "
                         "quality task checks them; the daily DAG leaves an hour)")
     p.add_argument("--json", action="store_true")
+    _add_remote(p)
 
     p = sub.add_parser("metrics", help="the last drain runs of a pipeline from the metrics table, and a chart")
     p.add_argument("pipeline")
@@ -525,6 +535,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shared", action="store_true", help="also (or with no pipeline, only) the metrics and "
                                                           "quality results tables")
     p.add_argument("--json", action="store_true")
+    _add_remote(p)
 
     p = sub.add_parser("dlq", help="inspect a pipeline's dead-letter table")
     p.add_argument("action", choices=["list"])
@@ -541,6 +552,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--start", required=True, help="ISO time with a zone (inclusive)")
     p.add_argument("--end", required=True, help="ISO time with a zone (exclusive)")
     p.add_argument("--json", action="store_true")
+    _add_remote(p)
 
     p = sub.add_parser("replay", help="send dead letters back to the source, or reprocess published messages")
     p.add_argument("pipeline")
@@ -555,6 +567,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=1000)
     p.add_argument("--apply", action="store_true", help="replay for real (default: a dry run that only shows)")
     p.add_argument("--json", action="store_true")
+    _add_remote(p)
 
     p = sub.add_parser("demo", help="start everything, produce sample events, drain them, show where to look")
     p.add_argument("--count", type=_at_least(1), default=5000)

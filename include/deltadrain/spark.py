@@ -125,10 +125,9 @@ def connect_server_conf(port: int, master: str | None = None) -> dict[str, str]:
                        "spark.connect.execute.manager.detachedTimeout": "60s",
                        "spark.connect.execute.manager.maintenanceInterval": "10s",
                        "spark.connect.session.manager.defaultSessionTimeout": "15min",
-                       # Spark 4.1 keys its Python worker daemons by the Connect session and never stops
-                       # one (SPARK-54055): a daemon per task, resident forever. Workers forked by the JVM
-                       # itself are stopped once idle, so a server that lives for weeks stays flat.
-                       "spark.python.use.daemon": "false"})
+                       # Spark 4.1 keeps a Python worker daemon per Connect session for good
+                       # (SPARK-54055); this one exits once idle, so a server that lives on stays flat.
+                       "spark.python.daemon.module": "deltadrain.python_daemon"})
     conf["spark.driver.extraJavaOptions"] = conf["spark.driver.extraJavaOptions"].replace(
         f"-Dlog4j2.configurationFile=file:{LOG4J}", f"-Dlog4j2.configurationFile=file:{CONNECT_LOG4J}")
     if master.startswith("local"):

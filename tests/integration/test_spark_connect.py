@@ -6,6 +6,8 @@ its clients: two pipelines at once, a client SIGKILLed during its MERGE, the ser
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -14,6 +16,7 @@ import pytest
 
 from deltadrain.embedded import SPARK_CONNECT_CONN_ID, spark_connect_url
 from deltadrain.spark import connect_session
+from tests.integration.helpers import ROOT
 from tests.integration.test_services import _own_env, cli, processes_under
 
 pytestmark = pytest.mark.slow
@@ -127,8 +130,8 @@ def test_concurrent_sessions_on_one_server_keep_their_own_confs(client, tmp_path
         assert len(table.to_pyarrow_table()) == rounds
 
 
-def test_its_python_workers_run_the_projects_interpreter_without_a_daemon_per_session(client,
-                                                                                       spark_connect_server):
+def test_its_python_workers_run_the_projects_interpreter_under_a_daemon_that_ends_when_idle(client,
+                                                                                            spark_connect_server):
     import sys
 
     import psutil
@@ -143,15 +146,17 @@ def test_its_python_workers_run_the_projects_interpreter_without_a_daemon_per_se
         return sys.executable
 
     assert session.range(1).select(interpreter("id")).first()[0] == sys.executable
-    # Spark 4.1 would keep a pyspark.daemon per session for the server's life (docs/spark-connect.md).
+    # Spark 4.1 keeps a daemon per session for the server's life; the server's is one that exits once
+    # idle (docs/spark-connect.md; tests/unit/test_python_daemon.py drives its exit).
     def command(p: psutil.Process) -> list[str]:
         try:
             return p.cmdline()
         except psutil.Error:  # exited since, or a worker that exited and awaits its reaping
             return []
 
-    under = psutil.Process(spark_connect_server.pid()).children(recursive=True)
-    assert not [command(p) for p in under if "pyspark.daemon" in command(p)]
+    under = [command(p) for p in psutil.Process(spark_connect_server.pid()).children(recursive=True)]
+    assert [c for c in under if "deltadrain.python_daemon" in c]
+    assert not [c for c in under if "pyspark.daemon" in c]
 
 
 def test_it_listens_on_loopback_only_and_status_shows_it(spark_connect_server, cfg):
@@ -243,6 +248,19 @@ def test_a_valkey_and_a_kafka_pipeline_drain_at_once_on_one_server_each_exactly_
     for c, p, other in ((vc, vp, kp), (kc, kp, vp)):
         table = DeltaTable(str(c.target_path(p)))
         assert table.transaction_version(p.name) == 1 and table.transaction_version(other.name) is None
+    # The other Spark commands run on the server too: a replay's dry run finds the dead letters, a
+    # maintenance run compacts the table.
+    def remote(config: Path, *argv: str) -> dict | list:
+        done = subprocess.run([sys.executable, "-m", "deltadrain.cli", "--config", str(config), *argv, "--json",
+                               "--remote", url], capture_output=True, text=True, timeout=600, cwd=ROOT)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return json.loads(done.stdout[done.stdout.index("{" if argv[0] == "replay" else "["):])
+
+    dead = len(vsent.bad_places(MALFORMED_KINDS))
+    assert dead and remote(vpath, "replay", vp.name)["selected"] == dead
+    (summary,) = remote(kpath, "maintain", kp.name)
+    target = next(t for t in summary["tables"] if t["path"] == str(kc.target_path(kp)))
+    assert target["skipped"] is None and 1 <= target["files_after"] <= target["files_before"], summary
 
 
 def test_a_client_killed_during_its_merge_loses_and_doubles_nothing(spark_connect_server, valkey_server, cfg,

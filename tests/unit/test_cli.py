@@ -37,6 +37,15 @@ def test_bench_rounds_apply_to_kafka_only_and_are_positive(capsys):
     assert "--rounds: 0 is less than 1" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv", [["drain", "orders"], ["quality", "orders", "--owed"], ["maintain", "orders"],
+                                  ["backfill", "orders", "--start", "a", "--end", "b"], ["replay", "orders"]])
+def test_the_spark_commands_take_remote_alone_or_with_a_url(argv):
+    parse = build_parser().parse_args
+    assert parse(argv).remote is None  # a local driver
+    assert parse([*argv, "--remote"]).remote == "embedded"
+    assert parse([*argv, "--remote", "sc://10.0.0.5:15002"]).remote == "sc://10.0.0.5:15002"
+
+
 def test_drain_max_batches_is_positive(capsys):
     from deltadrain.cli import main
 
