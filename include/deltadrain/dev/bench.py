@@ -274,15 +274,21 @@ def phase_raw_read(cfg, pipeline, spark, server_group: int | None = None) -> dic
     return {"messages": int(n), "seconds": round(seconds, 2), "rate": round(n / seconds), "cpu": cpu}
 
 
+def phase_cpu(server_group: int | None, spark, connect_pid: int | None) -> dict:
+    """`cpu_by_role` for a phase; with `connect_pid`, `spark` is a Spark Connect session and the server's
+    process tree (its JVM and Python workers) is a role of its own."""
+    if connect_pid is None:
+        return cpu_by_role(server_group, spark)
+    return {**cpu_by_role(server_group), "connect_server": tree_cpu_seconds(connect_pid)}
+
+
 def phase_drain(cfg, pipeline, spark, server_group: int | None = None, connect_pid: int | None = None) -> dict:
     """Batches until the backlog is gone. With `connect_pid`, `spark` is a Spark Connect session and the
     server's process tree (its JVM and Python workers) is a role of its own in the CPU report."""
     from deltadrain.catchup import drain
 
     def cpu() -> dict:
-        if connect_pid is None:
-            return cpu_by_role(server_group, spark)
-        return {**cpu_by_role(server_group), "connect_server": tree_cpu_seconds(connect_pid)}
+        return phase_cpu(server_group, spark, connect_pid)
 
     runs = []
     cpu_before = cpu()
@@ -406,9 +412,7 @@ def phase_structured_streaming(cfg, pipeline, spark, workdir: Path, server_group
             session.conf.unset(TXN_VERSION)
 
     def cpu() -> dict:
-        if connect_pid is None:
-            return cpu_by_role(server_group, spark)
-        return {**cpu_by_role(server_group), "connect_server": tree_cpu_seconds(connect_pid)}
+        return phase_cpu(server_group, spark, connect_pid)
 
     cpu_before = cpu()
     started = time.monotonic()
