@@ -4,7 +4,7 @@ Spark 4.1 starts a worker daemon per Connect session and never stops it (SPARK-5
 4.1): every task would leave about 55 MiB behind for the server's life. Spark itself stops a daemon's
 idle workers after a minute; this module, named by the server's `spark.python.daemon.module`, runs
 pyspark's daemon unchanged and lets it exit once it has had no worker and forked none for
-`DELTADRAIN_PYTHON_DAEMON_IDLE_SECONDS` (default 120). A session that needs a worker after that gets a
+`DELTADRAIN_PYTHON_DAEMON_IDLE_SECONDS` (default 30). A session that needs a worker after that gets a
 new daemon: Spark restarts one it finds gone ("Assuming that daemon unexpectedly quit").
 
 Workers the JVM forks itself (`spark.python.use.daemon=false`) would not leak either, but Spark waits
@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 IDLE_ENV = "DELTADRAIN_PYTHON_DAEMON_IDLE_SECONDS"
-DEFAULT_IDLE_SECONDS = 120.0
+DEFAULT_IDLE_SECONDS = 30.0
 
 _last_fork = time.monotonic()
 _fork = os.fork
