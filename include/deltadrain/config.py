@@ -101,6 +101,9 @@ class ServicesConfig(_Model):
     # Not Spark's 15002, like the others are not their servers' usual ports: a user's own server keeps its port.
     spark_connect_port: int = Field(15012, ge=1, le=65535)
     s3_port: int = Field(19000, ge=1, le=65535)
+    # The embedded Valkey Cluster's first port: six nodes listen on it and the five after it, their
+    # cluster buses on the six after those.
+    valkey_cluster_port: int = Field(16400, ge=1, le=65535 - 11)
     airflow_parallelism: int = Field(4, ge=1, le=64)
     kafka_heap: str = "512m"
 
