@@ -24,7 +24,7 @@ from pathlib import Path
 
 from deltadrain.config import DeltadrainConfig
 from deltadrain.dev.services.process import Service, port_open
-from deltadrain.dev.services.valkey_cluster import valkey_cluster_service
+from deltadrain.dev.services.valkey_cluster import ValkeyClusterService
 from deltadrain.embedded import (
     S3_BUCKET,
     airflow_env,
@@ -320,6 +320,10 @@ def airflow_service(cfg: DeltadrainConfig) -> Service:
     return Service("airflow", airflow_home(), [port], lambda: [airflow_bin, "standalone"], healthy, env=env,
                    prepare=prepare, start_timeout=240, stop_timeout=40,
                    describe=lambda: f"http://127.0.0.1:{port}")
+
+
+def valkey_cluster_service(cfg: DeltadrainConfig) -> ValkeyClusterService:
+    return ValkeyClusterService(cfg, valkey_binary)
 
 
 FACTORIES = {"valkey": valkey_service, "valkey_cluster": valkey_cluster_service, "kafka": kafka_service, "s3": s3_service,

@@ -13,7 +13,9 @@ from __future__ import annotations
 import json
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from deltadrain.config import DeltadrainConfig
 from deltadrain.dev.services.process import Service
@@ -75,9 +77,11 @@ def _connect(port: int, timeout: float = 2):
 
 @dataclass
 class ValkeyClusterService:
-    """The six nodes as one service: `up`, `down` and `status` like the other services'."""
+    """The six nodes as one service: `up`, `down` and `status` like the other services'. `binary`
+    finds the server (the services package's, shared with the single embedded Valkey)."""
 
     cfg: DeltadrainConfig
+    binary: Callable[[], Path]
     name: str = NAME
 
     def __post_init__(self) -> None:
@@ -97,9 +101,7 @@ class ValkeyClusterService:
                                                  timeout=NODE_TIMEOUT_MS, password=valkey_cluster_password()))
 
         def command() -> list[str]:
-            from deltadrain.dev.services import valkey_binary
-
-            return [str(valkey_binary()), str(conf)]
+            return [str(self.binary()), str(conf)]
 
         def healthy() -> bool:
             return bool(_connect(port, 1).ping())
@@ -195,7 +197,3 @@ def _wait(ready, timeout: float, what: str) -> None:
         time.sleep(0.1)
     raise ServiceError(f"the embedded Valkey Cluster did not come together: waited {timeout:.0f}s for {what}; "
                        f"see the node logs under {valkey_cluster_home()}")
-
-
-def valkey_cluster_service(cfg: DeltadrainConfig) -> ValkeyClusterService:
-    return ValkeyClusterService(cfg)

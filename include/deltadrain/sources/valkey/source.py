@@ -24,8 +24,8 @@ class Valkey:
 
         from deltadrain.sources.valkey.client import valkey_url
 
-        url = urllib.parse.urlsplit(valkey_url(cfg, pipeline.source))
-        return f"{url.hostname}:{url.port or 6379}"
+        urls = [urllib.parse.urlsplit(u) for u in valkey_url(cfg, pipeline.source).split(",")]
+        return ",".join(f"{url.hostname}:{url.port or 6379}" for url in urls)
 
     def connection_failure(self, exc: BaseException) -> tuple[bool, str] | None:
         if not type(exc).__module__.startswith("valkey"):
