@@ -1,0 +1,18 @@
+"""Pure parts of the Valkey Cluster support: the embedded cluster's slot ranges, payloads of replies
+parsed by a cluster client's nodes."""
+
+from deltadrain.dev.services.valkey_cluster import SLOTS, slot_ranges
+from deltadrain.sources.valkey.claim import payload_of
+
+
+def test_the_slots_are_split_into_contiguous_ranges_that_cover_them_all():
+    ranges = slot_ranges(3)
+    assert ranges[0][0] == 0 and ranges[-1][1] == SLOTS - 1
+    assert all(a[1] + 1 == b[0] for a, b in zip(ranges, ranges[1:], strict=False))
+    assert max(hi - lo for lo, hi in ranges) - min(hi - lo for lo, hi in ranges) <= 1
+
+
+def test_a_payload_is_found_in_raw_and_in_parsed_entry_fields():
+    assert payload_of([b"other", b"x", b"data", b"{}"], b"data") == b"{}"
+    assert payload_of({b"other": b"x", b"data": b"{}"}, b"data") == b"{}"
+    assert payload_of({b"other": b"x"}, b"data") is None and payload_of(None, b"data") is None
