@@ -75,10 +75,11 @@ def primary_of(client, stream: str) -> int:
 
 
 def produce_acknowledged(client, pipeline, count: int, seed: int, start: int = 0,
-                         importing: dict[str, int] | None = None) -> list[str]:
+                         importing: dict[str, int] | None = None, wait: bool = True) -> list[str]:
     """XADD `count` sample messages, each stream's on one connection to its primary followed by WAIT 1:
     the writes the primary acknowledged only once a replica has them. Returns the ids. `importing`:
-    streams whose slot is migrating, to the port of the node they are on now (each XADD after ASKING)."""
+    streams whose slot is migrating, to the port of the node they are on now (each XADD after ASKING).
+    `wait=False`: acknowledged by the primary alone."""
     client.nodes_manager.initialize()  # this goes round the client's redirections: the slots as they are now
     streams = pipeline.source.streams
     by_stream: dict[str, list] = {s: [] for s in streams}
@@ -92,8 +93,10 @@ def produce_acknowledged(client, pipeline, count: int, seed: int, start: int = 0
             if asking:
                 pipe.execute_command("ASKING")
             pipe.xadd(stream, {VALKEY_FIELD: msg.value})
-        pipe.execute_command("WAIT", 1, 10_000)
-        assert pipe.execute()[-1] >= 1, f"no replica acknowledged the writes to {stream}"
+        if wait:
+            pipe.execute_command("WAIT", 1, 10_000)
+        replies = pipe.execute()
+        assert not wait or replies[-1] >= 1, f"no replica acknowledged the writes to {stream}"
     return [m.key for msgs in by_stream.values() for m in msgs]
 
 
@@ -101,7 +104,7 @@ def node_index(svc, port: int) -> int:
     return svc.node_ports.index(port)
 
 
-def kill_primary_and_promote(svc, client, stream: str) -> tuple[int, int]:
+def kill_primary_and_promote(svc, client, stream: str, after_kill=lambda: None) -> tuple[int, int]:
     """SIGKILL the primary of `stream`'s slot, CLUSTER FAILOVER TAKEOVER on its replica, and wait until
     every live node names the replica as the slot's primary. (killed port, promoted port)."""
     port = primary_of(client, stream)
@@ -110,6 +113,7 @@ def kill_primary_and_promote(svc, client, stream: str) -> tuple[int, int]:
     my_id = me.execute_command("CLUSTER MYID")
     replica = next(n for n in known_nodes(me) if n["primary"] == my_id)
     os.kill(svc.nodes[node_index(svc, port)].pid(), signal.SIGKILL)
+    after_kill()
     promoted = _connect(replica["port"])
     promoted.execute_command("CLUSTER FAILOVER", "TAKEOVER")
     live = [p for p in svc.node_ports if p != port]
@@ -229,3 +233,39 @@ def test_a_slot_migrated_while_drains_hold_claims_loses_and_doubles_nothing(tmp_
     assert primary_of(valkey_client(c, p), stream) == target
     assert dst.execute_command("CLUSTER GETKEYSINSLOT", slot, 1000).count(stream) == 1
     assert_exactly_once(spark, c, p, client, ids + more + last, 0)
+
+
+
+def test_appends_a_failover_lost_after_their_commit_are_noted_where_the_stream_ends_before_the_checkpoint(
+        tmp_path, cfg, spark, valkey_cluster):
+    """Appends the primaries acknowledged without WAIT while one's replica was stopped (SIGSTOP), so that
+    it never got them: a drain commits them, that primary is SIGKILLed, the replica promoted. The lake
+    keeps what it committed; the stream on the new primary ends before the checkpoint's position, and
+    `status` names it. The drains go on."""
+    from deltadrain.sources import LakeSide, source_of
+    from deltadrain.sources.valkey.status import BEHIND
+
+    path, c, p = cluster_pipeline(tmp_path)
+    client = valkey_client(c, p)
+    ids = produce_acknowledged(client, p, 400, seed=7)
+    victim = p.source.streams[2]
+    me = _connect(primary_of(client, victim))
+    replica = next(n for n in known_nodes(me) if n["primary"] == me.execute_command("CLUSTER MYID"))
+    stopped = valkey_cluster.nodes[node_index(valkey_cluster, replica["port"])].pid()
+    # Stopped, and cut off: what the primary appends from now on is not even in the replica's socket.
+    os.kill(stopped, signal.SIGSTOP)
+    try:
+        assert me.execute_command("CLIENT KILL", "TYPE", "replica") == 1
+        lost = produce_acknowledged(client, p, 400, seed=7, start=400, wait=False)
+        s = drain(c, p, spark=spark)
+        assert s.outcome == "committed" and s.written == 800 and s.acked == 800
+        kill_primary_and_promote(valkey_cluster, client, victim, lambda: os.kill(stopped, signal.SIGCONT))
+    finally:
+        os.kill(stopped, signal.SIGCONT)
+    lake = LakeSide(lambda: read_checkpoint(spark, str(c.target_path(p)), p.name))
+    notes = source_of(p).counts(c, p, lake)["notes"]
+    assert [n["state"] for n in notes] == [BEHIND] and f"stream {victim} ends at" in notes[0]["note"]
+    later = produce_acknowledged(client, p, 400, seed=7, start=800)
+    drain_until_done(c, p, spark, client)
+    assert_exactly_once(spark, c, p, client, ids + lost + later, 0)
+    valkey_cluster.up()

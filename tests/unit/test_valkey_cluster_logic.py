@@ -16,3 +16,12 @@ def test_a_payload_is_found_in_raw_and_in_parsed_entry_fields():
     assert payload_of([b"other", b"x", b"data", b"{}"], b"data") == b"{}"
     assert payload_of({b"other": b"x", b"data": b"{}"}, b"data") == b"{}"
     assert payload_of({b"other": b"x"}, b"data") is None and payload_of(None, b"data") is None
+
+
+def test_a_stream_that_ends_before_the_checkpoint_gets_a_note_and_others_none():
+    from deltadrain.sources.valkey.status import BEHIND, behind_notes
+
+    positions = {"a": "100-5", "b": "100-5", "c": "9-0"}
+    [note] = behind_notes(positions, {"a": "100-4", "b": "100-5", "c": "10-0", "d": "1-0"})
+    assert note["state"] == BEHIND and "stream a ends at 100-4, before the position 100-5" in note["note"]
+    assert behind_notes(positions, {"a": "1000-0"}) == []
