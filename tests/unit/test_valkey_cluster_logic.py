@@ -25,3 +25,18 @@ def test_a_stream_that_ends_before_the_checkpoint_gets_a_note_and_others_none():
     [note] = behind_notes(positions, {"a": "100-4", "b": "100-5", "c": "10-0", "d": "1-0"})
     assert note["state"] == BEHIND and "stream a ends at 100-4, before the position 100-5" in note["note"]
     assert behind_notes(positions, {"a": "1000-0"}) == []
+
+
+def test_a_bare_services_up_starts_the_cluster_only_when_a_pipeline_reads_from_the_embedded_one():
+    from deltadrain.config import load_config
+    from deltadrain.dev import services
+
+    cfg = load_config()
+    assert "valkey_cluster" not in services.defaults(cfg)
+    valkey = next(p for p in cfg.pipelines if p.source.kind == "valkey")
+    clustered = valkey.model_copy(update={"source": valkey.source.model_copy(update={"cluster": True})})
+    on_cluster = cfg.model_copy(update={"pipelines": [clustered]})
+    assert services.defaults(on_cluster) == ["valkey", "valkey_cluster", "kafka", "spark_connect", "airflow"]
+    elsewhere = clustered.model_copy(update={"source": clustered.source.model_copy(update={"url": "valkey://h:7000"})})
+    assert "valkey_cluster" not in services.defaults(cfg.model_copy(update={"pipelines": [elsewhere]}))
+    assert services.select(["valkey_cluster"]) == ["valkey_cluster"]
