@@ -101,14 +101,55 @@ class ServicesConfig(_Model):
     # Not Spark's 15002, like the others are not their servers' usual ports: a user's own server keeps its port.
     spark_connect_port: int = Field(15012, ge=1, le=65535)
     s3_port: int = Field(19000, ge=1, le=65535)
+    # The embedded Valkey Cluster's first port: six nodes listen on it and the five after it, their
+    # cluster buses on the six after those.
+    valkey_cluster_port: int = Field(16400, ge=1, le=65535 - 11)
     airflow_parallelism: int = Field(4, ge=1, le=64)
     kafka_heap: str = "512m"
 
 
+def hash_tag(key: str) -> str:
+    """What Valkey Cluster hashes of a key: the part between the first '{' and the first '}' after
+    it when that part is not empty (a hash tag), else the whole key."""
+    start = key.find("{")
+    if start >= 0:
+        end = key.find("}", start + 1)
+        if end > start + 1:
+            return key[start + 1:end]
+    return key
+
+
+def _valkey_url(v: str) -> str:
+    if not re.match(r"^(valkey|valkeys|redis|rediss)://", v):
+        raise ValueError("must start with valkey://, valkeys://, redis:// or rediss://")
+    parts = urllib.parse.urlsplit(v)
+    if parts.password is not None:
+        raise ValueError("carries a password; put it in password_env or an Airflow connection")
+    try:
+        parts.port  # noqa: B018 - raises on a port that is not a number
+    except ValueError:
+        # valkey://user:pa/ss@host: the address ends at the "/", and "pa" would be taken for the
+        # port (and printed in its error): a password with a "/" in it.
+        raise ValueError("has a port that is not a number; a password in the URL? Put it in password_env "
+                         "or an Airflow connection") from None
+    if parts.fragment:
+        raise ValueError("has a '#' part, which a Valkey URL does not use (a password there is not hidden)")
+    # valkey-py also reads credentials from the query string (?password=..., ?username=...).
+    query = urllib.parse.parse_qs(parts.query, keep_blank_values=True)
+    creds = sorted(k for k in query if k.lower() in SECRET_KEYS | {"username", "user"})
+    if creds:
+        raise ValueError(f"carries credentials in its query string ({', '.join(creds)}); name an environment "
+                         "variable (password_env) or an Airflow connection (connection_id) instead")
+    return v
+
+
 class ValkeySource(_Model):
     kind: Literal["valkey"]
-    # None means the embedded Valkey of `deltadrain services`.
-    url: str | None = None
+    # None means the embedded Valkey of `deltadrain services` (with cluster: true, its embedded cluster).
+    # A cluster may be given by several seed URLs: the client finds every node from any one of them.
+    url: str | list[str] | None = None
+    # Valkey Cluster: each stream's commands go to the primary that owns its slot (docs/config.md).
+    cluster: bool = False
     connection_id: str | None = None
     password_env: str | None = None
     streams: list[str] = Field(min_length=1)
@@ -122,27 +163,11 @@ class ValkeySource(_Model):
     @field_validator("url")
     @classmethod
     def _url(cls, v):
-        if v is not None and not re.match(r"^(valkey|valkeys|redis|rediss)://", v):
-            raise ValueError("must start with valkey://, valkeys://, redis:// or rediss://")
-        parts = urllib.parse.urlsplit(v or "")
-        if parts.password is not None:
-            raise ValueError("carries a password; put it in password_env or an Airflow connection")
-        try:
-            parts.port  # noqa: B018 - raises on a port that is not a number
-        except ValueError:
-            # valkey://user:pa/ss@host: the address ends at the "/", and "pa" would be taken for the
-            # port (and printed in its error): a password with a "/" in it.
-            raise ValueError("has a port that is not a number; a password in the URL? Put it in password_env "
-                             "or an Airflow connection") from None
-        if parts.fragment:
-            raise ValueError("has a '#' part, which a Valkey URL does not use (a password there is not hidden)")
-        # valkey-py also reads credentials from the query string (?password=..., ?username=...).
-        query = urllib.parse.parse_qs(parts.query, keep_blank_values=True)
-        creds = sorted(k for k in query if k.lower() in SECRET_KEYS | {"username", "user"})
-        if creds:
-            raise ValueError(f"carries credentials in its query string ({', '.join(creds)}); name an environment "
-                             "variable (password_env) or an Airflow connection (connection_id) instead")
-        return v
+        if isinstance(v, list):
+            if not v:
+                raise ValueError("lists no URL; name at least one seed node, or leave url out")
+            return [_valkey_url(u) for u in v]
+        return v if v is None else _valkey_url(v)
 
     @field_validator("streams")
     @classmethod
@@ -150,6 +175,27 @@ class ValkeySource(_Model):
         if len(set(v)) != len(v):
             raise ValueError("lists a stream twice")
         return v
+
+    @model_validator(mode="after")
+    def _cluster(self):
+        if isinstance(self.url, list) and len(self.url) > 1 and not self.cluster:
+            raise ValueError("url: several seed URLs name a Valkey Cluster; set cluster: true")
+        if self.cluster:
+            # A hash tag pins keys to one slot: two streams with the same tag would share a slot, and so
+            # a primary, a failover and every slot migration, which partitions are there to avoid.
+            by_tag: dict[str, list[str]] = {}
+            for stream in self.streams:
+                by_tag.setdefault(hash_tag(stream), []).append(stream)
+            shared = [names for names in by_tag.values() if len(names) > 1]
+            if shared:
+                raise ValueError("streams: " + "; ".join(
+                    f"{', '.join(names)} share the hash tag {{{hash_tag(names[0])}}}, so one cluster slot"
+                    for names in shared) + "; give each stream a hash tag of its own, or none")
+        return self
+
+    def seed_urls(self) -> list[str] | None:
+        """The URLs the config names (None: the embedded server or cluster)."""
+        return None if self.url is None else [self.url] if isinstance(self.url, str) else list(self.url)
 
     def connection_id_used(self) -> str | None:
         """The Airflow connection the credentials come from, if any."""

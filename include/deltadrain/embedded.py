@@ -26,6 +26,7 @@ class Ports:
     airflow: int
     spark_connect: int
     s3: int
+    valkey_cluster: int = 16400
 
     @classmethod
     def resolve(cls, services: ServicesConfig) -> Ports:
@@ -44,6 +45,7 @@ class Ports:
             airflow=pick("DELTADRAIN_AIRFLOW_PORT", services.airflow_port),
             spark_connect=pick("DELTADRAIN_SPARK_CONNECT_PORT", services.spark_connect_port),
             s3=pick("DELTADRAIN_S3_PORT", services.s3_port),
+            valkey_cluster=pick("DELTADRAIN_VALKEY_CLUSTER_PORT", services.valkey_cluster_port),
         )
 
 
@@ -176,3 +178,36 @@ def airflow_login() -> tuple[str, str | None]:
         return "admin", json.loads(airflow_password_file().read_text()).get("admin")
     except (FileNotFoundError, ValueError):
         return "admin", None
+
+
+# The embedded Valkey Cluster (`services up --only valkey_cluster`): three primaries, three replicas.
+VALKEY_CLUSTER_PRIMARIES = 3
+VALKEY_CLUSTER_NODES = 6
+
+
+def valkey_cluster_home() -> Path:
+    return services_home() / "valkey_cluster"
+
+
+def valkey_cluster_login_file() -> Path:
+    """The embedded cluster's password (JSON), made by its first start, owner-only."""
+    return valkey_cluster_home() / "login.json"
+
+
+def valkey_cluster_password() -> str | None:
+    """The embedded cluster's password, None before its first start made one."""
+    try:
+        return json.loads(valkey_cluster_login_file().read_text())["password"]
+    except (FileNotFoundError, ValueError, KeyError):
+        return None
+
+
+def valkey_cluster_ports(cfg: DeltadrainConfig) -> list[int]:
+    """The client ports of the embedded cluster's nodes; node i's cluster bus is on port i + 6."""
+    base = ports(cfg).valkey_cluster
+    return [base + i for i in range(VALKEY_CLUSTER_NODES)]
+
+
+def valkey_cluster_seeds(cfg: DeltadrainConfig) -> list[str]:
+    """Seed URLs of the embedded cluster: every node, so that a client finds it with any one down."""
+    return [f"valkey://127.0.0.1:{port}" for port in valkey_cluster_ports(cfg)]

@@ -357,3 +357,33 @@ def test_a_taken_port_names_the_setting_that_moves_it(tmp_path):
     assert kafka.port_setting(9093) == ("services.kafka_controller_port in the config or "
                                         "DELTADRAIN_KAFKA_CONTROLLER_PORT")
     assert Service("valkey", tmp_path, [6379], list, bool).port_setting(6379).endswith("DELTADRAIN_VALKEY_PORT")
+
+
+def _valkey_source(data: dict) -> dict:
+    return next(p for p in data["pipelines"] if p["source"]["kind"] == "valkey")["source"]
+
+
+@pytest.mark.parametrize(("key", "tag"), [("orders", "orders"), ("orders:{eu}", "eu"), ("{eu}:orders:{us}", "eu"),
+                                          ("orders:{}x", "orders:{}x"), ("orders:{eu", "orders:{eu"),
+                                          ("a}b{c}", "c")])
+def test_hash_tag_follows_valkey_cluster_rules(key, tag):
+    from deltadrain.config import hash_tag
+
+    assert hash_tag(key) == tag
+
+
+def test_a_cluster_source_takes_seed_urls_and_refuses_streams_that_share_a_hash_tag():
+    data = example()
+    source = _valkey_source(data)
+    source.update(cluster=True, url=["valkey://10.0.0.1:7000", "valkey://10.0.0.2:7000"],
+                  streams=["orders:{0}", "orders:{1}", "refunds"])
+    cfg = parse_config(data, Path("pipes.yaml"))
+    assert next(p for p in cfg.pipelines if p.source.kind == "valkey").source.seed_urls()[1] == "valkey://10.0.0.2:7000"
+    source["streams"] = ["orders:{eu}", "refunds:{eu}", "other"]
+    msg = error_of(data)
+    assert "pipes.yaml" in msg and "field 'source'" in msg and "orders:{eu}, refunds:{eu} share the hash tag {eu}" in msg
+    source.update(cluster=False, streams=["orders:{eu}", "refunds:{eu}"])
+    assert "set cluster: true" in error_of(data)  # several seeds without cluster: true
+    source["url"] = ["valkey://10.0.0.1:7000", "valkey://u:hunter2@10.0.0.2:7000"]
+    source["cluster"] = True
+    assert "carries a password" in error_of(data) and "hunter2" not in error_of(data)

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from deltadrain.config import DeltadrainConfig
 from deltadrain.dev.services.process import Service, port_open
+from deltadrain.dev.services.valkey_cluster import ValkeyClusterService
 from deltadrain.embedded import (
     S3_BUCKET,
     airflow_env,
@@ -43,8 +44,9 @@ from deltadrain.orchestration.pools import ensure_airflow_pools
 from deltadrain.paths import PROJECT_ROOT
 
 # Airflow last: its connections point at the others, and `down` stops it first.
-ALL = ("valkey", "kafka", "s3", "spark_connect", "airflow")
-# What a bare `up` or `status` means; the S3 server joins them when the lake is on S3.
+ALL = ("valkey", "valkey_cluster", "kafka", "s3", "spark_connect", "airflow")
+# What a bare `up` or `status` means; the S3 server joins them when the lake is on S3, the Valkey
+# Cluster when a pipeline reads from the embedded one.
 DEFAULT = ("valkey", "kafka", "spark_connect", "airflow")
 
 
@@ -320,14 +322,21 @@ def airflow_service(cfg: DeltadrainConfig) -> Service:
                    describe=lambda: f"http://127.0.0.1:{port}")
 
 
-FACTORIES = {"valkey": valkey_service, "kafka": kafka_service, "s3": s3_service,
+def valkey_cluster_service(cfg: DeltadrainConfig) -> ValkeyClusterService:
+    return ValkeyClusterService(cfg, valkey_binary)
+
+
+FACTORIES = {"valkey": valkey_service, "valkey_cluster": valkey_cluster_service, "kafka": kafka_service, "s3": s3_service,
              "spark_connect": spark_connect_service, "airflow": airflow_service}
 
 
 def defaults(cfg: DeltadrainConfig | None) -> list[str]:
-    """The services a bare `up` or `status` means: the S3 server only when the lake is on S3."""
+    """The services a bare `up` or `status` means: the S3 server only when the lake is on S3, the
+    Valkey Cluster only when a pipeline reads from the embedded one (`source.cluster` without a url)."""
     on_s3 = cfg is not None and (cfg.data_dir or "").startswith("s3a://")
-    return [n for n in ALL if n in DEFAULT or (n == "s3" and on_s3)]
+    on_cluster = cfg is not None and any(getattr(p.source, "cluster", False) and not p.source.url
+                                         for p in cfg.pipelines)
+    return [n for n in ALL if n in DEFAULT or (n == "s3" and on_s3) or (n == "valkey_cluster" and on_cluster)]
 
 
 def select(names: list[str] | None, cfg: DeltadrainConfig | None = None, *, every: bool = False) -> list[str]:

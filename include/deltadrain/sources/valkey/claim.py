@@ -67,6 +67,7 @@ class ClaimContext:
     max_bytes: int
     failures_key: str
     gaps_key: str = ""  # where deleted-while-pending gaps are recorded (deltadrain.sources.valkey.gaps)
+    cluster: bool = False  # `url` is a Valkey Cluster's seed URLs, joined by commas
 
 
 def allocate(cap: int, backlog: dict[str, int]) -> dict[str, int]:
@@ -206,10 +207,9 @@ def record_batch(chunk: Entries, decoder: BatchDecoder, arrow_schema):
 
 
 def _client(ctx: ClaimContext):
-    import valkey
+    from deltadrain.sources.valkey.client import connect
 
-    url = ctx.url.replace("valkey://", "redis://", 1).replace("valkeys://", "rediss://", 1)
-    return valkey.Valkey.from_url(url, username=ctx.username, password=ctx.password, socket_timeout=60)
+    return connect(ctx.url, ctx.cluster, ctx.username, ctx.password, socket_timeout=60)
 
 
 def run_claim(task: ClaimTask, ctx: ClaimContext) -> Iterator[Entries]:
@@ -284,11 +284,14 @@ def read_new_past_gaps(client, ctx: ClaimContext, stream: str, count: int, carri
     trimmed (MAXLEN under a producer that outruns the drain) or deleted past the group's position
     after that check would be skipped by XREADGROUP without a trace (invariant 1). `carried`: the end
     of an XDEL gap a commit already carried (gaps.carried_ends_of)."""
-    pipe = client.pipeline(transaction=True)
-    pipe.xinfo_stream(stream)
-    pipe.xinfo_groups(stream)
-    pipe.xreadgroup(ctx.group, ctx.consumer, {stream: ">"}, count=count)
-    info, groups, reply = pipe.execute()
+    if ctx.cluster:
+        info, groups, reply = _read_in_script(client, ctx, stream, count)
+    else:
+        pipe = client.pipeline(transaction=True)
+        pipe.xinfo_stream(stream)
+        pipe.xinfo_groups(stream)
+        pipe.xreadgroup(ctx.group, ctx.consumer, {stream: ">"}, count=count)
+        info, groups, reply = pipe.execute()
     gap = unread_gap(stream, state_of(info, groups, ctx.group, carried))
     if gap is not None and ctx.gaps_key:
         # As soon as the read returns: a task that dies before its commit leaves the record behind.
@@ -296,8 +299,28 @@ def read_new_past_gaps(client, ctx: ClaimContext, stream: str, count: int, carri
     return reply[0][1] if reply else []
 
 
-def payload_of(fields: list | None, name: bytes):
-    """The value of field `name` in an entry's [field, value, ...] list (None when it has none)."""
+# A cluster client has no MULTI: the same three reads, atomic, as one script on the stream's primary.
+_READ = """
+local info = redis.call('XINFO', 'STREAM', KEYS[1])
+local groups = redis.call('XINFO', 'GROUPS', KEYS[1])
+local reply = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', ARGV[3], 'STREAMS', KEYS[1], '>')
+return {info, groups, reply}
+"""
+
+
+def _read_in_script(client, ctx: ClaimContext, stream: str, count: int):
+    """`read_new_past_gaps`'s transaction for a cluster client: the replies parsed as valkey-py parses them."""
+    from valkey._parsers.helpers import pairs_to_dict, parse_xinfo_stream
+
+    info, groups, reply = client.eval(_READ, 1, stream, ctx.group, ctx.consumer, count)
+    return (parse_xinfo_stream(info), [pairs_to_dict(g, decode_keys=True) for g in groups], reply or [])
+
+
+def payload_of(fields: list | dict | None, name: bytes):
+    """The value of field `name` in an entry's [field, value, ...] list (None when it has none). A
+    cluster client parses replies on its nodes' connections: there an entry's fields come as a dict."""
+    if isinstance(fields, dict):
+        return fields.get(name)
     for i in range(0, len(fields or ()) - 1, 2):
         if fields[i] == name:
             return fields[i + 1]

@@ -44,23 +44,62 @@ def group_counts(client, stream: str, group: str) -> tuple[int, int]:
 
 
 def valkey_url(cfg: DeltadrainConfig, source: ValkeySource) -> str:
-    if source.url:
-        return source.url
-    from deltadrain.embedded import ports
+    """The source's address as one string: its URL, or a cluster's seed URLs joined by commas."""
+    return ",".join(seed_urls(cfg, source))
 
-    return f"valkey://127.0.0.1:{ports(cfg).valkey}/0"
+
+def seed_urls(cfg: DeltadrainConfig, source: ValkeySource) -> list[str]:
+    """The URLs the config names, else the embedded server's (or, with cluster: true, the embedded
+    cluster's nodes)."""
+    if source.url:
+        return source.seed_urls()
+    from deltadrain.embedded import ports, valkey_cluster_seeds
+
+    return valkey_cluster_seeds(cfg) if source.cluster else [f"valkey://127.0.0.1:{ports(cfg).valkey}/0"]
+
+
+def source_credentials(source: ValkeySource):
+    """The configured login; the embedded cluster's own password when the source names none."""
+    creds = credentials(connection_id=source.connection_id, password_env=source.password_env)
+    if source.cluster and not source.url and creds.password is None:
+        from deltadrain.embedded import valkey_cluster_password
+        from deltadrain.secrets import Credentials
+
+        return Credentials(None, valkey_cluster_password())
+    return creds
+
+
+def connect(urls: str, cluster: bool, username: str | None, password: str | None, **opts):
+    """A client of one server (`urls` one URL) or of a Valkey Cluster (`urls` its seed URLs joined by
+    commas): the cluster client sends each key's command to the primary that owns its slot, and
+    follows MOVED (a slot moved, a replica promoted) and ASK (a slot migrating) redirections."""
+    import valkey
+
+    creds = {"password": password, **({"username": username} if username and password else {})}
+    if not cluster:
+        url = urls.replace("valkey://", "redis://", 1).replace("valkeys://", "rediss://", 1)
+        return valkey.Valkey.from_url(url, **{k: v for k, v in creds.items() if v is not None}, **opts)
+    import urllib.parse
+
+    from valkey.cluster import ClusterNode, ValkeyCluster
+
+    seeds = [urllib.parse.urlsplit(u) for u in urls.split(",")]
+    nodes = [ClusterNode(s.hostname or "127.0.0.1", s.port or 6379) for s in seeds]
+    if any(s.scheme in ("valkeys", "rediss") for s in seeds):
+        opts["ssl"] = True
+    opts.pop("health_check_interval", None)
+    return ValkeyCluster(startup_nodes=nodes, cluster_error_retry_attempts=5, **creds, **opts)
+
+
+def is_cluster(client) -> bool:
+    from valkey.cluster import ValkeyCluster
+
+    return isinstance(client, ValkeyCluster)
 
 
 def valkey_client(cfg: DeltadrainConfig, pipeline: PipelineConfig, **kwargs):
-    import valkey
-
     source = pipeline.source
     assert isinstance(source, ValkeySource)
-    creds = credentials(connection_id=source.connection_id, password_env=source.password_env)
-    url = valkey_url(cfg, source).replace("valkey://", "redis://", 1).replace("valkeys://", "rediss://", 1)
+    creds = source_credentials(source)
     opts = {"socket_timeout": 30, "socket_connect_timeout": 5, "health_check_interval": 30, **kwargs}
-    if creds.password:
-        opts["password"] = creds.password
-        if creds.username:
-            opts["username"] = creds.username
-    return valkey.Valkey.from_url(url, **opts)
+    return connect(valkey_url(cfg, source), source.cluster, creds.username, creds.password, **opts)

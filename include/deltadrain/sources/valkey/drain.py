@@ -18,10 +18,15 @@ from deltadrain.drain import GO_ON_PAST, Drain, DrainError, claim_schema
 from deltadrain.logs import fields, run_logger
 from deltadrain.outcome import Outcome
 from deltadrain.positions import merge_positions
-from deltadrain.secrets import credentials
 from deltadrain.sources.valkey.acknowledge import acknowledge, release
 from deltadrain.sources.valkey.claim import ClaimContext, allocate, claim_arrow, failure_field, plan
-from deltadrain.sources.valkey.client import as_text, group_counts, valkey_client, valkey_url
+from deltadrain.sources.valkey.client import (
+    as_text,
+    group_counts,
+    source_credentials,
+    valkey_client,
+    valkey_url,
+)
 from deltadrain.sources.valkey.crashes import Split, count_alone, find_split, mark_rest, uncount_alone
 from deltadrain.sources.valkey.gaps import (
     as_ranges,
@@ -62,14 +67,14 @@ def backlog(client, source: ValkeySource) -> dict[str, int]:
 
 def claim_context(cfg: DeltadrainConfig, pipeline: PipelineConfig, consumer: str) -> ClaimContext:
     source = pipeline.source
-    creds = credentials(connection_id=source.connection_id, password_env=source.password_env)
+    creds = source_credentials(source)
     schema = pipeline.payload_schema
     return ClaimContext(
         url=valkey_url(cfg, source), username=creds.username, password=creds.password, group=source.group,
         consumer=consumer, min_idle_ms=pipeline.min_idle_ms, max_attempts=pipeline.max_retries + 1,
         fields=dict(schema.fields), id_field=schema.id_field, required=list(schema.required),
         max_bytes=pipeline.max_message_bytes, failures_key=failures_key(pipeline.name),
-        gaps_key=gaps_key(pipeline.name))
+        gaps_key=gaps_key(pipeline.name), cluster=source.cluster)
 
 
 class ValkeyDrain(Drain):

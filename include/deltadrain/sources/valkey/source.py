@@ -24,8 +24,8 @@ class Valkey:
 
         from deltadrain.sources.valkey.client import valkey_url
 
-        url = urllib.parse.urlsplit(valkey_url(cfg, pipeline.source))
-        return f"{url.hostname}:{url.port or 6379}"
+        urls = [urllib.parse.urlsplit(u) for u in valkey_url(cfg, pipeline.source).split(",")]
+        return ",".join(f"{url.hostname}:{url.port or 6379}" for url in urls)
 
     def connection_failure(self, exc: BaseException) -> tuple[bool, str] | None:
         if not type(exc).__module__.startswith("valkey"):
@@ -85,13 +85,16 @@ class Valkey:
     def counts(self, cfg, pipeline, lake: LakeSide, until: float | None = None, quick: bool = False) -> dict:
         from deltadrain.sources.valkey.client import valkey_client
         from deltadrain.sources.valkey.gaps import gaps_key
-        from deltadrain.sources.valkey.status import stream_notes, valkey_counts
+        from deltadrain.sources.valkey.status import behind_notes, last_ids, stream_notes, valkey_counts
 
         # Valkey's own timeouts bound each call; `quick` shortens them to a page's patience.
         client = valkey_client(cfg, pipeline, **({"socket_timeout": 3, "socket_connect_timeout": 3} if quick else {}))
         counts = valkey_counts(client, pipeline.source, gaps_key(pipeline.name), pipeline)
         missing = counts.pop("missing_streams")
         counts["notes"] = stream_notes(pipeline, missing, lake.checkpoint.positions) if missing else []
+        if pipeline.source.cluster:  # a failover may have lost what a batch committed (docs/semantics.md)
+            here = [s for s in pipeline.source.streams if s not in missing]
+            counts["notes"] += behind_notes(lake.checkpoint.positions, last_ids(client, here))
         return counts
 
     def stale_after_ms(self, pipeline) -> int:

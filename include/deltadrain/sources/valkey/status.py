@@ -41,7 +41,7 @@ def valkey_counts(client, source: ValkeySource, gaps_at: str | None = None, pipe
             "missing_streams": missing}
 
 
-NEVER_WRITTEN, STREAM_GONE = "never_written", "stream_gone"
+NEVER_WRITTEN, STREAM_GONE, BEHIND = "never_written", "stream_gone", "behind_checkpoint"
 
 
 def stream_notes(pipeline: PipelineConfig, missing: list[str], positions: dict[str, str]) -> list[dict]:
@@ -61,6 +61,34 @@ def stream_notes(pipeline: PipelineConfig, missing: list[str], positions: dict[s
             "it was deleted (DEL, or the server lost its data) after batches were drained from it; new entries "
             "start it again, check the server")})
     return notes
+
+
+def behind_notes(positions: dict[str, str], last_ids: dict[str, str]) -> list[dict]:
+    """Notes on the streams whose newest id (last-generated-id) is below the position the lake's
+    checkpoint holds (pure): the server lost entries a batch had committed. After a failover, the
+    promoted replica had not received them; the appends the old primary acknowledged after them are
+    lost too, and nothing on the server tells how many."""
+    from deltadrain.positions import StreamId
+
+    return [{"state": BEHIND, "note": (
+        f"stream {stream} ends at {last_ids[stream]}, before the position {positions[stream]} the lake's "
+        "checkpoint holds: the server lost entries that a batch had already committed (a replica promoted "
+        "before it had them, or a restore from an older copy); appends acknowledged after them may be lost "
+        "too and cannot be counted. The lake keeps what it committed; new entries go on draining")}
+        for stream in sorted(last_ids) if stream in positions
+        and StreamId.parse(last_ids[stream]) < StreamId.parse(positions[stream])]
+
+
+def last_ids(client, streams) -> dict[str, str]:
+    """last-generated-id of each stream that exists (XINFO STREAM, one call a stream)."""
+    out = {}
+    for stream in streams:
+        try:
+            out[stream] = as_text(client.xinfo_stream(stream)["last-generated-id"])
+        except Exception as exc:
+            if "no such key" not in str(exc).lower():
+                raise
+    return out
 
 
 def valkey_splits(client, pipeline: PipelineConfig) -> list[dict]:
