@@ -71,7 +71,7 @@ def _pipeline_session(args, purpose: str):
 
     cfg = load_config(args.config)
     pipeline = cfg.pipeline(args.pipeline)
-    return cfg, pipeline, get_spark(f"deltadrain-{purpose}-{pipeline.name}")
+    return cfg, pipeline, get_spark(f"deltadrain-{purpose}-{pipeline.name}", cfg=cfg)
 
 
 @command("services")
@@ -272,7 +272,7 @@ def _maintain(args) -> int:
     pipelines = named or ([] if args.shared else list(cfg.pipelines))
     shared = args.shared or not args.pipeline
     with stdout_to_stderr():  # Delta's VACUUM prints to the JVM's stdout, which would break --json
-        spark = get_spark("deltadrain-maintain")
+        spark = get_spark("deltadrain-maintain", cfg=cfg)
         summaries = [maintain(cfg, spark, p).as_dict() for p in pipelines] + (
             [maintain(cfg, spark).as_dict()] if shared else [])
     if args.json:
@@ -414,7 +414,7 @@ def _replay(args) -> int:
               "position_from": args.position_from, "position_to": args.position_to, "limit": args.limit,
               "dry_run": not args.apply}
     request = parse_request(cfg, {k: v for k, v in params.items() if v is not None})
-    spark = get_spark(f"deltadrain-replay-{args.pipeline}")
+    spark = get_spark(f"deltadrain-replay-{args.pipeline}", cfg=cfg)
     bar, advance = _steps_bar(f"replay {args.pipeline} ({args.mode})", STEPS, sys.stderr.isatty() and not args.json)
     with bar:
         result = replay(cfg, spark, request, progress=advance)

@@ -14,6 +14,8 @@ Where they come from, first found wins (docs/object-store.md):
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import os
 from collections.abc import Callable, Mapping
@@ -193,3 +195,126 @@ def bucket_and_key(url: str) -> tuple[str, str]:
     if parts.scheme not in ("s3a", "s3") or not parts.netloc:
         raise ValueError(f"{url!r} is not an s3a://bucket/key URL")
     return parts.netloc, parts.path.lstrip("/")
+
+
+class LakeUrl:
+    """A place on the object store (`s3a://bucket/some/prefix`) where a local lake has a Path: it joins
+    with `/` and prints as its URL, so every table path built from the lake's is one too. A Path would
+    fold the URL's `//` into `/`."""
+
+    __slots__ = ("url",)
+
+    def __init__(self, url: str):
+        bucket, key = bucket_and_key(url)
+        parts = [p for p in key.split("/") if p]
+        if any(p in (".", "..") for p in parts):
+            raise ValueError(f"{url!r}: '.' and '..' name no place on an object store")
+        self.url = f"s3a://{bucket}" + "".join(f"/{p}" for p in parts)
+
+    def __truediv__(self, other) -> LakeUrl:
+        return LakeUrl(f"{self.url}/{other}")
+
+    def __str__(self) -> str:
+        return self.url
+
+    def __repr__(self) -> str:
+        return f"LakeUrl({self.url!r})"
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, LakeUrl) and other.url == self.url
+
+    def __hash__(self) -> int:
+        return hash(self.url)
+
+    @property
+    def name(self) -> str:
+        return self.url.rsplit("/", 1)[1] if self.key else ""
+
+    @property
+    def bucket(self) -> str:
+        return bucket_and_key(self.url)[0]
+
+    @property
+    def key(self) -> str:
+        return bucket_and_key(self.url)[1]
+
+    @property
+    def parents(self) -> tuple[LakeUrl, ...]:
+        parts = self.key.split("/") if self.key else []
+        return tuple(LakeUrl(f"s3a://{self.bucket}/{'/'.join(parts[:n])}") for n in range(len(parts) - 1, -1, -1))
+
+    def fs_path(self) -> str:
+        """`bucket/key`, as pyarrow's S3FileSystem names it."""
+        return f"{self.bucket}/{self.key}".rstrip("/")
+
+    def is_absolute(self) -> bool:
+        return True
+
+    def resolve(self) -> LakeUrl:
+        return self
+
+    def expanduser(self) -> LakeUrl:
+        return self
+
+    def as_uri(self) -> str:
+        return self.url
+
+
+def settings_for(path) -> S3Settings | None:
+    """The store's settings when `path` (a table's, the lake's, a staging directory's) is on it, else
+    None: the one place the readers and writers ask, so that each gets the same login."""
+    if not is_s3_url(path):
+        return None
+    return _settings(tuple((k, v) for k, v in sorted(os.environ.items()) if k.startswith(_WHERE_FROM)))
+
+
+# What `resolve` reads from the environment (with the embedded server's port and home): a change to any
+# of them is a new lookup; otherwise a process asks Airflow and reads the login file once.
+_WHERE_FROM = ("AIRFLOW_CONN_DELTADRAIN_S3", "DELTADRAIN_S3_", "AWS_", "DELTADRAIN_HOME", "DELTADRAIN_CONFIG",
+               "AIRFLOW_HOME")
+
+
+@functools.lru_cache(maxsize=4)
+def _settings(env: tuple[tuple[str, str], ...]) -> S3Settings:
+    return resolve(dict(env), embedded=embedded_connection)
+
+
+def table_options(path) -> dict[str, str] | None:
+    """delta-rs's storage_options for the table at `path`: None for a local one."""
+    s = settings_for(path)
+    return storage_options(s) if s is not None else None
+
+
+def remove_tree(url) -> None:
+    """Delete every object under `url` (a run's staging): nothing there is no error."""
+    fs = pyarrow_filesystem(settings_for(url))
+    with contextlib.suppress(FileNotFoundError):
+        fs.delete_dir(LakeUrl(str(url)).fs_path())
+
+
+def sweep_abandoned(root, before: float) -> list[str]:
+    """The object-store twin of paths.sweep_abandoned: delete the run directories under `root` in which
+    no object is newer than `before` (epoch seconds)."""
+    from pyarrow import fs as pafs
+
+    store = pyarrow_filesystem(settings_for(root))
+    base = LakeUrl(str(root)).fs_path()
+    newest: dict[str, float] = {}
+    for info in store.get_file_info(pafs.FileSelector(base, allow_not_found=True, recursive=True)):
+        if info.type != pafs.FileType.File or info.mtime is None:
+            continue
+        run = info.path[len(base) + 1:].split("/", 1)[0]
+        newest[run] = max(newest.get(run, 0.0), info.mtime.timestamp())
+    removed = []
+    for run, when in sorted(newest.items()):
+        if when < before:
+            store.delete_dir(f"{base}/{run}")
+            removed.append(run)
+    return removed
+
+
+def for_config(cfg) -> S3Settings | None:
+    """The store's settings when the config's lake (or a target table) is on it, else None."""
+    if not cfg.on_object_store:
+        return None
+    return settings_for("s3a://lake")

@@ -80,12 +80,16 @@ def spark_conf(extra: dict[str, str] | None = None, object_store=None, *,
 
 
 def get_spark(app_name: str = "deltadrain", master: str | None = None, extra: dict[str, str] | None = None,
-              object_store=None):
+              object_store=None, cfg=None):
     """A Delta-enabled SparkSession (reused if one is already running in this process). With
-    `object_store` (objectstore.S3Settings) it reaches s3a:// paths too; that takes a new JVM, as the
-    hadoop-aws jars join the class path only when it starts."""
+    `object_store` (objectstore.S3Settings), or a `cfg` whose lake is on the object store, it reaches
+    s3a:// paths too; that takes a new JVM, as the hadoop-aws jars join the class path only when it starts."""
     from pyspark.sql import SparkSession
 
+    if object_store is None and cfg is not None:
+        from deltadrain.objectstore import for_config
+
+        object_store = for_config(cfg)
     conf = spark_conf(extra, object_store)  # raises the jar-cache error before a JVM starts
     check_java()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)

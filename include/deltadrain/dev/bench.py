@@ -539,7 +539,7 @@ def run_phase(phase: str, config: str, pipeline_name: str, workdir: str, arg: in
         session.stop()
         out.update(memory_report())
         return out
-    spark = get_spark(f"deltadrain-bench-{phase}")
+    spark = get_spark(f"deltadrain-bench-{phase}", cfg=cfg)
     spark.sparkContext.setLogLevel("ERROR")
     if phase == "raw_read":
         out = phase_raw_read(cfg, pipeline, spark, group)
