@@ -28,7 +28,7 @@ from deltadrain.lake import (
     sql_name,
     table_id,
 )
-from deltadrain.paths import remove_staging, staging_dir
+from deltadrain.scratch import remove_staging, staging_dir
 from deltadrain.sources import source_of
 
 NO_BATCH = 0  # the batch number of rows a backfill inserts (a reprocess keeps a row's); drained batches start at 1

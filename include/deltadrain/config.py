@@ -25,7 +25,7 @@ from pydantic import (
 )
 
 from deltadrain.errors import ConfigError
-from deltadrain.objectstore import LakeUrl, is_s3_url
+from deltadrain.lakeurl import LakeUrl, is_s3_url
 from deltadrain.paths import config_path, state_home
 
 NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")

@@ -29,7 +29,7 @@ from deltadrain.lake import ensure_table, is_table, refused_rows, row_constraint
 from deltadrain.logs import fields, run_logger
 from deltadrain.metrics import record_run_safely
 from deltadrain.outcome import Outcome
-from deltadrain.paths import remove_staging, staging_dir
+from deltadrain.scratch import remove_staging, staging_dir
 from deltadrain.stage import BatchStats
 from deltadrain.transforms import identity, load_transform
 

@@ -24,6 +24,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from deltadrain.errors import ConfigError
+from deltadrain.lakeurl import LakeUrl, bucket_and_key, is_s3_url  # noqa: F401 (this module's names too)
 
 CONNECTION_ID = "deltadrain_s3"
 DEFAULT_REGION = "us-east-1"
@@ -185,81 +186,6 @@ def pyarrow_filesystem(s: S3Settings):
     return fs.S3FileSystem(access_key=s.access_key_id, secret_key=s.secret_access_key, region=s.region, **kwargs)
 
 
-def is_s3_url(path: str | Path) -> bool:
-    return str(path).startswith(("s3a://", "s3://"))
-
-
-def bucket_and_key(url: str) -> tuple[str, str]:
-    """`s3a://bucket/some/prefix` -> ("bucket", "some/prefix")."""
-    parts = urlsplit(url)
-    if parts.scheme not in ("s3a", "s3") or not parts.netloc:
-        raise ValueError(f"{url!r} is not an s3a://bucket/key URL")
-    return parts.netloc, parts.path.lstrip("/")
-
-
-class LakeUrl:
-    """A place on the object store (`s3a://bucket/some/prefix`) where a local lake has a Path: it joins
-    with `/` and prints as its URL, so every table path built from the lake's is one too. A Path would
-    fold the URL's `//` into `/`."""
-
-    __slots__ = ("url",)
-
-    def __init__(self, url: str):
-        bucket, key = bucket_and_key(url)
-        parts = [p for p in key.split("/") if p]
-        if any(p in (".", "..") for p in parts):
-            raise ValueError(f"{url!r}: '.' and '..' name no place on an object store")
-        self.url = f"s3a://{bucket}" + "".join(f"/{p}" for p in parts)
-
-    def __truediv__(self, other) -> LakeUrl:
-        return LakeUrl(f"{self.url}/{other}")
-
-    def __str__(self) -> str:
-        return self.url
-
-    def __repr__(self) -> str:
-        return f"LakeUrl({self.url!r})"
-
-    def __eq__(self, other) -> bool:
-        return isinstance(other, LakeUrl) and other.url == self.url
-
-    def __hash__(self) -> int:
-        return hash(self.url)
-
-    @property
-    def name(self) -> str:
-        return self.url.rsplit("/", 1)[1] if self.key else ""
-
-    @property
-    def bucket(self) -> str:
-        return bucket_and_key(self.url)[0]
-
-    @property
-    def key(self) -> str:
-        return bucket_and_key(self.url)[1]
-
-    @property
-    def parents(self) -> tuple[LakeUrl, ...]:
-        parts = self.key.split("/") if self.key else []
-        return tuple(LakeUrl(f"s3a://{self.bucket}/{'/'.join(parts[:n])}") for n in range(len(parts) - 1, -1, -1))
-
-    def fs_path(self) -> str:
-        """`bucket/key`, as pyarrow's S3FileSystem names it."""
-        return f"{self.bucket}/{self.key}".rstrip("/")
-
-    def is_absolute(self) -> bool:
-        return True
-
-    def resolve(self) -> LakeUrl:
-        return self
-
-    def expanduser(self) -> LakeUrl:
-        return self
-
-    def as_uri(self) -> str:
-        return self.url
-
-
 def settings_for(path) -> S3Settings | None:
     """The store's settings when `path` (a table's, the lake's, a staging directory's) is on it, else
     None: the one place the readers and writers ask, so that each gets the same login."""
@@ -318,3 +244,27 @@ def for_config(cfg) -> S3Settings | None:
     if not cfg.on_object_store:
         return None
     return settings_for("s3a://lake")
+
+
+def login_properties(s: S3Settings, path: Path) -> Path:
+    """The login as a Spark properties file (spark-submit's --properties-file), made anew and readable
+    by its owner only from the start. spark-submit puts it in the application's conf, so executors on
+    other machines get it with the rest of hadoop-aws's settings; on its command line every user of the
+    machine would read it."""
+    def escaped(value: str) -> str:
+        return value.replace("\\", "\\\\")
+
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(f"spark.hadoop.fs.s3a.access.key={escaped(s.access_key_id)}\n"
+                f"spark.hadoop.fs.s3a.secret.key={escaped(s.secret_access_key)}\n")
+    return path
+
+
+def as_connection(s: S3Settings) -> str:
+    """The settings as AIRFLOW_CONN_DELTADRAIN_S3's JSON (type aws), for a job's environment: a driver
+    started by spark-submit cannot ask Airflow's metadata DB (secrets.handed_over)."""
+    extra = {"region_name": s.region, **({"endpoint_url": s.endpoint_url} if s.endpoint_url else {})}
+    return json.dumps({"conn_type": "aws", "login": s.access_key_id, "password": s.secret_access_key,
+                       "extra": extra})

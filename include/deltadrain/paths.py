@@ -36,34 +36,11 @@ def check_run_id(run_id: str) -> str:
     return run_id
 
 
-def staging_dir(run_id: str, lake=None):
-    """Where a run (drain, backfill, reprocess) stages its batch; the run removes it at its end
-    (`remove_staging`). A run killed first (SIGKILL, a lost worker, Airflow's timeout) leaves it behind,
-    with a batch of data in it, and a retry has a new run id: each run sweeps what such runs left a day
-    ago or earlier. The run id is checked: the run removes this directory, which must never be anything
-    but its own. With the lake on the object store (`lake`, an objectstore.LakeUrl) it is there too, under
-    the lake's own `_deltadrain/staging`: executors on other machines write it, the driver reads it."""
-    from deltadrain.objectstore import LakeUrl
-
-    if isinstance(lake, LakeUrl):
-        from deltadrain.objectstore import sweep_abandoned as sweep_store
-
-        root = lake / "_deltadrain" / "staging"
-        sweep_store(root, time.time() - STAGING_ABANDONED_S)
-        return root / check_run_id(run_id)
+def staging_dir(run_id: str) -> Path:
+    """Where a run (drain, backfill, reprocess) on a local lake stages its batch (scratch.staging_dir)."""
     root = state_home() / "staging"
     sweep_abandoned(root, time.time() - STAGING_ABANDONED_S)
     return root / check_run_id(run_id)
-
-
-def remove_staging(scratch) -> None:
-    """Remove a run's staging directory (`staging_dir`), wherever it is; one already gone is no error."""
-    from deltadrain.objectstore import is_s3_url, remove_tree
-
-    if is_s3_url(scratch):
-        remove_tree(scratch)
-    else:
-        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def sweep_abandoned(root: Path, before: float) -> list[str]:

@@ -25,8 +25,8 @@ from deltadrain.config import DeltadrainConfig, PipelineConfig
 from deltadrain.deadletter import DEAD, REPLAYED, SAME_PLACE
 from deltadrain.errors import ReplayError
 from deltadrain.lake import is_table, merge_into, retry_conflicts, sql_literal
-from deltadrain.paths import remove_staging, staging_dir
 from deltadrain.positions import StreamId
+from deltadrain.scratch import remove_staging, staging_dir
 from deltadrain.sources import source_of
 
 LONG_MAX = 2**63 - 1  # the position columns are longs

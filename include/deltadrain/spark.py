@@ -114,11 +114,12 @@ def spark_submit_command(script: str, args: list[str], master: str | None = None
     return [*cmd, script, *args]
 
 
-def connect_server_conf(port: int, master: str | None = None) -> dict[str, str]:
+def connect_server_conf(port: int, master: str | None = None, object_store=None) -> dict[str, str]:
     """A Spark Connect server's conf: a local driver's (spark_conf()), gRPC on 127.0.0.1:`port`, and its
     own log4j file, which also logs the server's start. With a local master every socket the driver opens
     is bound to loopback; against a cluster master the executors must reach the driver, so the driver's
-    address stays Spark's choice."""
+    address stays Spark's choice. With `object_store` it reaches s3a:// paths, without the login (which
+    goes in a properties file: `connect_server_command`)."""
     master = master or os.environ.get("DELTADRAIN_SPARK_MASTER", "local[*]")
     conf = spark_conf({"spark.app.name": "deltadrain-connect",
                        "spark.connect.grpc.binding.address": "127.0.0.1",
@@ -128,7 +129,8 @@ def connect_server_conf(port: int, master: str | None = None) -> dict[str, str]:
                        # workers are freed). Its session's confs and views go after the idle timeout.
                        "spark.connect.execute.manager.detachedTimeout": "60s",
                        "spark.connect.execute.manager.maintenanceInterval": "10s",
-                       "spark.connect.session.manager.defaultSessionTimeout": "15min"})
+                       "spark.connect.session.manager.defaultSessionTimeout": "15min"},
+                      object_store, with_login=False)
     conf["spark.driver.extraJavaOptions"] = conf["spark.driver.extraJavaOptions"].replace(
         f"-Dlog4j2.configurationFile=file:{LOG4J}", f"-Dlog4j2.configurationFile=file:{CONNECT_LOG4J}")
     if master.startswith("local"):
@@ -136,15 +138,19 @@ def connect_server_conf(port: int, master: str | None = None) -> dict[str, str]:
     return conf
 
 
-def connect_server_command(port: int, master: str | None = None) -> list[str]:
+def connect_server_command(port: int, master: str | None = None, object_store=None,
+                           login_file: Path | None = None) -> list[str]:
     """spark-submit starting Spark's Connect server (its jar ships with pyspark) with the jar cache's
-    Delta, log store and Kafka source on the class path: nothing is resolved online."""
+    Delta, log store and Kafka source on the class path: nothing is resolved online. With `object_store`
+    also hadoop-aws, and the login from `login_file` (objectstore.login_properties)."""
     import pyspark
 
     submit = Path(pyspark.__file__).parent / "bin" / "spark-submit"
     cmd = [str(submit), "--master", master or os.environ.get("DELTADRAIN_SPARK_MASTER", "local[*]"),
            "--class", CONNECT_SERVER_CLASS]
-    for key, value in connect_server_conf(port, master).items():
+    if login_file is not None:
+        cmd += ["--properties-file", str(login_file)]
+    for key, value in connect_server_conf(port, master, object_store).items():
         cmd += ["--conf", f"{key}={value}"]
     return cmd
 

@@ -273,9 +273,14 @@ def spark_connect_service(cfg: DeltadrainConfig) -> Service:
         check_java()
 
     def command() -> list[str]:
+        from deltadrain.objectstore import for_config, login_properties
         from deltadrain.spark import connect_server_command
 
-        return connect_server_command(port)
+        # A lake on S3: hadoop-aws joins the server's class path, its login a file of the server's own.
+        if (store := for_config(cfg)) is None:
+            return connect_server_command(port)
+        login = login_properties(store, services_home() / "spark_connect" / "s3-login.properties")
+        return connect_server_command(port, object_store=store, login_file=login)
 
     def healthy() -> bool:
         if not port_open(port):
@@ -326,7 +331,7 @@ FACTORIES = {"valkey": valkey_service, "kafka": kafka_service, "s3": s3_service,
 
 def defaults(cfg: DeltadrainConfig | None) -> list[str]:
     """The services a bare `up` or `status` means: the S3 server only when the lake is on S3."""
-    on_s3 = cfg is not None and (cfg.data_dir or "").startswith("s3a://")
+    on_s3 = cfg is not None and cfg.on_object_store
     return [n for n in ALL if n in DEFAULT or (n == "s3" and on_s3)]
 
 
