@@ -102,6 +102,9 @@ class ServicesConfig(_Model):
     # Not Spark's 15002, like the others are not their servers' usual ports: a user's own server keeps its port.
     spark_connect_port: int = Field(15012, ge=1, le=65535)
     s3_port: int = Field(19000, ge=1, le=65535)
+    # The Spark standalone cluster (`services up --only cluster`): its master's RPC port and web UI port.
+    cluster_port: int = Field(17077, ge=1, le=65535)
+    cluster_ui_port: int = Field(18080, ge=1, le=65535)
     airflow_parallelism: int = Field(4, ge=1, le=64)
     kafka_heap: str = "512m"
 

@@ -26,6 +26,8 @@ class Ports:
     airflow: int
     spark_connect: int
     s3: int
+    cluster: int
+    cluster_ui: int
 
     @classmethod
     def resolve(cls, services: ServicesConfig) -> Ports:
@@ -44,6 +46,8 @@ class Ports:
             airflow=pick("DELTADRAIN_AIRFLOW_PORT", services.airflow_port),
             spark_connect=pick("DELTADRAIN_SPARK_CONNECT_PORT", services.spark_connect_port),
             s3=pick("DELTADRAIN_S3_PORT", services.s3_port),
+            cluster=pick("DELTADRAIN_CLUSTER_PORT", services.cluster_port),
+            cluster_ui=pick("DELTADRAIN_CLUSTER_UI_PORT", services.cluster_ui_port),
         )
 
 
@@ -176,3 +180,28 @@ def airflow_login() -> tuple[str, str | None]:
         return "admin", json.loads(airflow_password_file().read_text()).get("admin")
     except (FileNotFoundError, ValueError):
         return "admin", None
+
+
+def cluster_home() -> Path:
+    return services_home() / "cluster"
+
+
+def cluster_url(cfg: DeltadrainConfig) -> str:
+    """The embedded Spark standalone master, as a Spark master URL (`services up --only cluster`)."""
+    return f"spark://127.0.0.1:{ports(cfg).cluster}"
+
+
+def cluster_secret_file() -> Path:
+    """The shared secret of the embedded cluster (Spark's spark.authenticate), owner-only."""
+    return cluster_home() / "secret"
+
+
+def cluster_auth_conf(master: str, cfg: DeltadrainConfig | None = None) -> dict[str, str]:
+    """The Spark confs a driver needs to join the embedded cluster when `master` is it: its secret.
+    Empty for any other master (a user's cluster brings its own auth settings)."""
+    from deltadrain.config import load_config
+
+    cfg = cfg or load_config()
+    if master != cluster_url(cfg) or not cluster_secret_file().exists():
+        return {}
+    return {"spark.authenticate": "true", "spark.authenticate.secret": cluster_secret_file().read_text().strip()}

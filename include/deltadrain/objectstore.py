@@ -246,20 +246,24 @@ def for_config(cfg) -> S3Settings | None:
     return settings_for("s3a://lake")
 
 
-def login_properties(s: S3Settings, path: Path) -> Path:
-    """The login as a Spark properties file (spark-submit's --properties-file), made anew and readable
-    by its owner only from the start. spark-submit puts it in the application's conf, so executors on
-    other machines get it with the rest of hadoop-aws's settings; on its command line every user of the
-    machine would read it."""
-    def escaped(value: str) -> str:
-        return value.replace("\\", "\\\\")
+def login_conf(s: S3Settings) -> dict[str, str]:
+    """The login as hadoop-aws's Spark confs (for a properties file: `private_properties`)."""
+    return {"spark.hadoop.fs.s3a.access.key": s.access_key_id, "spark.hadoop.fs.s3a.secret.key": s.secret_access_key}
 
+
+def private_properties(conf: dict[str, str], path: Path) -> Path:
+    """Secret Spark confs as a properties file (spark-submit's --properties-file), made anew and readable
+    by its owner only from the start. spark-submit puts it in the application's conf, so executors on
+    other machines get it with the rest; on its command line every user of the machine would read it."""
     path.unlink(missing_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
-        f.write(f"spark.hadoop.fs.s3a.access.key={escaped(s.access_key_id)}\n"
-                f"spark.hadoop.fs.s3a.secret.key={escaped(s.secret_access_key)}\n")
+        f.writelines(f"{key}={value.replace(chr(92), chr(92) * 2)}\n" for key, value in conf.items())
     return path
+
+
+def login_properties(s: S3Settings, path: Path) -> Path:
+    return private_properties(login_conf(s), path)
 
 
 def as_connection(s: S3Settings) -> str:

@@ -93,11 +93,28 @@ def get_spark(app_name: str = "deltadrain", master: str | None = None, extra: di
     conf = spark_conf(extra, object_store)  # raises the jar-cache error before a JVM starts
     check_java()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    builder = SparkSession.builder.appName(app_name).master(
-        master or os.environ.get("DELTADRAIN_SPARK_MASTER", "local[*]"))
+    master = master or os.environ.get("DELTADRAIN_SPARK_MASTER", "local[*]")
+    builder = SparkSession.builder.appName(app_name).master(master)
+    conf |= cluster_conf(master)
     for key, value in conf.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
+
+
+def embedded_cluster(master: str) -> bool:
+    from deltadrain.config import load_config
+    from deltadrain.embedded import cluster_url
+
+    return master.startswith("spark://127.0.0.1:") and master == cluster_url(load_config())
+
+
+def cluster_conf(master: str) -> dict[str, str]:
+    """What a driver needs to join the embedded cluster when `master` is it (its secret), else nothing."""
+    if not master.startswith("spark://"):
+        return {}
+    from deltadrain.embedded import cluster_auth_conf
+
+    return cluster_auth_conf(master)
 
 
 def spark_submit_command(script: str, args: list[str], master: str | None = None,
@@ -133,7 +150,7 @@ def connect_server_conf(port: int, master: str | None = None, object_store=None)
                       object_store, with_login=False)
     conf["spark.driver.extraJavaOptions"] = conf["spark.driver.extraJavaOptions"].replace(
         f"-Dlog4j2.configurationFile=file:{LOG4J}", f"-Dlog4j2.configurationFile=file:{CONNECT_LOG4J}")
-    if master.startswith("local"):
+    if master.startswith("local") or embedded_cluster(master):  # the embedded cluster is on 127.0.0.1 too
         conf |= {"spark.driver.bindAddress": "127.0.0.1", "spark.driver.host": "127.0.0.1"}
     return conf
 
@@ -142,7 +159,8 @@ def connect_server_command(port: int, master: str | None = None, object_store=No
                            login_file: Path | None = None) -> list[str]:
     """spark-submit starting Spark's Connect server (its jar ships with pyspark) with the jar cache's
     Delta, log store and Kafka source on the class path: nothing is resolved online. With `object_store`
-    also hadoop-aws, and the login from `login_file` (objectstore.login_properties)."""
+    also hadoop-aws; the login (and the embedded cluster's secret) come in `login_file`
+    (objectstore.private_properties)."""
     import pyspark
 
     submit = Path(pyspark.__file__).parent / "bin" / "spark-submit"

@@ -43,7 +43,8 @@ from deltadrain.orchestration.pools import ensure_airflow_pools
 from deltadrain.paths import PROJECT_ROOT
 
 # Airflow last: its connections point at the others, and `down` stops it first.
-ALL = ("valkey", "kafka", "s3", "spark_connect", "airflow")
+# The cluster before the Connect server: a server whose master is the cluster joins it as it starts.
+ALL = ("valkey", "kafka", "s3", "cluster", "spark_connect", "airflow")
 # What a bare `up` or `status` means; the S3 server joins them when the lake is on S3.
 DEFAULT = ("valkey", "kafka", "spark_connect", "airflow")
 
@@ -273,13 +274,17 @@ def spark_connect_service(cfg: DeltadrainConfig) -> Service:
         check_java()
 
     def command() -> list[str]:
-        from deltadrain.objectstore import for_config, login_properties
-        from deltadrain.spark import connect_server_command
+        from deltadrain.objectstore import for_config, login_conf, private_properties
+        from deltadrain.spark import cluster_conf, connect_server_command
 
-        # A lake on S3: hadoop-aws joins the server's class path, its login a file of the server's own.
-        if (store := for_config(cfg)) is None:
+        # A lake on S3: hadoop-aws joins the server's class path. Its login, and the embedded cluster's
+        # secret when the server runs on it, go in a file of the server's own.
+        store = for_config(cfg)
+        master = os.environ.get("DELTADRAIN_SPARK_MASTER", "local[*]")
+        secret = {**(login_conf(store) if store is not None else {}), **cluster_conf(master)}
+        if not secret:
             return connect_server_command(port)
-        login = login_properties(store, services_home() / "spark_connect" / "s3-login.properties")
+        login = private_properties(secret, services_home() / "spark_connect" / "private.properties")
         return connect_server_command(port, object_store=store, login_file=login)
 
     def healthy() -> bool:
@@ -325,7 +330,13 @@ def airflow_service(cfg: DeltadrainConfig) -> Service:
                    describe=lambda: f"http://127.0.0.1:{port}")
 
 
-FACTORIES = {"valkey": valkey_service, "kafka": kafka_service, "s3": s3_service,
+def cluster_service(cfg: DeltadrainConfig) -> Service:
+    from deltadrain.dev.services.cluster import cluster_service
+
+    return cluster_service(cfg)
+
+
+FACTORIES = {"valkey": valkey_service, "kafka": kafka_service, "s3": s3_service, "cluster": cluster_service,
              "spark_connect": spark_connect_service, "airflow": airflow_service}
 
 
