@@ -272,7 +272,14 @@ def _maintain(args) -> int:
     pipelines = named or ([] if args.shared else list(cfg.pipelines))
     shared = args.shared or not args.pipeline
     with stdout_to_stderr():  # Delta's VACUUM prints to the JVM's stdout, which would break --json
-        spark = get_spark("deltadrain-maintain", cfg=cfg)
+        if args.remote:
+            from deltadrain.embedded import spark_connect_url
+            from deltadrain.spark import connect_session
+
+            url = spark_connect_url(cfg) if args.remote == "embedded" else args.remote
+            spark = connect_session(url, purpose="deltadrain maintain")
+        else:
+            spark = get_spark("deltadrain-maintain", cfg=cfg)
         summaries = [maintain(cfg, spark, p).as_dict() for p in pipelines] + (
             [maintain(cfg, spark).as_dict()] if shared else [])
     if args.json:
@@ -462,7 +469,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("services", help="start, stop or check the embedded Valkey, Kafka, S3 server, Spark "
                                        "Connect server and Airflow")
     p.add_argument("action", choices=["up", "down", "status"])
-    p.add_argument("--only", help="comma-separated subset of valkey,kafka,s3,spark_connect,airflow (default: all "
+    p.add_argument("--only", help="comma-separated subset of valkey,kafka,s3,cluster,spark_connect,airflow (default: all "
                                   "but s3, unless data_dir is an s3a:// URL; down: all)")
     p.add_argument("--json", action="store_true")
 
@@ -526,6 +533,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shared", action="store_true", help="also (or with no pipeline, only) the metrics and "
                                                           "quality results tables")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--remote", nargs="?", const="embedded", metavar="URL",
+                   help="run on a Spark Connect server (sc://host:port; alone: the embedded one) instead of a "
+                        "local driver")
 
     p = sub.add_parser("dlq", help="inspect a pipeline's dead-letter table")
     p.add_argument("action", choices=["list"])

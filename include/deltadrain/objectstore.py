@@ -272,3 +272,13 @@ def as_connection(s: S3Settings) -> str:
     extra = {"region_name": s.region, **({"endpoint_url": s.endpoint_url} if s.endpoint_url else {})}
     return json.dumps({"conn_type": "aws", "login": s.access_key_id, "password": s.secret_access_key,
                        "extra": extra})
+
+
+def objects_under(url, suffix: str, skip: str | None = None) -> int:
+    """How many objects under `url` end in `suffix`, leaving out any under a folder named `skip`."""
+    from pyarrow import fs as pafs
+
+    store = pyarrow_filesystem(settings_for(url))
+    found = store.get_file_info(pafs.FileSelector(LakeUrl(str(url)).fs_path(), allow_not_found=True, recursive=True))
+    return sum(1 for info in found if info.type == pafs.FileType.File and info.path.endswith(suffix)
+               and (skip is None or f"/{skip}/" not in info.path))
