@@ -563,7 +563,8 @@ def _subphase(phase: str, config: Path, name: str, workdir: Path, arg: int = 0) 
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"bench phase {phase} failed:\n{done.stderr[-4000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    # The JVM may print after the phase's report (py4j, hadoop-aws at shutdown): the report is the last JSON line.
+    return json.loads([line for line in done.stdout.splitlines() if line.startswith("{")][-1])
 
 
 def _machine() -> str:
