@@ -171,7 +171,8 @@ def test_valkey_and_kafka_drain_exactly_once_into_s3_on_a_standalone_cluster_and
         log = age_log(target)
         sql = subprocess.run([sys.executable, str(SQL), env["DELTADRAIN_SPARK_CONNECT_PORT"],
                               f"ALTER TABLE delta.`{target}` SET TBLPROPERTIES ('delta.logRetentionDuration' = "
-                              "'interval 1 days', 'delta.checkpointInterval' = '1')"],
+                              "'interval 1 days', 'delta.deletedFileRetentionDuration' = 'interval 1 days', "
+                              "'delta.checkpointInterval' = '1')"],
                              capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
         assert sql.returncode == 0, sql.stderr[-3000:]
         assert not (log / f"{0:020d}.json").exists(), "log cleanup did not run"
