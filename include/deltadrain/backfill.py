@@ -11,7 +11,6 @@ twice, or beside a live drain, inserts each message id once.
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -29,7 +28,7 @@ from deltadrain.lake import (
     sql_name,
     table_id,
 )
-from deltadrain.paths import staging_dir
+from deltadrain.scratch import remove_staging, staging_dir
 from deltadrain.sources import source_of
 
 NO_BATCH = 0  # the batch number of rows a backfill inserts (a reprocess keeps a row's); drained batches start at 1
@@ -213,7 +212,7 @@ def backfill(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, start: date
             done_steps.add(name)
             progress(name)
 
-    scratch = staging_dir(run_id)
+    scratch = staging_dir(run_id, cfg.lake_dir())
     try:
         claimed, summary.gaps = source_of(pipeline).read_interval(spark, cfg, pipeline, start, end, scratch)
         summary.read = claimed.count()
@@ -256,6 +255,6 @@ def backfill(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, start: date
             rows.unpersist()
         step("merge")
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        remove_staging(scratch)
         summary.seconds = round(time.monotonic() - began, 3)
     return summary

@@ -27,7 +27,7 @@ def drain(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark=None, run_id: s
     if spark is None:
         from deltadrain.spark import get_spark
 
-        spark = get_spark(f"deltadrain-drain-{pipeline.name}")
+        spark = get_spark(f"deltadrain-drain-{pipeline.name}", cfg=cfg)
     return source_of(pipeline).drain(cfg, pipeline, spark, run_id)
 
 

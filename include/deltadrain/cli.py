@@ -331,10 +331,15 @@ def _demo(args) -> int:
 def _bench(args) -> int:
     from pathlib import Path
 
-    from deltadrain.dev.bench import run_bench, run_kafka_bench
+    from deltadrain.dev.bench import run_bench, run_kafka_bench, run_lake_bench
 
     workdir = Path(args.workdir) if args.workdir else None
-    if args.source == "kafka":
+    if args.lake == "s3":
+        if args.executor != "local" or args.rounds != 1:
+            raise DeltadrainError("bench --lake s3 compares one local-driver drain per lake: no --executor "
+                                  "or --rounds with it")
+        report = run_lake_bench(args.source, args.count, args.partitions, args.batch, workdir)
+    elif args.source == "kafka":
         report = run_kafka_bench(args.count, args.partitions, args.batch, workdir, rounds=args.rounds,
                                  executor=args.executor)
     elif args.rounds != 1:
@@ -472,7 +477,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("services", help="start, stop or check the embedded Valkey, Kafka, S3 server, Spark "
                                        "Connect server and Airflow")
     p.add_argument("action", choices=["up", "down", "status"])
-    p.add_argument("--only", help="comma-separated subset of valkey,valkey_cluster,kafka,s3,spark_connect,airflow (default: all "
+    p.add_argument("--only", help="comma-separated subset of valkey,valkey_cluster,kafka,s3,spark_cluster,spark_connect,airflow (default: all "
                                   "but s3, unless data_dir is an s3a:// URL; down: all)")
     p.add_argument("--json", action="store_true")
 
@@ -582,6 +587,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", help="also write the JSON report here")
     p.add_argument("--rounds", type=_at_least(1), default=1,
                    help="Kafka: drain the topic this many times with each side, alternating which goes first")
+    p.add_argument("--lake", choices=["disk", "s3"], default="disk",
+                   help="s3: the source's backlog drained into a lake on the local disk and into one on the "
+                        "embedded S3 server, side by side")
     p.add_argument("--executor", choices=["local", "connect"], default="local",
                    help="connect, Valkey: the raw read, the drain in a local driver, the drain on the embedded "
                         "Spark Connect server and a single-process delta-rs consumer, on the same backlog; "

@@ -25,6 +25,7 @@ from pydantic import (
 )
 
 from deltadrain.errors import ConfigError
+from deltadrain.lakeurl import LakeUrl, is_s3_url
 from deltadrain.paths import config_path, state_home
 
 NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
@@ -104,6 +105,9 @@ class ServicesConfig(_Model):
     # The embedded Valkey Cluster's first port: six nodes listen on it and the five after it, their
     # cluster buses on the six after those.
     valkey_cluster_port: int = Field(16400, ge=1, le=65535 - 11)
+    # The Spark standalone cluster (`services up --only spark_cluster`): its master's RPC port and web UI port.
+    spark_cluster_port: int = Field(17077, ge=1, le=65535)
+    spark_cluster_ui_port: int = Field(18080, ge=1, le=65535)
     airflow_parallelism: int = Field(4, ge=1, le=64)
     kafka_heap: str = "512m"
 
@@ -254,10 +258,17 @@ SOURCE_KINDS = frozenset(get_args(m.model_fields["kind"].annotation)[0] for m in
 
 
 class TargetConfig(_Model):
-    # Relative paths sit under the lake directory (data_dir).
+    # Relative paths sit under the lake directory (data_dir); an s3a:// URL is a table on the object store.
     path: str
     partition_by: list[str] = []
     cluster_by: list[str] = []
+
+    @field_validator("path")
+    @classmethod
+    def _path(cls, v: str) -> str:
+        if is_s3_url(v):
+            LakeUrl(v)
+        return v
 
 
 class SchemaConfig(_Model):
@@ -459,7 +470,17 @@ class DeltadrainConfig(_Model):
     # Resolved at load time, not part of the YAML.
     source_file: Path | None = Field(None, exclude=True)
 
-    def lake_dir(self) -> Path:
+    @field_validator("data_dir")
+    @classmethod
+    def _data_dir(cls, v: str | None) -> str | None:
+        if v is not None and is_s3_url(v):
+            LakeUrl(v)  # a bucket, and no '.' or '..' (s3:// is read as s3a://, the scheme Spark reaches it by)
+        return v
+
+    def lake_dir(self) -> Path | LakeUrl:
+        """The lake's directory, or its place on the object store when data_dir is an s3a:// URL."""
+        if self.data_dir and is_s3_url(self.data_dir):
+            return LakeUrl(self.data_dir)
         base = Path(self.data_dir).expanduser() if self.data_dir else state_home() / "lake"
         if not base.is_absolute() and self.source_file is not None:
             base = self.source_file.parent / base
@@ -472,14 +493,21 @@ class DeltadrainConfig(_Model):
         raise ConfigError(f"{self.source_file}: no pipeline named '{name}' "
                           f"(configured: {', '.join(p.name for p in self.pipelines)})")
 
-    def target_path(self, pipeline: PipelineConfig) -> Path:
+    def target_path(self, pipeline: PipelineConfig) -> Path | LakeUrl:
+        if is_s3_url(pipeline.target.path):
+            return LakeUrl(pipeline.target.path)
         path = Path(pipeline.target.path).expanduser()
         return path if path.is_absolute() else self.lake_dir() / path
 
-    def dlq_path(self, pipeline: PipelineConfig) -> Path:
+    @property
+    def on_object_store(self) -> bool:
+        """Whether the lake (or a target table) lies on the object store: Spark sessions then need hadoop-aws."""
+        return isinstance(self.lake_dir(), LakeUrl) or any(is_s3_url(p.target.path) for p in self.pipelines)
+
+    def dlq_path(self, pipeline: PipelineConfig) -> Path | LakeUrl:
         return self.lake_dir() / "_deltadrain" / "dlq" / pipeline.name
 
-    def quarantine_path(self, pipeline: PipelineConfig) -> Path:
+    def quarantine_path(self, pipeline: PipelineConfig) -> Path | LakeUrl:
         """Where the batch checks move rows that break the pipeline's suite (`quality.quarantine.quarantine`)."""
         return self.lake_dir() / "_deltadrain" / "quarantine" / pipeline.name
 
@@ -512,7 +540,7 @@ def parse_config(data: object, source: Path) -> DeltadrainConfig:
     # One table per pipeline, apart from the others and from deltadrain's own tables (DLQs, quarantine,
     # metrics): the checks, backfills, replays and VACUUMs of one would act on the other's files.
     internal = (cfg.lake_dir() / "_deltadrain").resolve()
-    seen: dict[Path, str] = {}
+    seen: dict[Path | LakeUrl, str] = {}
     for p in cfg.pipelines:
         path = cfg.target_path(p).resolve()
         where = f"{source}: pipeline '{p.name}', field 'target.path': {path}"
@@ -527,7 +555,9 @@ def parse_config(data: object, source: Path) -> DeltadrainConfig:
     return cfg
 
 
-def _overlap(a: Path, b: Path) -> bool:
+def _overlap(a: Path | LakeUrl, b: Path | LakeUrl) -> bool:
+    if type(a) is not type(b) and (isinstance(a, LakeUrl) or isinstance(b, LakeUrl)):
+        return False  # one on the object store, the other on a disk
     return a == b or a in b.parents or b in a.parents
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import threading
 import time
@@ -30,7 +29,7 @@ from deltadrain.lake import ensure_table, is_table, refused_rows, row_constraint
 from deltadrain.logs import fields, run_logger
 from deltadrain.metrics import record_run_safely
 from deltadrain.outcome import Outcome
-from deltadrain.paths import staging_dir
+from deltadrain.scratch import remove_staging, staging_dir
 from deltadrain.stage import BatchStats
 from deltadrain.transforms import identity, load_transform
 
@@ -339,7 +338,7 @@ class Drain:
         self.dlq = str(cfg.dlq_path(pipeline))
         self.quarantine = str(cfg.quarantine_path(pipeline))
         self.summary = RunSummary(pipeline.name, self.run_id)
-        self.scratch = staging_dir(self.run_id)  # claim staging of this run, removed at its end
+        self.scratch = staging_dir(self.run_id, cfg.lake_dir())  # claim staging of this run, removed at its end
         self.commit_extra: dict = {}  # more commit metadata, set by a source while it settles its batch
         # Nothing can fail between decode and MERGE: the source counts the batch, no transform pass.
         where = f"{cfg.source_file}: pipeline '{pipeline.name}', field 'transform': "
@@ -420,7 +419,7 @@ class Drain:
     def _end(self, started: float) -> None:
         """Every run's end, committed or not: its scratch, cleanup, the last log line and metrics row."""
         self.summary.seconds = round(time.monotonic() - started, 3)
-        shutil.rmtree(self.scratch, ignore_errors=True)
+        remove_staging(self.scratch)
         self._finish()
         s = self.summary
         run_logger(s.pipeline, s.run_id, s.batch, source=self.pipeline.source.kind).info(

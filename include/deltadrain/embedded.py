@@ -26,6 +26,8 @@ class Ports:
     airflow: int
     spark_connect: int
     s3: int
+    spark_cluster: int
+    spark_cluster_ui: int
     valkey_cluster: int = 16400
 
     @classmethod
@@ -46,6 +48,8 @@ class Ports:
             spark_connect=pick("DELTADRAIN_SPARK_CONNECT_PORT", services.spark_connect_port),
             s3=pick("DELTADRAIN_S3_PORT", services.s3_port),
             valkey_cluster=pick("DELTADRAIN_VALKEY_CLUSTER_PORT", services.valkey_cluster_port),
+            spark_cluster=pick("DELTADRAIN_SPARK_CLUSTER_PORT", services.spark_cluster_port),
+            spark_cluster_ui=pick("DELTADRAIN_SPARK_CLUSTER_UI_PORT", services.spark_cluster_ui_port),
         )
 
 
@@ -190,12 +194,12 @@ def valkey_cluster_home() -> Path:
 
 
 def valkey_cluster_login_file() -> Path:
-    """The embedded cluster's password (JSON), made by its first start, owner-only."""
+    """The embedded Valkey Cluster's password (JSON), made by its first start, owner-only."""
     return valkey_cluster_home() / "login.json"
 
 
 def valkey_cluster_password() -> str | None:
-    """The embedded cluster's password, None before its first start made one."""
+    """The embedded Valkey Cluster's password, None before its first start made one."""
     try:
         return json.loads(valkey_cluster_login_file().read_text())["password"]
     except (FileNotFoundError, ValueError, KeyError):
@@ -211,3 +215,28 @@ def valkey_cluster_ports(cfg: DeltadrainConfig) -> list[int]:
 def valkey_cluster_seeds(cfg: DeltadrainConfig) -> list[str]:
     """Seed URLs of the embedded cluster: every node, so that a client finds it with any one down."""
     return [f"valkey://127.0.0.1:{port}" for port in valkey_cluster_ports(cfg)]
+
+
+def spark_cluster_home() -> Path:
+    return services_home() / "spark_cluster"
+
+
+def spark_cluster_url(cfg: DeltadrainConfig) -> str:
+    """The embedded Spark standalone master, as a Spark master URL (`services up --only spark_cluster`)."""
+    return f"spark://127.0.0.1:{ports(cfg).spark_cluster}"
+
+
+def spark_cluster_secret_file() -> Path:
+    """The shared secret of the embedded Spark cluster (Spark's spark.authenticate), owner-only."""
+    return spark_cluster_home() / "secret"
+
+
+def spark_cluster_auth_conf(master: str, cfg: DeltadrainConfig | None = None) -> dict[str, str]:
+    """The Spark confs a driver needs to join the embedded Spark cluster when `master` is it: its secret.
+    Empty for any other master (a user's cluster brings its own auth settings)."""
+    from deltadrain.config import load_config
+
+    cfg = cfg or load_config()
+    if master != spark_cluster_url(cfg) or not spark_cluster_secret_file().exists():
+        return {}
+    return {"spark.authenticate": "true", "spark.authenticate.secret": spark_cluster_secret_file().read_text().strip()}

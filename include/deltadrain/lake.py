@@ -215,8 +215,10 @@ def _log(path: str):
     from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
 
+    from deltadrain.objectstore import table_options
+
     try:
-        return DeltaTable(str(path))
+        return DeltaTable(str(path), storage_options=table_options(path))
     except TableNotFoundError:
         return None
 
@@ -226,7 +228,9 @@ def exists(path: str) -> bool:
     a commit there, without loading the table's state (the commit checks this on every try)."""
     from deltalake import DeltaTable
 
-    return DeltaTable.is_deltatable(str(path))
+    from deltadrain.objectstore import table_options
+
+    return DeltaTable.is_deltatable(str(path), storage_options=table_options(path))
 
 
 def inserted_rows(metrics: dict) -> int:

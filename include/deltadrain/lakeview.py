@@ -57,8 +57,10 @@ def _open(path: str):
     from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
 
+    from deltadrain.objectstore import table_options
+
     try:
-        return DeltaTable(path)
+        return DeltaTable(path, storage_options=table_options(path))
     except TableNotFoundError:
         return None
 

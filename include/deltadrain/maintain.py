@@ -24,6 +24,8 @@ from pathlib import Path
 
 from deltadrain.config import DeltadrainConfig, MaintenanceConfig, PipelineConfig
 from deltadrain.lake import is_table, retry_conflicts, table_ref
+from deltadrain.lakeurl import is_s3_url
+from deltadrain.objectstore import objects_under
 
 # Delta refuses a VACUUM that keeps less than this unless its check is switched off.
 DELTA_MIN_RETAIN_HOURS = 168
@@ -59,6 +61,8 @@ def shared_tables(cfg: DeltadrainConfig) -> dict[str, Path]:
 
 def files_on_disk(path: str | Path) -> int:
     """Parquet files under a table's directory, referenced or not (what VACUUM deletes from)."""
+    if is_s3_url(path):
+        return objects_under(path, ".parquet", skip="_delta_log")
     count = 0
     for _root, dirs, files in os.walk(path):
         dirs[:] = [d for d in dirs if d != "_delta_log"]

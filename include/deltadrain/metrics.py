@@ -70,7 +70,11 @@ def _append_with_delta_rs(path: str, schema, row: tuple) -> None:
     table = pa.Table.from_pylist([dict(zip(arrow_schema.names, row, strict=True))], schema=arrow_schema)
     # delta-rs retries a blind append itself; CommitFailedError is left when another writer created
     # the table first (its commit did not land, so trying again appends exactly once).
-    retry_conflicts(lambda: write_deltalake(path, table, mode="append"), extra=("CommitFailedError",))
+    from deltadrain.objectstore import table_options
+
+    options = table_options(path)  # on S3: a commit is put only if absent, as the Spark log store does
+    retry_conflicts(lambda: write_deltalake(path, table, mode="append", storage_options=options),
+                    extra=("CommitFailedError",))
 
 
 def record_run_safely(spark, cfg: DeltadrainConfig, pipeline: PipelineConfig, summary, backlog=None) -> None:

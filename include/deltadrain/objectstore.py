@@ -14,6 +14,8 @@ Where they come from, first found wins (docs/object-store.md):
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import os
 from collections.abc import Callable, Mapping
@@ -22,6 +24,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from deltadrain.errors import ConfigError
+from deltadrain.lakeurl import LakeUrl, bucket_and_key, is_s3_url  # noqa: F401 (this module's names too)
 
 CONNECTION_ID = "deltadrain_s3"
 DEFAULT_REGION = "us-east-1"
@@ -183,13 +186,99 @@ def pyarrow_filesystem(s: S3Settings):
     return fs.S3FileSystem(access_key=s.access_key_id, secret_key=s.secret_access_key, region=s.region, **kwargs)
 
 
-def is_s3_url(path: str | Path) -> bool:
-    return str(path).startswith(("s3a://", "s3://"))
+def settings_for(path) -> S3Settings | None:
+    """The store's settings when `path` (a table's, the lake's, a staging directory's) is on it, else
+    None: the one place the readers and writers ask, so that each gets the same login."""
+    if not is_s3_url(path):
+        return None
+    return _settings(tuple((k, v) for k, v in sorted(os.environ.items()) if k.startswith(_WHERE_FROM)))
 
 
-def bucket_and_key(url: str) -> tuple[str, str]:
-    """`s3a://bucket/some/prefix` -> ("bucket", "some/prefix")."""
-    parts = urlsplit(url)
-    if parts.scheme not in ("s3a", "s3") or not parts.netloc:
-        raise ValueError(f"{url!r} is not an s3a://bucket/key URL")
-    return parts.netloc, parts.path.lstrip("/")
+# What `resolve` reads from the environment (with the embedded server's port and home): a change to any
+# of them is a new lookup; otherwise a process asks Airflow and reads the login file once.
+_WHERE_FROM = ("AIRFLOW_CONN_DELTADRAIN_S3", "DELTADRAIN_S3_", "AWS_", "DELTADRAIN_HOME", "DELTADRAIN_CONFIG",
+               "AIRFLOW_HOME")
+
+
+@functools.lru_cache(maxsize=4)
+def _settings(env: tuple[tuple[str, str], ...]) -> S3Settings:
+    return resolve(dict(env), embedded=embedded_connection)
+
+
+def table_options(path) -> dict[str, str] | None:
+    """delta-rs's storage_options for the table at `path`: None for a local one."""
+    s = settings_for(path)
+    return storage_options(s) if s is not None else None
+
+
+def remove_tree(url) -> None:
+    """Delete every object under `url` (a run's staging): nothing there is no error."""
+    fs = pyarrow_filesystem(settings_for(url))
+    with contextlib.suppress(FileNotFoundError):
+        fs.delete_dir(LakeUrl(str(url)).fs_path())
+
+
+def sweep_abandoned(root, before: float) -> list[str]:
+    """The object-store twin of paths.sweep_abandoned: delete the run directories under `root` in which
+    no object is newer than `before` (epoch seconds)."""
+    from pyarrow import fs as pafs
+
+    store = pyarrow_filesystem(settings_for(root))
+    base = LakeUrl(str(root)).fs_path()
+    newest: dict[str, float] = {}
+    for info in store.get_file_info(pafs.FileSelector(base, allow_not_found=True, recursive=True)):
+        if info.type != pafs.FileType.File or info.mtime is None:
+            continue
+        run = info.path[len(base) + 1:].split("/", 1)[0]
+        newest[run] = max(newest.get(run, 0.0), info.mtime.timestamp())
+    removed = []
+    for run, when in sorted(newest.items()):
+        if when < before:
+            store.delete_dir(f"{base}/{run}")
+            removed.append(run)
+    return removed
+
+
+def for_config(cfg) -> S3Settings | None:
+    """The store's settings when the config's lake (or a target table) is on it, else None."""
+    if not cfg.on_object_store:
+        return None
+    return settings_for("s3a://lake")
+
+
+def login_conf(s: S3Settings) -> dict[str, str]:
+    """The login as hadoop-aws's Spark confs (for a properties file: `private_properties`)."""
+    return {"spark.hadoop.fs.s3a.access.key": s.access_key_id, "spark.hadoop.fs.s3a.secret.key": s.secret_access_key}
+
+
+def private_properties(conf: dict[str, str], path: Path) -> Path:
+    """Secret Spark confs as a properties file (spark-submit's --properties-file), made anew and readable
+    by its owner only from the start. spark-submit puts it in the application's conf, so executors on
+    other machines get it with the rest; on its command line every user of the machine would read it."""
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.writelines(f"{key}={value.replace(chr(92), chr(92) * 2)}\n" for key, value in conf.items())
+    return path
+
+
+def login_properties(s: S3Settings, path: Path) -> Path:
+    return private_properties(login_conf(s), path)
+
+
+def as_connection(s: S3Settings) -> str:
+    """The settings as AIRFLOW_CONN_DELTADRAIN_S3's JSON (type aws), for a job's environment: a driver
+    started by spark-submit cannot ask Airflow's metadata DB (secrets.handed_over)."""
+    extra = {"region_name": s.region, **({"endpoint_url": s.endpoint_url} if s.endpoint_url else {})}
+    return json.dumps({"conn_type": "aws", "login": s.access_key_id, "password": s.secret_access_key,
+                       "extra": extra})
+
+
+def objects_under(url, suffix: str, skip: str | None = None) -> int:
+    """How many objects under `url` end in `suffix`, leaving out any under a folder named `skip`."""
+    from pyarrow import fs as pafs
+
+    store = pyarrow_filesystem(settings_for(url))
+    found = store.get_file_info(pafs.FileSelector(LakeUrl(str(url)).fs_path(), allow_not_found=True, recursive=True))
+    return sum(1 for info in found if info.type == pafs.FileType.File and info.path.endswith(suffix)
+               and (skip is None or f"/{skip}/" not in info.path))

@@ -37,10 +37,7 @@ def check_run_id(run_id: str) -> str:
 
 
 def staging_dir(run_id: str) -> Path:
-    """Where a run (drain, backfill, reprocess) stages its batch; the run removes it at its end. A run
-    killed first (SIGKILL, a lost worker, Airflow's timeout) leaves it behind, with a batch of data in
-    it, and a retry has a new run id: each run sweeps what such runs left a day ago or earlier. The
-    run id is checked: the run removes this directory, which must never be anything but its own."""
+    """Where a run (drain, backfill, reprocess) on a local lake stages its batch (scratch.staging_dir)."""
     root = state_home() / "staging"
     sweep_abandoned(root, time.time() - STAGING_ABANDONED_S)
     return root / check_run_id(run_id)

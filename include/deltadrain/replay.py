@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -26,8 +25,8 @@ from deltadrain.config import DeltadrainConfig, PipelineConfig
 from deltadrain.deadletter import DEAD, REPLAYED, SAME_PLACE
 from deltadrain.errors import ReplayError
 from deltadrain.lake import is_table, merge_into, retry_conflicts, sql_literal
-from deltadrain.paths import staging_dir
 from deltadrain.positions import StreamId
+from deltadrain.scratch import remove_staging, staging_dir
 from deltadrain.sources import source_of
 
 LONG_MAX = 2**63 - 1  # the position columns are longs
@@ -284,7 +283,7 @@ def reprocess(cfg, pipeline: PipelineConfig, spark, request: ReplayRequest, resu
                        "message_id": r["message_id"]} for r in picked[:PREVIEW]]
     if request.dry_run or not picked:
         return
-    scratch = staging_dir(result.run_id)
+    scratch = staging_dir(result.run_id, cfg.lake_dir())
     try:
         history = source_of(pipeline).read_places(spark, cfg, pipeline,
                                                     [(r["_dd_partition"], r["_dd_position"]) for r in picked], scratch)
@@ -311,7 +310,7 @@ def reprocess(cfg, pipeline: PipelineConfig, spark, request: ReplayRequest, resu
         result.batches = rewritten_batches(picked, result.skipped) if result.written else []
         rows.unpersist()
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        remove_staging(scratch)
 
 
 def filtered_now(found: set[tuple[str, str]], skipped: list[dict], rows) -> list[dict]:

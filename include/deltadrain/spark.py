@@ -80,20 +80,41 @@ def spark_conf(extra: dict[str, str] | None = None, object_store=None, *,
 
 
 def get_spark(app_name: str = "deltadrain", master: str | None = None, extra: dict[str, str] | None = None,
-              object_store=None):
+              object_store=None, cfg=None):
     """A Delta-enabled SparkSession (reused if one is already running in this process). With
-    `object_store` (objectstore.S3Settings) it reaches s3a:// paths too; that takes a new JVM, as the
-    hadoop-aws jars join the class path only when it starts."""
+    `object_store` (objectstore.S3Settings), or a `cfg` whose lake is on the object store, it reaches
+    s3a:// paths too; that takes a new JVM, as the hadoop-aws jars join the class path only when it starts."""
     from pyspark.sql import SparkSession
 
+    if object_store is None and cfg is not None:
+        from deltadrain.objectstore import for_config
+
+        object_store = for_config(cfg)
     conf = spark_conf(extra, object_store)  # raises the jar-cache error before a JVM starts
     check_java()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    builder = SparkSession.builder.appName(app_name).master(
-        master or os.environ.get("DELTADRAIN_SPARK_MASTER", "local[*]"))
+    master = master or os.environ.get("DELTADRAIN_SPARK_MASTER", "local[*]")
+    builder = SparkSession.builder.appName(app_name).master(master)
+    conf |= cluster_conf(master)
     for key, value in conf.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
+
+
+def embedded_cluster(master: str) -> bool:
+    from deltadrain.config import load_config
+    from deltadrain.embedded import spark_cluster_url
+
+    return master.startswith("spark://127.0.0.1:") and master == spark_cluster_url(load_config())
+
+
+def cluster_conf(master: str) -> dict[str, str]:
+    """What a driver needs to join the embedded cluster when `master` is it (its secret), else nothing."""
+    if not master.startswith("spark://"):
+        return {}
+    from deltadrain.embedded import spark_cluster_auth_conf
+
+    return spark_cluster_auth_conf(master)
 
 
 def spark_submit_command(script: str, args: list[str], master: str | None = None,
@@ -110,11 +131,12 @@ def spark_submit_command(script: str, args: list[str], master: str | None = None
     return [*cmd, script, *args]
 
 
-def connect_server_conf(port: int, master: str | None = None) -> dict[str, str]:
+def connect_server_conf(port: int, master: str | None = None, object_store=None) -> dict[str, str]:
     """A Spark Connect server's conf: a local driver's (spark_conf()), gRPC on 127.0.0.1:`port`, and its
     own log4j file, which also logs the server's start. With a local master every socket the driver opens
     is bound to loopback; against a cluster master the executors must reach the driver, so the driver's
-    address stays Spark's choice."""
+    address stays Spark's choice. With `object_store` it reaches s3a:// paths, without the login (which
+    goes in a properties file: `connect_server_command`)."""
     master = master or os.environ.get("DELTADRAIN_SPARK_MASTER", "local[*]")
     conf = spark_conf({"spark.app.name": "deltadrain-connect",
                        "spark.connect.grpc.binding.address": "127.0.0.1",
@@ -127,23 +149,29 @@ def connect_server_conf(port: int, master: str | None = None) -> dict[str, str]:
                        "spark.connect.session.manager.defaultSessionTimeout": "15min",
                        # Spark 4.1 keeps a Python worker daemon per Connect session for good
                        # (SPARK-54055); this one exits once idle, so a server that lives on stays flat.
-                       "spark.python.daemon.module": "deltadrain.python_daemon"})
+                       "spark.python.daemon.module": "deltadrain.python_daemon"},
+                      object_store, with_login=False)
     conf["spark.driver.extraJavaOptions"] = conf["spark.driver.extraJavaOptions"].replace(
         f"-Dlog4j2.configurationFile=file:{LOG4J}", f"-Dlog4j2.configurationFile=file:{CONNECT_LOG4J}")
-    if master.startswith("local"):
+    if master.startswith("local") or embedded_cluster(master):  # the embedded cluster is on 127.0.0.1 too
         conf |= {"spark.driver.bindAddress": "127.0.0.1", "spark.driver.host": "127.0.0.1"}
     return conf
 
 
-def connect_server_command(port: int, master: str | None = None) -> list[str]:
+def connect_server_command(port: int, master: str | None = None, object_store=None,
+                           login_file: Path | None = None) -> list[str]:
     """spark-submit starting Spark's Connect server (its jar ships with pyspark) with the jar cache's
-    Delta, log store and Kafka source on the class path: nothing is resolved online."""
+    Delta, log store and Kafka source on the class path: nothing is resolved online. With `object_store`
+    also hadoop-aws; the login (and the embedded cluster's secret) come in `login_file`
+    (objectstore.private_properties)."""
     import pyspark
 
     submit = Path(pyspark.__file__).parent / "bin" / "spark-submit"
     cmd = [str(submit), "--master", master or os.environ.get("DELTADRAIN_SPARK_MASTER", "local[*]"),
            "--class", CONNECT_SERVER_CLASS]
-    for key, value in connect_server_conf(port, master).items():
+    if login_file is not None:
+        cmd += ["--properties-file", str(login_file)]
+    for key, value in connect_server_conf(port, master, object_store).items():
         cmd += ["--conf", f"{key}={value}"]
     return cmd
 

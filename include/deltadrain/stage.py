@@ -138,10 +138,14 @@ class StagingFile:
     """Executor side: one task's staging file, a context manager. `write` the claim record batches
     inside it; after a clean exit its report rows (`report_arrow_schema`, one per source partition)
     are in `report`. The file is renamed into place only when complete: a failed task attempt's file
-    is never named in a report, so never read."""
+    is never named in a report, so never read.
 
-    def __init__(self, directory: str, arrow_schema, id_field: str):
-        self.directory, self.arrow_schema, self.id_field = directory, arrow_schema, id_field
+    With `store` (objectstore.S3Settings) the directory is an s3a:// URL and the file is written there
+    through pyarrow: an object appears whole when its upload completes, and needs no rename (which S3
+    does not have)."""
+
+    def __init__(self, directory: str, arrow_schema, id_field: str, store=None):
+        self.directory, self.arrow_schema, self.id_field, self.store = directory, arrow_schema, id_field, store
         self.tallies: dict[str, Tally] = {}
         self.path: str | None = None
         self._writer = None
@@ -151,7 +155,13 @@ class StagingFile:
 
         if batch.num_rows == 0:
             return
-        if self._writer is None:
+        if self._writer is None and self.store is not None:
+            from deltadrain.objectstore import LakeUrl, pyarrow_filesystem
+
+            self.path = f"{self.directory}/part-{uuid.uuid4().hex}.parquet"
+            self._writer = pq.ParquetWriter(LakeUrl(self.path).fs_path(), self.arrow_schema,
+                                            filesystem=pyarrow_filesystem(self.store))
+        elif self._writer is None:
             os.makedirs(self.directory, exist_ok=True)
             self.path = os.path.join(self.directory, f"part-{uuid.uuid4().hex}.parquet")
             self._writer = pq.ParquetWriter(self.path + ".tmp", self.arrow_schema)
@@ -168,7 +178,7 @@ class StagingFile:
             return
         self._writer.close()
         self._writer = None
-        if kind is None:
+        if kind is None and self.store is None:
             os.replace(self.path + ".tmp", self.path)
 
     @property
@@ -176,17 +186,28 @@ class StagingFile:
         return report_rows(self.path, self.tallies) if self.path is not None else []
 
 
-def write_and_report(batches: Iterable, directory: str, arrow_schema, id_field: str) -> Iterator:
+def write_and_report(batches: Iterable, directory: str, arrow_schema, id_field: str, store=None) -> Iterator:
     """Executor side: write the claim record batches to one staging file (`StagingFile`) in
-    `directory` and yield its report."""
+    `directory` (on the object store `store`, if given) and yield its report."""
     import pyarrow as pa
 
-    with StagingFile(directory, arrow_schema, id_field) as staging:
+    with StagingFile(directory, arrow_schema, id_field, store) as staging:
         for batch in batches:
             staging.write(batch)
     report = staging.report
     if report:
         yield pa.RecordBatch.from_pylist(report, schema=report_arrow_schema())
+
+
+def open_staged(path: str):
+    """A staged file (a report's `file`), for pyarrow to read in the driver: local, or on the object store."""
+    import pyarrow.parquet as pq
+
+    from deltadrain.objectstore import LakeUrl, is_s3_url, pyarrow_filesystem, settings_for
+
+    if not is_s3_url(path):
+        return pq.ParquetFile(path)
+    return pq.ParquetFile(LakeUrl(path).fs_path(), filesystem=pyarrow_filesystem(settings_for(path)))
 
 
 def report_rows(path: str, tallies: dict[str, Tally]) -> list[dict]:
@@ -270,13 +291,18 @@ def task_rows(spark, rows: list[tuple], schema):
 
 def stage(tasks, produce, schema, id_field: str, directory: str) -> Staged:
     """Run `produce` (input record batches -> claim record batches; a mapInArrow body) over the
-    `tasks` DataFrame in one Spark job whose tasks stage their rows in `directory`."""
+    `tasks` DataFrame in one Spark job whose tasks stage their rows in `directory`. An s3a:// directory
+    is written with the login the driver found (objectstore.settings_for): it travels to the tasks with
+    this function, as a source's connection does, never on a command line."""
     from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
+    from deltadrain.objectstore import settings_for
+
     arrow_schema = to_arrow_schema(schema)
+    store = settings_for(directory)
 
     def body(batches):
-        yield from write_and_report(produce(batches, arrow_schema), directory, arrow_schema, id_field)
+        yield from write_and_report(produce(batches, arrow_schema), directory, arrow_schema, id_field, store)
 
     staged = Staged.of(tasks.mapInArrow(body, from_arrow_schema(report_arrow_schema())).collect())
     staged.schema = schema

@@ -37,7 +37,7 @@ def checkpoint_for_status(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> Ch
     from deltadrain.checkpoint import read_checkpoint
     from deltadrain.spark import get_spark
 
-    return read_checkpoint(get_spark(f"deltadrain-status-{pipeline.name}"), target, pipeline.name,
+    return read_checkpoint(get_spark(f"deltadrain-status-{pipeline.name}", cfg=cfg), target, pipeline.name,
                            str(cfg.dlq_path(pipeline)), str(cfg.quarantine_path(pipeline)))
 
 

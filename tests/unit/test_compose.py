@@ -23,7 +23,7 @@ COMPOSE = ROOT / "docker-compose.yaml"
 PROJECT = PurePosixPath("/opt/deltadrain")  # where the containers see the repository
 HOST_JAR_CACHE = PurePosixPath(".cache/jars")  # git-ignored, made by `make jars`
 SECRET_WORDS = ("PASSWORD", "SECRET", "TOKEN")
-REQUIRED_SERVICES = ("valkey", "kafka", "spark-master", "spark-worker")
+REQUIRED_SERVICES = ("valkey", "kafka", "s3", "spark-master", "spark-worker")
 
 # Compose interpolation: ${NAME}, ${NAME:-default}, ${NAME-default}, ${NAME:?error}, ${NAME?error}.
 INTERPOLATION = re.compile(r"\$\{(?P<name>[A-Za-z_]\w*)(?:(?P<op>:?[-?+])(?P<arg>[^}]*))?\}")
@@ -304,8 +304,12 @@ def test_jars_are_fetched_before_anything_reads_them():
     assert jars["image"].startswith("maven:3.9-eclipse-temurin-17")
     script = " ".join(command_strings(jars))
     assert "dependency:copy-dependencies" in script and "-DincludeScope=runtime" in script
-    for pom in ("/src/jvm/spark/pom.xml", "/src/jvm/kafka/pom.xml"):
+    for pom in ("/src/jvm/spark/pom.xml", "/src/jvm/kafka/pom.xml", "/src/jvm/s3/pom.xml", "/src/jvm/s3a/pom.xml"):
         assert pom in script, f"the jars service does not fetch {pom}"
+    # The S3 server runs from the fetched s3 jars, after they are indexed; the s3a kind gets the S3 log store.
+    assert "-f /src/jvm/s3logstore/pom.xml package" in script and "/jars/s3a/" in script
+    s3 = services()["s3"]
+    assert "/opt/deltadrain/jars/s3/*" in " ".join(command_strings(s3)) and completes_first("s3", "jars")
     # The log store every session's conf names is built into the spark jars, and a change to it refetches.
     assert "-f /src/jvm/logstore/pom.xml package" in script and "/jars/spark/" in script
     assert "find /src/jvm/logstore" in script

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import json
+from pathlib import Path
 
 import pytest
 
@@ -97,3 +98,41 @@ def test_requests_are_signed_as_aws_signature_v4_says():
         "AWS4-HMAC-SHA256 Credential=AKIAIOSFODNN7EXAMPLE/20130524/us-east-1/s3/aws4_request, "
         "SignedHeaders=host;range;x-amz-content-sha256;x-amz-date, "
         "Signature=f0e8bdb87c964420e857bd35b5d6ed310bd44f0170aba48dd91039c6036bdb41")
+
+
+def test_a_lake_on_s3_gives_every_table_and_the_staging_a_url_under_it(tmp_path):
+    import stat
+
+    import yaml
+
+    from deltadrain.config import parse_config
+    from deltadrain.lakeurl import LakeUrl
+    from deltadrain.objectstore import as_connection, from_connection, login_properties
+    from deltadrain.scratch import staging_dir
+
+    data = yaml.safe_load(Path("config/pipelines.yaml").read_text())
+    data["data_dir"] = "s3://deltadrain/lake/x/"  # s3:// is read as s3a://, Spark's scheme for it
+    cfg = parse_config(data, tmp_path / "p.yaml")
+    orders = cfg.pipeline("orders")
+    assert cfg.on_object_store and cfg.lake_dir() == LakeUrl("s3a://deltadrain/lake/x")
+    assert str(cfg.target_path(orders)) == "s3a://deltadrain/lake/x/orders"
+    assert str(cfg.dlq_path(orders)) == "s3a://deltadrain/lake/x/_deltadrain/dlq/orders"
+    assert LakeUrl("s3a://b/a/c").parents == (LakeUrl("s3a://b/a"), LakeUrl("s3a://b"))
+    assert (LakeUrl("s3a://b/a") / "c/d").fs_path() == "b/a/c/d"
+    # The pipelines' tables stay apart on the store too.
+    data["pipelines"][1]["target"]["path"] = "_deltadrain/metrics"
+    with pytest.raises(ConfigError, match="pipeline 'clicks', field 'target.path'.*overlaps deltadrain's own"):
+        parse_config(data, tmp_path / "p.yaml")
+    for bad, why in (("s3a:///x", "not an s3a://bucket/key URL"), ("s3a://b/a/../c", "'..' name no place")):
+        data["data_dir"] = bad
+        with pytest.raises(ConfigError, match=f"field 'data_dir': .*{why}"):
+            parse_config(data, tmp_path / "p.yaml")
+    # A run id that is no directory name is refused before anything is staged or removed.
+    with pytest.raises(ValueError, match="run id"):
+        staging_dir("../x", LakeUrl("s3a://b/lake"))
+    # spark-submit's login: a file readable by its owner only, and for the job's driver the connection.
+    s = S3Settings("key", "se/cr+et\\", "http://127.0.0.1:9000", "eu-west-1")
+    props = login_properties(s, tmp_path / "login.properties")
+    assert stat.S_IMODE(props.stat().st_mode) == 0o600
+    assert props.read_text() == "spark.hadoop.fs.s3a.access.key=key\nspark.hadoop.fs.s3a.secret.key=se/cr+et\\\\\n"
+    assert from_connection(json.loads(as_connection(s)), "") == s

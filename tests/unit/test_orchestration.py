@@ -149,7 +149,7 @@ def test_a_failed_replay_names_the_pipeline_it_was_asked_for(monkeypatch):
         list(self._watch([f"{ERROR_PREFIX}no DLQ table yet"]))  # what spark-submit's output carries
         raise RuntimeError("spark-submit exited with 1")
 
-    monkeypatch.setattr(spark, "spark_conf", lambda: {})
+    monkeypatch.setattr(spark, "spark_conf", lambda **_: {})
     monkeypatch.setattr(SparkSubmitOperator, "execute", failing_submit)
     op = ReplayOperator(task_id="replay", request_task="validate", executor="submit")
     ctx = context("manual")
@@ -173,7 +173,7 @@ def test_a_quality_task_whose_data_failed_is_not_retried_but_one_that_could_not_
         list(self._watch(lines))
         raise RuntimeError("spark-submit exited with 1")
 
-    monkeypatch.setattr(spark, "spark_conf", lambda: {})
+    monkeypatch.setattr(spark, "spark_conf", lambda **_: {})
     monkeypatch.setattr(SparkSubmitOperator, "execute", failing_submit)
     ctx = context("scheduled")
     ctx["ti"].xcom_pull = lambda task_ids: {"outcome": "committed", "batch": 3}

@@ -557,7 +557,7 @@ def run_phase(phase: str, config: str, pipeline_name: str, workdir: str, arg: in
         session.stop()
         out.update(memory_report())
         return out
-    spark = get_spark(f"deltadrain-bench-{phase}")
+    spark = get_spark(f"deltadrain-bench-{phase}", cfg=cfg)
     spark.sparkContext.setLogLevel("ERROR")
     if phase == "raw_read":
         out = phase_raw_read(cfg, pipeline, spark, group)
@@ -581,7 +581,8 @@ def _subphase(phase: str, config: Path, name: str, workdir: Path, arg: int = 0) 
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"bench phase {phase} failed:\n{done.stderr[-4000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    # The JVM may print after the phase's report (py4j, hadoop-aws at shutdown): the report is the last JSON line.
+    return json.loads([line for line in done.stdout.splitlines() if line.startswith("{")][-1])
 
 
 def _machine() -> str:
@@ -684,6 +685,48 @@ def _kafka_rounds(cfg, config: Path, name: str, workdir: Path, count: int, parti
     else:
         report.update(combine_rounds(results))
         report["rounds"] = results
+    return report
+
+
+def run_lake_bench(source: str, count: int, partitions: int, batch: int, workdir: Path | None = None) -> dict:
+    """One backlog drained twice, each in a fresh local driver (JVM start excluded) with a consumer group
+    of its own: into a lake on the local disk, then into one on the embedded S3 server (docs/object-store.md).
+    Each side's timings per step say where the time goes."""
+    from deltadrain.config import load_config
+    from deltadrain.dev import services
+    from deltadrain.dev.produce import produce
+    from deltadrain.embedded import S3_BUCKET
+
+    workdir = workdir or Path(tempfile.mkdtemp(prefix="deltadrain-bench-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    config, name = _bench_config(workdir, partitions, batch, kind=source)
+    local = _config_copy(config, "disk")
+    on_s3 = _config_copy(config, "s3")
+    doc = yaml.safe_load(on_s3.read_text())
+    doc["data_dir"] = f"s3a://{S3_BUCKET}/bench/{name}"
+    on_s3.write_text(yaml.safe_dump(doc, sort_keys=False))
+    cfg = load_config(config)
+    pipeline = cfg.pipeline(name)
+    report: dict = {"machine": _machine(), "source": source, "count": count, "partitions": partitions,
+                    "batch_cap": batch}
+
+    def phase(label: str, conf: Path) -> dict:
+        out = _step(label, lambda: _subphase("drain", conf, name, workdir))
+        out["load_avg_1m_after"] = os.getloadavg()[0]  # a shared machine: how fair the phase was
+        return out
+
+    with bench_source(cfg, pipeline), services.running(cfg, ["s3"]):
+        if source == "kafka":
+            from deltadrain.dev.produce import ensure_topic
+            from deltadrain.sources.kafka.client import kafka_client_conf
+
+            ensure_topic(kafka_client_conf(cfg, pipeline), pipeline.source.topic, partitions)
+        report["produce"] = _step("produce", lambda: produce(cfg, pipeline, count, seed=7, progress=True).count)
+        report["disk"] = phase("drain into a lake on the local disk", local)
+        report["s3"] = phase("drain into a lake on the local S3 server", on_s3)
+    report["ratios"] = {"s3_to_disk": round(report["s3"]["rate"] / report["disk"]["rate"], 3)
+                        if report["disk"]["rate"] else None}
+    report["load_avg"] = os.getloadavg()
     return report
 
 

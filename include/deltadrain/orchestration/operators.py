@@ -144,13 +144,28 @@ class DeltadrainSparkOperator(SparkSubmitOperator):
         return self._report()
 
     def _run_submit(self, context, argv: list[str]) -> None:
+        import tempfile
+
+        from deltadrain.config import load_config
+        from deltadrain.objectstore import CONNECTION_ID, as_connection, for_config, login_properties
+        from deltadrain.secrets import env_name
         from deltadrain.spark import spark_conf
 
         self.application_args = argv
-        self.conf = {**spark_conf(), **(self.conf or {})}
+        store = for_config(load_config(self.config))
+        self.conf = {**spark_conf(object_store=store, with_login=False), **(self.conf or {})}
+        with tempfile.TemporaryDirectory(prefix="deltadrain-submit-") as private:
+            handed = {}
+            if store is not None:  # the login in a file of this run's own, never on the command line
+                self.properties_file = str(login_properties(store, Path(private) / "s3-login.properties"))
+                if not os.environ.get(env_name(CONNECTION_ID)):  # the driver's delta-rs and pyarrow need it too
+                    handed[env_name(CONNECTION_ID)] = as_connection(store)
+            self._submit(context, handed)
+
+    def _submit(self, context, handed: dict[str, str]) -> None:
         bindir = str(Path(sys.executable).parent)
         # The environment's spark-submit and python come first, whatever PATH the worker has.
-        self._handed = self.source_connections()
+        self._handed = {**self.source_connections(), **handed}
         self.env_vars = {**(self.env_vars or {}), **self._handed,
                          "PATH": bindir + os.pathsep + os.environ.get("PATH", "")}
         try:

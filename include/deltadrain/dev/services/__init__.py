@@ -44,7 +44,8 @@ from deltadrain.orchestration.pools import ensure_airflow_pools
 from deltadrain.paths import PROJECT_ROOT
 
 # Airflow last: its connections point at the others, and `down` stops it first.
-ALL = ("valkey", "valkey_cluster", "kafka", "s3", "spark_connect", "airflow")
+# The Spark cluster before the Connect server: a server whose master is the cluster joins it as it starts.
+ALL = ("valkey", "valkey_cluster", "kafka", "s3", "spark_cluster", "spark_connect", "airflow")
 # What a bare `up` or `status` means; the S3 server joins them when the lake is on S3, the Valkey
 # Cluster when a pipeline reads from the embedded one.
 DEFAULT = ("valkey", "kafka", "spark_connect", "airflow")
@@ -275,9 +276,18 @@ def spark_connect_service(cfg: DeltadrainConfig) -> Service:
         check_java()
 
     def command() -> list[str]:
-        from deltadrain.spark import connect_server_command
+        from deltadrain.objectstore import for_config, login_conf, private_properties
+        from deltadrain.spark import cluster_conf, connect_server_command
 
-        return connect_server_command(port)
+        # A lake on S3: hadoop-aws joins the server's class path. Its login, and the embedded cluster's
+        # secret when the server runs on it, go in a file of the server's own.
+        store = for_config(cfg)
+        master = os.environ.get("DELTADRAIN_SPARK_MASTER", "local[*]")
+        secret = {**(login_conf(store) if store is not None else {}), **cluster_conf(master)}
+        if not secret:
+            return connect_server_command(port)
+        login = private_properties(secret, services_home() / "spark_connect" / "private.properties")
+        return connect_server_command(port, object_store=store, login_file=login)
 
     def healthy() -> bool:
         if not port_open(port):
@@ -326,14 +336,21 @@ def valkey_cluster_service(cfg: DeltadrainConfig) -> ValkeyClusterService:
     return ValkeyClusterService(cfg, valkey_binary)
 
 
-FACTORIES = {"valkey": valkey_service, "valkey_cluster": valkey_cluster_service, "kafka": kafka_service, "s3": s3_service,
+def spark_cluster_service(cfg: DeltadrainConfig) -> Service:
+    from deltadrain.dev.services.spark_cluster import spark_cluster_service
+
+    return spark_cluster_service(cfg)
+
+
+FACTORIES = {"valkey": valkey_service, "valkey_cluster": valkey_cluster_service, "kafka": kafka_service,
+             "s3": s3_service, "spark_cluster": spark_cluster_service,
              "spark_connect": spark_connect_service, "airflow": airflow_service}
 
 
 def defaults(cfg: DeltadrainConfig | None) -> list[str]:
     """The services a bare `up` or `status` means: the S3 server only when the lake is on S3, the
     Valkey Cluster only when a pipeline reads from the embedded one (`source.cluster` without a url)."""
-    on_s3 = cfg is not None and (cfg.data_dir or "").startswith("s3a://")
+    on_s3 = cfg is not None and cfg.on_object_store
     on_cluster = cfg is not None and any(getattr(p.source, "cluster", False) and not p.source.url
                                          for p in cfg.pipelines)
     return [n for n in ALL if n in DEFAULT or (n == "s3" and on_s3) or (n == "valkey_cluster" and on_cluster)]

@@ -59,10 +59,10 @@ def claim_held(client, stream: str, group: str, holder: str, to: str, min_idle_m
 def staged_entries(files: Iterable[str], keep: frozenset = frozenset()) -> Iterator[tuple[str, list]]:
     """(stream, [(position, attempts)]) chunks of the staged rows, at most ACK_CHUNK entries each,
     leaving out the (stream, position) pairs in `keep` (culprits left pending for another attempt)."""
-    import pyarrow.parquet as pq
+    from deltadrain.stage import open_staged
 
     for path in files:
-        for batch in pq.ParquetFile(path).iter_batches(batch_size=ACK_CHUNK, columns=COLUMNS):
+        for batch in open_staged(path).iter_batches(batch_size=ACK_CHUNK, columns=COLUMNS):
             grouped: dict[str, list] = defaultdict(list)
             for stream, position, attempts in zip(*(batch.column(c).to_pylist() for c in COLUMNS), strict=True):
                 if (stream, position) not in keep:
