@@ -18,6 +18,7 @@ from airflow.sdk import DAG, Asset, CronDataIntervalTimetable, Param, task
 
 from deltadrain.config import CONTINUOUS, DeltadrainConfig, PipelineConfig, load_config
 from deltadrain.names import (
+    ALERTS_TASK,
     MAINTENANCE_DAG,
     QUALITY_DAG,
     REAPER_DAG,
@@ -28,6 +29,7 @@ from deltadrain.names import (
     replay_task_id,
 )
 from deltadrain.orchestration.operators import (
+    AlertsOperator,
     DrainOperator,
     MaintainOperator,
     QualityOperator,
@@ -96,6 +98,13 @@ def ingest_dag(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> DAG:
         quality = QualityOperator(task_id="quality", pipeline=pipeline.name, config=_config_arg(cfg),
                                   drain_task="drain")
         wait >> drain >> quality
+        if pipeline.alerts.enabled:
+            # all_done: after the drain whatever became of it. A failed drain (or a source the sensor
+            # could not reach) is when lag and the oldest message grow, and a run skipped for want of
+            # work still checks the dead letters. Cheap reads: no pool slot, no retries.
+            drain >> AlertsOperator(task_id=ALERTS_TASK, pipeline=pipeline.name, config=_config_arg(cfg),
+                                    trigger_rule="all_done", pool="default_pool", retries=0,
+                                    execution_timeout=timedelta(minutes=5))
     return dag
 
 

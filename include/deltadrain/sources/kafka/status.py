@@ -77,6 +77,43 @@ def kafka_counts(conf: dict, source: KafkaSource, positions: dict[str, str], pub
             "gaps": list(gaps.values()), "dead_runs": dead_runs, "partitions": partitions}
 
 
+def first_unpublished(counts: dict) -> dict[int, int]:
+    """Per partition with messages not in the lake yet, the offset of the first of them (pure)."""
+    return {int(part): info["end_offset"] - info["pending"] - info["claimed"]
+            for part, info in (counts.get("partitions") or {}).items() if info["pending"] + info["claimed"] > 0}
+
+
+def oldest_pending_ms(conf: dict, topic: str, counts: dict, timeout_s: float = 10.0) -> int | None:
+    """The timestamp of the oldest record not in the lake yet (the record's own: CreateTime, or the
+    broker's LogAppendTime), one fetch per partition that has any; None: none waits."""
+    import time
+
+    from confluent_kafka import Consumer, TopicPartition
+
+    starts = first_unpublished(counts)
+    if not starts:
+        return None
+    # A group id is required by the client; nothing is committed under it (no auto commit, no commit call).
+    consumer = Consumer({**conf, "group.id": "deltadrain-alerts", "enable.auto.commit": False,
+                         "enable.partition.eof": True, "auto.offset.reset": "earliest"})
+    try:
+        consumer.assign([TopicPartition(topic, part, offset) for part, offset in starts.items()])
+        found: dict[int, int] = {}
+        waiting = set(starts)
+        deadline = time.monotonic() + timeout_s
+        while waiting and time.monotonic() < deadline:
+            for msg in consumer.consume(num_messages=len(waiting), timeout=0.5):
+                part = msg.partition()
+                if part not in waiting:
+                    continue
+                waiting.discard(part)  # its first record, or the end of the partition (an aborted tail)
+                if msg.error() is None:
+                    found[part] = msg.timestamp()[1]
+    finally:
+        consumer.close()
+    return min(found.values()) if found else None
+
+
 def missing_topic(pipeline: PipelineConfig, positions: dict[str, str]) -> dict:
     """The counts of a pipeline whose topic the broker does not know (pure): nothing to drain, and a
     note that says why and what to do. A topic the lake's checkpoint holds offsets of was there and
