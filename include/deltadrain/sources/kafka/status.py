@@ -37,19 +37,12 @@ def kafka_counts(conf: dict, source: KafkaSource, positions: dict[str, str], pub
     import time
 
     from deltadrain.sources.kafka.crashes import DeadRuns, settle, suspects
-    from deltadrain.sources.kafka.offsets import (
-        claimed,
-        committed,
-        read_notice,
-        remaining,
-        start_offsets,
-        watermarks,
-    )
+    from deltadrain.sources.kafka.offsets import claimed, read_notice, start_offsets, topic_offsets
 
-    marks = watermarks(conf, source.topic, until)
+    # The offsets and the group's claim notices in one client, asked together (topic_offsets).
+    marks, group = topic_offsets(conf, source.topic, source.group if with_group else None, until)
     starts, gap_list = start_offsets(positions, marks, source.starting_offsets, first_run, complete)
     gaps = {g.partition: g.as_dict() for g in gap_list}
-    group = committed(conf, source.group, source.topic, sorted(marks), remaining(until)) if with_group else {}
     now_ms = int(time.time() * 1000)
     partitions, claimed_by, dead_runs = {}, {}, []
     for part, (low, high) in sorted(marks.items()):
