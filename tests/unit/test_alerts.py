@@ -105,7 +105,9 @@ def test_the_alerts_task_follows_the_drain_whatever_became_of_it_and_only_where_
     alerts = dag.get_task("alerts")
     assert alerts.upstream_task_ids == {"drain"} and alerts.trigger_rule == "all_done"
     assert (alerts.pool, alerts.retries, alerts.pipeline) == ("default_pool", 0, "orders")
-    assert "alerts" not in ingest_dag(cfg, cfg.pipelines[1]).task_ids
+    assert "`alerts`, after the drain whatever became of it" in dag.doc_md
+    other = ingest_dag(cfg, cfg.pipelines[1])
+    assert "alerts" not in other.task_ids and "`alerts`" not in other.doc_md
 
 
 def test_the_alerts_task_fails_without_retry_naming_the_figures_and_returns_them_when_within(monkeypatch, tmp_path):

@@ -69,6 +69,9 @@ def ingest_dag(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> DAG:
            "nothing: the runs after it read half of what it read at a time, and only a message that was alone in "
            f"`max_retries` runs that died is a dead letter, so a message that kills every run cannot stop the "
            "pipeline and takes no other message with it.")
+    if pipeline.alerts.enabled:
+        doc += ("\n- `alerts`, after the drain whatever became of it, fails with the figure when the lag, the oldest "
+                "pending message or the rise of dead letters passes the pipeline's `alerts:` thresholds.")
     with DAG(
         dag_id=ingest_dag_id(pipeline.name),
         schedule=schedule,
