@@ -295,6 +295,10 @@ def test_replay_dag_sends_dead_letters_back_once(pipeline_dags, spark):
     assert (f"pipeline '{p.name}': 1 alert(s): DEAD dead letters rose by +{len(poison)} since the previous "
             f"check (0 -> {len(poison)}), above the threshold 0 (alerts.max_dead_rise)") in run["log"]
     assert "deltadrain alert: lag 0 messages within the threshold 0 (alerts.max_lag)" in run["log"]
+    from deltadrain.orchestration.view.runs import last_alert_check
+
+    shown = last_alert_check(p)  # what the pipeline's page shows, from the metadata DB
+    assert (shown["state"], shown["run_id"], shown["task_id"]) == ("failed", run["run_id"], ALERTS_TASK), shown
 
     # (A dry run, the form's default, is tested in-process: test_backfill_replay.py; a DAG run here
     # costs the suite most of a minute.)
