@@ -364,6 +364,25 @@ class AirflowSettings(_Model):
         return self
 
 
+class AlertSettings(_Model):
+    """The ingest DAG's `alerts` task (deltadrain.alerts): after each drain, it fails with the figure when one
+    of these is passed. Each is off while unset: what is too much lag or too old a message depends on the
+    pipeline's rate and schedule, which deltadrain cannot guess, and an alert that fires on every backlog
+    is one nobody reads. With none set the ingest DAG has no `alerts` task."""
+
+    # Messages not in the lake yet (PENDING + CLAIMED: the view's lag) above this fail the check.
+    max_lag: int | None = Field(None, ge=0)
+    # The oldest message not in the lake yet appended longer ago than this fails it.
+    max_pending_age: PositiveDuration | None = None
+    # DEAD dead letters rising by more than this since the previous check (the DLQ table as it was when
+    # this DAG run started) fail it; 0: any new dead letter does.
+    max_dead_rise: int | None = Field(None, ge=0)
+
+    @property
+    def enabled(self) -> bool:
+        return any(v is not None for v in (self.max_lag, self.max_pending_age, self.max_dead_rise))
+
+
 class PipelineConfig(_Model):
     name: str
     source: SourceSettings
@@ -386,6 +405,7 @@ class PipelineConfig(_Model):
     # waits for work (docs/airflow.md, "Event-driven ingest").
     schedule: IngestSchedule = "*/5 * * * *"
     airflow: AirflowSettings = AirflowSettings()
+    alerts: AlertSettings = AlertSettings()
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 

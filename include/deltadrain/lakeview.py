@@ -148,6 +148,28 @@ def dlq_counts(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> dict[str, int
     return counts
 
 
+def dead_count_at(cfg: DeltadrainConfig, pipeline: PipelineConfig, at: datetime) -> int:
+    """The DEAD dead letters the pipeline's DLQ table held at `at`, from its history: the newest commit
+    made by then (0 when the table was made after it). Older than the HISTORY commits read here, delta-rs
+    finds the version by time itself."""
+    from deltalake import DeltaTable
+
+    path = str(cfg.dlq_path(pipeline))
+    commits = history(path)
+    if not commits:
+        return 0
+    at_ms = at.timestamp() * 1000
+    made = [c for c in commits if c.get("timestamp", 0) <= at_ms]
+    if made:
+        table = DeltaTable(path, version=made[0]["version"])
+    elif commits[-1].get("version") == 0:
+        return 0  # the table's first commit came after `at`
+    else:
+        table = DeltaTable(path)
+        table.load_as_version(at)
+    return int(query(table, "SELECT count(*) AS n FROM t WHERE state = 'DEAD'")[0]["n"])
+
+
 def preview(original: bytes | None) -> str | None:
     """The first bytes of a payload as text (undecodable bytes replaced); escaping is the template's job."""
     if original is None:

@@ -19,6 +19,7 @@ import yaml
 from deltadrain.checkpoint import read_checkpoint
 from deltadrain.dev.produce import MALFORMED_KINDS, produce
 from deltadrain.names import (
+    ALERTS_TASK,
     MAINTENANCE_DAG,
     QUALITY_DAG,
     REAPER_DAG,
@@ -280,8 +281,8 @@ def test_maintenance_dag_compacts_and_vacuums_through_spark_connect(pipeline_dag
 
 @pytest.mark.slow
 def test_replay_dag_sends_dead_letters_back_once(pipeline_dags, spark):
-    # max_retries 0: the poison message is dead at its first failure.
-    path, c, p = pipeline_dags(max_retries=0)
+    # max_retries 0: the poison message is dead at its first failure. Any new dead letter is an alert.
+    path, c, p = pipeline_dags(max_retries=0, alerts={"max_dead_rise": 0, "max_lag": 0})
     result = produce(c, p, 300, seed=94, poison_ratio=0.01)
     poison = result.poison_ids
     assert poison
@@ -289,6 +290,15 @@ def test_replay_dag_sends_dead_letters_back_once(pipeline_dags, spark):
     assert run["states"]["drain"] == "success", run["log"][-3000:]
     dead = [r for r in dlq_rows(spark, c, p) if r.state == "DEAD"]
     assert {r.message_id for r in dead} == set(poison)
+    # The alerts task after the drain fails the run with the figure and the threshold; the lag is in.
+    assert (run["states"][ALERTS_TASK], run["state"]) == ("failed", "failed"), run["log"][-3000:]
+    assert (f"pipeline '{p.name}': 1 alert(s): DEAD dead letters rose by +{len(poison)} since the previous "
+            f"check (0 -> {len(poison)}), above the threshold 0 (alerts.max_dead_rise)") in run["log"]
+    assert "deltadrain alert: lag 0 messages within the threshold 0 (alerts.max_lag)" in run["log"]
+    from deltadrain.orchestration.view.runs import last_alert_check
+
+    shown = last_alert_check(p)  # what the pipeline's page shows, from the metadata DB
+    assert (shown["state"], shown["run_id"], shown["task_id"]) == ("failed", run["run_id"], ALERTS_TASK), shown
 
     # (A dry run, the form's default, is tested in-process: test_backfill_replay.py; a DAG run here
     # costs the suite most of a minute.)
@@ -312,6 +322,10 @@ def test_replay_dag_sends_dead_letters_back_once(pipeline_dags, spark):
     # test_backfill_replay.py; a DAG run here costs the suite most of a minute.)
     run = run_dag(ingest_dag_id(p.name))
     assert run["states"]["drain"] == "success"
+    # Replayed before this run started, drained in it: no new dead letter, nothing left, the check passes.
+    assert run["states"][ALERTS_TASK] == "success", run["log"][-3000:]
+    assert [(f["check"], f["figure"], f["breached"]) for f in run["xcoms"][ALERTS_TASK]["findings"]] == [
+        ("max_lag", 0, False), ("max_dead_rise", 0, False)]
     ids = target_ids(spark, c, p)
     assert len(ids) == len(set(ids)) and set(ids) == set(result.valid_ids) | set(poison)
 

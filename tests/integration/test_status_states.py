@@ -157,3 +157,70 @@ def test_status_dlq_and_metrics_read_what_spark_reads_without_a_jvm(tmp_path, sp
 
     runs = as_json(cli_without_spark(path, "metrics", p.name, "--json"))["runs"]
     assert runs == json.loads(json.dumps(last_runs(spark, c, p, 10), default=str))
+
+
+def test_the_alerts_check_measures_lag_and_the_oldest_message_at_both_sources_without_spark(
+        fresh, valkey_server, kafka_broker):
+    """The figures the ingest DAG's alerts task judges, read from a real Valkey and Kafka with nothing
+    drained: the lag is every message, the oldest is the first appended (Valkey: the pending list's
+    first entry when a consumer holds it, else the first the group has not read; Kafka: the record at
+    the lake's checkpoint), and the thresholds decide."""
+    from datetime import UTC, datetime, timedelta
+
+    from deltadrain.alerts import check
+    from deltadrain.config import AlertSettings
+    from deltadrain.dev.produce import produce
+    from deltadrain.sources import source_of
+    from deltadrain.sources.valkey.client import valkey_client
+    from deltadrain.sources.valkey.drain import ensure_groups
+
+    _, cfg, valkey, kafka = fresh
+    settings = AlertSettings(max_lag=20, max_pending_age=timedelta(minutes=15), max_dead_rise=0)
+    before_ms = int(time.time() * 1000)
+    for p in (valkey, kafka):
+        assert check(cfg, p.model_copy(update={"alerts": settings}), None)["failure"] is None  # nothing yet
+        produce(cfg, p, 30, seed=48)
+    after_ms = int(time.time() * 1000)
+
+    client = valkey_client(cfg, valkey)
+    ensure_groups(client, valkey.source)
+    # A consumer holds stream 1's first entries: the oldest comes from the pending list there.
+    held = client.xreadgroup(valkey.source.group, "alerts-probe", {valkey.source.streams[1]: ">"}, count=3)
+    firsts = [client.xrange(s, count=1)[0][0] for s in valkey.source.streams]
+    assert held[0][1][0][0] == firsts[1]
+    expected = {valkey.name: min(int(i.decode().split("-")[0]) for i in firsts)}
+
+    from confluent_kafka import Consumer, TopicPartition
+
+    from deltadrain.sources.kafka.client import kafka_consumer_conf
+
+    counts = source_of(kafka).counts(cfg, kafka, _empty_lake(), quick=True)
+    reader = Consumer({**kafka_consumer_conf(cfg, kafka), "group.id": "alerts-test", "enable.auto.commit": False})
+    reader.assign([TopicPartition(kafka.source.topic, int(part), 0) for part in counts["partitions"]])
+    stamps = [m.timestamp()[1] for m in reader.consume(num_messages=30, timeout=10)]
+    reader.close()
+    assert len(stamps) == 30
+    expected[kafka.name] = min(stamps)
+    assert sum(v["pending"] for v in counts["partitions"].values()) == 30
+
+    for p in (valkey, kafka):
+        oldest = source_of(p).oldest_pending_ms(cfg, p, source_of(p).counts(cfg, p, _empty_lake(), quick=True))
+        assert oldest == expected[p.name] and before_ms - 1000 <= oldest <= after_ms + 1000, (p.name, oldest)
+        p = p.model_copy(update={"alerts": settings})
+        report = check(cfg, p, datetime.now(UTC), now=datetime.fromtimestamp(oldest / 1000 + 16 * 60, UTC))
+        found = {f["check"]: f for f in report["findings"]}
+        assert (found["max_lag"]["figure"], found["max_lag"]["breached"]) == (30, True)
+        assert (found["max_pending_age"]["figure"], found["max_pending_age"]["breached"]) == (960.0, True)
+        assert (found["max_dead_rise"]["figure"], found["max_dead_rise"]["breached"]) == (0, False)
+        assert report["failure"].startswith(f"pipeline '{p.name}': 2 alert(s): lag 30 messages above the "
+                                            "threshold 20 (alerts.max_lag); oldest pending message appended 16 min ago")
+        # Within both: 30 allowed, and the messages are seconds old.
+        p = p.model_copy(update={"alerts": AlertSettings(max_lag=30, max_pending_age=timedelta(minutes=15))})
+        assert check(cfg, p, None)["failure"] is None
+
+
+def _empty_lake():
+    from deltadrain.checkpoint import Checkpoint
+    from deltadrain.sources import LakeSide
+
+    return LakeSide(lambda: Checkpoint(0))

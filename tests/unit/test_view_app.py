@@ -266,3 +266,36 @@ def test_states_are_grey_notes_on_the_page_and_in_the_index_not_red():
     index = _templates().get_template("index.html.j2").render(pipelines=[row]).replace("\n", "")
     assert ('<td class="bad">1 open gap<span class="note">; never run: &lt;no&gt; target table yet</span>'
             '<span class="note">; topic &#39;clicks&#39; does not exist yet</span></td>') in index
+
+
+def test_the_page_shows_the_last_alerts_check_red_when_it_failed_with_a_link_to_its_task(tmp_path):
+    from datetime import UTC, datetime
+
+    from deltadrain.orchestration.view.app import _templates
+    from deltadrain.orchestration.view.runs import alerts_of, thresholds
+
+    base = {"pipeline": "orders", "source": "valkey", "partitions": ["s0"], "PENDING": 0, "CLAIMED": 0,
+            "last_batches": [], "dead_letters": []}
+    shown = {"max_lag": "5,000 messages", "max_pending_age": "900 s", "max_dead_rise": "0 dead letters"}
+
+    def render(alerts):
+        page = _templates().get_template("pipeline.html.j2").render(v={**base, "alerts": alerts}, state="DEAD",
+                                                                   triggered=[], replay_dag="r")
+        return page.split('id="alerts"')[1].split("</p>")[0] if 'id="alerts"' in page else None
+
+    last = {"state": "failed", "run_id": "manual__2026-05-01T12:00:00+00:00", "at": datetime(2026, 5, 1, 12, 1, tzinfo=UTC),
+            "dag_id": "deltadrain__orders__ingest", "task_id": "alerts"}
+    failed = render({"thresholds": shown, "last": last})
+    assert failed.startswith(' class="bad"') and "max_lag 5,000 messages, max_pending_age 900 s" in failed
+    assert ('href="../../dags/deltadrain__orders__ingest/runs/manual__2026-05-01T12%3A00%3A00%2B00%3A00/tasks/alerts"'
+            ">failed</a>") in failed and "2026-05-01 12:01:00 UTC" in failed
+    passed = render({"thresholds": shown, "last": {**last, "state": "success"}})
+    assert passed.startswith(' class="note"') and ">success</a>" in passed
+    assert "no check has run yet" in render({"thresholds": shown, "last": None})
+    assert render(None) is None  # no thresholds: nothing to say
+
+    from tests.unit.test_alerts import _config
+
+    cfg = _config(tmp_path, {"max_lag": 5000, "max_pending_age": "PT15M", "max_dead_rise": 0})
+    assert thresholds(cfg.pipelines[0]) == shown
+    assert alerts_of(cfg.pipelines[1]) is None  # sets none: the metadata DB is not asked

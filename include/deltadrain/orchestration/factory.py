@@ -18,6 +18,7 @@ from airflow.sdk import DAG, Asset, CronDataIntervalTimetable, Param, task
 
 from deltadrain.config import CONTINUOUS, DeltadrainConfig, PipelineConfig, load_config
 from deltadrain.names import (
+    ALERTS_TASK,
     MAINTENANCE_DAG,
     QUALITY_DAG,
     REAPER_DAG,
@@ -28,6 +29,7 @@ from deltadrain.names import (
     replay_task_id,
 )
 from deltadrain.orchestration.operators import (
+    AlertsOperator,
     DrainOperator,
     MaintainOperator,
     QualityOperator,
@@ -67,6 +69,9 @@ def ingest_dag(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> DAG:
            "nothing: the runs after it read half of what it read at a time, and only a message that was alone in "
            f"`max_retries` runs that died is a dead letter, so a message that kills every run cannot stop the "
            "pipeline and takes no other message with it.")
+    if pipeline.alerts.enabled:
+        doc += ("\n- `alerts`, after the drain whatever became of it, fails with the figure when the lag, the oldest "
+                "pending message or the rise of dead letters passes the pipeline's `alerts:` thresholds.")
     with DAG(
         dag_id=ingest_dag_id(pipeline.name),
         schedule=schedule,
@@ -96,6 +101,13 @@ def ingest_dag(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> DAG:
         quality = QualityOperator(task_id="quality", pipeline=pipeline.name, config=_config_arg(cfg),
                                   drain_task="drain")
         wait >> drain >> quality
+        if pipeline.alerts.enabled:
+            # all_done: after the drain whatever became of it. A failed drain (or a source the sensor
+            # could not reach) is when lag and the oldest message grow, and a run skipped for want of
+            # work still checks the dead letters. Cheap reads: no pool slot, no retries.
+            drain >> AlertsOperator(task_id=ALERTS_TASK, pipeline=pipeline.name, config=_config_arg(cfg),
+                                    trigger_rule="all_done", pool="default_pool", retries=0,
+                                    execution_timeout=timedelta(minutes=5))
     return dag
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.sdk import BaseOperator
 
 from deltadrain.jobs import ERROR_PREFIX, SUMMARY_PREFIX
 from deltadrain.names import AIRFLOW_RUN_PREFIX
@@ -351,4 +352,34 @@ class QualityOperator(DeltadrainSparkOperator):
         if not report.get("success", True):
             self.log.warning("deltadrain: %s failed data quality (policy %s): %s", self.pipeline,
                              report.get("policy"), "; ".join(report.get("failed") or []))
+        return report
+
+
+class AlertsOperator(BaseOperator):
+    """The pipeline's `alerts:` thresholds checked after the drain (deltadrain.alerts): the figures in the
+    log, and a failure that names each one passed with its threshold. It reads what the view reads
+    (the source's counts, the lake through delta-rs): no Spark job, no pool slot."""
+
+    ui_color = "#ffe7c7"
+
+    def __init__(self, *, pipeline: str, config: str | None = None, **kwargs):
+        super().__init__(**kwargs)
+        self.pipeline, self.config = pipeline, config
+
+    def execute(self, context) -> dict:
+        from airflow.sdk.exceptions import AirflowFailException
+
+        from deltadrain.alerts import check
+        from deltadrain.config import load_config
+
+        cfg = load_config(self.config)
+        # The previous check ran at the end of the previous run of this DAG (max_active_runs=1), before
+        # this one started: the DLQ as of this run's start is what it saw.
+        since = getattr(context.get("dag_run"), "start_date", None)
+        report = check(cfg, cfg.pipeline(self.pipeline), since)
+        for finding in report["findings"]:
+            (self.log.error if finding["breached"] else self.log.info)("deltadrain alert: %s", finding["text"])
+        if report["failure"]:
+            # Measured, not flaky: a retry would measure the same thing. The next run checks again.
+            raise AirflowFailException(report["failure"])
         return report

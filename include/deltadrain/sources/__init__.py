@@ -131,6 +131,10 @@ class Source(Protocol):
         partitions, gaps, and the ranges under suspicion as dead_runs or splits). `until`
         (time.monotonic()) bounds the calls together; `quick` gives up on a silent server in seconds."""
 
+    def oldest_pending_ms(self, cfg: DeltadrainConfig, pipeline: PipelineConfig, counts: dict) -> int | None:
+        """When the oldest message not in the lake yet was appended (epoch ms; None: none waits). `counts`:
+        what `counts` just answered. Cheap reads only (the alerts check)."""
+
     def stale_after_ms(self, pipeline: PipelineConfig) -> int:
         """How long a claim may sit before its run is taken for gone."""
 

@@ -6,5 +6,6 @@ DLQ with a "Replay selected" action that triggers the replay DAG.
 - `data`: what the pages show, as plain data (reads through `deltadrain.lakeview`, delta-rs: no Spark
   JVM in the API server);
 - `actions`: the replay action (selection -> replay DAG confs -> runs triggered with the caller's token);
-- `app`: the FastAPI app (routes, authorization, templates); it imports the two others, never the reverse.
+- `runs`: what it shows of Airflow's own records (the last alerts check's task state);
+- `app`: the FastAPI app (routes, authorization, templates); it imports the others, never the reverse.
 """

@@ -34,6 +34,7 @@ from deltadrain.orchestration.view.actions import (
 )
 from deltadrain.orchestration.view.charts import WINDOW_NAMES, WINDOWS, charts_svg, pipeline_charts, window_of
 from deltadrain.orchestration.view.data import _jsonable, pipeline_summaries, pipeline_view
+from deltadrain.orchestration.view.runs import alerts_of
 
 log = logging.getLogger(__name__)
 
@@ -189,7 +190,8 @@ def create_app():
     def pipeline_json(name: str, user=user_dep, state: str = "DEAD", limit: int = 100):
         cfg = load_cfg()
         pipeline = find(cfg, name, user)
-        return JSONResponse(_jsonable(pipeline_view(cfg, pipeline, state_arg(state), max(1, min(limit, 1000)))))
+        data = pipeline_view(cfg, pipeline, state_arg(state), max(1, min(limit, 1000)))
+        return JSONResponse(_jsonable({**data, "alerts": alerts_of(pipeline)}))
 
     @app.get("/pipelines/{name}", response_class=HTMLResponse)
     def pipeline_page(name: str, user=user_dep, state: str = "DEAD", limit: int = 100, triggered: str = "",
@@ -198,6 +200,7 @@ def create_app():
         pipeline = find(cfg, name, user)
         window = window_arg(window)
         data = pipeline_view(cfg, pipeline, state_arg(state), max(1, min(limit, 1000)))
+        data["alerts"] = alerts_of(pipeline)
         try:
             chart = pipeline_charts(cfg, pipeline, window)
             charts, chart_runs = charts_svg(chart), chart["runs"]

@@ -242,7 +242,22 @@ def watermarks(conf: dict, topic: str, until: float | None = None) -> dict[int, 
     loaded the partition yet), librdkafka reports the end offset as the earliest, and a drain would
     take the whole partition for a retention gap. Here such an answer is asked again, for TIMEOUT
     (a drain on a restarting broker), or up to `until` (`remaining`)."""
-    from confluent_kafka import IsolationLevel, KafkaError, KafkaException, TopicPartition
+    return topic_offsets(conf, topic, None, until)[0]
+
+
+def topic_offsets(conf: dict, topic: str, group: str | None, until: float | None = None
+                  ) -> tuple[dict[int, tuple[int, int]], dict[int, tuple[int | None, str | None]]]:
+    """(watermarks, and with a `group` what `committed` answers for every partition), from one admin
+    client: the topic's metadata, then the earliest and end offsets and the group's offsets asked
+    together. Each round trip to a busy broker costs its wait; a second client (a consumer for the
+    group) would add its own bootstrap and coordinator lookup (bench/cli_reads)."""
+    from confluent_kafka import (
+        ConsumerGroupTopicPartitions,
+        IsolationLevel,
+        KafkaError,
+        KafkaException,
+        TopicPartition,
+    )
     from confluent_kafka.admin import AdminClient, OffsetSpec
 
     # The consumers' isolation level decides the end offset (under read_committed, the default of
@@ -256,13 +271,15 @@ def watermarks(conf: dict, topic: str, until: float | None = None) -> dict[int, 
     admin = AdminClient({**{k: v for k, v in conf.items() if k != "isolation.level"},
                          "allow.auto.create.topics": False})
 
-    def offsets(parts: list[int], spec) -> dict[int, int]:
-        asked = {TopicPartition(topic, p): spec for p in parts}
-        answers = admin.list_offsets(asked, isolation_level=level, request_timeout=remaining(until))
-        # No timeout of its own: request_timeout fails the future (a KafkaException, asked again).
-        return {tp.partition: future.result().offset for tp, future in answers.items()}
+    def ask_offsets(parts: list[int], spec, timeout: float) -> dict:
+        return admin.list_offsets({TopicPartition(topic, p): spec for p in parts}, isolation_level=level,
+                                  request_timeout=timeout)
 
-    def read() -> dict[int, tuple[int, int]]:
+    def answers(futures: dict) -> dict[int, int]:
+        # No timeout of its own: request_timeout fails the future (a KafkaException, asked again).
+        return {tp.partition: future.result().offset for tp, future in futures.items()}
+
+    def read() -> tuple[dict[int, tuple[int, int]], dict[int, tuple[int | None, str | None]]]:
         meta = admin.list_topics(topic, timeout=remaining(until)).topics.get(topic)
         if meta is None or (meta.error is not None and meta.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART):
             raise TopicMissing(f"topic '{topic}' is not available: {meta.error if meta else 'unknown topic'}")
@@ -270,12 +287,21 @@ def watermarks(conf: dict, topic: str, until: float | None = None) -> dict[int, 
             raise OffsetError(f"topic '{topic}' is not available: {meta.error}")
         parts = sorted(meta.partitions)
         if not parts:
-            return {}
-        marks, unknown = answered_marks(offsets(parts, OffsetSpec.earliest()), offsets(parts, OffsetSpec.latest()))
+            return {}, {}
+        timeout = remaining(until)
+        earliest, latest = ask_offsets(parts, OffsetSpec.earliest(), timeout), ask_offsets(parts, OffsetSpec.latest(), timeout)
+        asked = (admin.list_consumer_group_offsets(
+            [ConsumerGroupTopicPartitions(group, [TopicPartition(topic, p) for p in parts])], request_timeout=timeout)
+            if group else {})
+        marks, unknown = answered_marks(answers(earliest), answers(latest))
         if unknown:
             raise KafkaException(KafkaError(KafkaError.OFFSET_NOT_AVAILABLE, reason=(
                 f"topic '{topic}' partitions {unknown}: the broker does not know their offsets yet")))
-        return marks
+        offsets = {}
+        for future in asked.values():
+            for tp in _checked(future.result().topic_partitions):
+                offsets[tp.partition] = (tp.offset if tp.offset >= 0 else None, tp.metadata or None)
+        return marks, offsets
 
     # One deadline for the whole answer, not one per partition.
     return patiently(read, remaining(until), also=LEADER_MOVING)

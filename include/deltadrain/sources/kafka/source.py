@@ -97,6 +97,12 @@ class Kafka:
         except OffsetError as exc:  # the broker answered: a recreated topic, or one it cannot serve
             raise SourceNote(str(exc)) from exc
 
+    def oldest_pending_ms(self, cfg, pipeline, counts: dict) -> int | None:
+        from deltadrain.sources.kafka.client import kafka_consumer_conf
+        from deltadrain.sources.kafka.status import oldest_pending_ms
+
+        return oldest_pending_ms(kafka_consumer_conf(cfg, pipeline), pipeline.source.topic, counts)
+
     def stale_after_ms(self, pipeline) -> int:
         from deltadrain.sources.kafka.status import stale_after_ms
 

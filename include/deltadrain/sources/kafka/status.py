@@ -37,19 +37,12 @@ def kafka_counts(conf: dict, source: KafkaSource, positions: dict[str, str], pub
     import time
 
     from deltadrain.sources.kafka.crashes import DeadRuns, settle, suspects
-    from deltadrain.sources.kafka.offsets import (
-        claimed,
-        committed,
-        read_notice,
-        remaining,
-        start_offsets,
-        watermarks,
-    )
+    from deltadrain.sources.kafka.offsets import claimed, read_notice, start_offsets, topic_offsets
 
-    marks = watermarks(conf, source.topic, until)
+    # The offsets and the group's claim notices in one client, asked together (topic_offsets).
+    marks, group = topic_offsets(conf, source.topic, source.group if with_group else None, until)
     starts, gap_list = start_offsets(positions, marks, source.starting_offsets, first_run, complete)
     gaps = {g.partition: g.as_dict() for g in gap_list}
-    group = committed(conf, source.group, source.topic, sorted(marks), remaining(until)) if with_group else {}
     now_ms = int(time.time() * 1000)
     partitions, claimed_by, dead_runs = {}, {}, []
     for part, (low, high) in sorted(marks.items()):
@@ -75,6 +68,43 @@ def kafka_counts(conf: dict, source: KafkaSource, positions: dict[str, str], pub
             "CLAIMED": sum(v["claimed"] for v in partitions.values()), "claimed_by": claimed_by,
             "oldest_claim_idle_ms": max((v["idle_ms"] for v in claimed_by.values()), default=0),
             "gaps": list(gaps.values()), "dead_runs": dead_runs, "partitions": partitions}
+
+
+def first_unpublished(counts: dict) -> dict[int, int]:
+    """Per partition with messages not in the lake yet, the offset of the first of them (pure)."""
+    return {int(part): info["end_offset"] - info["pending"] - info["claimed"]
+            for part, info in (counts.get("partitions") or {}).items() if info["pending"] + info["claimed"] > 0}
+
+
+def oldest_pending_ms(conf: dict, topic: str, counts: dict, timeout_s: float = 10.0) -> int | None:
+    """The timestamp of the oldest record not in the lake yet (the record's own: CreateTime, or the
+    broker's LogAppendTime), one fetch per partition that has any; None: none waits."""
+    import time
+
+    from confluent_kafka import Consumer, TopicPartition
+
+    starts = first_unpublished(counts)
+    if not starts:
+        return None
+    # A group id is required by the client; nothing is committed under it (no auto commit, no commit call).
+    consumer = Consumer({**conf, "group.id": "deltadrain-alerts", "enable.auto.commit": False,
+                         "enable.partition.eof": True, "auto.offset.reset": "earliest"})
+    try:
+        consumer.assign([TopicPartition(topic, part, offset) for part, offset in starts.items()])
+        found: dict[int, int] = {}
+        waiting = set(starts)
+        deadline = time.monotonic() + timeout_s
+        while waiting and time.monotonic() < deadline:
+            for msg in consumer.consume(num_messages=len(waiting), timeout=0.5):
+                part = msg.partition()
+                if part not in waiting:
+                    continue
+                waiting.discard(part)  # its first record, or the end of the partition (an aborted tail)
+                if msg.error() is None:
+                    found[part] = msg.timestamp()[1]
+    finally:
+        consumer.close()
+    return min(found.values()) if found else None
 
 
 def missing_topic(pipeline: PipelineConfig, positions: dict[str, str]) -> dict:

@@ -97,6 +97,13 @@ class Valkey:
             counts["notes"] += behind_notes(lake.checkpoint.positions, last_ids(client, here))
         return counts
 
+    def oldest_pending_ms(self, cfg, pipeline, counts: dict) -> int | None:
+        from deltadrain.sources.valkey.client import valkey_client
+        from deltadrain.sources.valkey.status import oldest_pending_ms
+
+        return oldest_pending_ms(valkey_client(cfg, pipeline, socket_timeout=5, socket_connect_timeout=5),
+                                 pipeline.source)
+
     def stale_after_ms(self, pipeline) -> int:
         # After min_idle_ms the next drain or the reaper takes the entries over.
         return pipeline.min_idle_ms

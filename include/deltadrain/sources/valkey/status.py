@@ -41,6 +41,28 @@ def valkey_counts(client, source: ValkeySource, gaps_at: str | None = None, pipe
             "missing_streams": missing}
 
 
+def oldest_pending_ms(client, source: ValkeySource) -> int | None:
+    """The append time (the ms of its stream id) of the oldest entry the group has not acknowledged: the
+    first of its pending list, or the first after its last delivered id; None: no entry waits. Ids that
+    producers chose themselves (not `*`) carry their time only if the producer put it there."""
+    from deltadrain.positions import StreamId
+
+    oldest: int | None = None
+    for stream in source.streams:
+        if not client.exists(stream):
+            continue
+        info = next((g for g in client.xinfo_groups(stream) if as_text(g["name"]) == source.group), None)
+        firsts = []
+        if info is not None and int(info.get("pending", 0)):
+            firsts += [e["message_id"] for e in client.xpending_range(stream, source.group, min="-", max="+", count=1)]
+        after = "-" if info is None else f"({as_text(info['last-delivered-id'])}"
+        firsts += [entry_id for entry_id, _ in client.xrange(stream, min=after, max="+", count=1)]
+        for first in firsts:
+            ms = StreamId.parse(as_text(first)).ms
+            oldest = ms if oldest is None else min(oldest, ms)
+    return oldest
+
+
 NEVER_WRITTEN, STREAM_GONE, BEHIND = "never_written", "stream_gone", "behind_checkpoint"
 
 
