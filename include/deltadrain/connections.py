@@ -46,6 +46,10 @@ def unreachable(exc: BaseException, cfg: DeltadrainConfig, pipelines: list[Pipel
         return "denied", (
             f"{service} at {where} denied pipeline {names} what a drain needs{said}: grant it to the user that "
             f"password_env/connection_id logs in as (its ACL: docs/config.md lists what a drain needs)")
+    if failure == "untrusted":
+        return "untrusted", (
+            f"{service} at {where}: the TLS handshake of pipeline {names} failed{said}: check "
+            f"source.security.ssl_ca_location, the CA (PEM) that signed the server's certificate")
     if failure == "login_refused":
         return "login_refused", (
             f"{service} at {where} refused the login of pipeline {names}{said}: check the password "

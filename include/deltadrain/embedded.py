@@ -23,6 +23,7 @@ class Ports:
     valkey: int
     kafka: int
     kafka_controller: int
+    kafka_sasl: int
     airflow: int
     spark_connect: int
     s3: int
@@ -41,6 +42,7 @@ class Ports:
             valkey=pick("DELTADRAIN_VALKEY_PORT", services.valkey_port),
             kafka=pick("DELTADRAIN_KAFKA_PORT", services.kafka_port),
             kafka_controller=pick("DELTADRAIN_KAFKA_CONTROLLER_PORT", services.kafka_controller_port),
+            kafka_sasl=pick("DELTADRAIN_KAFKA_SASL_PORT", services.kafka_sasl_port),
             airflow=pick("DELTADRAIN_AIRFLOW_PORT", services.airflow_port),
             spark_connect=pick("DELTADRAIN_SPARK_CONNECT_PORT", services.spark_connect_port),
             s3=pick("DELTADRAIN_S3_PORT", services.s3_port),
@@ -130,6 +132,38 @@ def valkey_connection(cfg: DeltadrainConfig) -> dict:
             "password": login["password"], "description": "the embedded Valkey (deltadrain services)"}
 
 
+def kafka_home() -> Path:
+    return services_home() / "kafka"
+
+
+def kafka_login_file() -> Path:
+    """The embedded broker's SCRAM login and its keystore's password (JSON), owner-only."""
+    return kafka_home() / "login.json"
+
+
+def kafka_ca_file() -> Path:
+    """The CA (PEM) that signed the embedded broker's certificate, made with its keystore by keytool."""
+    return kafka_home() / "tls" / "ca.pem"
+
+
+KAFKA_CONNECTION_ID = "deltadrain_kafka"
+
+
+def kafka_login() -> dict:
+    """The embedded broker's logins, made on the first call: {"username", "password", "keystore_password"}."""
+    kafka_home().mkdir(parents=True, exist_ok=True)
+    write_private(kafka_login_file(), json.dumps({"username": VALKEY_USER, "password": secrets.token_urlsafe(24),
+                                                  "keystore_password": secrets.token_urlsafe(24)}))
+    return json.loads(kafka_login_file().read_text())
+
+
+def kafka_connection() -> dict:
+    """The embedded broker's SCRAM-SHA-512 user as an Airflow connection (its SASL_SSL listener)."""
+    login = kafka_login()
+    return {"conn_type": "generic", "login": login["username"], "password": login["password"],
+            "description": "the embedded Kafka broker's SASL_SSL listener (deltadrain services)"}
+
+
 # The bucket the embedded S3 server starts with.
 S3_BUCKET = "deltadrain"
 # The Airflow connection (type aws) deltadrain reads the object store's endpoint and login from.
@@ -190,6 +224,9 @@ def airflow_env(cfg: DeltadrainConfig) -> dict[str, str]:
         # The example config's Valkey pipeline logs in through this connection (the login is made now
         # if the server has not started yet: it reads the same file).
         env[conn] = json.dumps(valkey_connection(cfg))
+    conn = f"AIRFLOW_CONN_{KAFKA_CONNECTION_ID.upper()}"
+    if conn not in os.environ:
+        env[conn] = json.dumps(kafka_connection())
     conn = f"AIRFLOW_CONN_{S3_CONNECTION_ID.upper()}"
     if conn not in os.environ and (s3 := s3_connection(cfg)) is not None:
         # The embedded S3 server, once `services up --only s3` made its login: start it before Airflow.

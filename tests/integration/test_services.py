@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def _own_env(tmp_path: Path, **ports: int) -> dict:
     env = {**os.environ, "DELTADRAIN_HOME": str(tmp_path / "home")}
     env.pop("AIRFLOW_CONN_DELTADRAIN_VALKEY", None)  # the session's Valkey login; the new home makes its own
-    for name in ("VALKEY", "KAFKA", "KAFKA_CONTROLLER", "AIRFLOW", "SPARK_CONNECT", "S3"):
+    for name in ("VALKEY", "KAFKA", "KAFKA_CONTROLLER", "KAFKA_SASL", "AIRFLOW", "SPARK_CONNECT", "S3"):
         env[f"DELTADRAIN_{name}_PORT"] = str(ports.get(name.lower(), free_port()))
     return env
 

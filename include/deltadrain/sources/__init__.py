@@ -99,7 +99,8 @@ class Source(Protocol):
 
     def connection_failure(self, exc: BaseException) -> tuple[str, str] | None:
         """(kind, the reason) when `exc` itself is a failure to reach this kind of server ("unreachable"),
-        to log in to it ("login_refused") or a command or resource its ACL denies the login ("denied");
+        to log in to it ("login_refused"), a certificate it does not trust ("untrusted") or a command or
+        resource its ACL denies the login ("denied");
         None for anything else."""
 
     def drain(self, cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, run_id: str | None) -> RunSummary:
