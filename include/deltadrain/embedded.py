@@ -200,7 +200,8 @@ def airflow_env(cfg: DeltadrainConfig) -> dict[str, str]:
         "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
         # 32 workers x ~130 MiB by default; size it to a 2-core machine.
         "AIRFLOW__CORE__PARALLELISM": str(cfg.services.airflow_parallelism),
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
+        # A read-only user too: what it may see and not do (the view's replay action) is Airflow's to say.
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin,viewer:viewer",
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(airflow_password_file()),
         "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
         "AIRFLOW__API__HOST": "127.0.0.1",

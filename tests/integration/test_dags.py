@@ -190,6 +190,7 @@ def test_ingest_dag_reads_a_connection_kept_only_in_airflows_metadata_db(pipelin
         assert run["states"] == {"wait_for_work": "success", "drain": "success", "quality": "success"}, \
             run["log"][-3000:]
         assert secret not in run["log"]  # handed over in the environment, never printed
+        assert secret not in json.dumps(run["xcoms"], default=str)  # nor in what the tasks returned
         assert_exactly_once(spark, c, p, client, result.valid_ids, 0)
     finally:
         admin.execute_command("ACL", "DELUSER", user)

@@ -433,7 +433,7 @@ def airflow_service(cfg: DeltadrainConfig) -> Service:
     def prepare() -> None:
         pw = airflow_password_file()
         if not pw.exists():
-            write_private(pw, json.dumps({"admin": secrets.token_urlsafe(12)}))
+            write_private(pw, json.dumps({"admin": secrets.token_urlsafe(12), "viewer": secrets.token_urlsafe(12)}))
 
     def healthy() -> bool:
         url = f"http://127.0.0.1:{port}/api/v2/monitor/health"
