@@ -25,26 +25,29 @@ def acl_rule(keys: str = "*") -> str:
     return " ".join([f"~{keys}", "resetchannels", "-@all", *(f"+{c}" for c in DRAIN_COMMANDS)])
 
 
-# The commands a run sends only after its commit, in forms that change nothing: no entry has the id
-# 0-0, and no hash the field "". Run inside a script, each is checked against the ACL as the real ones.
-_AFTER_COMMIT_STREAM = """
-redis.call('XACK', KEYS[1], ARGV[1], '0-0')
-redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, '0-0', 'JUSTID')
-return 0
-"""
-_AFTER_COMMIT_HASH = """
-redis.call('HGET', KEYS[1], '')
-redis.call('HDEL', KEYS[1], '')
-return 0
-"""
+def acl_probe_key(pipeline: str) -> str:
+    """A key among the pipeline's own (`deltadrain:{<pipeline>}:`, which its ACL grants) that is never written."""
+    return f"deltadrain:{{{pipeline}}}:acl-probe"
 
 
-def check_after_commit(client, stream: str, group: str, consumer: str, hashes: list[str]) -> None:
-    """Try what the run needs after its commit (XACK, the scripts that hand claims over and forget
-    gaps) before it claims anything: a user whose ACL lacks one fails here with NoPermissionError,
-    with nothing claimed, committed or acknowledged, instead of after a commit it cannot acknowledge.
-    `consumer` is the run's own (XCLAIM makes it; the run removes it at its end)."""
+def check_after_commit(client, stream: str, group: str, probe_key: str, hashes: list[str]) -> None:
+    """Try what the run needs after its commit (XACK, and XCLAIM, HGET and HDEL, which its scripts
+    call to hand claims over and forget gaps) in forms that change nothing, before it claims anything:
+    a user whose ACL lacks one fails here with NoPermissionError, with nothing claimed, committed or
+    acknowledged, instead of after a commit it cannot acknowledge. No entry has the id 0-0 and no
+    hash the field ""; XCLAIM goes to `probe_key`, a key that never exists (its NOGROUP answer comes
+    after the ACL let it through): on a stream it would make a consumer."""
+    from valkey.exceptions import NoPermissionError, ResponseError
+
     client.xack(stream, group, "0-0")
-    client.eval(_AFTER_COMMIT_STREAM, 1, stream, group, consumer)
+    try:
+        client.xclaim(probe_key, group, "acl-probe", 0, ["0-0"], justid=True)
+    except NoPermissionError:
+        raise
+    except ResponseError as exc:
+        if "NOGROUP" not in str(exc):
+            raise
     for key in hashes:
-        client.eval(_AFTER_COMMIT_HASH, 1, key)
+        client.hget(key, "")
+        client.hdel(key, "")
+    client.eval("return 0", 0)
