@@ -46,7 +46,7 @@ def _nothing_taken(spark, c, p, client, produced: int) -> None:
     assert pending(client, p) == 0 and lag(client, p) == produced, "claimed or acknowledged"
 
 
-def test_valkey_acl_user_wrong_password_and_missing_permission(tmp_path, spark, monkeypatch):
+def test_valkey_acl_user_wrong_password_and_missing_permission(tmp_path, spark, monkeypatch, caplog):
     import valkey
 
     path, c, p = make_pipeline(tmp_path, partitions=2)
@@ -89,8 +89,14 @@ def test_valkey_acl_user_wrong_password_and_missing_permission(tmp_path, spark, 
 
     # The next correct run drains everything once.
     c, p = set_source(path, connection_id=VALKEY_CONNECTION_ID)
+    caplog.set_level("DEBUG")
     drain_until_done(c, p, spark, client)
     assert_exactly_once(spark, c, p, client, result.valid_ids, 0)
+    # The password is in no log line and no commit of the target's.
+    password = json.loads(valkey_login_file().read_text())["password"]
+    assert caplog.text and password not in caplog.text
+    commits = "".join(f.read_text() for f in (Path(c.target_path(p)) / "_delta_log").glob("*.json"))
+    assert '"userMetadata"' in commits and password not in commits
 
 
 def _other_ca(tmp_path) -> str:
