@@ -146,13 +146,15 @@ def kafka_ca_file() -> Path:
     return kafka_home() / "tls" / "ca.pem"
 
 
+# The SCRAM user the drains log in as on the SASL_SSL listener, and the Airflow connection that names it.
+KAFKA_USER = "deltadrain"
 KAFKA_CONNECTION_ID = "deltadrain_kafka"
 
 
 def kafka_login() -> dict:
     """The embedded broker's logins, made on the first call: {"username", "password", "keystore_password"}."""
     kafka_home().mkdir(parents=True, exist_ok=True)
-    write_private(kafka_login_file(), json.dumps({"username": VALKEY_USER, "password": secrets.token_urlsafe(24),
+    write_private(kafka_login_file(), json.dumps({"username": KAFKA_USER, "password": secrets.token_urlsafe(24),
                                                   "keystore_password": secrets.token_urlsafe(24)}))
     return json.loads(kafka_login_file().read_text())
 

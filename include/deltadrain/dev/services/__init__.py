@@ -26,6 +26,7 @@ from pathlib import Path
 from deltadrain.config import DeltadrainConfig
 from deltadrain.dev.services.process import Service, port_open
 from deltadrain.embedded import (
+    KAFKA_USER,
     S3_BUCKET,
     VALKEY_USER,
     airflow_env,
@@ -299,7 +300,7 @@ def kafka_service(cfg: DeltadrainConfig) -> Service:
 
     return Service("kafka", home, [p.kafka, p.kafka_controller, p.kafka_sasl],
                    lambda: java_cmd("kafka.Kafka", str(props)), healthy, prepare=prepare, start_timeout=90,
-                   describe=lambda: f"127.0.0.1:{p.kafka}, SASL_SSL 127.0.0.1:{p.kafka_sasl} (user {VALKEY_USER}, "
+                   describe=lambda: f"127.0.0.1:{p.kafka}, SASL_SSL 127.0.0.1:{p.kafka_sasl} (user {KAFKA_USER}, "
                                     f"CA {kafka_ca_file()})")
 
 
