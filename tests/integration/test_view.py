@@ -175,7 +175,9 @@ def test_view_shows_real_counts_and_replays_selected(tmp_path, spark, valkey_ser
         marks = [json.loads(info["userMetadata"]) for f in sorted((c.dlq_path(p) / "_delta_log").glob("*.json"))
                  for line in f.read_text().splitlines()
                  if (info := json.loads(line).get("commitInfo")) and "deltadrain_replay" in info.get("userMetadata", "")]
-        assert sorted(m["run_id"] for m in marks) == sorted(runs) and {m["requested_by"] for m in marks} == {"admin"}
+        replayed_by = {r.replay_run_id for r in dlq_rows(spark, c, p) if r.state == "REPLAYED"}
+        assert len(marks) == len(runs) and {m["run_id"] for m in marks} == replayed_by, marks
+        assert {m["requested_by"] for m in marks} == {api.username}, marks
         assert states[(poison.partition, poison.position)] == "REPLAYED"
         assert states[(script.partition, script.position)] == "REPLAYED"
         assert list(states.values()).count("REPLAYED") == 2
