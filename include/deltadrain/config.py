@@ -98,6 +98,7 @@ class ServicesConfig(_Model):
     valkey_port: int = Field(6399, ge=1, le=65535)
     kafka_port: int = Field(19092, ge=1, le=65535)
     kafka_controller_port: int = Field(19093, ge=1, le=65535)
+    kafka_sasl_port: int = Field(19094, ge=1, le=65535)
     airflow_port: int = Field(8088, ge=1, le=65535)
     # Not Spark's 15002, like the others are not their servers' usual ports: a user's own server keeps its port.
     spark_connect_port: int = Field(15012, ge=1, le=65535)

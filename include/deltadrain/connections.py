@@ -6,9 +6,9 @@ from deltadrain.config import DeltadrainConfig, PipelineConfig
 from deltadrain.sources import Source, all_sources
 
 
-def _failure(exc: BaseException) -> tuple[Source, bool, str] | None:
-    """(the source, whether it was a refused login, the reason) when exc or one of its causes is a
-    failure to reach or log in to a source's server."""
+def _failure(exc: BaseException) -> tuple[Source, str, str] | None:
+    """(the source, the kind of failure, the reason) when exc or one of its causes is a failure to
+    reach or log in to a source's server, or a command its ACL denies (Source.connection_failure)."""
     for _ in range(10):
         if exc is None:
             return None
@@ -31,18 +31,26 @@ def unreachable_source(exc: BaseException, cfg: DeltadrainConfig, pipelines: lis
 
 def unreachable(exc: BaseException, cfg: DeltadrainConfig, pipelines: list[PipelineConfig],
                 with_reason: bool = True) -> tuple[str, str] | None:
-    """("unreachable" or "login_refused", unreachable_source's line), or None when exc is no failure
-    to reach or log in to a source's server."""
+    """("unreachable", "login_refused" or "denied", unreachable_source's line), or None when exc is no
+    failure to reach or log in to a source's server, nor a command its ACL denies."""
     found = _failure(exc)
     if found is None:
         return None
-    source, login, reason = found
+    source, failure, reason = found
     kind, service, field = source.kind, source.service, source.address_field
     ours = [p for p in pipelines if p.source.kind == kind] or [p for p in cfg.pipelines if p.source.kind == kind]
     where = ", ".join(sorted({source.address(cfg, p) for p in ours})) or "(no such pipeline)"
     names = ", ".join(f"'{p.name}'" for p in ours)
     said = f" ({' '.join(reason.split())[:300]})" if with_reason else f" ({type(exc).__name__})"
-    if login:
+    if failure == "denied":
+        return "denied", (
+            f"{service} at {where} denied pipeline {names} what a drain needs{said}: grant it to the user that "
+            f"password_env/connection_id logs in as (its ACL: docs/config.md lists what a drain needs)")
+    if failure == "untrusted":
+        return "untrusted", (
+            f"{service} at {where}: the TLS handshake of pipeline {names} failed{said}: check "
+            f"source.security.ssl_ca_location, the CA (PEM) that signed the server's certificate")
+    if failure == "login_refused":
         return "login_refused", (
             f"{service} at {where} refused the login of pipeline {names}{said}: check the password "
             f"in the environment variable or Airflow connection that password_env/connection_id names")

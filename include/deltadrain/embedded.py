@@ -23,6 +23,7 @@ class Ports:
     valkey: int
     kafka: int
     kafka_controller: int
+    kafka_sasl: int
     airflow: int
     spark_connect: int
     s3: int
@@ -44,6 +45,7 @@ class Ports:
             valkey=pick("DELTADRAIN_VALKEY_PORT", services.valkey_port),
             kafka=pick("DELTADRAIN_KAFKA_PORT", services.kafka_port),
             kafka_controller=pick("DELTADRAIN_KAFKA_CONTROLLER_PORT", services.kafka_controller_port),
+            kafka_sasl=pick("DELTADRAIN_KAFKA_SASL_PORT", services.kafka_sasl_port),
             airflow=pick("DELTADRAIN_AIRFLOW_PORT", services.airflow_port),
             spark_connect=pick("DELTADRAIN_SPARK_CONNECT_PORT", services.spark_connect_port),
             s3=pick("DELTADRAIN_S3_PORT", services.s3_port),
@@ -106,6 +108,70 @@ def s3_login_file() -> Path:
     return s3_home() / "login.json"
 
 
+def valkey_home() -> Path:
+    return services_home() / "valkey"
+
+
+def valkey_login_file() -> Path:
+    """The embedded Valkey's logins (JSON): the drains' user and an admin for the services' own checks
+    and an operator's repairs. Made once, owner-only, before the server's first start."""
+    return valkey_home() / "login.json"
+
+
+# The ACL user the drains log in as, and the Airflow connection that names it.
+VALKEY_USER = "deltadrain"
+VALKEY_CONNECTION_ID = "deltadrain_valkey"
+
+
+def valkey_login() -> dict:
+    """The embedded Valkey's logins, made on the first call: {"username", "password", "admin_password"}."""
+    valkey_home().mkdir(parents=True, exist_ok=True)
+    write_private(valkey_login_file(), json.dumps({"username": VALKEY_USER, "password": secrets.token_urlsafe(24),
+                                                   "admin_password": secrets.token_urlsafe(24)}))
+    return json.loads(valkey_login_file().read_text())
+
+
+def valkey_connection(cfg: DeltadrainConfig) -> dict:
+    """The embedded Valkey as an Airflow connection: the drains' user, never the admin."""
+    login = valkey_login()
+    return {"conn_type": "generic", "host": "127.0.0.1", "port": ports(cfg).valkey, "login": login["username"],
+            "password": login["password"], "description": "the embedded Valkey (deltadrain services)"}
+
+
+def kafka_home() -> Path:
+    return services_home() / "kafka"
+
+
+def kafka_login_file() -> Path:
+    """The embedded broker's SCRAM login and its keystore's password (JSON), owner-only."""
+    return kafka_home() / "login.json"
+
+
+def kafka_ca_file() -> Path:
+    """The CA (PEM) that signed the embedded broker's certificate, made with its keystore by keytool."""
+    return kafka_home() / "tls" / "ca.pem"
+
+
+# The SCRAM user the drains log in as on the SASL_SSL listener, and the Airflow connection that names it.
+KAFKA_USER = "deltadrain"
+KAFKA_CONNECTION_ID = "deltadrain_kafka"
+
+
+def kafka_login() -> dict:
+    """The embedded broker's logins, made on the first call: {"username", "password", "keystore_password"}."""
+    kafka_home().mkdir(parents=True, exist_ok=True)
+    write_private(kafka_login_file(), json.dumps({"username": KAFKA_USER, "password": secrets.token_urlsafe(24),
+                                                  "keystore_password": secrets.token_urlsafe(24)}))
+    return json.loads(kafka_login_file().read_text())
+
+
+def kafka_connection() -> dict:
+    """The embedded broker's SCRAM-SHA-512 user as an Airflow connection (its SASL_SSL listener)."""
+    login = kafka_login()
+    return {"conn_type": "generic", "login": login["username"], "password": login["password"],
+            "description": "the embedded Kafka broker's SASL_SSL listener (deltadrain services)"}
+
+
 # The bucket the embedded S3 server starts with.
 S3_BUCKET = "deltadrain"
 # The Airflow connection (type aws) deltadrain reads the object store's endpoint and login from.
@@ -142,7 +208,8 @@ def airflow_env(cfg: DeltadrainConfig) -> dict[str, str]:
         "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
         # 32 workers x ~130 MiB by default; size it to a 2-core machine.
         "AIRFLOW__CORE__PARALLELISM": str(cfg.services.airflow_parallelism),
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
+        # A read-only user too: what it may see and not do (the view's replay action) is Airflow's to say.
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin,viewer:viewer",
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(airflow_password_file()),
         "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
         "AIRFLOW__API__HOST": "127.0.0.1",
@@ -161,6 +228,14 @@ def airflow_env(cfg: DeltadrainConfig) -> dict[str, str]:
     if conn_var not in os.environ:
         # A user's own connection of this id (another server, a token) wins over the embedded server's.
         env[conn_var] = json.dumps(spark_connect_connection(cfg))
+    conn = f"AIRFLOW_CONN_{VALKEY_CONNECTION_ID.upper()}"
+    if conn not in os.environ:
+        # The example config's Valkey pipeline logs in through this connection (the login is made now
+        # if the server has not started yet: it reads the same file).
+        env[conn] = json.dumps(valkey_connection(cfg))
+    conn = f"AIRFLOW_CONN_{KAFKA_CONNECTION_ID.upper()}"
+    if conn not in os.environ:
+        env[conn] = json.dumps(kafka_connection())
     conn = f"AIRFLOW_CONN_{S3_CONNECTION_ID.upper()}"
     if conn not in os.environ and (s3 := s3_connection(cfg)) is not None:
         # The embedded S3 server, once `services up --only s3` made its login: start it before Airflow.

@@ -50,6 +50,9 @@ class ReplayRequest(BaseModel):
     position_to: str | None = None
     limit: int = Field(1000, ge=1, le=MAX_LIMIT)
     dry_run: bool = True
+    # Who asked: the replay DAG sets it to the Airflow user who triggered the run (the view triggers
+    # with the caller's own token); recorded in the replay's Delta commits.
+    requested_by: str | None = Field(None, max_length=256)
 
     @field_validator("error_contains", "partition", "position_from", "position_to", mode="before")
     @classmethod
@@ -178,15 +181,26 @@ def select_dead_letters(spark, path: str, request: ReplayRequest):
 
 
 
-def mark_replayed(spark, path: str, pipeline: str, keys: list[tuple[str, str]], run_id: str) -> None:
+REPLAY_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
+
+
+def mark_replayed(spark, path: str, pipeline: str, keys: list[tuple[str, str]], run_id: str,
+                  requested_by: str | None = None) -> None:
+    """The DLQ's entries at `keys` REPLAYED by `run_id`, in a commit whose userMetadata names the run
+    and who asked for it (a key of its own: no batch commit's)."""
     from pyspark.sql import functions as F
 
     done = spark.createDataFrame(keys, "partition string, position string").withColumn(
         "pipeline", F.lit(pipeline))
-    retry_conflicts(lambda: merge_into(
-        spark, path, done, SAME_PLACE,
-        f"WHEN MATCHED AND d.state = {sql_literal(DEAD)} THEN UPDATE SET state = {sql_literal(REPLAYED)}, "
-        f"replayed_at = current_timestamp(), replay_run_id = {sql_literal(run_id)}", alias="d"))
+    spark.conf.set(REPLAY_METADATA, json.dumps({"deltadrain_replay": 1, "pipeline": pipeline, "run_id": run_id,
+                                                "requested_by": requested_by}, sort_keys=True))
+    try:
+        retry_conflicts(lambda: merge_into(
+            spark, path, done, SAME_PLACE,
+            f"WHEN MATCHED AND d.state = {sql_literal(DEAD)} THEN UPDATE SET state = {sql_literal(REPLAYED)}, "
+            f"replayed_at = current_timestamp(), replay_run_id = {sql_literal(run_id)}", alias="d"))
+    finally:
+        spark.conf.unset(REPLAY_METADATA)
 
 
 def replay_dead_letters(cfg, pipeline: PipelineConfig, spark, request: ReplayRequest, result: ReplayResult,
@@ -225,13 +239,14 @@ def replay_dead_letters(cfg, pipeline: PipelineConfig, spark, request: ReplayReq
                                          "REPLAYED without sending it"})
     entries = [e for e in entries if (e["partition"], e["position"]) not in landed]
     if landed and not request.dry_run:
-        mark_replayed(spark, path, pipeline.name, sorted(landed), result.run_id)
+        mark_replayed(spark, path, pipeline.name, sorted(landed), result.run_id, request.requested_by)
     if request.dry_run or not entries:
         return
     # Source first, DLQ state after: a crash in between re-sends on the next replay (the MERGE on the
     # message id absorbs it) instead of marking entries REPLAYED that never went back.
     source_of(pipeline).send_back(cfg, pipeline, entries)
-    mark_replayed(spark, path, pipeline.name, [(e["partition"], e["position"]) for e in entries], result.run_id)
+    mark_replayed(spark, path, pipeline.name, [(e["partition"], e["position"]) for e in entries], result.run_id,
+                  request.requested_by)
     result.replayed = len(entries)
 
 
@@ -300,7 +315,8 @@ def reprocess(cfg, pipeline: PipelineConfig, spark, request: ReplayRequest, resu
         result.skipped += filtered_now(found, result.skipped, rows)
         # Everything but the batch number: the row stays part of the batch that first published it.
         columns = [c for c in rows.columns if c != "_dd_batch"]
-        meta = {"deltadrain": 1, "pipeline": pipeline.name, "kind": "reprocess", "run_id": result.run_id}
+        meta = {"deltadrain": 1, "pipeline": pipeline.name, "kind": "reprocess", "run_id": result.run_id,
+                "requested_by": request.requested_by}
         metrics, refused = merge_without_checkpoint(spark, target, rows, pipeline, meta, window_start=None,
                                                     update_matched=columns)
         result.skipped += [{"partition": p, "position": pos, "reason": f"the target table refused its row: {e}"}

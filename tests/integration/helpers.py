@@ -34,6 +34,14 @@ def held_at(point: str, release: Path, at_most_ms: int = 180_000) -> dict[str, s
     return {f"DELTADRAIN_PAUSE_{key}_MS": str(at_most_ms), f"DELTADRAIN_PAUSE_{key}_UNTIL": str(release)}
 
 
+def valkey_admin():
+    """The embedded Valkey's admin client: what an operator does (trim, delete, change the ACL) and
+    the drains' ACL user may not."""
+    from deltadrain.dev.services import valkey_admin as admin
+
+    return admin(load_config())
+
+
 def make_pipeline(tmp_path: Path, **overrides):
     """A config file with one Valkey pipeline of its own (own streams, tables, group); returns (path, cfg, p).
     `executor`: the config's spark.executor (the DAGs' way to run their jobs), else its default."""

@@ -23,6 +23,7 @@ from tests.integration.helpers import (
     drain_until_done,
     make_pipeline,
     target_ids,
+    valkey_admin,
 )
 
 
@@ -117,10 +118,9 @@ def test_a_backfill_leaves_out_and_names_the_rows_the_target_refuses(tmp_path, s
 @pytest.mark.slow
 def test_backfill_reports_trimmed_history_as_a_gap(tmp_path, spark, valkey_server):
     path, c, p = make_pipeline(tmp_path, partitions=1)
-    client = valkey_client(c, p)
     began = datetime.now(UTC) - timedelta(seconds=1)
     result = produce(c, p, 100, seed=103)
-    client.xtrim(p.source.streams[0], maxlen=60, approximate=False)
+    valkey_admin().xtrim(p.source.streams[0], maxlen=60, approximate=False)
     s = backfill(c, p, spark, began, datetime.now(UTC) + timedelta(seconds=1))
     assert s.read == 60 and len(s.gaps) == 1 and s.gaps[0]["partition"] == p.source.streams[0]
     assert "trimmed" in s.gaps[0]["reason"] and s.gaps[0]["from"] == f"{int(began.timestamp() * 1000)}-0"
@@ -632,11 +632,11 @@ def test_history_gaps_name_a_trim_an_xdel_both_at_once_and_a_stream_emptied(tmp_
     for name in names.values():
         for i in range(1, 11):
             client.xadd(name, {"n": i}, id=f"{i}-0")
-    client.xtrim(names["trim"], minid="4-0", approximate=False)
-    client.xdel(names["xdel"], "7-0")
-    client.xdel(names["both"], "7-0")  # ends up in the retained part, after the trim below
-    client.xtrim(names["both"], minid="4-0", approximate=False)
-    client.xtrim(names["empty"], maxlen=0, approximate=False)
+    valkey_admin().xtrim(names["trim"], minid="4-0", approximate=False)
+    valkey_admin().xdel(names["xdel"], "7-0")
+    valkey_admin().xdel(names["both"], "7-0")  # ends up in the retained part, after the trim below
+    valkey_admin().xtrim(names["both"], minid="4-0", approximate=False)
+    valkey_admin().xtrim(names["empty"], maxlen=0, approximate=False)
 
     def gaps(kind: str, lo: str = "2-0", hi: str = "9-0") -> list[tuple[str, str, str]]:
         return [(g["from"], g["to"], g["reason"].split(":")[0].split(" up to")[0])

@@ -30,7 +30,15 @@ from deltadrain.names import (
     replay_task_id,
 )
 from deltadrain.sources.valkey.client import valkey_client
-from tests.integration.helpers import ROOT, assert_exactly_once, dlq_rows, make_pipeline, pending, target_ids
+from tests.integration.helpers import (
+    ROOT,
+    assert_exactly_once,
+    dlq_rows,
+    make_pipeline,
+    pending,
+    target_ids,
+    valkey_admin,
+)
 
 DAGS = ROOT / "dags"
 
@@ -166,13 +174,10 @@ def test_ingest_dag_reads_a_connection_kept_only_in_airflows_metadata_db(pipelin
     conn_id = f"valkey_{uuid.uuid4().hex[:8]}"
     monkeypatch.delenv(f"AIRFLOW_CONN_{conn_id.upper()}", raising=False)
     path, c, p = pipeline_dags(partitions=1, source={"connection_id": conn_id})
-    import valkey
     from airflow.models.connection import Connection
     from airflow.utils.session import create_session
 
-    from deltadrain.embedded import ports
-
-    admin = valkey.Valkey(port=ports(c).valkey)
+    admin = valkey_admin()
     user, secret = f"ui_{p.name}", uuid.uuid4().hex
     admin.execute_command("ACL", "SETUSER", user, "on", f">{secret}", "~*", "&*", "+@all")
     with create_session() as session:
@@ -186,6 +191,7 @@ def test_ingest_dag_reads_a_connection_kept_only_in_airflows_metadata_db(pipelin
         assert run["states"] == {"wait_for_work": "success", "drain": "success", "quality": "success"}, \
             run["log"][-3000:]
         assert secret not in run["log"]  # handed over in the environment, never printed
+        assert secret not in json.dumps(run["xcoms"], default=str)  # nor in what the tasks returned
         assert_exactly_once(spark, c, p, client, result.valid_ids, 0)
     finally:
         admin.execute_command("ACL", "DELUSER", user)
@@ -212,7 +218,7 @@ def test_an_ingest_run_stops_on_a_gap_with_nothing_after_it_and_says_how_to_go_o
     # failure under on_gap: fail (the default) names the gap in the task log. Before, the run was skipped.
     path, c, p = pipeline_dags(partitions=1, airflow={"retries": 0, "wait_timeout": "PT3S", "poll_interval": "PT1S"})
     produce(c, p, 20, seed=190)
-    assert valkey_client(c, p).xtrim(p.source.streams[0], maxlen=0, approximate=False) == 20
+    assert valkey_admin().xtrim(p.source.streams[0], maxlen=0, approximate=False) == 20
     run = run_dag(ingest_dag_id(p.name))
     assert run["states"] == {"wait_for_work": "success", "drain": "failed", "quality": "upstream_failed"}, \
         run["log"][-3000:]

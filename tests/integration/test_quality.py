@@ -28,7 +28,7 @@ from deltadrain.quality.owed import catch_up, checked_batches
 from deltadrain.quality.quarantine import quarantine_path
 from deltadrain.quality.results import RESULTS_SCHEMA, QualityReport, last_results, results_path, write_result
 from deltadrain.sources.valkey.client import valkey_client
-from tests.integration.helpers import make_pipeline, pending, target_ids
+from tests.integration.helpers import make_pipeline, pending, target_ids, valkey_admin
 
 pytestmark = pytest.mark.usefixtures("valkey_server")
 
@@ -535,7 +535,7 @@ def test_a_target_and_source_made_anew_quarantine_their_own_rows_beside_the_old_
     old_table = table_id(str(c.target_path(p)))
     shutil.rmtree(c.target_path(p))
     spark._jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()
-    client.delete(stream)  # and its group with it
+    valkey_admin().delete(stream)  # and its group with it
     assert fill(400.0) == bad
     new_table = table_id(str(c.target_path(p)))
     report = check_batch(c, p, spark, 1)

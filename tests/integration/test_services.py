@@ -18,7 +18,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _own_env(tmp_path: Path, **ports: int) -> dict:
     env = {**os.environ, "DELTADRAIN_HOME": str(tmp_path / "home")}
-    for name in ("VALKEY", "KAFKA", "KAFKA_CONTROLLER", "AIRFLOW", "SPARK_CONNECT", "S3"):
+    env.pop("AIRFLOW_CONN_DELTADRAIN_VALKEY", None)  # the session's Valkey login; the new home makes its own
+    for name in ("VALKEY", "KAFKA", "KAFKA_CONTROLLER", "KAFKA_SASL", "AIRFLOW", "SPARK_CONNECT", "S3"):
         env[f"DELTADRAIN_{name}_PORT"] = str(ports.get(name.lower(), free_port()))
     return env
 
@@ -109,11 +110,13 @@ def test_a_bench_stops_only_the_server_it_started_and_drops_its_own_source(tmp_p
     from deltadrain.dev.produce import produce
     from deltadrain.sources.valkey.client import valkey_client
     from deltadrain.sources.valkey.drain import failures_key
-    from tests.integration.helpers import make_pipeline
+    from tests.integration.helpers import make_pipeline, valkey_admin
 
     env = _own_env(tmp_path)
     for key in ("DELTADRAIN_HOME", "DELTADRAIN_VALKEY_PORT"):
         monkeypatch.setenv(key, env[key])
+    # The session's Valkey login is not this server's: the drains read the new home's login file.
+    monkeypatch.delenv("AIRFLOW_CONN_DELTADRAIN_VALKEY")
     home = Path(env["DELTADRAIN_HOME"])
     _, cfg, p = make_pipeline(tmp_path, partitions=2)  # ports and home are read from the env when used
     failed = pytest.raises(RuntimeError, match="a phase failed")
@@ -133,8 +136,8 @@ def test_a_bench_stops_only_the_server_it_started_and_drops_its_own_source(tmp_p
         client = valkey_client(cfg, p)
         assert services.FACTORIES["valkey"](cfg).status()["state"] == "running"  # not its server to stop
         assert client.exists(*p.source.streams) == 0
-        assert list(client.scan_iter(match=f"deltadrain:{{{p.name}}}:*")) == []
-        assert client.dbsize() == 0
+        assert list(valkey_admin().scan_iter(match=f"deltadrain:{{{p.name}}}:*")) == []
+        assert valkey_admin().dbsize() == 0
     finally:
         services.down(cfg, ["valkey"])
     assert processes_under(home) == []

@@ -39,6 +39,7 @@ from tests.integration.helpers import (
     set_source,
     summary_of,
     target_ids,
+    valkey_admin,
     wait_held,
 )
 
@@ -462,7 +463,7 @@ def test_a_message_that_kills_every_run_is_isolated_by_splitting_and_dead_alone(
     assert sorted(target_ids(spark, c, p)) == sorted(m.key for i, m in enumerate(messages) if i != 5)
     assert pending(client, p) == 0
     assert pipeline_status(c, p)["splits"] == []
-    assert client.hlen(failures_key(p.name)) == 0  # the counts alone went with their entries
+    assert valkey_admin().hlen(failures_key(p.name)) == 0  # the counts alone went with their entries
 
 
 def run_or_killed(c, p, spark) -> dict | str:
@@ -1029,7 +1030,7 @@ def test_entries_trimmed_before_the_group_read_them_are_a_reported_gap(tmp_path,
     msgs = list(generate(p, 110, seed=101))
     ids = _append(client, trimmed_stream, msgs[:100])
     _append(client, other, msgs[100:])
-    assert client.xtrim(trimmed_stream, maxlen=60, approximate=False) == 40
+    assert valkey_admin().xtrim(trimmed_stream, maxlen=60, approximate=False) == 40
     gone, kept = ids[:40], ids[40:]
     st = pipeline_status(c, p)  # status shows it before any drain
     assert [(g["partition"], g["missing"]) for g in st["gaps"]] == [(trimmed_stream, 40)]
@@ -1094,7 +1095,7 @@ def test_entries_trimmed_while_a_claim_task_reads_are_a_gap_it_records(tmp_path,
     monkeypatch.setattr(claim, "READ_CHUNK", 10)
     task = claim.run_claim(claim.ClaimTask(stream, quota=30, reclaim=False), claim_context(c, p, "task-1"))
     assert next(task).positions == ids[:10]
-    assert client.xtrim(stream, maxlen=10, approximate=False) == 20  # ids 10..19 go before any read
+    assert valkey_admin().xtrim(stream, maxlen=10, approximate=False) == 20  # ids 10..19 go before any read
     assert [pos for chunk in task for pos in chunk.positions] == ids[20:]
     (gap,) = [json.loads(v) for v in recorded(client, gaps_key(p.name)).values()]
     assert (gap["partition"], gap["kind"], gap["missing"]) == (stream, "unread", 10)
@@ -1127,8 +1128,8 @@ def test_a_gap_with_nothing_readable_after_it_is_committed_past_once_under_conti
     assert drain(c, p, spark=spark).written == 40
     _append(client, trimmed, msgs[40:60])
     tail = _append(client, deleted, msgs[60:63])
-    assert client.xtrim(trimmed, maxlen=0, approximate=False) == 40
-    assert client.xdel(deleted, *tail) == 3
+    assert valkey_admin().xtrim(trimmed, maxlen=0, approximate=False) == 40
+    assert valkey_admin().xdel(deleted, *tail) == 3
     found = probe(c, p)
     assert (found.new, found.gaps, found.has_work) == (0, 21, True)  # 20, and 1 for the XDEL range of unknown size
     s = drain(c, p, spark=spark)
@@ -1161,7 +1162,7 @@ def _read_by_a_crashed_drain(tmp_path, produced: int, seed: int, deleted: int, o
     ids = _append(client, stream, msgs)
     client.xgroup_create(stream, p.source.group, id="0")
     client.xreadgroup(p.source.group, "crashed-drain", {stream: ">"}, count=10)
-    assert client.xdel(stream, ids[deleted]) == 1
+    assert valkey_admin().xdel(stream, ids[deleted]) == 1
     time.sleep(0.2)  # past min_idle_ms
     return path, c, p, client, msgs, ids
 
@@ -1211,7 +1212,7 @@ def test_an_accepted_xdel_gap_beyond_the_batch_stops_no_later_run_and_a_new_one_
     stream = p.source.streams[0]
     msgs = list(generate(p, 100, seed=109))
     ids = _append(client, stream, msgs)
-    assert client.xdel(stream, ids[80]) == 1
+    assert valkey_admin().xdel(stream, ids[80]) == 1
     with pytest.raises(DrainError, match=rf"ids 0-1 to {ids[80]} \(1 entry, removed before the group read them\)"):
         drain(c, p, spark=spark)
     accepted = drain(c, p.accepting_gaps(), spark=spark)  # one batch of 30: the group stops at ids[29]
@@ -1220,7 +1221,7 @@ def test_an_accepted_xdel_gap_beyond_the_batch_stops_no_later_run_and_a_new_one_
     s = drain(c, p, spark=spark)  # on_gap: fail again
     assert (s.outcome, s.written, s.gaps, s.gap_ranges) == ("committed", 30, 0, []), s.line()
     # A new XDEL beyond the accepted one is a new gap: it stops the runs until accepted in its turn.
-    assert client.xdel(stream, ids[90]) == 1
+    assert valkey_admin().xdel(stream, ids[90]) == 1
     assert probe(c, p).gaps == 1
     with pytest.raises(DrainError, match=rf"ids {StreamId.parse(ids[59]).ms}-\d+ to {ids[90]} \(an unknown number"):
         drain(c, p, spark=spark)
@@ -1238,14 +1239,14 @@ def test_deleting_or_trimming_acknowledged_entries_is_no_gap(tmp_path, cfg, spar
     ids = _append(client, stream, generate(p, 30, seed=103))
     assert drain(c, p, spark=spark).acked == 30
     # The first, a middle and the last delivered entry (max-deleted-entry-id = last-delivered-id).
-    assert client.xdel(stream, ids[0], ids[10], ids[29]) == 3
+    assert valkey_admin().xdel(stream, ids[0], ids[10], ids[29]) == 3
     quiet = drain(c, p, spark=spark)
     assert (quiet.outcome, quiet.gaps, quiet.gap_ranges) == ("empty", 0, [])
     _append(client, stream, generate(p, 10, seed=103, start=30))
     more = drain(c, p, spark=spark)
     assert (more.outcome, more.written, more.gaps, more.gap_ranges) == ("committed", 10, 0, [])
     assert "gaps" not in read_checkpoint(spark, str(c.target_path(p)), p.name).meta
-    client.xtrim(stream, maxlen=0, approximate=False)  # everything was read and acknowledged
+    valkey_admin().xtrim(stream, maxlen=0, approximate=False)  # everything was read and acknowledged
     _append(client, stream, generate(p, 3, seed=103, start=40))
     last = drain(c, p, spark=spark)
     assert (last.outcome, last.written, last.gaps, last.gap_ranges) == ("committed", 3, 0, [])
@@ -1265,7 +1266,7 @@ def test_a_gap_found_by_a_run_that_dies_is_carried_by_the_next_commit(tmp_path, 
     client.xgroup_create(stream, p.source.group, id="0")
     client.xreadgroup(p.source.group, "crashed-drain", {stream: ">"}, count=5)
     # Trimmed: 0-4 while pending, 5-19 before the group read them.
-    assert client.xtrim(stream, minid=ids[20], approximate=False) == 20
+    assert valkey_admin().xtrim(stream, minid=ids[20], approximate=False) == 20
     proc = cli_drain(path, p.name, {"DELTADRAIN_FAILPOINT": "after_claim"})
     _, err = proc.communicate(timeout=600)
     assert proc.returncode == -9 and fired("after_claim") in err, err[-3000:]
@@ -1313,7 +1314,7 @@ def test_a_release_moves_only_the_entries_its_run_still_holds(tmp_path, cfg, spa
     client.xgroup_create(stream, group, id="0")
     client.xreadgroup(group, "drain-a", {stream: ">"}, count=10)  # run A claims 0..9
     client.xclaim(stream, group, "drain-b", 0, ids[:4])  # the reaper's hand-over: B's now (delivered twice)
-    client.xdel(stream, ids[7])  # deleted while A holds it
+    valkey_admin().xdel(stream, ids[7])  # deleted while A holds it
     before = _pel(client, stream, group)
     staged = tmp_path / "claimed.parquet"
     pq.write_table(pa.table({"_dd_partition": [stream] * 10, "_dd_position": ids[:10],

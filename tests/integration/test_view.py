@@ -13,9 +13,10 @@ import urllib.request
 
 import pytest
 
-from deltadrain.airflow_api import embedded_api
+from deltadrain.airflow_api import AirflowApi, embedded_api
 from deltadrain.dev import services
 from deltadrain.dev.produce import VALKEY_FIELD, produce
+from deltadrain.embedded import airflow_password_file
 from deltadrain.names import REPLAY_DAG, ingest_dag_id
 from deltadrain.sources.valkey.client import valkey_client
 from tests.integration.browser import Browser, artefacts_dir
@@ -103,6 +104,7 @@ def test_view_shows_real_counts_and_replays_selected(tmp_path, spark, valkey_ser
             assert f'<td id="PUBLISHED">{published:,}</td>' in html and f'<td id="DEAD">{dead:,}</td>' in html
             assert "<script>alert" not in html and "&lt;script&gt;alert(&#39;dd&#39;)&lt;/script&gt;" in html
             assert html.count('name="entry"') == dead
+            assert not [s for s in secrets_of_services() if s in html], "a secret in the page"
         # The index: the pipeline at a glance, from the same sources (lag 0, its dead letters, the last batch).
         row = http("GET", f"{base}/", token=token)[1].split(f'<tr id="pipeline-{p.name}">')[1].split("</tr>")[0]
         row = row.replace("\n", "")
@@ -156,11 +158,26 @@ def test_view_shows_real_counts_and_replays_selected(tmp_path, spark, valkey_ser
         confs = {r["dag_run_id"]: r["conf"] for r in api.runs(REPLAY_DAG)}
         assert any(confs[r].get("message_ids") == [poison.message_id] for r in runs), confs
         assert any(confs[r].get("position_from") == script.position for r in runs), confs
+        assert all(confs[r]["requested_by"] == api.username for r in runs), confs  # who asked
+        # A read-only user may see the page but not replay: Airflow's own permission on the replay DAG.
+        viewer = AirflowApi(api.base_url, "viewer", json.loads(airflow_password_file().read_text())["viewer"])
+        assert http("GET", page, token=viewer.token())[0] == 200
+        status, body, _ = http("POST", f"{page}/replay", token=viewer.token(), body=json.dumps(
+            {"entries": picked}).encode(), headers={"Content-Type": "application/json"})
+        assert status == 403 and REPLAY_DAG in body, body
+        assert {r["dag_run_id"] for r in api.runs(REPLAY_DAG)} - before == set(runs)
         api.unpause(REPLAY_DAG)
         for run in runs:
             assert api.wait_for_run(REPLAY_DAG, run, timeout=900) == "success", api.task_states(REPLAY_DAG, run)
 
         states = {(r.partition, r.position): r.state for r in dlq_rows(spark, c, p)}
+        # Each replay's DLQ commit names its run and who asked.
+        marks = [json.loads(info["userMetadata"]) for f in sorted((c.dlq_path(p) / "_delta_log").glob("*.json"))
+                 for line in f.read_text().splitlines()
+                 if (info := json.loads(line).get("commitInfo")) and "deltadrain_replay" in info.get("userMetadata", "")]
+        replayed_by = {r.replay_run_id for r in dlq_rows(spark, c, p) if r.state == "REPLAYED"}
+        assert len(marks) == len(runs) and {m["run_id"] for m in marks} == replayed_by, marks
+        assert {m["requested_by"] for m in marks} == {api.username}, marks
         assert states[(poison.partition, poison.position)] == "REPLAYED"
         assert states[(script.partition, script.position)] == "REPLAYED"
         assert list(states.values()).count("REPLAYED") == 2
@@ -172,6 +189,14 @@ def test_view_shows_real_counts_and_replays_selected(tmp_path, spark, valkey_ser
         assert status == 400 and "not DEAD" in body, body
     finally:
         services.down(c, ["airflow"])
+
+
+def secrets_of_services() -> list[str]:
+    """The embedded services' passwords (Valkey's users, Kafka's SCRAM user and keystore)."""
+    from deltadrain.embedded import kafka_login, valkey_login
+
+    valkey, kafka = valkey_login(), kafka_login()
+    return [valkey["password"], valkey["admin_password"], kafka["password"], kafka["keystore_password"]]
 
 
 def see_in_a_browser(tmp_path, api, p, dead: int) -> None:

@@ -376,10 +376,11 @@ def test_images_match_the_pins_and_name_no_registry():
 
 COMPOSE_CONFIG = ROOT / "config" / "pipelines.compose.yaml"
 BASE_CONFIG = ROOT / "config" / "pipelines.yaml"
-ADDRESS_KEYS = ("url", "bootstrap_servers")
+# The addresses, and the embedded Valkey's login (the compose Valkey has no ACL user).
+ADDRESS_KEYS = ("url", "bootstrap_servers", "connection_id")
 
 
-def test_compose_config_differs_only_in_source_addresses_and_the_executor():
+def test_compose_config_differs_only_in_source_addresses_logins_and_the_executor():
     from deltadrain.config import load_config
 
     base, ours = load_config(BASE_CONFIG), load_config(COMPOSE_CONFIG)

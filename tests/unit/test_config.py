@@ -352,10 +352,11 @@ def test_a_repeated_pipeline_name_names_both_entries():
 def test_a_taken_port_names_the_setting_that_moves_it(tmp_path):
     from deltadrain.dev.services.process import Service
 
-    kafka = Service("kafka", tmp_path, [9092, 9093], list, bool)
+    kafka = Service("kafka", tmp_path, [9092, 9093, 9094], list, bool)
     assert kafka.port_setting(9092) == "services.kafka_port in the config or DELTADRAIN_KAFKA_PORT"
     assert kafka.port_setting(9093) == ("services.kafka_controller_port in the config or "
                                         "DELTADRAIN_KAFKA_CONTROLLER_PORT")
+    assert kafka.port_setting(9094).endswith("DELTADRAIN_KAFKA_SASL_PORT")
     assert Service("valkey", tmp_path, [6379], list, bool).port_setting(6379).endswith("DELTADRAIN_VALKEY_PORT")
 
 

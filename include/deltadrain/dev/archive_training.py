@@ -116,6 +116,8 @@ def train(out: Path, workdir: Path) -> None:
     from the environment, which must be set before deltadrain reads it."""
     os.environ["DELTADRAIN_HOME"] = str(workdir / "home")
     os.environ["DELTADRAIN_VALKEY_PORT"] = str(_free_port())
+    # The private Valkey's login is made in that home: a connection inherited from the caller is another's.
+    os.environ.pop("AIRFLOW_CONN_DELTADRAIN_VALKEY", None)
     from deltadrain.catchup import drain
     from deltadrain.config import load_config
     from deltadrain.dev import services

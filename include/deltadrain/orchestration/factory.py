@@ -213,6 +213,8 @@ def replay_params(cfg: DeltadrainConfig) -> dict[str, Param]:
         "limit": Param(1000, type="integer", minimum=1, maximum=MAX_LIMIT, title="Limit"),
         "dry_run": Param(True, type="boolean", title="Dry run",
                          description="only show what would be replayed"),
+        "requested_by": Param(None, type=["null", "string"], title="Requested by",
+                              description="who asked (the view sets it); the run records the user who triggered it"),
     }
 
 
@@ -223,6 +225,8 @@ def validate_request(config: str | None = None, **context) -> dict:
     from deltadrain.replay import parse_request
 
     request = parse_request(load(config), dict(context["params"]))
+    # Who asked is who Airflow says triggered the run, not what its conf claims.
+    request.requested_by = getattr(context.get("dag_run"), "triggering_user_name", None)
     return request.model_dump(mode="json")
 
 

@@ -97,9 +97,11 @@ class Source(Protocol):
     def address(self, cfg: DeltadrainConfig, pipeline: PipelineConfig) -> str:
         """host:port of the server, without anything else of its URL."""
 
-    def connection_failure(self, exc: BaseException) -> tuple[bool, str] | None:
-        """(whether the login was refused, the reason) when `exc` itself is a failure to reach or log
-        in to this kind of server; None for anything else."""
+    def connection_failure(self, exc: BaseException) -> tuple[str, str] | None:
+        """(kind, the reason) when `exc` itself is a failure to reach this kind of server ("unreachable"),
+        to log in to it ("login_refused"), a certificate it does not trust ("untrusted") or a command or
+        resource its ACL denies the login ("denied");
+        None for anything else."""
 
     def drain(self, cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, run_id: str | None) -> RunSummary:
         """One drain run: claim a batch, the shared publish, acknowledge."""

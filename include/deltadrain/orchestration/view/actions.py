@@ -66,13 +66,15 @@ def same_origin(headers: dict[str, str], host: str) -> bool:
 
 
 def trigger_replays(cfg: DeltadrainConfig, pipeline: PipelineConfig, selected: list[tuple[str, str]],
-                    token: str | None, base_url: str) -> dict:
-    """Validate the selection against the DLQ, then trigger one replay run per conf with the caller's token."""
+                    token: str | None, base_url: str, requested_by: str | None = None) -> dict:
+    """Validate the selection against the DLQ, then trigger one replay run per conf with the caller's token;
+    each conf names who asked (`requested_by`, the Airflow user)."""
     from deltadrain import lakeview
     from deltadrain.airflow_api import AirflowApi, AirflowApiError
     from deltadrain.replay import parse_request
 
-    confs = selection_to_confs(pipeline.name, selected, lakeview.dead_letter_keys(cfg, pipeline))
+    confs = [{**conf, "requested_by": requested_by}
+             for conf in selection_to_confs(pipeline.name, selected, lakeview.dead_letter_keys(cfg, pipeline))]
     for conf in confs:
         parse_request(cfg, conf)  # the DAG validates again; failing here keeps a bad click from making runs
     api = AirflowApi(base_url, "", "", _token=token)

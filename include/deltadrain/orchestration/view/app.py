@@ -235,7 +235,8 @@ def create_app():
 
         try:
             selected = [parse_entry(str(v)) for v in values]
-            result = await run_in_threadpool(trigger_replays, cfg, pipeline, selected, token, airflow_base_url())
+            result = await run_in_threadpool(trigger_replays, cfg, pipeline, selected, token, airflow_base_url(),
+                                             user.get_name() if hasattr(user, "get_name") else None)
         except SelectionError as exc:
             raise HTTPException(400, str(exc)) from None
         except DeltadrainError as exc:

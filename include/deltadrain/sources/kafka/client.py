@@ -3,16 +3,31 @@ resolved at the edge (never stored, never logged)."""
 
 from __future__ import annotations
 
+import json
+
 from deltadrain.config import DeltadrainConfig, KafkaSource, PipelineConfig
-from deltadrain.secrets import credentials
+from deltadrain.errors import ConfigError
+from deltadrain.secrets import Credentials, credentials
 
 
 def kafka_bootstrap(cfg: DeltadrainConfig, source: KafkaSource) -> str:
+    """The source's servers; unset: the embedded broker's listener for its protocol (SASL_SSL or PLAINTEXT)."""
     if source.bootstrap_servers:
         return source.bootstrap_servers
     from deltadrain.embedded import ports
 
-    return f"127.0.0.1:{ports(cfg).kafka}"
+    p = ports(cfg)
+    return f"127.0.0.1:{p.kafka_sasl if source.security.protocol == 'SASL_SSL' else p.kafka}"
+
+
+def kafka_ca(source: KafkaSource) -> str | None:
+    """The CA file the client trusts: the source's; unset on the embedded broker's SASL_SSL listener,
+    the CA its keystore was made with; else None (the system's)."""
+    if source.security.ssl_ca_location or source.bootstrap_servers or source.security.protocol != "SASL_SSL":
+        return source.security.ssl_ca_location
+    from deltadrain.embedded import kafka_ca_file
+
+    return str(kafka_ca_file())
 
 
 def _kafka_settings(cfg: DeltadrainConfig, pipeline: PipelineConfig):
@@ -20,9 +35,24 @@ def _kafka_settings(cfg: DeltadrainConfig, pipeline: PipelineConfig):
     source = pipeline.source
     assert isinstance(source, KafkaSource)
     sec = source.security
-    creds = (credentials(connection_id=sec.connection_id, username_env=sec.username_env,
-                         password_env=sec.password_env) if sec.sasl_mechanism else None)
+    creds = sasl_credentials(source) if sec.sasl_mechanism else None
     return kafka_bootstrap(cfg, source), sec, creds
+
+
+def sasl_credentials(source: KafkaSource) -> Credentials:
+    """The SASL login. The embedded broker's connection, when neither the environment nor Airflow has
+    it (a shell's `deltadrain drain`), is read from the login file its first start made."""
+    from deltadrain.embedded import KAFKA_CONNECTION_ID, kafka_login_file
+
+    sec = source.security
+    try:
+        return credentials(connection_id=sec.connection_id, username_env=sec.username_env,
+                           password_env=sec.password_env)
+    except ConfigError:
+        if source.bootstrap_servers or sec.connection_id != KAFKA_CONNECTION_ID or not kafka_login_file().exists():
+            raise
+    login = json.loads(kafka_login_file().read_text())
+    return Credentials(login["username"], login["password"])
 
 
 def kafka_client_conf(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> dict[str, str]:
@@ -32,8 +62,8 @@ def kafka_client_conf(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> dict[s
     if creds is not None:
         conf.update({"sasl.mechanism": sec.sasl_mechanism, "sasl.username": creds.username or "",
                      "sasl.password": creds.password or ""})
-    if sec.ssl_ca_location:
-        conf["ssl.ca.location"] = sec.ssl_ca_location
+    if ca := kafka_ca(pipeline.source):
+        conf["ssl.ca.location"] = ca
     return conf
 
 
@@ -73,6 +103,31 @@ def check_reachable(servers: str, timeout_s: float = 2.0) -> None:
                                                                   f"({'; '.join(refused)})"))
 
 
+def check_secured(conf: dict, timeout_s: float = 15) -> None:
+    """Over TLS or SASL, ask the broker once before anything else: librdkafka's own calls only say
+    "transport failure" when the login is refused or the certificate untrusted, and say why only to
+    an error callback. Raises that error (_AUTHENTICATION, or _SSL for a certificate) instead."""
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    if conf.get("security.protocol", "PLAINTEXT") == "PLAINTEXT":
+        return
+    said: list = []
+    admin = AdminClient({**{k: v for k, v in conf.items() if k != "isolation.level"}, "log_level": 0,
+                         "error_cb": said.append})
+    try:
+        admin.list_topics(timeout=timeout_s)
+        return
+    except KafkaException:
+        admin.poll(0.5)  # serves the error callback
+        for error in said:
+            if error.code() == KafkaError._AUTHENTICATION:
+                raise KafkaException(KafkaError(KafkaError._AUTHENTICATION, reason=error.str())) from None
+            if "certificate verify failed" in error.str() or "SSL" in error.str():
+                raise KafkaException(KafkaError(KafkaError._SSL, reason=error.str())) from None
+        raise
+
+
 def jaas_quoted(value: str) -> str:
     """A value inside a JAAS option's double quotes: a backslash escapes the next character, so it is
     escaped first; otherwise a credential ending in one, or holding \\", ends the value early."""
@@ -90,8 +145,8 @@ def kafka_spark_options(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> dict
         user, pw = jaas_quoted(creds.username or ""), jaas_quoted(creds.password or "")
         opts["kafka.sasl.mechanism"] = sec.sasl_mechanism
         opts["kafka.sasl.jaas.config"] = f'{module} required username="{user}" password="{pw}";'
-    if sec.ssl_ca_location:
+    if ca := kafka_ca(pipeline.source):
         # The Java client reads a PEM CA file as a truststore of type PEM (same file as librdkafka's).
         opts["kafka.ssl.truststore.type"] = "PEM"
-        opts["kafka.ssl.truststore.location"] = sec.ssl_ca_location
+        opts["kafka.ssl.truststore.location"] = ca
     return opts

@@ -27,7 +27,12 @@ from deltadrain.drain import GO_ON_PAST, BatchFailure, Drain, DrainError, claim_
 from deltadrain.isolation import convicted
 from deltadrain.logs import run_logger
 from deltadrain.outcome import Outcome
-from deltadrain.sources.kafka.client import kafka_client_conf, kafka_consumer_conf, kafka_spark_options
+from deltadrain.sources.kafka.client import (
+    check_secured,
+    kafka_client_conf,
+    kafka_consumer_conf,
+    kafka_spark_options,
+)
 from deltadrain.sources.kafka.crashes import (
     DeadRuns,
     Settled,
@@ -328,6 +333,7 @@ class KafkaDrain(Drain):
             # Rows carry the offset they were read at; the checkpoint is the next one to read.
             positions = {part: str(int(pos) + 1) for part, pos in positions.items()}
         self.retries = dict(checkpoint.meta.get("retries") or {})
+        check_secured(self.conf)  # a refused login or an untrusted certificate, named before anything is read
         self.check_topic(checkpoint.meta.get("topic_id"))
         try:
             plan = plan_ranges(positions, watermarks(self.conf, self.source.topic), p.batch_cap,

@@ -10,6 +10,9 @@ from deltadrain.sources import LakeSide, SourceNote
 # librdkafka's codes for "no broker answered" (as opposed to a broker that answered with an error).
 UNREACHABLE = frozenset({"_TRANSPORT", "_ALL_BROKERS_DOWN", "_TIMED_OUT", "_RESOLVE"})
 LOGIN_REFUSED = frozenset({"_AUTHENTICATION", "SASL_AUTHENTICATION_FAILED"})
+UNTRUSTED = frozenset({"_SSL"})
+DENIED = frozenset({"TOPIC_AUTHORIZATION_FAILED", "GROUP_AUTHORIZATION_FAILED", "CLUSTER_AUTHORIZATION_FAILED",
+                    "TRANSACTIONAL_ID_AUTHORIZATION_FAILED"})
 
 
 class Kafka:
@@ -33,8 +36,11 @@ class Kafka:
         if type(exc).__name__ != "KafkaException" or not exc.args or not hasattr(exc.args[0], "name"):
             return None
         error = exc.args[0]
-        if error.name() in UNREACHABLE or error.name() in LOGIN_REFUSED:
-            return error.name() in LOGIN_REFUSED, f"{error.name()}: {error.str()}"
+        name = error.name()
+        for kind, names in (("unreachable", UNREACHABLE), ("login_refused", LOGIN_REFUSED), ("denied", DENIED),
+                            ("untrusted", UNTRUSTED)):
+            if name in names:
+                return kind, f"{name}: {error.str()}"
         return None
 
     def drain(self, cfg, pipeline, spark, run_id=None):

@@ -4,8 +4,9 @@ and the counts of a consumer group that every Valkey step reads."""
 from __future__ import annotations
 
 from deltadrain.config import DeltadrainConfig, PipelineConfig, ValkeySource
+from deltadrain.errors import ConfigError
 from deltadrain.positions import StreamId
-from deltadrain.secrets import credentials
+from deltadrain.secrets import Credentials, credentials
 
 # The field of a Valkey stream entry that holds the message's payload (what producers XADD).
 VALKEY_FIELD = b"data"
@@ -58,17 +59,6 @@ def seed_urls(cfg: DeltadrainConfig, source: ValkeySource) -> list[str]:
     return valkey_cluster_seeds(cfg) if source.cluster else [f"valkey://127.0.0.1:{ports(cfg).valkey}/0"]
 
 
-def source_credentials(source: ValkeySource):
-    """The configured login; the embedded cluster's own password when the source names none."""
-    creds = credentials(connection_id=source.connection_id, password_env=source.password_env)
-    if source.cluster and not source.url and creds.password is None:
-        from deltadrain.embedded import valkey_cluster_password
-        from deltadrain.secrets import Credentials
-
-        return Credentials(None, valkey_cluster_password())
-    return creds
-
-
 def connect(urls: str, cluster: bool, username: str | None, password: str | None, **opts):
     """A client of one server (`urls` one URL) or of a Valkey Cluster (`urls` its seed URLs joined by
     commas): the cluster client sends each key's command to the primary that owns its slot, and
@@ -95,6 +85,27 @@ def is_cluster(client) -> bool:
     from valkey.cluster import ValkeyCluster
 
     return isinstance(client, ValkeyCluster)
+
+
+def source_credentials(source: ValkeySource) -> Credentials:
+    """The source's login, from its connection or environment variable. Two embedded servers need none
+    there: the embedded Valkey's connection, when neither the environment nor Airflow has it (a shell's
+    `deltadrain drain`), is read from the login file its first start made; a source on the embedded
+    cluster that names no login gets that cluster's password."""
+    from deltadrain.embedded import VALKEY_CONNECTION_ID, valkey_cluster_password, valkey_login_file
+
+    try:
+        creds = credentials(connection_id=source.connection_id, password_env=source.password_env)
+    except ConfigError:
+        if source.url is not None or source.connection_id != VALKEY_CONNECTION_ID or not valkey_login_file().exists():
+            raise
+        import json
+
+        login = json.loads(valkey_login_file().read_text())
+        return Credentials(login["username"], login["password"])
+    if source.cluster and not source.url and creds.password is None:
+        return Credentials(None, valkey_cluster_password())
+    return creds
 
 
 def valkey_client(cfg: DeltadrainConfig, pipeline: PipelineConfig, **kwargs):

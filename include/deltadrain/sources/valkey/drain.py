@@ -19,6 +19,7 @@ from deltadrain.logs import fields, run_logger
 from deltadrain.outcome import Outcome
 from deltadrain.positions import merge_positions
 from deltadrain.sources.valkey.acknowledge import acknowledge, release
+from deltadrain.sources.valkey.acl import acl_probe_key, check_after_commit
 from deltadrain.sources.valkey.claim import ClaimContext, allocate, claim_arrow, failure_field, plan
 from deltadrain.sources.valkey.client import (
     as_text,
@@ -148,6 +149,8 @@ class ValkeyDrain(Drain):
         s, p = self.summary, self.pipeline
         source: ValkeySource = p.source
         ensure_groups(self.client, source)
+        check_after_commit(self.client, source.streams[0], source.group, acl_probe_key(p.name),
+                           [self.ctx.failures_key, self.ctx.gaps_key])
         checkpoint = read_checkpoint(self.spark, self.target, p.name, self.dlq, self.quarantine)
         expected = checkpoint.batch
         batch = expected + 1

@@ -32,8 +32,12 @@ class Valkey:
             return None
         import valkey.exceptions as v
 
+        if isinstance(exc, v.AuthenticationError):  # a wrong password, or none where the server needs one
+            return "login_refused", str(exc)
         if isinstance(exc, v.ConnectionError | v.TimeoutError):
-            return isinstance(exc, v.AuthenticationError), str(exc)
+            return "unreachable", str(exc)
+        if isinstance(exc, v.NoPermissionError):  # the user's ACL lacks a command or key
+            return "denied", str(exc)
         return None
 
     def drain(self, cfg, pipeline, spark, run_id=None):
