@@ -123,12 +123,17 @@ VALKEY_USER = "deltadrain"
 VALKEY_CONNECTION_ID = "deltadrain_valkey"
 
 
+def private_login(path: Path, username: str, *secret_names: str) -> dict:
+    """The login kept at `path` (JSON, owner-only), made on the first call: `username` and a new random
+    secret under each of `secret_names`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_private(path, json.dumps({"username": username, **{n: secrets.token_urlsafe(24) for n in secret_names}}))
+    return json.loads(path.read_text())
+
+
 def valkey_login() -> dict:
     """The embedded Valkey's logins, made on the first call: {"username", "password", "admin_password"}."""
-    valkey_home().mkdir(parents=True, exist_ok=True)
-    write_private(valkey_login_file(), json.dumps({"username": VALKEY_USER, "password": secrets.token_urlsafe(24),
-                                                   "admin_password": secrets.token_urlsafe(24)}))
-    return json.loads(valkey_login_file().read_text())
+    return private_login(valkey_login_file(), VALKEY_USER, "password", "admin_password")
 
 
 def valkey_connection(cfg: DeltadrainConfig) -> dict:
@@ -159,10 +164,7 @@ KAFKA_CONNECTION_ID = "deltadrain_kafka"
 
 def kafka_login() -> dict:
     """The embedded broker's logins, made on the first call: {"username", "password", "keystore_password"}."""
-    kafka_home().mkdir(parents=True, exist_ok=True)
-    write_private(kafka_login_file(), json.dumps({"username": KAFKA_USER, "password": secrets.token_urlsafe(24),
-                                                  "keystore_password": secrets.token_urlsafe(24)}))
-    return json.loads(kafka_login_file().read_text())
+    return private_login(kafka_login_file(), KAFKA_USER, "password", "keystore_password")
 
 
 def kafka_connection() -> dict:
