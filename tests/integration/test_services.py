@@ -11,6 +11,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from deltadrain.dev import services
 from tests.conftest import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -60,7 +61,7 @@ def test_up_is_idempotent_and_down_leaves_no_process(tmp_path):
     down = cli(env, "services", "down")
     assert down.returncode == 0, down.stderr
     assert processes_under(home) == []
-    assert cli(env, "services", "down").stdout.count("not running") == 5
+    assert cli(env, "services", "down").stdout.count("not running") == len(services.ALL)
     assert cli(env, "services", "status", "--only", "valkey").returncode == 3
     # And up again on the same state: Kafka storage is reused, not reformatted.
     again = cli(env, "services", "up", "--only", "valkey,kafka")

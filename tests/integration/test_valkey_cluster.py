@@ -66,7 +66,9 @@ def valkey_cluster(cfg):
 
 
 def cluster_pipeline(tmp_path, **overrides):
-    return make_pipeline(tmp_path, source={"cluster": True}, min_idle_ms=1000, batch_cap=100_000, **overrides)
+    # No connection: the embedded cluster's own password, not the single Valkey's ACL user.
+    return make_pipeline(tmp_path, source={"cluster": True, "connection_id": None}, min_idle_ms=1000,
+                         batch_cap=100_000, **overrides)
 
 
 def primary_of(client, stream: str) -> int:

@@ -40,3 +40,15 @@ def test_a_bare_services_up_starts_the_cluster_only_when_a_pipeline_reads_from_t
     elsewhere = clustered.model_copy(update={"source": clustered.source.model_copy(update={"url": "valkey://h:7000"})})
     assert "valkey_cluster" not in services.defaults(cfg.model_copy(update={"pipelines": [elsewhere]}))
     assert services.select(["valkey_cluster"]) == ["valkey_cluster"]
+
+
+def test_the_cluster_demo_config_reads_its_pipeline_from_the_embedded_cluster():
+    from pathlib import Path
+
+    from deltadrain.config import load_config
+    from deltadrain.dev import services
+
+    cfg = load_config(Path(__file__).resolve().parents[2] / "config" / "pipelines.cluster.yaml")
+    source = cfg.pipeline("orders").source
+    assert source.cluster and source.url is None and source.connection_id is None
+    assert "valkey_cluster" in services.defaults(cfg)

@@ -27,7 +27,7 @@ def run_demo(cfg: DeltadrainConfig, count: int = 5000) -> dict:
 
     dag_id = ingest_dag_id(pipeline.name)
     api = embedded_api(cfg)
-    print(f"== triggering the Airflow DAG {dag_id} (sensor -> spark-submit drain: exactly-once MERGE, "
+    print(f"== triggering the Airflow DAG {dag_id} (sensor -> drain: exactly-once MERGE, "
           "checkpoint in the same commit)")
     for dag in (dag_id, REAPER_DAG):
         api.wait_for_dag(dag)
