@@ -4,7 +4,6 @@ and the counts of a consumer group that every Valkey step reads."""
 from __future__ import annotations
 
 from deltadrain.config import DeltadrainConfig, PipelineConfig, ValkeySource
-from deltadrain.errors import ConfigError
 from deltadrain.positions import StreamId
 from deltadrain.secrets import Credentials, credentials
 
@@ -89,20 +88,22 @@ def is_cluster(client) -> bool:
 
 def source_credentials(source: ValkeySource) -> Credentials:
     """The source's login, from its connection or environment variable. Two embedded servers need none
-    there: the embedded Valkey's connection, when neither the environment nor Airflow has it (a shell's
-    `deltadrain drain`), is read from the login file its first start made; a source on the embedded
-    cluster that names no login gets that cluster's password."""
-    from deltadrain.embedded import VALKEY_CONNECTION_ID, valkey_cluster_password, valkey_login_file
+    there: the embedded Valkey's connection, when the environment does not define it (a shell's
+    `deltadrain drain`), is read from the login file its first start made, which holds the same secret
+    as Airflow's connection of it, without importing Airflow (a second of CPU) to ask; a source on the
+    embedded cluster that names no login gets that cluster's password."""
+    import os
 
-    try:
-        creds = credentials(connection_id=source.connection_id, password_env=source.password_env)
-    except ConfigError:
-        if source.url is not None or source.connection_id != VALKEY_CONNECTION_ID or not valkey_login_file().exists():
-            raise
+    from deltadrain.embedded import VALKEY_CONNECTION_ID, valkey_cluster_password, valkey_login_file
+    from deltadrain.secrets import env_name
+
+    embedded = source.url is None and not source.cluster and source.connection_id == VALKEY_CONNECTION_ID
+    if embedded and not os.environ.get(env_name(VALKEY_CONNECTION_ID)) and valkey_login_file().exists():
         import json
 
         login = json.loads(valkey_login_file().read_text())
         return Credentials(login["username"], login["password"])
+    creds = credentials(connection_id=source.connection_id, password_env=source.password_env)
     if source.cluster and not source.url and creds.password is None:
         return Credentials(None, valkey_cluster_password())
     return creds
