@@ -60,14 +60,9 @@ def _rss_mib(pid: int) -> float:
 
 
 def _descendants(root: int) -> list[int]:
-    parents = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    from deltadrain.python_daemon import parent_pids
+
+    parents = parent_pids()
     out, stack = [], [root]
     while stack:
         pid = stack.pop()

@@ -34,22 +34,26 @@ def idle_seconds() -> float:
         return DEFAULT_IDLE_SECONDS
 
 
+def parent_pids() -> dict[int, int]:
+    """Every process's parent, from /proc: {pid: parent pid}."""
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:  # exited since the listing
+                continue
+            parents[int(entry.name)] = int(stat[stat.rindex(")") + 2:].split()[1])
+    return parents
+
+
 def has_children(pid: int) -> bool:
     """Whether `pid` has a live child (a worker it forked), from /proc."""
     listed = Path(f"/proc/{pid}/task/{pid}/children")
     try:
         return bool(listed.read_text().split())
     except OSError:  # a kernel without the children file: scan the process table
-        pass
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat[stat.rindex(")") + 2:].split()[1]) == pid:
-                return True
-    return False
+        return pid in parent_pids().values()
 
 
 def should_exit(idle_for: float, limit: float, children: bool, pending: bool) -> bool:

@@ -94,14 +94,17 @@ def source_credentials(source: ValkeySource) -> Credentials:
     embedded cluster that names no login gets that cluster's password."""
     import os
 
-    from deltadrain.embedded import VALKEY_CONNECTION_ID, valkey_cluster_password, valkey_login_file
+    from deltadrain.embedded import (
+        VALKEY_CONNECTION_ID,
+        valkey_cluster_password,
+        valkey_login,
+        valkey_login_file,
+    )
     from deltadrain.secrets import env_name
 
     embedded = source.url is None and not source.cluster and source.connection_id == VALKEY_CONNECTION_ID
     if embedded and not os.environ.get(env_name(VALKEY_CONNECTION_ID)) and valkey_login_file().exists():
-        import json
-
-        login = json.loads(valkey_login_file().read_text())
+        login = valkey_login()  # the file the server's first start made (this call makes none: it exists)
         return Credentials(login["username"], login["password"])
     creds = credentials(connection_id=source.connection_id, password_env=source.password_env)
     if source.cluster and not source.url and creds.password is None:
