@@ -1,7 +1,8 @@
 """Stage: the tasks that claim and decode a batch write its rows to Parquet, and report what they wrote.
 
 One Spark job per batch does the source's work (XAUTOCLAIM/XREADGROUP, a Kafka offset range, a
-history read), the decoding and the writing. Each task writes its rows with pyarrow (no row
+history read), the decoding and the writing; a small Valkey claim runs the same body in the drain's
+own process instead (`stage_here`). Each task writes its rows with pyarrow (no row
 conversion and Parquet encoding in the JVM) and returns one small report per source partition:
 counts, the oldest source time, the highest position, the id range and 64-bit hashes of the ids.
 From those the driver knows the run summary, the positions and `BatchStats` without another pass
@@ -305,5 +306,29 @@ def stage(tasks, produce, schema, id_field: str, directory: str) -> Staged:
         yield from write_and_report(produce(batches, arrow_schema), directory, arrow_schema, id_field, store)
 
     staged = Staged.of(tasks.mapInArrow(body, from_arrow_schema(report_arrow_schema())).collect())
+    staged.schema = schema
+    return staged
+
+
+def stage_here(tasks: list[dict], produce, schema, id_field: str, directory: str) -> Staged:
+    """`stage`'s job run in this process instead of Spark's: the same body over the same task rows,
+    one staging file. For a small batch a Spark job's fixed cost is most of the claim: on a Connect
+    server each session starts a Python worker daemon of its own and imports the claim's modules in
+    it (docs/benchmarks.md, "A one-message batch through the drain task"). Here nothing can run the
+    claim a second time either: there is no job to recompute."""
+    from types import SimpleNamespace
+
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    from deltadrain.objectstore import settings_for
+
+    arrow_schema = to_arrow_schema(schema)
+    batches = iter([pa.RecordBatch.from_pylist(tasks)] if tasks else [])
+    reports = [SimpleNamespace(**row)
+               for out in write_and_report(produce(batches, arrow_schema), directory, arrow_schema, id_field,
+                                           settings_for(directory))
+               for row in out.to_pylist()]
+    staged = Staged.of(reports)
     staged.schema = schema
     return staged

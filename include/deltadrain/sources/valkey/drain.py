@@ -40,7 +40,15 @@ from deltadrain.sources.valkey.gaps import (
     recorded,
 )
 from deltadrain.sources.valkey.gaps import record as record_gaps
-from deltadrain.stage import Staged, stage, task_rows
+from deltadrain.stage import Staged, stage, stage_here, task_rows
+
+# A claim of at most this many entries runs in the drain's own process (`stage_here`), a larger one in
+# Spark tasks, a stream's share split over several (docs/benchmarks.md, "Where a small batch claims").
+CLAIM_HERE_MAX = 20_000
+
+
+def claim_here(entries: int) -> bool:
+    return entries <= CLAIM_HERE_MAX
 
 
 def failures_key(pipeline: str) -> str:
@@ -101,12 +109,15 @@ class ValkeyDrain(Drain):
             tasks = [(stream, n, True, start, False) for stream, start, n in split.read]
         else:
             tasks = [(t.stream, t.quota, t.reclaim and reclaim, t.start, t.new) for t in plan(quotas)]
-        # One claim task per Spark partition (parallelize keeps the slices), all tasks in parallel.
-        task_df = task_rows(self.spark, tasks, StructType([
+        task_schema = StructType([
             StructField("stream", StringType()), StructField("quota", LongType()), StructField("reclaim", BooleanType()),
-            StructField("start", StringType()), StructField("new", BooleanType())]))
-        return stage(task_df, lambda batches, arrow_schema: claim_arrow(batches, ctx, arrow_schema),
-                     claim_schema(self.pipeline), self.pipeline.payload_schema.id_field, str(self.scratch / "claimed"))
+            StructField("start", StringType()), StructField("new", BooleanType())])
+        args = (lambda batches, arrow_schema: claim_arrow(batches, ctx, arrow_schema), claim_schema(self.pipeline),
+                self.pipeline.payload_schema.id_field, str(self.scratch / "claimed"))
+        if claim_here(sum(task[1] for task in tasks)):
+            return stage_here([dict(zip(task_schema.names, task, strict=True)) for task in tasks], *args)
+        # One claim task per Spark partition (parallelize keeps the slices), all tasks in parallel.
+        return stage(task_rows(self.spark, tasks, task_schema), *args)
 
     def settle_culprits(self, culprits):
         """Culprits out of retries become dead letters (returned); the others stay pending for
