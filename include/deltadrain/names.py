@@ -12,6 +12,11 @@ def ingest_dag_id(pipeline: str) -> str:
     return f"deltadrain__{pipeline}__ingest"
 
 
+def batch_quality_dag_id(pipeline: str) -> str:
+    """The DAG that checks a continuous pipeline's batches, started by its drains' asset events."""
+    return f"deltadrain__{pipeline}__quality"
+
+
 def ingest_run_prefix(pipeline: str) -> str:
     """How the run id of each drain of the pipeline's ingest DAG starts: such a drain is followed by its
     DAG run's quality task, which is how quality.owed.first_scheduled tells its batches from CLI drains.

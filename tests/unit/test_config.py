@@ -292,14 +292,31 @@ def test_schedules_take_cron_and_airflows_presets():
 def test_an_ingest_schedule_may_be_continuous_and_its_dag_then_runs_back_to_back():
     from airflow.sdk.definitions.timetables.simple import ContinuousTimetable
 
-    from deltadrain.names import ingest_dag_id
+    from deltadrain.names import batch_quality_dag_id, ingest_dag_id
     from deltadrain.orchestration.factory import build_dags
 
     data = example()
     data["pipelines"][0]["schedule"] = "@continuous"
     cfg = parse_config(data, Path("x.yaml"))
-    dag = build_dags(cfg)[ingest_dag_id(cfg.pipelines[0].name)]
+    name = cfg.pipelines[0].name
+    dags = build_dags(cfg)
+    dag = dags[ingest_dag_id(name)]
     assert isinstance(dag.timetable, ContinuousTimetable) and dag.max_active_runs == 1
+    # Its batches are checked by a DAG of their own, started by the drain's asset event, so that the
+    # next run does not wait for the check; that check holds no pool slot, the drains keep it.
+    assert dag.task_dict["drain"].downstream_task_ids == set() and "quality" not in dag.task_ids
+    checks = dags[batch_quality_dag_id(name)]
+    assert [a.uri for a in checks.timetable.asset_condition.objects] == \
+        [o.uri for o in dag.task_dict["drain"].outlets]
+    (check,) = checks.tasks
+    assert check.owed and check.pool == "default_pool" and checks.max_active_runs == 1
+    # A quarantine writes to the target: its check stays in the ingest run, in the pipeline's pool.
+    data["pipelines"][0]["quality"] = {"on_failure": "quarantine"}
+    dags = build_dags(parse_config(data, Path("x.yaml")))
+    assert batch_quality_dag_id(name) not in dags
+    assert dags[ingest_dag_id(name)].task_dict["drain"].downstream_task_ids == {"quality"}
+    # A cron schedule: the check after the drain in the same run, as before.
+    assert batch_quality_dag_id(cfg.pipelines[1].name) not in build_dags(cfg)
     data["maintenance"]["schedule"] = "@continuous"  # the other DAGs run on a clock
     assert "field 'maintenance.schedule': '@continuous' is not a cron expression" in error_of(data)
 

@@ -23,6 +23,7 @@ from deltadrain.names import (
     QUALITY_DAG,
     REAPER_DAG,
     REPLAY_DAG,
+    batch_quality_dag_id,
     ingest_dag_id,
     pool_name,
     replay_quality_task_id,
@@ -98,9 +99,10 @@ def ingest_dag(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> DAG:
             pool="default_pool")
         drain = DrainOperator(task_id="drain", pipeline=pipeline.name, config=_config_arg(cfg),
                               outlets=[target_asset(cfg, pipeline)])
-        quality = QualityOperator(task_id="quality", pipeline=pipeline.name, config=_config_arg(cfg),
-                                  drain_task="drain")
-        wait >> drain >> quality
+        wait >> drain
+        if not checks_beside_drains(pipeline):
+            drain >> QualityOperator(task_id="quality", pipeline=pipeline.name, config=_config_arg(cfg),
+                                     drain_task="drain")
         if pipeline.alerts.enabled:
             # all_done: after the drain whatever became of it. A failed drain (or a source the sensor
             # could not reach) is when lag and the oldest message grow, and a run skipped for want of
@@ -108,6 +110,31 @@ def ingest_dag(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> DAG:
             drain >> AlertsOperator(task_id=ALERTS_TASK, pipeline=pipeline.name, config=_config_arg(cfg),
                                     trigger_rule="all_done", pool="default_pool", retries=0,
                                     execution_timeout=timedelta(minutes=5))
+    return dag
+
+
+def checks_beside_drains(pipeline: PipelineConfig) -> bool:
+    """A continuous pipeline's batches are checked by a DAG of their own (`batch_quality_dag`), which its
+    drains' asset events start, so that the next ingest run need not wait for the check (Great
+    Expectations alone takes seconds to import). Only a check that cannot write to the target may run
+    beside a drain: a quarantine moves rows out of it, so it stays in the ingest run, in the pipeline's pool."""
+    return pipeline.schedule == CONTINUOUS and pipeline.quality.on_failure != "quarantine"
+
+
+def batch_quality_dag(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> DAG:
+    """Checks the committed batches of `pipeline` that no check has a result for, whenever its drains
+    updated the target (the drain task's outlet). Events that arrive while a check runs make one more run,
+    which takes all the batches they stand for."""
+    with DAG(dag_id=batch_quality_dag_id(pipeline.name), schedule=[target_asset(cfg, pipeline)],
+             start_date=pipeline.airflow.start_date, catchup=False, max_active_runs=1,
+             tags=["deltadrain", pipeline.source.kind],
+             doc_md=f"Great Expectations on each batch the continuous ingest of **{pipeline.name}** commits, "
+                    "after the drain that committed it, without holding up the next one: every committed "
+                    "batch with no check result yet. The pipeline's policy decides (fail, warn).",
+             default_args={"retries": pipeline.airflow.retries, "retry_delay": pipeline.airflow.retry_delay,
+                           "execution_timeout": pipeline.airflow.execution_timeout}) as dag:
+        # No pool: the check reads the target and appends to the results table; the drains keep the slot.
+        QualityOperator(task_id="quality", pipeline=pipeline.name, config=_config_arg(cfg), owed=True)
     return dag
 
 
@@ -282,6 +309,8 @@ def replay_dag(cfg: DeltadrainConfig) -> DAG:
 def build_dags(cfg: DeltadrainConfig | None = None) -> dict[str, DAG]:
     cfg = cfg or load_config()
     dags = {ingest_dag_id(p.name): ingest_dag(cfg, p) for p in cfg.pipelines}
+    dags.update({batch_quality_dag_id(p.name): batch_quality_dag(cfg, p) for p in cfg.pipelines
+                 if checks_beside_drains(p)})
     dags[REAPER_DAG] = reaper_dag(cfg)
     dags[REPLAY_DAG] = replay_dag(cfg)
     dags[QUALITY_DAG] = quality_dag(cfg)
