@@ -237,6 +237,24 @@ def connect_lost(exc: BaseException) -> str | None:
             "once the server is back (`deltadrain services status`, `deltadrain services up`)")
 
 
+def close_own_channel_only(session) -> None:
+    """Make closing `session`'s client close its own gRPC channel and nothing else.
+
+    pyspark's close also shuts down the release thread pool that every Connect client of the process
+    shares, and a session that is garbage-collected closes its client from `__del__`. The collector
+    runs wherever an allocation triggers it, also inside that pool's `submit`, which holds the pool's
+    lock while it starts a thread: the shutdown then waits for that lock in the same thread, and the
+    process hangs, waiting on the server's answer as it seems, with the server idle. The pool stays
+    for the process's life instead: idle threads, at most one per core."""
+    client = session.client
+
+    def close() -> None:
+        client._channel.close()
+        client._closed = True
+
+    client.close = close
+
+
 def connect_session(url: str, extra: dict[str, str] | None = None, *, purpose: str = "deltadrain",
                     conn_id: str | None = None):
     """A new Spark Connect session on the server at `url` (`sc://host:port`), with deltadrain's session
@@ -257,6 +275,7 @@ def connect_session(url: str, extra: dict[str, str] | None = None, *, purpose: s
     for key, value in session_conf(extra).items():
         builder = builder.config(key, value)
     session = builder.create()
+    close_own_channel_only(session)
     # pyspark retries an unreachable server for ten minutes and more. A task waits about a minute and a
     # half, which rides out a server being restarted (`services up` takes under a minute), and then fails
     # with the server's error: its claims wait for the next run.

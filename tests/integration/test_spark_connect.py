@@ -334,3 +334,31 @@ def test_a_server_killed_mid_batch_fails_the_run_clearly_and_after_up_the_next_r
         outcomes.append(summary_of(out)["outcome"])
     assert outcomes[0] == "committed"
     assert_exactly_once(spark, c, p, client, sent.valid_ids, sent.bad_places(MALFORMED_KINDS))
+
+
+def test_a_session_collected_while_another_runs_a_query_does_not_hang_the_process(client):
+    """pyspark's client close shuts down the release pool every Connect client of the process shares, and
+    a collected session closes its client from `__del__`, which the collector may run inside that pool's
+    `submit`, under the pool's lock: the process then hung for good (a drain waiting, the server idle).
+    Here `__del__` runs under that lock, as it did then; deltadrain's sessions close their own channel only."""
+    import threading
+
+    from pyspark.sql.connect.client.reattach import ExecutePlanResponseReattachableIterator as Reattach
+
+    gone, live = client(), client()
+    assert gone.range(3).count() == 3
+    gone.stop()
+    pool = Reattach._get_or_create_release_thread_pool()
+    finished = threading.Event()
+
+    def collected_inside_submit():
+        with pool._shutdown_lock:  # what ThreadPoolExecutor.submit holds while it starts a thread
+            gone.__del__()
+        finished.set()
+
+    threading.Thread(target=collected_inside_submit, daemon=True).start()
+    if not finished.wait(30):
+        pool._shutdown_lock.release()  # lets the stuck thread go, or the fixture's stop() would hang too
+        pytest.fail("a session's __del__ under the release pool's lock hung")
+    assert Reattach._release_thread_pool_instance is pool  # still there, still taking work
+    assert live.range(5).count() == 5

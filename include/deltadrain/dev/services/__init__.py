@@ -383,7 +383,10 @@ def spark_connect_healthy(url: str) -> bool:
     from pyspark.sql.connect.client.retries import DefaultPolicy
     from pyspark.sql.connect.session import SparkSession
 
+    from deltadrain.spark import close_own_channel_only
+
     session = SparkSession(connection=url)
+    close_own_channel_only(session)
     try:
         # pyspark's default retries wait up to ten minutes for a server that is not there.
         session.client.set_retry_policies([DefaultPolicy(max_retries=1)])
