@@ -386,8 +386,9 @@ class KafkaDrain(Drain):
             # records, a gap) or a start: the commit carries the positions alone, or every run would
             # read them (and report the gap) again.
             (rows, stats), oldest = self.no_rows(), None
+        counts = (staged.total.good, staged.total.bad) if s.claimed else None
         try:
-            result, _pending = self.publish(rows, expected, oldest, stats)
+            result, _pending = self.publish(rows, expected, oldest, stats, counts)
         except BatchFailure:
             self.failed_on_batch = True
             raise

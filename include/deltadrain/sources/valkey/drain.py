@@ -200,7 +200,8 @@ class ValkeyDrain(Drain):
         else:
             s.batch = expected
             return
-        result, pending_culprits = self.publish(claimed, expected, oldest, stats)
+        counts = (staged.total.good, staged.total.bad) if s.claimed else None
+        result, pending_culprits = self.publish(claimed, expected, oldest, stats, counts)
         if result.outcome in (Outcome.COMMITTED, Outcome.ALREADY_COMMITTED):
             forget(self.client, self.ctx.gaps_key, carried)  # a committed batch's metadata holds them now
             if s.claimed:
