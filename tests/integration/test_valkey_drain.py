@@ -47,7 +47,14 @@ pytestmark = pytest.mark.usefixtures("valkey_server")
 
 
 @BOTH_TRANSFORMS
-def test_valid_messages_published_once_bad_ones_dead_lettered_with_reasons(transform, tmp_path, cfg, spark):
+def test_valid_messages_published_once_bad_ones_dead_lettered_with_reasons(transform, tmp_path, cfg, spark,
+                                                                          monkeypatch):
+    from deltadrain.sources.valkey import drain as valkey_drain
+
+    # Both places a claim runs: with the handler in Spark tasks (a batch above CLAIM_HERE_MAX), with the
+    # identity in the drain's own process (a small batch).
+    if transform == HANDLER:
+        monkeypatch.setattr(valkey_drain, "CLAIM_HERE_MAX", 0)
     _, c, p = make_pipeline(tmp_path, transform=transform)
     client = valkey_client(c, p)
     result = produce(c, p, 3000, seed=21, malformed_ratio=0.1)

@@ -43,8 +43,10 @@ from deltadrain.sources.valkey.gaps import record as record_gaps
 from deltadrain.stage import Staged, stage, stage_here, task_rows
 
 # A claim of at most this many entries runs in the drain's own process (`stage_here`), a larger one in
-# Spark tasks, a stream's share split over several (docs/benchmarks.md, "Where a small batch claims").
-CLAIM_HERE_MAX = 20_000
+# Spark tasks, a stream's share split over several. At this size the claim still took a fifth of a Spark
+# job's time on the warm server, most of which is starting the session's Python workers there
+# (docs/benchmarks.md, "Where a small batch claims").
+CLAIM_HERE_MAX = 50_000
 
 
 def claim_here(entries: int) -> bool:
