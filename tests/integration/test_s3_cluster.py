@@ -214,9 +214,11 @@ def test_drains_into_s3_on_a_standalone_cluster_survive_kills_a_race_replay_back
 
         # Two drivers drain the same pipeline at once: one through the Connect server on the cluster, one
         # a local driver with the lake's settings, each with 30 entries of its own, held before the commit
-        # until both are there. Both commit the same batch: exactly one wins it.
+        # until both are there. Both commit the same batch: exactly one wins it. Each has malformed
+        # entries (this seed), so each wrote its dead letters to the store before the hold: the local
+        # driver's S3 and Delta classes are loaded, and its MERGE starts as soon as the other's.
         target = str(cfg.target_path(valkey_p))
-        raced = produce(cfg, valkey_p, 60, seed=8)
+        raced = produce(cfg, valkey_p, 60, seed=8, malformed_ratio=0.1)
         batch = snapshot_txn(target, valkey_p.name)[0]
         slow_config = variant(config, valkey_p.name, min_idle_ms=600_000, batch_cap=30)  # no reclaiming
         release = tmp_path / "release"
@@ -240,7 +242,9 @@ def test_drains_into_s3_on_a_standalone_cluster_survive_kills_a_race_replay_back
         won = [s for s in outcomes.values() if s["outcome"] == "committed"]
         lost = [s for s in outcomes.values() if s["outcome"] != "committed"]
         assert len(won) == 1 and len(lost) == 1, outcomes
-        assert (won[0]["batch"], won[0]["written"], won[0]["acked"]) == (batch + 1, 30, 30), won
+        assert won[0]["dead_lettered"] and lost[0]["dead_lettered"], outcomes
+        assert (won[0]["batch"], won[0]["written"], won[0]["acked"]) == \
+            (batch + 1, 30 - won[0]["dead_lettered"], 30), won
         assert (lost[0]["outcome"], lost[0]["written"], lost[0]["acked"], lost[0]["released"]) == \
             ("ahead", 0, 0, 30), lost
         assert "another writer is ahead" in lost[0]["error"]
@@ -248,13 +252,15 @@ def test_drains_into_s3_on_a_standalone_cluster_survive_kills_a_race_replay_back
         assert winner is not None and winner["meta"]["run_id"] == won[0]["run_id"]
         assert pending(client, valkey_p) == 30  # the loser's, handed back
 
-        # The next run takes the loser's entries and new ones, among them a message the transform fails
-        # on: with max_retries 0 it is a dead letter at once.
+        # The next run takes the loser's entries (its dead letters again: written once) and new ones, among
+        # them a message the transform fails on: with max_retries 0 it is a dead letter at once.
         poisoned = produce(cfg, valkey_p, 20, seed=9, poison_ratio=0.1)
         assert len(poisoned.poison_ids) == 1
         strict = variant(config, valkey_p.name, max_retries=0)
         after = drain(env, strict, valkey_p.name, "--max-batches", "3")
-        assert (after["batch"], after["written"], after["dead_lettered"]) == (batch + 2, 49, 1), after
+        assert (after["batch"], after["written"], after["dead_lettered"]) == \
+            (batch + 2, 30 - lost[0]["dead_lettered"] + 19, lost[0]["dead_lettered"] + 1), after
+        bad = produced[valkey_p.name].bad_places(MALFORMED_KINDS) | raced.bad_places(MALFORMED_KINDS)
         valid = produced[valkey_p.name].valid_ids + raced.valid_ids + poisoned.valid_ids
         ids = read_table(target, store, ["event_id"]).column(0).to_pylist()
         assert len(ids) == len(set(ids)) and set(ids) == set(valid)
@@ -296,7 +302,7 @@ def test_drains_into_s3_on_a_standalone_cluster_survive_kills_a_race_replay_back
         # An operator fixes the transform. A backfill of the interval heals the lost rows from the
         # stream's history and leaves the dead letters to the replay; it moves no checkpoint.
         fixed = variant(config, valkey_p.name, transform="deltadrain.transforms.identity")
-        dead_before = len(produced[valkey_p.name].bad_places(MALFORMED_KINDS)) + 1
+        dead_before = len(bad) + 1
         healed = json_command(env, fixed, "backfill", valkey_p.name, "--start", began.isoformat(),
                               "--end", (datetime.now(UTC) + timedelta(seconds=1)).isoformat())
         assert (healed["read"], healed["written"], healed["skipped_dead_lettered"], healed["dead_lettered"],
@@ -319,8 +325,7 @@ def test_drains_into_s3_on_a_standalone_cluster_survive_kills_a_race_replay_back
                                                                  "replay_run_id"]).to_pylist()
         assert [(r["state"], r["message_id"], r["replay_run_id"]) for r in dead if r["state"] != "DEAD"] == \
             [("REPLAYED", poisoned.poison_ids[0], replayed["run_id"])]
-        assert {(r["partition"], r["position"]) for r in dead if r["state"] == "DEAD"} == \
-            produced[valkey_p.name].bad_places(MALFORMED_KINDS)
+        assert_dead_letters([Rows(**r) for r in dead if r["state"] == "DEAD"], ids, bad)
         assert pending(client, valkey_p) == 0
     finally:
         down = cli(env, "services", "down", "--only", "spark_connect,spark_cluster", timeout=300)
