@@ -227,11 +227,17 @@ def test_drains_into_s3_on_a_standalone_cluster_survive_kills_a_race_replay_back
         racers = {"connect": start_drain(env, slow_config, valkey_p.name, run_id="race-connect", extra=hold),
                   "local": start_drain(local_env, slow_config, valkey_p.name, run_id="race-local", remote=False,
                                        extra=hold)}
+        # A run's dead letters are its last write before the hold: once both runs' are in, both are held.
+        dlq = str(cfg.dlq_path(valkey_p))
+
+        def held() -> set[str]:
+            return set(read_table(dlq, store, ["run_id"]).column(0).to_pylist()) & {"race-connect", "race-local"}
+
         deadline = time.time() + 600
-        while pending(client, valkey_p) < 60 and time.time() < deadline and all(
-                r.poll() is None for r in racers.values()):
+        while len(held()) < 2 and time.time() < deadline and all(r.poll() is None for r in racers.values()):
             time.sleep(0.5)
-        assert pending(client, valkey_p) == 60, {k: r.poll() for k, r in racers.items()}
+        assert len(held()) == 2, {k: r.poll() for k, r in racers.items()}
+        assert pending(client, valkey_p) == 60  # each claimed its 30
         release.touch()
         outcomes = {}
         for name, racer in racers.items():
