@@ -21,6 +21,7 @@ from datetime import datetime
 from deltadrain import failpoints
 from deltadrain.checkpoint import find_commit
 from deltadrain.lake import (
+    conflict_line,
     exists,
     inserted_rows,
     is_conflict,
@@ -129,7 +130,7 @@ def commit_batch(spark, path: str, *, pipeline: str, expected_batch: int, run_id
                 landed = not is_conflict(exc) and _landed(path, pipeline, target, run_id)
                 lost_creation = creating and not landed and (PATH_EXISTS in str(exc) or exists(path))
                 if is_conflict(exc) or lost_creation:
-                    conflict = type(exc).__name__ + ": " + str(exc).splitlines()[0][:300]
+                    conflict = conflict_line(exc)
                     # A writer that did not move this pipeline's batch (a backfill, a quarantine,
                     # OPTIMIZE) only made us re-read: try again. A neighbour's batch is final.
                     observed, _ = snapshot_txn(path, pipeline)

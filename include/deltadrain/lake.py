@@ -27,6 +27,14 @@ def is_conflict(exc: BaseException) -> bool:
     return any(name in text for name in CONFLICTS)
 
 
+def conflict_line(exc: BaseException) -> str:
+    """One line that names a lost commit race: the line of its text that names the conflict, not the
+    "An error occurred while calling o80.sql" that py4j puts first in a local driver."""
+    lines = f"{type(exc).__name__}: {exc}".splitlines()
+    named = next((line for line in lines if any(name in line for name in CONFLICTS)), lines[0])
+    return named.strip()[:300]
+
+
 def refused_rows(exc: BaseException) -> str | None:
     """The table's own reason when a write broke one of its constraints (a CHECK or NOT NULL the
     operator added): no retry of the same rows can commit. None for any other error."""

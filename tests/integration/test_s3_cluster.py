@@ -18,20 +18,23 @@ import subprocess
 import sys
 import time
 import uuid
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 import yaml
 
+from deltadrain.checkpoint import find_commit
 from deltadrain.config import load_config
 from deltadrain.dev.produce import MALFORMED_KINDS, ensure_topic, produce
 from deltadrain.embedded import S3_BUCKET, s3_home
 from deltadrain.failpoints import fired
+from deltadrain.lake import snapshot_txn, sql_literal
 from deltadrain.objectstore import as_connection, embedded_connection, resolve, storage_options
 from deltadrain.sources.kafka.client import kafka_client_conf
 from deltadrain.sources.valkey.client import valkey_client
 from tests.conftest import free_port
-from tests.integration.helpers import SPAWNED, assert_dead_letters, pending, summary_of
+from tests.integration.helpers import SPAWNED, assert_dead_letters, held_at, pending, summary_of
 from tests.integration.test_services import cli
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -71,21 +74,70 @@ class Rows:
         self.__dict__.update(kw)
 
 
+def start_drain(env: dict, config: Path, name: str, *more: str, run_id: str,
+                extra: dict | None = None) -> subprocess.Popen:
+    """A CLI drain through the Connect server."""
+    proc = subprocess.Popen([sys.executable, "-m", "deltadrain.cli", "--config", str(config), "drain", name,
+                             "--remote", "embedded", "--run-id", run_id, *more],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**env, **(extra or {})},
+                            cwd=ROOT)
+    SPAWNED.append(proc)
+    return proc
+
+
 def drain(env: dict, config: Path, name: str, *more: str, point: str | None = None) -> dict | str:
     """One CLI drain through the Connect server (run id `name-point`, or `name-<n>`): its summary, or
     the failpoint's kill."""
-    run_env = {**env, **({"DELTADRAIN_FAILPOINT": point} if point else {})}
-    run_id = f"{name}-{point or uuid.uuid4().hex[:6]}"
-    proc = subprocess.Popen([sys.executable, "-m", "deltadrain.cli", "--config", str(config), "drain", name,
-                             "--remote", "embedded", "--run-id", run_id, *more], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=run_env, cwd=ROOT)
-    SPAWNED.append(proc)
+    proc = start_drain(env, config, name, *more, run_id=f"{name}-{point or uuid.uuid4().hex[:6]}",
+                       extra={"DELTADRAIN_FAILPOINT": point} if point else None)
     out, err = proc.communicate(timeout=900)
     if point:
         assert proc.returncode == -9 and fired(point) in err, f"rc={proc.returncode}: {err[-3000:]}"
         return "killed"
     assert proc.returncode == 0, err[-3000:]
     return summary_of(out)
+
+
+def json_command(env: dict, config: Path, *args: str) -> dict:
+    """A CLI command through the Connect server, with --json: its JSON answer."""
+    import json
+
+    done = cli(env, "--config", str(config), *args, "--remote", "embedded", "--json", timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout[done.stdout.index("{"):])
+
+
+def variant(config: Path, name: str, **changes) -> Path:
+    """A copy of the config with `changes` to pipeline `name` (an operator's edit, e.g. a fixed transform)."""
+    data = yaml.safe_load(config.read_text())
+    next(p for p in data["pipelines"] if p["name"] == name).update(changes)
+    path = config.with_name(f"{name}-{uuid.uuid4().hex[:6]}.yaml")
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def staging_on_disk(lake: str) -> Path:
+    """The lake's staging root as the S3 server's filesystem backend keeps it."""
+    return s3_home() / "data" / S3_BUCKET / lake.split("/", 3)[3] / "_deltadrain" / "staging"
+
+
+def staged_runs(store, lake: str) -> set[str]:
+    """The run ids whose staging objects are on the store."""
+    from pyarrow.fs import FileSelector
+
+    from deltadrain.objectstore import pyarrow_filesystem
+
+    staged = pyarrow_filesystem(store).get_file_info(
+        FileSelector(f"{S3_BUCKET}/{lake.split('/', 3)[3]}/_deltadrain/staging", recursive=True, allow_not_found=True))
+    return {f.path.split("/_deltadrain/staging/", 1)[1].split("/", 1)[0] for f in staged if f.size}
+
+
+def age_tree(root: Path, days: int = 2) -> None:
+    """Give every file under `root` a modification time `days` ago (the S3 server's object times)."""
+    old = time.time() - days * 86400
+    for where, _dirs, files in os.walk(root):
+        for name in files:
+            os.utime(os.path.join(where, name), (old, old))
 
 
 def age_log(table: str, days: int = 5) -> Path:
@@ -99,7 +151,7 @@ def age_log(table: str, days: int = 5) -> Path:
 
 
 @pytest.mark.slow
-def test_valkey_and_kafka_drain_exactly_once_into_s3_on_a_standalone_cluster_and_survive_maintenance(
+def test_drains_into_s3_on_a_standalone_cluster_survive_kills_a_race_replay_backfill_and_maintenance(
         tmp_path, s3_server, valkey_server, kafka_broker):
     store = resolve({}, lookup=lambda conn_id: None, embedded=embedded_connection)
     lake = f"s3a://{S3_BUCKET}/cluster/{uuid.uuid4().hex[:8]}"
@@ -124,15 +176,33 @@ def test_valkey_and_kafka_drain_exactly_once_into_s3_on_a_standalone_cluster_and
         assert store.secret_access_key.encode() not in command and b"authenticate.secret" not in command
         assert b"--properties-file" in command and b"hadoop-aws" in command
 
+        began = datetime.now(UTC) - timedelta(seconds=1)
         produced = {valkey_p.name: produce(cfg, valkey_p, 120, seed=5, malformed_ratio=0.05),
                     kafka_p.name: produce(cfg, kafka_p, 120, seed=6, malformed_ratio=0.05)}
-        # Killed between the commit and the acknowledgement: the next run finds its batch committed.
+        client = valkey_client(cfg, valkey_p)
+        # Killed between the claim and the commit: the batch is staged on the store, nothing committed.
+        for p in (valkey_p, kafka_p):
+            assert drain(env, config, p.name, point="after_claim") == "killed"
+            assert snapshot_txn(str(cfg.target_path(p)), p.name) == (None, None)
+        assert pending(client, valkey_p) == 120  # claimed, not acknowledged
+        killed = {f"{p.name}-after_claim" for p in (valkey_p, kafka_p)}
+        assert staged_runs(store, lake) == killed
+        # Its staging is never read again; the first run a day later deletes it.
+        for run in killed:
+            age_tree(staging_on_disk(lake) / run)
+        # Killed between the commit and the acknowledgement: the next run finds its batch committed. The
+        # death above narrowed what this one read (poison isolation), so a part of the messages is left.
         for p in (valkey_p, kafka_p):
             assert drain(env, config, p.name, point="after_commit") == "killed"
+        assert staged_runs(store, lake) == {f"{p.name}-after_commit" for p in (valkey_p, kafka_p)}
         for p in (valkey_p, kafka_p):
+            id_field = p.payload_schema.id_field
+            held = read_table(str(cfg.target_path(p)), store, [id_field]).num_rows
+            assert 0 < held <= len(produced[p.name].valid_ids), p.name
             again = drain(env, config, p.name, "--max-batches", "6")
             assert again["outcome"] in ("committed", "already_committed", "empty"), again
-            assert again["written"] == 0  # every row was in the killed run's commit
+            # What the killed runs committed is not written again, the rest once.
+            assert again["written"] == len(produced[p.name].valid_ids) - held, again
 
         for p in (valkey_p, kafka_p):
             result = produced[p.name]
@@ -140,18 +210,69 @@ def test_valkey_and_kafka_drain_exactly_once_into_s3_on_a_standalone_cluster_and
             assert len(ids) == len(set(ids)) and set(ids) == set(result.valid_ids), p.name
             dead = read_table(str(cfg.dlq_path(p)), store, ["partition", "position", "state", "message_id"])
             assert_dead_letters([Rows(**r) for r in dead.to_pylist()], ids, result.bad_places(MALFORMED_KINDS))
-        client = valkey_client(cfg, valkey_p)
         assert pending(client, valkey_p) == 0
-        # The staging lived on the store: each run removed its own, but for the killed ones (a day
-        # later, a run sweeps those away).
-        from pyarrow.fs import FileSelector
 
-        from deltadrain.objectstore import pyarrow_filesystem
+        # Two drains of the same pipeline at once, two clients of the Connect server on the cluster, each
+        # with 30 entries of its own, held before the commit until both are there. Both commit the same
+        # batch: exactly one wins it. (Two drivers racing for the same commit file are
+        # test_object_store's; a local driver here would cost a JVM start and the s3a jars' load.) Each
+        # has malformed entries (this seed): its dead letters, written just before the hold, show it held.
+        target = str(cfg.target_path(valkey_p))
+        raced = produce(cfg, valkey_p, 60, seed=8, malformed_ratio=0.1)
+        batch = snapshot_txn(target, valkey_p.name)[0]
+        slow_config = variant(config, valkey_p.name, min_idle_ms=600_000, batch_cap=30)  # no reclaiming
+        release = tmp_path / "release"
+        hold = held_at("before_commit", release, 600_000)
+        racers = {name: start_drain(env, slow_config, valkey_p.name, run_id=name, extra=hold)
+                  for name in ("race-a", "race-b")}
+        # A run's dead letters are its last write before the hold: once both runs' are in, both are held.
+        dlq = str(cfg.dlq_path(valkey_p))
 
-        staged = pyarrow_filesystem(store).get_file_info(
-            FileSelector(f"{S3_BUCKET}/{lake.split('/', 3)[3]}/_deltadrain/staging", recursive=True))
-        left = {f.path.split("/_deltadrain/staging/", 1)[1].split("/", 1)[0] for f in staged if f.size}
-        assert left == {f"{p.name}-after_commit" for p in (valkey_p, kafka_p)}, left
+        def held() -> set[str]:
+            return set(read_table(dlq, store, ["run_id"]).column(0).to_pylist()) & set(racers)
+
+        deadline = time.time() + 600
+        while len(held()) < 2 and time.time() < deadline and all(r.poll() is None for r in racers.values()):
+            time.sleep(0.5)
+        assert len(held()) == 2, {k: r.poll() for k, r in racers.items()}
+        assert pending(client, valkey_p) == 60  # each claimed its 30
+        release.touch()
+        outcomes = {}
+        for name, racer in racers.items():
+            out, err = racer.communicate(timeout=600)
+            assert racer.returncode == 0, f"{name}: {err[-3000:]}"
+            outcomes[name] = summary_of(out)
+        print("race:", outcomes)
+        won = [s for s in outcomes.values() if s["outcome"] == "committed"]
+        lost = [s for s in outcomes.values() if s["outcome"] != "committed"]
+        assert len(won) == 1 and len(lost) == 1, outcomes
+        assert won[0]["dead_lettered"] and lost[0]["dead_lettered"], outcomes
+        assert (won[0]["batch"], won[0]["written"], won[0]["acked"]) == \
+            (batch + 1, 30 - won[0]["dead_lettered"], 30), won
+        assert (lost[0]["outcome"], lost[0]["written"], lost[0]["acked"], lost[0]["released"]) == \
+            ("ahead", 0, 0, 30), lost
+        assert "another writer is ahead" in lost[0]["error"]
+        winner = find_commit(target, valkey_p.name, batch + 1)
+        assert winner is not None and winner["meta"]["run_id"] == won[0]["run_id"]
+        assert pending(client, valkey_p) == 30  # the loser's, handed back
+
+        # The next run takes the loser's entries (its dead letters again: written once) and new ones, among
+        # them a message the transform fails on: with max_retries 0 it is a dead letter at once.
+        poisoned = produce(cfg, valkey_p, 20, seed=9, poison_ratio=0.1)
+        assert len(poisoned.poison_ids) == 1
+        strict = variant(config, valkey_p.name, max_retries=0)
+        after = drain(env, strict, valkey_p.name, "--max-batches", "3")
+        assert (after["batch"], after["written"], after["dead_lettered"]) == \
+            (batch + 2, 30 - lost[0]["dead_lettered"] + 19, lost[0]["dead_lettered"] + 1), after
+        bad = produced[valkey_p.name].bad_places(MALFORMED_KINDS) | raced.bad_places(MALFORMED_KINDS)
+        valid = produced[valkey_p.name].valid_ids + raced.valid_ids + poisoned.valid_ids
+        ids = read_table(target, store, ["event_id"]).column(0).to_pylist()
+        assert len(ids) == len(set(ids)) and set(ids) == set(valid)
+        assert pending(client, valkey_p) == 0
+
+        # The staging lived on the store: each run removed its own, the runs a day old were swept, and
+        # only the runs killed after their commit left theirs (a run a day later sweeps those away).
+        assert staged_runs(store, lake) == {f"{p.name}-after_commit" for p in (valkey_p, kafka_p)}
         # The tasks ran in executors the worker started: processes of their own, with the drains' logs.
         executors = list((home / "services" / "spark_cluster" / "work").glob("app-*/*/stderr"))
         assert executors, "no executor ran on the cluster's worker"
@@ -164,31 +285,51 @@ def test_valkey_and_kafka_drain_exactly_once_into_s3_on_a_standalone_cluster_and
         # Maintenance on the store, through the same server: compaction replaces the batches' files.
         done = cli(env, "maintain", valkey_p.name, "--json", "--remote", "embedded", timeout=900)
         assert done.returncode == 0, done.stderr[-3000:]
-        target = str(cfg.target_path(valkey_p))
         assert '"table": "target"' in done.stdout and '"skipped": null' in done.stdout, done.stdout
         # Log cleanup: Delta removes expired commit files when it writes a checkpoint; this commit
-        # writes one. The commits that hold the batches' positions go with it.
+        # writes one. The commits that hold the batches' positions go with it. Then rows are lost.
         log = age_log(target)
+        lost_ids = ", ".join(map(sql_literal, sorted(produced[valkey_p.name].valid_ids)[:5]))
+        delete = f"DELETE FROM delta.`{target}` WHERE event_id IN ({lost_ids})"  # noqa: S608 (literals, quoted)
         sql = subprocess.run([sys.executable, str(SQL), env["DELTADRAIN_SPARK_CONNECT_PORT"],
                               f"ALTER TABLE delta.`{target}` SET TBLPROPERTIES ('delta.logRetentionDuration' = "
                               "'interval 1 days', 'delta.deletedFileRetentionDuration' = 'interval 1 days', "
-                              "'delta.checkpointInterval' = '1')"],
+                              "'delta.checkpointInterval' = '1')",
+                              delete],
                              capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
         assert sql.returncode == 0, sql.stderr[-3000:]
         assert not (log / f"{0:020d}.json").exists(), "log cleanup did not run"
         assert list(log.glob("*.checkpoint.parquet"))
-        from deltadrain.lake import snapshot_txn
-
         committed = snapshot_txn(target, valkey_p.name)[0]  # the batch, from the Delta checkpoint
-        assert committed is not None and committed >= 1
-        # The next drain recovers its positions from the table without those commits: it goes on
-        # with the next batch and takes only the new messages.
+        assert committed == batch + 2
+
+        # An operator fixes the transform. A backfill of the interval heals the lost rows from the
+        # stream's history and leaves the dead letters to the replay; it moves no checkpoint.
+        fixed = variant(config, valkey_p.name, transform="deltadrain.transforms.identity")
+        dead_before = len(bad) + 1
+        healed = json_command(env, fixed, "backfill", valkey_p.name, "--start", began.isoformat(),
+                              "--end", (datetime.now(UTC) + timedelta(seconds=1)).isoformat())
+        assert (healed["read"], healed["written"], healed["skipped_dead_lettered"], healed["dead_lettered"],
+                healed["acked"]) == (200, 5, dead_before, 0, 0), healed
+        assert healed["duplicates_skipped"] == len(valid) - 5
+        assert snapshot_txn(target, valkey_p.name)[0] == committed
+        # The replay sends the poison message's dead letter back to its stream.
+        replayed = json_command(env, fixed, "replay", valkey_p.name, "--error", "poison message", "--apply")
+        assert (replayed["selected"], replayed["replayed"], replayed["skipped"]) == (1, 1, []), replayed
+
+        # The next drain recovers its positions from the table without those commits: it goes on with
+        # the next batch and takes the new messages and the replayed one.
         more = produce(cfg, valkey_p, 30, seed=7, start=120)
-        last = drain(env, config, valkey_p.name)
-        assert (last["outcome"], last["batch"], last["written"]) == ("committed", committed + 1, 30), last
+        last = drain(env, fixed, valkey_p.name)
+        assert (last["outcome"], last["batch"], last["written"]) == ("committed", committed + 1, 31), last
         assert snapshot_txn(target, valkey_p.name)[0] == committed + 1
-        ids = read_table(target, store, [valkey_p.payload_schema.id_field]).column(0).to_pylist()
-        assert len(ids) == len(set(ids)) and set(ids) == set(produced[valkey_p.name].valid_ids + more.valid_ids)
+        ids = read_table(target, store, ["event_id"]).column(0).to_pylist()
+        assert len(ids) == len(set(ids)) and set(ids) == set(valid + poisoned.poison_ids + more.valid_ids)
+        dead = read_table(str(cfg.dlq_path(valkey_p)), store, ["partition", "position", "state", "message_id",
+                                                                 "replay_run_id"]).to_pylist()
+        assert [(r["state"], r["message_id"], r["replay_run_id"]) for r in dead if r["state"] != "DEAD"] == \
+            [("REPLAYED", poisoned.poison_ids[0], replayed["run_id"])]
+        assert_dead_letters([Rows(**r) for r in dead if r["state"] == "DEAD"], ids, bad)
         assert pending(client, valkey_p) == 0
     finally:
         down = cli(env, "services", "down", "--only", "spark_connect,spark_cluster", timeout=300)

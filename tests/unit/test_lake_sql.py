@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta, timezone
 import pytest
 
 from deltadrain.commit import merge_condition
-from deltadrain.lake import create_table_sql, sql_literal, table_ref
+from deltadrain.lake import conflict_line, create_table_sql, is_conflict, sql_literal, table_ref
 
 
 @pytest.mark.parametrize(("value", "text"), [
@@ -63,3 +63,18 @@ def test_a_table_is_created_by_path_with_its_layout_and_properties():
     assert text == ("CREATE TABLE IF NOT EXISTS delta.`/lake/a``b` (`id` string NOT NULL, `n` bigint) USING delta "
                     "PARTITIONED BY (`n`) TBLPROPERTIES ('delta.appendOnly' = 'true')")
     assert table_ref("/x") == "delta.`/x`"
+
+
+def test_a_lost_commit_race_is_named_by_delta_s_line_not_py4j_s():
+    class Py4JJavaError(Exception):
+        pass
+
+    local = Py4JJavaError("An error occurred while calling o80.sql.\n: io.delta.exceptions."
+                          "ConcurrentTransactionException: [DELTA_CONCURRENT_TRANSACTION] This error occurs when "
+                          "multiple streaming queries are using the same checkpoint\n\tat io.delta.Foo(Foo.scala:1)")
+    assert is_conflict(local)
+    assert conflict_line(local) == (": io.delta.exceptions.ConcurrentTransactionException: [DELTA_CONCURRENT_TRANSACTION]"
+                                    " This error occurs when multiple streaming queries are using the same checkpoint")
+    connect = RuntimeError("[DELTA_CONCURRENT_APPEND] Files were added by a concurrent update.")
+    assert conflict_line(connect) == "RuntimeError: [DELTA_CONCURRENT_APPEND] Files were added by a concurrent update."
+    assert conflict_line(ValueError("x" * 400 + "\nmore")) == ("ValueError: " + "x" * 400)[:300]
