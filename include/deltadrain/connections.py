@@ -49,7 +49,7 @@ def unreachable(exc: BaseException, cfg: DeltadrainConfig, pipelines: list[Pipel
     if failure == "untrusted":
         return "untrusted", (
             f"{service} at {where}: the TLS handshake of pipeline {names} failed{said}: check "
-            f"source.security.ssl_ca_location, the CA (PEM) that signed the server's certificate")
+            f"{source.ca_field}, the CA (PEM) that signed the server's certificate")
     if failure == "login_refused":
         return "login_refused", (
             f"{service} at {where} refused the login of pipeline {names}{said}: check the password "

@@ -30,6 +30,7 @@ class Ports:
     spark_cluster: int
     spark_cluster_ui: int
     valkey_cluster: int = 16400
+    valkey_tls: int = 6398
 
     @classmethod
     def resolve(cls, services: ServicesConfig) -> Ports:
@@ -43,6 +44,7 @@ class Ports:
 
         return cls(
             valkey=pick("DELTADRAIN_VALKEY_PORT", services.valkey_port),
+            valkey_tls=pick("DELTADRAIN_VALKEY_TLS_PORT", services.valkey_tls_port),
             kafka=pick("DELTADRAIN_KAFKA_PORT", services.kafka_port),
             kafka_controller=pick("DELTADRAIN_KAFKA_CONTROLLER_PORT", services.kafka_controller_port),
             kafka_sasl=pick("DELTADRAIN_KAFKA_SASL_PORT", services.kafka_sasl_port),
@@ -116,6 +118,16 @@ def valkey_login_file() -> Path:
     """The embedded Valkey's logins (JSON): the drains' user and an admin for the services' own checks
     and an operator's repairs. Made once, owner-only, before the server's first start."""
     return valkey_home() / "login.json"
+
+
+def valkey_tls_home() -> Path:
+    return services_home() / "valkey_tls"
+
+
+def valkey_ca_file() -> Path:
+    """The CA (PEM) that signed the certificate of the embedded Valkey's TLS port (`services up --only
+    valkey_tls`), made with it on its first start."""
+    return valkey_tls_home() / "ca.pem"
 
 
 # The ACL user the drains log in as, and the Airflow connection that names it.

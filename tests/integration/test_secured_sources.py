@@ -116,6 +116,35 @@ def _other_ca(tmp_path) -> str:
     return str(tmp_path / "other.pem")
 
 
+@pytest.mark.usefixtures("valkey_tls_server")
+def test_valkey_over_tls_drains_once_and_names_an_untrusted_ca(tmp_path, spark):
+    import valkey
+
+    from deltadrain.embedded import valkey_tls_home
+    from deltadrain.sources.valkey.client import valkey_url
+
+    path, c, p = make_pipeline(tmp_path, partitions=2, source={"tls": True})
+    assert valkey_url(c, p.source) == f"valkeys://127.0.0.1:{ports(c).valkey_tls}/0"
+    # The port speaks TLS only, and its keys are owner-only.
+    with pytest.raises(valkey.ConnectionError):
+        valkey.Valkey(host="127.0.0.1", port=ports(c).valkey_tls, socket_timeout=3).ping()
+    for key in ("ca.key", "server.key"):
+        assert stat.S_IMODE((valkey_tls_home() / key).stat().st_mode) == 0o600, key
+    client = valkey_client(c, p)
+    result = produce(c, p, 150, seed=49)  # over TLS too
+
+    # A CA that did not sign the server's certificate: named, nothing claimed, committed or acknowledged.
+    c2, p2 = set_source(path, tls_ca_file=_other_ca(tmp_path))
+    kind, line = _refused(c2, p2, spark)
+    assert kind == "untrusted" and "CERTIFICATE_VERIFY_FAILED" in line and "source.tls_ca_file" in line, line
+    _nothing_taken(spark, c, p, client, 150)
+
+    # With the embedded CA (tls_ca_file unset) the next runs drain everything once, over TLS.
+    c, p = set_source(path, tls_ca_file=None)
+    drain_until_done(c, p, spark, client)
+    assert_exactly_once(spark, c, p, client, result.valid_ids, 0)
+
+
 def _kafka_pipeline(tmp_path, security: dict):
     """The example's Kafka pipeline on a topic of its own, over `security`."""
     import yaml

@@ -85,6 +85,7 @@ class Source(Protocol):
     kind: str  # the YAML's `source.kind`
     service: str  # its name in messages to the operator
     address_field: str  # the `source:` field naming its server (unset: the embedded service)
+    ca_field: str  # the config key of the CA file its client trusts over TLS
     holds_claims: bool  # claims sit at the source until acknowledged, so a reaper has work
 
     def reads(self, pipeline: PipelineConfig) -> list[str]:

@@ -54,9 +54,9 @@ from deltadrain.paths import PROJECT_ROOT
 
 # Airflow last: its connections point at the others, and `down` stops it first.
 # The Spark cluster before the Connect server: a server whose master is the cluster joins it as it starts.
-ALL = ("valkey", "valkey_cluster", "kafka", "s3", "spark_cluster", "spark_connect", "airflow")
+ALL = ("valkey", "valkey_tls", "valkey_cluster", "kafka", "s3", "spark_cluster", "spark_connect", "airflow")
 # What a bare `up` or `status` means; the S3 server joins them when the lake is on S3, the Valkey
-# Cluster when a pipeline reads from the embedded one.
+# Cluster when a pipeline reads from the embedded one, the Valkey TLS port when one reads through it.
 DEFAULT = ("valkey", "kafka", "spark_connect", "airflow")
 
 
@@ -460,6 +460,12 @@ def airflow_service(cfg: DeltadrainConfig) -> Service:
                    describe=lambda: f"http://127.0.0.1:{port}")
 
 
+def valkey_tls_service(cfg: DeltadrainConfig) -> Service:
+    from deltadrain.dev.services.valkey_tls import valkey_tls_service
+
+    return valkey_tls_service(cfg)
+
+
 def valkey_cluster_service(cfg: DeltadrainConfig) -> ValkeyClusterService:
     return ValkeyClusterService(cfg, valkey_binary)
 
@@ -470,18 +476,21 @@ def spark_cluster_service(cfg: DeltadrainConfig) -> Service:
     return spark_cluster_service(cfg)
 
 
-FACTORIES = {"valkey": valkey_service, "valkey_cluster": valkey_cluster_service, "kafka": kafka_service,
+FACTORIES = {"valkey": valkey_service, "valkey_tls": valkey_tls_service, "valkey_cluster": valkey_cluster_service, "kafka": kafka_service,
              "s3": s3_service, "spark_cluster": spark_cluster_service,
              "spark_connect": spark_connect_service, "airflow": airflow_service}
 
 
 def defaults(cfg: DeltadrainConfig | None) -> list[str]:
     """The services a bare `up` or `status` means: the S3 server only when the lake is on S3, the
-    Valkey Cluster only when a pipeline reads from the embedded one (`source.cluster` without a url)."""
+    Valkey Cluster only when a pipeline reads from the embedded one (`source.cluster` without a url),
+    the Valkey TLS port only when one reads through it (`source.tls` without a url)."""
     on_s3 = cfg is not None and cfg.on_object_store
-    on_cluster = cfg is not None and any(getattr(p.source, "cluster", False) and not p.source.url
-                                         for p in cfg.pipelines)
-    return [n for n in ALL if n in DEFAULT or (n == "s3" and on_s3) or (n == "valkey_cluster" and on_cluster)]
+    embedded = [p.source for p in cfg.pipelines if p.source.kind == "valkey" and not p.source.url] if cfg else []
+    on_cluster = any(s.cluster for s in embedded)
+    on_tls = any(s.tls for s in embedded)
+    return [n for n in ALL if n in DEFAULT or (n == "s3" and on_s3) or (n == "valkey_cluster" and on_cluster)
+            or (n == "valkey_tls" and on_tls)]
 
 
 def select(names: list[str] | None, cfg: DeltadrainConfig | None = None, *, every: bool = False) -> list[str]:

@@ -19,6 +19,7 @@ class Kafka:
     kind = "kafka"
     service = "Kafka"
     address_field = "bootstrap_servers"
+    ca_field = "source.security.ssl_ca_location"
     holds_claims = False  # a range is not a lease: the next drain reads a failed run's offsets again
 
     def reads(self, pipeline) -> list[str]:
