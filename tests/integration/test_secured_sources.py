@@ -150,7 +150,6 @@ def _kafka_pipeline(tmp_path, security: dict):
     import yaml
 
     from deltadrain.dev.produce import ensure_topic
-    from deltadrain.sources.kafka.client import kafka_client_conf
     from tests.integration.helpers import ROOT, write_config
 
     data = yaml.safe_load((ROOT / "config" / "pipelines.yaml").read_text())
@@ -160,12 +159,70 @@ def _kafka_pipeline(tmp_path, security: dict):
     pipe["source"].update(topic=name, partitions=2, group=f"{name}-group", security=security)
     pipe.pop("quality", None)
     path, c, p = write_config(tmp_path, data, pipe)
-    ensure_topic(kafka_client_conf(c, p), name, 2)
+    # Created as the admin, on the PLAINTEXT listener: the drains' user may not create topics.
+    ensure_topic({"bootstrap.servers": f"127.0.0.1:{ports(c).kafka}"}, name, 2)
     return path, c, p
 
 
+def _kafka_admin(c):
+    """The embedded broker's admin: its PLAINTEXT listener, whose principal is a super user."""
+    from confluent_kafka.admin import AdminClient
+
+    return AdminClient({"bootstrap.servers": f"127.0.0.1:{ports(c).kafka}"})
+
+
+def _scram_user(admin, user: str, password: str) -> None:
+    from confluent_kafka.admin import ScramCredentialInfo, ScramMechanism, UserScramCredentialUpsertion
+
+    info = ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 8192)
+    for f in admin.alter_user_scram_credentials([UserScramCredentialUpsertion(user, info, password.encode())]).values():
+        f.result()
+
+
+def _grant(admin, user: str, kind: str, name: str) -> None:
+    """READ for `user` on the topic or group `name`, as `kafka-acls.sh --add ... --operation Read` does."""
+    from confluent_kafka.admin import (
+        AclBinding,
+        AclOperation,
+        AclPermissionType,
+        ResourcePatternType,
+        ResourceType,
+    )
+
+    binding = AclBinding(ResourceType[kind], name, ResourcePatternType.LITERAL, f"User:{user}", "*",
+                         AclOperation.READ, AclPermissionType.ALLOW)
+    for f in admin.create_acls([binding]).values():
+        f.result()
+
+
+def _drop_user(admin, user: str) -> None:
+    from confluent_kafka.admin import (
+        AclBindingFilter,
+        AclOperation,
+        AclPermissionType,
+        ResourcePatternType,
+        ResourceType,
+        ScramMechanism,
+        UserScramCredentialDeletion,
+    )
+
+    acls = AclBindingFilter(ResourceType.ANY, None, ResourcePatternType.ANY, f"User:{user}", None,
+                            AclOperation.ANY, AclPermissionType.ANY)
+    for f in admin.delete_acls([acls]).values():
+        f.result()
+    for f in admin.alter_user_scram_credentials([UserScramCredentialDeletion(user, ScramMechanism.SCRAM_SHA_512)]
+                                                ).values():
+        f.result()
+
+
+def _ends(conf: dict, topic: str) -> dict[int, int]:
+    from deltadrain.sources.kafka.offsets import watermarks
+
+    return {q: high for q, (_, high) in watermarks(conf, topic).items()}
+
+
 @pytest.mark.usefixtures("kafka_broker")
-def test_kafka_sasl_ssl_drain_wrong_password_and_untrusted_ca(tmp_path, spark, monkeypatch):
+def test_kafka_sasl_ssl_drain_wrong_password_untrusted_ca_and_missing_group_acl(tmp_path, spark, monkeypatch):
     from deltadrain.embedded import KAFKA_CONNECTION_ID, kafka_login, ports
     from deltadrain.sources.kafka.client import kafka_client_conf, kafka_spark_options
     from deltadrain.sources.kafka.offsets import group_offsets
@@ -194,10 +251,28 @@ def test_kafka_sasl_ssl_drain_wrong_password_and_untrusted_ca(tmp_path, spark, m
     offsets = group_offsets(conf, p.source.group, p.source.topic, [0, 1])
     assert all(o is None or o < 0 for o in offsets.values()), f"offsets committed: {offsets}"
 
-    # The next correct run drains everything once, and no commit holds the password.
-    c, p = set_source(path, security=security)
-    while drain(c, p, spark=spark).claimed:
-        pass
+    # A user with READ on the topic but no ACL on the group: denied before it reads, naming the ACL.
+    # Once that ACL is added, the same user drains everything once: topic READ and group READ are all
+    # a drain needs (the broker's authorizer is on; ANONYMOUS, the PLAINTEXT admin, is its super user).
+    user, pw = f"lim_{p.name}", uuid.uuid4().hex
+    admin = _kafka_admin(c)
+    _scram_user(admin, user, pw)
+    try:
+        _grant(admin, user, "TOPIC", p.source.topic)
+        monkeypatch.setenv(f"AIRFLOW_CONN_{user.upper()}", json.dumps({"login": user, "password": pw}))
+        c, p = set_source(path, security={**security, "connection_id": user})
+        kind, line = _refused(c, p, spark)
+        assert kind == "denied" and "GROUP_AUTHORIZATION_FAILED" in line and pw not in line, line
+        assert f"--allow-principal User:{user} --operation Read --group {p.source.group}" in line, line
+        assert not is_table(spark, str(c.target_path(p))), "committed"
+        offsets = group_offsets(conf, p.source.group, p.source.topic, [0, 1])
+        assert all(o is None or o < 0 for o in offsets.values()), f"offsets committed: {offsets}"
+        _grant(admin, user, "GROUP", p.source.group)
+        while drain(c, p, spark=spark).claimed:
+            pass
+    finally:
+        _drop_user(admin, user)
+    assert group_offsets(conf, p.source.group, p.source.topic, [0, 1]) == _ends(conf, p.source.topic)
     ids = target_ids(spark, c, p)
     assert len(ids) == len(set(ids)) and set(ids) == set(result.valid_ids)
     log = Path(c.target_path(p)) / "_delta_log"

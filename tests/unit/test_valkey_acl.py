@@ -85,3 +85,28 @@ def test_the_tls_port_starts_only_when_named_or_used_and_needs_stunnel(monkeypat
     monkeypatch.setenv("PATH", str(tmp_path))  # no stunnel here
     with pytest.raises(PrerequisiteError, match="apt-get install -y stunnel4"):
         valkey_tls.stunnel_binary()
+
+
+def test_a_kafka_denial_names_the_acl_to_add():
+    from confluent_kafka import KafkaError, KafkaException
+
+    from deltadrain.config import load_config
+    from deltadrain.connections import unreachable
+    from deltadrain.sources.kafka.acl import DRAIN_ACLS, acl_to_add
+
+    assert acl_to_add("GROUP_AUTHORIZATION_FAILED: no", "t", "g", "u") == (
+        "kafka-acls.sh --add --allow-principal User:u --operation Read --group g")
+    assert acl_to_add("TOPIC_AUTHORIZATION_FAILED: no", "t", "g", None) == (
+        "kafka-acls.sh --add --allow-principal User:<the login> --operation Read --operation Describe "
+        "--operation Write --topic t")
+    assert acl_to_add("CLUSTER_AUTHORIZATION_FAILED: no", "t", "g", "u") is None
+    # docs/config.md lists the same ACLs.
+    doc = DOC.read_text().split("#### The embedded broker's ACLs", 1)[1].split("\n#", 1)[0]
+    listed = re.findall(r"^\| (topic|group) \| `([A-Z]+)` \|", doc, re.M)
+    assert listed == [(kind, op) for kind, op, _ in DRAIN_ACLS]
+
+    cfg = load_config()
+    kafka = next(p for p in cfg.pipelines if p.source.kind == "kafka")
+    error = KafkaException(KafkaError(KafkaError.GROUP_AUTHORIZATION_FAILED, reason="Group authorization failed"))
+    kind, line = unreachable(error, cfg, [kafka])
+    assert kind == "denied" and f"--operation Read --group {kafka.source.group}" in line and "\n" not in line, line

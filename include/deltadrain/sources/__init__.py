@@ -104,6 +104,10 @@ class Source(Protocol):
         resource its ACL denies the login ("denied");
         None for anything else."""
 
+    def acl_to_add(self, pipeline: PipelineConfig, reason: str) -> str | None:
+        """For a "denied" reason, the grant that lets the pipeline's login do it, as the server's own
+        tool takes it; None when the reason names it well enough (a Valkey ACL's command)."""
+
     def drain(self, cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, run_id: str | None) -> RunSummary:
         """One drain run: claim a batch, the shared publish, acknowledge."""
 

@@ -136,6 +136,11 @@ ssl.keystore.location={keystore}
 ssl.keystore.password={keystore_password}
 ssl.key.password={keystore_password}
 inter.broker.listener.name=PLAINTEXT
+authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer
+# No login on the PLAINTEXT and CONTROLLER listeners (loopback only): their principal, ANONYMOUS, is the
+# broker's own and the admin's. SASL_SSL users get what their ACLs grant, and no ACL means no access.
+super.users=User:ANONYMOUS
+allow.everyone.if.no.acl.found=false
 log.dirs={data}
 num.partitions=1
 offsets.topic.replication.factor=1
@@ -167,6 +172,9 @@ Configuration:
       - name: kafka.server.KafkaRaftServer
         level: INFO
       - name: kafka.server.BrokerServer
+        level: INFO
+      # A denied request, with its principal, operation and resource (what ACL a user lacks).
+      - name: kafka.authorizer.logger
         level: INFO
 """
 
@@ -222,8 +230,8 @@ def make_broker_keystore(tls: Path, password: str) -> None:
 
 
 def ensure_scram_user(bootstrap: str, login: dict, timeout_s: float = 30) -> None:
-    """The broker's SCRAM-SHA-512 user, set through the admin API on the PLAINTEXT listener (the
-    password never on a command line); waits until the broker knows it."""
+    """The broker's SCRAM-SHA-512 user and its ACLs, set through the admin API on the PLAINTEXT listener
+    (the password never on a command line); waits until the broker knows the user."""
     import time
 
     from confluent_kafka.admin import (
@@ -243,7 +251,7 @@ def ensure_scram_user(bootstrap: str, login: dict, timeout_s: float = 30) -> Non
             return False
 
     if known():
-        return
+        return ensure_drain_acls(admin, login["username"], timeout_s)
     info = ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 8192)
     upsert = UserScramCredentialUpsertion(login["username"], info, login["password"].encode())
     for future in admin.alter_user_scram_credentials([upsert], request_timeout=timeout_s).values():
@@ -251,9 +259,18 @@ def ensure_scram_user(bootstrap: str, login: dict, timeout_s: float = 30) -> Non
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if known():
-            return
+            return ensure_drain_acls(admin, login["username"], timeout_s)
         time.sleep(0.3)
     raise ServiceError(f"the Kafka broker did not take the SCRAM user {login['username']} within {timeout_s:.0f} s")
+
+
+def ensure_drain_acls(admin, user: str, timeout_s: float = 30) -> None:
+    """The ACLs a drain needs (sources.kafka.acl) for the broker's SCRAM user, on every topic and group;
+    creating one that exists changes nothing."""
+    from deltadrain.sources.kafka.acl import acl_bindings
+
+    for future in admin.create_acls(acl_bindings(user), request_timeout=timeout_s).values():
+        future.result()
 
 
 def kafka_service(cfg: DeltadrainConfig) -> Service:

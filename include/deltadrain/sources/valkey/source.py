@@ -44,6 +44,9 @@ class Valkey:
             return "denied", str(exc)
         return None
 
+    def acl_to_add(self, pipeline, reason: str) -> str | None:
+        return None  # the server's NOPERM answer names the command
+
     def drain(self, cfg, pipeline, spark, run_id=None):
         from deltadrain.sources.valkey.drain import ValkeyDrain
 
