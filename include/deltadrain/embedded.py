@@ -97,6 +97,11 @@ def airflow_home() -> Path:
     return services_home() / "airflow"
 
 
+def airflow_shim_dir() -> Path:
+    """Where `services up` puts the `airflow` that `airflow standalone` starts its components through."""
+    return airflow_home() / "bin"
+
+
 def airflow_password_file() -> Path:
     return airflow_home() / "simple_auth_manager_passwords.json.generated"
 
@@ -213,8 +218,9 @@ def airflow_env(cfg: DeltadrainConfig) -> dict[str, str]:
         home.mkdir(parents=True, exist_ok=True)
         write_private(secret_file, secrets.token_urlsafe(32))
     env = {
-        # standalone starts its components as `airflow ...` by name: our bin/ must come first.
-        "PATH": bindir + os.pathsep + os.environ.get("PATH", ""),
+        # standalone starts its components as `airflow ...` by name: our bin/ must come first, after
+        # the shim that keeps their log servers off (dev.services.airflow_shim).
+        "PATH": os.pathsep.join([str(airflow_shim_dir()), bindir, os.environ.get("PATH", "")]),
         "AIRFLOW_HOME": str(home),
         "AIRFLOW__CORE__DAGS_FOLDER": str(PROJECT_ROOT / "dags"),
         "AIRFLOW__CORE__PLUGINS_FOLDER": str(PROJECT_ROOT / "plugins"),

@@ -279,52 +279,19 @@ def test_kafka_sasl_ssl_drain_wrong_password_untrusted_ca_and_missing_group_acl(
     assert kafka_login()["password"] not in "".join(f.read_text() for f in log.glob("*.json"))
 
 
-def _listening() -> dict[str, str]:
-    """Socket inode -> local address (hex, as the kernel prints it) of every TCP socket in LISTEN."""
-    found = {}
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        for line in Path(table).read_text().splitlines()[1:]:
-            fields = line.split()
-            if fields[3] == "0A":
-                found[fields[9]] = fields[1]
-    return found
-
-
-def _group_sockets(pgid: int) -> list[str]:
-    """The socket inodes the processes of process group `pgid` hold (a service and its children)."""
-    import os
-
-    inodes = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            if os.getpgid(int(pid)) != pgid:
-                continue
-            for fd in os.listdir(f"/proc/{pid}/fd"):
-                target = os.readlink(f"/proc/{pid}/fd/{fd}")
-                if target.startswith("socket:["):
-                    inodes.append(target[8:-1])
-        except OSError:  # gone, or a descriptor closed meanwhile
-            continue
-    return inodes
-
-
-# 127.0.0.1 in /proc/net/tcp, and as an IPv4-mapped or the IPv6 loopback in /proc/net/tcp6.
-LOOPBACK = {"0100007F", "0000000000000000FFFF00000100007F", "00000000000000000000000001000000"}
-
-
-@pytest.mark.usefixtures("kafka_broker", "spark_connect_server", "s3_server")
+@pytest.mark.usefixtures("kafka_broker", "spark_connect_server", "s3_server", "valkey_tls_server")
 def test_the_embedded_services_listen_on_the_loopback_only(cfg):
     from deltadrain.dev import services
+    from tests.integration.helpers import beyond_loopback, listening_addresses
 
-    listening = _listening()
     seen = {}
-    for name in ("valkey", "kafka", "spark_connect", "s3"):
+    for name in ("valkey", "valkey_tls", "kafka", "spark_connect", "s3"):
         pid = services.FACTORIES[name](cfg).pid()
         assert pid is not None, f"{name} is not running"
-        addresses = [listening[i] for i in _group_sockets(pid) if i in listening]
+        addresses = listening_addresses(pid)
         assert addresses, f"{name} (pid {pid}) listens nowhere"
         seen[name] = addresses
-    beyond = {n: [a for a in addrs if a.split(":")[0] not in LOOPBACK] for n, addrs in seen.items()}
+    beyond = {n: beyond_loopback(addrs) for n, addrs in seen.items()}
     assert not any(beyond.values()), f"listening beyond 127.0.0.1: {beyond}"
     # Each service's own ports among them (one listener per port it owns, at least).
     for name in seen:

@@ -456,11 +456,34 @@ def spark_connect_service(cfg: DeltadrainConfig) -> Service:
 
 # --- Airflow ------------------------------------------------------------------------------------
 
+# `airflow standalone` starts each component as `airflow <name>`, found on PATH; the scheduler (for the
+# LocalExecutor) and the triggerer would each start a log server bound to every interface, on fixed
+# ports (8793, 8794). Every task runs on this machine and the API server reads its log from disk, so
+# this `airflow`, first on the standalone's PATH, starts them without one.
+AIRFLOW_SHIM = """\
+#!/bin/sh
+case "$1" in
+  scheduler|triggerer) exec "{airflow}" "$@" --skip-serve-logs ;;
+esac
+exec "{airflow}" "$@"
+"""
+
+
+def airflow_shim() -> None:
+    from deltadrain.embedded import airflow_shim_dir
+
+    shim = airflow_shim_dir() / "airflow"
+    shim.parent.mkdir(parents=True, exist_ok=True)
+    shim.write_text(AIRFLOW_SHIM.format(airflow=Path(sys.executable).parent / "airflow"))
+    shim.chmod(0o755)
+
+
 def airflow_service(cfg: DeltadrainConfig) -> Service:
     port = ports(cfg).airflow
     env = airflow_env(cfg)
 
     def prepare() -> None:
+        airflow_shim()
         pw = airflow_password_file()
         if not pw.exists():
             write_private(pw, json.dumps({"admin": secrets.token_urlsafe(12), "viewer": secrets.token_urlsafe(12)}))
