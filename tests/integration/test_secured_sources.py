@@ -149,7 +149,6 @@ def _kafka_pipeline(tmp_path, security: dict):
     """The example's Kafka pipeline on a topic of its own, over `security`."""
     import yaml
 
-    from deltadrain.dev.produce import ensure_topic
     from tests.integration.helpers import ROOT, write_config
 
     data = yaml.safe_load((ROOT / "config" / "pipelines.yaml").read_text())
@@ -158,10 +157,7 @@ def _kafka_pipeline(tmp_path, security: dict):
     pipe.update(name=name, target={"path": name})
     pipe["source"].update(topic=name, partitions=2, group=f"{name}-group", security=security)
     pipe.pop("quality", None)
-    path, c, p = write_config(tmp_path, data, pipe)
-    # Created as the admin, on the PLAINTEXT listener: the drains' user may not create topics.
-    ensure_topic({"bootstrap.servers": f"127.0.0.1:{ports(c).kafka}"}, name, 2)
-    return path, c, p
+    return write_config(tmp_path, data, pipe)  # `produce` makes the topic as the broker's admin
 
 
 def _kafka_admin(c):
