@@ -7,7 +7,7 @@ JARS  := .cache/jars
 LOG_STORE := jvm/logstore/pom.xml $(wildcard jvm/logstore/src/main/java/dev/deltadrain/storage/*.java)
 S3_LOG_STORE := jvm/s3logstore/pom.xml $(wildcard jvm/s3logstore/src/main/java/dev/deltadrain/storage/*.java)
 
-.PHONY: install venv jars jvm-archive browser demo test test-fast lint bench lock services-down clean
+.PHONY: install venv jars jvm-archive browser tls-terminator demo test test-fast lint bench lock services-down clean
 
 install: venv $(STAMP) jars jvm-archive
 
@@ -45,14 +45,20 @@ jvm-archive: jars
 browser:
 	@scripts/ensure-chromium
 
+# stunnel (Debian's package), the TLS terminator of the embedded Valkey's TLS port; a no-op when installed.
+tls-terminator:
+	@scripts/ensure-stunnel
+
 # Installs, starts Valkey, Kafka and Airflow, produces sample events, ingests them, prints where to look.
+# The demo reads no Valkey over TLS: without stunnel (and root to install it) it only says so.
 demo: install
+	-@scripts/ensure-stunnel
 	$(BIN)/deltadrain demo
 
 # The whole suite, slow end-to-end tests included (CI runs exactly this), on two workers: each has
 # its own services, Spark session and Airflow DB (tests/conftest.py). TEST_WORKERS=0 runs it in one process.
 TEST_WORKERS ?= 2
-test: install browser
+test: install browser tls-terminator
 	$(BIN)/ruff check .
 	DELTADRAIN_REQUIRE_ALL_TESTS=1 $(BIN)/pytest -n $(TEST_WORKERS) --dist worksteal
 

@@ -54,7 +54,7 @@ def pytest_configure(config):
     home = Path(tempfile.mkdtemp(prefix="deltadrain-test-"))
     os.environ["DELTADRAIN_HOME"] = str(home)
     os.environ.setdefault("DELTADRAIN_CONFIG", str(ROOT / "config" / "pipelines.yaml"))
-    for name in ("VALKEY", "KAFKA", "KAFKA_CONTROLLER", "KAFKA_SASL", "AIRFLOW", "SPARK_CONNECT", "S3"):
+    for name in ("VALKEY", "VALKEY_TLS", "KAFKA", "KAFKA_CONTROLLER", "KAFKA_SASL", "AIRFLOW", "SPARK_CONNECT", "S3"):
         os.environ[f"DELTADRAIN_{name}_PORT"] = str(free_port())
     os.environ.setdefault("DELTADRAIN_DRIVER_MEMORY", "1g")
     # The suite starts a driver JVM per CLI drain, spark-submit and DAG run, each living seconds: C1
@@ -97,6 +97,12 @@ def _service(cfg, name):
 @pytest.fixture(scope="session")
 def valkey_server(cfg):
     yield from _service(cfg, "valkey")
+
+
+@pytest.fixture(scope="session")
+def valkey_tls_server(cfg, valkey_server):
+    """The embedded Valkey's TLS port: stunnel in front of the session's Valkey."""
+    yield from _service(cfg, "valkey_tls")
 
 
 @pytest.fixture(scope="session")

@@ -477,7 +477,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("services", help="start, stop or check the embedded Valkey, Kafka, S3 server, Spark "
                                        "Connect server and Airflow")
     p.add_argument("action", choices=["up", "down", "status"])
-    p.add_argument("--only", help="comma-separated subset of valkey,valkey_cluster,kafka,s3,spark_cluster,spark_connect,airflow (default: all "
+    p.add_argument("--only", help="comma-separated subset of valkey,valkey_tls,valkey_cluster,kafka,s3,spark_cluster,spark_connect,airflow (default: all "
                                   "but s3, unless data_dir is an s3a:// URL; down: all)")
     p.add_argument("--json", action="store_true")
 

@@ -96,6 +96,8 @@ class ServicesConfig(_Model):
     """The embedded services; every port can also be set by DELTADRAIN_<NAME>_PORT."""
 
     valkey_port: int = Field(6399, ge=1, le=65535)
+    # The embedded Valkey over TLS: a terminator (stunnel) on this port in front of valkey_port.
+    valkey_tls_port: int = Field(6398, ge=1, le=65535)
     kafka_port: int = Field(19092, ge=1, le=65535)
     kafka_controller_port: int = Field(19093, ge=1, le=65535)
     kafka_sasl_port: int = Field(19094, ge=1, le=65535)
@@ -122,6 +124,10 @@ def hash_tag(key: str) -> str:
         if end > start + 1:
             return key[start + 1:end]
     return key
+
+
+def is_tls_url(url: str) -> bool:
+    return url.startswith(("valkeys://", "rediss://"))
 
 
 def _valkey_url(v: str) -> str:
@@ -164,6 +170,10 @@ class ValkeySource(_Model):
     # Entries deleted (trimming, XDEL) before a committed batch held them: fail stops the run, which
     # commits nothing, until the operator accepts the loss; continue carries the gap in the next commit.
     on_gap: Literal["fail", "continue"] = "fail"
+    # TLS: a valkeys:// (rediss://) URL, or tls: true without a url for the embedded server's TLS port.
+    tls: bool = False
+    # The CA (PEM) the client trusts over TLS; unset: the system's (the embedded server's own CA for it).
+    tls_ca_file: str | None = None
 
     @field_validator("url")
     @classmethod
@@ -197,6 +207,24 @@ class ValkeySource(_Model):
                     f"{', '.join(names)} share the hash tag {{{hash_tag(names[0])}}}, so one cluster slot"
                     for names in shared) + "; give each stream a hash tag of its own, or none")
         return self
+
+    @model_validator(mode="after")
+    def _tls(self):
+        urls = self.seed_urls() or []
+        plain = [u for u in urls if not is_tls_url(u)]
+        if self.tls and plain:
+            raise ValueError(f"tls: true needs valkeys:// (or rediss://) URLs; url has {plain[0]}")
+        if self.tls_ca_file and not self.uses_tls():
+            raise ValueError("tls_ca_file is set but the connection is plain: set tls: true, or give a "
+                             "valkeys:// (or rediss://) url")
+        if self.tls and self.cluster and not urls:
+            raise ValueError("tls: true with cluster: true needs the cluster's valkeys:// url: the embedded "
+                             "Valkey Cluster has no TLS port")
+        return self
+
+    def uses_tls(self) -> bool:
+        """Whether the client speaks TLS: tls: true, or a valkeys:// (rediss://) URL."""
+        return self.tls or any(is_tls_url(u) for u in self.seed_urls() or [])
 
     def seed_urls(self) -> list[str] | None:
         """The URLs the config names (None: the embedded server or cluster)."""

@@ -43,13 +43,15 @@ def unreachable(exc: BaseException, cfg: DeltadrainConfig, pipelines: list[Pipel
     names = ", ".join(f"'{p.name}'" for p in ours)
     said = f" ({' '.join(reason.split())[:300]})" if with_reason else f" ({type(exc).__name__})"
     if failure == "denied":
+        grants = sorted({g for p in ours if (g := source.acl_to_add(p, reason))})
+        grant = f"add the ACL ({'; '.join(grants)}) for" if grants else "grant it to"
         return "denied", (
-            f"{service} at {where} denied pipeline {names} what a drain needs{said}: grant it to the user that "
+            f"{service} at {where} denied pipeline {names} what a drain needs{said}: {grant} the user that "
             f"password_env/connection_id logs in as (its ACL: docs/config.md lists what a drain needs)")
     if failure == "untrusted":
         return "untrusted", (
             f"{service} at {where}: the TLS handshake of pipeline {names} failed{said}: check "
-            f"source.security.ssl_ca_location, the CA (PEM) that signed the server's certificate")
+            f"{source.ca_field}, the CA (PEM) that signed the server's certificate")
     if failure == "login_refused":
         return "login_refused", (
             f"{service} at {where} refused the login of pipeline {names}{said}: check the password "

@@ -30,6 +30,7 @@ class Ports:
     spark_cluster: int
     spark_cluster_ui: int
     valkey_cluster: int = 16400
+    valkey_tls: int = 6398
 
     @classmethod
     def resolve(cls, services: ServicesConfig) -> Ports:
@@ -43,6 +44,7 @@ class Ports:
 
         return cls(
             valkey=pick("DELTADRAIN_VALKEY_PORT", services.valkey_port),
+            valkey_tls=pick("DELTADRAIN_VALKEY_TLS_PORT", services.valkey_tls_port),
             kafka=pick("DELTADRAIN_KAFKA_PORT", services.kafka_port),
             kafka_controller=pick("DELTADRAIN_KAFKA_CONTROLLER_PORT", services.kafka_controller_port),
             kafka_sasl=pick("DELTADRAIN_KAFKA_SASL_PORT", services.kafka_sasl_port),
@@ -95,6 +97,11 @@ def airflow_home() -> Path:
     return services_home() / "airflow"
 
 
+def airflow_shim_dir() -> Path:
+    """Where `services up` puts the `airflow` that `airflow standalone` starts its components through."""
+    return airflow_home() / "bin"
+
+
 def airflow_password_file() -> Path:
     return airflow_home() / "simple_auth_manager_passwords.json.generated"
 
@@ -116,6 +123,16 @@ def valkey_login_file() -> Path:
     """The embedded Valkey's logins (JSON): the drains' user and an admin for the services' own checks
     and an operator's repairs. Made once, owner-only, before the server's first start."""
     return valkey_home() / "login.json"
+
+
+def valkey_tls_home() -> Path:
+    return services_home() / "valkey_tls"
+
+
+def valkey_ca_file() -> Path:
+    """The CA (PEM) that signed the certificate of the embedded Valkey's TLS port (`services up --only
+    valkey_tls`), made with it on its first start."""
+    return valkey_tls_home() / "ca.pem"
 
 
 # The ACL user the drains log in as, and the Airflow connection that names it.
@@ -201,8 +218,9 @@ def airflow_env(cfg: DeltadrainConfig) -> dict[str, str]:
         home.mkdir(parents=True, exist_ok=True)
         write_private(secret_file, secrets.token_urlsafe(32))
     env = {
-        # standalone starts its components as `airflow ...` by name: our bin/ must come first.
-        "PATH": bindir + os.pathsep + os.environ.get("PATH", ""),
+        # standalone starts its components as `airflow ...` by name: our bin/ must come first, after
+        # the shim that keeps their log servers off (dev.services.airflow_shim).
+        "PATH": os.pathsep.join([str(airflow_shim_dir()), bindir, os.environ.get("PATH", "")]),
         "AIRFLOW_HOME": str(home),
         "AIRFLOW__CORE__DAGS_FOLDER": str(PROJECT_ROOT / "dags"),
         "AIRFLOW__CORE__PLUGINS_FOLDER": str(PROJECT_ROOT / "plugins"),

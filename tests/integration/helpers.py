@@ -212,3 +212,47 @@ def summary_of(stdout: str) -> dict:
 
     lines = [line.removeprefix(SUMMARY_PREFIX) for line in stdout.splitlines()]
     return json.loads([line for line in lines if line.startswith("{")][-1])
+
+
+def _listening() -> dict[str, str]:
+    """Socket inode -> local address (hex, as the kernel prints it) of every TCP socket in LISTEN."""
+    found = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A":
+                found[fields[9]] = fields[1]
+    return found
+
+
+def _group_sockets(pgid: int) -> list[str]:
+    """The socket inodes the processes of process group `pgid` hold (a service and its children)."""
+    import os
+
+    inodes = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.getpgid(int(pid)) != pgid:
+                continue
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith("socket:["):
+                    inodes.append(target[8:-1])
+        except OSError:  # gone, or a descriptor closed meanwhile
+            continue
+    return inodes
+
+
+# 127.0.0.1 in /proc/net/tcp, and as an IPv4-mapped or the IPv6 loopback in /proc/net/tcp6.
+LOOPBACK = {"0100007F", "0000000000000000FFFF00000100007F", "00000000000000000000000001000000"}
+
+
+def listening_addresses(pgid: int) -> list[str]:
+    """The local addresses (hex, as the kernel prints them) of the TCP sockets in LISTEN that the
+    processes of process group `pgid` hold: an embedded service and every child it started."""
+    listening = _listening()
+    return [listening[i] for i in _group_sockets(pgid) if i in listening]
+
+
+def beyond_loopback(addresses: list[str]) -> list[str]:
+    return [a for a in addresses if a.split(":")[0] not in LOOPBACK]

@@ -4,6 +4,7 @@ bad params, and heal a deleted row with a two-interval backfill run from the CLI
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -28,8 +29,44 @@ def minute_floor(t: datetime) -> datetime:
     return t.replace(second=0, microsecond=0)
 
 
+def services_secrets() -> dict[str, str]:
+    """The embedded services' own secrets that exist in this home: the Valkey ACL users', the broker's
+    SCRAM user's and keystore's, the S3 server's and the Spark cluster's shared one."""
+    from deltadrain.embedded import (
+        kafka_login_file,
+        s3_login_file,
+        spark_cluster_secret_file,
+        valkey_login_file,
+    )
+
+    found = {}
+    for name, path, keys in (("valkey", valkey_login_file(), ("password", "admin_password")),
+                             ("kafka", kafka_login_file(), ("password", "keystore_password")),
+                             ("s3", s3_login_file(), ("secret_access_key",))):
+        if path.exists():
+            login = json.loads(path.read_text())
+            found.update({f"{name} {k}": login[k] for k in keys})
+    if spark_cluster_secret_file().exists():
+        found["spark_cluster secret"] = spark_cluster_secret_file().read_text().strip()
+    return found
+
+
+def xcom_values(api) -> list:
+    """Every XCom of every DAG run of the embedded Airflow, its value as the REST API gives it."""
+    entries: list = []
+    while True:
+        page = api.call("GET", f"/api/v2/dags/~/dagRuns/~/taskInstances/~/xcomEntries?limit=100&offset={len(entries)}")
+        entries += page["xcom_entries"]
+        if not page["xcom_entries"] or len(entries) >= page["total_entries"]:
+            break
+    assert entries, "no XCom at all"
+    return [api.call("GET", f"/api/v2/dags/{api._q(e['dag_id'])}/dagRuns/{api._q(e['run_id'])}/taskInstances/"
+                            f"{api._q(e['task_id'])}/xcomEntries/{api._q(e['key'])}?map_index={e['map_index']}"
+                            f"&stringify=true") for e in entries]
+
+
 @pytest.mark.slow
-def test_airflow_end_to_end(tmp_path, monkeypatch, spark, valkey_server, spark_connect_server):
+def test_airflow_end_to_end(tmp_path, monkeypatch, spark, valkey_server, spark_connect_server, s3_server):
     path, c, p = make_pipeline(tmp_path, schedule="* * * * *", max_retries=0)
     data = yaml.safe_load(path.read_text())
     data["pipelines"][0]["airflow"] = {"wait_timeout": "PT20S", "poll_interval": "PT2S", "retries": 0}
@@ -53,6 +90,12 @@ def test_airflow_end_to_end(tmp_path, monkeypatch, spark, valkey_server, spark_c
         api.unpause(REPLAY_DAG)
         run_id = api.trigger(dag_id)  # no logical date: a normal drain
         assert api.wait_for_run(dag_id, run_id) == "success", api.task_states(dag_id, run_id)
+        # Every component has run a task or a trigger by now: they all listen on 127.0.0.1 only.
+        from tests.integration.helpers import beyond_loopback, listening_addresses
+
+        listening = listening_addresses(services.FACTORIES["airflow"](c).pid())
+        assert {int(a.split(":")[1], 16) for a in listening} >= {services.ports(c).airflow}, listening
+        assert not beyond_loopback(listening), f"Airflow listens beyond 127.0.0.1: {listening}"
         # Unpausing also starts the schedule (every minute), and max_active_runs=1 lines the runs up:
         # whichever run found the messages drained them. Every finished run's summary is in XCom.
         summaries = []
@@ -123,5 +166,20 @@ def test_airflow_end_to_end(tmp_path, monkeypatch, spark, valkey_server, spark_c
         assert sorted(ids) == sorted(result.valid_ids)  # healed, and nothing else lost or doubled
         after = read_checkpoint(spark, target, p.name, dlq)
         assert (after.batch, after.positions) == (before.batch, before.positions)
+
+        # The embedded services' secrets (Airflow hands the tasks the Valkey, Kafka and S3 ones as
+        # connections) are in no task log, no component's log and no XCom of these runs.
+        from deltadrain.embedded import airflow_home
+
+        secrets = services_secrets()
+        assert {"valkey password", "kafka password", "s3 secret_access_key"} <= set(secrets), sorted(secrets)
+        logs = [f for f in (airflow_home() / "logs").rglob("*") if f.is_file()]
+        assert any("task_id=drain" in str(f) for f in logs), "no task log of the drain"
+        logs.append(services.FACTORIES["airflow"](c).log_file)
+        texts = {str(f): f.read_text(errors="replace") for f in logs}
+        texts["xcoms"] = json.dumps(xcom_values(api), default=str)
+        assert "'written'" in texts["xcoms"]  # the drains' summaries (stringified) are among them
+        leaks = [(name, where) for name, secret in secrets.items() for where, text in texts.items() if secret in text]
+        assert not leaks, f"secrets found: {leaks}"
     finally:
         services.down(c, ["airflow"])

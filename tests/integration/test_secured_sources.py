@@ -116,12 +116,39 @@ def _other_ca(tmp_path) -> str:
     return str(tmp_path / "other.pem")
 
 
+@pytest.mark.usefixtures("valkey_tls_server")
+def test_valkey_over_tls_drains_once_and_names_an_untrusted_ca(tmp_path, spark):
+    import valkey
+
+    from deltadrain.embedded import valkey_tls_home
+    from deltadrain.sources.valkey.client import valkey_url
+
+    path, c, p = make_pipeline(tmp_path, partitions=2, source={"tls": True})
+    assert valkey_url(c, p.source) == f"valkeys://127.0.0.1:{ports(c).valkey_tls}/0"
+    # The port speaks TLS only, and its keys are owner-only.
+    with pytest.raises(valkey.ConnectionError):
+        valkey.Valkey(host="127.0.0.1", port=ports(c).valkey_tls, socket_timeout=3).ping()
+    for key in ("ca.key", "server.key"):
+        assert stat.S_IMODE((valkey_tls_home() / key).stat().st_mode) == 0o600, key
+    client = valkey_client(c, p)
+    result = produce(c, p, 150, seed=49)  # over TLS too
+
+    # A CA that did not sign the server's certificate: named, nothing claimed, committed or acknowledged.
+    c2, p2 = set_source(path, tls_ca_file=_other_ca(tmp_path))
+    kind, line = _refused(c2, p2, spark)
+    assert kind == "untrusted" and "CERTIFICATE_VERIFY_FAILED" in line and "source.tls_ca_file" in line, line
+    _nothing_taken(spark, c, p, client, 150)
+
+    # With the embedded CA (tls_ca_file unset) the next runs drain everything once, over TLS.
+    c, p = set_source(path, tls_ca_file=None)
+    drain_until_done(c, p, spark, client)
+    assert_exactly_once(spark, c, p, client, result.valid_ids, 0)
+
+
 def _kafka_pipeline(tmp_path, security: dict):
     """The example's Kafka pipeline on a topic of its own, over `security`."""
     import yaml
 
-    from deltadrain.dev.produce import ensure_topic
-    from deltadrain.sources.kafka.client import kafka_client_conf
     from tests.integration.helpers import ROOT, write_config
 
     data = yaml.safe_load((ROOT / "config" / "pipelines.yaml").read_text())
@@ -130,13 +157,68 @@ def _kafka_pipeline(tmp_path, security: dict):
     pipe.update(name=name, target={"path": name})
     pipe["source"].update(topic=name, partitions=2, group=f"{name}-group", security=security)
     pipe.pop("quality", None)
-    path, c, p = write_config(tmp_path, data, pipe)
-    ensure_topic(kafka_client_conf(c, p), name, 2)
-    return path, c, p
+    return write_config(tmp_path, data, pipe)  # `produce` makes the topic as the broker's admin
+
+
+def _kafka_admin(c):
+    """The embedded broker's admin: its PLAINTEXT listener, whose principal is a super user."""
+    from confluent_kafka.admin import AdminClient
+
+    return AdminClient({"bootstrap.servers": f"127.0.0.1:{ports(c).kafka}"})
+
+
+def _scram_user(admin, user: str, password: str) -> None:
+    from confluent_kafka.admin import ScramCredentialInfo, ScramMechanism, UserScramCredentialUpsertion
+
+    info = ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 8192)
+    for f in admin.alter_user_scram_credentials([UserScramCredentialUpsertion(user, info, password.encode())]).values():
+        f.result()
+
+
+def _grant(admin, user: str, kind: str, name: str) -> None:
+    """READ for `user` on the topic or group `name`, as `kafka-acls.sh --add ... --operation Read` does."""
+    from confluent_kafka.admin import (
+        AclBinding,
+        AclOperation,
+        AclPermissionType,
+        ResourcePatternType,
+        ResourceType,
+    )
+
+    binding = AclBinding(ResourceType[kind], name, ResourcePatternType.LITERAL, f"User:{user}", "*",
+                         AclOperation.READ, AclPermissionType.ALLOW)
+    for f in admin.create_acls([binding]).values():
+        f.result()
+
+
+def _drop_user(admin, user: str) -> None:
+    from confluent_kafka.admin import (
+        AclBindingFilter,
+        AclOperation,
+        AclPermissionType,
+        ResourcePatternType,
+        ResourceType,
+        ScramMechanism,
+        UserScramCredentialDeletion,
+    )
+
+    acls = AclBindingFilter(ResourceType.ANY, None, ResourcePatternType.ANY, f"User:{user}", None,
+                            AclOperation.ANY, AclPermissionType.ANY)
+    for f in admin.delete_acls([acls]).values():
+        f.result()
+    for f in admin.alter_user_scram_credentials([UserScramCredentialDeletion(user, ScramMechanism.SCRAM_SHA_512)]
+                                                ).values():
+        f.result()
+
+
+def _ends(conf: dict, topic: str) -> dict[int, int]:
+    from deltadrain.sources.kafka.offsets import watermarks
+
+    return {q: high for q, (_, high) in watermarks(conf, topic).items()}
 
 
 @pytest.mark.usefixtures("kafka_broker")
-def test_kafka_sasl_ssl_drain_wrong_password_and_untrusted_ca(tmp_path, spark, monkeypatch):
+def test_kafka_sasl_ssl_drain_wrong_password_untrusted_ca_and_missing_group_acl(tmp_path, spark, monkeypatch):
     from deltadrain.embedded import KAFKA_CONNECTION_ID, kafka_login, ports
     from deltadrain.sources.kafka.client import kafka_client_conf, kafka_spark_options
     from deltadrain.sources.kafka.offsets import group_offsets
@@ -165,62 +247,47 @@ def test_kafka_sasl_ssl_drain_wrong_password_and_untrusted_ca(tmp_path, spark, m
     offsets = group_offsets(conf, p.source.group, p.source.topic, [0, 1])
     assert all(o is None or o < 0 for o in offsets.values()), f"offsets committed: {offsets}"
 
-    # The next correct run drains everything once, and no commit holds the password.
-    c, p = set_source(path, security=security)
-    while drain(c, p, spark=spark).claimed:
-        pass
+    # A user with READ on the topic but no ACL on the group: denied before it reads, naming the ACL.
+    # Once that ACL is added, the same user drains everything once: topic READ and group READ are all
+    # a drain needs (the broker's authorizer is on; ANONYMOUS, the PLAINTEXT admin, is its super user).
+    user, pw = f"lim_{p.name}", uuid.uuid4().hex
+    admin = _kafka_admin(c)
+    _scram_user(admin, user, pw)
+    try:
+        _grant(admin, user, "TOPIC", p.source.topic)
+        monkeypatch.setenv(f"AIRFLOW_CONN_{user.upper()}", json.dumps({"login": user, "password": pw}))
+        c, p = set_source(path, security={**security, "connection_id": user})
+        kind, line = _refused(c, p, spark)
+        assert kind == "denied" and "GROUP_AUTHORIZATION_FAILED" in line and pw not in line, line
+        assert f"--allow-principal User:{user} --operation Read --group {p.source.group}" in line, line
+        assert not is_table(spark, str(c.target_path(p))), "committed"
+        offsets = group_offsets(conf, p.source.group, p.source.topic, [0, 1])
+        assert all(o is None or o < 0 for o in offsets.values()), f"offsets committed: {offsets}"
+        _grant(admin, user, "GROUP", p.source.group)
+        while drain(c, p, spark=spark).claimed:
+            pass
+    finally:
+        _drop_user(admin, user)
+    assert group_offsets(conf, p.source.group, p.source.topic, [0, 1]) == _ends(conf, p.source.topic)
     ids = target_ids(spark, c, p)
     assert len(ids) == len(set(ids)) and set(ids) == set(result.valid_ids)
     log = Path(c.target_path(p)) / "_delta_log"
     assert kafka_login()["password"] not in "".join(f.read_text() for f in log.glob("*.json"))
 
 
-def _listening() -> dict[str, str]:
-    """Socket inode -> local address (hex, as the kernel prints it) of every TCP socket in LISTEN."""
-    found = {}
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        for line in Path(table).read_text().splitlines()[1:]:
-            fields = line.split()
-            if fields[3] == "0A":
-                found[fields[9]] = fields[1]
-    return found
-
-
-def _group_sockets(pgid: int) -> list[str]:
-    """The socket inodes the processes of process group `pgid` hold (a service and its children)."""
-    import os
-
-    inodes = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            if os.getpgid(int(pid)) != pgid:
-                continue
-            for fd in os.listdir(f"/proc/{pid}/fd"):
-                target = os.readlink(f"/proc/{pid}/fd/{fd}")
-                if target.startswith("socket:["):
-                    inodes.append(target[8:-1])
-        except OSError:  # gone, or a descriptor closed meanwhile
-            continue
-    return inodes
-
-
-# 127.0.0.1 in /proc/net/tcp, and as an IPv4-mapped or the IPv6 loopback in /proc/net/tcp6.
-LOOPBACK = {"0100007F", "0000000000000000FFFF00000100007F", "00000000000000000000000001000000"}
-
-
-@pytest.mark.usefixtures("kafka_broker", "spark_connect_server", "s3_server")
+@pytest.mark.usefixtures("kafka_broker", "spark_connect_server", "s3_server", "valkey_tls_server")
 def test_the_embedded_services_listen_on_the_loopback_only(cfg):
     from deltadrain.dev import services
+    from tests.integration.helpers import beyond_loopback, listening_addresses
 
-    listening = _listening()
     seen = {}
-    for name in ("valkey", "kafka", "spark_connect", "s3"):
+    for name in ("valkey", "valkey_tls", "kafka", "spark_connect", "s3"):
         pid = services.FACTORIES[name](cfg).pid()
         assert pid is not None, f"{name} is not running"
-        addresses = [listening[i] for i in _group_sockets(pid) if i in listening]
+        addresses = listening_addresses(pid)
         assert addresses, f"{name} (pid {pid}) listens nowhere"
         seen[name] = addresses
-    beyond = {n: [a for a in addrs if a.split(":")[0] not in LOOPBACK] for n, addrs in seen.items()}
+    beyond = {n: beyond_loopback(addrs) for n, addrs in seen.items()}
     assert not any(beyond.values()), f"listening beyond 127.0.0.1: {beyond}"
     # Each service's own ports among them (one listener per port it owns, at least).
     for name in seen:

@@ -194,6 +194,13 @@ def ensure_topic(conf: dict, topic: str, partitions: int) -> None:
                 raise
 
 
+def embedded_admin_conf(cfg: DeltadrainConfig) -> dict:
+    """The embedded broker's admin: its PLAINTEXT listener on 127.0.0.1, whose principal is its super user."""
+    from deltadrain.embedded import ports
+
+    return {"bootstrap.servers": f"127.0.0.1:{ports(cfg).kafka}"}
+
+
 def _kafka_writer(cfg: DeltadrainConfig, pipeline: PipelineConfig, messages: Iterator[Message], bar):
     from confluent_kafka import Producer
 
@@ -202,7 +209,9 @@ def _kafka_writer(cfg: DeltadrainConfig, pipeline: PipelineConfig, messages: Ite
     source = pipeline.source
     assert isinstance(source, KafkaSource)
     conf = kafka_client_conf(cfg, pipeline)
-    ensure_topic(conf, source.topic, source.partitions)
+    # On the embedded broker the topic is made by its admin (the PLAINTEXT listener): its SASL user's
+    # ACLs grant what a drain needs, and creating topics is not among that.
+    ensure_topic(conf if source.bootstrap_servers else embedded_admin_conf(cfg), source.topic, source.partitions)
     producer = Producer({**conf, "enable.idempotence": True, "acks": "all", "linger.ms": 20,
                          "compression.type": "lz4", "partitioner": "murmur2_random",
                          "message.max.bytes": 8_388_608})

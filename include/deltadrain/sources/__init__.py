@@ -85,6 +85,7 @@ class Source(Protocol):
     kind: str  # the YAML's `source.kind`
     service: str  # its name in messages to the operator
     address_field: str  # the `source:` field naming its server (unset: the embedded service)
+    ca_field: str  # the config key of the CA file its client trusts over TLS
     holds_claims: bool  # claims sit at the source until acknowledged, so a reaper has work
 
     def reads(self, pipeline: PipelineConfig) -> list[str]:
@@ -102,6 +103,10 @@ class Source(Protocol):
         to log in to it ("login_refused"), a certificate it does not trust ("untrusted") or a command or
         resource its ACL denies the login ("denied");
         None for anything else."""
+
+    def acl_to_add(self, pipeline: PipelineConfig, reason: str) -> str | None:
+        """For a "denied" reason, the grant that lets the pipeline's login do it, as the server's own
+        tool takes it; None when the reason names it well enough (a Valkey ACL's command)."""
 
     def drain(self, cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, run_id: str | None) -> RunSummary:
         """One drain run: claim a batch, the shared publish, acknowledge."""

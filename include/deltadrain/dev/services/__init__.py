@@ -54,9 +54,9 @@ from deltadrain.paths import PROJECT_ROOT
 
 # Airflow last: its connections point at the others, and `down` stops it first.
 # The Spark cluster before the Connect server: a server whose master is the cluster joins it as it starts.
-ALL = ("valkey", "valkey_cluster", "kafka", "s3", "spark_cluster", "spark_connect", "airflow")
+ALL = ("valkey", "valkey_tls", "valkey_cluster", "kafka", "s3", "spark_cluster", "spark_connect", "airflow")
 # What a bare `up` or `status` means; the S3 server joins them when the lake is on S3, the Valkey
-# Cluster when a pipeline reads from the embedded one.
+# Cluster when a pipeline reads from the embedded one, the Valkey TLS port when one reads through it.
 DEFAULT = ("valkey", "kafka", "spark_connect", "airflow")
 
 
@@ -136,6 +136,11 @@ ssl.keystore.location={keystore}
 ssl.keystore.password={keystore_password}
 ssl.key.password={keystore_password}
 inter.broker.listener.name=PLAINTEXT
+authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer
+# No login on the PLAINTEXT and CONTROLLER listeners (loopback only): their principal, ANONYMOUS, is the
+# broker's own and the admin's. SASL_SSL users get what their ACLs grant, and no ACL means no access.
+super.users=User:ANONYMOUS
+allow.everyone.if.no.acl.found=false
 log.dirs={data}
 num.partitions=1
 offsets.topic.replication.factor=1
@@ -167,6 +172,9 @@ Configuration:
       - name: kafka.server.KafkaRaftServer
         level: INFO
       - name: kafka.server.BrokerServer
+        level: INFO
+      # A denied request, with its principal, operation and resource (what ACL a user lacks).
+      - name: kafka.authorizer.logger
         level: INFO
 """
 
@@ -222,8 +230,8 @@ def make_broker_keystore(tls: Path, password: str) -> None:
 
 
 def ensure_scram_user(bootstrap: str, login: dict, timeout_s: float = 30) -> None:
-    """The broker's SCRAM-SHA-512 user, set through the admin API on the PLAINTEXT listener (the
-    password never on a command line); waits until the broker knows it."""
+    """The broker's SCRAM-SHA-512 user and its ACLs, set through the admin API on the PLAINTEXT listener
+    (the password never on a command line); waits until the broker knows the user."""
     import time
 
     from confluent_kafka.admin import (
@@ -243,7 +251,7 @@ def ensure_scram_user(bootstrap: str, login: dict, timeout_s: float = 30) -> Non
             return False
 
     if known():
-        return
+        return ensure_drain_acls(admin, login["username"], timeout_s)
     info = ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 8192)
     upsert = UserScramCredentialUpsertion(login["username"], info, login["password"].encode())
     for future in admin.alter_user_scram_credentials([upsert], request_timeout=timeout_s).values():
@@ -251,9 +259,18 @@ def ensure_scram_user(bootstrap: str, login: dict, timeout_s: float = 30) -> Non
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if known():
-            return
+            return ensure_drain_acls(admin, login["username"], timeout_s)
         time.sleep(0.3)
     raise ServiceError(f"the Kafka broker did not take the SCRAM user {login['username']} within {timeout_s:.0f} s")
+
+
+def ensure_drain_acls(admin, user: str, timeout_s: float = 30) -> None:
+    """The ACLs a drain needs (sources.kafka.acl) for the broker's SCRAM user, on every topic and group;
+    creating one that exists changes nothing."""
+    from deltadrain.sources.kafka.acl import acl_bindings
+
+    for future in admin.create_acls(acl_bindings(user), request_timeout=timeout_s).values():
+        future.result()
 
 
 def kafka_service(cfg: DeltadrainConfig) -> Service:
@@ -442,11 +459,34 @@ def spark_connect_service(cfg: DeltadrainConfig) -> Service:
 
 # --- Airflow ------------------------------------------------------------------------------------
 
+# `airflow standalone` starts each component as `airflow <name>`, found on PATH; the scheduler (for the
+# LocalExecutor) and the triggerer would each start a log server bound to every interface, on fixed
+# ports (8793, 8794). Every task runs on this machine and the API server reads its log from disk, so
+# this `airflow`, first on the standalone's PATH, starts them without one.
+AIRFLOW_SHIM = """\
+#!/bin/sh
+case "$1" in
+  scheduler|triggerer) exec "{airflow}" "$@" --skip-serve-logs ;;
+esac
+exec "{airflow}" "$@"
+"""
+
+
+def airflow_shim() -> None:
+    from deltadrain.embedded import airflow_shim_dir
+
+    shim = airflow_shim_dir() / "airflow"
+    shim.parent.mkdir(parents=True, exist_ok=True)
+    shim.write_text(AIRFLOW_SHIM.format(airflow=Path(sys.executable).parent / "airflow"))
+    shim.chmod(0o755)
+
+
 def airflow_service(cfg: DeltadrainConfig) -> Service:
     port = ports(cfg).airflow
     env = airflow_env(cfg)
 
     def prepare() -> None:
+        airflow_shim()
         pw = airflow_password_file()
         if not pw.exists():
             write_private(pw, json.dumps({"admin": secrets.token_urlsafe(12), "viewer": secrets.token_urlsafe(12)}))
@@ -463,6 +503,12 @@ def airflow_service(cfg: DeltadrainConfig) -> Service:
                    describe=lambda: f"http://127.0.0.1:{port}")
 
 
+def valkey_tls_service(cfg: DeltadrainConfig) -> Service:
+    from deltadrain.dev.services.valkey_tls import valkey_tls_service
+
+    return valkey_tls_service(cfg)
+
+
 def valkey_cluster_service(cfg: DeltadrainConfig) -> ValkeyClusterService:
     return ValkeyClusterService(cfg, valkey_binary)
 
@@ -473,18 +519,21 @@ def spark_cluster_service(cfg: DeltadrainConfig) -> Service:
     return spark_cluster_service(cfg)
 
 
-FACTORIES = {"valkey": valkey_service, "valkey_cluster": valkey_cluster_service, "kafka": kafka_service,
+FACTORIES = {"valkey": valkey_service, "valkey_tls": valkey_tls_service, "valkey_cluster": valkey_cluster_service, "kafka": kafka_service,
              "s3": s3_service, "spark_cluster": spark_cluster_service,
              "spark_connect": spark_connect_service, "airflow": airflow_service}
 
 
 def defaults(cfg: DeltadrainConfig | None) -> list[str]:
     """The services a bare `up` or `status` means: the S3 server only when the lake is on S3, the
-    Valkey Cluster only when a pipeline reads from the embedded one (`source.cluster` without a url)."""
+    Valkey Cluster only when a pipeline reads from the embedded one (`source.cluster` without a url),
+    the Valkey TLS port only when one reads through it (`source.tls` without a url)."""
     on_s3 = cfg is not None and cfg.on_object_store
-    on_cluster = cfg is not None and any(getattr(p.source, "cluster", False) and not p.source.url
-                                         for p in cfg.pipelines)
-    return [n for n in ALL if n in DEFAULT or (n == "s3" and on_s3) or (n == "valkey_cluster" and on_cluster)]
+    embedded = [p.source for p in cfg.pipelines if p.source.kind == "valkey" and not p.source.url] if cfg else []
+    on_cluster = any(s.cluster for s in embedded)
+    on_tls = any(s.tls for s in embedded)
+    return [n for n in ALL if n in DEFAULT or (n == "s3" and on_s3) or (n == "valkey_cluster" and on_cluster)
+            or (n == "valkey_tls" and on_tls)]
 
 
 def select(names: list[str] | None, cfg: DeltadrainConfig | None = None, *, every: bool = False) -> list[str]:

@@ -47,6 +47,7 @@ from deltadrain.sources.kafka.offsets import (
     Plan,
     announce_claims,
     attempts_so_far,
+    check_group,
     commit_group_offsets,
     committed,
     hold_positions,
@@ -341,6 +342,14 @@ class KafkaDrain(Drain):
                                complete=checkpoint.found_in == "commit")
         except OffsetError as exc:
             raise DrainError(f"pipeline '{p.name}': {exc}") from None
+        if plan.ranges and self.conf.get("security.protocol", "PLAINTEXT") != "PLAINTEXT":
+            # What the group holds, after a commit that changes nothing: a login without READ on the
+            # group stops here, before anything is read. Where the lake stands (else the range's start).
+            # Only where a login has ACLs (TLS or SASL), as check_secured: on the embedded PLAINTEXT
+            # listener this admin call crashed the test process (not understood yet; docs/config.md).
+            self.group = check_group(self.conf, self.source.group, self.source.topic,
+                                     [int(k) for k in plan.positions],
+                                     {q: int(positions.get(str(q), start)) for q, (start, _) in plan.ranges.items()})
         plan = self.count_dead_runs(plan, checkpoint.meta.get("crashes") or {}, checkpoint.run_id)
         self._lap("checkpoint")
         if plan.gaps:
@@ -407,7 +416,8 @@ class KafkaDrain(Drain):
         and the notices carry), and narrow this run's ranges where they did (`kafka.crashes`)."""
         parts = sorted(int(k) for k in plan.positions)
         try:
-            self.group = committed(self.conf, self.source.group, self.source.topic, parts, 10) if parts else {}
+            if self.group is None:  # else check_group read them
+                self.group = committed(self.conf, self.source.group, self.source.topic, parts, 10) if parts else {}
         except Exception as exc:
             self.group = None
             run_logger(self.summary.pipeline, self.run_id, self.summary.batch, source="kafka").warning(

@@ -384,6 +384,41 @@ def announce_claims(conf: dict, group: str, topic: str, ranges: dict[int, tuple[
     _commit(conf, group, offsets, deadline_s)
 
 
+def check_group(conf: dict, group: str, topic: str, partitions: list[int], lake: dict[int, int],
+                deadline_s: float = 10) -> dict[int, tuple[int | None, str | None]]:
+    """The group's offsets of `partitions` (as `committed` answers), after committing them as they are:
+    a login whose ACL lacks READ on the group (which the claim notices and the commit after the lake's
+    need) fails here, before the run reads anything, with GROUP_AUTHORIZATION_FAILED, instead of after
+    a lake commit it cannot follow in the group. Through the admin API: a consumer's commit only times
+    out waiting for a coordinator it may not use. The partitions in `lake` (those the run reads, with
+    where the lake's checkpoint stands) are committed: each keeps its offset and claim notice, and one
+    the group never committed gets the lake's position, as a claim notice would: never ahead of it."""
+    from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({k: v for k, v in conf.items() if k != "isolation.level"})
+
+    def one(futures):
+        return next(iter(futures.values())).result().topic_partitions
+
+    def listed():
+        asked = [TopicPartition(topic, p) for p in sorted(set(partitions) | set(lake))]
+        return one(admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group, asked)],
+                                                     request_timeout=deadline_s))
+
+    current = {tp.partition: (tp.offset if tp.offset >= 0 else None, tp.metadata or None)
+               for tp in _checked(patiently(listed, deadline_s))}
+    offsets = []
+    for p, position in sorted(lake.items()):
+        offset, meta = current.get(p, (None, None))
+        offsets.append(TopicPartition(topic, p, offset if offset is not None else position,
+                                      **({"metadata": meta} if meta else {})))
+    if offsets:
+        _checked(patiently(lambda: one(admin.alter_consumer_group_offsets(
+            [ConsumerGroupTopicPartitions(group, offsets)], request_timeout=deadline_s)), deadline_s))
+    return current
+
+
 def withdraw_claims(conf: dict, group: str, topic: str, partitions: list[int], run_id: str,
                     deadline_s: float = 10) -> None:
     """Take this run's claim notices off (a run that failed or lost the race); notices of other runs

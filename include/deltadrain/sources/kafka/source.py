@@ -19,6 +19,7 @@ class Kafka:
     kind = "kafka"
     service = "Kafka"
     address_field = "bootstrap_servers"
+    ca_field = "source.security.ssl_ca_location"
     holds_claims = False  # a range is not a lease: the next drain reads a failed run's offsets again
 
     def reads(self, pipeline) -> list[str]:
@@ -42,6 +43,17 @@ class Kafka:
             if name in names:
                 return kind, f"{name}: {error.str()}"
         return None
+
+    def acl_to_add(self, pipeline, reason: str) -> str | None:
+        from deltadrain.sources.kafka.acl import acl_to_add
+        from deltadrain.sources.kafka.client import sasl_credentials
+
+        source = pipeline.source
+        try:
+            user = sasl_credentials(source).username if source.security.sasl_mechanism else None
+        except Exception:  # the login cannot be read here: the grant names the principal generically
+            user = None
+        return acl_to_add(reason, source.topic, source.group, user)
 
     def drain(self, cfg, pipeline, spark, run_id=None):
         from deltadrain.sources.kafka.drain import KafkaDrain

@@ -68,6 +68,7 @@ class ClaimContext:
     failures_key: str
     gaps_key: str = ""  # where deleted-while-pending gaps are recorded (deltadrain.sources.valkey.gaps)
     cluster: bool = False  # `url` is a Valkey Cluster's seed URLs, joined by commas
+    ca_file: str | None = None  # over TLS: the CA the server's certificate must be signed by
 
 
 def allocate(cap: int, backlog: dict[str, int]) -> dict[str, int]:
@@ -209,7 +210,7 @@ def record_batch(chunk: Entries, decoder: BatchDecoder, arrow_schema):
 def _client(ctx: ClaimContext):
     from deltadrain.sources.valkey.client import connect
 
-    return connect(ctx.url, ctx.cluster, ctx.username, ctx.password, socket_timeout=60)
+    return connect(ctx.url, ctx.cluster, ctx.username, ctx.password, ctx.ca_file, socket_timeout=60)
 
 
 def run_claim(task: ClaimTask, ctx: ClaimContext) -> Iterator[Entries]:

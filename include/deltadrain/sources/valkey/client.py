@@ -55,16 +55,38 @@ def seed_urls(cfg: DeltadrainConfig, source: ValkeySource) -> list[str]:
         return source.seed_urls()
     from deltadrain.embedded import ports, valkey_cluster_seeds
 
-    return valkey_cluster_seeds(cfg) if source.cluster else [f"valkey://127.0.0.1:{ports(cfg).valkey}/0"]
+    if source.cluster:
+        return valkey_cluster_seeds(cfg)
+    if source.tls:
+        return [f"valkeys://127.0.0.1:{ports(cfg).valkey_tls}/0"]
+    return [f"valkey://127.0.0.1:{ports(cfg).valkey}/0"]
 
 
-def connect(urls: str, cluster: bool, username: str | None, password: str | None, **opts):
+def tls_ca(source: ValkeySource) -> str | None:
+    """The CA file the client trusts over TLS: the source's; unset on the embedded server's TLS port,
+    the CA its certificate was made with; else None (the system's, or no TLS)."""
+    if source.tls_ca_file or source.url or not source.tls:
+        return source.tls_ca_file
+    from deltadrain.embedded import valkey_ca_file
+
+    return str(valkey_ca_file())
+
+
+def connect(urls: str, cluster: bool, username: str | None, password: str | None, ca_file: str | None = None,
+            **opts):
     """A client of one server (`urls` one URL) or of a Valkey Cluster (`urls` its seed URLs joined by
     commas): the cluster client sends each key's command to the primary that owns its slot, and
-    follows MOVED (a slot moved, a replica promoted) and ASK (a slot migrating) redirections."""
+    follows MOVED (a slot moved, a replica promoted) and ASK (a slot migrating) redirections. Over
+    TLS (valkeys://, rediss://) the server's certificate must be signed by `ca_file` (else the system's
+    CAs) and name the host."""
     import valkey
 
     creds = {"password": password, **({"username": username} if username and password else {})}
+    if any(u.strip().startswith(("valkeys://", "rediss://")) for u in urls.split(",")):
+        # valkey-py checks the chain by default, not the name: a certificate of another host would pass.
+        opts["ssl_check_hostname"] = True
+        if ca_file:
+            opts["ssl_ca_certs"] = ca_file
     if not cluster:
         url = urls.replace("valkey://", "redis://", 1).replace("valkeys://", "rediss://", 1)
         return valkey.Valkey.from_url(url, **{k: v for k, v in creds.items() if v is not None}, **opts)
@@ -117,4 +139,4 @@ def valkey_client(cfg: DeltadrainConfig, pipeline: PipelineConfig, **kwargs):
     assert isinstance(source, ValkeySource)
     creds = source_credentials(source)
     opts = {"socket_timeout": 30, "socket_connect_timeout": 5, "health_check_interval": 30, **kwargs}
-    return connect(valkey_url(cfg, source), source.cluster, creds.username, creds.password, **opts)
+    return connect(valkey_url(cfg, source), source.cluster, creds.username, creds.password, tls_ca(source), **opts)

@@ -25,6 +25,7 @@ from deltadrain.sources.valkey.client import (
     as_text,
     group_counts,
     source_credentials,
+    tls_ca,
     valkey_client,
     valkey_url,
 )
@@ -85,7 +86,7 @@ def claim_context(cfg: DeltadrainConfig, pipeline: PipelineConfig, consumer: str
         consumer=consumer, min_idle_ms=pipeline.min_idle_ms, max_attempts=pipeline.max_retries + 1,
         fields=dict(schema.fields), id_field=schema.id_field, required=list(schema.required),
         max_bytes=pipeline.max_message_bytes, failures_key=failures_key(pipeline.name),
-        gaps_key=gaps_key(pipeline.name), cluster=source.cluster)
+        gaps_key=gaps_key(pipeline.name), cluster=source.cluster, ca_file=tls_ca(source))
 
 
 class ValkeyDrain(Drain):

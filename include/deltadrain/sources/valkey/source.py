@@ -11,6 +11,7 @@ class Valkey:
     kind = "valkey"
     service = "Valkey"
     address_field = "url"
+    ca_field = "source.tls_ca_file"
     holds_claims = True
 
     def reads(self, pipeline) -> list[str]:
@@ -34,11 +35,17 @@ class Valkey:
 
         if isinstance(exc, v.AuthenticationError):  # a wrong password, or none where the server needs one
             return "login_refused", str(exc)
+        if isinstance(exc, v.ConnectionError) and "CERTIFICATE_VERIFY_FAILED" in str(exc):
+            # valkey-py words a failed TLS handshake as a failure to connect: the certificate is the fix.
+            return "untrusted", str(exc)
         if isinstance(exc, v.ConnectionError | v.TimeoutError):
             return "unreachable", str(exc)
         if isinstance(exc, v.NoPermissionError):  # the user's ACL lacks a command or key
             return "denied", str(exc)
         return None
+
+    def acl_to_add(self, pipeline, reason: str) -> str | None:
+        return None  # the server's NOPERM answer names the command
 
     def drain(self, cfg, pipeline, spark, run_id=None):
         from deltadrain.sources.valkey.drain import ValkeyDrain
