@@ -276,6 +276,14 @@ class SchemaConfig(_Model):
     id_field: str
     fields: dict[str, str] = Field(min_length=1)
     required: list[str] = []
+    # json: each payload is a JSON object. avro: one schemaless Avro datum written with the schema in
+    # avro_schema_file (deltadrain.avro), optionally framed in the Confluent wire format.
+    format: Literal["json", "avro"] = "json"
+    # Relative to the config file; checked against `fields` when the config is loaded.
+    avro_schema_file: str | None = None
+    avro_wire: Literal["plain", "confluent"] = "plain"
+    # The schema id the Confluent-framed messages must carry; any other id is a dead letter.
+    avro_schema_id: int | None = Field(None, ge=0, le=2**31 - 1)
 
     @field_validator("fields")
     @classmethod
@@ -300,6 +308,22 @@ class SchemaConfig(_Model):
         unknown = [r for r in self.required if r not in self.fields]
         if unknown:
             raise ValueError(f"required names unknown fields {unknown}")
+        return self
+
+    @model_validator(mode="after")
+    def _format(self):
+        if self.format == "avro":
+            if not self.avro_schema_file:
+                raise ValueError("format avro needs avro_schema_file, the writer's schema (.avsc)")
+            if self.avro_wire == "confluent" and self.avro_schema_id is None:
+                raise ValueError("avro_wire confluent needs avro_schema_id, the id the messages carry")
+            if self.avro_wire == "plain" and self.avro_schema_id is not None:
+                raise ValueError("avro_schema_id is only read with avro_wire: confluent")
+        else:
+            given = [k for k in ("avro_schema_file", "avro_schema_id") if getattr(self, k) is not None]
+            given += ["avro_wire"] if "avro_wire" in self.model_fields_set else []
+            if given:
+                raise ValueError(f"{', '.join(given)} only apply to format: avro (this schema is {self.format})")
         return self
 
 
@@ -557,7 +581,8 @@ def parse_config(data: object, source: Path) -> DeltadrainConfig:
             where = f"pipeline '{pipeline}', field '{field}'" if pipeline else f"field '{field}'"
             lines.append(f"{source}: {where}: {msg}")
         raise ConfigError("\n".join(lines)) from None
-    cfg = cfg.model_copy(update={"source_file": source.resolve()})
+    cfg = cfg.model_copy(update={"source_file": source.resolve(),
+                                 "pipelines": [_with_avro_schema(p, source) for p in cfg.pipelines]})
     # One table per pipeline, apart from the others and from deltadrain's own tables (DLQs, quarantine,
     # metrics): the checks, backfills, replays and VACUUMs of one would act on the other's files.
     internal = (cfg.lake_dir() / "_deltadrain").resolve()
@@ -574,6 +599,26 @@ def parse_config(data: object, source: Path) -> DeltadrainConfig:
                                   "each pipeline needs a table of its own")
         seen[path] = p.name
     return cfg
+
+
+def _with_avro_schema(p: PipelineConfig, source: Path) -> PipelineConfig:
+    """An Avro pipeline with its schema file's path made absolute, once the file is read and found to
+    fill the declared fields; a ConfigError naming the file, pipeline and field otherwise."""
+    from deltadrain.avro import field_problems, load_schema
+
+    schema = p.payload_schema
+    if schema.format != "avro":
+        return p
+    path = Path(schema.avro_schema_file).expanduser()
+    path = (path if path.is_absolute() else source.resolve().parent / path).resolve()
+    where = f"{source}: pipeline '{p.name}', field 'schema.avro_schema_file'"
+    try:
+        problems = field_problems(load_schema(path), schema.fields, schema.id_field)
+    except ValueError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    if problems:
+        raise ConfigError(f"{where}: {path} cannot fill schema.fields: " + "; ".join(problems))
+    return p.model_copy(update={"payload_schema": schema.model_copy(update={"avro_schema_file": str(path)})})
 
 
 def _overlap(a: Path | LakeUrl, b: Path | LakeUrl) -> bool:

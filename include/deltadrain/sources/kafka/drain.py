@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from deltadrain import failpoints
+from deltadrain.avro import AvroPayload, payload_of
 from deltadrain.checkpoint import read_checkpoint
 from deltadrain.config import DeltadrainConfig, KafkaSource, PipelineConfig
 from deltadrain.decode import BatchDecoder
@@ -84,6 +85,7 @@ class DecodeContext:
     attempts: dict[tuple[int, int], int] = field(default_factory=dict)  # runs that tried (partition, offset)
     dead_runs: dict[int, DeadRuns] = field(default_factory=dict)  # partition -> runs that died reading it
     max_retries: int = 3
+    payload: AvroPayload | None = None  # Avro payloads' schema (deltadrain.avro); None: JSON
 
 
 def external_id(ctx: DecodeContext, key: bytes | None, headers) -> tuple[str | None, str | None]:
@@ -196,7 +198,7 @@ def read_ranges(spark, cfg: DeltadrainConfig, p: PipelineConfig, ranges: dict[in
     topic = source.topic
     ctx = DecodeContext(topic, dict(p.payload_schema.fields), p.payload_schema.id_field,
                         list(p.payload_schema.required), p.max_message_bytes, source.id_from,
-                        source.id_header, attempts, dead_runs or {}, p.max_retries)
+                        source.id_header, attempts, dead_runs or {}, p.max_retries, payload_of(p.payload_schema))
     total = sum(end - start for start, end in ranges.values())
     # Key mode reads no headers: a replayed record carries its identity in its key.
     headers = source.id_from != "key" if headers is None else headers

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from deltadrain.avro import AvroBatchDecoder, AvroPayload
 from deltadrain.decode import BatchDecoder
 from deltadrain.isolation import convicted, death_reason
 from deltadrain.positions import StreamId
@@ -68,6 +69,7 @@ class ClaimContext:
     failures_key: str
     gaps_key: str = ""  # where deleted-while-pending gaps are recorded (deltadrain.sources.valkey.gaps)
     cluster: bool = False  # `url` is a Valkey Cluster's seed URLs, joined by commas
+    payload: AvroPayload | None = None  # Avro payloads' schema (deltadrain.avro); None: JSON
 
 
 def allocate(cap: int, backlog: dict[str, int]) -> dict[str, int]:
@@ -162,9 +164,10 @@ def retries_run_out(ctx: ClaimContext, attempts: int, data, last_failure: dict |
 
 
 def decoder_for(ctx, arrow_schema) -> BatchDecoder:
-    """The decoder of a claim or Kafka read context (fields, id_field, required, max_bytes)."""
-    return BatchDecoder(fields=ctx.fields, id_field=ctx.id_field, required=ctx.required, max_bytes=ctx.max_bytes,
-                        types={f.name: f.type for f in arrow_schema if f.name in ctx.fields})
+    """The decoder of a claim or Kafka read context (fields, id_field, required, max_bytes, payload)."""
+    kwargs = {"fields": ctx.fields, "id_field": ctx.id_field, "required": ctx.required, "max_bytes": ctx.max_bytes,
+              "types": {f.name: f.type for f in arrow_schema if f.name in ctx.fields}}
+    return AvroBatchDecoder(ctx.payload, **kwargs) if ctx.payload is not None else BatchDecoder(**kwargs)
 
 
 def unstorable_id(positions: list[str]) -> str | None:

@@ -12,6 +12,7 @@ import json
 from datetime import UTC, datetime
 
 from deltadrain import failpoints
+from deltadrain.avro import payload_of
 from deltadrain.checkpoint import read_checkpoint
 from deltadrain.config import DeltadrainConfig, PipelineConfig, ValkeySource
 from deltadrain.drain import GO_ON_PAST, Drain, DrainError, claim_schema
@@ -75,7 +76,7 @@ def claim_context(cfg: DeltadrainConfig, pipeline: PipelineConfig, consumer: str
         consumer=consumer, min_idle_ms=pipeline.min_idle_ms, max_attempts=pipeline.max_retries + 1,
         fields=dict(schema.fields), id_field=schema.id_field, required=list(schema.required),
         max_bytes=pipeline.max_message_bytes, failures_key=failures_key(pipeline.name),
-        gaps_key=gaps_key(pipeline.name), cluster=source.cluster)
+        gaps_key=gaps_key(pipeline.name), cluster=source.cluster, payload=payload_of(schema))
 
 
 class ValkeyDrain(Drain):
