@@ -183,7 +183,12 @@ def decode_avro(data: bytes | None, payload: AvroPayload, *, fields: dict[str, s
         if "Expected -" in str(exc):  # a negative length: not Avro written with this schema, not a short one
             return _bad("invalid_avro", f"Avro body does not match the schema: a negative length ({exc})")
         return _bad("truncated", f"Avro body of {len(body)} bytes ends before its datum does ({exc})")
-    except Exception as exc:  # garbage reads as an out-of-range union or enum index, bad UTF-8, ...
+    except IndexError as exc:
+        if "string index" in str(exc):  # fastavro's varint reader ran past the end of the body
+            return _bad("truncated", f"Avro body of {len(body)} bytes ends before its datum does (in a number)")
+        return _bad("invalid_avro", f"Avro body does not match the schema: a union or enum index out of range "
+                                    f"({exc})")
+    except Exception as exc:  # garbage read as bad UTF-8, a huge length, ...
         return _bad("invalid_avro", f"Avro body does not match the schema: {type(exc).__name__}: {exc}"[:300])
     if fo.tell() != len(body):
         return _bad("invalid_avro", f"Avro body has {len(body) - fo.tell()} bytes after its datum of {fo.tell()} "
