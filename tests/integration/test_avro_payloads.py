@@ -93,7 +93,6 @@ def test_avro_pipelines_drain_exactly_once_across_a_kill_and_dead_letter_bad_bod
     assert len(again) == replayed.replayed and {v for v in again.values()} == {
         ("unknown_schema_id", "unknown schema id 2 (this pipeline reads schema id 1)")}
     assert sum(r.state == "REPLAYED" for r in rows) == replayed.replayed
-    assert spark.read.format("delta").load(str(c.target_path(p))).count() == len(result.valid_ids)
 
     # Valkey: stream values are the plain Avro datums.
     (tmp_path / "v").mkdir()
