@@ -224,3 +224,50 @@ def test_produce_writes_avro_for_an_avro_pipeline_and_each_bad_kind_gets_its_dea
         assert got == Counter((m.kind, None if m.kind == "valid" else avro_error_type(p, m.kind)) for m in msgs)
         valid = [i for i, m in enumerate(msgs) if m.kind == "valid"]
         assert [cols["_dd_message_id"][i].as_py() for i in valid] == [msgs[i].key for i in valid]
+
+
+def test_the_column_wise_path_gives_the_per_message_verdicts_row_for_row():
+    schema = {"type": "record", "name": "R", "fields": [
+        {"name": "id", "type": ["null", "string"]}, {"name": "n", "type": "long"}, {"name": "i", "type": "int"},
+        {"name": "d", "type": ["null", "double"]}, {"name": "e", "type": {"type": "enum", "name": "E", "symbols": ["X"]}},
+        {"name": "ts", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+        {"name": "day", "type": {"type": "int", "logicalType": "date"}}, {"name": "raw", "type": "bytes"}]}
+    fields = {"id": "string", "n": "long", "i": "int", "d": "double", "e": "string", "ts": "timestamp", "day": "date",
+              "raw": "binary"}
+    types = {"id": pa.string(), "n": pa.int64(), "i": pa.int32(), "d": pa.float64(), "e": pa.string(),
+             "ts": pa.timestamp("us", tz="UTC"), "day": pa.date32(), "raw": pa.binary()}
+
+    def row(k, **changes):
+        return {"id": f"m-{k}", "n": k * 10**12, "i": k, "d": k / 7, "e": "X",
+                "ts": datetime(2026, 5, 1, tzinfo=UTC).replace(microsecond=k * 1000 % 1_000_000),
+                "day": date(2026, 5, 1 + k % 28), "raw": bytes([k % 256]), **changes}
+
+    p = AvroPayload(json.dumps(schema), "confluent", 3)
+    good = [encode(row(k), schema, wire="confluent", schema_id=3) for k in range(60)]
+    odd = [encode(row(60, id=None), schema, wire="confluent", schema_id=3),  # falls back, or dead without a fallback
+           encode(row(61, id="  "), schema, wire="confluent", schema_id=3),  # a blank id
+           encode(row(62, d=None), schema, wire="confluent", schema_id=3),  # required null
+           encode(row(63, d=math.inf), schema, wire="confluent", schema_id=3),
+           encode(row(64), schema, wire="confluent", schema_id=4), b"", None,
+           encode(row(65), schema, wire="confluent", schema_id=3)[:-1],
+           encode(row(66), schema, wire="confluent", schema_id=3) + b"\x00"]
+    common = {"fields": fields, "id_field": "id", "required": ["id", "n", "d"], "max_bytes": 4096, "types": types}
+    fast = AvroBatchDecoder(p, **common)
+    slow = AvroBatchDecoder(p, **common)
+    slow.fast = False
+    assert fast.fast
+    for values in (good + odd, odd + good, good):
+        for extra in ({}, {"fallback_ids": [f"t-0-{k}" for k in range(len(values))]},
+                      {"message_ids": ["key-1" if k == 3 else None for k in range(len(values))]}):
+            a, b = fast.columns(values, **extra), slow.columns(values, **extra)
+            assert a.keys() == b.keys()
+            for name in a:
+                assert a[name].equals(b[name]), (name, a[name], b[name])
+    # An int column Arrow refuses sends the chunk message by message: the same verdicts.
+    wide = [encode(row(k, i=2**31 if k == 5 else k), schema, wire="confluent", schema_id=3) for k in range(10)]
+    a, b = fast.columns(wide), slow.columns(wide)
+    assert all(a[name].equals(b[name]) for name in a)
+    assert a["_dd_error"][5].as_py() == "field 'i' should be int, got 2147483648"
+    # Schemas whose fields Arrow would convert otherwise decode message by message.
+    assert not AvroBatchDecoder(payload(), fields=FIELDS, id_field="id", required=REQUIRED, max_bytes=4096,
+                                types={}).fast
