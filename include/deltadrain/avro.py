@@ -56,6 +56,9 @@ class AvroPayload:
             self._parsed.append(fastavro.parse_schema(json.loads(self.schema_json)))
         return self._parsed[0]
 
+    def decoder(self, **kwargs) -> BatchDecoder:
+        return AvroBatchDecoder(self, **kwargs)
+
 
 def load_schema(path: Path) -> dict:
     """The Avro schema in `path`, parsed and checked by fastavro; ValueError with the reason otherwise."""

@@ -278,12 +278,18 @@ class SchemaConfig(_Model):
     required: list[str] = []
     # json: each payload is a JSON object. avro: one schemaless Avro datum written with the schema in
     # avro_schema_file (deltadrain.avro), optionally framed in the Confluent wire format.
-    format: Literal["json", "avro"] = "json"
+    # protobuf: one serialized message of protobuf_message (deltadrain.protobuf).
+    format: Literal["json", "avro", "protobuf"] = "json"
     # Relative to the config file; checked against `fields` when the config is loaded.
     avro_schema_file: str | None = None
+    # The wire of Avro and Protobuf bodies alike (the Confluent frame adds message indexes for Protobuf).
     avro_wire: Literal["plain", "confluent"] = "plain"
     # The schema id the Confluent-framed messages must carry; any other id is a dead letter.
     avro_schema_id: int | None = Field(None, ge=0, le=2**31 - 1)
+    # A serialized FileDescriptorSet (protoc --include_imports --descriptor_set_out), relative to the
+    # config file, and the full name of the message each body is.
+    protobuf_descriptor_file: str | None = None
+    protobuf_message: str | None = None
 
     @field_validator("fields")
     @classmethod
@@ -312,18 +318,22 @@ class SchemaConfig(_Model):
 
     @model_validator(mode="after")
     def _format(self):
-        if self.format == "avro":
-            if not self.avro_schema_file:
-                raise ValueError("format avro needs avro_schema_file, the writer's schema (.avsc)")
+        if self.format == "avro" and not self.avro_schema_file:
+            raise ValueError("format avro needs avro_schema_file, the writer's schema (.avsc)")
+        if self.format == "protobuf" and not (self.protobuf_descriptor_file and self.protobuf_message):
+            raise ValueError("format protobuf needs protobuf_descriptor_file (a descriptor set: protoc "
+                             "--include_imports --descriptor_set_out) and protobuf_message (the message's full name)")
+        if self.format in ("avro", "protobuf"):
             if self.avro_wire == "confluent" and self.avro_schema_id is None:
                 raise ValueError("avro_wire confluent needs avro_schema_id, the id the messages carry")
             if self.avro_wire == "plain" and self.avro_schema_id is not None:
                 raise ValueError("avro_schema_id is only read with avro_wire: confluent")
-        else:
-            given = [k for k in ("avro_schema_file", "avro_schema_id") if getattr(self, k) is not None]
-            given += ["avro_wire"] if "avro_wire" in self.model_fields_set else []
-            if given:
-                raise ValueError(f"{', '.join(given)} only apply to format: avro (this schema is {self.format})")
+        framed = ["avro_schema_id"] * (self.avro_schema_id is not None) + ["avro_wire"] * ("avro_wire" in self.model_fields_set)
+        for fmt, keys in (("avro", ["avro_schema_file"]), ("protobuf", ["protobuf_descriptor_file", "protobuf_message"]),
+                          ("avro or protobuf", framed)):
+            given = [k for k in keys if k in framed or getattr(self, k) is not None]
+            if given and self.format not in fmt.split(" or "):
+                raise ValueError(f"{', '.join(given)} only apply to format: {fmt} (this schema is {self.format})")
         return self
 
 
@@ -602,11 +612,13 @@ def parse_config(data: object, source: Path) -> DeltadrainConfig:
 
 
 def _with_avro_schema(p: PipelineConfig, source: Path) -> PipelineConfig:
-    """An Avro pipeline with its schema file's path made absolute, once the file is read and found to
-    fill the declared fields; a ConfigError naming the file, pipeline and field otherwise."""
+    """An Avro or Protobuf pipeline with its schema file's path made absolute, once the file is read and
+    found to fill the declared fields; a ConfigError naming the file, pipeline and field otherwise."""
     from deltadrain.avro import field_problems, load_schema
 
     schema = p.payload_schema
+    if schema.format == "protobuf":
+        return _with_protobuf_descriptor(p, source)
     if schema.format != "avro":
         return p
     path = Path(schema.avro_schema_file).expanduser()
@@ -619,6 +631,24 @@ def _with_avro_schema(p: PipelineConfig, source: Path) -> PipelineConfig:
     if problems:
         raise ConfigError(f"{where}: {path} cannot fill schema.fields: " + "; ".join(problems))
     return p.model_copy(update={"payload_schema": schema.model_copy(update={"avro_schema_file": str(path)})})
+
+
+def _with_protobuf_descriptor(p: PipelineConfig, source: Path) -> PipelineConfig:
+    from deltadrain.protobuf import field_problems, load_descriptor
+
+    schema = p.payload_schema
+    path = Path(schema.protobuf_descriptor_file).expanduser()
+    path = (path if path.is_absolute() else source.resolve().parent / path).resolve()
+    where = f"{source}: pipeline '{p.name}', field 'schema.protobuf_descriptor_file'"
+    try:
+        _, desc = load_descriptor(path, schema.protobuf_message)
+    except ValueError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    problems = field_problems(desc, schema.fields, schema.id_field)
+    if problems:
+        raise ConfigError(f"{where}: message {schema.protobuf_message} cannot fill schema.fields: "
+                          + "; ".join(problems))
+    return p.model_copy(update={"payload_schema": schema.model_copy(update={"protobuf_descriptor_file": str(path)})})
 
 
 def _overlap(a: Path | LakeUrl, b: Path | LakeUrl) -> bool:

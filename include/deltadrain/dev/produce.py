@@ -169,14 +169,71 @@ class _AvroWriter:
         raise ValueError(kind)
 
 
+# A Protobuf pipeline's bad messages, with their DLQ error types (the last two only in the Confluent wire
+# format). Bytes after a message are not a mistake in Protobuf (more fields), so there is no trailing kind.
+PROTOBUF_MALFORMED = {"empty": "empty", "truncated": "truncated", "not_protobuf": "invalid_protobuf",
+                      "not_finite": "schema", "wrong_magic_byte": "wrong_magic_byte",
+                      "unknown_schema_id": "unknown_schema_id"}
+
+
+def protobuf_error_type(pipeline: PipelineConfig, kind: str) -> str:
+    """The DLQ error type of a bad kind in this Protobuf pipeline: JSON text fails the Confluent frame first."""
+    if kind == "not_protobuf" and pipeline.payload_schema.avro_wire == "confluent":
+        return "wrong_magic_byte"
+    return PROTOBUF_MALFORMED[kind]
+
+
+class _ProtobufWriter:
+    """The sample events as messages of the pipeline's Protobuf type: each field takes the event's value
+    of that name (ISO text parsed for a Timestamp, upper-cased for an enum), unset when it has none."""
+
+    def __init__(self, pipeline: PipelineConfig):
+        from deltadrain.protobuf import kind_of, payload_of
+
+        self.payload = payload_of(pipeline.payload_schema)
+        self.kinds = {f.name: kind_of(f) for f in self.payload.descriptor().fields}
+        self.wire = pipeline.payload_schema.avro_wire
+
+    def record(self, payload: dict) -> dict:
+        out = {}
+        for name, kind in self.kinds.items():
+            value = payload.get(name)
+            if isinstance(value, str) and kind == "timestamp":
+                value = datetime.fromisoformat(value)
+            elif isinstance(value, str) and kind == "enum":
+                value = value.upper()
+            out[name] = value
+        return out
+
+    def encode(self, payload: dict, schema_id: int | None = None) -> bytes:
+        from deltadrain.protobuf import encode
+
+        return encode(self.record(payload), self.payload, schema_id=schema_id)
+
+    def malformed(self, kind: str, good: dict) -> bytes:
+        if kind == "empty":
+            return b""
+        if kind == "truncated":  # the last field (the example's event_time) cut inside
+            return self.encode(good)[:-1]
+        if kind == "not_protobuf":  # a JSON producer writing to a Protobuf topic
+            return json.dumps(good).encode()
+        if kind == "not_finite":  # valid Protobuf, but no double column takes NaN (as in JSON)
+            return self.encode({**good, "amount": float("nan")})
+        if kind == "wrong_magic_byte":
+            return b"\x01" + self.encode(good)[1:]
+        if kind == "unknown_schema_id":
+            return self.encode(good, schema_id=(self.payload.schema_id or 0) + 1)
+        raise ValueError(kind)
+
+
 def generate(pipeline: PipelineConfig, count: int, seed: int = 0, malformed_ratio: float = 0.0,
              poison_ratio: float = 0.0, start: int = 0) -> Iterator[Message]:
     """Messages `start .. start+count-1` of the deterministic sequence for `seed`: JSON, or Avro datums
-    of the pipeline's schema file when its `schema.format` is avro."""
+    of the pipeline's schema file, or Protobuf messages of its type, as its `schema.format` says."""
     if not 0 <= malformed_ratio <= 1 or not 0 <= poison_ratio <= 1 or malformed_ratio + poison_ratio > 1:
         raise ValueError("ratios must be within 0..1 and add up to at most 1")
-    if pipeline.payload_schema.format == "avro":
-        yield from _generate_avro(pipeline, count, seed, malformed_ratio, poison_ratio, start)
+    if pipeline.payload_schema.format in ("avro", "protobuf"):
+        yield from _generate_encoded(pipeline, count, seed, malformed_ratio, poison_ratio, start)
         return
     base = datetime(2026, 1, 1, tzinfo=UTC) + timedelta(days=seed % 365)
     for i in range(start, start + count):
@@ -193,9 +250,13 @@ def generate(pipeline: PipelineConfig, count: int, seed: int = 0, malformed_rati
             yield Message(i, eid, json.dumps(_valid_payload(rng, eid, when)).encode(), "valid")
 
 
-def _generate_avro(pipeline, count, seed, malformed_ratio, poison_ratio, start) -> Iterator[Message]:
-    writer = _AvroWriter(pipeline)
-    kinds = avro_bad_kinds(pipeline)
+def _generate_encoded(pipeline, count, seed, malformed_ratio, poison_ratio, start) -> Iterator[Message]:
+    if pipeline.payload_schema.format == "protobuf":
+        writer = _ProtobufWriter(pipeline)
+        kinds = tuple(k for k in PROTOBUF_MALFORMED if writer.wire == "confluent"
+                      or k not in ("wrong_magic_byte", "unknown_schema_id"))
+    else:
+        writer, kinds = _AvroWriter(pipeline), avro_bad_kinds(pipeline)
     base = datetime(2026, 1, 1, tzinfo=UTC) + timedelta(days=seed % 365)
     for i in range(start, start + count):
         rng = random.Random(f"{seed}:{i}")

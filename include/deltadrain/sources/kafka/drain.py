@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from deltadrain import failpoints
-from deltadrain.avro import AvroPayload, payload_of
 from deltadrain.checkpoint import read_checkpoint
 from deltadrain.config import DeltadrainConfig, KafkaSource, PipelineConfig
 from deltadrain.decode import BatchDecoder
@@ -28,6 +27,7 @@ from deltadrain.drain import GO_ON_PAST, BatchFailure, Drain, DrainError, claim_
 from deltadrain.isolation import convicted
 from deltadrain.logs import run_logger
 from deltadrain.outcome import Outcome
+from deltadrain.payloads import Payload, payload_of
 from deltadrain.sources.kafka.client import (
     check_secured,
     kafka_client_conf,
@@ -85,7 +85,7 @@ class DecodeContext:
     attempts: dict[tuple[int, int], int] = field(default_factory=dict)  # runs that tried (partition, offset)
     dead_runs: dict[int, DeadRuns] = field(default_factory=dict)  # partition -> runs that died reading it
     max_retries: int = 3
-    payload: AvroPayload | None = None  # Avro payloads' schema (deltadrain.avro); None: JSON
+    payload: Payload | None = None  # Avro or Protobuf payloads' schema (deltadrain.payloads); None: JSON
 
 
 def external_id(ctx: DecodeContext, key: bytes | None, headers) -> tuple[str | None, str | None]:

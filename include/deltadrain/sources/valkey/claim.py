@@ -13,9 +13,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from deltadrain.avro import AvroBatchDecoder, AvroPayload
 from deltadrain.decode import BatchDecoder
 from deltadrain.isolation import convicted, death_reason
+from deltadrain.payloads import Payload
 from deltadrain.positions import StreamId
 from deltadrain.sources.valkey.client import VALKEY_FIELD, as_text
 from deltadrain.sources.valkey.gaps import (
@@ -69,7 +69,7 @@ class ClaimContext:
     failures_key: str
     gaps_key: str = ""  # where deleted-while-pending gaps are recorded (deltadrain.sources.valkey.gaps)
     cluster: bool = False  # `url` is a Valkey Cluster's seed URLs, joined by commas
-    payload: AvroPayload | None = None  # Avro payloads' schema (deltadrain.avro); None: JSON
+    payload: Payload | None = None  # Avro or Protobuf payloads' schema (deltadrain.payloads); None: JSON
 
 
 def allocate(cap: int, backlog: dict[str, int]) -> dict[str, int]:
@@ -167,7 +167,7 @@ def decoder_for(ctx, arrow_schema) -> BatchDecoder:
     """The decoder of a claim or Kafka read context (fields, id_field, required, max_bytes, payload)."""
     kwargs = {"fields": ctx.fields, "id_field": ctx.id_field, "required": ctx.required, "max_bytes": ctx.max_bytes,
               "types": {f.name: f.type for f in arrow_schema if f.name in ctx.fields}}
-    return AvroBatchDecoder(ctx.payload, **kwargs) if ctx.payload is not None else BatchDecoder(**kwargs)
+    return ctx.payload.decoder(**kwargs) if ctx.payload is not None else BatchDecoder(**kwargs)
 
 
 def unstorable_id(positions: list[str]) -> str | None:

@@ -12,12 +12,12 @@ import json
 from datetime import UTC, datetime
 
 from deltadrain import failpoints
-from deltadrain.avro import payload_of
 from deltadrain.checkpoint import read_checkpoint
 from deltadrain.config import DeltadrainConfig, PipelineConfig, ValkeySource
 from deltadrain.drain import GO_ON_PAST, Drain, DrainError, claim_schema
 from deltadrain.logs import fields, run_logger
 from deltadrain.outcome import Outcome
+from deltadrain.payloads import payload_of
 from deltadrain.positions import merge_positions
 from deltadrain.sources.valkey.acknowledge import acknowledge, release
 from deltadrain.sources.valkey.acl import acl_probe_key, check_after_commit
