@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ ACCEPTS = {
 ID_KINDS = {"string"} | INTS  # ids are merged on their text, as JSON integer ids are
 
 
+@cache
 def _kind_names() -> dict[int, str]:
     from google.protobuf.descriptor import FieldDescriptor as F
 
@@ -68,8 +70,14 @@ class ProtobufPayload:
             from google.protobuf import message_factory
 
             desc = build_pool(self.descriptor_set).FindMessageTypeByName(self.message)
-            self._built.extend([desc, message_factory.GetMessageClass(desc), message_indexes(desc)])
+            kinds = {fd.name: (fd, kind_of(fd)) for fd in desc.fields}
+            self._built.extend([desc, message_factory.GetMessageClass(desc), message_indexes(desc), kinds])
         return self._built[0]
+
+    def fields(self) -> dict:
+        """Field name -> (its descriptor, its kind), worked out once per task."""
+        self.descriptor()
+        return self._built[3]
 
     def message_class(self):
         self.descriptor()
@@ -315,12 +323,12 @@ def decode_protobuf(data: bytes | None, payload: ProtobufPayload, *, fields: dic
         return _bad("invalid_protobuf", f"Protobuf body is not a {payload.message}: {exc}"[:300])
     except Exception as exc:  # a recursion limit or another refusal of the parser
         return _bad("invalid_protobuf", f"Protobuf body is not a {payload.message}: {type(exc).__name__}: {exc}"[:300])
-    desc = payload.descriptor()
+    described = payload.fields()
     record = {}
     for name in fields:
-        fd = desc.fields_by_name[name]
+        fd, kind = described[name]
         try:
-            record[name] = _value(msg, fd, kind_of(fd))
+            record[name] = _value(msg, fd, kind)
         except (LookupError, ValueError, OverflowError, OSError) as exc:  # an unnamed enum, a timestamp out of range
             return _bad("schema", f"field '{name}': {exc}"[:200], message_id)
     raw_id = record.get(id_field)

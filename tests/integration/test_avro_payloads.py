@@ -1,6 +1,6 @@
-"""Avro payloads end to end, against the real broker, Valkey, Spark and Delta: drained exactly once
-across a kill between the lake commit and the group commit, bad bodies in the DLQ with their
-reasons, and a replayed dead letter that dies again with the same reason."""
+"""Avro and Protobuf payloads end to end, against the real broker, Valkey, Spark and Delta: drained
+exactly once across a kill between the lake commit and the group commit, bad bodies in the DLQ with
+their reasons, and a replayed dead letter that dies again with the same reason."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ import pytest
 import yaml
 
 from deltadrain.catchup import drain
-from deltadrain.dev.produce import avro_error_type, ensure_topic, generate, produce
+from deltadrain.dev.produce import avro_error_type, ensure_topic, generate, produce, protobuf_error_type
 from deltadrain.failpoints import fired
+from deltadrain.payloads import payload_of
 from deltadrain.replay import ReplayRequest, replay
 from deltadrain.sources.kafka.client import kafka_client_conf
 from tests.integration.helpers import ROOT, cli_drain, dlq_rows, write_config
@@ -25,16 +26,20 @@ from tests.integration.test_kafka_drain import drain_until_done, end_offsets, gr
 
 EXAMPLE = ROOT / "config" / "pipelines.avro.yaml"
 SCHEMA_FILE = ROOT / "config" / "schemas" / "clicks.avsc"
+PROTO_EXAMPLE = ROOT / "config" / "pipelines.protobuf.yaml"
 
 
-def avro_pipeline(tmp_path, example: str, source):
+def avro_pipeline(tmp_path, example: str, source, example_file=EXAMPLE):
     """The example's pipeline `example` under a name, source and tables of its own: (path, cfg, p)."""
-    data = yaml.safe_load(EXAMPLE.read_text())
+    data = yaml.safe_load(example_file.read_text())
     pipe = next(p for p in data["pipelines"] if p["name"] == example)
     name = f"a_{uuid.uuid4().hex[:8]}"
     pipe["name"] = name
     pipe["target"]["path"] = name
-    pipe["schema"]["avro_schema_file"] = str(SCHEMA_FILE)  # the config is written elsewhere
+    if pipe["schema"]["format"] == "avro":  # the config is written elsewhere
+        pipe["schema"]["avro_schema_file"] = str(SCHEMA_FILE)
+    else:
+        pipe["schema"]["protobuf_descriptor_file"] = str(ROOT / "config" / "schemas" / "clicks.desc")
     pipe["source"].update(source(name))
     return write_config(tmp_path, data, pipe)
 
@@ -44,7 +49,7 @@ def dead_by_place(rows) -> dict:
 
 
 @pytest.mark.slow
-def test_avro_pipelines_drain_exactly_once_across_a_kill_and_dead_letter_bad_bodies_with_reasons(
+def test_avro_and_protobuf_pipelines_drain_exactly_once_and_dead_letter_bad_bodies_with_reasons(
         tmp_path, cfg, spark, kafka_broker, valkey_server):
     (tmp_path / "k").mkdir()
     path, c, p = avro_pipeline(tmp_path / "k", "clicks_avro",
@@ -107,3 +112,32 @@ def test_avro_pipelines_drain_exactly_once_across_a_kill_and_dead_letter_bad_bod
     assert_valkey_exactly_once(spark, vc, vp, client, vresult.valid_ids, set(vresult.places))
     vdead = dead_by_place(dlq_rows(spark, vc, vp))
     assert {vdead[place][0] for place in vresult.places} == {"empty", "truncated", "invalid_avro", "schema"}
+
+    # Protobuf in the Confluent frame on Kafka: every valid message once, each bad body at its place.
+    (tmp_path / "p").mkdir()
+    _, pc, pp = avro_pipeline(tmp_path / "p", "clicks_proto",
+                              lambda name: {"topic": name, "group": f"{name}-group", "partitions": 2}, PROTO_EXAMPLE)
+    ensure_topic(kafka_client_conf(pc, pp), pp.source.topic, 2)
+    presult = produce(pc, pp, 400, seed=51, malformed_ratio=0.15)
+    assert set(presult.places.values()) == {"empty", "truncated", "not_protobuf", "not_finite", "wrong_magic_byte",
+                                            "unknown_schema_id"}
+    # One run takes the whole topic (its batch_cap is above 400): nothing is left for a second one.
+    run = drain(pc, pp, spark=spark)
+    assert (run.claimed, run.written, run.dead_lettered) == (400, len(presult.valid_ids), len(presult.places))
+    assert group_of(pc, pp) == {k: int(v) for k, v in end_offsets(pc, pp).items()}
+    prows = spark.read.format("delta").load(str(pc.target_path(pp))).collect()
+    ptable = {r.event_id: r for r in prows}
+    assert len(prows) == len(ptable) == len(presult.valid_ids) and set(ptable) == set(presult.valid_ids)
+    payload = payload_of(pp.payload_schema)
+    status = payload.descriptor().fields_by_name["status"].enum_type
+    for m in generate(pp, 400, seed=51, malformed_ratio=0.15):
+        if m.kind == "valid":
+            want = payload.message_class().FromString(m.value[6:])  # magic, id, the single-0 index
+            row = ptable[m.key]
+            assert (row.customer, row.amount, row.quantity, row.event_time.astimezone(UTC)) == (
+                want.customer, want.amount, want.quantity, want.event_time.ToDatetime(tzinfo=UTC))
+            assert row.status == status.values_by_number[want.status].name.lower()
+    pdead = dead_by_place(dlq_rows(spark, pc, pp))
+    assert set(pdead) == set(presult.places)
+    for place, kind in presult.places.items():
+        assert pdead[place][0] == protobuf_error_type(pp, kind), (place, kind, pdead[place])
