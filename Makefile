@@ -7,7 +7,7 @@ JARS  := .cache/jars
 LOG_STORE := jvm/logstore/pom.xml $(wildcard jvm/logstore/src/main/java/dev/deltadrain/storage/*.java)
 S3_LOG_STORE := jvm/s3logstore/pom.xml $(wildcard jvm/s3logstore/src/main/java/dev/deltadrain/storage/*.java)
 
-.PHONY: install venv jars jvm-archive browser tls-terminator demo test test-fast lint bench lock services-down clean
+.PHONY: install venv jars proto jvm-archive browser tls-terminator demo test test-fast lint bench lock services-down clean
 
 install: venv $(STAMP) jars jvm-archive
 
@@ -65,6 +65,11 @@ test: install browser tls-terminator
 # The quick loop while developing: skips the slow end-to-end tests.
 test-fast: install
 	$(BIN)/pytest -m "not slow"
+
+# The example's Protobuf descriptor set, from its .proto (tests/unit/test_protobuf.py checks they agree).
+proto: venv $(STAMP)
+	cd config/schemas && $(CURDIR)/$(BIN)/python -m grpc_tools.protoc -I. --include_imports \
+		--descriptor_set_out=clicks.desc clicks.proto
 
 lint: venv $(STAMP)
 	$(BIN)/ruff check .

@@ -304,6 +304,20 @@ class SchemaConfig(_Model):
     id_field: str
     fields: dict[str, str] = Field(min_length=1)
     required: list[str] = []
+    # json: each payload is a JSON object. avro: one schemaless Avro datum written with the schema in
+    # avro_schema_file (deltadrain.avro), optionally framed in the Confluent wire format.
+    # protobuf: one serialized message of protobuf_message (deltadrain.protobuf).
+    format: Literal["json", "avro", "protobuf"] = "json"
+    # Relative to the config file; checked against `fields` when the config is loaded.
+    avro_schema_file: str | None = None
+    # The wire of Avro and Protobuf bodies alike (the Confluent frame adds message indexes for Protobuf).
+    avro_wire: Literal["plain", "confluent"] = "plain"
+    # The schema id the Confluent-framed messages must carry; any other id is a dead letter.
+    avro_schema_id: int | None = Field(None, ge=0, le=2**31 - 1)
+    # A serialized FileDescriptorSet (protoc --include_imports --descriptor_set_out), relative to the
+    # config file, and the full name of the message each body is.
+    protobuf_descriptor_file: str | None = None
+    protobuf_message: str | None = None
 
     @field_validator("fields")
     @classmethod
@@ -328,6 +342,26 @@ class SchemaConfig(_Model):
         unknown = [r for r in self.required if r not in self.fields]
         if unknown:
             raise ValueError(f"required names unknown fields {unknown}")
+        return self
+
+    @model_validator(mode="after")
+    def _format(self):
+        if self.format == "avro" and not self.avro_schema_file:
+            raise ValueError("format avro needs avro_schema_file, the writer's schema (.avsc)")
+        if self.format == "protobuf" and not (self.protobuf_descriptor_file and self.protobuf_message):
+            raise ValueError("format protobuf needs protobuf_descriptor_file (a descriptor set: protoc "
+                             "--include_imports --descriptor_set_out) and protobuf_message (the message's full name)")
+        if self.format in ("avro", "protobuf"):
+            if self.avro_wire == "confluent" and self.avro_schema_id is None:
+                raise ValueError("avro_wire confluent needs avro_schema_id, the id the messages carry")
+            if self.avro_wire == "plain" and self.avro_schema_id is not None:
+                raise ValueError("avro_schema_id is only read with avro_wire: confluent")
+        framed = ["avro_schema_id"] * (self.avro_schema_id is not None) + ["avro_wire"] * ("avro_wire" in self.model_fields_set)
+        for fmt, keys in (("avro", ["avro_schema_file"]), ("protobuf", ["protobuf_descriptor_file", "protobuf_message"]),
+                          ("avro or protobuf", framed)):
+            given = [k for k in keys if k in framed or getattr(self, k) is not None]
+            if given and self.format not in fmt.split(" or "):
+                raise ValueError(f"{', '.join(given)} only apply to format: {fmt} (this schema is {self.format})")
         return self
 
 
@@ -585,7 +619,8 @@ def parse_config(data: object, source: Path) -> DeltadrainConfig:
             where = f"pipeline '{pipeline}', field '{field}'" if pipeline else f"field '{field}'"
             lines.append(f"{source}: {where}: {msg}")
         raise ConfigError("\n".join(lines)) from None
-    cfg = cfg.model_copy(update={"source_file": source.resolve()})
+    cfg = cfg.model_copy(update={"source_file": source.resolve(),
+                                 "pipelines": [_with_avro_schema(p, source) for p in cfg.pipelines]})
     # One table per pipeline, apart from the others and from deltadrain's own tables (DLQs, quarantine,
     # metrics): the checks, backfills, replays and VACUUMs of one would act on the other's files.
     internal = (cfg.lake_dir() / "_deltadrain").resolve()
@@ -602,6 +637,46 @@ def parse_config(data: object, source: Path) -> DeltadrainConfig:
                                   "each pipeline needs a table of its own")
         seen[path] = p.name
     return cfg
+
+
+def _with_avro_schema(p: PipelineConfig, source: Path) -> PipelineConfig:
+    """An Avro or Protobuf pipeline with its schema file's path made absolute, once the file is read and
+    found to fill the declared fields; a ConfigError naming the file, pipeline and field otherwise."""
+    from deltadrain.avro import field_problems, load_schema
+
+    schema = p.payload_schema
+    if schema.format == "protobuf":
+        return _with_protobuf_descriptor(p, source)
+    if schema.format != "avro":
+        return p
+    path = Path(schema.avro_schema_file).expanduser()
+    path = (path if path.is_absolute() else source.resolve().parent / path).resolve()
+    where = f"{source}: pipeline '{p.name}', field 'schema.avro_schema_file'"
+    try:
+        problems = field_problems(load_schema(path), schema.fields, schema.id_field)
+    except ValueError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    if problems:
+        raise ConfigError(f"{where}: {path} cannot fill schema.fields: " + "; ".join(problems))
+    return p.model_copy(update={"payload_schema": schema.model_copy(update={"avro_schema_file": str(path)})})
+
+
+def _with_protobuf_descriptor(p: PipelineConfig, source: Path) -> PipelineConfig:
+    from deltadrain.protobuf import field_problems, load_descriptor
+
+    schema = p.payload_schema
+    path = Path(schema.protobuf_descriptor_file).expanduser()
+    path = (path if path.is_absolute() else source.resolve().parent / path).resolve()
+    where = f"{source}: pipeline '{p.name}', field 'schema.protobuf_descriptor_file'"
+    try:
+        _, desc = load_descriptor(path, schema.protobuf_message)
+    except ValueError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    problems = field_problems(desc, schema.fields, schema.id_field)
+    if problems:
+        raise ConfigError(f"{where}: message {schema.protobuf_message} cannot fill schema.fields: "
+                          + "; ".join(problems))
+    return p.model_copy(update={"payload_schema": schema.model_copy(update={"protobuf_descriptor_file": str(path)})})
 
 
 def _overlap(a: Path | LakeUrl, b: Path | LakeUrl) -> bool:

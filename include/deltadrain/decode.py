@@ -258,7 +258,7 @@ class BatchDecoder:
         n = len(values)
         candidates, slow = [], []
         for i, value in enumerate(values):
-            if self.fast and i not in preset and len(value or b"") <= self.max_bytes and _one_object_per_line(value):
+            if self.fast and i not in preset and len(value or b"") <= self.max_bytes and self._candidate(value):
                 candidates.append(i)
             else:
                 slow.append(i)
@@ -275,6 +275,10 @@ class BatchDecoder:
         order[np.concatenate([np.asarray(fast_rows, dtype=np.int64), np.asarray(slow, dtype=np.int64)])] = np.arange(n)
         take = pa.array(order)
         return {name: pa.concat_arrays([fast_cols[name], slow_cols[name]]).take(take) for name in fast_cols}
+
+    def _candidate(self, value) -> bool:
+        """Whether `value` may take the column-wise path (`_fast`); the others go to `one`."""
+        return _one_object_per_line(value)
 
     # -- the Arrow path ---------------------------------------------------------------------------
 

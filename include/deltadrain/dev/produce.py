@@ -13,6 +13,7 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 from deltadrain.config import DeltadrainConfig, KafkaSource, PipelineConfig, ValkeySource
 from deltadrain.sources.valkey.client import VALKEY_FIELD
@@ -22,6 +23,11 @@ from deltadrain.transforms import POISON_MARKER
 MALFORMED_KINDS = ("invalid_json", "empty", "missing_id", "null_id", "wrong_type", "invalid_utf8",
                    "oversized", "not_an_object", "lone_surrogate", "too_deep")
 STATUSES = ("new", "paid", "shipped", "cancelled")
+# An Avro pipeline's bad messages (produce writes Avro for `schema.format: avro`), each with the DLQ
+# error type the decoder gives it; the last two only in the Confluent wire format.
+AVRO_MALFORMED = {"empty": "empty", "truncated": "truncated", "not_avro": "invalid_avro",
+                  "trailing_bytes": "invalid_avro", "not_finite": "schema", "wrong_magic_byte": "wrong_magic_byte",
+                  "unknown_schema_id": "unknown_schema_id"}
 
 
 @dataclass(frozen=True)
@@ -54,7 +60,7 @@ class ProduceResult:
     def summary(self) -> dict:
         return {"pipeline": self.pipeline, "produced": self.count, "valid": len(self.valid_ids),
                 "poison": len(self.poison_ids),
-                "malformed": sum(v for k, v in self.kinds.items() if k in MALFORMED_KINDS),
+                "malformed": self.count - len(self.valid_ids) - len(self.poison_ids),
                 "kinds": dict(sorted(self.kinds.items())), "partitions": dict(sorted(self.per_partition.items()))}
 
 
@@ -100,11 +106,135 @@ def _malformed(kind: str, rng: random.Random, eid: str, when: datetime, max_byte
     return json.dumps(good).encode()
 
 
+def avro_error_type(pipeline: PipelineConfig, kind: str) -> str:
+    """The DLQ error type of a bad kind in this Avro pipeline: JSON text fails the Confluent frame first."""
+    if kind == "not_avro" and pipeline.payload_schema.avro_wire == "confluent":
+        return "wrong_magic_byte"
+    return AVRO_MALFORMED[kind]
+
+
+def avro_bad_kinds(pipeline: PipelineConfig) -> tuple[str, ...]:
+    """The bad kinds produce writes into this Avro pipeline."""
+    confluent = pipeline.payload_schema.avro_wire == "confluent"
+    return tuple(k for k in AVRO_MALFORMED if confluent or k not in ("wrong_magic_byte", "unknown_schema_id"))
+
+
+class _AvroWriter:
+    """The sample events as Avro datums of the pipeline's schema file: each Avro field takes the
+    event's value of that name (ISO text parsed for a timestamp or date field), null when it has none."""
+
+    def __init__(self, pipeline: PipelineConfig):
+        import fastavro
+
+        from deltadrain.avro import kinds_of, load_schema, named_types
+
+        spec = pipeline.payload_schema
+        self.schema = fastavro.parse_schema(load_schema(Path(spec.avro_schema_file)))
+        names = named_types(self.schema, {})
+        self.kinds = {f["name"]: kinds_of(f["type"], names) for f in self.schema["fields"]}
+        self.wire, self.schema_id = spec.avro_wire, spec.avro_schema_id
+
+    def record(self, payload: dict) -> dict:
+        out = {}
+        for name, kinds in self.kinds.items():
+            value = payload.get(name)
+            if isinstance(value, str) and "timestamp" in kinds:
+                value = datetime.fromisoformat(value)
+            elif isinstance(value, str) and "date" in kinds:
+                value = datetime.fromisoformat(value).date()
+            out[name] = value
+        return out
+
+    def encode(self, payload: dict, schema_id: int | None = None) -> bytes:
+        from deltadrain.avro import encode
+
+        return encode(self.record(payload), self.schema, wire=self.wire,
+                      schema_id=self.schema_id if schema_id is None else schema_id)
+
+    def malformed(self, kind: str, good: dict) -> bytes:
+        if kind == "empty":
+            return b""
+        if kind == "truncated":
+            return self.encode(good)[:-3]
+        if kind == "not_avro":  # a JSON producer writing to an Avro topic
+            return json.dumps(good).encode()
+        if kind == "trailing_bytes":
+            return self.encode(good) + b"\x02\x04"
+        if kind == "not_finite":  # valid Avro, but no double column takes NaN (as in JSON)
+            return self.encode({**good, "amount": float("nan")})
+        if kind == "wrong_magic_byte":
+            return b"\x01" + self.encode(good)[1:]
+        if kind == "unknown_schema_id":
+            return self.encode(good, schema_id=(self.schema_id or 0) + 1)
+        raise ValueError(kind)
+
+
+# A Protobuf pipeline's bad messages, with their DLQ error types (the last two only in the Confluent wire
+# format). Bytes after a message are not a mistake in Protobuf (more fields), so there is no trailing kind.
+PROTOBUF_MALFORMED = {"empty": "empty", "truncated": "truncated", "not_protobuf": "invalid_protobuf",
+                      "not_finite": "schema", "wrong_magic_byte": "wrong_magic_byte",
+                      "unknown_schema_id": "unknown_schema_id"}
+
+
+def protobuf_error_type(pipeline: PipelineConfig, kind: str) -> str:
+    """The DLQ error type of a bad kind in this Protobuf pipeline: JSON text fails the Confluent frame first."""
+    if kind == "not_protobuf" and pipeline.payload_schema.avro_wire == "confluent":
+        return "wrong_magic_byte"
+    return PROTOBUF_MALFORMED[kind]
+
+
+class _ProtobufWriter:
+    """The sample events as messages of the pipeline's Protobuf type: each field takes the event's value
+    of that name (ISO text parsed for a Timestamp, upper-cased for an enum), unset when it has none."""
+
+    def __init__(self, pipeline: PipelineConfig):
+        from deltadrain.protobuf import kind_of, payload_of
+
+        self.payload = payload_of(pipeline.payload_schema)
+        self.kinds = {f.name: kind_of(f) for f in self.payload.descriptor().fields}
+        self.wire = pipeline.payload_schema.avro_wire
+
+    def record(self, payload: dict) -> dict:
+        out = {}
+        for name, kind in self.kinds.items():
+            value = payload.get(name)
+            if isinstance(value, str) and kind == "timestamp":
+                value = datetime.fromisoformat(value)
+            elif isinstance(value, str) and kind == "enum":
+                value = value.upper()
+            out[name] = value
+        return out
+
+    def encode(self, payload: dict, schema_id: int | None = None) -> bytes:
+        from deltadrain.protobuf import encode
+
+        return encode(self.record(payload), self.payload, schema_id=schema_id)
+
+    def malformed(self, kind: str, good: dict) -> bytes:
+        if kind == "empty":
+            return b""
+        if kind == "truncated":  # the last field (the example's event_time) cut inside
+            return self.encode(good)[:-1]
+        if kind == "not_protobuf":  # a JSON producer writing to a Protobuf topic
+            return json.dumps(good).encode()
+        if kind == "not_finite":  # valid Protobuf, but no double column takes NaN (as in JSON)
+            return self.encode({**good, "amount": float("nan")})
+        if kind == "wrong_magic_byte":
+            return b"\x01" + self.encode(good)[1:]
+        if kind == "unknown_schema_id":
+            return self.encode(good, schema_id=(self.payload.schema_id or 0) + 1)
+        raise ValueError(kind)
+
+
 def generate(pipeline: PipelineConfig, count: int, seed: int = 0, malformed_ratio: float = 0.0,
              poison_ratio: float = 0.0, start: int = 0) -> Iterator[Message]:
-    """Messages `start .. start+count-1` of the deterministic sequence for `seed`."""
+    """Messages `start .. start+count-1` of the deterministic sequence for `seed`: JSON, or Avro datums
+    of the pipeline's schema file, or Protobuf messages of its type, as its `schema.format` says."""
     if not 0 <= malformed_ratio <= 1 or not 0 <= poison_ratio <= 1 or malformed_ratio + poison_ratio > 1:
         raise ValueError("ratios must be within 0..1 and add up to at most 1")
+    if pipeline.payload_schema.format in ("avro", "protobuf"):
+        yield from _generate_encoded(pipeline, count, seed, malformed_ratio, poison_ratio, start)
+        return
     base = datetime(2026, 1, 1, tzinfo=UTC) + timedelta(days=seed % 365)
     for i in range(start, start + count):
         rng = random.Random(f"{seed}:{i}")  # per-message stream: any slice is reproducible alone
@@ -118,6 +248,28 @@ def generate(pipeline: PipelineConfig, count: int, seed: int = 0, malformed_rati
             yield Message(i, eid, json.dumps(_valid_payload(rng, eid, when, POISON_MARKER)).encode(), "poison")
         else:
             yield Message(i, eid, json.dumps(_valid_payload(rng, eid, when)).encode(), "valid")
+
+
+def _generate_encoded(pipeline, count, seed, malformed_ratio, poison_ratio, start) -> Iterator[Message]:
+    if pipeline.payload_schema.format == "protobuf":
+        writer = _ProtobufWriter(pipeline)
+        kinds = tuple(k for k in PROTOBUF_MALFORMED if writer.wire == "confluent"
+                      or k not in ("wrong_magic_byte", "unknown_schema_id"))
+    else:
+        writer, kinds = _AvroWriter(pipeline), avro_bad_kinds(pipeline)
+    base = datetime(2026, 1, 1, tzinfo=UTC) + timedelta(days=seed % 365)
+    for i in range(start, start + count):
+        rng = random.Random(f"{seed}:{i}")
+        eid = event_id(seed, i)
+        when = base + timedelta(milliseconds=i)
+        roll = rng.random()
+        if roll < malformed_ratio:
+            kind = kinds[rng.randrange(len(kinds))]
+            yield Message(i, eid, writer.malformed(kind, _valid_payload(rng, eid, when)), kind)
+        elif roll < malformed_ratio + poison_ratio:
+            yield Message(i, eid, writer.encode(_valid_payload(rng, eid, when, POISON_MARKER)), "poison")
+        else:
+            yield Message(i, eid, writer.encode(_valid_payload(rng, eid, when)), "valid")
 
 
 def partition_for(key: bytes, partitions: int) -> int:

@@ -27,6 +27,7 @@ from deltadrain.drain import GO_ON_PAST, BatchFailure, Drain, DrainError, claim_
 from deltadrain.isolation import convicted
 from deltadrain.logs import run_logger
 from deltadrain.outcome import Outcome
+from deltadrain.payloads import Payload, payload_of
 from deltadrain.sources.kafka.client import (
     check_secured,
     kafka_client_conf,
@@ -85,6 +86,7 @@ class DecodeContext:
     attempts: dict[tuple[int, int], int] = field(default_factory=dict)  # runs that tried (partition, offset)
     dead_runs: dict[int, DeadRuns] = field(default_factory=dict)  # partition -> runs that died reading it
     max_retries: int = 3
+    payload: Payload | None = None  # Avro or Protobuf payloads' schema (deltadrain.payloads); None: JSON
 
 
 def external_id(ctx: DecodeContext, key: bytes | None, headers) -> tuple[str | None, str | None]:
@@ -197,7 +199,7 @@ def read_ranges(spark, cfg: DeltadrainConfig, p: PipelineConfig, ranges: dict[in
     topic = source.topic
     ctx = DecodeContext(topic, dict(p.payload_schema.fields), p.payload_schema.id_field,
                         list(p.payload_schema.required), p.max_message_bytes, source.id_from,
-                        source.id_header, attempts, dead_runs or {}, p.max_retries)
+                        source.id_header, attempts, dead_runs or {}, p.max_retries, payload_of(p.payload_schema))
     total = sum(end - start for start, end in ranges.values())
     # Key mode reads no headers: a replayed record carries its identity in its key.
     headers = source.id_from != "key" if headers is None else headers

@@ -15,6 +15,7 @@ from datetime import datetime
 
 from deltadrain.decode import BatchDecoder
 from deltadrain.isolation import convicted, death_reason
+from deltadrain.payloads import Payload
 from deltadrain.positions import StreamId
 from deltadrain.sources.valkey.client import VALKEY_FIELD, as_text
 from deltadrain.sources.valkey.gaps import (
@@ -69,6 +70,7 @@ class ClaimContext:
     gaps_key: str = ""  # where deleted-while-pending gaps are recorded (deltadrain.sources.valkey.gaps)
     cluster: bool = False  # `url` is a Valkey Cluster's seed URLs, joined by commas
     ca_file: str | None = None  # over TLS: the CA the server's certificate must be signed by
+    payload: Payload | None = None  # Avro or Protobuf payloads' schema (deltadrain.payloads); None: JSON
 
 
 def allocate(cap: int, backlog: dict[str, int]) -> dict[str, int]:
@@ -163,9 +165,10 @@ def retries_run_out(ctx: ClaimContext, attempts: int, data, last_failure: dict |
 
 
 def decoder_for(ctx, arrow_schema) -> BatchDecoder:
-    """The decoder of a claim or Kafka read context (fields, id_field, required, max_bytes)."""
-    return BatchDecoder(fields=ctx.fields, id_field=ctx.id_field, required=ctx.required, max_bytes=ctx.max_bytes,
-                        types={f.name: f.type for f in arrow_schema if f.name in ctx.fields})
+    """The decoder of a claim or Kafka read context (fields, id_field, required, max_bytes, payload)."""
+    kwargs = {"fields": ctx.fields, "id_field": ctx.id_field, "required": ctx.required, "max_bytes": ctx.max_bytes,
+              "types": {f.name: f.type for f in arrow_schema if f.name in ctx.fields}}
+    return ctx.payload.decoder(**kwargs) if ctx.payload is not None else BatchDecoder(**kwargs)
 
 
 def unstorable_id(positions: list[str]) -> str | None:

@@ -17,6 +17,7 @@ from deltadrain.config import DeltadrainConfig, PipelineConfig, ValkeySource
 from deltadrain.drain import GO_ON_PAST, Drain, DrainError, claim_schema
 from deltadrain.logs import fields, run_logger
 from deltadrain.outcome import Outcome
+from deltadrain.payloads import payload_of
 from deltadrain.positions import merge_positions
 from deltadrain.sources.valkey.acknowledge import acknowledge, release
 from deltadrain.sources.valkey.acl import acl_probe_key, check_after_commit
@@ -86,7 +87,8 @@ def claim_context(cfg: DeltadrainConfig, pipeline: PipelineConfig, consumer: str
         consumer=consumer, min_idle_ms=pipeline.min_idle_ms, max_attempts=pipeline.max_retries + 1,
         fields=dict(schema.fields), id_field=schema.id_field, required=list(schema.required),
         max_bytes=pipeline.max_message_bytes, failures_key=failures_key(pipeline.name),
-        gaps_key=gaps_key(pipeline.name), cluster=source.cluster, ca_file=tls_ca(source))
+        gaps_key=gaps_key(pipeline.name), cluster=source.cluster, ca_file=tls_ca(source),
+        payload=payload_of(schema))
 
 
 class ValkeyDrain(Drain):
