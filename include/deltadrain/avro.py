@@ -18,10 +18,9 @@ from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
 
-from deltadrain.decode import CONVERTERS, BatchDecoder, Decoded, _bad, _shown, message_id_of
+from deltadrain.confluent import HEADER, frame_error, header, schema_id_of
+from deltadrain.decode import CONVERTERS, BatchDecoder, Decoded, _bad, record_values, size_error
 
-MAGIC = 0
-HEADER = 5  # magic byte + 4-byte schema id
 MAX_SCHEMA_ID = 2**31 - 1  # registries hand out non-negative 32-bit ids
 
 # What each declared type accepts, by the Avro "kind" of a field (its type, or its logical type):
@@ -162,22 +161,12 @@ def decode_avro(data: bytes | None, payload: AvroPayload, *, fields: dict[str, s
     """Bytes -> typed values, or the reason they cannot be; the same contract as decode.decode."""
     import fastavro
 
-    if data is None or len(data) == 0:
-        return _bad("empty", "empty payload")
-    if len(data) > max_bytes:
-        return _bad("oversized", f"payload of {len(data)} bytes exceeds max_message_bytes={max_bytes}")
+    if (wrong := size_error(data, max_bytes)) is not None:
+        return wrong
     body = data
     if payload.wire == "confluent":
-        if data[0] != MAGIC:
-            return _bad("wrong_magic_byte", f"payload starts with byte 0x{data[0]:02x}, not the Confluent wire "
-                                            f"format's magic byte 0x00")
-        if len(data) < HEADER:
-            return _bad("truncated", f"payload of {len(data)} bytes is shorter than the Confluent wire format's "
-                                     f"{HEADER}-byte header")
-        schema_id = int.from_bytes(data[1:HEADER], "big")
-        if schema_id != payload.schema_id:
-            return _bad("unknown_schema_id", f"unknown schema id {schema_id} (this pipeline reads schema id "
-                                             f"{payload.schema_id})")
+        if (wrong := frame_error(data, payload.schema_id)) is not None:
+            return wrong
         body = data[HEADER:]
     fo = io.BytesIO(body)
     try:
@@ -196,29 +185,10 @@ def decode_avro(data: bytes | None, payload: AvroPayload, *, fields: dict[str, s
     if fo.tell() != len(body):
         return _bad("invalid_avro", f"Avro body has {len(body) - fo.tell()} bytes after its datum of {fo.tell()} "
                                     f"bytes: not written with this schema")
-    raw_id = record.get(id_field)
-    if isinstance(raw_id, uuid.UUID):
-        raw_id = str(raw_id)
-    message_id = message_id or message_id_of(raw_id) or (fallback_id if raw_id is None else None)
-    if message_id is None:
-        what = "null" if raw_id is None else f"invalid ({_shown(raw_id)[:60]})"
-        return _bad("missing_id", f"message id field '{id_field}' is {what}")
-    values = []
-    for name, kind in fields.items():
-        if name == id_field:
-            values.append(message_id)
-            continue
-        value = record.get(name)
-        if value is None:
-            if name in required:
-                return _bad("schema", f"required field '{name}' is null", message_id)
-            values.append(None)
-            continue
-        try:
-            values.append(convert(kind, value))
-        except (TypeError, ValueError, OverflowError, OSError):
-            return _bad("schema", f"field '{name}' should be {kind}, got {_shown(value)[:60]}", message_id)
-    return Decoded(tuple(values), message_id, None, None)
+    if isinstance(record.get(id_field), uuid.UUID):
+        record[id_field] = str(record[id_field])
+    return record_values(record, fields=fields, id_field=id_field, required=required, fallback_id=fallback_id,
+                         message_id=message_id, convert=convert)
 
 
 # Column-wise Avro: the datums are read one by one (fastavro has no batch read of schemaless datums),
@@ -259,7 +229,7 @@ class AvroBatchDecoder(BatchDecoder):
 
     def _candidate(self, value) -> bool:
         return bool(value) and (self.payload.wire != "confluent" or (
-            len(value) >= HEADER and value[0] == MAGIC and int.from_bytes(value[1:HEADER], "big") == self.payload.schema_id))
+            schema_id_of(value) == self.payload.schema_id))
 
     def _fast(self, values, candidates, fallback_ids, message_ids, slow):
         import fastavro
@@ -330,6 +300,6 @@ def encode(record: dict, schema: dict, *, wire: str = "plain", schema_id: int | 
 
     out = io.BytesIO()
     if wire == "confluent":
-        out.write(bytes([MAGIC]) + int(schema_id or 0).to_bytes(4, "big"))
+        out.write(header(schema_id or 0))
     fastavro.schemaless_writer(out, fastavro.parse_schema(schema), record)
     return out.getvalue()

@@ -139,10 +139,8 @@ def decode(data: bytes | None, *, fields: dict[str, str], id_field: str, require
     """Bytes -> typed values, or the reason they cannot be. `fallback_id` is used when the id is absent
     (Kafka's topic-partition-offset); without one a missing id is an error. `message_id` comes from
     outside the payload (a Kafka key or header) and wins over the payload's id field."""
-    if data is None or len(data) == 0:
-        return _bad("empty", "empty payload")
-    if len(data) > max_bytes:
-        return _bad("oversized", f"payload of {len(data)} bytes exceeds max_message_bytes={max_bytes}")
+    if (wrong := size_error(data, max_bytes)) is not None:
+        return wrong
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -162,28 +160,52 @@ def decode(data: bytes | None, *, fields: dict[str, str], id_field: str, require
                                         f"surrogate (\\u{ord(lone):04x}), half of a character")
     if not isinstance(obj, dict):
         return _bad("not_an_object", f"payload is a JSON {type(obj).__name__}, expected an object")
-    raw_id = obj.get(id_field)
-    message_id = message_id or message_id_of(raw_id) or (fallback_id if raw_id is None else None)
+    return record_values(obj, fields=fields, id_field=id_field, required=required, fallback_id=fallback_id,
+                         message_id=message_id)
+
+
+def size_error(data: bytes | None, max_bytes: int) -> Decoded | None:
+    """An empty or oversized payload's dead letter, whatever its format; None when its size is fine."""
+    if data is None or len(data) == 0:
+        return _bad("empty", "empty payload")
+    if len(data) > max_bytes:
+        return _bad("oversized", f"payload of {len(data)} bytes exceeds max_message_bytes={max_bytes}")
+    return None
+
+
+def _convert(kind: str, value: Any) -> Any:
+    return CONVERTERS[kind](value)
+
+
+def record_values(record: dict, *, fields: dict[str, str], id_field: str, required: list[str],
+                  fallback_id: str | None = None, message_id: str | None = None, convert=_convert,
+                  unset: str = "null", unset_id: str = "null", no_id: tuple = (None,)) -> Decoded:
+    """A parsed payload (field -> value, whatever its format) -> the typed values in `fields` order, or the
+    reason they cannot be. A field absent from `record` is "missing", one whose value is None `unset`;
+    an id in `no_id` is `unset_id` (Protobuf: an unset string is ""). `convert(kind, value)` types a value
+    (the JSON path's CONVERTERS, which Avro and Protobuf extend with their own Python types)."""
+    raw_id = record.get(id_field)
+    message_id = message_id or message_id_of(raw_id) or (fallback_id if raw_id in no_id else None)
     if message_id is None:
-        what = "missing" if id_field not in obj else ("null" if raw_id is None else f"invalid ({_shown(raw_id)[:60]})")
+        what = ("missing" if id_field not in record
+                else unset_id if raw_id in no_id else f"invalid ({_shown(raw_id)[:60]})")
         return _bad("missing_id", f"message id field '{id_field}' is {what}")
     values = []
     for name, kind in fields.items():
-        value = obj.get(name)
+        value = record.get(name)
         if name == id_field:
             values.append(message_id)
             continue
         if value is None:
             if name in required:
-                return _bad("schema", f"required field '{name}' is {'null' if name in obj else 'missing'}",
+                return _bad("schema", f"required field '{name}' is {unset if name in record else 'missing'}",
                             message_id)
             values.append(None)
             continue
         try:
-            values.append(CONVERTERS[kind](value))
+            values.append(convert(kind, value))
         except (TypeError, ValueError, OverflowError, OSError):  # OverflowError: a huge int for a double
-            shown = _shown(value)[:60]
-            return _bad("schema", f"field '{name}' should be {kind}, got {shown}", message_id)
+            return _bad("schema", f"field '{name}' should be {kind}, got {_shown(value)[:60]}", message_id)
     return Decoded(tuple(values), message_id, None, None)
 
 

@@ -17,8 +17,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from deltadrain.avro import HEADER, MAGIC
-from deltadrain.decode import CONVERTERS, BatchDecoder, Decoded, _bad, _shown, message_id_of
+from deltadrain.confluent import HEADER, frame_error, header
+from deltadrain.decode import CONVERTERS, BatchDecoder, Decoded, _bad, record_values, size_error
 
 TIMESTAMP = "google.protobuf.Timestamp"
 INTS = {"int32", "int64", "uint32", "uint64"}
@@ -287,22 +287,13 @@ def decode_protobuf(data: bytes | None, payload: ProtobufPayload, *, fields: dic
     """Bytes -> typed values, or the reason they cannot be; the same contract as decode.decode."""
     from google.protobuf.message import DecodeError
 
-    if data is None or len(data) == 0:
-        return _bad("empty", "empty payload")
-    if len(data) > max_bytes:
-        return _bad("oversized", f"payload of {len(data)} bytes exceeds max_message_bytes={max_bytes}")
+    if (wrong := size_error(data, max_bytes)) is not None:
+        return wrong
     body = data
     if payload.wire == "confluent":
-        if data[0] != MAGIC:
-            return _bad("wrong_magic_byte", f"payload starts with byte 0x{data[0]:02x}, not the Confluent wire "
-                                            f"format's magic byte 0x00")
-        if len(data) < HEADER + 1:
-            return _bad("truncated", f"payload of {len(data)} bytes is shorter than the Confluent wire format's "
-                                     f"{HEADER}-byte header and message indexes")
-        schema_id = int.from_bytes(data[1:HEADER], "big")
-        if schema_id != payload.schema_id:
-            return _bad("unknown_schema_id", f"unknown schema id {schema_id} (this pipeline reads schema id "
-                                             f"{payload.schema_id})")
+        if (wrong := frame_error(data, payload.schema_id, least=HEADER + 1,
+                                 what="header and message indexes")) is not None:
+            return wrong
         try:
             indexes, start = read_indexes(data, HEADER)
         except IndexError:
@@ -331,27 +322,9 @@ def decode_protobuf(data: bytes | None, payload: ProtobufPayload, *, fields: dic
             record[name] = _value(msg, fd, kind)
         except (LookupError, ValueError, OverflowError, OSError) as exc:  # an unnamed enum, a timestamp out of range
             return _bad("schema", f"field '{name}': {exc}"[:200], message_id)
-    raw_id = record.get(id_field)
-    message_id = message_id or message_id_of(raw_id) or (fallback_id if raw_id in (None, "") else None)
-    if message_id is None:
-        what = "empty" if raw_id in (None, "") else f"invalid ({_shown(raw_id)[:60]})"
-        return _bad("missing_id", f"message id field '{id_field}' is {what}")
-    values = []
-    for name, kind in fields.items():
-        if name == id_field:
-            values.append(message_id)
-            continue
-        value = record[name]
-        if value is None:
-            if name in required:
-                return _bad("schema", f"required field '{name}' is not set", message_id)
-            values.append(None)
-            continue
-        try:
-            values.append(convert(kind, value))
-        except (TypeError, ValueError, OverflowError, OSError):
-            return _bad("schema", f"field '{name}' should be {kind}, got {_shown(value)[:60]}", message_id)
-    return Decoded(tuple(values), message_id, None, None)
+    return record_values(record, fields=fields, id_field=id_field, required=required, fallback_id=fallback_id,
+                         message_id=message_id, convert=convert, unset="not set", unset_id="empty",
+                         no_id=(None, ""))
 
 
 class ProtobufBatchDecoder(BatchDecoder):
@@ -388,4 +361,4 @@ def encode(record: dict, payload: ProtobufPayload, *, schema_id: int | None = No
     if payload.wire != "confluent":
         return body
     sid = payload.schema_id if schema_id is None else schema_id
-    return bytes([MAGIC]) + int(sid or 0).to_bytes(4, "big") + write_indexes(payload.indexes()) + body
+    return header(sid or 0) + write_indexes(payload.indexes()) + body
