@@ -342,11 +342,12 @@ def _bench(args) -> int:
     elif args.source == "kafka":
         report = run_kafka_bench(args.count, args.partitions, args.batch, workdir, rounds=args.rounds,
                                  executor=args.executor)
-    elif args.rounds != 1:
-        raise DeltadrainError("bench --rounds applies to --source kafka only (the Valkey bench compares "
-                              "against raw limits measured in the same run)")
+    elif args.rounds != 1 and args.executor != "connect":
+        raise DeltadrainError("bench --rounds applies to --source kafka and to --executor connect only (the "
+                              "local Valkey bench compares against raw limits measured in the same run)")
     else:
-        report = run_bench(args.count, args.partitions, args.batch, workdir, executor=args.executor)
+        report = run_bench(args.count, args.partitions, args.batch, workdir, executor=args.executor,
+                           rounds=args.rounds)
     text = json.dumps(report, indent=2, default=str)
     print(text, flush=True)  # first: an --output that cannot be written must not lose a long run's report
     if args.output:
@@ -586,7 +587,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workdir", help="where the bench's tables go (default: a new temp dir)")
     p.add_argument("--output", help="also write the JSON report here")
     p.add_argument("--rounds", type=_at_least(1), default=1,
-                   help="Kafka: drain the topic this many times with each side, alternating which goes first")
+                   help="Kafka: drain the topic this many times with each side, alternating which goes first; "
+                        "Valkey with --executor connect: produce and drain the backlog this many times, "
+                        "the ratios after the first round on a server that has run full-size batches")
     p.add_argument("--lake", choices=["disk", "s3"], default="disk",
                    help="s3: the source's backlog drained into a lake on the local disk and into one on the "
                         "embedded S3 server, side by side")

@@ -26,12 +26,13 @@ def test_unknown_pipeline_is_a_config_error_with_exit_2(capsys):
     assert "no pipeline named 'nope'" in err and "configured: orders, clicks" in err
 
 
-def test_bench_rounds_apply_to_kafka_only_and_are_positive(capsys):
+def test_bench_rounds_apply_to_kafka_and_the_connect_executor_only_and_are_positive(capsys):
     from deltadrain.cli import main
 
     assert build_parser().parse_args(["bench", "--source", "kafka", "--rounds", "3"]).rounds == 3
+    assert build_parser().parse_args(["bench", "--executor", "connect", "--rounds", "3"]).rounds == 3
     assert main(["bench", "--rounds", "2"]) != 0
-    assert "--rounds applies to --source kafka only" in capsys.readouterr().err
+    assert "--rounds applies to --source kafka and to --executor connect only" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["bench", "--source", "kafka", "--rounds", "0"])
     assert "--rounds: 0 is less than 1" in capsys.readouterr().err

@@ -730,7 +730,8 @@ def run_lake_bench(source: str, count: int, partitions: int, batch: int, workdir
     return report
 
 
-def run_bench(count: int, partitions: int, batch: int, workdir: Path | None = None, executor: str = "local") -> dict:
+def run_bench(count: int, partitions: int, batch: int, workdir: Path | None = None, executor: str = "local",
+              rounds: int = 1) -> dict:
     """`executor="connect"`: the raw read, the drain in a local driver, the drain on the embedded Spark
     Connect server and a single-process delta-rs consumer, on the same entries (`_executor_phases`)."""
     from deltadrain.config import load_config
@@ -744,26 +745,31 @@ def run_bench(count: int, partitions: int, batch: int, workdir: Path | None = No
         if executor == "local":
             return _valkey_phases(cfg, config, name, workdir, count, partitions, batch)
         with services.running(cfg, ["spark_connect"]):
-            return _executor_phases(cfg, config, name, workdir, count, partitions, batch)
+            return _executor_phases(cfg, config, name, workdir, count, partitions, batch, rounds)
 
 
 def _executor_phases(cfg, config: Path, name: str, workdir: Path, count: int, partitions: int,
-                     batch: int) -> dict:
+                     batch: int, rounds: int = 1) -> dict:
     """One backlog drained three ways, each with a consumer group and a lake of its own: the drain in a
     local driver (a process of its own, JVM start excluded), the drain as a client of the Spark Connect
     server, and the single-process delta-rs consumer; against the raw XREADGROUP rate. Each side first
-    drains a small backlog (1/10) that creates its tables and, for the Connect server, warms it as a
-    server that lives on is warm; a fresh driver and a fresh Python process start cold, as tasks do."""
+    drains a small backlog (1/10) that creates its tables and, for the Connect server, warms it; a fresh
+    driver and a fresh Python process start cold, as tasks do.
+
+    With `rounds` > 1 the producer adds the backlog again before each round and every side drains it
+    again: the server then runs batches of the full size it has run before, as a server that lives on
+    does. The headline ratios (`warm`) leave the first round out; every round's are kept."""
     from deltadrain.dev.produce import produce
 
     pipeline = cfg.pipeline(name)
     report: dict = {"machine": _machine(), "executor": "connect", "count": count, "partitions": partitions,
-                    "batch_cap": batch}
+                    "batch_cap": batch, "rounds": rounds}
     copies = {side: _config_copy(config, side) for side in ("connect", "single")}
+    confs = {"drain": config, "drain_connect": copies["connect"], "single_process": copies["single"]}
 
     def produced(n: int, start: int) -> dict:
         started = time.monotonic()
-        r = produce(cfg, pipeline, n, seed=7, start=start, progress=True)
+        r = produce(cfg, pipeline, n, seed=7, start=start, progress=False)
         return {"messages": r.count, "rate": round(r.count / (time.monotonic() - started))}
 
     def phase(label: str, kind: str, conf: Path) -> dict:
@@ -771,27 +777,40 @@ def _executor_phases(cfg, config: Path, name: str, workdir: Path, count: int, pa
         out["load_avg_1m_after"] = os.getloadavg()[0]  # a shared machine: how fair the phase was
         return out
 
+    labels = {"drain": "drain, local driver", "drain_connect": "drain, Connect server",
+              "single_process": "single-process consumer"}
     small = max(count // 10, 1)
     report["produce_small"] = _step("produce small backlog", lambda: produced(small, 0))
-    report["warm_up"] = {
-        "drain": phase("warm-up: drain, local driver", "drain", config),
-        "drain_connect": phase("warm-up: drain, Connect server", "drain_connect", copies["connect"]),
-        "single_process": phase("warm-up: single-process consumer", "single_process", copies["single"])}
-    report["produce"] = _step("produce full backlog", lambda: produced(count, small))
-    report["raw_read"] = phase("raw XREADGROUP", "raw_read", config)
-    report["drain"] = phase("drain, local driver", "drain", config)
-    report["drain_connect"] = phase("drain, Connect server", "drain_connect", copies["connect"])
-    report["single_process"] = phase("single-process consumer", "single_process", copies["single"])
-    raw = report["raw_read"]["rate"]
-    report["ratios"] = {
-        "drain_to_raw_read": round(report["drain"]["rate"] / raw, 3),
-        "drain_connect_to_raw_read": round(report["drain_connect"]["rate"] / raw, 3),
-        "single_process_to_raw_read": round(report["single_process"]["rate"] / raw, 3),
-        "drain_connect_to_single_process": round(report["drain_connect"]["rate"] / report["single_process"]["rate"], 3),
-        "drain_connect_to_drain": round(report["drain_connect"]["rate"] / report["drain"]["rate"], 3),
-    }
+    report["warm_up"] = {kind: phase(f"warm-up: {label}", kind, confs[kind]) for kind, label in labels.items()}
+    results = []
+    for i in range(rounds):
+        tag = f"round {i + 1}/{rounds}: "
+        one = {"produce": _step(tag + "produce", lambda i=i: produced(count, small + i * count)),
+               "raw_read": phase(tag + "raw XREADGROUP", "raw_read", config)}
+        one.update({kind: phase(tag + label, kind, confs[kind]) for kind, label in labels.items()})
+        one["ratios"] = executor_ratios([one])
+        results.append(one)
+    if rounds == 1:
+        report.update(results[0])
+    else:
+        report["rounds_detail"] = results
+        report["ratios"] = {"all_rounds": executor_ratios(results), "warm": executor_ratios(results[1:])}
     report["load_avg"] = os.getloadavg()
     return report
+
+
+def executor_ratios(rounds: list[dict]) -> dict:
+    """The Valkey executor bench's ratios over `rounds` (pure): each side's rate over all their messages
+    (every message weighs alike) against the raw read's, and the Connect drain against the others."""
+    def rate(side: str) -> float:
+        seconds = sum(r[side]["seconds"] for r in rounds)
+        return sum(r[side]["messages"] for r in rounds) / seconds if seconds else 0.0
+
+    raw, local, connect, single = (rate(s) for s in ("raw_read", "drain", "drain_connect", "single_process"))
+    return {"drain_to_raw_read": round(local / raw, 3), "drain_connect_to_raw_read": round(connect / raw, 3),
+            "single_process_to_raw_read": round(single / raw, 3),
+            "drain_connect_to_single_process": round(connect / single, 3),
+            "drain_connect_to_drain": round(connect / local, 3)}
 
 
 def _valkey_phases(cfg, config: Path, name: str, workdir: Path, count: int, partitions: int,
