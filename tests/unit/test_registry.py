@@ -63,12 +63,16 @@ class FakeRegistryHandler(BaseHTTPRequestHandler):
             if self.headers.get("Authorization") != want:
                 return self._send(401, {"error_code": 40101, "message": "Unauthorized"})
         path, _, query = self.path.partition("?")
+        if query not in ("", "format=serialized"):
+            return self._send(422, {"error_code": 42202, "message": f"unknown option {query}"})
         parts = path.strip("/").split("/")
         if parts[:2] != ["schemas", "ids"] or len(parts) != 3:
             return self._send(404, {"error_code": 40401, "message": "not found"})
         found = srv.schemas.get(int(parts[2]))
         if found is None:
             return self._send(404, {"error_code": 40403, "message": f"Schema {parts[2]} not found"})
+        if found.get("schemaType") == "PROTOBUF" and query != "format=serialized":
+            found = {**found, "schema": "syntax = \"proto3\"; // as text: what a client without a parser cannot read"}
         self._send(200, found)
 
     def _send(self, status, body):
@@ -306,3 +310,53 @@ def test_the_example_registry_pipeline_loads():
     p = cfg.pipeline("clicks_avro_registry")
     assert p.payload_schema.registry_url == "http://127.0.0.1:8081"
     assert p.connection_ids() == ["deltadrain_schema_registry"]
+
+
+def proto_versions():
+    """clicks.proto as registered (its FileDescriptorProto, importing the well-known Timestamp), and a next
+    version with a message before Click (its indexes become [1]), no `amount`, and a new field."""
+    from google.protobuf import descriptor_pb2
+
+    fds = descriptor_pb2.FileDescriptorSet.FromString((ROOT / "config" / "schemas" / "clicks.desc").read_bytes())
+    v1 = next(f for f in fds.file if f.name.endswith("clicks.proto"))
+    v2 = descriptor_pb2.FileDescriptorProto()
+    v2.CopyFrom(v1)
+    v2.name = "clicks_v2.proto"
+    click = v2.message_type[0]
+    kept = [f for f in click.field if f.name != "amount"]
+    del click.field[:]
+    click.field.extend(kept)
+    click.field.add(name="channel", number=8, type=descriptor_pb2.FieldDescriptorProto.TYPE_STRING,
+                    label=descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL)
+    v2.message_type.insert(0, descriptor_pb2.DescriptorProto(name="Before"))
+    return v1, v2
+
+
+def test_protobuf_messages_are_parsed_as_the_message_their_id_and_indexes_name(server):
+    from google.protobuf import descriptor_pb2, message_factory
+
+    from deltadrain.protobuf import ProtobufPayload, build_pool, write_indexes
+
+    v1, v2 = proto_versions()
+    for sid, f in ((21, v1), (22, v2)):
+        server.schemas[sid] = {"schemaType": "PROTOBUF", "schema": base64.b64encode(f.SerializeToString()).decode()}
+
+    def cls(f):
+        pool = build_pool(descriptor_pb2.FileDescriptorSet(file=[f]).SerializeToString())
+        return message_factory.GetMessageClass(pool.FindMessageTypeByName("dev.deltadrain.sample.Click"))
+
+    one = header(21) + write_indexes([0]) + cls(v1)(event_id="p1", customer="c", amount=2.5, quantity=3).SerializeToString()
+    two = header(22) + write_indexes([1]) + cls(v2)(event_id="p2", customer="d", quantity=4, channel="app").SerializeToString()
+    wrong_index = header(22) + write_indexes([3]) + b""
+    unknown = header(98) + write_indexes([0]) + b"\x0a\x01x"
+    avro_id = header(11) + write_indexes([0]) + b"\x0a\x01x"
+    p = ProtobufPayload(b"", "", "confluent", None, Registry(server.url, backoff_s=0.01))
+    d = p.decoder(fields=FIELDS, id_field="event_id", required=["event_id"], max_bytes=4096, types=TYPES)
+    cols = d.columns([one, two, two, wrong_index, unknown, avro_id])
+    assert cols["_dd_message_id"].to_pylist()[:3] == ["p1", "p2", "p2"]
+    assert cols["amount"].to_pylist()[:3] == [2.5, None, None] and cols["quantity"].to_pylist()[:3] == [3, 4, 4]
+    assert cols["_dd_error_type"].to_pylist() == [None, None, None, "unknown_message_index", "unknown_schema_id",
+                                                  "unsupported_schema"]
+    assert cols["_dd_error"][3].as_py() == "message indexes [3] name no message of schema id 22 (clicks_v2.proto)"
+    assert sorted(server.asked) == ["/schemas/ids/11?format=serialized", "/schemas/ids/21?format=serialized",
+                                    "/schemas/ids/22?format=serialized", "/schemas/ids/98?format=serialized"]
