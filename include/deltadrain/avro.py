@@ -1,8 +1,8 @@
 """Avro payloads (`schema.format: avro`): one schemaless Avro datum per message, written with the
 pipeline's schema file, optionally in the Confluent wire format (magic byte 0, 4-byte big-endian
 schema id, then the datum). Decoded into the same typed values as a JSON payload (deltadrain.decode),
-so staging, the MERGE, the DLQ, replays and backfills do not know the difference. Pure: no Spark, no I/O
-beyond reading the schema file.
+so staging, the MERGE, the DLQ, replays and backfills do not know the difference. No Spark; no I/O
+beyond reading the schema file and, with a registry, asking it (deltadrain.registry).
 
 Without a schema registry the writer's schema is the configured file, and a Confluent-framed message
 whose id is not the configured one is a dead letter ("unknown schema id N"). With one

@@ -3,7 +3,8 @@
 `protoc --include_imports --descriptor_set_out` writes it), optionally in the Confluent wire format
 (magic byte 0, 4-byte big-endian schema id, the message indexes as zigzag varints, then the body).
 Decoded into the same typed values as a JSON payload (deltadrain.decode), so staging, the MERGE, the
-DLQ, replays and backfills do not know the difference. Pure: no Spark, no I/O beyond reading the file.
+DLQ, replays and backfills do not know the difference. No Spark; no I/O beyond reading the file and,
+with a registry, asking it (deltadrain.registry).
 
 Without a schema registry a Confluent-framed message must carry the configured schema id and the
 indexes of the configured message; anything else is a dead letter. With one (`schema.registry_url`,
