@@ -4,7 +4,8 @@ since a registry never changes what an id names.
 
 What an answer means for the batch:
 - the schema: the messages of that id are decoded with it;
-- the id is unknown (404): those messages are `unknown_schema_id` dead letters (bad input is data);
+- the id is unknown (404 with error code 40403): those messages are `unknown_schema_id` dead letters
+  (bad input is data); a 404 without that code means the URL is not the API's, a run error;
 - the registry cannot be reached or fails (a refused connection, a timeout, 5xx, 429): asked again with
   a backoff, then `RegistryUnavailable`, which fails the run: nothing is dead-lettered for an outage,
   nothing committed or acknowledged, and the batch waits for the next run;
@@ -102,10 +103,20 @@ def _said(body: bytes) -> str:
     return " ".join(text.split())[:200]
 
 
+def _code(body: bytes) -> int | None:
+    """The Confluent API's `error_code` of an error answer, None when it has none."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return None
+    return data.get("error_code") if isinstance(data, dict) else None
+
+
 def answer(status: int, body: bytes, schema_id: int, registry: Registry, wanted: str) -> Writer | None:
     """An HTTP answer to `GET /schemas/ids/{schema_id}` -> the writer (or the dead letter of its messages);
     None when the ask is worth repeating (5xx, 429, a timeout's 408). Raises RegistryLoginRefused on 401/403
-    and RegistryUnavailable on an answer no retry changes (another 4xx, a body that is no schema)."""
+    and RegistryUnavailable on an answer no retry changes (another 4xx, a 404 without error code 40403,
+    a body that is no schema)."""
     where = f"the schema registry at {registry.url}"
     if status == 200:
         try:
@@ -130,9 +141,13 @@ def answer(status: int, body: bytes, schema_id: int, registry: Registry, wanted:
                 raise RegistryUnavailable(f"{MARK} {where} did not give schema id {schema_id} serialized "
                                           f"(?format=serialized): a registry without that option is not supported") from None
         return Writer(text, kind)
-    if status == 404:
+    if status == 404 and _code(body) == 40403:
         return Writer(None, wanted, (), "unknown_schema_id",
                       f"unknown schema id {schema_id} ({where} does not know it: {_said(body)})")
+    if status == 404:  # no "schema not found" code: the URL is not the API's, and no message is to blame
+        raise RegistryUnavailable(f"{MARK} {where} answered HTTP 404 without error code 40403 for schema id "
+                                  f"{schema_id} ({_said(body)}): is schema.registry_url the base of a "
+                                  f"Confluent-compatible API (for Apicurio Registry, .../apis/ccompat/v7)?")
     if status in (401, 403):
         what = "refused the login" if status == 401 else "denied reading schemas"
         raise RegistryLoginRefused(f"{MARK} {where} {what} (HTTP {status}: {_said(body)}): check the login "

@@ -137,6 +137,9 @@ def test_answers_map_to_a_writer_a_dead_letter_a_retry_or_a_run_error():
     assert (unknown.text, unknown.error_type, unknown.error) == (
         None, "unknown_schema_id",
         "unknown schema id 5 (the schema registry at http://reg:8081 does not know it: Schema 5 not found)")
+    with pytest.raises(RegistryUnavailable, match=r"answered HTTP 404 without error code 40403 for schema id 5 "
+                                                  r"\(Not Found\): is schema.registry_url the base"):
+        answer(404, b"Not Found", 5, r, "AVRO")  # a wrong base URL: no message is to blame
     for status in (500, 503, 429, 408):
         assert answer(status, b"busy", 5, r, "AVRO") is None
     with pytest.raises(RegistryLoginRefused, match=r"http://reg:8081 refused the login \(HTTP 401: bad\): check "
