@@ -308,11 +308,16 @@ def test_with_a_registry_the_schema_file_and_id_are_optional_and_the_connection_
     assert p.connection_ids() == ["schema_registry"]
 
 
-def test_the_example_registry_pipeline_loads():
+def test_the_example_registry_pipeline_loads_and_produce_says_it_has_no_schema_to_write_with():
+    from deltadrain.dev.produce import generate
+
     cfg = load_config(ROOT / "config" / "pipelines.registry.yaml")
     p = cfg.pipeline("clicks_avro_registry")
     assert p.payload_schema.registry_url == "http://127.0.0.1:8081"
     assert p.connection_ids() == ["deltadrain_schema_registry"]
+    with pytest.raises(ConfigError, match="pipeline 'clicks_avro_registry' reads its writers' schemas from the registry "
+                                          "at http://127.0.0.1:8081: `produce` needs schema.avro_schema_file"):
+        next(generate(p, 1, seed=1))
 
 
 def proto_versions():
