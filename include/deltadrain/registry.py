@@ -126,7 +126,8 @@ def answer(status: int, body: bytes, schema_id: int, registry: Registry, wanted:
             raise RegistryUnavailable(f"{MARK} {where} answered schema id {schema_id} with no schema "
                                       f"({_said(body)}): is schema.registry_url a Confluent-compatible API?") from None
         kind = (data.get("schemaType") or "AVRO").upper()
-        refs = tuple(sorted(f"{r.get('subject')} v{r.get('version')}" for r in data.get("references") or ()))
+        refs = tuple(sorted(f"{r.get('subject')} v{r.get('version')}" if isinstance(r, dict) else str(r)
+                            for r in data.get("references") or ()))
         if kind != wanted:
             return Writer(None, kind, refs, "unsupported_schema",
                           f"schema id {schema_id} is a {kind} schema in {where}; this pipeline reads {wanted.lower()}")
