@@ -9,8 +9,10 @@ message, `protobuf.decode_protobuf` for each). Each is decoded into the claim's
 Arrow columns the way a read task does (`claim.decoder_for`: the JSON path's Arrow reader, the Avro
 path's fastavro read with the values put into Arrow a column at a time), CHUNK messages per call; the
 Confluent-framed Avro also message by message (`avro.decode_avro` for each, the path bad messages
-take). The six alternate ROUNDS times; the wall and CPU seconds of each pass are kept, and the
-medians reported. No services, no Spark.
+take), and with a schema registry (`avro_confluent_registry`: the same messages, each id's writer
+asked of a local HTTP server that answers as a Confluent-compatible registry, kept for the process
+after the first batch, as a read task's worker keeps it). The seven alternate ROUNDS times; the wall
+and CPU seconds of each pass are kept, and the medians reported. No services, no Spark.
 
 Usage: .venv/bin/python bench/avro_decode/avro_decode.py [COUNT [ROUNDS [CHUNK]]]
 """
@@ -33,6 +35,28 @@ from deltadrain.sources.valkey.claim import decoder_for
 ROOT = Path(__file__).resolve().parents[2]
 TYPES = {"event_id": pa.string(), "customer": pa.string(), "amount": pa.float64(), "quantity": pa.int64(),
          "status": pa.string(), "event_time": pa.timestamp("us", tz="UTC")}
+
+
+def local_registry(schema_text: str) -> str:
+    """A local HTTP server answering GET /schemas/ids/{id} with `schema_text` (any id): its URL."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    body = json.dumps({"schema": schema_text}).encode()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return f"http://127.0.0.1:{server.server_address[1]}"
 
 
 class Ctx:
@@ -62,6 +86,10 @@ def main(count: int = 200_000, rounds: int = 5, chunk: int = 10_000) -> dict:
     sides = {"json": json_p, "avro_confluent": avro_cfg.pipeline("clicks_avro"),
              "avro_plain": avro_cfg.pipeline("orders_avro"), "avro_confluent_per_message": avro_cfg.pipeline("clicks_avro"),
              "protobuf_confluent": proto_cfg.pipeline("clicks_proto"), "protobuf_plain": proto_cfg.pipeline("orders_proto")}
+    clicks = sides["avro_confluent"]
+    url = local_registry((ROOT / "config" / "schemas" / "clicks.avsc").read_text())
+    sides["avro_confluent_registry"] = clicks.model_copy(update={"payload_schema": clicks.payload_schema.model_copy(
+        update={"registry_url": url, "avro_schema_id": None})})
     schema = [pa.field(name, kind) for name, kind in TYPES.items()]
     data, decoders = {}, {}
     for name, p in sides.items():

@@ -1,11 +1,14 @@
 """Avro payloads (`schema.format: avro`): one schemaless Avro datum per message, written with the
 pipeline's schema file, optionally in the Confluent wire format (magic byte 0, 4-byte big-endian
 schema id, then the datum). Decoded into the same typed values as a JSON payload (deltadrain.decode),
-so staging, the MERGE, the DLQ, replays and backfills do not know the difference. Pure: no Spark, no I/O
-beyond reading the schema file.
+so staging, the MERGE, the DLQ, replays and backfills do not know the difference. No Spark; no I/O
+beyond reading the schema file and, with a registry, asking it (deltadrain.registry).
 
-No schema registry is consulted: the writer's schema is the configured file, and a Confluent-framed
-message whose id is not the configured one is a dead letter ("unknown schema id N").
+Without a schema registry the writer's schema is the configured file, and a Confluent-framed message
+whose id is not the configured one is a dead letter ("unknown schema id N"). With one
+(`schema.registry_url`, deltadrain.registry) each message is read with the writer's schema its id names,
+and the declared fields are taken from it by name: a field that schema lacks is null (a `schema` dead
+letter when required), and one it gives another type a `schema` dead letter when a value does not fit.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Any
 
 from deltadrain.confluent import HEADER, frame_error, header, schema_id_of
 from deltadrain.decode import CONVERTERS, BatchDecoder, Decoded, _bad, record_values, size_error
+from deltadrain.registry import Registry, ids_of, registry_of, writer
 
 MAX_SCHEMA_ID = 2**31 - 1  # registries hand out non-negative 32-bit ids
 
@@ -43,9 +47,10 @@ LOGICAL = {"timestamp-millis": "timestamp", "timestamp-micros": "timestamp", "lo
 class AvroPayload:
     """What a decoding task needs (pickled with it): the writer's schema as JSON text, parsed once per task."""
 
-    schema_json: str
+    schema_json: str  # "" with a registry and no schema file
     wire: str = "plain"  # or "confluent"
     schema_id: int | None = None
+    registry: Registry | None = None
     _parsed: list = field(default_factory=list, compare=False, repr=False)
 
     def parsed(self):
@@ -157,20 +162,26 @@ def convert(kind: str, v: Any) -> Any:
 
 def decode_avro(data: bytes | None, payload: AvroPayload, *, fields: dict[str, str], id_field: str,
                 required: list[str], max_bytes: int, fallback_id: str | None = None,
-                message_id: str | None = None) -> Decoded:
-    """Bytes -> typed values, or the reason they cannot be; the same contract as decode.decode."""
+                message_id: str | None = None, writer_of=None) -> Decoded:
+    """Bytes -> typed values, or the reason they cannot be; the same contract as decode.decode.
+    `writer_of(schema_id)`: with a registry, the parsed writer's schema of an id, or the dead letter of
+    its messages (AvroBatchDecoder.writer_of)."""
     import fastavro
 
     if (wrong := size_error(data, max_bytes)) is not None:
         return wrong
-    body = data
+    body, schema = data, None
     if payload.wire == "confluent":
         if (wrong := frame_error(data, payload.schema_id)) is not None:
             return wrong
         body = data[HEADER:]
+        if payload.registry is not None:
+            schema = writer_of(schema_id_of(data))
+            if isinstance(schema, Decoded):
+                return schema
     fo = io.BytesIO(body)
     try:
-        record = fastavro.schemaless_reader(fo, payload.parsed(), None)
+        record = fastavro.schemaless_reader(fo, schema or payload.parsed(), None)
     except EOFError as exc:
         if "Expected -" in str(exc):  # a negative length: not Avro written with this schema, not a short one
             return _bad("invalid_avro", f"Avro body does not match the schema: a negative length ({exc})")
@@ -215,27 +226,91 @@ def fast_path_fits(schema: dict, fields: dict[str, str], id_field: str) -> bool:
                for name, kind in fields.items())
 
 
+def parse_writer(found, schema_id: int):
+    """A registry's writer (deltadrain.registry.Writer) -> (its schema as JSON, parsed) or the dead letter
+    of the messages of its id."""
+    import fastavro
+
+    if found.text is None:
+        return _bad(found.error_type, found.error)
+    try:
+        schema = json.loads(found.text)
+        parsed = fastavro.parse_schema(schema)
+    except Exception as exc:  # not JSON, not Avro: the registry holds what its producer registered
+        return _bad("unsupported_schema", f"schema id {schema_id} is not a valid Avro schema: "
+                                          f"{type(exc).__name__}: {exc}"[:300])
+    if not isinstance(schema, dict) or schema.get("type") != "record":
+        return _bad("unsupported_schema", f"schema id {schema_id} is not an Avro record schema (one column per field)")
+    return schema, parsed
+
+
 class AvroBatchDecoder(BatchDecoder):
-    """BatchDecoder for Avro payloads: `decode_avro` is the definition, the column-wise path its shortcut."""
+    """BatchDecoder for Avro payloads: `decode_avro` is the definition, the column-wise path its shortcut.
+    With a registry, the writers of a batch's ids are found before anything is decoded (`columns`), once
+    per id: an outage fails the task there, and no message is judged without its schema."""
 
     def __init__(self, payload: AvroPayload, **kwargs):
         super().__init__(**kwargs)
         self.payload = payload
-        self.fast = fast_path_fits(json.loads(payload.schema_json), self.fields, self.id_field)
+        self.writers: dict[int, tuple | Decoded] = {}  # schema id -> (schema, parsed, fits the fast path) or dead letter
+        # With a registry each id's writer decides (`_candidate`).
+        self.fast = payload.registry is not None or fast_path_fits(json.loads(payload.schema_json), self.fields,
+                                                                   self.id_field)
+
+    def writer_of(self, schema_id: int):
+        """The parsed writer's schema of `schema_id`, or the dead letter of its messages (asked once)."""
+        if schema_id not in self.writers:
+            got = parse_writer(writer(self.payload.registry, schema_id, "AVRO"), schema_id)
+            self.writers[schema_id] = got if isinstance(got, Decoded) else (
+                *got, fast_path_fits(got[0], self.fields, self.id_field))
+        got = self.writers[schema_id]
+        return got if isinstance(got, Decoded) else got[1]
+
+    def columns(self, values: list, **kwargs) -> dict:
+        if self.payload.registry is not None:
+            wanted = self.payload.schema_id
+            for schema_id in ids_of(values):
+                if wanted is None or schema_id == wanted:
+                    self.writer_of(schema_id)
+        return super().columns(values, **kwargs)
 
     def one(self, value, fallback_id=None, message_id=None) -> Decoded:
         return decode_avro(value, self.payload, fields=self.fields, id_field=self.id_field, required=self.required,
-                           max_bytes=self.max_bytes, fallback_id=fallback_id, message_id=message_id)
+                           max_bytes=self.max_bytes, fallback_id=fallback_id, message_id=message_id,
+                           writer_of=self.writer_of)
 
     def _candidate(self, value) -> bool:
-        return bool(value) and (self.payload.wire != "confluent" or (
-            schema_id_of(value) == self.payload.schema_id))
+        if not value:
+            return False
+        if self.payload.wire != "confluent":
+            return True
+        schema_id = schema_id_of(value)
+        if self.payload.registry is None:
+            return schema_id == self.payload.schema_id
+        got = self.writers.get(schema_id)
+        return isinstance(got, tuple) and got[2]
 
     def _fast(self, values, candidates, fallback_ids, message_ids, slow):
+        if self.payload.registry is None:
+            return self._fast_with(self.payload.parsed(), values, candidates, fallback_ids, message_ids, slow)
+        import pyarrow as pa
+
+        rows, parts = [], []
+        for schema_id, group in ids_of([values[i] for i in candidates]).items():
+            got_rows, cols = self._fast_with(self.writers[schema_id][1], values, [candidates[j] for j in group],
+                                             fallback_ids, message_ids, slow)
+            if got_rows:
+                rows += got_rows
+                parts.append(cols)
+        if len(parts) <= 1:
+            return rows, parts[0] if parts else {}
+        return rows, {name: pa.concat_arrays([p[name] for p in parts]) for name in parts[0]}
+
+    def _fast_with(self, schema, values, candidates, fallback_ids, message_ids, slow):
         import fastavro
         import pyarrow as pa
 
-        schema, skip = self.payload.parsed(), HEADER if self.payload.wire == "confluent" else 0
+        skip = HEADER if self.payload.wire == "confluent" else 0
         rows, records = [], []
         for i in candidates:
             body = values[i]
@@ -290,8 +365,9 @@ def payload_of(schema_config) -> AvroPayload | None:
     the config was loaded (config.parse_config), which also made its path absolute."""
     if schema_config.format != "avro":
         return None
-    text = json.dumps(load_schema(Path(schema_config.avro_schema_file)))
-    return AvroPayload(text, schema_config.avro_wire, schema_config.avro_schema_id)
+    path = schema_config.avro_schema_file
+    text = json.dumps(load_schema(Path(path))) if path else ""
+    return AvroPayload(text, schema_config.avro_wire, schema_config.avro_schema_id, registry_of(schema_config))
 
 
 def encode(record: dict, schema: dict, *, wire: str = "plain", schema_id: int | None = None) -> bytes:

@@ -641,9 +641,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except Exception as exc:
+        from deltadrain.registry import failure_line
         from deltadrain.spark import connect_lost
 
-        hint = damaged_log(exc) or connect_lost(exc) or _unreachable(exc, args)
+        hint = damaged_log(exc) or connect_lost(exc) or failure_line(exc) or _unreachable(exc, args)
         if hint is None:
             raise
         print(f"deltadrain: error: {hint}", file=sys.stderr)

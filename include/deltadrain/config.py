@@ -312,8 +312,15 @@ class SchemaConfig(_Model):
     avro_schema_file: str | None = None
     # The wire of Avro and Protobuf bodies alike (the Confluent frame adds message indexes for Protobuf).
     avro_wire: Literal["plain", "confluent"] = "plain"
-    # The schema id the Confluent-framed messages must carry; any other id is a dead letter.
+    # The schema id the Confluent-framed messages must carry; any other id is a dead letter. With a
+    # registry it is optional (unset: every id the registry knows).
     avro_schema_id: int | None = Field(None, ge=0, le=2**31 - 1)
+    # A Confluent-compatible schema registry (deltadrain.registry): each framed message's writer schema
+    # is fetched by its id. Its login comes from an Airflow connection or environment variables.
+    registry_url: str | None = None
+    registry_connection_id: str | None = None
+    registry_username_env: str | None = None
+    registry_password_env: str | None = None
     # A serialized FileDescriptorSet (protoc --include_imports --descriptor_set_out), relative to the
     # config file, and the full name of the message each body is.
     protobuf_descriptor_file: str | None = None
@@ -344,16 +351,44 @@ class SchemaConfig(_Model):
             raise ValueError(f"required names unknown fields {unknown}")
         return self
 
+    @field_validator("registry_url")
+    @classmethod
+    def _registry_url(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        parts = urllib.parse.urlsplit(v)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("must be an http:// or https:// URL of the registry's Confluent-compatible API")
+        if parts.username is not None or parts.password is not None:
+            raise ValueError("carries a login; put it in an Airflow connection (registry_connection_id) or "
+                             "environment variables (registry_username_env, registry_password_env)")
+        if parts.query or parts.fragment:
+            raise ValueError("has a query or '#' part; give the API's base URL alone")
+        return v.rstrip("/")
+
     @model_validator(mode="after")
     def _format(self):
-        if self.format == "avro" and not self.avro_schema_file:
-            raise ValueError("format avro needs avro_schema_file, the writer's schema (.avsc)")
-        if self.format == "protobuf" and not (self.protobuf_descriptor_file and self.protobuf_message):
+        registry = self.registry_url is not None
+        if self.format == "avro" and not self.avro_schema_file and not registry:
+            raise ValueError("format avro needs avro_schema_file, the writer's schema (.avsc), or registry_url")
+        if self.format == "protobuf" and not (self.protobuf_descriptor_file and self.protobuf_message) and not (
+                registry and not self.protobuf_descriptor_file and not self.protobuf_message):
             raise ValueError("format protobuf needs protobuf_descriptor_file (a descriptor set: protoc "
-                             "--include_imports --descriptor_set_out) and protobuf_message (the message's full name)")
+                             "--include_imports --descriptor_set_out) and protobuf_message (the message's full "
+                             "name), or registry_url alone")
+        logins = [k for k in ("registry_connection_id", "registry_username_env", "registry_password_env")
+                  if getattr(self, k) is not None]
+        if logins and not registry:
+            raise ValueError(f"{', '.join(logins)} only apply with registry_url")
+        if self.registry_connection_id and (self.registry_username_env or self.registry_password_env):
+            raise ValueError("give the registry's login either as registry_connection_id or as "
+                             "registry_username_env/registry_password_env, not both")
+        if registry and (self.format == "json" or self.avro_wire != "confluent"):
+            raise ValueError("registry_url needs format avro or protobuf with avro_wire: confluent (the frame "
+                             "carries the schema id the registry is asked for)")
         if self.format in ("avro", "protobuf"):
-            if self.avro_wire == "confluent" and self.avro_schema_id is None:
-                raise ValueError("avro_wire confluent needs avro_schema_id, the id the messages carry")
+            if self.avro_wire == "confluent" and self.avro_schema_id is None and not registry:
+                raise ValueError("avro_wire confluent needs avro_schema_id, the id the messages carry, or registry_url")
             if self.avro_wire == "plain" and self.avro_schema_id is not None:
                 raise ValueError("avro_schema_id is only read with avro_wire: confluent")
         framed = ["avro_schema_id"] * (self.avro_schema_id is not None) + ["avro_wire"] * ("avro_wire" in self.model_fields_set)
@@ -499,9 +534,9 @@ class PipelineConfig(_Model):
         return self
 
     def connection_ids(self) -> list[str]:
-        """The Airflow connections the source's credentials come from."""
-        conn_id = self.source.connection_id_used()
-        return [conn_id] if conn_id else []
+        """The Airflow connections the source's and the schema registry's credentials come from."""
+        conn_ids = [self.source.connection_id_used(), self.payload_schema.registry_connection_id]
+        return [c for c in conn_ids if c]
 
     def accepting_gaps(self) -> PipelineConfig:
         """This pipeline under on_gap: continue, for the runs an operator starts to go on past the gaps
@@ -647,7 +682,7 @@ def _with_avro_schema(p: PipelineConfig, source: Path) -> PipelineConfig:
     schema = p.payload_schema
     if schema.format == "protobuf":
         return _with_protobuf_descriptor(p, source)
-    if schema.format != "avro":
+    if schema.format != "avro" or schema.avro_schema_file is None:  # None: the registry gives each writer
         return p
     path = Path(schema.avro_schema_file).expanduser()
     path = (path if path.is_absolute() else source.resolve().parent / path).resolve()
@@ -665,6 +700,8 @@ def _with_protobuf_descriptor(p: PipelineConfig, source: Path) -> PipelineConfig
     from deltadrain.protobuf import field_problems, load_descriptor
 
     schema = p.payload_schema
+    if schema.protobuf_descriptor_file is None:  # the registry gives each writer
+        return p
     path = Path(schema.protobuf_descriptor_file).expanduser()
     path = (path if path.is_absolute() else source.resolve().parent / path).resolve()
     where = f"{source}: pipeline '{p.name}', field 'schema.protobuf_descriptor_file'"

@@ -18,9 +18,10 @@ def schema_id_of(data: bytes) -> int | None:
     return int.from_bytes(data[1:HEADER], "big") if len(data) >= HEADER and data[0] == MAGIC else None
 
 
-def frame_error(data: bytes, schema_id: int, *, least: int = HEADER, what: str = "header") -> Decoded | None:
+def frame_error(data: bytes, schema_id: int | None, *, least: int = HEADER, what: str = "header") -> Decoded | None:
     """Why non-empty `data` is not a payload framed for `schema_id` (a dead letter's type and reason), or
-    None. `least`: the shortest frame (`what` names what it holds)."""
+    None. `schema_id` None takes any id (a registry names each one's schema). `least`: the shortest frame
+    (`what` names what it holds)."""
     if data[0] != MAGIC:
         return _bad("wrong_magic_byte", f"payload starts with byte 0x{data[0]:02x}, not the Confluent wire "
                                         f"format's magic byte 0x00")
@@ -28,6 +29,6 @@ def frame_error(data: bytes, schema_id: int, *, least: int = HEADER, what: str =
         return _bad("truncated", f"payload of {len(data)} bytes is shorter than the Confluent wire format's "
                                  f"{HEADER}-byte {what}")
     found = int.from_bytes(data[1:HEADER], "big")
-    if found != schema_id:
+    if schema_id is not None and found != schema_id:
         return _bad("unknown_schema_id", f"unknown schema id {found} (this pipeline reads schema id {schema_id})")
     return None

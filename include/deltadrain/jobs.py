@@ -158,9 +158,10 @@ def run(job: str, spark, argv: list[str]) -> JobResult:
         return JobResult(error=" ".join(str(exc).split()))
     except Exception as exc:
         log.error("deltadrain %s job failed:\n%s", job, traceback.format_exc())  # the whole of it in the log
+        from deltadrain.registry import failure_line
         from deltadrain.spark import connect_lost
 
-        return JobResult(error=damaged_log(exc) or connect_lost(exc) or error_line(exc))
+        return JobResult(error=damaged_log(exc) or connect_lost(exc) or failure_line(exc) or error_line(exc))
 
 
 def main(job: str, argv: list[str] | None = None) -> int:

@@ -3,22 +3,28 @@
 `protoc --include_imports --descriptor_set_out` writes it), optionally in the Confluent wire format
 (magic byte 0, 4-byte big-endian schema id, the message indexes as zigzag varints, then the body).
 Decoded into the same typed values as a JSON payload (deltadrain.decode), so staging, the MERGE, the
-DLQ, replays and backfills do not know the difference. Pure: no Spark, no I/O beyond reading the file.
+DLQ, replays and backfills do not know the difference. No Spark; no I/O beyond reading the file and,
+with a registry, asking it (deltadrain.registry).
 
-No schema registry is consulted: a Confluent-framed message must carry the configured schema id and
-the indexes of the configured message; anything else is a dead letter.
+Without a schema registry a Confluent-framed message must carry the configured schema id and the
+indexes of the configured message; anything else is a dead letter. With one (`schema.registry_url`,
+deltadrain.registry) each message is parsed as the message its indexes name in the file its schema id
+names, and the declared fields are taken from it by name (one it lacks is null, or a `schema` dead
+letter when required).
 """
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import cache
 from pathlib import Path
 from typing import Any
 
-from deltadrain.confluent import HEADER, frame_error, header
+from deltadrain.confluent import HEADER, frame_error, header, schema_id_of
 from deltadrain.decode import CONVERTERS, BatchDecoder, Decoded, _bad, record_values, size_error
+from deltadrain.registry import Registry, ids_of, registry_of, writer
 
 TIMESTAMP = "google.protobuf.Timestamp"
 INTS = {"int32", "int64", "uint32", "uint64"}
@@ -59,10 +65,11 @@ class ProtobufPayload:
     """What a decoding task needs (pickled with it): the descriptor set's bytes and the message name;
     the message class is built once per task."""
 
-    descriptor_set: bytes
-    message: str
+    descriptor_set: bytes  # b"" with a registry and no descriptor file
+    message: str  # "" with a registry: the indexes in each frame name it
     wire: str = "plain"  # or "confluent"
     schema_id: int | None = None
+    registry: Registry | None = None
     _built: list = field(default_factory=list, compare=False, repr=False)
 
     def descriptor(self):
@@ -104,8 +111,10 @@ def build_pool(data: bytes):
         if name.startswith("google/protobuf/"):
             proto = descriptor_pb2.FileDescriptorProto()
             try:
+                # The default pool holds a well-known file once its module is imported.
+                importlib.import_module(name.removesuffix(".proto").replace("/", ".") + "_pb2")
                 descriptor_pool.Default().FindFileByName(name).CopyToProto(proto)
-            except KeyError:
+            except (KeyError, ImportError):
                 continue
             pool.Add(proto)
     for f in fds.file:
@@ -177,8 +186,39 @@ def payload_of(schema_config) -> ProtobufPayload | None:
     checked when the config was loaded (config.parse_config), which also made its path absolute."""
     if schema_config.format != "protobuf":
         return None
+    registry = registry_of(schema_config)
+    if schema_config.protobuf_descriptor_file is None:
+        return ProtobufPayload(b"", "", schema_config.avro_wire, schema_config.avro_schema_id, registry)
     data, _ = load_descriptor(Path(schema_config.protobuf_descriptor_file), schema_config.protobuf_message)
-    return ProtobufPayload(data, schema_config.protobuf_message, schema_config.avro_wire, schema_config.avro_schema_id)
+    return ProtobufPayload(data, schema_config.protobuf_message, schema_config.avro_wire, schema_config.avro_schema_id,
+                           registry)
+
+
+def writer_file(found, schema_id: int):
+    """A registry's writer (a serialized FileDescriptorProto) -> its file descriptor, or the dead letter of
+    the messages of its id. Imports of Google's well-known types come from the protobuf package."""
+    from google.protobuf import descriptor_pb2
+
+    if found.text is None:
+        return _bad(found.error_type, found.error)
+    try:
+        proto = descriptor_pb2.FileDescriptorProto.FromString(found.text)
+        pool = build_pool(descriptor_pb2.FileDescriptorSet(file=[proto]).SerializeToString())
+        return pool.FindFileByName(proto.name)
+    except Exception as exc:  # not a descriptor, an import the registry did not say
+        return _bad("unsupported_schema", f"schema id {schema_id} is not a usable Protobuf file: "
+                                          f"{type(exc).__name__}: {exc}"[:300])
+
+
+def message_at(file, indexes: list[int]):
+    """The message that Confluent message indexes name in `file`, or None."""
+    found, siblings = None, list(file.message_types_by_name.values())
+    for i in indexes:
+        if not 0 <= i < len(siblings):
+            return None
+        found = siblings[i]
+        siblings = list(found.nested_types)
+    return found
 
 
 # -- the wire ---------------------------------------------------------------------------------------
@@ -283,8 +323,10 @@ def convert(kind: str, v: Any) -> Any:
 
 def decode_protobuf(data: bytes | None, payload: ProtobufPayload, *, fields: dict[str, str], id_field: str,
                     required: list[str], max_bytes: int, fallback_id: str | None = None,
-                    message_id: str | None = None) -> Decoded:
-    """Bytes -> typed values, or the reason they cannot be; the same contract as decode.decode."""
+                    message_id: str | None = None, writer_of=None) -> Decoded:
+    """Bytes -> typed values, or the reason they cannot be; the same contract as decode.decode.
+    `writer_of(schema_id, indexes)`: with a registry, (message name, class, field name -> (descriptor,
+    kind)) of the writer's message, or the dead letter of the message (ProtobufBatchDecoder.writer_of)."""
     from google.protobuf.message import DecodeError
 
     if (wrong := size_error(data, max_bytes)) is not None:
@@ -300,23 +342,30 @@ def decode_protobuf(data: bytes | None, payload: ProtobufPayload, *, fields: dic
             return _bad("truncated", f"payload of {len(data)} bytes ends inside the Confluent message indexes")
         except ValueError as exc:
             return _bad("invalid_protobuf", f"Confluent message indexes are not valid: {exc}")
-        if indexes != payload.indexes():
+        if payload.registry is not None:
+            found = writer_of(schema_id_of(data), indexes)
+            if isinstance(found, Decoded):
+                return found
+            what, cls, described = found
+        elif indexes != payload.indexes():
             return _bad("unknown_message_index", f"message indexes {indexes} name another message than "
                                                  f"{payload.message} (indexes {payload.indexes()})")
         body = data[start:]
-    msg = payload.message_class()()
+    if payload.registry is None:
+        what, cls, described = payload.message, payload.message_class(), payload.fields()
+    msg = cls()
     try:
         msg.ParseFromString(body)
     except DecodeError as exc:
         if ends_early(body):
-            return _bad("truncated", f"Protobuf body of {len(body)} bytes ends inside a field of "
-                                     f"{payload.message}")
-        return _bad("invalid_protobuf", f"Protobuf body is not a {payload.message}: {exc}"[:300])
+            return _bad("truncated", f"Protobuf body of {len(body)} bytes ends inside a field of {what}")
+        return _bad("invalid_protobuf", f"Protobuf body is not a {what}: {exc}"[:300])
     except Exception as exc:  # a recursion limit or another refusal of the parser
-        return _bad("invalid_protobuf", f"Protobuf body is not a {payload.message}: {type(exc).__name__}: {exc}"[:300])
-    described = payload.fields()
+        return _bad("invalid_protobuf", f"Protobuf body is not a {what}: {type(exc).__name__}: {exc}"[:300])
     record = {}
     for name in fields:
+        if name not in described:  # a writer without the field: missing, as an absent JSON key
+            continue
         fd, kind = described[name]
         try:
             record[name] = _value(msg, fd, kind)
@@ -334,11 +383,42 @@ class ProtobufBatchDecoder(BatchDecoder):
         super().__init__(**kwargs)
         self.payload = payload
         self.fast = False
+        self.files: dict[int, Any] = {}  # schema id -> the writer's file descriptor, or a dead letter
+        self.messages: dict[tuple[int, tuple], Any] = {}
+
+    def columns(self, values: list, **kwargs) -> dict:
+        """With a registry, the writers of the batch's ids are found first, once per id (as for Avro)."""
+        if self.payload.registry is not None:
+            for schema_id in ids_of(values):
+                if self.payload.schema_id is None or schema_id == self.payload.schema_id:
+                    self._file(schema_id)
+        return super().columns(values, **kwargs)
+
+    def _file(self, schema_id: int):
+        if schema_id not in self.files:
+            self.files[schema_id] = writer_file(writer(self.payload.registry, schema_id, "PROTOBUF"), schema_id)
+        return self.files[schema_id]
+
+    def writer_of(self, schema_id: int, indexes: list[int]):
+        key = (schema_id, tuple(indexes))
+        if key not in self.messages:
+            from google.protobuf import message_factory
+
+            file = self._file(schema_id)
+            if isinstance(file, Decoded):
+                self.messages[key] = file
+            elif (desc := message_at(file, indexes)) is None:
+                self.messages[key] = _bad("unknown_message_index", f"message indexes {indexes} name no message "
+                                                                   f"of schema id {schema_id} ({file.name})")
+            else:
+                self.messages[key] = (desc.full_name, message_factory.GetMessageClass(desc),
+                                      {fd.name: (fd, kind_of(fd)) for fd in desc.fields if fd.name in self.fields})
+        return self.messages[key]
 
     def one(self, value, fallback_id=None, message_id=None) -> Decoded:
         return decode_protobuf(value, self.payload, fields=self.fields, id_field=self.id_field,
                                required=self.required, max_bytes=self.max_bytes, fallback_id=fallback_id,
-                               message_id=message_id)
+                               message_id=message_id, writer_of=self.writer_of)
 
 
 def encode(record: dict, payload: ProtobufPayload, *, schema_id: int | None = None) -> bytes:

@@ -251,7 +251,15 @@ def generate(pipeline: PipelineConfig, count: int, seed: int = 0, malformed_rati
 
 
 def _generate_encoded(pipeline, count, seed, malformed_ratio, poison_ratio, start) -> Iterator[Message]:
-    if pipeline.payload_schema.format == "protobuf":
+    spec = pipeline.payload_schema
+    if spec.avro_schema_file is None and spec.protobuf_descriptor_file is None:
+        from deltadrain.errors import ConfigError
+
+        # With a registry alone there is no schema here to write with; the producers own it.
+        raise ConfigError(f"pipeline '{pipeline.name}' reads its writers' schemas from the registry at "
+                          f"{spec.registry_url}: `produce` needs schema.avro_schema_file or protobuf_descriptor_file "
+                          f"to write with")
+    if spec.format == "protobuf":
         writer = _ProtobufWriter(pipeline)
         kinds = tuple(k for k in PROTOBUF_MALFORMED if writer.wire == "confluent"
                       or k not in ("wrong_magic_byte", "unknown_schema_id"))

@@ -19,9 +19,10 @@ from deltadrain.logs import fields, run_logger
 from deltadrain.outcome import Outcome
 from deltadrain.payloads import payload_of
 from deltadrain.positions import merge_positions
+from deltadrain.registry import failure_line
 from deltadrain.sources.valkey.acknowledge import acknowledge, release
 from deltadrain.sources.valkey.acl import acl_probe_key, check_after_commit
-from deltadrain.sources.valkey.claim import ClaimContext, allocate, claim_arrow, failure_field, plan
+from deltadrain.sources.valkey.claim import RELEASED, ClaimContext, allocate, claim_arrow, failure_field, plan
 from deltadrain.sources.valkey.client import (
     as_text,
     group_counts,
@@ -185,7 +186,12 @@ class ValkeyDrain(Drain):
         if sum(quotas.values()):
             if split is not None and split.alone:
                 count_alone(self.client, split, self.ctx.failures_key)
-            staged = self.claim(quotas, split=split)
+            try:
+                staged = self.claim(quotas, split=split)
+            except Exception as exc:
+                if failure_line(exc) is not None:  # the schema registry is out: no message is to blame
+                    s.released = self.hand_back_held()
+                raise
             if split is not None and split.marks_rest:
                 mark_rest(self.client, split, source.group, p.min_idle_ms, self.ctx.failures_key, self.consumer)
             failpoints.hit("after_claim")
@@ -225,6 +231,27 @@ class ValkeyDrain(Drain):
         if self.split is not None and self.split.alone:
             uncount_alone(self.client, self.split, self.ctx.failures_key)
         return release(staged.files, self.ctx)
+
+    def hand_back_held(self) -> int:
+        """After a claim job that failed without dying (its tasks raised: the schema registry is out),
+        every entry this run's consumer holds goes to RELEASED, as `release` does with staged ones: the
+        next run reclaims them whole, and a long outage convicts no message of killing runs."""
+        from deltadrain.sources.valkey.acknowledge import claim_held
+        from deltadrain.sources.valkey.client import as_text
+
+        if self.split is not None and self.split.alone:
+            uncount_alone(self.client, self.split, self.ctx.failures_key)
+        group, done = self.pipeline.source.group, 0
+        for stream in self.pipeline.source.streams:
+            while True:
+                rows = self.client.xpending_range(stream, group, min="-", max="+", count=1000,
+                                                  consumername=self.consumer)
+                moved = claim_held(self.client, stream, group, self.consumer, RELEASED, 0,
+                                   max(self.pipeline.min_idle_ms, 1), [as_text(r["message_id"]) for r in rows])
+                done += len(moved)
+                if not moved or len(rows) < 1000:
+                    break
+        return done
 
     def find_split(self) -> Split | None:
         """What runs that died left pending, split (valkey.crashes): this run then reads that part

@@ -1,0 +1,260 @@
+"""A schema registry client (the Confluent-compatible REST API): the writer's schema of a Confluent-framed
+Avro or Protobuf message, fetched by the id in its frame (`GET /schemas/ids/{id}`) and cached per process,
+since a registry never changes what an id names.
+
+What an answer means for the batch:
+- the schema: the messages of that id are decoded with it;
+- the id is unknown (404 with error code 40403): those messages are `unknown_schema_id` dead letters
+  (bad input is data); a 404 without that code means the URL is not the API's, a run error;
+- the registry cannot be reached or fails (a refused connection, a timeout, 5xx, 429): asked again with
+  a backoff, then `RegistryUnavailable`, which fails the run: nothing is dead-lettered for an outage,
+  nothing committed or acknowledged, and the batch waits for the next run;
+- the login is refused (401, 403): `RegistryLoginRefused`, a run error naming what to fix.
+
+The decoding tasks ask (the messages never pass through the driver); `Registry` travels with them
+like a Valkey claim task's login (repr=False: never in a log line). Pure apart from `fetch`.
+"""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import json
+import re
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from deltadrain.confluent import schema_id_of
+
+ATTEMPTS = 4  # asks of one id before an outage fails the run
+BACKOFF_S = 0.5  # the wait after the first failed ask, doubled after each next one
+TIMEOUT_S = 10.0
+MAX_ANSWER = 16 << 20  # a schema larger than this is no schema
+RETRIED = {408, 425, 429, 500, 502, 503, 504}
+# The line a failure leaves in the text of the Spark error that carries it out of a task.
+MARK = "deltadrain schema registry:"
+
+
+class RegistryFailure(Exception):  # noqa: N818 - a failure of the run, said in one line
+    """The registry answered nothing usable for the batch: the run fails and the batch waits."""
+
+
+class RegistryUnavailable(RegistryFailure):
+    pass
+
+
+class RegistryLoginRefused(RegistryFailure):
+    pass
+
+
+@dataclass(frozen=True)
+class Registry:
+    """Where a pipeline's registry is and how to log in (pickled with the decoding tasks)."""
+
+    url: str
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    login_from: str = "no login (set schema.registry_connection_id or registry_username_env/registry_password_env)"
+    attempts: int = ATTEMPTS
+    backoff_s: float = BACKOFF_S
+    timeout_s: float = TIMEOUT_S
+
+
+class Writer(NamedTuple):
+    """What the registry says of one id: the schema's text (Avro: JSON; Protobuf: a serialized
+    FileDescriptorProto), its type, and the subjects it imports; or, when `text` is None, why the
+    messages of that id are dead letters (`error_type`, `error`)."""
+
+    text: str | bytes | None
+    schema_type: str = "AVRO"
+    references: tuple = ()
+    error_type: str | None = None
+    error: str | None = None
+
+
+def schema_url(base: str, schema_id: int, schema_type: str) -> str:
+    """Protobuf schemas are asked for serialized (a FileDescriptorProto in base64): no .proto parser needed."""
+    url = f"{base.rstrip('/')}/schemas/ids/{int(schema_id)}"
+    return url + "?format=serialized" if schema_type == "PROTOBUF" else url
+
+
+def ids_of(values: list) -> dict[int, list[int]]:
+    """Schema id -> the rows whose payload is framed with it (rows that are not framed are left out)."""
+    out: dict[int, list[int]] = {}
+    for i, value in enumerate(values):
+        if value:
+            found = schema_id_of(value)
+            if found is not None:
+                out.setdefault(found, []).append(i)
+    return out
+
+
+def _said(body: bytes) -> str:
+    """The registry's own words in an error answer, short and on one line."""
+    try:
+        data = json.loads(body)
+        text = str(data.get("message") or data) if isinstance(data, dict) else str(data)
+    except ValueError:
+        text = body.decode("utf-8", "replace")
+    return " ".join(text.split())[:200]
+
+
+def _code(body: bytes) -> int | None:
+    """The Confluent API's `error_code` of an error answer, None when it has none."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return None
+    return data.get("error_code") if isinstance(data, dict) else None
+
+
+def answer(status: int, body: bytes, schema_id: int, registry: Registry, wanted: str) -> Writer | None:
+    """An HTTP answer to `GET /schemas/ids/{schema_id}` -> the writer (or the dead letter of its messages);
+    None when the ask is worth repeating (5xx, 429, a timeout's 408). Raises RegistryLoginRefused on 401/403
+    and RegistryUnavailable on an answer no retry changes (another 4xx, a 404 without error code 40403,
+    a body that is no schema)."""
+    where = f"the schema registry at {registry.url}"
+    if status == 200:
+        try:
+            data = json.loads(body)
+            text = data["schema"]
+        except (ValueError, KeyError, TypeError):
+            raise RegistryUnavailable(f"{MARK} {where} answered schema id {schema_id} with no schema "
+                                      f"({_said(body)}): is schema.registry_url a Confluent-compatible API?") from None
+        kind = (data.get("schemaType") or "AVRO").upper()
+        refs = tuple(sorted(f"{r.get('subject')} v{r.get('version')}" if isinstance(r, dict) else str(r)
+                            for r in data.get("references") or ()))
+        if kind != wanted:
+            return Writer(None, kind, refs, "unsupported_schema",
+                          f"schema id {schema_id} is a {kind} schema in {where}; this pipeline reads {wanted.lower()}")
+        if refs:
+            return Writer(None, kind, refs, "unsupported_schema",
+                          f"schema id {schema_id} imports other registered schemas ({', '.join(refs)}), "
+                          f"which deltadrain does not resolve")
+        if kind == "PROTOBUF":
+            try:
+                text = base64.b64decode(text, validate=True)
+            except ValueError:
+                raise RegistryUnavailable(f"{MARK} {where} did not give schema id {schema_id} serialized "
+                                          f"(?format=serialized): a registry without that option is not supported") from None
+        return Writer(text, kind)
+    if status == 404 and _code(body) == 40403:
+        return Writer(None, wanted, (), "unknown_schema_id",
+                      f"unknown schema id {schema_id} ({where} does not know it: {_said(body)})")
+    if status == 404:  # no "schema not found" code: the URL is not the API's, and no message is to blame
+        raise RegistryUnavailable(f"{MARK} {where} answered HTTP 404 without error code 40403 for schema id "
+                                  f"{schema_id} ({_said(body)}): is schema.registry_url the base of a "
+                                  f"Confluent-compatible API (for Apicurio Registry, .../apis/ccompat/v7)?")
+    if status in (401, 403):
+        what = "refused the login" if status == 401 else "denied reading schemas"
+        raise RegistryLoginRefused(f"{MARK} {where} {what} (HTTP {status}: {_said(body)}): check the login "
+                                   f"in {registry.login_from}")
+    if status in RETRIED:
+        return None
+    raise RegistryUnavailable(f"{MARK} {where} answered HTTP {status} for schema id {schema_id} ({_said(body)})")
+
+
+def _ask(url: str, registry: Registry) -> tuple[int, bytes]:
+    request = urllib.request.Request(url, headers={"Accept": "application/vnd.schemaregistry.v1+json, "
+                                                             "application/json"})
+    if registry.username is not None or registry.password is not None:
+        login = f"{registry.username or ''}:{registry.password or ''}".encode()
+        request.add_header("Authorization", "Basic " + base64.b64encode(login).decode())
+    try:
+        with urllib.request.urlopen(request, timeout=registry.timeout_s) as reply:  # noqa: S310 - http(s) only (config)
+            return reply.status, reply.read(MAX_ANSWER)
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read(MAX_ANSWER) if exc.fp else b""
+
+
+def fetch(registry: Registry, schema_id: int, schema_type: str, *, sleep=time.sleep, ask=_ask) -> Writer:
+    """The writer of `schema_id`, asking again with a doubling backoff while the registry is out;
+    RegistryUnavailable with the last reason when it stays out."""
+    url = schema_url(registry.url, schema_id, schema_type)
+    why = ""
+    for attempt in range(registry.attempts):
+        if attempt:
+            sleep(registry.backoff_s * 2 ** (attempt - 1))
+        try:
+            status, body = ask(url, registry)
+        except (OSError, ValueError, http.client.HTTPException) as exc:  # refused, reset, timed out, cut short
+            reason = getattr(exc, "reason", exc)
+            why = f"{type(reason).__name__}: {' '.join(str(reason).split())[:200]}"
+            continue
+        found = answer(status, body, schema_id, registry, schema_type)
+        if found is not None:
+            return found
+        why = f"HTTP {status}: {_said(body)}"
+    raise RegistryUnavailable(f"{MARK} cannot get schema id {schema_id} from the schema registry at {registry.url} "
+                              f"after {registry.attempts} attempts ({why}); nothing of the batch was committed or "
+                              f"acknowledged: it is read again once the registry answers")
+
+
+# Ids never change what they name: a writer found is kept for the process's life (the executors' Python
+# workers are reused across tasks and runs). Dead letters are not kept: an id unknown now may be
+# registered (restored) later, so each batch asks again, once.
+_CACHE: dict[tuple[str, str, int], Writer] = {}
+_LOCK = threading.Lock()
+
+
+def writer(registry: Registry, schema_id: int, schema_type: str, *, fetcher=fetch) -> Writer:
+    key = (registry.url, schema_type, schema_id)
+    with _LOCK:
+        found = _CACHE.get(key)
+    if found is not None:
+        return found
+    found = fetcher(registry, schema_id, schema_type)
+    if found.text is not None:
+        with _LOCK:
+            _CACHE[key] = found
+    return found
+
+
+def failure_line(exc: BaseException) -> str | None:
+    """A registry failure that ended a run, as its one line (also when a Spark error carries it out of a
+    task, inside a Python traceback); None for other errors."""
+    for _ in range(10):
+        if exc is None:
+            return None
+        if isinstance(exc, RegistryFailure):
+            return str(exc)
+        match = re.search(re.escape(MARK) + r"[^\n]*", str(exc))
+        if match:
+            return match.group(0).rstrip()
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def registry_of(schema_config) -> Registry | None:
+    """The registry of a pipeline's `schema:` block with its login (None without registry_url). Read
+    where the decoding tasks are planned; a login that is configured but missing is a ConfigError that
+    names the connection or variable."""
+    import os
+
+    from deltadrain.errors import ConfigError
+    from deltadrain.secrets import credentials, env_name
+
+    url = schema_config.registry_url
+    if url is None:
+        return None
+    if schema_config.registry_connection_id:
+        conn = schema_config.registry_connection_id
+        creds = credentials(connection_id=conn)
+        return Registry(url, creds.username, creds.password,
+                        f"the Airflow connection '{conn}' (or {env_name(conn)}), schema.registry_connection_id")
+    user_env, password_env = schema_config.registry_username_env, schema_config.registry_password_env
+    if not (user_env or password_env):
+        return Registry(url)
+    named = [n for n in (user_env, password_env) if n]
+    missing = [n for n in named if os.environ.get(n) is None]
+    if missing:
+        raise ConfigError(f"environment variable {' and '.join(missing)} (schema.registry_username_env/"
+                          f"registry_password_env) is not set: the login of the schema registry at {url}")
+    return Registry(url, os.environ.get(user_env) if user_env else None,
+                    os.environ.get(password_env) if password_env else None,
+                    f"the environment variables {' and '.join(named)} (schema.registry_username_env/"
+                    f"registry_password_env)")

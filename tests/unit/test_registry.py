@@ -1,0 +1,370 @@
+"""The schema registry client (deltadrain.registry): frame -> id grouping, answer parsing, error mapping,
+and the client against a local HTTP server that speaks the Confluent-compatible API's `GET
+/schemas/ids/{id}` (no registry could be installed here: docs/config.md, "Schema registry")."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+import yaml
+
+from deltadrain import registry as reg
+from deltadrain.avro import AvroBatchDecoder, encode
+from deltadrain.config import load_config
+from deltadrain.confluent import header
+from deltadrain.errors import ConfigError
+from deltadrain.payloads import payload_of
+from deltadrain.registry import (
+    Registry,
+    RegistryLoginRefused,
+    RegistryUnavailable,
+    Writer,
+    answer,
+    failure_line,
+    fetch,
+    ids_of,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+V1 = {"type": "record", "name": "Click", "namespace": "t", "fields": [
+    {"name": "event_id", "type": "string"}, {"name": "customer", "type": "string"},
+    {"name": "amount", "type": "double"}]}
+# The producer's next version: a long before the others, and a field the pipeline does not declare.
+V2 = {"type": "record", "name": "Click", "namespace": "t", "fields": [
+    {"name": "quantity", "type": ["null", "long"], "default": None}, {"name": "event_id", "type": "string"},
+    {"name": "customer", "type": "string"}, {"name": "amount", "type": "double"},
+    {"name": "channel", "type": "string", "default": "web"}]}
+# A version without `amount`: null when it is optional, a `schema` dead letter when it is required.
+V3 = {"type": "record", "name": "Click", "namespace": "t", "fields": [
+    {"name": "event_id", "type": "string"}, {"name": "customer", "type": "string"}]}
+FIELDS = {"event_id": "string", "customer": "string", "amount": "double", "quantity": "long"}
+TYPES = {"event_id": pa.string(), "customer": pa.string(), "amount": pa.float64(), "quantity": pa.int64()}
+
+
+class FakeRegistryHandler(BaseHTTPRequestHandler):
+    def do_GET(self):  # noqa: N802 - http.server's name
+        srv = self.server
+        with srv.lock:
+            srv.asked.append(self.path)
+            failing = srv.fail_next > 0
+            srv.fail_next -= failing
+        if failing:
+            return self._send(503, {"error_code": 50003, "message": "store not ready"})
+        if srv.login is not None:
+            want = "Basic " + base64.b64encode(srv.login.encode()).decode()
+            if self.headers.get("Authorization") != want:
+                return self._send(401, {"error_code": 40101, "message": "Unauthorized"})
+        path, _, query = self.path.partition("?")
+        if query not in ("", "format=serialized"):
+            return self._send(422, {"error_code": 42202, "message": f"unknown option {query}"})
+        parts = path.strip("/").split("/")
+        if parts[:2] != ["schemas", "ids"] or len(parts) != 3:
+            return self._send(404, {"error_code": 40401, "message": "not found"})
+        found = srv.schemas.get(int(parts[2]))
+        if found is None:
+            return self._send(404, {"error_code": 40403, "message": f"Schema {parts[2]} not found"})
+        if found.get("schemaType") == "PROTOBUF" and query != "format=serialized":
+            found = {**found, "schema": "syntax = \"proto3\"; // as text: what a client without a parser cannot read"}
+        self._send(200, found)
+
+    def _send(self, status, body):
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/vnd.schemaregistry.v1+json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def server():
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), FakeRegistryHandler)
+    srv.lock, srv.asked, srv.fail_next, srv.login = threading.Lock(), [], 0, None
+    srv.schemas = {11: {"schema": json.dumps(V1)}, 12: {"schema": json.dumps(V2)}, 13: {"schema": json.dumps(V3)},
+                   20: {"schema": "syntax = \"proto3\"; message M {}", "schemaType": "PROTOBUF"}}
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    srv.url = f"http://127.0.0.1:{srv.server_address[1]}"
+    reg._CACHE.clear()
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+    reg._CACHE.clear()
+
+
+def framed(schema_id: int, rec: dict, schema: dict) -> bytes:
+    return header(schema_id) + encode(rec, schema)
+
+
+def decoder(url: str, *, schema_id=None, required=("event_id",), **login) -> AvroBatchDecoder:
+    from deltadrain.avro import AvroPayload
+
+    p = AvroPayload("", "confluent", schema_id, Registry(url, backoff_s=0.01, timeout_s=5, **login))
+    return AvroBatchDecoder(p, fields=FIELDS, id_field="event_id", required=list(required), max_bytes=4096,
+                            types=TYPES)
+
+
+def test_frames_are_grouped_by_schema_id_and_unframed_payloads_left_out():
+    values = [header(7) + b"a", None, b"", header(9) + b"b", b"\x01abcd", header(7), b"\x00\x00"]
+    assert ids_of(values) == {7: [0, 5], 9: [3]}
+
+
+def test_answers_map_to_a_writer_a_dead_letter_a_retry_or_a_run_error():
+    r = Registry("http://reg:8081", login_from="the Airflow connection 'reg' (or AIRFLOW_CONN_REG)")
+    assert answer(200, json.dumps({"schema": '"string"'}).encode(), 5, r, "AVRO") == Writer('"string"', "AVRO")
+    desc = base64.b64encode(b"\x0a\x03a.p").decode()
+    assert answer(200, json.dumps({"schema": desc, "schemaType": "PROTOBUF"}).encode(), 5, r, "PROTOBUF").text == (
+        b"\x0a\x03a.p")
+    other = answer(200, json.dumps({"schema": "x", "schemaType": "JSON"}).encode(), 5, r, "AVRO")
+    assert (other.error_type, other.error) == (
+        "unsupported_schema", "schema id 5 is a JSON schema in the schema registry at http://reg:8081; this "
+        "pipeline reads avro")
+    refs = answer(200, json.dumps({"schema": "{}", "references": [{"name": "a", "subject": "s-a", "version": 2}]})
+                  .encode(), 5, r, "AVRO")
+    assert refs.error_type == "unsupported_schema" and "s-a v2" in refs.error
+    unknown = answer(404, b'{"error_code":40403,"message":"Schema 5 not found"}', 5, r, "AVRO")
+    assert (unknown.text, unknown.error_type, unknown.error) == (
+        None, "unknown_schema_id",
+        "unknown schema id 5 (the schema registry at http://reg:8081 does not know it: Schema 5 not found)")
+    with pytest.raises(RegistryUnavailable, match=r"answered HTTP 404 without error code 40403 for schema id 5 "
+                                                  r"\(Not Found\): is schema.registry_url the base"):
+        answer(404, b"Not Found", 5, r, "AVRO")  # a wrong base URL: no message is to blame
+    for status in (500, 503, 429, 408):
+        assert answer(status, b"busy", 5, r, "AVRO") is None
+    with pytest.raises(RegistryLoginRefused, match=r"http://reg:8081 refused the login \(HTTP 401: bad\): check "
+                                                   r"the login in the Airflow connection 'reg' \(or AIRFLOW_CONN_REG\)"):
+        answer(401, b'{"message":"bad"}', 5, r, "AVRO")
+    with pytest.raises(RegistryLoginRefused, match="denied reading schemas"):
+        answer(403, b"{}", 5, r, "AVRO")
+    with pytest.raises(RegistryUnavailable, match="answered HTTP 400 for schema id 5"):
+        answer(400, b"no", 5, r, "AVRO")
+    with pytest.raises(RegistryUnavailable, match="Confluent-compatible"):
+        answer(200, b"<html>", 5, r, "AVRO")
+
+
+def test_fetch_retries_an_outage_with_backoff_then_fails_naming_the_registry():
+    r = Registry("http://reg:8081", attempts=4, backoff_s=0.5)
+    answers = iter([ConnectionRefusedError(111, "Connection refused"), (503, b"{}"), (200, b'{"schema":"\\"int\\""}')])
+    slept = []
+
+    def ask(url, _):
+        assert url == "http://reg:8081/schemas/ids/3"
+        got = next(answers)
+        if isinstance(got, Exception):
+            raise got
+        return got
+
+    assert fetch(r, 3, "AVRO", sleep=slept.append, ask=ask).text == '"int"'
+    assert slept == [0.5, 1.0]
+
+    def down(url, _):
+        raise ConnectionRefusedError(111, "Connection refused")
+
+    slept.clear()
+    with pytest.raises(RegistryUnavailable) as exc:
+        fetch(r, 3, "AVRO", sleep=slept.append, ask=down)
+    assert slept == [0.5, 1.0, 2.0]
+    line = str(exc.value)
+    assert "\n" not in line and line.startswith(
+        "deltadrain schema registry: cannot get schema id 3 from the schema registry at http://reg:8081 after 4 "
+        "attempts (ConnectionRefusedError: [Errno 111] Connection refused)")
+    # Carried out of a Spark task, the line is found again in the traceback text.
+    spark_error = RuntimeError(f"Job aborted.\nTraceback (most recent call last):\n  ...\n"
+                               f"deltadrain.registry.RegistryUnavailable: {line}\n\tat org.apache.spark...")
+    wrapped = ValueError("the stage failed")
+    wrapped.__cause__ = spark_error
+    assert failure_line(wrapped) == line and failure_line(ValueError("else")) is None
+    assert reg.schema_url("http://r/api/ccompat/v7/", 4, "PROTOBUF") == (
+        "http://r/api/ccompat/v7/schemas/ids/4?format=serialized")
+
+
+def test_a_batch_of_many_schema_ids_is_read_with_each_writer_asked_once(server):
+    good = [framed(11, {"event_id": f"a{i}", "customer": "c", "amount": i / 2}, V1) for i in range(30)]
+    newer = [framed(12, {"quantity": i, "event_id": f"b{i}", "customer": "d", "amount": 1.0, "channel": "app"}, V2)
+             for i in range(30)]
+    lacking = [framed(13, {"event_id": "c1", "customer": "e"}, V3)]
+    unknown = [framed(99, {"event_id": "z", "customer": "c", "amount": 1.0}, V1)]
+    proto = [framed(20, {"event_id": "p", "customer": "c", "amount": 1.0}, V1)]
+    values = [v for pair in zip(good, newer, strict=True) for v in pair] + lacking + unknown * 2 + proto
+    cols = decoder(server.url).columns(values)
+    got = {cols["_dd_message_id"][i].as_py(): (cols["amount"][i].as_py(), cols["quantity"][i].as_py(),
+                                               cols["_dd_error_type"][i].as_py()) for i in range(len(values))}
+    assert all(got[f"a{i}"] == (i / 2, None, None) for i in range(30))  # v1 has no quantity: null
+    assert all(got[f"b{i}"] == (1.0, i, None) for i in range(30))  # v2's extra field is not a column
+    assert got["c1"] == (None, None, None)
+    errors = cols["_dd_error"].to_pylist()
+    assert cols["_dd_error_type"].to_pylist()[-3:] == ["unknown_schema_id", "unknown_schema_id", "unsupported_schema"]
+    assert errors[-2] == (f"unknown schema id 99 (the schema registry at {server.url} does not know it: Schema 99 "
+                          f"not found)")
+    assert cols["_dd_original"][len(values) - 2].as_py() == unknown[0]
+    assert sorted(server.asked) == ["/schemas/ids/11", "/schemas/ids/12", "/schemas/ids/13", "/schemas/ids/20",
+                                    "/schemas/ids/99"]
+    # The next batch: writers are kept for the process, an unknown id is asked again (once).
+    server.asked.clear()
+    again = decoder(server.url, required=("event_id", "amount")).columns(good[:2] + lacking + unknown * 3)
+    assert server.asked == ["/schemas/ids/99"]
+    assert again["_dd_error_type"].to_pylist() == [None, None, "schema", *["unknown_schema_id"] * 3]
+    assert again["_dd_error"][2].as_py() == "required field 'amount' is missing"
+    # With avro_schema_id set, only that id is read: another is a dead letter, and not asked for.
+    server.asked.clear()
+    only = decoder(server.url, schema_id=12).columns(good[:1] + newer[:1])
+    assert only["_dd_error"].to_pylist() == ["unknown schema id 11 (this pipeline reads schema id 12)", None]
+    assert server.asked == []
+
+
+def test_an_outage_fails_the_batch_whole_and_a_refused_login_names_its_fix(server, monkeypatch):
+    values = [framed(11, {"event_id": "a", "customer": "c", "amount": 1.0}, V1)]
+    server.fail_next = 2  # two 503s, then the answer: retried
+    assert decoder(server.url).columns(values)["_dd_error_type"].to_pylist() == [None]
+    assert len(server.asked) == 3
+    reg._CACHE.clear()
+    server.fail_next = 10
+    with pytest.raises(RegistryUnavailable, match=r"after 4 attempts \(HTTP 503: store not ready\); nothing of "
+                                                  r"the batch") as exc:
+        decoder(server.url).columns(values)
+    assert server.url in str(exc.value)
+    server.fail_next = 0
+    server.login = "drain:s3cret"
+    monkeypatch.setenv("REG_USER", "drain")
+    monkeypatch.setenv("REG_PASSWORD", "wrong")
+    schema = {"registry_url": server.url, "registry_username_env": "REG_USER", "registry_password_env": "REG_PASSWORD"}
+    p = registry_payload(schema)
+    with pytest.raises(RegistryLoginRefused) as refused:
+        p.decoder(fields=FIELDS, id_field="event_id", required=["event_id"], max_bytes=4096, types=TYPES).columns(values)
+    assert "wrong" not in str(refused.value) and "s3cret" not in str(refused.value)
+    assert "check the login in the environment variables REG_USER and REG_PASSWORD" in str(refused.value)
+    monkeypatch.setenv("REG_PASSWORD", "s3cret")
+    p = registry_payload(schema)
+    assert "s3cret" not in repr(p)
+    cols = p.decoder(fields=FIELDS, id_field="event_id", required=["event_id"], max_bytes=4096,
+                     types=TYPES).columns(values)
+    assert cols["customer"].to_pylist() == ["c"]
+    # The same login from an Airflow connection (here as the environment hands it to a job).
+    reg._CACHE.clear()
+    monkeypatch.setenv("AIRFLOW_CONN_SCHEMA_REGISTRY", json.dumps({"conn_type": "http", "login": "drain",
+                                                                   "password": "s3cret"}))
+    p = registry_payload({"registry_url": server.url, "registry_connection_id": "schema_registry"})
+    assert p.decoder(fields=FIELDS, id_field="event_id", required=["event_id"], max_bytes=4096,
+                     types=TYPES).columns(values)["customer"].to_pylist() == ["c"]
+    monkeypatch.delenv("REG_PASSWORD")
+    with pytest.raises(ConfigError, match="environment variable REG_PASSWORD .* is not set"):
+        registry_payload(schema)
+
+
+def registry_payload(schema_block: dict):
+    from deltadrain.config import SchemaConfig
+
+    return payload_of(SchemaConfig(format="avro", avro_wire="confluent", id_field="event_id", fields=FIELDS,
+                                   **schema_block))
+
+
+def write_config(tmp_path, **schema_block) -> Path:
+    data = yaml.safe_load((ROOT / "config" / "pipelines.avro.yaml").read_text())
+    pipe = data["pipelines"][0]
+    pipe["schema"].pop("avro_schema_id")
+    pipe["schema"].pop("avro_schema_file")
+    pipe["schema"].update(schema_block)
+    data["pipelines"] = [pipe]
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.mark.parametrize(("block", "message"), [
+    ({"registry_url": "http://u:pw@reg:8081"}, "carries a login; put it in an Airflow connection"),
+    ({"registry_url": "ftp://reg"}, "must be an http:// or https:// URL"),
+    ({"registry_url": "http://reg?password=x"}, "has a query or '#' part"),
+    ({}, "format avro needs avro_schema_file, the writer's schema (.avsc), or registry_url"),
+    ({"avro_schema_file": "s.avsc"}, "avro_wire confluent needs avro_schema_id, the id the messages carry, or "
+                                      "registry_url"),
+    ({"registry_connection_id": "r", "avro_schema_file": "s.avsc", "avro_schema_id": 1}, "registry_connection_id only apply with registry_url"),
+    ({"registry_url": "http://reg", "registry_connection_id": "r", "registry_password_env": "P"}, "not both"),
+    ({"registry_url": "http://reg", "avro_wire": "plain"}, "registry_url needs format avro or protobuf with "
+                                                           "avro_wire: confluent"),
+])
+def test_registry_settings_are_checked_at_load(tmp_path, block, message):
+    with pytest.raises(ConfigError, match=re.escape(message)) as exc:
+        load_config(write_config(tmp_path, **block))
+    assert "pipeline 'clicks_avro', field 'schema" in str(exc.value) and "pw" not in str(exc.value)
+
+
+def test_with_a_registry_the_schema_file_and_id_are_optional_and_the_connection_is_handed_over(tmp_path):
+    cfg = load_config(write_config(tmp_path, registry_url="https://reg.example:8081/apis/ccompat/v7/",
+                                   registry_connection_id="schema_registry"))
+    p = cfg.pipelines[0]
+    assert p.payload_schema.registry_url == "https://reg.example:8081/apis/ccompat/v7"
+    assert p.payload_schema.avro_schema_file is None and p.payload_schema.avro_schema_id is None
+    assert p.connection_ids() == ["schema_registry"]
+
+
+def test_the_example_registry_pipeline_loads_and_produce_says_it_has_no_schema_to_write_with():
+    from deltadrain.dev.produce import generate
+
+    cfg = load_config(ROOT / "config" / "pipelines.registry.yaml")
+    p = cfg.pipeline("clicks_avro_registry")
+    assert p.payload_schema.registry_url == "http://127.0.0.1:8081"
+    assert p.connection_ids() == ["deltadrain_schema_registry"]
+    with pytest.raises(ConfigError, match="pipeline 'clicks_avro_registry' reads its writers' schemas from the registry "
+                                          "at http://127.0.0.1:8081: `produce` needs schema.avro_schema_file"):
+        next(generate(p, 1, seed=1))
+
+
+def proto_versions():
+    """clicks.proto as registered (its FileDescriptorProto, importing the well-known Timestamp), and a next
+    version with a message before Click (its indexes become [1]), no `amount`, and a new field."""
+    from google.protobuf import descriptor_pb2
+
+    fds = descriptor_pb2.FileDescriptorSet.FromString((ROOT / "config" / "schemas" / "clicks.desc").read_bytes())
+    v1 = next(f for f in fds.file if f.name.endswith("clicks.proto"))
+    v2 = descriptor_pb2.FileDescriptorProto()
+    v2.CopyFrom(v1)
+    v2.name = "clicks_v2.proto"
+    click = v2.message_type[0]
+    kept = [f for f in click.field if f.name != "amount"]
+    del click.field[:]
+    click.field.extend(kept)
+    click.field.add(name="channel", number=8, type=descriptor_pb2.FieldDescriptorProto.TYPE_STRING,
+                    label=descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL)
+    v2.message_type.insert(0, descriptor_pb2.DescriptorProto(name="Before"))
+    return v1, v2
+
+
+def test_protobuf_messages_are_parsed_as_the_message_their_id_and_indexes_name(server):
+    from google.protobuf import descriptor_pb2, message_factory
+
+    from deltadrain.protobuf import ProtobufPayload, build_pool, write_indexes
+
+    v1, v2 = proto_versions()
+    for sid, f in ((21, v1), (22, v2)):
+        server.schemas[sid] = {"schemaType": "PROTOBUF", "schema": base64.b64encode(f.SerializeToString()).decode()}
+
+    def cls(f):
+        pool = build_pool(descriptor_pb2.FileDescriptorSet(file=[f]).SerializeToString())
+        return message_factory.GetMessageClass(pool.FindMessageTypeByName("dev.deltadrain.sample.Click"))
+
+    one = header(21) + write_indexes([0]) + cls(v1)(event_id="p1", customer="c", amount=2.5, quantity=3).SerializeToString()
+    two = header(22) + write_indexes([1]) + cls(v2)(event_id="p2", customer="d", quantity=4, channel="app").SerializeToString()
+    wrong_index = header(22) + write_indexes([3]) + b""
+    unknown = header(98) + write_indexes([0]) + b"\x0a\x01x"
+    avro_id = header(11) + write_indexes([0]) + b"\x0a\x01x"
+    p = ProtobufPayload(b"", "", "confluent", None, Registry(server.url, backoff_s=0.01))
+    d = p.decoder(fields=FIELDS, id_field="event_id", required=["event_id"], max_bytes=4096, types=TYPES)
+    cols = d.columns([one, two, two, wrong_index, unknown, avro_id])
+    assert cols["_dd_message_id"].to_pylist()[:3] == ["p1", "p2", "p2"]
+    assert cols["amount"].to_pylist()[:3] == [2.5, None, None] and cols["quantity"].to_pylist()[:3] == [3, 4, 4]
+    assert cols["_dd_error_type"].to_pylist() == [None, None, None, "unknown_message_index", "unknown_schema_id",
+                                                  "unsupported_schema"]
+    assert cols["_dd_error"][3].as_py() == "message indexes [3] name no message of schema id 22 (clicks_v2.proto)"
+    assert sorted(server.asked) == ["/schemas/ids/11?format=serialized", "/schemas/ids/21?format=serialized",
+                                    "/schemas/ids/22?format=serialized", "/schemas/ids/98?format=serialized"]
