@@ -1,6 +1,8 @@
 """End to end on a real `airflow standalone` (scheduler, triggerer, DAG processor, API server):
 trigger the ingest DAG through the authenticated REST API v2, replay dead letters with conf, refuse
-bad params, and heal a deleted row with a two-interval backfill run from the CLI, exactly once."""
+bad params, and heal a deleted row with a two-interval backfill run from the CLI, exactly once. Beside
+it, a `@continuous` pipeline drains as its messages come, and its own quality DAG, started by the
+drains' asset events, checks the batches they committed."""
 
 from __future__ import annotations
 
@@ -20,9 +22,18 @@ from deltadrain.checkpoint import read_checkpoint
 from deltadrain.dev import services
 from deltadrain.dev.produce import MALFORMED_KINDS, produce
 from deltadrain.embedded import airflow_env
-from deltadrain.names import REPLAY_DAG, ingest_dag_id
+from deltadrain.names import REPLAY_DAG, batch_quality_dag_id, ingest_dag_id
+from deltadrain.quality.results import last_results
 from deltadrain.sources.valkey.client import valkey_client
-from tests.integration.helpers import assert_exactly_once, dlq_rows, lag, make_pipeline, pending, target_ids
+from tests.integration.helpers import (
+    ROOT,
+    assert_exactly_once,
+    dlq_rows,
+    lag,
+    make_pipeline,
+    pending,
+    target_ids,
+)
 
 
 def minute_floor(t: datetime) -> datetime:
@@ -70,8 +81,16 @@ def test_airflow_end_to_end(tmp_path, monkeypatch, spark, valkey_server, spark_c
     path, c, p = make_pipeline(tmp_path, schedule="* * * * *", max_retries=0)
     data = yaml.safe_load(path.read_text())
     data["pipelines"][0]["airflow"] = {"wait_timeout": "PT20S", "poll_interval": "PT2S", "retries": 0}
+    example = next(q for q in yaml.safe_load((ROOT / "config" / "pipelines.yaml").read_text())["pipelines"]
+                   if q["source"]["kind"] == "valkey")
+    flowing = {**data["pipelines"][0], "name": f"{p.name}_c", "schedule": "@continuous",
+               "quality": {**example["quality"], "on_failure": "warn"}}
+    flowing["source"] = {**flowing["source"], "streams": [f"{p.name}_c:{{0}}"]}
+    flowing["target"] = {**flowing["target"], "path": f"{p.name}_c"}
+    data["pipelines"].append(flowing)
     path.write_text(yaml.safe_dump(data))
     c = type(c).model_validate(data).model_copy(update={"source_file": path})
+    q = c.pipeline(flowing["name"])
     monkeypatch.setenv("DELTADRAIN_CONFIG", str(path))  # what the standalone's DAG processor parses
     client = valkey_client(c, p)
     dag_id = ingest_dag_id(p.name)
@@ -86,6 +105,10 @@ def test_airflow_end_to_end(tmp_path, monkeypatch, spark, valkey_server, spark_c
         bad = result.bad_places((*MALFORMED_KINDS, "poison"))
         api.wait_for_dag(dag_id, timeout=300)
         api.wait_for_dag(REPLAY_DAG, timeout=120)
+        for flowing_dag in (ingest_dag_id(q.name), batch_quality_dag_id(q.name)):
+            api.wait_for_dag(flowing_dag, timeout=120)
+            api.unpause(flowing_dag)
+        flow = produce(c, q, 40, seed=112)  # drained while the rest of the test runs
         api.unpause(dag_id)
         api.unpause(REPLAY_DAG)
         run_id = api.trigger(dag_id)  # no logical date: a normal drain
@@ -166,6 +189,25 @@ def test_airflow_end_to_end(tmp_path, monkeypatch, spark, valkey_server, spark_c
         assert sorted(ids) == sorted(result.valid_ids)  # healed, and nothing else lost or doubled
         after = read_checkpoint(spark, target, p.name, dlq)
         assert (after.batch, after.positions) == (before.batch, before.positions)
+
+        # The continuous pipeline drained its messages once without a trigger, and its quality DAG checked
+        # every batch that committed them, outside the ingest runs (which have no quality task).
+        flowing_dag = ingest_dag_id(q.name)
+        deadline = time.monotonic() + 300
+        while len(target_ids(spark, c, q)) < len(flow.valid_ids):
+            assert time.monotonic() < deadline, api.runs(flowing_dag)[:5]
+            time.sleep(5)
+        assert sorted(target_ids(spark, c, q)) == sorted(flow.valid_ids)
+        drains = [(r["dag_run_id"], api.xcom(flowing_dag, r["dag_run_id"], "drain")) for r in api.runs(flowing_dag)
+                  if api.task_states(flowing_dag, r["dag_run_id"]).get("drain") == "success"]
+        committed = {s["batch"]: run for run, s in drains if s["outcome"] == "committed"}
+        assert committed and all("quality" not in api.task_states(flowing_dag, run) for run in committed.values())
+        while not set(committed) <= {r["batch"] for r in last_results(spark, c, q, 50) if r["scope"] == "batch"}:
+            assert time.monotonic() < deadline, (committed, last_results(spark, c, q, 50))
+            time.sleep(5)
+        checks = api.runs(batch_quality_dag_id(q.name))
+        assert checks and all(r["state"] in ("success", "running", "queued") for r in checks), checks
+        api.call("PATCH", f"/api/v2/dags/{flowing_dag}", {"is_paused": True})
 
         # The embedded services' secrets (Airflow hands the tasks the Valkey, Kafka and S3 ones as
         # connections) are in no task log, no component's log and no XCom of these runs.
