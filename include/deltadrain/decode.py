@@ -18,12 +18,13 @@ from deltadrain.evolve import fit, new_fields, refusal
 
 
 class Decoded(NamedTuple):
-    values: tuple | None  # typed values in schema field order, None when the message is bad
+    # Typed values in schema field order, None when the message is bad. Collecting new fields
+    # (schema.evolution add_columns), two more: the fields no column holds yet as a JSON object's text,
+    # and their kinds (deltadrain.evolve.json_kind) as one; None and None when there are none.
+    values: tuple | None
     message_id: str | None
     error_type: str | None
     error: str | None
-    extra: str | None = None  # schema.evolution add_columns: the fields no column holds yet, as JSON text
-    extra_kinds: str | None = None  # ... and their kinds (deltadrain.evolve.json_kind), as JSON text
 
 
 def _bad(kind: str, reason: str, message_id: str | None = None) -> Decoded:
@@ -144,8 +145,8 @@ def decode(data: bytes | None, *, fields: dict[str, str], id_field: str, require
     """Bytes -> typed values, or the reason they cannot be. `fallback_id` is used when the id is absent
     (Kafka's topic-partition-offset); without one a missing id is an error. `message_id` comes from
     outside the payload (a Kafka key or header) and wins over the payload's id field. `evolved`: the
-    fields typed by an evolved column of the table; `collect_new`: fields in no column are kept in the
-    result's `extra` (schema.evolution add_columns) instead of ignored."""
+    fields typed by an evolved column of the table; `collect_new`: fields in no column are kept at the end
+    of the values (schema.evolution add_columns) instead of ignored."""
     if (wrong := size_error(data, max_bytes)) is not None:
         return wrong
     try:
@@ -174,7 +175,7 @@ def decode(data: bytes | None, *, fields: dict[str, str], id_field: str, require
     extra, kinds, problem = new_fields(obj, set(fields), {n.lower() for n in fields})
     if problem:
         return _bad("schema", problem, got.message_id)
-    return got._replace(extra=extra, extra_kinds=kinds)
+    return got._replace(values=(*got.values, extra, kinds))
 
 
 def size_error(data: bytes | None, max_bytes: int) -> Decoded | None:
@@ -441,8 +442,9 @@ class BatchDecoder:
                 records.append((got.message_id or (message_ids[i] if message_ids else None), got.error_type,
                                 got.error, values[i], None, *nothing))
             else:
-                records.append((got.message_id, None, None, values[i] if got.extra else None, None, *got.values,
-                                *((got.extra, got.extra_kinds) if extra else ())))
+                # A row with new fields keeps its bytes: the batch's new columns may refuse it (deltadrain.evolution).
+                records.append((got.message_id, None, None, values[i] if extra and got.values[-1] else None, None,
+                                *got.values))
         names = [*OUT_COLUMNS, *self.fields, *(EXTRA_COLUMNS if extra else ())]
         types = [pa.string(), pa.string(), pa.string(), pa.binary(), pa.timestamp("us", tz="UTC"),
                  *(self.types[name] for name in self.fields), *((pa.string(), pa.string()) if extra else ())]
