@@ -6,6 +6,7 @@ deltadrain.evolve's; this module reads the table and the staged rows for them.
 from __future__ import annotations
 
 import json
+from urllib.parse import unquote
 
 from deltadrain.config import PipelineConfig
 from deltadrain.decode import EXTRA_COLUMNS
@@ -47,14 +48,16 @@ def avro_fields(pipeline: PipelineConfig) -> dict[str, set] | None:
     return {f["name"]: kinds_of(f["type"], names) for f in parsed["fields"]}
 
 
-def run_layout(pipeline: PipelineConfig, target: str) -> tuple[PipelineConfig, Layout]:
+def run_layout(pipeline: PipelineConfig, target: str, adding: bool = True) -> tuple[PipelineConfig, Layout]:
     """(the pipeline as this run decodes it, the layout): its fields are the declared ones, the table's
-    evolved columns and the Avro fields this batch adds. EvolutionError when a declared type does not
-    fit the table's column. A pipeline without add_columns is returned as it is."""
+    evolved columns and (`adding`: a drain) the Avro fields this batch adds. EvolutionError when a
+    declared type does not fit the table's column. A pipeline without add_columns is returned as it is.
+    Backfills and reprocessing (not `adding`) fill the columns the table has and add none: their MERGE
+    carries no checkpoint, and a drain's commit is where the history says the schema changed."""
     schema = pipeline.payload_schema
     if schema.evolution != "add_columns":
         return pipeline, Layout()
-    layout = plan_layout(schema.fields, table_columns(target), avro_fields(pipeline))
+    layout = plan_layout(schema.fields, table_columns(target), avro_fields(pipeline) if adding else None)
     fields = {**schema.fields, **{n: t for n, (_, t) in layout.widened.items() if n in schema.fields},
               **layout.columns}
     effective = schema.model_copy(update={"fields": fields})
@@ -81,7 +84,8 @@ def may_carry_new_fields(claimed) -> bool:
     except Exception:
         return True
     for name in files:
-        meta = open_staged(name.removeprefix("file://").removeprefix("file:")).metadata
+        local = name.startswith("file:")
+        meta = open_staged(unquote(name.removeprefix("file://").removeprefix("file:")) if local else name).metadata
         index = meta.schema.to_arrow_schema().get_field_index(EXTRA_COLUMNS[1])
         for g in range(meta.num_row_groups):
             stats = meta.row_group(g).column(index).statistics
