@@ -74,6 +74,21 @@ def allow_widening(spark, path: str) -> None:
     retry_conflicts(lambda: spark.sql(f"ALTER TABLE {table_ref(path)} SET TBLPROPERTIES ('{TYPE_WIDENING}' = 'true')"))
 
 
+def widening_left(path: str) -> bool:
+    """Whether the table still carries Delta's type widening feature."""
+    log = _log(path)
+    return log is not None and any(f.startswith("typeWidening") for f in log.protocol().reader_features or [])
+
+
+def end_widening(spark, path: str) -> None:
+    """Drop the type widening feature once the widening commit is in: a table that carries it is one the
+    delta-rs reader of deltadrain's view and status refuses ("Unsupported table features required:
+    [TypeWidening]"). Delta rewrites the files written with the narrower type, then drops it (commits of
+    its own, after the batch's). A run that dies before this leaves it to the next run (`widening_left`)."""
+    if widening_left(path):
+        retry_conflicts(lambda: spark.sql(f"ALTER TABLE {table_ref(path)} DROP FEATURE typeWidening"))
+
+
 def may_carry_new_fields(claimed) -> bool:
     """Whether a staged batch may hold a row with fields no column holds: false only when every staged
     file's statistics say its `_dd_extra_kinds` is all null (no Spark job: the Parquet footers)."""

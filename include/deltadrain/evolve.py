@@ -24,6 +24,9 @@ BAD_NAME_CHARS = set(" ,;{}()\n\t=")
 WIDENS = {"int": {"long"}, "float": {"double"}}
 # A declared type and the names Delta's log gives the same type.
 DELTA_NAMES = {"integer": "int", "short": "short", "byte": "byte"}
+# The column types a run decodes values into (deltadrain.decode.CONVERTERS).
+FILLABLE = {"string", "long", "int", "double", "float", "boolean", "timestamp", "date", "binary", "decimal(18,2)",
+            "decimal(38,9)"}
 # Which values fit an evolved column: a JSON value's kind -> the column types that take it.
 FITS = {"boolean": {"boolean"}, "long": {"long", "double"}, "double": {"double"}, "string": {"string"},
         "object": {"string"}}
@@ -182,6 +185,7 @@ def plan_layout(declared: dict[str, str], table: dict[str, str] | None, avro_fie
     lower = {k.lower(): k for k in table}
     widened, problems = {}, []
     for name, kind in declared.items():
+        kind = DELTA_NAMES.get(kind, kind)
         have = table.get(name) or table.get(lower.get(name.lower(), ""))
         if have is None or have == kind:
             continue
@@ -196,6 +200,9 @@ def plan_layout(declared: dict[str, str], table: dict[str, str] | None, avro_fie
         return Layout(widened=widened)
     taken = {n.lower() for n in declared}
     evolved = {n: t for n, t in table.items() if n.lower() not in taken}
+    if unfilled := [f"'{n}' ({t})" for n, t in evolved.items() if t not in FILLABLE]:
+        raise EvolutionError(f"the table has columns deltadrain cannot fill: {', '.join(unfilled)}; declare them "
+                             f"with a type of {', '.join(sorted(FILLABLE))}, or drop them from the table")
     added, skipped = {}, {}
     for name, kinds in (avro_fields or {}).items():
         kinds = set(kinds) - {"null"}

@@ -1192,4 +1192,6 @@ def test_a_field_added_mid_stream_becomes_a_column_in_its_batchs_commit(tmp_path
     assert meta["widened_columns"] == {"quantity": "int -> long"}
     before = DeltaTable(target, version=changed[0] - 1).schema()
     assert "coupon" not in {f.name for f in before.fields}
+    # The widening's table feature is gone again: delta-rs (the view, status) reads the table.
+    assert not (table.protocol().reader_features or [])
     assert [(ch["batch"], ch["table_version"]) for ch in pipeline_status(c, p)["schema_changes"]] == [(2, changed[0])]

@@ -99,6 +99,9 @@ def test_the_layout_widens_what_delta_can_and_names_what_it_cannot():
     assert str(info.value).startswith("field 'n' is declared string but the table's column is long; field 'x' is "
                                       "declared int but the table's column is long")
     assert plan_layout(declared, None) == plan_layout(declared, {})  # no table yet: nothing to compare
+    assert plan_layout({"id": "string", "n": "integer"}, {"id": "string", "n": "int"}).widened == {}
+    with pytest.raises(EvolutionError, match="cannot fill: 'nested' \\(struct"):
+        plan_layout({"id": "string"}, {"id": "string", "nested": "struct<a:int>"})
     assert table_type("integer") == "int"
 
 
