@@ -15,15 +15,15 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-# What a JSON value makes of a new column. Objects and arrays become string columns holding their JSON text.
+# An integer in a JSON payload makes a long column within this range (a double beyond it).
 LONG_RANGE = (-(2**63), 2**63)
 # Delta (without column mapping) refuses these in a column name.
 BAD_NAME_CHARS = set(" ,;{}()\n\t=")
 # Declared type changes Delta widens a column for (its type widening table feature): the table's
 # type -> the types it may become.
 WIDENS = {"int": {"long"}, "float": {"double"}}
-# A declared type and the names Delta's log gives the same type.
-DELTA_NAMES = {"integer": "int", "short": "short", "byte": "byte"}
+# The config's name for a type Delta's log (and the config itself) also calls otherwise.
+DELTA_NAMES = {"integer": "int"}
 # The column types a run decodes values into (deltadrain.decode.CONVERTERS).
 FILLABLE = {"string", "long", "int", "double", "float", "boolean", "timestamp", "date", "binary", "decimal(18,2)",
             "decimal(38,9)"}
