@@ -189,6 +189,18 @@ def offered_rows(rows) -> tuple[int, datetime | None]:
 STEPS = ("read history", "dead letters", "merge")
 
 
+def with_table_columns(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> PipelineConfig:
+    """The pipeline as a backfill or reprocess reads it: with schema.evolution add_columns, the table's
+    evolved columns are filled too (deltadrain.evolution.run_layout); none is added."""
+    from deltadrain.evolution import run_layout
+    from deltadrain.evolve import EvolutionError
+
+    try:
+        return run_layout(pipeline, str(cfg.target_path(pipeline)), adding=False)[0]
+    except EvolutionError as exc:
+        raise BackfillError(f"{cfg.source_file}: pipeline '{pipeline.name}', field 'schema.fields': {exc}") from None
+
+
 def backfill(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, start: datetime, end: datetime,
              run_id: str | None = None, progress=None) -> BackfillSummary:
     """Heal [start, end) of the target from the source's retained history. `progress(step)` is called
@@ -202,6 +214,7 @@ def backfill(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, start: date
     )
 
     start, end = check_interval(start, end)
+    pipeline = with_table_columns(cfg, pipeline)
     run_id = run_id or new_run_id()
     summary = BackfillSummary(pipeline.name, run_id, start.isoformat(), end.isoformat())
     began = time.monotonic()

@@ -188,6 +188,10 @@ def _status(args) -> int:
     print(f"  checkpoint: batch {cp['batch']}, table version {cp['table_version']}, positions {cp['positions']}")
     if st["last_batch"]:
         print(f"  last batch: {json.dumps(st['last_batch'], default=str)}")
+    for change in st.get("schema_changes") or []:
+        what = [f"added {name} {kind}" for name, kind in change["added_columns"].items()]
+        what += [f"widened {name} {how}" for name, how in change["widened_columns"].items()]
+        print(f"  schema: batch {change['batch']} (table version {change['table_version']}) {', '.join(what)}")
     for r in st.get("last_runs") or []:
         print(f"  run {r['finished_at']:%Y-%m-%d %H:%M:%S} batch {r['batch']} {r['outcome']}: claimed {r['claimed']} "
               f"written {r['written']} dead {r['dead']}{_filtered(r)} in {r['seconds']} s "

@@ -92,9 +92,11 @@ def _landed(path: str, pipeline: str, batch: int, run_id: str) -> bool:
 
 def commit_batch(spark, path: str, *, pipeline: str, expected_batch: int, run_id: str, rows, id_field: str,
                  window_start: datetime | None, metadata: str, id_range: tuple[str, str] | None = None,
-                 create: NewTable | None = None) -> CommitResult:
+                 create: NewTable | None = None, evolve: bool = False) -> CommitResult:
     """Commit batch `expected_batch + 1`: MERGE `rows`, or create the table with them when `create`
-    is given and there is none. Conflicts with writers that did not move the batch are retried."""
+    is given and there is none. Conflicts with writers that did not move the batch are retried.
+    `evolve`: the MERGE adds the columns of `rows` the table lacks and widens the ones it may
+    (schema.evolution add_columns), in this same commit."""
     target = expected_batch + 1
     version_before = table_version(path)
     conflict = None
@@ -121,7 +123,7 @@ def commit_batch(spark, path: str, *, pipeline: str, expected_batch: int, run_id
                      .save(path))
                 else:
                     merge_into(spark, path, rows, merge_condition(id_field, window_start, id_range),
-                               "WHEN NOT MATCHED THEN INSERT *")
+                               "WHEN NOT MATCHED THEN INSERT *", evolve=evolve)
                 failpoints.fail("after_merge")  # tests: the commit landed but its reply was lost
                 break
             except Exception as exc:

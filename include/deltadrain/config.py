@@ -19,6 +19,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     ValidationError,
     field_validator,
     model_validator,
@@ -325,6 +326,23 @@ class SchemaConfig(_Model):
     # config file, and the full name of the message each body is.
     protobuf_descriptor_file: str | None = None
     protobuf_message: str | None = None
+    # add_columns: a payload field that is no column becomes a nullable one in the commit of the first
+    # batch that carries it, and declared int/float fields widened to long/double widen the table's
+    # column; none: fields that are not declared are ignored (docs/config.md, "Schema evolution").
+    evolution: Literal["none", "add_columns"] = "none"
+    # A run's evolved columns (fields the table has and the config does not declare): set by
+    # deltadrain.evolution for the run, never read from YAML.
+    _evolved: frozenset = PrivateAttr(default_factory=frozenset)
+
+    @property
+    def evolved_columns(self) -> frozenset:
+        return self._evolved
+
+    @property
+    def collects_new_fields(self) -> bool:
+        """Whether decoding keeps the fields no column holds (JSON with add_columns): their types are
+        only known from the batch. Avro's new columns come from the writer's schema before the read."""
+        return self.evolution == "add_columns" and self.format == "json"
 
     @field_validator("fields")
     @classmethod
@@ -391,6 +409,9 @@ class SchemaConfig(_Model):
                 raise ValueError("avro_wire confluent needs avro_schema_id, the id the messages carry, or registry_url")
             if self.avro_wire == "plain" and self.avro_schema_id is not None:
                 raise ValueError("avro_schema_id is only read with avro_wire: confluent")
+        if self.evolution == "add_columns" and self.format == "protobuf":
+            raise ValueError("evolution add_columns is for json and avro payloads; a protobuf pipeline declares "
+                             "every column it writes (evolution: none)")
         framed = ["avro_schema_id"] * (self.avro_schema_id is not None) + ["avro_wire"] * ("avro_wire" in self.model_fields_set)
         for fmt, keys in (("avro", ["avro_schema_file"]), ("protobuf", ["protobuf_descriptor_file", "protobuf_message"]),
                           ("avro or protobuf", framed)):
@@ -520,6 +541,13 @@ class PipelineConfig(_Model):
         if v is not None and not re.match(r"^[A-Za-z_][\w]*(\.[A-Za-z_]\w*)+$", v):
             raise ValueError("must be a dotted path module.function")
         return v
+
+    @model_validator(mode="after")
+    def _evolution(self):
+        if self.payload_schema.evolution == "add_columns" and self.transform is not None:
+            raise ValueError("schema.evolution add_columns cannot go with a transform: the columns a transform "
+                             "adds and a payload's new fields would share the table's names; use evolution: none")
+        return self
 
     @model_validator(mode="after")
     def _layout(self):

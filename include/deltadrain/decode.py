@@ -14,9 +14,14 @@ from datetime import UTC, date, datetime
 from decimal import Context, Decimal, Inexact, InvalidOperation
 from typing import Any, NamedTuple
 
+from deltadrain.evolve import fit, new_fields, refusal
+
 
 class Decoded(NamedTuple):
-    values: tuple | None  # typed values in schema field order, None when the message is bad
+    # Typed values in schema field order, None when the message is bad. Collecting new fields
+    # (schema.evolution add_columns), two more: the fields no column holds yet as a JSON object's text,
+    # and their kinds (deltadrain.evolve.json_kind) as one; None and None when there are none.
+    values: tuple | None
     message_id: str | None
     error_type: str | None
     error: str | None
@@ -135,10 +140,13 @@ def message_id_of(value: Any) -> str | None:
 
 
 def decode(data: bytes | None, *, fields: dict[str, str], id_field: str, required: list[str],
-           max_bytes: int, fallback_id: str | None = None, message_id: str | None = None) -> Decoded:
+           max_bytes: int, fallback_id: str | None = None, message_id: str | None = None,
+           evolved: frozenset = frozenset(), collect_new: bool = False) -> Decoded:
     """Bytes -> typed values, or the reason they cannot be. `fallback_id` is used when the id is absent
     (Kafka's topic-partition-offset); without one a missing id is an error. `message_id` comes from
-    outside the payload (a Kafka key or header) and wins over the payload's id field."""
+    outside the payload (a Kafka key or header) and wins over the payload's id field. `evolved`: the
+    fields typed by an evolved column of the table; `collect_new`: fields in no column are kept at the end
+    of the values (schema.evolution add_columns) instead of ignored."""
     if (wrong := size_error(data, max_bytes)) is not None:
         return wrong
     try:
@@ -160,8 +168,14 @@ def decode(data: bytes | None, *, fields: dict[str, str], id_field: str, require
                                         f"surrogate (\\u{ord(lone):04x}), half of a character")
     if not isinstance(obj, dict):
         return _bad("not_an_object", f"payload is a JSON {type(obj).__name__}, expected an object")
-    return record_values(obj, fields=fields, id_field=id_field, required=required, fallback_id=fallback_id,
-                         message_id=message_id)
+    got = record_values(obj, fields=fields, id_field=id_field, required=required, fallback_id=fallback_id,
+                        message_id=message_id, evolved=evolved)
+    if not collect_new or got.values is None:
+        return got
+    extra, kinds, problem = new_fields(obj, set(fields), {n.lower() for n in fields})
+    if problem:
+        return _bad("schema", problem, got.message_id)
+    return got._replace(values=(*got.values, extra, kinds))
 
 
 def size_error(data: bytes | None, max_bytes: int) -> Decoded | None:
@@ -179,11 +193,13 @@ def _convert(kind: str, value: Any) -> Any:
 
 def record_values(record: dict, *, fields: dict[str, str], id_field: str, required: list[str],
                   fallback_id: str | None = None, message_id: str | None = None, convert=_convert,
-                  unset: str = "null", unset_id: str = "null", no_id: tuple = (None,)) -> Decoded:
+                  unset: str = "null", unset_id: str = "null", no_id: tuple = (None,),
+                  evolved: frozenset = frozenset()) -> Decoded:
     """A parsed payload (field -> value, whatever its format) -> the typed values in `fields` order, or the
     reason they cannot be. A field absent from `record` is "missing", one whose value is None `unset`;
     an id in `no_id` is `unset_id` (Protobuf: an unset string is ""). `convert(kind, value)` types a value
-    (the JSON path's CONVERTERS, which Avro and Protobuf extend with their own Python types)."""
+    (the JSON path's CONVERTERS, which Avro and Protobuf extend with their own Python types). A field in
+    `evolved` is typed by the table's column (deltadrain.evolve.fit), and a refusal names both types."""
     raw_id = record.get(id_field)
     message_id = message_id or message_id_of(raw_id) or (fallback_id if raw_id in no_id else None)
     if message_id is None:
@@ -203,8 +219,10 @@ def record_values(record: dict, *, fields: dict[str, str], id_field: str, requir
             values.append(None)
             continue
         try:
-            values.append(convert(kind, value))
+            values.append(convert(kind, value) if name not in evolved else fit(kind, value, convert))
         except (TypeError, ValueError, OverflowError, OSError):  # OverflowError: a huge int for a double
+            if name in evolved:
+                return _bad("schema", refusal(name, kind, value), message_id)
             return _bad("schema", f"field '{name}' should be {kind}, got {_shown(value)[:60]}", message_id)
     return Decoded(tuple(values), message_id, None, None)
 
@@ -233,6 +251,9 @@ PLAIN_ID = r"^[\x21-\x7e](.*[\x21-\x7e])?$"
 LEAF = 8  # a refused chunk this small is decoded message by message
 BRACKETS = 256  # a payload with more '[' and '{' than this is decoded message by message
 OUT_COLUMNS = ("_dd_message_id", "_dd_error_type", "_dd_error", "_dd_original", "_dd_first_failure_at")
+# With schema.evolution add_columns: a good row's fields that no column holds yet (Decoded.extra and
+# extra_kinds); such a row keeps its original bytes too, in case the batch's new columns refuse it.
+EXTRA_COLUMNS = ("_dd_extra", "_dd_extra_kinds")
 
 
 def _many_brackets(raw):
@@ -261,14 +282,17 @@ class BatchDecoder:
     """Decodes lists of payloads into Arrow columns: `OUT_COLUMNS` plus the payload fields, typed as
     `types` (name -> Arrow type) says. Built in each Spark task (claim.decoder_for)."""
 
-    def __init__(self, *, fields: dict[str, str], id_field: str, required: list[str], max_bytes: int, types: dict):
+    def __init__(self, *, fields: dict[str, str], id_field: str, required: list[str], max_bytes: int, types: dict,
+                 evolved: frozenset = frozenset(), collect_new: bool = False):
         self.fields, self.id_field, self.required, self.max_bytes = dict(fields), id_field, list(required), max_bytes
         self.types = dict(types)
+        self.evolved, self.collect_new = frozenset(evolved), collect_new
         self.fast = fields.get(id_field) == "string" and all(kind in FAST_KINDS for kind in fields.values())
 
     def one(self, value, fallback_id=None, message_id=None) -> Decoded:
         return decode(value, fields=self.fields, id_field=self.id_field, required=self.required,
-                      max_bytes=self.max_bytes, fallback_id=fallback_id, message_id=message_id)
+                      max_bytes=self.max_bytes, fallback_id=fallback_id, message_id=message_id,
+                      evolved=self.evolved, collect_new=self.collect_new)
 
     def columns(self, values: list, *, fallback_ids: list | None = None, message_ids: list | None = None,
                 preset: dict | None = None) -> dict:
@@ -315,14 +339,19 @@ class BatchDecoder:
         raw.cast(pa.string())  # raises on invalid UTF-8 anywhere in a payload
         data = b"\n".join(chunk)
         schema = pa.schema([(name, FAST_KINDS[kind]) for name, kind in self.fields.items()])
+        # Collecting new fields, Arrow reads the others too: a row with one that is not null goes to `decode`.
+        unexpected = "infer" if self.collect_new else "ignore"
         table = pj.read_json(io.BytesIO(data),
                              read_options=pj.ReadOptions(use_threads=False, block_size=max(len(data) + 16, 1 << 20)),
-                             parse_options=pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore"))
+                             parse_options=pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior=unexpected))
         if table.num_rows != len(chunk):
             raise ValueError("one line did not give one row")
         # Timestamps: plain ISO 8601 text is converted here (an impossible date refuses the chunk);
         # anything else is left null and marked for `decode`.
         unusual = _many_brackets(raw)
+        for name in [n for n in table.column_names if n not in self.fields]:
+            unusual = pc.or_(unusual, table.column(name).combine_chunks().is_valid())
+        table = table.select(list(self.fields))
         for i, (name, kind) in enumerate(self.fields.items()):
             if kind != "timestamp":
                 continue
@@ -388,6 +417,8 @@ class BatchDecoder:
                "_dd_first_failure_at": pa.nulls(m, pa.timestamp("us", tz="UTC"))}
         for name in self.fields:
             out[name] = cols[name].filter(keep).cast(self.types[name])
+        if self.collect_new:
+            out.update({name: pa.nulls(m, pa.string()) for name in EXTRA_COLUMNS})
         return fast_rows, out
 
     # -- message by message -----------------------------------------------------------------------
@@ -396,7 +427,8 @@ class BatchDecoder:
         import pyarrow as pa
 
         records = []
-        nothing = (None,) * len(self.fields)
+        extra = self.collect_new
+        nothing = (None,) * (len(self.fields) + 2 * extra)
         for i in rows:
             if i in preset:
                 records.append((*preset[i], *nothing))
@@ -410,9 +442,11 @@ class BatchDecoder:
                 records.append((got.message_id or (message_ids[i] if message_ids else None), got.error_type,
                                 got.error, values[i], None, *nothing))
             else:
-                records.append((got.message_id, None, None, None, None, *got.values))
-        names = [*OUT_COLUMNS, *self.fields]
+                # A row with new fields keeps its bytes: the batch's new columns may refuse it (deltadrain.evolution).
+                records.append((got.message_id, None, None, values[i] if extra and got.values[-1] else None, None,
+                                *got.values))
+        names = [*OUT_COLUMNS, *self.fields, *(EXTRA_COLUMNS if extra else ())]
         types = [pa.string(), pa.string(), pa.string(), pa.binary(), pa.timestamp("us", tz="UTC"),
-                 *(self.types[name] for name in self.fields)]
+                 *(self.types[name] for name in self.fields), *((pa.string(), pa.string()) if extra else ())]
         columns = list(zip(*records, strict=True)) if records else [()] * len(names)
         return {name: pa.array(list(col), type=kind) for name, kind, col in zip(names, types, columns, strict=True)}

@@ -24,8 +24,11 @@ from deltadrain.checkpoint import META_COLUMNS, commit_metadata
 from deltadrain.commit import CONFLICT_RETRIES, NewTable, commit_batch
 from deltadrain.config import DeltadrainConfig, PipelineConfig
 from deltadrain.deadletter import DEAD, take_back, write_dead_letters
+from deltadrain.decode import EXTRA_COLUMNS
 from deltadrain.errors import DeltadrainError, error_line
-from deltadrain.lake import ensure_table, is_table, refused_rows, row_constraints
+from deltadrain.evolution import allow_widening, end_widening, new_columns, run_layout, widening_left
+from deltadrain.evolve import EvolutionError
+from deltadrain.lake import ensure_table, is_table, refused_rows, row_constraints, sql_name
 from deltadrain.logs import fields, run_logger
 from deltadrain.metrics import record_run_safely
 from deltadrain.outcome import Outcome
@@ -97,11 +100,13 @@ def new_run_id() -> str:
 def claim_schema(pipeline: PipelineConfig):
     from pyspark.sql.types import _parse_datatype_string
 
-    payload = ", ".join(f"`{name}` {kind}" for name, kind in pipeline.payload_schema.fields.items())
+    schema = pipeline.payload_schema
+    payload = ", ".join(f"`{name}` {kind}" for name, kind in schema.fields.items())
+    extra = "".join(f", {name} string" for name in EXTRA_COLUMNS) if schema.collects_new_fields else ""
     return _parse_datatype_string(
         "_dd_partition string, _dd_position string, _dd_pos_hi long, _dd_pos_lo long, _dd_source_ts timestamp, "
         "_dd_attempts int, _dd_reclaimed boolean, _dd_message_id string, _dd_error_type string, _dd_error string, "
-        f"_dd_original binary, _dd_first_failure_at timestamp, {payload}")
+        f"_dd_original binary, _dd_first_failure_at timestamp, {payload}{extra}")
 
 
 
@@ -113,10 +118,12 @@ def claim_schema(pipeline: PipelineConfig):
 
 
 def target_rows(good, pipeline: PipelineConfig, batch: int, run_id: str):
-    """Claimed rows -> the rows the transform sees: payload columns plus the _dd_ metadata."""
+    """Claimed rows -> the rows the transform sees: payload columns plus the _dd_ metadata. The payload
+    columns are every claimed column but deltadrain's own: the declared fields, and with schema evolution
+    the table's evolved columns and the batch's new ones."""
     from pyspark.sql import functions as F
 
-    payload = [F.col(f"`{name}`") for name in pipeline.payload_schema.fields]
+    payload = [F.col(sql_name(name)) for name in good.columns if not name.startswith("_dd_")]
     meta = [F.col(name) for name, _ in META_COLUMNS[:6]]
     return good.select(*payload, *meta, F.lit(batch).cast("long").alias("_dd_batch"),
                        F.lit(run_id).alias("_dd_run_id"), F.current_timestamp().alias("_dd_ingested_at"))
@@ -338,8 +345,15 @@ class Drain:
         self.dlq = str(cfg.dlq_path(pipeline))
         self.quarantine = str(cfg.quarantine_path(pipeline))
         self.summary = RunSummary(pipeline.name, self.run_id)
+        # schema.evolution add_columns: the pipeline as this run decodes it (with the table's evolved
+        # columns), and what its commit adds or widens. Read from the table's log before any claim.
+        try:
+            self.pipeline, self.layout = run_layout(pipeline, self.target)
+        except EvolutionError as exc:
+            raise DrainError(f"{cfg.source_file}: pipeline '{pipeline.name}', field 'schema.fields': {exc}") from None
         self.scratch = staging_dir(self.run_id, cfg.lake_dir())  # claim staging of this run, removed at its end
         self.commit_extra: dict = {}  # more commit metadata, set by a source while it settles its batch
+        self.evolving = False  # this batch's MERGE adds or widens columns (`_evolve`)
         # Nothing can fail between decode and MERGE: the source counts the batch, no transform pass.
         where = f"{cfg.source_file}: pipeline '{pipeline.name}', field 'transform': "
         self.identity_transform = load_transform(pipeline.transform, where) is identity
@@ -458,6 +472,7 @@ class Drain:
 
         s, p = self.summary, self.pipeline
         batch = expected + 1
+        claimed, stats, counts = self._evolve(claimed, stats, counts)
         good, bad = split_claimed(claimed)
         # A missing table is created by this batch's commit (`NewTable`); a clustered one first by
         # the table builder, which declares its clustering.
@@ -507,7 +522,8 @@ class Drain:
                 result = commit_batch(self.spark, self.target, pipeline=p.name, expected_batch=expected,
                                       run_id=self.run_id, rows=merged, id_field=p.payload_schema.id_field,
                                       window_start=(oldest - p.dedup_window) if oldest is not None else None,
-                                      metadata=meta, id_range=stats.id_range, create=create)
+                                      metadata=meta, id_range=stats.id_range, create=create,
+                                      evolve=self.evolving)
                 break
             except Exception as exc:
                 # A constraint the operator put on the target refused rows: the data's fault, like a
@@ -535,6 +551,8 @@ class Drain:
                     take_back(self.spark, self.dlq, p.name, self.run_id, "refused")
                     raise BatchFailure(f"batch {batch} fails without its {refused} refused messages: {stats}") from exc
         rows.unpersist()
+        if self.layout.widened and result.outcome in (Outcome.COMMITTED, Outcome.ALREADY_COMMITTED):
+            end_widening(self.spark, self.target)
         self._lap("commit")
         s.outcome = result.outcome.value
         if result.outcome in (Outcome.COMMITTED, Outcome.ALREADY_COMMITTED):
@@ -542,6 +560,34 @@ class Drain:
             s.duplicates_skipped = stats.good - result.inserted
             s.filtered = filtered  # acknowledged with the batch: not before it committed
         return result, pending_culprits
+
+    def _evolve(self, claimed, stats, counts):
+        """schema.evolution add_columns: the batch's new columns (Avro's from the layout, JSON's from the
+        staged rows, whose messages a column refuses becoming dead letters), recorded in the commit
+        metadata with the columns it widens. (claimed, stats, counts), the last two dropped when
+        messages became dead letters: the staging reports' counts no longer hold."""
+        if self.pipeline.payload_schema.evolution != "add_columns":
+            return claimed, stats, counts
+        added = dict(self.layout.added)
+        if self.pipeline.payload_schema.collects_new_fields:
+            claimed, new, moved = new_columns(claimed)
+            added.update(new)
+            if moved:
+                stats, counts = None, None
+        if self.layout.widened:
+            allow_widening(self.spark, self.target)
+            self.commit_extra["widened_columns"] = {n: f"{a} -> {b}" for n, (a, b) in self.layout.widened.items()}
+        elif widening_left(self.target):  # a widening run died before it ended the feature
+            end_widening(self.spark, self.target)
+        if added:
+            self.commit_extra["added_columns"] = added
+        self.evolving = bool(added or self.layout.widened)
+        if self.evolving or self.layout.skipped:
+            s = self.summary
+            run_logger(s.pipeline, s.run_id, s.batch, source=self.pipeline.source.kind).info(
+                "%s", fields(step="schema", added=added or None, widened=self.commit_extra.get("widened_columns"),
+                             skipped="; ".join(self.layout.skipped.values())[:500] or None))
+        return claimed, stats, counts
 
     def refuse(self, result, expected: int) -> None:
         """After a commit that is not ours: name the neighbour, or stop when the table went backwards."""

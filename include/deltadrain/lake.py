@@ -123,17 +123,19 @@ def table_ref(path: str) -> str:
     return "delta.`" + path.replace("`", "``") + "`"
 
 
-def merge_into(spark, path: str, source, on: str, clauses: str, alias: str = "t") -> None:
+def merge_into(spark, path: str, source, on: str, clauses: str, alias: str = "t", evolve: bool = False) -> None:
     """MERGE `source` (a DataFrame, as `s`) into the Delta table at `path` (as `alias`) ON `on` with the
     WHEN `clauses`, in SQL: the same statement in a local driver and through Spark Connect, where Delta's
     Python merge builder needs a server plug-in. The source is a temp view of this session only, named
-    for this call."""
+    for this call. `evolve`: WITH SCHEMA EVOLUTION, for this statement only: the source's columns the
+    table lacks are added, and a column Delta's type widening allows is widened."""
     import uuid
 
     view = f"_deltadrain_source_{uuid.uuid4().hex}"
     source.createOrReplaceTempView(view)
     try:
-        spark.sql(f"MERGE INTO {table_ref(path)} {alias} USING {view} s ON {on} {clauses}")
+        evolution = " WITH SCHEMA EVOLUTION" if evolve else ""
+        spark.sql(f"MERGE{evolution} INTO {table_ref(path)} {alias} USING {view} s ON {on} {clauses}")
     finally:
         spark.catalog.dropTempView(view)
 

@@ -285,8 +285,9 @@ def reprocess(cfg, pipeline: PipelineConfig, spark, request: ReplayRequest, resu
               progress=None) -> None:
     """Re-read the selected published messages from the source's retained history and update their
     rows through the current transform. Messages the source no longer holds are reported."""
-    from deltadrain.backfill import merge_without_checkpoint, prepare_rows
+    from deltadrain.backfill import merge_without_checkpoint, prepare_rows, with_table_columns
 
+    pipeline = with_table_columns(cfg, pipeline)
     target = str(cfg.target_path(pipeline))
     if not is_table(spark, target):
         return

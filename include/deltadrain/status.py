@@ -27,6 +27,22 @@ def mark_stale(counts: dict, after_ms: int) -> dict:
     return counts
 
 
+SCHEMA_COMMITS = 200  # how far back status looks for the commits that changed the table's schema
+
+
+def schema_changes(commits: list[dict], pipeline: str) -> list[dict]:
+    """The commits (`lake.recent_commits`, newest first) whose batch added or widened columns
+    (schema.evolution add_columns), oldest first: which batch changed the table's schema, and how."""
+    out = []
+    for commit in commits:
+        meta = commit["meta"]
+        if carries_batch(meta, pipeline) and (meta.get("added_columns") or meta.get("widened_columns")):
+            out.append({"batch": meta.get("batch"), "table_version": commit["version"], "at": commit["timestamp"],
+                        "added_columns": meta.get("added_columns") or {},
+                        "widened_columns": meta.get("widened_columns") or {}})
+    return out[::-1]
+
+
 def checkpoint_for_status(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> Checkpoint:
     """The checkpoint from the target's log (delta-rs). Only when log cleanup removed the commit that
     holds the last batch's positions are they read from the rows, with Spark, as a drain would."""
@@ -72,6 +88,8 @@ def pipeline_status(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> dict:
                                          "filtered": meta.get("filtered")}
                     break
         out["last_runs"] = lakeview.last_batches(cfg, pipeline, 5)
+        out["schema_changes"] = schema_changes(recent_commits(target, SCHEMA_COMMITS), pipeline.name) \
+            if has_target and pipeline.payload_schema.evolution == "add_columns" else []
     never = states.never_run(pipeline, has_target)
     out["notes"] = ([never] if never else []) + notes
     return out

@@ -7,18 +7,20 @@ from __future__ import annotations
 import io
 import json
 import uuid
-from datetime import UTC
+from datetime import UTC, datetime
 
 import fastavro
 import pytest
 import yaml
 
+from deltadrain.avro import encode
 from deltadrain.catchup import drain
 from deltadrain.dev.produce import avro_error_type, ensure_topic, generate, produce, protobuf_error_type
 from deltadrain.failpoints import fired
 from deltadrain.payloads import payload_of
 from deltadrain.replay import ReplayRequest, replay
 from deltadrain.sources.kafka.client import kafka_client_conf
+from deltadrain.status import pipeline_status
 from tests.integration.helpers import ROOT, cli_drain, dlq_rows, write_config
 from tests.integration.helpers import assert_exactly_once as assert_valkey_exactly_once
 from tests.integration.helpers import drain_until_done as drain_valkey
@@ -141,3 +143,40 @@ def test_avro_and_protobuf_pipelines_drain_exactly_once_and_dead_letter_bad_bodi
     assert set(pdead) == set(presult.places)
     for place, kind in presult.places.items():
         assert pdead[place][0] == protobuf_error_type(pp, kind), (place, kind, pdead[place])
+
+    # Schema evolution (add_columns) with the schema in a file: the producer's new schema file adds fields,
+    # and the next run, with nothing restarted, adds them as columns in its batch's commit.
+    (tmp_path / "e").mkdir()
+    evolving = tmp_path / "e" / "clicks.avsc"
+    v1 = {"type": "record", "name": "Click", "fields": [{"name": "event_id", "type": "string"},
+                                                        {"name": "customer", "type": ["null", "string"]}]}
+    evolving.write_text(json.dumps(v1))
+    data = yaml.safe_load(EXAMPLE.read_text())
+    pipe = next(p for p in data["pipelines"] if p["name"] == "orders_avro")
+    name = f"e_{uuid.uuid4().hex[:8]}"
+    pipe.pop("transform")
+    pipe.update(name=name, target={"path": name})
+    pipe["source"]["streams"] = [f"{name}:{{0}}"]
+    pipe["schema"].update(avro_schema_file=str(evolving), fields={"event_id": "string", "customer": "string"},
+                          required=["event_id"], evolution="add_columns")
+    _, ec, ep = write_config(tmp_path / "e", data, pipe)
+    eclient = valkey_client(ec, ep)
+
+    def send(schema: dict, records: list[dict]) -> None:
+        for record in records:
+            eclient.xadd(f"{name}:{{0}}", {b"data": encode(record, schema)})
+
+    send(v1, [{"event_id": f"v1-{i}", "customer": f"c{i}"} for i in range(3)])
+    assert drain(ec, ep, spark=spark).written == 3
+    v2 = {**v1, "fields": [*v1["fields"], {"name": "score", "type": ["null", "int"], "default": None},
+                           {"name": "seen_at", "type": {"type": "long", "logicalType": "timestamp-millis"}}]}
+    evolving.write_text(json.dumps(v2))
+    at = datetime(2026, 5, 1, tzinfo=UTC)
+    send(v2, [{"event_id": f"v2-{i}", "customer": None, "score": i, "seen_at": at} for i in range(3)])
+    second = drain(ec, ep, spark=spark)
+    assert (second.written, second.dead_lettered) == (3, 0), second.line()
+    erows = {r.event_id: r for r in spark.read.format("delta").load(str(ec.target_path(ep))).collect()}
+    assert {k: (r.score, r.seen_at and r.seen_at.astimezone(UTC)) for k, r in erows.items()} == {
+        **{f"v1-{i}": (None, None) for i in range(3)}, **{f"v2-{i}": (i, at) for i in range(3)}}
+    changes = pipeline_status(ec, ep)["schema_changes"]
+    assert [(ch["batch"], ch["added_columns"]) for ch in changes] == [(2, {"score": "int", "seen_at": "timestamp"})]

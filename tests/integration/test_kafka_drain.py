@@ -14,6 +14,7 @@ import yaml
 
 from deltadrain.catchup import drain
 from deltadrain.checkpoint import read_checkpoint
+from deltadrain.config import load_config
 from deltadrain.dev.produce import MALFORMED_KINDS, ensure_topic, generate, produce
 from deltadrain.drain import DrainError
 from deltadrain.failpoints import fired
@@ -1118,3 +1119,79 @@ def test_a_batch_that_fails_on_no_single_message_is_halved_until_it_commits(tmp_
     assert (rest.outcome, rest.claimed, rest.written) == ("committed", 50, 50)
     assert_exactly_once(spark, c, p, result.valid_ids, 0, 0)
     assert group_of(c, p) == {"0": 100}
+
+
+def test_a_field_added_mid_stream_becomes_a_column_in_its_batchs_commit(tmp_path, cfg, spark):
+    """schema.evolution add_columns: batch 1 without the new fields; batch 2 adds them (and widens a
+    declared int to long) in its own commit, refusing the messages whose new fields cannot be columns
+    or lose their batch's vote; batch 3's wrong types are dead letters, the rest lands. Read back once."""
+    from confluent_kafka import Producer
+    from deltalake import DeltaTable
+
+    fields = {"event_id": "string", "customer": "string", "quantity": "int", "event_time": "timestamp"}
+    schema = {"id_field": "event_id", "fields": fields, "required": ["event_id"], "evolution": "add_columns"}
+    path, c, p = make_kafka_pipeline(tmp_path, partitions=1, schema=schema, transform=None)
+    target = str(c.target_path(p))
+    producer = Producer(kafka_client_conf(c, p))
+
+    def send(batch: int, extra: dict[int, dict]) -> list[str]:
+        ids = [f"evt-{batch}-{i}" for i in range(10)]
+        for i, message_id in enumerate(ids):
+            body = {"event_id": message_id, "customer": f"c{i}", "quantity": i, "event_time": "2026-05-01T00:00:00Z",
+                    **extra.get(i, {})}
+            producer.produce(p.source.topic, json.dumps(body).encode(), partition=0)
+        producer.flush(30)
+        return ids
+
+    one = send(1, {})
+    assert drain(c, p, spark=spark).written == 10
+    # The operator widens quantity to long; the producer adds coupon, score, tags and flag.
+    data = yaml.safe_load(path.read_text())
+    data["pipelines"][0]["schema"]["fields"]["quantity"] = "long"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    c = load_config(path)
+    p = c.pipeline(p.name)
+    new = {i: {"coupon": f"X{i}", "score": 1.5 if i == 0 else i, "tags": ["a", {"b": 1.10}], "flag": i % 2 == 0}
+           for i in range(10)}
+    new[1]["quantity"] = 2**40
+    new[2]["flag"] = "yes"  # booleans outvote it
+    new[3]["_dd_batch"] = 7  # deltadrain's own name
+    new[4]["Customer"] = "x"  # differs from a declared name only in case
+    two = send(2, new)
+    s2 = drain(c, p, spark=spark)
+    assert (s2.written, s2.dead_lettered) == (7, 3), s2.line()
+    three = send(3, {0: {"coupon": 5}, 1: {"score": 7}, 2: {"flag": None, "tags": "plain"}})
+    s3 = drain(c, p, spark=spark)
+    assert (s3.written, s3.dead_lettered) == (9, 1), s3.line()
+    assert lake_checkpoint(spark, c, p).positions == end_offsets(c, p)  # all 30 read, in three batches
+
+    # The table gained the columns in batch 2's commit, typed as the batch's values were; batch 1's rows are null.
+    table = DeltaTable(target)
+    rows = {r.event_id: r for r in spark.read.format("delta").load(target).collect()}
+    assert sorted(rows) == sorted(one + [two[i] for i in (0, 1, 5, 6, 7, 8, 9)] + three[1:])
+    assert {f.name: f.type.type for f in table.schema().fields if not f.name.startswith("_dd_")} == {
+        "event_id": "string", "customer": "string", "quantity": "long", "event_time": "timestamp",
+        "coupon": "string", "score": "double", "tags": "string", "flag": "boolean"}
+    assert all((r.coupon, r.score, r.tags, r.flag) == (None,) * 4 for i, r in rows.items() if i in one)
+    assert (rows[two[0]].score, rows[two[1]].quantity, rows[two[0]].tags) == (1.5, 2**40, '["a",{"b":1.1}]')
+    assert (rows[three[1]].score, rows[three[2]].flag, rows[three[2]].tags) == (7.0, None, "plain")
+    dead = {r.message_id: (r.error_type, r.error) for r in dlq_rows(spark, c, p)}
+    assert set(dead) == {two[2], two[3], two[4], three[0]} and {t for t, _ in dead.values()} == {"schema"}
+    assert dead[two[2]][1] == "new field 'flag' is boolean in this batch (most of its values are), this message has a string"
+    assert "_dd_" in dead[two[3]][1] and "case" in dead[two[4]][1]
+    assert dead[three[0]][1] == "field 'coupon' is a string column of the table, got a long (5)"
+    assert all(json.loads(r.original)["event_id"] == r.message_id for r in dlq_rows(spark, c, p))
+
+    # The history names the commit that changed the schema: batch 2's, and status says so.
+    history = {h["version"]: h for h in table.history()}
+    changed = [v for v, h in history.items() if "added_columns" in (h.get("userMetadata") or "")]
+    assert len(changed) == 1
+    meta = json.loads(history[changed[0]]["userMetadata"])
+    assert meta["batch"] == 2 and meta["added_columns"] == {"coupon": "string", "score": "double", "tags": "string",
+                                                            "flag": "boolean"}
+    assert meta["widened_columns"] == {"quantity": "int -> long"}
+    before = DeltaTable(target, version=changed[0] - 1).schema()
+    assert "coupon" not in {f.name for f in before.fields}
+    # The widening's table feature is gone again: delta-rs (the view, status) reads the table.
+    assert not (table.protocol().reader_features or [])
+    assert [(ch["batch"], ch["table_version"]) for ch in pipeline_status(c, p)["schema_changes"]] == [(2, changed[0])]

@@ -282,3 +282,10 @@ def test_valkey_status_names_the_entries_under_suspicion(monkeypatch, capsys):
             "deaths alone: a dead letter)") in out
     assert "stream s0 ids 9-0 .. 17-0 (8 entries, delivered 2 times, the untried half of a split, 0 runs" in out
     assert "stream s0 ids 20-0 .. 20-0 (1 entries, delivered 6 times, 2 runs died reading one alone)" in out
+
+
+def test_status_names_the_batches_that_changed_the_tables_schema(monkeypatch, capsys):
+    out = status_output(monkeypatch, capsys, "clicks", "kafka", schema_changes=[
+        {"batch": 2, "table_version": 3, "at": None, "added_columns": {"coupon": "string", "score": "double"},
+         "widened_columns": {"quantity": "int -> long"}}])
+    assert "  schema: batch 2 (table version 3) added coupon string, added score double, widened quantity int -> long\n" in out

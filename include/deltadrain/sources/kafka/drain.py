@@ -87,6 +87,8 @@ class DecodeContext:
     dead_runs: dict[int, DeadRuns] = field(default_factory=dict)  # partition -> runs that died reading it
     max_retries: int = 3
     payload: Payload | None = None  # Avro or Protobuf payloads' schema (deltadrain.payloads); None: JSON
+    evolved: frozenset = frozenset()  # fields typed by the table's evolved columns (schema.evolution)
+    collect_new: bool = False  # keep the fields no column holds (PipelineConfig.collects_new_fields)
 
 
 def external_id(ctx: DecodeContext, key: bytes | None, headers) -> tuple[str | None, str | None]:
@@ -199,7 +201,8 @@ def read_ranges(spark, cfg: DeltadrainConfig, p: PipelineConfig, ranges: dict[in
     topic = source.topic
     ctx = DecodeContext(topic, dict(p.payload_schema.fields), p.payload_schema.id_field,
                         list(p.payload_schema.required), p.max_message_bytes, source.id_from,
-                        source.id_header, attempts, dead_runs or {}, p.max_retries, payload_of(p.payload_schema))
+                        source.id_header, attempts, dead_runs or {}, p.max_retries, payload_of(p.payload_schema),
+                        p.payload_schema.evolved_columns, p.payload_schema.collects_new_fields)
     total = sum(end - start for start, end in ranges.values())
     # Key mode reads no headers: a replayed record carries its identity in its key.
     headers = source.id_from != "key" if headers is None else headers

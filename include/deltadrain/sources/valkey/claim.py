@@ -71,6 +71,8 @@ class ClaimContext:
     cluster: bool = False  # `url` is a Valkey Cluster's seed URLs, joined by commas
     ca_file: str | None = None  # over TLS: the CA the server's certificate must be signed by
     payload: Payload | None = None  # Avro or Protobuf payloads' schema (deltadrain.payloads); None: JSON
+    evolved: frozenset = frozenset()  # fields typed by the table's evolved columns (schema.evolution)
+    collect_new: bool = False  # keep the fields no column holds (PipelineConfig.collects_new_fields)
 
 
 def allocate(cap: int, backlog: dict[str, int]) -> dict[str, int]:
@@ -167,7 +169,8 @@ def retries_run_out(ctx: ClaimContext, attempts: int, data, last_failure: dict |
 def decoder_for(ctx, arrow_schema) -> BatchDecoder:
     """The decoder of a claim or Kafka read context (fields, id_field, required, max_bytes, payload)."""
     kwargs = {"fields": ctx.fields, "id_field": ctx.id_field, "required": ctx.required, "max_bytes": ctx.max_bytes,
-              "types": {f.name: f.type for f in arrow_schema if f.name in ctx.fields}}
+              "types": {f.name: f.type for f in arrow_schema if f.name in ctx.fields},
+              "evolved": ctx.evolved, "collect_new": ctx.collect_new}
     return ctx.payload.decoder(**kwargs) if ctx.payload is not None else BatchDecoder(**kwargs)
 
 

@@ -89,7 +89,7 @@ def claim_context(cfg: DeltadrainConfig, pipeline: PipelineConfig, consumer: str
         fields=dict(schema.fields), id_field=schema.id_field, required=list(schema.required),
         max_bytes=pipeline.max_message_bytes, failures_key=failures_key(pipeline.name),
         gaps_key=gaps_key(pipeline.name), cluster=source.cluster, ca_file=tls_ca(source),
-        payload=payload_of(schema))
+        payload=payload_of(schema), evolved=schema.evolved_columns, collect_new=schema.collects_new_fields)
 
 
 class ValkeyDrain(Drain):
@@ -102,7 +102,7 @@ class ValkeyDrain(Drain):
         self.consumer = f"drain-{self.run_id}"
         self.split: Split | None = None  # what runs that died left, when this run reads part of it
         self.client = valkey_client(cfg, pipeline)
-        self.ctx = claim_context(cfg, pipeline, self.consumer)
+        self.ctx = claim_context(cfg, self.pipeline, self.consumer)
 
     def claim(self, quotas: dict[str, int], reclaim: bool = True, split: Split | None = None) -> Staged:
         """Claim and stage the batch in exactly one Spark job: no later action can run a claim

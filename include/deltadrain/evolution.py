@@ -1,0 +1,150 @@
+"""Schema evolution in a run (`schema.evolution: add_columns`): the layout the run reads with, from the
+target table's schema in its Delta log, and a staged JSON batch's new columns. The decisions are
+deltadrain.evolve's; this module reads the table and the staged rows for them.
+"""
+
+from __future__ import annotations
+
+import json
+from urllib.parse import unquote
+
+from deltadrain.config import PipelineConfig
+from deltadrain.decode import EXTRA_COLUMNS
+from deltadrain.evolve import Layout, Seen, choose_types, misfits, plan_layout, table_type
+from deltadrain.lake import _log, retry_conflicts, table_ref
+
+TYPE_WIDENING = "delta.enableTypeWidening"
+
+
+def table_columns(path: str) -> dict[str, str] | None:
+    """The table's payload columns (name -> type, deltadrain's own _dd_ columns left out) from its Delta
+    log, None when there is no table yet. A nested column's type is its Delta JSON (no field takes it)."""
+    log = _log(path)
+    if log is None:
+        return None
+    out = {}
+    for f in log.schema().fields:
+        if f.name.startswith("_dd_"):
+            continue
+        out[f.name] = table_type(f.type.type) if hasattr(f.type, "type") and isinstance(f.type.type, str) \
+            else str(f.type)
+    return out
+
+
+def avro_fields(pipeline: PipelineConfig) -> dict[str, set] | None:
+    """An Avro pipeline's writer-schema fields -> their Avro kinds, read from the schema file now (a
+    changed file is the next run's); None for other formats."""
+    schema = pipeline.payload_schema
+    if schema.format != "avro":
+        return None
+    from pathlib import Path
+
+    import fastavro
+
+    from deltadrain.avro import kinds_of, load_schema, named_types
+
+    parsed = fastavro.parse_schema(load_schema(Path(schema.avro_schema_file)))
+    names = named_types(parsed, {})
+    return {f["name"]: kinds_of(f["type"], names) for f in parsed["fields"]}
+
+
+def run_layout(pipeline: PipelineConfig, target: str, adding: bool = True) -> tuple[PipelineConfig, Layout]:
+    """(the pipeline as this run decodes it, the layout): its fields are the declared ones, the table's
+    evolved columns and (`adding`: a drain) the Avro fields this batch adds. EvolutionError when a
+    declared type does not fit the table's column. A pipeline without add_columns is returned as it is.
+    Backfills and reprocessing (not `adding`) fill the columns the table has and add none: their MERGE
+    carries no checkpoint, and a drain's commit is where the history says the schema changed."""
+    schema = pipeline.payload_schema
+    if schema.evolution != "add_columns":
+        return pipeline, Layout()
+    layout = plan_layout(schema.fields, table_columns(target), avro_fields(pipeline) if adding else None)
+    fields = {**schema.fields, **{n: t for n, (_, t) in layout.widened.items() if n in schema.fields},
+              **layout.columns}
+    effective = schema.model_copy(update={"fields": fields})
+    effective._evolved = frozenset(layout.evolved)
+    return pipeline.model_copy(update={"payload_schema": effective}), layout
+
+
+def allow_widening(spark, path: str) -> None:
+    """Turn on Delta's type widening for the table (a metadata commit of its own), so that the next MERGE
+    with schema evolution widens a column instead of failing on a value the old type cannot hold."""
+    log = _log(path)
+    if log is not None and log.metadata().configuration.get(TYPE_WIDENING) == "true":
+        return
+    retry_conflicts(lambda: spark.sql(f"ALTER TABLE {table_ref(path)} SET TBLPROPERTIES ('{TYPE_WIDENING}' = 'true')"))
+
+
+def widening_left(path: str) -> bool:
+    """Whether the table still carries Delta's type widening feature."""
+    log = _log(path)
+    return log is not None and any(f.startswith("typeWidening") for f in log.protocol().reader_features or [])
+
+
+def end_widening(spark, path: str) -> None:
+    """Drop the type widening feature once the widening commit is in: a table that carries it is one the
+    delta-rs reader of deltadrain's view and status refuses ("Unsupported table features required:
+    [TypeWidening]"). Delta rewrites the files written with the narrower type, then drops it (commits of
+    its own, after the batch's). A run that dies before this leaves it to the next run (`widening_left`)."""
+    if widening_left(path):
+        retry_conflicts(lambda: spark.sql(f"ALTER TABLE {table_ref(path)} DROP FEATURE typeWidening"))
+
+
+def may_carry_new_fields(claimed) -> bool:
+    """Whether a staged batch may hold a row with fields no column holds: false only when every staged
+    file's statistics say its `_dd_extra_kinds` is all null (no Spark job: the Parquet footers)."""
+    from deltadrain.stage import open_staged
+
+    try:
+        files = claimed.inputFiles()
+    except Exception:
+        return True
+    for name in files:
+        local = name.startswith("file:")
+        meta = open_staged(unquote(name.removeprefix("file://").removeprefix("file:")) if local else name).metadata
+        index = meta.schema.to_arrow_schema().get_field_index(EXTRA_COLUMNS[1])
+        for g in range(meta.num_row_groups):
+            stats = meta.row_group(g).column(index).statistics
+            if stats is None or not stats.has_null_count or stats.null_count != meta.row_group(g).num_rows:
+                return True
+    return False
+
+
+def new_columns(claimed) -> tuple[object, dict[str, str], int]:
+    """A staged JSON batch (add_columns) -> (its rows with a column per new field, the new columns'
+    types, how many messages the choice turned into `schema` dead letters). One small aggregate over
+    the rows that carry new fields, by the set of kinds their values have (deltadrain.evolve.choose_types)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StructField, StructType, _parse_datatype_string
+
+    if not may_carry_new_fields(claimed):
+        return claimed, {}, 0
+    kinds_col, extra_col = F.col(EXTRA_COLUMNS[1]), F.col(EXTRA_COLUMNS[0])
+    good = F.col("_dd_error_type").isNull()
+    groups = (claimed.where(good & kinds_col.isNotNull()).groupBy(kinds_col.alias("kinds"))
+              .agg(F.count("*").alias("n"), F.min(F.struct("_dd_partition", "_dd_pos_hi", "_dd_pos_lo")).alias("first"))
+              .collect())
+    if not groups:
+        return claimed, {}, 0
+    seen: dict[str, dict[str, Seen]] = {}
+    signatures = {}
+    for g in groups:
+        kinds = json.loads(g.kinds)
+        signatures[g.kinds] = (kinds, g.n)
+        first = tuple(g.first)
+        for name, kind in kinds.items():
+            old = seen.setdefault(name, {}).get(kind)
+            seen[name][kind] = Seen(g.n + (old.count if old else 0), min(first, old.first) if old else first)
+    chosen, refused = choose_types(seen)
+    rejected = {sig: reason for sig, (kinds, _) in signatures.items()
+                if (reason := misfits(kinds, chosen, refused)) is not None}
+    moved = sum(signatures[sig][1] for sig in rejected)
+    parsed = F.from_json(extra_col, StructType([StructField(n, _parse_datatype_string(t)) for n, t in chosen.items()]))
+    out = claimed
+    if rejected:
+        reason = F.element_at(F.create_map(*[F.lit(x) for kv in sorted(rejected.items()) for x in kv]), kinds_col)
+        refuse = good & kinds_col.isNotNull() & reason.isNotNull()
+        out = (out.withColumn("_dd_error", F.when(refuse, reason).otherwise(F.col("_dd_error")))
+               .withColumn("_dd_error_type", F.when(refuse, F.lit("schema")).otherwise(F.col("_dd_error_type"))))
+    out = out.withColumn("_dd_new", F.when(F.col("_dd_error_type").isNull(), parsed))
+    out = out.select(*[c for c in claimed.columns], *[F.col("_dd_new").getField(n).alias(n) for n in chosen])
+    return out, chosen, moved
