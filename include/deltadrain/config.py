@@ -412,6 +412,9 @@ class SchemaConfig(_Model):
         if self.evolution == "add_columns" and self.format == "protobuf":
             raise ValueError("evolution add_columns is for json and avro payloads; a protobuf pipeline declares "
                              "every column it writes (evolution: none)")
+        if self.evolution == "add_columns" and self.format == "avro" and self.avro_schema_file is None:
+            raise ValueError("evolution add_columns on avro takes its new columns from avro_schema_file; with the "
+                             "writers' schemas only in the registry, set avro_schema_file to the newest one")
         framed = ["avro_schema_id"] * (self.avro_schema_id is not None) + ["avro_wire"] * ("avro_wire" in self.model_fields_set)
         for fmt, keys in (("avro", ["avro_schema_file"]), ("protobuf", ["protobuf_descriptor_file", "protobuf_message"]),
                           ("avro or protobuf", framed)):
