@@ -20,7 +20,7 @@ from deltadrain.outcome import Outcome
 from deltadrain.payloads import payload_of
 from deltadrain.positions import merge_positions
 from deltadrain.registry import failure_line
-from deltadrain.sources.valkey.acknowledge import acknowledge, release
+from deltadrain.sources.valkey.acknowledge import acknowledge, claim_held, release
 from deltadrain.sources.valkey.acl import acl_probe_key, check_after_commit
 from deltadrain.sources.valkey.claim import RELEASED, ClaimContext, allocate, claim_arrow, failure_field, plan
 from deltadrain.sources.valkey.client import (
@@ -236,9 +236,6 @@ class ValkeyDrain(Drain):
         """After a claim job that failed without dying (its tasks raised: the schema registry is out),
         every entry this run's consumer holds goes to RELEASED, as `release` does with staged ones: the
         next run reclaims them whole, and a long outage convicts no message of killing runs."""
-        from deltadrain.sources.valkey.acknowledge import claim_held
-        from deltadrain.sources.valkey.client import as_text
-
         if self.split is not None and self.split.alone:
             uncount_alone(self.client, self.split, self.ctx.failures_key)
         group, done = self.pipeline.source.group, 0
