@@ -49,6 +49,7 @@ def test_only_a_driver_of_the_embedded_cluster_gets_its_secret_and_no_command_li
         assert all(Path(j).is_relative_to(jar_cache()) for j in jars)
     # Each stopped application's work directory goes a day after its last change.
     assert "spark.worker.cleanup.enabled=true" in properties(secret, 1)
+    assert "spark.deploy.defaultCores=1" in properties(secret, 1)  # room for a second application
 
 
 def test_a_cluster_whose_workers_hold_the_jar_cache_gets_no_jars_shipped(tmp_path, monkeypatch):
