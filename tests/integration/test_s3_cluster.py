@@ -323,6 +323,7 @@ def test_drains_into_s3_on_a_standalone_cluster_survive_kills_a_race_replay_back
         # batch, the new messages and the replayed one. It is killed during its acknowledgement, which reads
         # the staged entries back from the store: one stream's entries are acknowledged, the other's not.
         more = produce(cfg, valkey_p, 30, seed=7, start=120)
+        step = time.monotonic()
         assert drain(env, fixed, valkey_p.name, point="during_ack") == "killed"
         assert snapshot_txn(target, valkey_p.name)[0] == committed + 1
         left = pending(client, valkey_p)
@@ -342,10 +343,12 @@ def test_drains_into_s3_on_a_standalone_cluster_survive_kills_a_race_replay_back
         assert [(r["state"], r["message_id"], r["replay_run_id"]) for r in dead if r["state"] != "DEAD"] == \
             [("REPLAYED", poisoned.poison_ids[0], replayed["run_id"])]
         assert_dead_letters([Rows(**r) for r in dead if r["state"] == "DEAD"], ids, bad)
+        print(f"the kill during the ack and the drain after it: {time.monotonic() - step:.1f} s")
 
         # The ingest DAG with `spark.executor: submit`: its drain task runs spark-submit on the cluster's
         # master (the `spark_default` connection). The store's login reaches the driver in the environment
         # and, with the cluster's secret, in the run's own properties file: never on its command line.
+        step = time.monotonic()
         submitted = produce(cfg, valkey_p, 40, seed=11, start=150, malformed_ratio=0.1)
         data = yaml.safe_load(fixed.read_text())
         data["spark"] = {"executor": "submit"}
@@ -376,6 +379,7 @@ def test_drains_into_s3_on_a_standalone_cluster_survive_kills_a_race_replay_back
         dead = read_table(str(cfg.dlq_path(valkey_p)), store, ["partition", "position", "state", "message_id"])
         assert_dead_letters([Rows(**r) for r in dead.to_pylist() if r["state"] == "DEAD"], ids, bad | malformed)
         assert pending(client, valkey_p) == 0
+        print(f"the ingest DAG through spark-submit: {time.monotonic() - step:.1f} s")
         # No application got the jars copied into its work directory: the worker's executors read the cache.
         assert not list(work.glob("app-*/*/*.jar"))
         print("work directories:", {a.name: sum(f.stat().st_size for f in a.rglob("*") if f.is_file())
