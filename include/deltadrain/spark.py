@@ -108,8 +108,8 @@ def embedded_cluster(master: str) -> bool:
     return master.startswith("spark://127.0.0.1:") and master == spark_cluster_url(load_config())
 
 
-# Where the workers of a cluster keep this jar cache (`make jars` run on each of them), when not at
-# the same path as here: their executors then put the jars on their class path from there.
+# Where the workers of a cluster of one's own keep the jar cache (`make jars` run on each of them): when
+# set, their executors put the jars on their class path from there and no application ships them.
 WORKER_JARS_ENV = "DELTADRAIN_WORKER_JARS"
 
 
@@ -129,7 +129,7 @@ def jars_on_workers(conf: dict[str, str], master: str) -> dict[str, str]:
     """`conf` for a driver on `master`: when its workers hold the jar cache, the executors take the jars
     from their own disk (spark.executor.extraClassPath) and the driver from its class path, instead of
     `spark.jars`. Every jar in spark.jars (even a `local:` one) is copied into each executor's work
-    directory, once per application: about 640 MB with the s3a jars (docs/object-store.md)."""
+    directory, once per application: the s3a jars alone are hundreds of MB (docs/object-store.md)."""
     from deltadrain.paths import jar_cache
 
     root = workers_jar_cache(master)
