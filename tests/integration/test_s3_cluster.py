@@ -4,10 +4,11 @@ cluster with the lake's settings. Nothing may depend on the driver's disk: the t
 run in executor processes the worker starts, and stage on S3.
 
 One test, as the services it needs take minutes to start on a small machine: a Valkey and a Kafka
-pipeline, each killed between its commit and its acknowledgement (a SIGKILL of the drain), drained
-again, read back with delta-rs (each message once, the malformed ones in the DLQ); then maintenance
-(OPTIMIZE, VACUUM) and Delta's log cleanup on the object store, and a drain after it that recovers
-its checkpoint from the table's Delta checkpoint.
+pipeline killed after the claim and after the commit, two drains racing for a batch, a poison
+message, maintenance and Delta's log cleanup, backfill and replay on the cluster, a drain killed
+during its acknowledgement, and the ingest DAG through spark-submit on the cluster; each read back
+with delta-rs from S3 (every message once, the malformed ones in the DLQ). The executors read the
+jars from the worker's jar cache: no application's work directory holds one.
 """
 
 from __future__ import annotations
@@ -371,7 +372,7 @@ def test_drains_into_s3_on_a_standalone_cluster_survive_kills_a_race_replay_back
         cluster_secret = (home / "services" / "spark_cluster" / "secret").read_text().strip()
         for secret in (store.secret_access_key, cluster_secret):
             assert secret not in run["log"] and secret not in json.dumps(run["xcoms"], default=str)
-        # Its own application on the cluster, whose executor ran the claim.
+        # It was an application of its own on the cluster, with an executor of its own.
         (app,) = set(work.glob("app-*")) - apps
         assert any("CoarseGrainedExecutorBackend" in e.read_text(errors="replace") for e in app.glob("*/stderr"))
         ids = read_table(target, store, ["event_id"]).column(0).to_pylist()
