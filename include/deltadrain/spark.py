@@ -95,7 +95,7 @@ def get_spark(app_name: str = "deltadrain", master: str | None = None, extra: di
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     master = master or os.environ.get("DELTADRAIN_SPARK_MASTER", "local[*]")
     builder = SparkSession.builder.appName(app_name).master(master)
-    conf |= cluster_conf(master)
+    conf = jars_on_workers(conf, master) | cluster_conf(master)
     for key, value in conf.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
@@ -106,6 +106,41 @@ def embedded_cluster(master: str) -> bool:
     from deltadrain.embedded import spark_cluster_url
 
     return master.startswith("spark://127.0.0.1:") and master == spark_cluster_url(load_config())
+
+
+# Where the workers of a cluster of one's own keep the jar cache (`make jars` run on each of them): when
+# set, their executors put the jars on their class path from there and no application ships them.
+WORKER_JARS_ENV = "DELTADRAIN_WORKER_JARS"
+
+
+def workers_jar_cache(master: str) -> Path | None:
+    """Where `master`'s workers hold the jar cache: the embedded cluster's worker is on this machine and
+    reads this one; another cluster's where DELTADRAIN_WORKER_JARS says; None when they do not have it."""
+    from deltadrain.paths import jar_cache
+
+    if not master.startswith("spark://"):
+        return None
+    if where := os.environ.get(WORKER_JARS_ENV, "").strip():
+        return Path(where)
+    return jar_cache() if embedded_cluster(master) else None
+
+
+def jars_on_workers(conf: dict[str, str], master: str) -> dict[str, str]:
+    """`conf` for a driver on `master`: when its workers hold the jar cache, the executors take the jars
+    from their own disk (spark.executor.extraClassPath) and the driver from its class path, instead of
+    `spark.jars`. Every jar in spark.jars (even a `local:` one) is copied into each executor's work
+    directory, once per application: the s3a jars alone are hundreds of MB (docs/object-store.md)."""
+    from deltadrain.paths import jar_cache
+
+    root = workers_jar_cache(master)
+    jars = [Path(j) for j in conf.get("spark.jars", "").split(",") if j]
+    if root is None or not jars:
+        return conf
+    here = jar_cache()
+    on_worker = [root / j.relative_to(here) if j.is_relative_to(here) else j for j in jars]
+    conf = {k: v for k, v in conf.items() if k != "spark.jars"}
+    return conf | {"spark.driver.extraClassPath": os.pathsep.join(str(j) for j in jars),
+                   "spark.executor.extraClassPath": os.pathsep.join(str(j) for j in on_worker)}
 
 
 def cluster_conf(master: str) -> dict[str, str]:
@@ -126,7 +161,7 @@ def spark_submit_command(script: str, args: list[str], master: str | None = None
     submit = Path(pyspark.__file__).parent / "bin" / "spark-submit"
     cmd = [str(submit), "--master", master or os.environ.get("DELTADRAIN_SPARK_MASTER", "local[*]"),
            "--name", f"deltadrain-{Path(script).stem}"]
-    for key, value in spark_conf(extra).items():
+    for key, value in jars_on_workers(spark_conf(extra), cmd[2]).items():
         cmd += ["--conf", f"{key}={value}"]
     return [*cmd, script, *args]
 
@@ -155,7 +190,7 @@ def connect_server_conf(port: int, master: str | None = None, object_store=None)
         f"-Dlog4j2.configurationFile=file:{LOG4J}", f"-Dlog4j2.configurationFile=file:{CONNECT_LOG4J}")
     if master.startswith("local") or embedded_cluster(master):  # the embedded cluster is on 127.0.0.1 too
         conf |= {"spark.driver.bindAddress": "127.0.0.1", "spark.driver.host": "127.0.0.1"}
-    return conf
+    return jars_on_workers(conf, master)
 
 
 def connect_server_command(port: int, master: str | None = None, object_store=None,

@@ -4,14 +4,16 @@ cluster with the lake's settings. Nothing may depend on the driver's disk: the t
 run in executor processes the worker starts, and stage on S3.
 
 One test, as the services it needs take minutes to start on a small machine: a Valkey and a Kafka
-pipeline, each killed between its commit and its acknowledgement (a SIGKILL of the drain), drained
-again, read back with delta-rs (each message once, the malformed ones in the DLQ); then maintenance
-(OPTIMIZE, VACUUM) and Delta's log cleanup on the object store, and a drain after it that recovers
-its checkpoint from the table's Delta checkpoint.
+pipeline killed after the claim and after the commit, two drains racing for a batch, a poison
+message, maintenance and Delta's log cleanup, backfill and replay on the cluster, a drain killed
+during its acknowledgement, and the ingest DAG through spark-submit on the cluster; each read back
+with delta-rs from S3 (every message once, the malformed ones in the DLQ). The executors read the
+jars from the worker's jar cache: no application's work directory holds one.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -30,11 +32,13 @@ from deltadrain.dev.produce import MALFORMED_KINDS, ensure_topic, produce
 from deltadrain.embedded import S3_BUCKET, s3_home
 from deltadrain.failpoints import fired
 from deltadrain.lake import snapshot_txn, sql_literal
+from deltadrain.names import ingest_dag_id
 from deltadrain.objectstore import as_connection, embedded_connection, resolve, storage_options
 from deltadrain.sources.kafka.client import kafka_client_conf
 from deltadrain.sources.valkey.client import valkey_client
 from tests.conftest import free_port
 from tests.integration.helpers import SPAWNED, assert_dead_letters, held_at, pending, summary_of
+from tests.integration.test_dags import run_dag
 from tests.integration.test_services import cli
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -100,8 +104,6 @@ def drain(env: dict, config: Path, name: str, *more: str, point: str | None = No
 
 def json_command(env: dict, config: Path, *args: str) -> dict:
     """A CLI command through the Connect server, with --json: its JSON answer."""
-    import json
-
     done = cli(env, "--config", str(config), *args, "--remote", "embedded", "--json", timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout[done.stdout.index("{"):])
@@ -152,7 +154,7 @@ def age_log(table: str, days: int = 5) -> Path:
 
 @pytest.mark.slow
 def test_drains_into_s3_on_a_standalone_cluster_survive_kills_a_race_replay_backfill_and_maintenance(
-        tmp_path, s3_server, valkey_server, kafka_broker):
+        tmp_path, s3_server, valkey_server, kafka_broker, airflow_db):
     store = resolve({}, lookup=lambda conn_id: None, embedded=embedded_connection)
     lake = f"s3a://{S3_BUCKET}/cluster/{uuid.uuid4().hex[:8]}"
     config = write_s3_config(tmp_path, lake)
@@ -274,7 +276,8 @@ def test_drains_into_s3_on_a_standalone_cluster_survive_kills_a_race_replay_back
         # only the runs killed after their commit left theirs (a run a day later sweeps those away).
         assert staged_runs(store, lake) == {f"{p.name}-after_commit" for p in (valkey_p, kafka_p)}
         # The tasks ran in executors the worker started: processes of their own, with the drains' logs.
-        executors = list((home / "services" / "spark_cluster" / "work").glob("app-*/*/stderr"))
+        work = home / "services" / "spark_cluster" / "work"
+        executors = list(work.glob("app-*/*/stderr"))
         assert executors, "no executor ran on the cluster's worker"
         assert any("CoarseGrainedExecutorBackend" in e.read_text(errors="replace") for e in executors)
         server_pid = int((server / "spark_connect.pid").read_text())
@@ -317,20 +320,71 @@ def test_drains_into_s3_on_a_standalone_cluster_survive_kills_a_race_replay_back
         replayed = json_command(env, fixed, "replay", valkey_p.name, "--error", "poison message", "--apply")
         assert (replayed["selected"], replayed["replayed"], replayed["skipped"]) == (1, 1, []), replayed
 
-        # The next drain recovers its positions from the table without those commits: it goes on with
-        # the next batch and takes the new messages and the replayed one.
+        # The next drain recovers its positions from the table without those commits: it commits the next
+        # batch, the new messages and the replayed one. It is killed during its acknowledgement, which reads
+        # the staged entries back from the store: one stream's entries are acknowledged, the other's not.
         more = produce(cfg, valkey_p, 30, seed=7, start=120)
-        last = drain(env, fixed, valkey_p.name)
-        assert (last["outcome"], last["batch"], last["written"]) == ("committed", committed + 1, 31), last
+        step = time.monotonic()
+        assert drain(env, fixed, valkey_p.name, point="during_ack") == "killed"
         assert snapshot_txn(target, valkey_p.name)[0] == committed + 1
+        left = pending(client, valkey_p)
+        assert 0 < left < 31, left
+        written = valid + poisoned.poison_ids + more.valid_ids
         ids = read_table(target, store, ["event_id"]).column(0).to_pylist()
-        assert len(ids) == len(set(ids)) and set(ids) == set(valid + poisoned.poison_ids + more.valid_ids)
+        assert len(ids) == len(set(ids)) and set(ids) == set(written)
+        # The next runs take the dead run's unacknowledged entries, find them committed, write nothing and
+        # acknowledge them.
+        rest = drain(env, fixed, valkey_p.name, "--max-batches", "6")
+        assert (rest["written"], rest["duplicates_skipped"], rest["acked"]) == (0, left, left), rest
+        assert pending(client, valkey_p) == 0
+        ids = read_table(target, store, ["event_id"]).column(0).to_pylist()
+        assert len(ids) == len(set(ids)) and set(ids) == set(written)
         dead = read_table(str(cfg.dlq_path(valkey_p)), store, ["partition", "position", "state", "message_id",
                                                                  "replay_run_id"]).to_pylist()
         assert [(r["state"], r["message_id"], r["replay_run_id"]) for r in dead if r["state"] != "DEAD"] == \
             [("REPLAYED", poisoned.poison_ids[0], replayed["run_id"])]
         assert_dead_letters([Rows(**r) for r in dead if r["state"] == "DEAD"], ids, bad)
+        print(f"the kill during the ack and the drain after it: {time.monotonic() - step:.1f} s")
+
+        # The ingest DAG with `spark.executor: submit`: its drain task runs spark-submit on the cluster's
+        # master (the `spark_default` connection). The store's login reaches the driver in the environment
+        # and, with the cluster's secret, in the run's own properties file: never on its command line.
+        step = time.monotonic()
+        submitted = produce(cfg, valkey_p, 40, seed=11, start=150, malformed_ratio=0.1)
+        data = yaml.safe_load(fixed.read_text())
+        data["spark"] = {"executor": "submit"}
+        # Continuous: the batch's quality check is a DAG of its own, so this run submits only the drain.
+        next(p for p in data["pipelines"] if p["name"] == valkey_p.name)["schedule"] = "@continuous"
+        submit_config = tmp_path / "submit.yaml"
+        submit_config.write_text(yaml.safe_dump(data, sort_keys=False))
+        before = snapshot_txn(target, valkey_p.name)[0]
+        apps = set(work.glob("app-*"))
+        run = run_dag(ingest_dag_id(valkey_p.name), env={**env, "DELTADRAIN_CONFIG": str(submit_config),
+                                                          "AIRFLOW_CONN_SPARK_DEFAULT": env["DELTADRAIN_SPARK_MASTER"]})
+        assert run["states"] == {"wait_for_work": "success", "drain": "success"}, run["log"][-3000:]
+        summary = run["xcoms"]["drain"]
+        malformed = submitted.bad_places(MALFORMED_KINDS)
+        assert (summary["outcome"], summary["batches"], summary["written"], summary["dead_lettered"],
+                summary["acked"]) == ("committed", [before + 1], len(submitted.valid_ids), len(malformed), 40), summary
+        command = next(line for line in run["log"].splitlines() if "Spark-Submit cmd:" in line)
+        assert f"--master {env['DELTADRAIN_SPARK_MASTER']} " in command and "--properties-file" in command
+        assert "spark.jars=" not in command and "spark.executor.extraClassPath=" in command
+        cluster_secret = (home / "services" / "spark_cluster" / "secret").read_text().strip()
+        for secret in (store.secret_access_key, cluster_secret):
+            assert secret not in run["log"] and secret not in json.dumps(run["xcoms"], default=str)
+        # It was an application of its own on the cluster, with an executor of its own.
+        (app,) = set(work.glob("app-*")) - apps
+        assert any("CoarseGrainedExecutorBackend" in e.read_text(errors="replace") for e in app.glob("*/stderr"))
+        ids = read_table(target, store, ["event_id"]).column(0).to_pylist()
+        assert len(ids) == len(set(ids)) and set(ids) == set(written + submitted.valid_ids)
+        dead = read_table(str(cfg.dlq_path(valkey_p)), store, ["partition", "position", "state", "message_id"])
+        assert_dead_letters([Rows(**r) for r in dead.to_pylist() if r["state"] == "DEAD"], ids, bad | malformed)
         assert pending(client, valkey_p) == 0
+        print(f"the ingest DAG through spark-submit: {time.monotonic() - step:.1f} s")
+        # No application got the jars copied into its work directory: the worker's executors read the cache.
+        assert not list(work.glob("app-*/*/*.jar"))
+        print("work directories:", {a.name: sum(f.stat().st_size for f in a.rglob("*") if f.is_file())
+                                    for a in sorted(work.glob("app-*"))})
     finally:
         down = cli(env, "services", "down", "--only", "spark_connect,spark_cluster", timeout=300)
         assert down.returncode == 0, down.stderr

@@ -319,6 +319,11 @@ def test_jars_are_fetched_before_anything_reads_them():
         target = PurePosixPath(environment(svc)["DELTADRAIN_JARS"])
         assert any(m.target == target and m.read_only for m in mounts(svc)), f"{name}: {target} not mounted :ro"
         assert completes_first(name, "jars"), f"{name} does not wait for the jars service to complete"
+    # The drivers tell the workers' executors to read the cache where the workers mount it.
+    worker = services()["spark-worker"]
+    for name, svc in readers.items():
+        assert environment(svc)["DELTADRAIN_WORKER_JARS"] == environment(worker)["DELTADRAIN_JARS"], name
+    assert "-Dspark.worker.cleanup.enabled=true" in environment(worker)["SPARK_WORKER_OPTS"]
 
 
 def airflow_services() -> dict[str, dict]:

@@ -456,6 +456,40 @@ def test_source_credentials_never_reach_the_spark_submit_command_line(monkeypatc
                 op._get_hook()
 
 
+def test_a_submit_to_the_embedded_cluster_ships_no_jars_and_keeps_its_secrets_in_a_private_file(
+        tmp_path, monkeypatch):
+    """The master is known only once the hook resolved spark_default: then the workers' jar cache
+    replaces spark.jars, and the store's login and the cluster's secret go in the run's own file."""
+    from pathlib import Path
+
+    from deltadrain.config import load_config
+    from deltadrain.dev.services.spark_cluster import spark_cluster_service
+    from deltadrain.embedded import spark_cluster_secret_file
+    from deltadrain.objectstore import S3Settings
+    from deltadrain.orchestration.operators import DrainOperator
+    from deltadrain.spark import spark_conf
+
+    monkeypatch.setenv("DELTADRAIN_HOME", str(tmp_path))
+    monkeypatch.setenv("DELTADRAIN_SPARK_CLUSTER_PORT", "17998")
+    monkeypatch.delenv("DELTADRAIN_WORKER_JARS", raising=False)
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", "spark://127.0.0.1:17998")
+    spark_cluster_service(load_config()).prepare()  # makes the cluster's secret
+    secret = spark_cluster_secret_file().read_text().strip()
+    store = S3Settings("key", "s3-secret", "http://127.0.0.1:9000")
+    op = DrainOperator(task_id="drain", pipeline="orders", executor="submit")
+    op.conf = spark_conf(object_store=store, with_login=False)
+    op._private = (tmp_path, store)
+    command = op._get_hook()._build_spark_submit_command("job.py")
+    assert command[command.index("--master") + 1] == "spark://127.0.0.1:17998"
+    assert not any(secret in arg or "s3-secret" in arg for arg in command), command
+    assert not any(arg.startswith("spark.jars=") for arg in command)
+    assert any(arg.startswith("spark.executor.extraClassPath=") and "hadoop-aws" in arg for arg in command)
+    props = Path(command[command.index("--properties-file") + 1])
+    assert props.parent == tmp_path and props.stat().st_mode & 0o077 == 0
+    assert {f"spark.authenticate.secret={secret}", "spark.hadoop.fs.s3a.secret.key=s3-secret"} <= \
+        set(props.read_text().splitlines())
+
+
 def test_the_replay_form_proposes_the_stream_keys_and_nothing_without_valkey_pipelines(cfg):
     from deltadrain.orchestration.factory import replay_params
 

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
 import stat
+from pathlib import Path
 
 from deltadrain.config import load_config
 from deltadrain.dev.services.spark_cluster import properties, spark_cluster_service
 from deltadrain.embedded import spark_cluster_auth_conf, spark_cluster_secret_file, spark_cluster_url
 from deltadrain.objectstore import S3Settings, login_conf, private_properties
+from deltadrain.paths import jar_cache
 
 
 def test_only_a_driver_of_the_embedded_cluster_gets_its_secret_and_no_command_line_carries_one(tmp_path, monkeypatch):
@@ -37,4 +40,38 @@ def test_only_a_driver_of_the_embedded_cluster_gets_its_secret_and_no_command_li
     assert "s3-secret" not in " ".join(cmd) and secret not in " ".join(cmd)
     assert cmd[cmd.index("--properties-file") + 1] == str(login)
     assert "spark.driver.host=127.0.0.1" in cmd  # the executors call back on loopback
-    assert any(c.startswith("spark.jars=") and "hadoop-aws" in c for c in cmd)
+    # The worker reads the jar cache from its own disk: nothing to ship to its executors.
+    conf = dict(c.split("=", 1) for c in cmd if "=" in c and c.startswith("spark."))
+    assert "spark.jars" not in conf
+    for side in ("driver", "executor"):
+        jars = conf[f"spark.{side}.extraClassPath"].split(os.pathsep)
+        assert any("hadoop-aws" in j for j in jars) and any("delta-spark" in j for j in jars)
+        assert all(Path(j).is_relative_to(jar_cache()) for j in jars)
+    # Each stopped application's work directory goes a day after its last change.
+    assert "spark.worker.cleanup.enabled=true" in properties(secret, 1)
+    assert "spark.deploy.defaultCores=1" in properties(secret, 1)  # room for a second application
+
+
+def test_a_cluster_whose_workers_hold_the_jar_cache_gets_no_jars_shipped(tmp_path, monkeypatch):
+    from deltadrain.spark import jars_on_workers, spark_conf
+
+    monkeypatch.setenv("DELTADRAIN_HOME", str(tmp_path))
+    monkeypatch.setenv("DELTADRAIN_SPARK_CLUSTER_PORT", "17999")
+    monkeypatch.delenv("DELTADRAIN_WORKER_JARS", raising=False)
+    conf = spark_conf()
+    jars = conf["spark.jars"].split(",")
+    # Local drivers, and a cluster whose workers lack the cache, ship the jars as before.
+    assert jars_on_workers(conf, "local[*]") == conf
+    assert jars_on_workers(conf, "spark://elsewhere:7077") == conf
+    # The embedded cluster: its worker reads this very cache.
+    embedded = jars_on_workers(conf, "spark://127.0.0.1:17999")
+    assert "spark.jars" not in embedded
+    assert embedded["spark.driver.extraClassPath"] == embedded["spark.executor.extraClassPath"] == os.pathsep.join(jars)
+    # Another cluster whose workers ran `make jars` under /opt/deltadrain/jars.
+    monkeypatch.setenv("DELTADRAIN_WORKER_JARS", "/opt/deltadrain/jars")
+    other = jars_on_workers(conf, "spark://elsewhere:7077")
+    assert other["spark.driver.extraClassPath"] == os.pathsep.join(jars)
+    assert other["spark.executor.extraClassPath"].split(os.pathsep) == [
+        str(Path("/opt/deltadrain/jars") / Path(j).relative_to(jar_cache())) for j in jars]
+    assert {k: v for k, v in other.items() if "extraClassPath" not in k} == \
+        {k: v for k, v in conf.items() if k != "spark.jars"}

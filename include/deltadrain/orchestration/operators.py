@@ -71,6 +71,7 @@ class DeltadrainSparkOperator(SparkSubmitOperator):
         self._tail: list[str] = []
         self._handed: dict[str, str] = {}  # AIRFLOW_CONN_* this run hands the job (execute)
         self._session = None  # the Connect session while a connect run is under way (on_kill interrupts it)
+        self._private: tuple[Path, Any] | None = None  # a submit run's private directory and object store
         self._via_connect = False
 
     # -- what the job gets ------------------------------------------------------------------------
@@ -117,9 +118,26 @@ class DeltadrainSparkOperator(SparkSubmitOperator):
                 "them in the driver's environment on the cluster (a Kubernetes secret, the YARN application "
                 "environment) under the same names; a connection already in the worker's environment is "
                 "not handed over")
+        self._for_master(hook)
         process_log = hook._process_spark_submit_log
         hook._process_spark_submit_log = lambda lines: process_log(self._watch(lines))
         return hook
+
+    def _for_master(self, hook) -> None:
+        """What depends on the master the connection names: a cluster whose workers hold the jar cache
+        gets no jars shipped (spark.jars_on_workers); the object store's login and the embedded
+        cluster's secret go in a properties file of this run's own, never on the command line."""
+        from deltadrain.objectstore import login_conf, private_properties
+        from deltadrain.spark import cluster_conf, jars_on_workers
+
+        master = hook._connection["master"]
+        hook._conf = jars_on_workers(hook._conf, master)
+        if self._private is None:
+            return
+        where, store = self._private
+        secret = {**(login_conf(store) if store is not None else {}), **cluster_conf(master)}
+        if secret:
+            hook._properties_file = str(private_properties(secret, where / "private.properties"))
 
     def _watch(self, lines) -> Iterator[str]:
         for line in lines:
@@ -148,7 +166,7 @@ class DeltadrainSparkOperator(SparkSubmitOperator):
         import tempfile
 
         from deltadrain.config import load_config
-        from deltadrain.objectstore import CONNECTION_ID, as_connection, for_config, login_properties
+        from deltadrain.objectstore import CONNECTION_ID, as_connection, for_config
         from deltadrain.secrets import env_name
         from deltadrain.spark import spark_conf
 
@@ -156,12 +174,15 @@ class DeltadrainSparkOperator(SparkSubmitOperator):
         store = for_config(load_config(self.config))
         self.conf = {**spark_conf(object_store=store, with_login=False), **(self.conf or {})}
         with tempfile.TemporaryDirectory(prefix="deltadrain-submit-") as private:
+            # The login (and a cluster's secret) go in a file there once the master is known (_for_master).
+            self._private = (Path(private), store)
             handed = {}
-            if store is not None:  # the login in a file of this run's own, never on the command line
-                self.properties_file = str(login_properties(store, Path(private) / "s3-login.properties"))
-                if not os.environ.get(env_name(CONNECTION_ID)):  # the driver's delta-rs and pyarrow need it too
-                    handed[env_name(CONNECTION_ID)] = as_connection(store)
-            self._submit(context, handed)
+            if store is not None and not os.environ.get(env_name(CONNECTION_ID)):
+                handed[env_name(CONNECTION_ID)] = as_connection(store)  # the driver's delta-rs and pyarrow need it
+            try:
+                self._submit(context, handed)
+            finally:
+                self._private = None
 
     def _submit(self, context, handed: dict[str, str]) -> None:
         bindir = str(Path(sys.executable).parent)

@@ -34,6 +34,9 @@ MASTER = "org.apache.spark.deploy.master.Master"
 WORKER = "org.apache.spark.deploy.worker.Worker"
 # What the one worker offers: an executor with a core and the default executor memory, and room for one more.
 WORKER_CORES, WORKER_MEMORY = "2", "2g"
+# An application that sets no spark.cores.max gets one core: the Connect server, living on, would
+# otherwise hold both, and a spark-submit task's application would wait for a core forever.
+DEFAULT_CORES = "1"
 
 
 def spark_home() -> Path:
@@ -42,11 +45,18 @@ def spark_home() -> Path:
     return Path(pyspark.__file__).parent
 
 
+# The worker deletes the work directory (executor logs, anything an application fetched) of each
+# stopped application once nothing in it changed for a day; it looks every hour. Spark's default is off.
+CLEANUP = {"spark.worker.cleanup.enabled": "true", "spark.worker.cleanup.interval": "3600",
+           "spark.worker.cleanup.appDataTtl": "86400"}
+
+
 def properties(secret: str, ui_port: int) -> str:
     # spark.authenticate: the master, the worker and every application must present the secret. The
     # master's REST submission server would be one more port open to any local user: off.
     return (f"spark.authenticate=true\nspark.authenticate.secret={secret}\nspark.master.rest.enabled=false\n"
-            f"spark.master.ui.port={ui_port}\nspark.worker.ui.port=0\nspark.ui.reverseProxy=false\n")
+            f"spark.master.ui.port={ui_port}\nspark.worker.ui.port=0\nspark.ui.reverseProxy=false\n"
+            f"spark.deploy.defaultCores={DEFAULT_CORES}\n" + "".join(f"{key}={value}\n" for key, value in CLEANUP.items()))
 
 
 def alive_workers(ui_port: int) -> int:
