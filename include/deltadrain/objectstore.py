@@ -262,10 +262,6 @@ def private_properties(conf: dict[str, str], path: Path) -> Path:
     return path
 
 
-def login_properties(s: S3Settings, path: Path) -> Path:
-    return private_properties(login_conf(s), path)
-
-
 def as_connection(s: S3Settings) -> str:
     """The settings as AIRFLOW_CONN_DELTADRAIN_S3's JSON (type aws), for a job's environment: a driver
     started by spark-submit cannot ask Airflow's metadata DB (secrets.handed_over)."""

@@ -107,7 +107,7 @@ def test_a_lake_on_s3_gives_every_table_and_the_staging_a_url_under_it(tmp_path)
 
     from deltadrain.config import parse_config
     from deltadrain.lakeurl import LakeUrl
-    from deltadrain.objectstore import as_connection, from_connection, login_properties
+    from deltadrain.objectstore import as_connection, from_connection, login_conf, private_properties
     from deltadrain.scratch import staging_dir
 
     data = yaml.safe_load(Path("config/pipelines.yaml").read_text())
@@ -132,7 +132,7 @@ def test_a_lake_on_s3_gives_every_table_and_the_staging_a_url_under_it(tmp_path)
         staging_dir("../x", LakeUrl("s3a://b/lake"))
     # spark-submit's login: a file readable by its owner only, and for the job's driver the connection.
     s = S3Settings("key", "se/cr+et\\", "http://127.0.0.1:9000", "eu-west-1")
-    props = login_properties(s, tmp_path / "login.properties")
+    props = private_properties(login_conf(s), tmp_path / "login.properties")
     assert stat.S_IMODE(props.stat().st_mode) == 0o600
     assert props.read_text() == "spark.hadoop.fs.s3a.access.key=key\nspark.hadoop.fs.s3a.secret.key=se/cr+et\\\\\n"
     assert from_connection(json.loads(as_connection(s)), "") == s
