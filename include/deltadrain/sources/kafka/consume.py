@@ -85,6 +85,7 @@ def consume_ranges(conf: dict, group: str, topic: str, ranges: dict[int, tuple[i
                          # A start that retention deleted is an error, as Spark's failOnDataLoss makes it,
                          # never a silent jump to the end.
                          "auto.offset.reset": "error", "log_level": 0})
+    nxt = {q: ranges[q][0] for q in ends}  # per partition, the offset after the last record seen
     rows: list[tuple] = []
     last_progress = time.monotonic()
 
@@ -97,7 +98,9 @@ def consume_ranges(conf: dict, group: str, topic: str, ranges: dict[int, tuple[i
     try:
         consumer.assign([TopicPartition(topic, q, ranges[q][0]) for q in sorted(ends)])
         while ends:
-            msgs = consumer.consume(batch_rows, 0.5)
+            # Ask for no more than the offsets left: consume() waits out its timeout for a count it
+            # does not reach, which only holes (aborted records, markers, compaction) leave it short of.
+            msgs = consumer.consume(max(1, min(batch_rows, sum(end - nxt[q] for q, end in ends.items()))), 0.2)
             for msg in msgs:
                 err, q = msg.error(), msg.partition()
                 if err is not None:
@@ -111,6 +114,7 @@ def consume_ranges(conf: dict, group: str, topic: str, ranges: dict[int, tuple[i
                 if q not in ends:
                     continue  # past its end, fetched before the pause
                 offset = msg.offset()
+                nxt[q] = max(nxt[q], offset + 1)
                 if offset < ends[q]:
                     rows.append(record_row(msg, columns, replay_header))
                     last_progress = time.monotonic()
