@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from deltadrain.sources.kafka.consume import place_done, record_row, source_schema, to_batch
+from deltadrain.sources.kafka.consume import place_done, source_schema, to_batch
 
 COLUMNS = ["partition", "offset", "timestamp", "value", "headers", "replay_id"]
 
@@ -40,11 +40,9 @@ class Record:
 
 
 def test_rows_carry_spark_sources_types_null_headers_and_the_first_replay_header():
-    rows = [record_row(Record(0, 5, b"{}", None), COLUMNS, "rid"),
-            record_row(Record(1, 7, None, []), COLUMNS, "rid"),
-            record_row(Record(1, 8, b"x", [("a", b"1"), ("rid", b"r-1"), ("rid", b"r-2")]), COLUMNS, "rid"),
-            record_row(Record(1, 9, b"y", [("rid", None)], -1), COLUMNS, "rid")]
-    batch = to_batch(rows, source_schema(COLUMNS))
+    msgs = [Record(0, 5, b"{}", None), Record(1, 7, None, []),
+            Record(1, 8, b"x", [("a", b"1"), ("rid", b"r-1"), ("rid", b"r-2")]), Record(1, 9, b"y", [("rid", None)], -1)]
+    batch = to_batch(msgs, source_schema(COLUMNS), "rid")
     got = batch.to_pydict()
     assert got["headers"][:2] == [None, None]  # none and empty alike, as Spark gives them
     assert got["headers"][2] == [{"key": "a", "value": b"1"}, {"key": "rid", "value": b"r-1"},

@@ -33,34 +33,36 @@ def source_schema(columns: list[str]):
     return pa.schema([(name, types[name]) for name in columns])
 
 
-def record_row(msg, columns: list[str], replay_header: str | None) -> tuple:
-    """One record's values in `columns` order; the timestamp in microseconds, as Spark's source has it."""
-    headers = msg.headers() or None
-    out = []
-    for name in columns:
-        if name == "partition":
-            out.append(msg.partition())
-        elif name == "offset":
-            out.append(msg.offset())
-        elif name == "timestamp":
-            out.append(msg.timestamp()[1] * 1000)
-        elif name == "value":
-            out.append(msg.value())
-        elif name == "key":
-            out.append(msg.key())
-        elif name == "headers":
-            # Spark's source gives null, not an empty list, for a record without headers.
-            out.append([{"key": k, "value": v} for k, v in headers] if headers else None)
-        elif name == "replay_id":
-            out.append(next((v for k, v in headers or [] if k == replay_header), None))
-    return tuple(out)
+def first_header(headers, name: str):
+    return next((v for k, v in headers if k == name), None) if headers else None
 
 
-def to_batch(rows: list[tuple], schema):
+def column_values(msgs: list, name: str, replay_header: str | None) -> list:
+    """One source column of `msgs` (confluent-kafka messages), as Spark's Kafka source has it: the
+    timestamp in microseconds, null headers for a record without any."""
+    if name == "partition":
+        return [m.partition() for m in msgs]
+    if name == "offset":
+        return [m.offset() for m in msgs]
+    if name == "timestamp":
+        return [m.timestamp()[1] * 1000 for m in msgs]
+    if name == "value":
+        return [m.value() for m in msgs]
+    if name == "key":
+        return [m.key() for m in msgs]
+    if name == "headers":
+        return [[{"key": k, "value": v} for k, v in h] if (h := m.headers()) else None for m in msgs]
+    if name == "replay_id":
+        return [first_header(m.headers(), replay_header) for m in msgs]
+    raise ValueError(f"no Kafka source column '{name}'")
+
+
+def to_batch(msgs: list, schema, replay_header: str | None = None):
+    """`msgs` as one record batch of `schema` (`source_schema`), column by column."""
     import pyarrow as pa
 
-    return pa.RecordBatch.from_arrays([pa.array(col, schema.field(i).type) for i, col in
-                                       enumerate(zip(*rows, strict=True))], schema=schema)
+    return pa.RecordBatch.from_arrays([pa.array(column_values(msgs, f.name, replay_header), f.type)
+                                       for f in schema], schema=schema)
 
 
 def place_done(offset: int, end: int) -> bool:
@@ -86,7 +88,7 @@ def consume_ranges(conf: dict, group: str, topic: str, ranges: dict[int, tuple[i
                          # never a silent jump to the end.
                          "auto.offset.reset": "error", "log_level": 0})
     nxt = {q: ranges[q][0] for q in ends}  # per partition, the offset after the last record seen
-    rows: list[tuple] = []
+    kept: list = []
     last_progress = time.monotonic()
 
     def finish(q: int) -> None:
@@ -102,8 +104,9 @@ def consume_ranges(conf: dict, group: str, topic: str, ranges: dict[int, tuple[i
             # does not reach, which only holes (aborted records, markers, compaction) leave it short of.
             msgs = consumer.consume(max(1, min(batch_rows, sum(end - nxt[q] for q, end in ends.items()))), 0.2)
             for msg in msgs:
-                err, q = msg.error(), msg.partition()
+                err = msg.error()
                 if err is not None:
+                    q = msg.partition()
                     if err.code() == KafkaError._PARTITION_EOF:
                         if q in ends and msg.offset() >= ends[q]:
                             finish(q)
@@ -111,27 +114,29 @@ def consume_ranges(conf: dict, group: str, topic: str, ranges: dict[int, tuple[i
                     if err.retriable() or err.code() in (KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN):
                         continue  # librdkafka reconnects; STALL_S bounds the wait
                     raise RangeReadError(f"topic '{topic}' partition {q}: {err.name()}: {err.str()}")
-                if q not in ends:
+                q = msg.partition()
+                end = ends.get(q)
+                if end is None:
                     continue  # past its end, fetched before the pause
                 offset = msg.offset()
-                nxt[q] = max(nxt[q], offset + 1)
-                if offset < ends[q]:
-                    rows.append(record_row(msg, columns, replay_header))
+                nxt[q] = offset + 1  # a partition's records come in offset order
+                if offset < end:
+                    kept.append(msg)
                     last_progress = time.monotonic()
-                if place_done(offset, ends[q]):
+                if place_done(offset, end):
                     finish(q)
             if ends:
                 for tp in consumer.position([TopicPartition(topic, q) for q in sorted(ends)]):
                     if tp.offset != OFFSET_INVALID and tp.offset >= ends[tp.partition]:
                         finish(tp.partition)
-            if len(rows) >= batch_rows:
-                yield to_batch(rows, schema)
-                rows = []
+            if len(kept) >= batch_rows:
+                yield to_batch(kept, schema, replay_header)
+                kept = []
             if ends and time.monotonic() - last_progress > stall_s:
                 left = ", ".join(f"{q} up to {end}" for q, end in sorted(ends.items()))
                 raise RangeReadError(f"topic '{topic}': no record for {stall_s:.0f} s before the end of "
                                      f"partitions {left} (is the broker up?)")
-        if rows:
-            yield to_batch(rows, schema)
+        if kept:
+            yield to_batch(kept, schema, replay_header)
     finally:
         consumer.close()
