@@ -1,6 +1,6 @@
 """Exact Kafka offset ranges read in this process with a confluent-kafka consumer, as Arrow record
 batches of the columns Spark's Kafka source gives `kafka.drain.read_ranges` (a small range's read,
-without a Spark job: docs/spark-connect.md, "Where a batch claims").
+without a Spark job, docs/spark-connect.md).
 
 The consumer is assigned the ranges' start offsets: it joins no group and commits nothing (the group
 offsets move only after the lake's commit, `KafkaDrain.acknowledge`). A partition is read up to its

@@ -74,8 +74,10 @@ REPLAY_ID_HEADER = "deltadrain-replay-id"
 # Ranges of at most this many offsets in all are read, decoded and staged in the drain's own process
 # (`consume.consume_ranges`, `stage_batches`), larger ones by Spark tasks: on a Connect server each
 # session's first Python task starts a worker daemon and imports the decoder, a fixed cost that a
-# small batch's read is mostly made of (docs/benchmarks.md, "Where a small Kafka batch is read").
-READ_HERE_MAX = 50_000
+# small batch's read is mostly made of. The drain's process still won at 200 000, but by less with each
+# size, as Spark's tasks read on every core and it on one: here the margin was still wide
+# (docs/benchmarks.md, "Where a small Kafka batch is read").
+READ_HERE_MAX = 100_000
 
 
 def read_here(offsets: int) -> bool:
@@ -200,7 +202,8 @@ def read_ranges(spark, cfg: DeltadrainConfig, p: PipelineConfig, ranges: dict[in
                 attempts: dict[tuple[int, int], int], staged: str, headers: bool | None = None,
                 dead_runs: dict[int, DeadRuns] | None = None) -> Staged:
     """Exactly `ranges` (end exclusive), decoded and staged to Parquet at `staged` by the reading
-    tasks, in one Spark job: later steps never go back to the broker. Drains, backfills and replays
+    tasks, in one Spark job, or in this process up to READ_HERE_MAX offsets in all (the same decode
+    and staging): later steps never go back to the broker. Drains, backfills and replays
     read through here. `headers`: whether to read the records' headers; None reads them unless the id
     comes from the key (False is for benchmarks)."""
     from pyspark.sql import functions as F
