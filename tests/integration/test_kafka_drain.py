@@ -281,6 +281,16 @@ def test_a_range_read_in_the_drains_process_stages_the_same_rows_as_spark_tasks(
     ids = {r[p.payload_schema.id_field] for r in rows}
     assert "copy-2" in ids and "h-1" in ids and f"{topic}-0-0" not in ids
     assert {r["_dd_attempts"] for r in rows} >= {1, 3}
+    # A start that retention deleted since the plan: an error naming the pipeline, never a jump ahead.
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    for fut in AdminClient(kafka_client_conf(c, p)).delete_records([TopicPartition(topic, 1, 5)]).values():
+        fut.result(30)
+    monkeypatch.setattr(kafka_drain, "READ_HERE_MAX", 10**9)
+    with pytest.raises(DrainError, match=rf"pipeline '{p.name}': could not read its offset ranges: topic "
+                                         rf"'{topic}' partition 1: .*(?i:out of range)"):
+        kafka_drain.read_ranges(spark, c, p, {1: (3, 9)}, {}, str(tmp_path / "deleted"))
 
 
 def test_six_partitions_one_much_busier_are_all_drained_under_a_batch_cap(tmp_path, cfg, spark):
