@@ -285,7 +285,8 @@ def test_a_range_read_in_the_drains_process_stages_the_same_rows_as_spark_tasks(
     from confluent_kafka import TopicPartition
     from confluent_kafka.admin import AdminClient
 
-    for fut in AdminClient(kafka_client_conf(c, p)).delete_records([TopicPartition(topic, 1, 5)]).values():
+    admin = AdminClient(kafka_client_conf(c, p))  # held: the futures fail once their client is freed
+    for fut in admin.delete_records([TopicPartition(topic, 1, 5)]).values():
         fut.result(30)
     monkeypatch.setattr(kafka_drain, "READ_HERE_MAX", 10**9)
     with pytest.raises(DrainError, match=rf"pipeline '{p.name}': could not read its offset ranges: topic "
