@@ -316,15 +316,22 @@ def stage_here(tasks: list[dict], produce, schema, id_field: str, directory: str
     server each session starts a Python worker daemon of its own and imports the claim's modules in
     it (docs/benchmarks.md, "A one-message batch through the drain task"). Here nothing can run the
     claim a second time either: there is no job to recompute."""
+    import pyarrow as pa
+
+    return stage_batches(iter([pa.RecordBatch.from_pylist(tasks)] if tasks else []), produce, schema, id_field,
+                         directory)
+
+
+def stage_batches(batches: Iterable, produce, schema, id_field: str, directory: str) -> Staged:
+    """`produce` over input record batches read in this process (a Kafka range's records, the task
+    rows of `stage_here`), staged in one file of `directory` as a Spark task stages its share."""
     from types import SimpleNamespace
 
-    import pyarrow as pa
     from pyspark.sql.pandas.types import to_arrow_schema
 
     from deltadrain.objectstore import settings_for
 
     arrow_schema = to_arrow_schema(schema)
-    batches = iter([pa.RecordBatch.from_pylist(tasks)] if tasks else [])
     reports = [SimpleNamespace(**row)
                for out in write_and_report(produce(batches, arrow_schema), directory, arrow_schema, id_field,
                                            settings_for(directory))

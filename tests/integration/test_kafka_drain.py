@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from datetime import UTC
 
 import pytest
 import yaml
@@ -150,9 +151,14 @@ def assert_exactly_once(spark, c, p, valid_ids, fallback, bad) -> None:
 
 @BOTH_TRANSFORMS
 def test_kafka_drain_publishes_valid_once_dead_letters_bad_and_checkpoints_end_offsets(transform, tmp_path, cfg,
-                                                                                       spark, capsys):
+                                                                                       spark, capsys, monkeypatch):
     from deltadrain.cli import main
+    from deltadrain.sources.kafka import drain as kafka_drain
 
+    # Both places a range is read: with the handler by Spark tasks (a range above READ_HERE_MAX), with
+    # the identity in the drain's own process (a small range).
+    if transform == HANDLER:
+        monkeypatch.setattr(kafka_drain, "READ_HERE_MAX", 0)
     path, c, p = make_kafka_pipeline(tmp_path, partitions=3, transform=transform)
     result = produce(c, p, 3000, seed=21, malformed_ratio=0.1)
     valid, fallback, bad = expected_counts(result)
@@ -215,6 +221,78 @@ def test_null_keys_missing_headers_tombstones_and_ids_from_a_header(transform, t
     assert "null value" in dead["tombstone"].error and dead["tombstone"].original is None
     assert dead["invalid_json"].message_id == "h-5" and bytes(dead["invalid_json"].original) == b"not json"
     assert lake_checkpoint(spark, c, p).positions == end_offsets(c, p) == {"0": "3", "1": "3"}
+
+
+def test_a_range_read_in_the_drains_process_stages_the_same_rows_as_spark_tasks(tmp_path, cfg, spark, monkeypatch):
+    """Both places `read_ranges` reads (the drain's process up to READ_HERE_MAX offsets, Spark tasks
+    beyond) stage the same rows and schema from the same range: ids from a header, replay ids, null keys,
+    records without headers, a tombstone, bad payloads, attempts, a dead run's conviction, an aborted
+    transaction's hole mid-range and at the end of a partition, and a range end short of the log's."""
+    import pyarrow.parquet as pq
+    from confluent_kafka import Producer
+
+    from deltadrain.sources.kafka import drain as kafka_drain
+    from deltadrain.sources.kafka.crashes import DeadRuns
+
+    _, c, p = make_kafka_pipeline(tmp_path, partitions=2, source={"id_from": "header", "id_header": "msg-id"})
+    topic, replayed = p.source.topic, kafka_drain.REPLAY_ID_HEADER
+    producer = Producer({**kafka_client_conf(c, p), "transactional.id": f"{p.name}-tx"})
+    producer.init_transactions(30)
+    msgs = list(generate(p, 40, seed=9, malformed_ratio=0.2))
+    plain = [msg.value for msg in msgs]
+
+    def send(value, partition, key=None, headers=None):
+        producer.begin_transaction()
+        producer.produce(topic, value, key=key, partition=partition, headers=headers)
+        producer.commit_transaction(30)
+
+    for i in range(20):  # partition 0: every kind of record, one transaction each (a marker after each)
+        send(plain[i], 0, key=None if i % 3 else b"k", headers=[
+            None, [("msg-id", f"h-{i}".encode())], [(replayed, f"copy-{i}".encode())],
+            [("other", b"x"), (replayed, b"\xff")], [("msg-id", b"\xfe")]][i % 5])
+    send(None, 0, headers=[("msg-id", b"gone")])  # tombstone
+    in_transaction(producer, p, msgs[20:24], commit=False)  # aborted: a hole in both partitions
+    for i in range(24, 40):
+        send(plain[i], 1, headers=[("msg-id", f"h-{i}".encode())] if i % 2 else None)
+    in_transaction(producer, p, msgs[:2], commit=False)  # aborted at the end of both partitions
+    ends = {q: high for q, (_, high) in watermarks(kafka_client_conf(c, p), topic).items()}
+    ranges = {0: (1, ends[0]), 1: (0, ends[1] - 5)}  # partition 1 stops short of its log's end
+    attempts = {(0, 4): 2, (1, 3): 1}
+    dead = {0: DeadRuns(((6, 9, 2, 1_700_000_000_000),), ("r1",), ((6, 10),))}  # offset 6 died alone: convicted
+
+    staged = {}
+    for side, limit in (("here", 10**9), ("spark", 0)):
+        monkeypatch.setattr(kafka_drain, "READ_HERE_MAX", limit)
+        got = kafka_drain.read_ranges(spark, c, p, ranges, attempts, str(tmp_path / side), dead_runs=dead)
+        staged[side] = (got, pq.read_table(got.files).sort_by([("_dd_partition", "ascending"),
+                                                              ("_dd_pos_hi", "ascending")]))
+    (here_staged, here), (spark_staged, there) = staged["here"], staged["spark"]
+    assert len(here_staged.files) == 1 and here.schema == there.schema
+    assert here.to_pylist() == there.to_pylist()
+    a, b = here_staged.total, spark_staged.total
+    assert (a.rows, a.good, a.bad, a.again, a.pos) == (b.rows, b.good, b.bad, b.again, b.pos)
+    assert a.oldest.astimezone(UTC) == b.oldest.astimezone(UTC)  # Spark's rows give naive local times
+    assert here_staged.stats() == spark_staged.stats()
+    # What the comparison covered.
+    rows = here.to_pylist()
+    assert {r["_dd_pos_hi"] for r in rows if r["_dd_partition"] == "0"} == set(range(2, 42, 2))  # 1: a marker
+    assert max(r["_dd_pos_hi"] for r in rows if r["_dd_partition"] == "1") < ends[1] - 5
+    kinds = {r["_dd_error_type"] for r in rows}
+    assert {"tombstone", "max_retries", "invalid_utf8", None} <= kinds and len(kinds) > 4
+    ids = {r[p.payload_schema.id_field] for r in rows}
+    assert "copy-2" in ids and "h-1" in ids and f"{topic}-0-0" not in ids
+    assert {r["_dd_attempts"] for r in rows} >= {1, 3}
+    # A start that retention deleted since the plan: an error naming the pipeline, never a jump ahead.
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient(kafka_client_conf(c, p))  # held: the futures fail once their client is freed
+    for fut in admin.delete_records([TopicPartition(topic, 1, 5)]).values():
+        fut.result(30)
+    monkeypatch.setattr(kafka_drain, "READ_HERE_MAX", 10**9)
+    with pytest.raises(DrainError, match=rf"pipeline '{p.name}': could not read its offset ranges: topic "
+                                         rf"'{topic}' partition 1: .*(?i:out of range)"):
+        kafka_drain.read_ranges(spark, c, p, {1: (3, 9)}, {}, str(tmp_path / "deleted"))
 
 
 def test_six_partitions_one_much_busier_are_all_drained_under_a_batch_cap(tmp_path, cfg, spark):

@@ -34,6 +34,7 @@ from deltadrain.sources.kafka.client import (
     kafka_consumer_conf,
     kafka_spark_options,
 )
+from deltadrain.sources.kafka.consume import RangeReadError, consume_ranges
 from deltadrain.sources.kafka.crashes import (
     DeadRuns,
     Settled,
@@ -61,7 +62,7 @@ from deltadrain.sources.kafka.offsets import (
     withdraw_claims,
 )
 from deltadrain.sources.valkey.claim import decoder_for
-from deltadrain.stage import Staged, stage
+from deltadrain.stage import Staged, stage, stage_batches
 
 NOTICE_WAIT_S = 15  # how long a run waits, after its read, for its claim notices to land
 TASK_OFFSETS = 100_000  # offsets per Spark task: a busy partition is read by several tasks
@@ -70,6 +71,17 @@ TOMBSTONE = "tombstone: the record has a null value (a delete marker), there is 
 # payload without the id field) takes it instead of its own topic-partition-offset, so that a second
 # copy, or the copy of a copy, lands on the same row.
 REPLAY_ID_HEADER = "deltadrain-replay-id"
+# Ranges of at most this many offsets in all are read, decoded and staged in the drain's own process
+# (`consume.consume_ranges`, `stage_batches`), larger ones by Spark tasks: on a Connect server each
+# session's first Python task starts a worker daemon and imports the decoder, a fixed cost that a
+# small batch's read is mostly made of. The drain's process still won at 200 000, but by less with each
+# size, as Spark's tasks read on every core and it on one: here the margin was still wide
+# (docs/benchmarks.md, "Where a small Kafka batch is read").
+READ_HERE_MAX = 100_000
+
+
+def read_here(offsets: int) -> bool:
+    return offsets <= READ_HERE_MAX
 
 
 @dataclass(frozen=True)
@@ -192,7 +204,8 @@ def read_ranges(spark, cfg: DeltadrainConfig, p: PipelineConfig, ranges: dict[in
                 attempts: dict[tuple[int, int], int], staged: str, headers: bool | None = None,
                 dead_runs: dict[int, DeadRuns] | None = None) -> Staged:
     """Exactly `ranges` (end exclusive), decoded and staged to Parquet at `staged` by the reading
-    tasks, in one Spark job: later steps never go back to the broker. Drains, backfills and replays
+    tasks, in one Spark job, or in this process up to READ_HERE_MAX offsets in all (the same decode
+    and staging): later steps never go back to the broker. Drains, backfills and replays
     read through here. `headers`: whether to read the records' headers; None reads them unless the id
     comes from the key (False is for benchmarks)."""
     from pyspark.sql import functions as F
@@ -206,6 +219,16 @@ def read_ranges(spark, cfg: DeltadrainConfig, p: PipelineConfig, ranges: dict[in
     total = sum(end - start for start, end in ranges.values())
     # Key mode reads no headers: a replayed record carries its identity in its key.
     headers = source.id_from != "key" if headers is None else headers
+    names = ["partition", "offset", "timestamp", "value"] + {"key": ["key"], "header": ["headers"]}.get(
+        source.id_from, [])
+    if read_here(total):
+        batches = consume_ranges(kafka_consumer_conf(cfg, p), source.group, topic, ranges,
+                                 names + (["replay_id"] if headers else []), REPLAY_ID_HEADER if headers else None)
+        try:
+            return stage_batches(batches, lambda batches, arrow_schema: decode_arrow(batches, ctx, arrow_schema),
+                                 claim_schema(p), p.payload_schema.id_field, staged)
+        except RangeReadError as exc:
+            raise DrainError(f"pipeline '{p.name}': could not read its offset ranges: {exc}") from None
     reader = spark.read.format("kafka").options(**kafka_spark_options(cfg, p))
     df = (reader.option("assign", json.dumps({topic: sorted(ranges)}))
           .option("startingOffsets", offsets_json(topic, {q: r[0] for q, r in ranges.items()}))
@@ -213,8 +236,7 @@ def read_ranges(spark, cfg: DeltadrainConfig, p: PipelineConfig, ranges: dict[in
           .option("includeHeaders", str(headers).lower())
           .option("minPartitions", str(max(len(ranges), -(-total // TASK_OFFSETS))))
           .load())
-    columns = ["partition", "offset", "timestamp", "value"] + {"key": ["key"], "header": ["headers"]}.get(
-        source.id_from, [])
+    columns: list = list(names)
     if headers:
         # One nullable column, not the headers: nested columns cost the Arrow transfer to Python dearly.
         pick = f"try_element_at(filter(headers, h -> h.key = '{REPLAY_ID_HEADER}'), 1).value"
