@@ -26,7 +26,7 @@ from deltadrain.config import DeltadrainConfig, PipelineConfig
 from deltadrain.deadletter import DEAD, take_back, write_dead_letters
 from deltadrain.decode import EXTRA_COLUMNS
 from deltadrain.errors import DeltadrainError, error_line
-from deltadrain.evolution import allow_widening, end_widening, new_columns, run_layout, widening_left
+from deltadrain.evolution import allow_widening, end_widening, new_columns, run_layout
 from deltadrain.evolve import EvolutionError
 from deltadrain.lake import ensure_table, is_table, refused_rows, row_constraints, sql_name
 from deltadrain.logs import fields, run_logger
@@ -577,7 +577,7 @@ class Drain:
         if self.layout.widened:
             allow_widening(self.spark, self.target)
             self.commit_extra["widened_columns"] = {n: f"{a} -> {b}" for n, (a, b) in self.layout.widened.items()}
-        elif widening_left(self.target):  # a widening run died before it ended the feature
+        elif self.layout.widening_left:  # a widening run died before it ended the feature
             end_widening(self.spark, self.target)
         if added:
             self.commit_extra["added_columns"] = added

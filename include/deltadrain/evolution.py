@@ -6,6 +6,7 @@ deltadrain.evolve's; this module reads the table and the staged rows for them.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from urllib.parse import unquote
 
 from deltadrain.config import PipelineConfig
@@ -16,10 +17,10 @@ from deltadrain.lake import _log, retry_conflicts, table_ref
 TYPE_WIDENING = "delta.enableTypeWidening"
 
 
-def table_columns(path: str) -> dict[str, str] | None:
-    """The table's payload columns (name -> type, deltadrain's own _dd_ columns left out) from its Delta
-    log, None when there is no table yet. A nested column's type is its Delta JSON (no field takes it)."""
-    log = _log(path)
+def table_columns(log) -> dict[str, str] | None:
+    """The table's payload columns (name -> type, deltadrain's own _dd_ columns left out) from a snapshot
+    of its Delta log (`lake._log`), None when there is no table yet. A nested column's type is its Delta
+    JSON (no field takes it)."""
     if log is None:
         return None
     out = {}
@@ -57,7 +58,9 @@ def run_layout(pipeline: PipelineConfig, target: str, adding: bool = True) -> tu
     schema = pipeline.payload_schema
     if schema.evolution != "add_columns":
         return pipeline, Layout()
-    layout = plan_layout(schema.fields, table_columns(target), avro_fields(pipeline) if adding else None)
+    log = _log(target)  # one snapshot for the columns and the widening feature a dead run left
+    layout = plan_layout(schema.fields, table_columns(log), avro_fields(pipeline) if adding else None)
+    layout = replace(layout, widening_left=carries_widening(log))
     fields = {**schema.fields, **{n: t for n, (_, t) in layout.widened.items() if n in schema.fields},
               **layout.columns}
     effective = schema.model_copy(update={"fields": fields})
@@ -74,9 +77,9 @@ def allow_widening(spark, path: str) -> None:
     retry_conflicts(lambda: spark.sql(f"ALTER TABLE {table_ref(path)} SET TBLPROPERTIES ('{TYPE_WIDENING}' = 'true')"))
 
 
-def widening_left(path: str) -> bool:
-    """Whether the table still carries Delta's type widening feature."""
-    log = _log(path)
+def carries_widening(log) -> bool:
+    """Whether a snapshot of the table's log (`lake._log`; None: no table) still carries Delta's type
+    widening feature."""
     return log is not None and any(f.startswith("typeWidening") for f in log.protocol().reader_features or [])
 
 
@@ -84,8 +87,8 @@ def end_widening(spark, path: str) -> None:
     """Drop the type widening feature once the widening commit is in: a table that carries it is one the
     delta-rs reader of deltadrain's view and status refuses ("Unsupported table features required:
     [TypeWidening]"). Delta rewrites the files written with the narrower type, then drops it (commits of
-    its own, after the batch's). A run that dies before this leaves it to the next run (`widening_left`)."""
-    if widening_left(path):
+    its own, after the batch's). A run that dies before this leaves it to the next run (`Layout.widening_left`)."""
+    if carries_widening(_log(path)):
         retry_conflicts(lambda: spark.sql(f"ALTER TABLE {table_ref(path)} DROP FEATURE typeWidening"))
 
 

@@ -162,12 +162,14 @@ def misfits(kinds: dict[str, str], chosen: dict[str, str], refused: dict[str, st
 class Layout:
     """What a run writes besides the declared fields: the table's evolved columns (name -> type, in its
     order), the columns this batch adds (Avro: from the writer's schema), the declared columns its
-    commit widens (name -> (table type, declared type)) and the Avro fields left out, with why."""
+    commit widens (name -> (table type, declared type)), the Avro fields left out, with why, and
+    whether a widening run died before ending the feature."""
 
     evolved: dict[str, str] = field(default_factory=dict)
     added: dict[str, str] = field(default_factory=dict)
     widened: dict[str, tuple[str, str]] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
+    widening_left: bool = False  # the table still carries Delta's type widening feature (a run died before dropping it)
 
     @property
     def columns(self) -> dict[str, str]:
