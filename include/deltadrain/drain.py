@@ -28,7 +28,14 @@ from deltadrain.decode import EXTRA_COLUMNS
 from deltadrain.errors import DeltadrainError, error_line
 from deltadrain.evolution import allow_widening, end_widening, new_columns, run_layout
 from deltadrain.evolve import EvolutionError
-from deltadrain.lake import ensure_table, is_table, refused_rows, row_constraints, sql_name
+from deltadrain.lake import (
+    add_missing_columns,
+    ensure_table,
+    is_table,
+    refused_rows,
+    row_constraints,
+    sql_name,
+)
 from deltadrain.logs import fields, run_logger
 from deltadrain.metrics import record_run_safely
 from deltadrain.outcome import Outcome
@@ -280,12 +287,27 @@ def split_claimed(claimed):
     return claimed.where(error.isNull()), claimed.where(error.isNotNull() & (error != "gap"))
 
 
+def _target_schema(spark, pipeline: PipelineConfig, good_schema, run_id: str):
+    empty = spark.createDataFrame([], good_schema)
+    return transformed(target_rows(empty, pipeline, 0, run_id), pipeline).schema
+
+
 def ensure_target(spark, target: str, pipeline: PipelineConfig, good_schema, run_id: str) -> None:
     """Create the target table, with the schema the transform gives claimed rows, if it is missing."""
     if not is_table(spark, target):
-        empty = spark.createDataFrame([], good_schema)
-        schema = transformed(target_rows(empty, pipeline, 0, run_id), pipeline).schema
+        schema = _target_schema(spark, pipeline, good_schema, run_id)
         ensure_table(spark, target, schema, pipeline.target.partition_by, pipeline.target.cluster_by)
+
+
+def settle_columns(spark, target: str, pipeline: PipelineConfig, good_schema, run_id: str) -> None:
+    """Put a batch's new columns into the target table now, in a commit of their own (creating the table
+    if it is missing): the types its vote chose are then the table's, so a run killed before the batch's
+    commit leaves the next run typing those fields by the columns, and the messages that lost the vote
+    stay dead letters instead of being published by a batch whose vote goes the other way."""
+    if not is_table(spark, target):
+        ensure_target(spark, target, pipeline, good_schema, run_id)
+    else:
+        add_missing_columns(spark, target, _target_schema(spark, pipeline, good_schema, run_id))
 
 
 def isolate_culprits(spark, pipeline: PipelineConfig, good, batch: int, run_id: str, staged: str):
@@ -354,6 +376,7 @@ class Drain:
         self.scratch = staging_dir(self.run_id, cfg.lake_dir())  # claim staging of this run, removed at its end
         self.commit_extra: dict = {}  # more commit metadata, set by a source while it settles its batch
         self.evolving = False  # this batch's MERGE adds or widens columns (`_evolve`)
+        self.settling = False  # its new columns' types turned messages into dead letters (`_evolve`)
         # Nothing can fail between decode and MERGE: the source counts the batch, no transform pass.
         where = f"{cfg.source_file}: pipeline '{pipeline.name}', field 'transform': "
         self.identity_transform = load_transform(pipeline.transform, where) is identity
@@ -474,6 +497,9 @@ class Drain:
         batch = expected + 1
         claimed, stats, counts = self._evolve(claimed, stats, counts)
         good, bad = split_claimed(claimed)
+        if self.settling:  # before the dead letters that the new columns' types decide
+            settle_columns(self.spark, self.target, p, good.schema, self.run_id)
+            failpoints.hit("after_settled_columns")
         # A missing table is created by this batch's commit (`NewTable`); a clustered one first by
         # the table builder, which declares its clustering.
         create = None if p.target.cluster_by else NewTable(tuple(p.target.partition_by))
@@ -508,6 +534,7 @@ class Drain:
             s.dead_lettered = counts[1] if counts is not None else bad.count()
         if s.dead_lettered:
             write_dead_letters(self.spark, self.dlq, dead_letter_rows(bad, p.name, batch, self.run_id))
+            failpoints.hit("after_dead_letters")
 
         self._lap("dead letters")
         failpoints.pause("before_commit")
@@ -569,11 +596,13 @@ class Drain:
         if self.pipeline.payload_schema.evolution != "add_columns":
             return claimed, stats, counts
         added = dict(self.layout.added)
+        self.settling = False
         if self.pipeline.payload_schema.collects_new_fields:
             claimed, new, moved = new_columns(claimed)
             added.update(new)
             if moved:
                 stats, counts = None, None
+                self.settling = bool(new)
         if self.layout.widened:
             allow_widening(self.spark, self.target)
             self.commit_extra["widened_columns"] = {n: f"{a} -> {b}" for n, (a, b) in self.layout.widened.items()}

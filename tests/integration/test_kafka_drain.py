@@ -1268,8 +1268,45 @@ def test_a_field_added_mid_stream_becomes_a_column_in_its_batchs_commit(tmp_path
     assert meta["batch"] == 2 and meta["added_columns"] == {"coupon": "string", "score": "double", "tags": "string",
                                                             "flag": "boolean"}
     assert meta["widened_columns"] == {"quantity": "int -> long"}
-    before = DeltaTable(target, version=changed[0] - 1).schema()
+    # Strings lost flag's vote, so the batch put its new columns in first, in a commit of their own
+    # before its dead letters (a run killed after them leaves the vote's outcome in the table).
+    assert history[changed[0] - 1]["operation"] == "ADD COLUMNS"
+    before = DeltaTable(target, version=changed[0] - 2).schema()
     assert "coupon" not in {f.name for f in before.fields}
     # The widening's table feature is gone again: delta-rs (the view, status) reads the table.
     assert not (table.protocol().reader_features or [])
     assert [(ch["batch"], ch["table_version"]) for ch in pipeline_status(c, p)["schema_changes"]] == [(2, changed[0])]
+
+
+@pytest.mark.slow
+def test_a_run_killed_after_a_new_fields_vote_leaves_its_losers_dead_and_publishes_no_one_twice(tmp_path, cfg, spark):
+    """A new field has booleans in six messages and strings in four: the strings lose the batch's vote
+    and are dead-lettered, and the run is SIGKILLed right after those dead letters. The next run reads
+    only the first half of the range (a dead run halves it), where the strings are the majority: it
+    must type the field as the killed run did, since the column went into the table before the dead
+    letters, so the four stay dead and are never published."""
+    from confluent_kafka import Producer
+
+    point = "after_dead_letters"
+    schema = {"id_field": "event_id", "fields": {"event_id": "string", "customer": "string"}, "evolution": "add_columns"}
+    path, c, p = make_kafka_pipeline(tmp_path, partitions=1, schema=schema, transform=None, min_idle_ms=0)
+    producer = Producer(kafka_client_conf(c, p))
+    ids = [f"vote-{i}" for i in range(10)]
+    for i, message_id in enumerate(ids):
+        flag = f"s{i}" if i < 4 else i % 2 == 0
+        producer.produce(p.source.topic, json.dumps({"event_id": message_id, "customer": "c", "flag": flag}).encode(),
+                         partition=0)
+    producer.flush(30)
+
+    proc = cli_drain(path, p.name, {"DELTADRAIN_FAILPOINT": point})
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == -9 and fired(point) in err, err[-3000:]
+    assert sorted(r.message_id for r in dlq_rows(spark, c, p)) == ids[:4]
+    runs = drain_until_done(c, p, spark)
+    assert runs[0].dead_runs and runs[0].claimed < 10, runs[0].line()  # the half where strings are the majority
+
+    rows = {r.event_id: r.flag for r in spark.read.format("delta").load(str(c.target_path(p))).collect()}
+    assert rows == {i: int(i.split("-")[1]) % 2 == 0 for i in ids[4:]}
+    dead = {r.message_id: r.error for r in dlq_rows(spark, c, p)}
+    assert sorted(dead) == ids[:4], dead
+    assert all("'flag'" in reason and "boolean" in reason for reason in dead.values()), dead
