@@ -322,6 +322,8 @@ class SchemaConfig(_Model):
     registry_connection_id: str | None = None
     registry_username_env: str | None = None
     registry_password_env: str | None = None
+    # An https registry signed by a private CA: that CA's certificates (PEM), relative to the config file.
+    registry_ca_file: str | None = None
     # A serialized FileDescriptorSet (protoc --include_imports --descriptor_set_out), relative to the
     # config file, and the full name of the message each body is.
     protobuf_descriptor_file: str | None = None
@@ -369,6 +371,16 @@ class SchemaConfig(_Model):
             raise ValueError(f"required names unknown fields {unknown}")
         return self
 
+    def registry_ca_pem(self) -> str | None:
+        """The text of registry_ca_file (made absolute and checked when the config is loaded)."""
+        if self.registry_ca_file is None:
+            return None
+        try:
+            return Path(self.registry_ca_file).read_text()
+        except OSError as exc:
+            raise ConfigError(f"field 'schema.registry_ca_file': cannot read {self.registry_ca_file}: "
+                              f"{exc.strerror or exc}") from None
+
     @field_validator("registry_url")
     @classmethod
     def _registry_url(cls, v: str | None) -> str | None:
@@ -401,6 +413,8 @@ class SchemaConfig(_Model):
         if self.registry_connection_id and (self.registry_username_env or self.registry_password_env):
             raise ValueError("give the registry's login either as registry_connection_id or as "
                              "registry_username_env/registry_password_env, not both")
+        if self.registry_ca_file and not (self.registry_url or "").startswith("https:"):
+            raise ValueError("registry_ca_file only applies to an https:// registry_url")
         if registry and (self.format == "json" or self.avro_wire != "confluent"):
             raise ValueError("registry_url needs format avro or protobuf with avro_wire: confluent (the frame "
                              "carries the schema id the registry is asked for)")
@@ -686,7 +700,8 @@ def parse_config(data: object, source: Path) -> DeltadrainConfig:
             lines.append(f"{source}: {where}: {msg}")
         raise ConfigError("\n".join(lines)) from None
     cfg = cfg.model_copy(update={"source_file": source.resolve(),
-                                 "pipelines": [_with_avro_schema(p, source) for p in cfg.pipelines]})
+                                 "pipelines": [_with_registry_ca(_with_avro_schema(p, source), source)
+                                               for p in cfg.pipelines]})
     # One table per pipeline, apart from the others and from deltadrain's own tables (DLQs, quarantine,
     # metrics): the checks, backfills, replays and VACUUMs of one would act on the other's files.
     internal = (cfg.lake_dir() / "_deltadrain").resolve()
@@ -725,6 +740,26 @@ def _with_avro_schema(p: PipelineConfig, source: Path) -> PipelineConfig:
     if problems:
         raise ConfigError(f"{where}: {path} cannot fill schema.fields: " + "; ".join(problems))
     return p.model_copy(update={"payload_schema": schema.model_copy(update={"avro_schema_file": str(path)})})
+
+
+def _with_registry_ca(p: PipelineConfig, source: Path) -> PipelineConfig:
+    """A pipeline with its registry's CA file made absolute, once it is found to hold certificates."""
+    import ssl
+
+    schema = p.payload_schema
+    if schema.registry_ca_file is None:
+        return p
+    path = Path(schema.registry_ca_file).expanduser()
+    path = (path if path.is_absolute() else source.resolve().parent / path).resolve()
+    where = f"{source}: pipeline '{p.name}', field 'schema.registry_ca_file'"
+    try:
+        ssl.create_default_context(cadata=path.read_text())
+    except OSError as exc:  # ssl.SSLError too
+        raise ConfigError(f"{where}: {path} is not a readable PEM file of CA certificates "
+                          f"({exc.strerror or exc})") from None
+    except ValueError as exc:  # text without a certificate in it
+        raise ConfigError(f"{where}: {path} holds no PEM certificate ({exc})") from None
+    return p.model_copy(update={"payload_schema": schema.model_copy(update={"registry_ca_file": str(path)})})
 
 
 def _with_protobuf_descriptor(p: PipelineConfig, source: Path) -> PipelineConfig:

@@ -9,7 +9,9 @@ What an answer means for the batch:
 - the registry cannot be reached or fails (a refused connection, a timeout, 5xx, 429): asked again with
   a backoff, then `RegistryUnavailable`, which fails the run: nothing is dead-lettered for an outage,
   nothing committed or acknowledged, and the batch waits for the next run;
-- the login is refused (401, 403): `RegistryLoginRefused`, a run error naming what to fix.
+- the login is refused (401, 403): `RegistryLoginRefused`, a run error naming what to fix;
+- an https registry whose certificate does not verify (against the system's CAs, or the PEM of
+  `schema.registry_ca_file`): `RegistryUntrusted`, a run error naming that setting; not retried.
 
 The decoding tasks ask (the messages never pass through the driver); `Registry` travels with them
 like a Valkey claim task's login (repr=False: never in a log line). Pure apart from `fetch`.
@@ -18,9 +20,11 @@ like a Valkey claim task's login (repr=False: never in a log line). Pure apart f
 from __future__ import annotations
 
 import base64
+import functools
 import http.client
 import json
 import re
+import ssl
 import threading
 import time
 import urllib.error
@@ -51,6 +55,10 @@ class RegistryLoginRefused(RegistryFailure):
     pass
 
 
+class RegistryUntrusted(RegistryFailure):
+    pass
+
+
 @dataclass(frozen=True)
 class Registry:
     """Where a pipeline's registry is and how to log in (pickled with the decoding tasks)."""
@@ -59,6 +67,7 @@ class Registry:
     username: str | None = None
     password: str | None = field(default=None, repr=False)
     login_from: str = "no login (set schema.registry_connection_id or registry_username_env/registry_password_env)"
+    ca_pem: str | None = None  # the CA certificates of an https registry (schema.registry_ca_file), as text
     attempts: int = ATTEMPTS
     backoff_s: float = BACKOFF_S
     timeout_s: float = TIMEOUT_S
@@ -164,11 +173,25 @@ def _ask(url: str, registry: Registry) -> tuple[int, bytes]:
     if registry.username is not None or registry.password is not None:
         login = f"{registry.username or ''}:{registry.password or ''}".encode()
         request.add_header("Authorization", "Basic " + base64.b64encode(login).decode())
+    context = tls_context(registry.ca_pem) if registry.url.startswith("https:") else None
     try:
-        with urllib.request.urlopen(request, timeout=registry.timeout_s) as reply:  # noqa: S310 - http(s) only (config)
+        with urllib.request.urlopen(request, timeout=registry.timeout_s, context=context) as reply:  # noqa: S310 - http(s) only (config)
             return reply.status, reply.read(MAX_ANSWER)
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read(MAX_ANSWER) if exc.fp else b""
+
+
+@functools.lru_cache(maxsize=8)
+def tls_context(ca_pem: str | None) -> ssl.SSLContext:
+    """The context an https registry is verified with: the system's CAs, or only those of
+    `schema.registry_ca_file` when it is set (a private CA). Host names are checked either way."""
+    return ssl.create_default_context(cadata=ca_pem) if ca_pem else ssl.create_default_context()
+
+
+def untrusted(exc: BaseException) -> ssl.SSLCertVerificationError | None:
+    """The certificate failure inside a failed ask (urllib wraps it in URLError), None for other errors."""
+    reason = getattr(exc, "reason", exc)
+    return reason if isinstance(reason, ssl.SSLCertVerificationError) else None
 
 
 def fetch(registry: Registry, schema_id: int, schema_type: str, *, sleep=time.sleep, ask=_ask) -> Writer:
@@ -182,6 +205,11 @@ def fetch(registry: Registry, schema_id: int, schema_type: str, *, sleep=time.sl
         try:
             status, body = ask(url, registry)
         except (OSError, ValueError, http.client.HTTPException) as exc:  # refused, reset, timed out, cut short
+            if (bad := untrusted(exc)) is not None:  # no retry makes a certificate trusted
+                fix = ("is schema.registry_ca_file the CA that signed it?" if registry.ca_pem else
+                       "set schema.registry_ca_file to the CA that signed it (a PEM file)")
+                raise RegistryUntrusted(f"{MARK} the schema registry at {registry.url} presents a certificate "
+                                        f"this client does not trust ({bad.verify_message or bad}): {fix}") from None
             reason = getattr(exc, "reason", exc)
             why = f"{type(reason).__name__}: {' '.join(str(reason).split())[:200]}"
             continue
@@ -241,14 +269,15 @@ def registry_of(schema_config) -> Registry | None:
     url = schema_config.registry_url
     if url is None:
         return None
+    ca = schema_config.registry_ca_pem()
     if schema_config.registry_connection_id:
         conn = schema_config.registry_connection_id
         creds = credentials(connection_id=conn)
         return Registry(url, creds.username, creds.password,
-                        f"the Airflow connection '{conn}' (or {env_name(conn)}), schema.registry_connection_id")
+                        f"the Airflow connection '{conn}' (or {env_name(conn)}), schema.registry_connection_id", ca_pem=ca)
     user_env, password_env = schema_config.registry_username_env, schema_config.registry_password_env
     if not (user_env or password_env):
-        return Registry(url)
+        return Registry(url, ca_pem=ca)
     named = [n for n in (user_env, password_env) if n]
     missing = [n for n in named if os.environ.get(n) is None]
     if missing:
@@ -257,4 +286,4 @@ def registry_of(schema_config) -> Registry | None:
     return Registry(url, os.environ.get(user_env) if user_env else None,
                     os.environ.get(password_env) if password_env else None,
                     f"the environment variables {' and '.join(named)} (schema.registry_username_env/"
-                    f"registry_password_env)")
+                    f"registry_password_env)", ca_pem=ca)

@@ -25,11 +25,13 @@ from deltadrain.registry import (
     Registry,
     RegistryLoginRefused,
     RegistryUnavailable,
+    RegistryUntrusted,
     Writer,
     answer,
     failure_line,
     fetch,
     ids_of,
+    registry_of,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -370,3 +372,62 @@ def test_protobuf_messages_are_parsed_as_the_message_their_id_and_indexes_name(s
     assert cols["_dd_error"][3].as_py() == "message indexes [3] name no message of schema id 22 (clicks_v2.proto)"
     assert sorted(server.asked) == ["/schemas/ids/11?format=serialized", "/schemas/ids/21?format=serialized",
                                     "/schemas/ids/22?format=serialized", "/schemas/ids/98?format=serialized"]
+
+
+@pytest.fixture(scope="module")
+def tls_registry(tmp_path_factory):
+    """The local registry over https, its certificate signed by a private CA (made with openssl, as the
+    embedded Valkey's is), and a second CA that signed nothing of it."""
+    import ssl
+
+    from deltadrain.dev.services.valkey_tls import make_certificates
+
+    ours, other = tmp_path_factory.mktemp("ca"), tmp_path_factory.mktemp("other-ca")
+    make_certificates(ours)
+    make_certificates(other)
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), FakeRegistryHandler)
+    srv.lock, srv.asked, srv.fail_next, srv.login = threading.Lock(), [], 0, None
+    srv.schemas = {11: {"schema": json.dumps(V1)}}
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(ours / "server.pem", ours / "server.key")
+    srv.socket = context.wrap_socket(srv.socket, server_side=True)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    srv.url, srv.ca, srv.other_ca = f"https://127.0.0.1:{srv.server_address[1]}", ours / "ca.pem", other / "ca.pem"
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+
+
+def test_an_https_registry_on_a_private_ca_is_read_with_registry_ca_file_and_refused_once_without(
+        tls_registry, tmp_path):
+    """Without the CA the first ask fails on the certificate, and the run's one line names the setting
+    to fix: no retries (no wait can make a certificate trusted). With another CA the line asks whether
+    the file is the right one. With the file, given relative to the config, the writer is read."""
+    waits = []
+    for ca, fix in ((None, "set schema.registry_ca_file to the CA that signed it"),
+                    (tls_registry.other_ca.read_text(), "is schema.registry_ca_file the CA that signed it?")):
+        with pytest.raises(RegistryUntrusted, match=re.escape(fix)) as exc:
+            fetch(Registry(tls_registry.url, ca_pem=ca, backoff_s=0.01), 11, "AVRO", sleep=waits.append)
+        assert f"the schema registry at {tls_registry.url} presents a certificate this client does not trust" \
+            in failure_line(exc.value)
+    assert waits == [] and tls_registry.asked == []
+
+    (tmp_path / "certs").mkdir()
+    (tmp_path / "certs" / "registry-ca.pem").write_text(tls_registry.ca.read_text())
+    cfg = load_config(write_config(tmp_path, registry_url=tls_registry.url, registry_ca_file="certs/registry-ca.pem"))
+    schema = cfg.pipelines[0].payload_schema
+    assert schema.registry_ca_file == str((tmp_path / "certs" / "registry-ca.pem").resolve())
+    found = fetch(registry_of(schema), 11, "AVRO")
+    assert json.loads(found.text) == V1 and tls_registry.asked == ["/schemas/ids/11"]
+
+
+@pytest.mark.parametrize(("block", "message"), [
+    ({"registry_url": "http://reg", "registry_ca_file": "ca.pem"}, "registry_ca_file only applies to an https://"),
+    ({"registry_url": "https://reg", "registry_ca_file": "missing.pem"}, "is not a readable PEM file of CA certificates"),
+    ({"registry_url": "https://reg", "registry_ca_file": "p.yaml"}, "p.yaml"),
+])
+def test_a_registry_ca_file_that_cannot_serve_is_a_config_error_naming_it(tmp_path, block, message):
+    with pytest.raises(ConfigError, match=re.escape(message)) as exc:
+        load_config(write_config(tmp_path, **block))
+    assert "pipeline 'clicks_avro', field 'schema" in str(exc.value) and "registry_ca_file" in str(exc.value)
