@@ -115,6 +115,19 @@ def test_avro_and_protobuf_pipelines_drain_exactly_once_and_dead_letter_bad_bodi
     vdead = dead_by_place(dlq_rows(spark, vc, vp))
     assert {vdead[place][0] for place in vresult.places} == {"empty", "truncated", "invalid_avro", "schema"}
 
+    # Valkey with plain Protobuf messages: the same claim, decode and dead letters for a binary format.
+    (tmp_path / "vp").mkdir()
+    _, qc, qp = avro_pipeline(tmp_path / "vp", "orders_proto",
+                              lambda name: {"streams": [f"{name}:{{0}}", f"{name}:{{1}}"]}, PROTO_EXAMPLE)
+    qresult = produce(qc, qp, 300, seed=52, malformed_ratio=0.2)
+    assert set(qresult.places.values()) == {"empty", "truncated", "not_protobuf", "not_finite"}
+    qclient = valkey_client(qc, qp)
+    drain_valkey(qc, qp, spark, qclient)
+    assert_valkey_exactly_once(spark, qc, qp, qclient, qresult.valid_ids, set(qresult.places))
+    qdead = dead_by_place(dlq_rows(spark, qc, qp))
+    for place, kind in qresult.places.items():
+        assert qdead[place][0] == protobuf_error_type(qp, kind), (place, kind, qdead[place])
+
     # Protobuf in the Confluent frame on Kafka: every valid message once, each bad body at its place.
     (tmp_path / "p").mkdir()
     _, pc, pp = avro_pipeline(tmp_path / "p", "clicks_proto",
