@@ -7,13 +7,14 @@ from __future__ import annotations
 import io
 import json
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import fastavro
 import pytest
 import yaml
 
 from deltadrain.avro import encode
+from deltadrain.backfill import backfill
 from deltadrain.catchup import drain
 from deltadrain.dev.produce import avro_error_type, ensure_topic, generate, produce, protobuf_error_type
 from deltadrain.failpoints import fired
@@ -21,7 +22,7 @@ from deltadrain.payloads import payload_of
 from deltadrain.replay import ReplayRequest, replay
 from deltadrain.sources.kafka.client import kafka_client_conf
 from deltadrain.status import pipeline_status
-from tests.integration.helpers import ROOT, cli_drain, dlq_rows, write_config
+from tests.integration.helpers import ROOT, cli_drain, dlq_rows, target_ids, write_config
 from tests.integration.helpers import assert_exactly_once as assert_valkey_exactly_once
 from tests.integration.helpers import drain_until_done as drain_valkey
 from tests.integration.test_kafka_drain import drain_until_done, end_offsets, group_of, lake_checkpoint
@@ -46,6 +47,30 @@ def avro_pipeline(tmp_path, example: str, source, example_file=EXAMPLE):
     return write_config(tmp_path, data, pipe)
 
 
+def heal_deleted_rows(spark, c, p, lost: list[str], began: datetime, ended: datetime) -> None:
+    """Delete `lost` from the target, backfill [began, ended] from the source's history: each comes back
+    once, decoded as the drain decoded it, with the checkpoint where it was; a second backfill writes nothing."""
+    from delta.tables import DeltaTable
+    from pyspark.sql import functions as F
+
+    from deltadrain.checkpoint import read_checkpoint
+
+    target = str(c.target_path(p))
+    before, ids = read_checkpoint(spark, target, p.name), sorted(target_ids(spark, c, p))
+    kept = {r.event_id: r.asDict() for r in spark.read.format("delta").load(target).where(F.col("event_id").isin(lost))
+            .select(*p.payload_schema.fields).collect()}
+    DeltaTable.forPath(spark, target).delete(F.col("event_id").isin(lost))
+    s = backfill(c, p, spark, began, ended)
+    assert s.written == len(lost) and s.acked == 0 and not s.gaps, s
+    assert sorted(target_ids(spark, c, p)) == ids
+    healed = {r.event_id: r.asDict() for r in spark.read.format("delta").load(target).where(F.col("event_id").isin(lost))
+              .select(*p.payload_schema.fields).collect()}
+    assert healed == kept
+    after = read_checkpoint(spark, target, p.name)
+    assert (after.batch, after.positions) == (before.batch, before.positions)
+    assert backfill(c, p, spark, began, ended).written == 0
+
+
 def dead_by_place(rows) -> dict:
     return {(r.partition, r.position): (r.error_type, r.error) for r in rows if r.state == "DEAD"}
 
@@ -57,7 +82,9 @@ def test_avro_and_protobuf_pipelines_drain_exactly_once_and_dead_letter_bad_bodi
     path, c, p = avro_pipeline(tmp_path / "k", "clicks_avro",
                                lambda name: {"topic": name, "group": f"{name}-group", "partitions": 2})
     ensure_topic(kafka_client_conf(c, p), p.source.topic, 2)
+    began = datetime.now(UTC) - timedelta(seconds=1)
     result = produce(c, p, 1200, seed=49, malformed_ratio=0.1)
+    ended = datetime.now(UTC) + timedelta(seconds=1)
     bad_kinds = {kind for kind in result.places.values()}
     assert bad_kinds == {"empty", "truncated", "not_avro", "trailing_bytes", "not_finite", "wrong_magic_byte",
                          "unknown_schema_id"}
@@ -101,6 +128,10 @@ def test_avro_and_protobuf_pipelines_drain_exactly_once_and_dead_letter_bad_bodi
         ("unknown_schema_id", "unknown schema id 2 (this pipeline reads schema id 1)")}
     assert sum(r.state == "REPLAYED" for r in rows) == replayed.replayed
 
+    # A backfill of the produce interval heals deleted rows from the topic's Avro records, once, and
+    # leaves the checkpoint and the group where they were.
+    heal_deleted_rows(spark, c, p, sorted(result.valid_ids)[:5], began, ended)
+
     # Valkey: stream values are the plain Avro datums.
     (tmp_path / "v").mkdir()
     _, vc, vp = avro_pipeline(tmp_path / "v", "orders_avro",
@@ -119,7 +150,9 @@ def test_avro_and_protobuf_pipelines_drain_exactly_once_and_dead_letter_bad_bodi
     (tmp_path / "vp").mkdir()
     _, qc, qp = avro_pipeline(tmp_path / "vp", "orders_proto",
                               lambda name: {"streams": [f"{name}:{{0}}", f"{name}:{{1}}"]}, PROTO_EXAMPLE)
+    began = datetime.now(UTC) - timedelta(seconds=1)
     qresult = produce(qc, qp, 300, seed=52, malformed_ratio=0.2)
+    ended = datetime.now(UTC) + timedelta(seconds=1)
     assert set(qresult.places.values()) == {"empty", "truncated", "not_protobuf", "not_finite"}
     qclient = valkey_client(qc, qp)
     drain_valkey(qc, qp, spark, qclient)
@@ -127,6 +160,7 @@ def test_avro_and_protobuf_pipelines_drain_exactly_once_and_dead_letter_bad_bodi
     qdead = dead_by_place(dlq_rows(spark, qc, qp))
     for place, kind in qresult.places.items():
         assert qdead[place][0] == protobuf_error_type(qp, kind), (place, kind, qdead[place])
+    heal_deleted_rows(spark, qc, qp, sorted(qresult.valid_ids)[:3], began, ended)
 
     # Protobuf in the Confluent frame on Kafka: every valid message once, each bad body at its place.
     (tmp_path / "p").mkdir()
