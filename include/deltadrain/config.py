@@ -269,12 +269,17 @@ class KafkaSource(_Model):
     # header (each falling back to topic-partition-offset when the record has none).
     id_from: Literal["field", "field_or_offset", "key", "header"] = "field"
     id_header: str | None = None
+    # How an id_from: key key is written: UTF-8 text, or an Avro datum in the Confluent wire format whose
+    # writer's schema the pipeline's schema registry gives (deltadrain.sources.kafka.keys).
+    key_format: Literal["text", "avro"] = "text"
     on_gap: Literal["fail", "continue"] = "fail"
 
     @model_validator(mode="after")
     def _header(self):
         if self.id_from == "header" and not self.id_header:
             raise ValueError("id_from: header needs id_header")
+        if self.key_format == "avro" and self.id_from != "key":
+            raise ValueError("key_format: avro applies to id_from: key (the key is the message id)")
         return self
 
     def connection_id_used(self) -> str | None:
@@ -558,6 +563,13 @@ class PipelineConfig(_Model):
         if v is not None and not re.match(r"^[A-Za-z_][\w]*(\.[A-Za-z_]\w*)+$", v):
             raise ValueError("must be a dotted path module.function")
         return v
+
+    @model_validator(mode="after")
+    def _keys(self):
+        if getattr(self.source, "key_format", "text") == "avro" and self.payload_schema.registry_url is None:
+            raise ValueError("source.key_format avro reads each key with its writer's schema from the schema "
+                             "registry: set schema.registry_url")
+        return self
 
     @model_validator(mode="after")
     def _evolution(self):

@@ -28,6 +28,7 @@ from deltadrain.isolation import convicted
 from deltadrain.logs import run_logger
 from deltadrain.outcome import Outcome
 from deltadrain.payloads import Payload, payload_of
+from deltadrain.registry import Registry, registry_of
 from deltadrain.sources.kafka.client import (
     check_secured,
     kafka_client_conf,
@@ -44,6 +45,7 @@ from deltadrain.sources.kafka.crashes import (
     suspects,
     transform_attempts,
 )
+from deltadrain.sources.kafka.keys import avro_key, text_key
 from deltadrain.sources.kafka.offsets import (
     OffsetError,
     Plan,
@@ -101,22 +103,22 @@ class DecodeContext:
     payload: Payload | None = None  # Avro or Protobuf payloads' schema (deltadrain.payloads); None: JSON
     evolved: frozenset = frozenset()  # fields typed by the table's evolved columns (schema.evolution)
     collect_new: bool = False  # keep the fields no column holds (PipelineConfig.collects_new_fields)
+    key_registry: Registry | None = None  # source.key_format avro: the registry of the keys' schemas
 
 
-def external_id(ctx: DecodeContext, key: bytes | None, headers) -> tuple[str | None, str | None]:
-    """(message id from the key or header, or None; an error when that id is unreadable)."""
+def external_id(ctx: DecodeContext, key: bytes | None, headers) -> tuple[str | None, str | None, str | None]:
+    """(message id from the key or header, or None; the error type and reason when that id is unreadable)."""
     if ctx.id_from == "key":
         raw = key
     elif ctx.id_from == "header":
         raw = next((h["value"] for h in headers or [] if h["key"] == ctx.id_header), None)
     else:
-        return None, None
+        return None, None, None
     if raw is None or len(raw) == 0:
-        return None, None  # a null key or missing header: the topic-partition-offset fallback applies
-    try:
-        return bytes(raw).decode("utf-8"), None
-    except UnicodeDecodeError:
-        return None, f"message id {ctx.id_from} is not valid UTF-8"
+        return None, None, None  # a null key or missing header: the topic-partition-offset fallback applies
+    if ctx.key_registry is not None:
+        return avro_key(raw, ctx.key_registry)
+    return text_key(raw, ctx.id_from)
 
 
 def replay_ids(column) -> dict[int, str]:
@@ -159,10 +161,10 @@ def kafka_batch(ctx: DecodeContext, decoder: BatchDecoder, arrow_schema, batch):
         column = batch.column("key" if ctx.id_from == "key" else "headers").to_pylist()
         message_ids = []
         for i, got in enumerate(column):
-            ext, bad_id = external_id(ctx, got if ctx.id_from == "key" else None,
-                                      got if ctx.id_from == "header" else None)
+            ext, bad_type, bad_id = external_id(ctx, got if ctx.id_from == "key" else None,
+                                                got if ctx.id_from == "header" else None)
             if bad_id and i not in preset:
-                preset[i] = (fallback[i], "invalid_utf8", bad_id, values[i], None)
+                preset[i] = (fallback[i], bad_type, bad_id, values[i], None)
             message_ids.append(ext or fallback[i])
     attempts = [ctx.attempts.get(place, 0) + 1 for place in places] if ctx.attempts else [1] * n
     if ctx.dead_runs:
@@ -215,10 +217,12 @@ def read_ranges(spark, cfg: DeltadrainConfig, p: PipelineConfig, ranges: dict[in
     ctx = DecodeContext(topic, dict(p.payload_schema.fields), p.payload_schema.id_field,
                         list(p.payload_schema.required), p.max_message_bytes, source.id_from,
                         source.id_header, attempts, dead_runs or {}, p.max_retries, payload_of(p.payload_schema),
-                        p.payload_schema.evolved_columns, p.payload_schema.collects_new_fields)
+                        p.payload_schema.evolved_columns, p.payload_schema.collects_new_fields,
+                        registry_of(p.payload_schema) if source.key_format == "avro" else None)
     total = sum(end - start for start, end in ranges.values())
-    # Key mode reads no headers: a replayed record carries its identity in its key.
-    headers = source.id_from != "key" if headers is None else headers
+    # Text keys read no headers: a replayed record carries its identity in its key. An Avro key's copy
+    # has none (the id would need the key's schema), so it carries the id in the replay header.
+    headers = (source.id_from != "key" or source.key_format == "avro") if headers is None else headers
     names = ["partition", "offset", "timestamp", "value"] + {"key": ["key"], "header": ["headers"]}.get(
         source.id_from, [])
     if read_here(total):

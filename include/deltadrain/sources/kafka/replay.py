@@ -20,8 +20,10 @@ def kafka_copy_identity(source: KafkaSource, entry: dict) -> tuple[str | None, l
                (REPLAY_ID_HEADER, (message_id or f"{source.topic}-{entry['partition']}-{entry['position']}").encode())]
     if message_id and source.id_from == "header":
         headers.append((source.id_header, message_id.encode()))
-    # Keep the message's identity where the pipeline reads it from (key or header).
-    return (message_id if source.id_from == "key" else None), headers
+    # Keep the message's identity where the pipeline reads it from (key or header). An Avro key is not
+    # written again (that needs the key's schema id): the copy has none, and the drain takes the replay
+    # header's id, which it reads for such a pipeline.
+    return (message_id if source.id_from == "key" and source.key_format == "text" else None), headers
 
 
 def send_back(cfg: DeltadrainConfig, pipeline: PipelineConfig, entries: list[dict]) -> None:
