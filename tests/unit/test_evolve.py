@@ -18,6 +18,7 @@ from deltadrain.errors import ConfigError
 from deltadrain.evolve import (
     EvolutionError,
     Seen,
+    avro_writer,
     choose_types,
     fit,
     json_kind,
@@ -107,11 +108,13 @@ def test_the_layout_widens_what_delta_can_and_names_what_it_cannot():
 
 def test_the_avro_layout_adds_the_writer_schemas_new_fields_and_widens_evolved_ones():
     layout = plan_layout({"id": "string"}, {"id": "string", "score": "int"},
-                         {"id": {"string"}, "score": {"long"}, "coupon": {"null", "string"}, "n": {"int", "long"},
-                          "when": {"timestamp"}, "deep": {"record"}, "_dd_x": {"int"}, "ID": {"string"}})
+                         avro_writer({"id": {"string"}, "score": {"long"}, "coupon": {"null", "string"},
+                                      "n": {"int", "long"}, "when": {"timestamp"}, "deep": {"record"}, "_dd_x": {"int"},
+                                      "ID": {"string"}}))
     assert layout.added == {"coupon": "string", "n": "long", "when": "timestamp"}
     assert layout.evolved == {"score": "long"} and layout.widened == {"score": ("int", "long")}
     assert set(layout.skipped) == {"deep", "_dd_x"}  # ID is the declared id in another case: not new
+    assert layout.skipped["deep"] == "Avro field 'deep' is record, which no column type deltadrain writes holds"
     assert layout.columns == {"score": "long", "coupon": "string", "n": "long", "when": "timestamp"}
 
 
@@ -186,7 +189,7 @@ def test_status_names_the_commits_that_changed_the_schema():
         {"batch": 4, "table_version": 6, "at": at, "added_columns": {}, "widened_columns": {"n": "int -> long"}}]
 
 
-def test_add_columns_is_refused_with_protobuf_and_with_a_transform():
+def test_add_columns_is_refused_with_a_transform_and_taken_with_protobuf_and_with_a_registry_alone():
     root = Path(__file__).resolve().parents[2]
     data = yaml.safe_load((root / "config" / "pipelines.yaml").read_text())
     pipe = data["pipelines"][0]
@@ -195,7 +198,15 @@ def test_add_columns_is_refused_with_protobuf_and_with_a_transform():
         parse_config(data, Path("pipes.yaml"))
     pipe.pop("transform")
     assert parse_config(data, Path("pipes.yaml")).pipelines[0].payload_schema.collects_new_fields
-    pipe["schema"].update(format="protobuf", protobuf_descriptor_file="x.desc", protobuf_message="m.M")
-    with pytest.raises(ConfigError, match="evolution add_columns is for json and avro payloads"):
-        parse_config(data, Path("pipes.yaml"))
+    # Protobuf with its descriptor file: the file's new fields are planned before the read (no collecting).
+    pipe["schema"].update(format="protobuf", protobuf_descriptor_file=str(root / "config" / "schemas" / "clicks.desc"),
+                          protobuf_message="dev.deltadrain.sample.Click",
+                          fields={"event_id": "string", "customer": "string"}, required=["event_id"])
+    schema = parse_config(data, Path("pipes.yaml")).pipelines[0].payload_schema
+    assert schema.evolution == "add_columns" and not schema.collects_new_fields
+    # A registry and add_columns, nothing else: the batch's writers' schemas give the new columns.
+    for fmt in ("avro", "protobuf"):
+        pipe["schema"] = {"id_field": "event_id", "fields": {"event_id": "string"}, "format": fmt,
+                          "avro_wire": "confluent", "registry_url": "http://127.0.0.1:8081", "evolution": "add_columns"}
+        assert parse_config(data, Path("pipes.yaml")).pipelines[0].payload_schema.collects_new_fields, fmt
     assert json.loads(json.dumps(pipe))  # the YAML stays plain data

@@ -292,8 +292,6 @@ def write_config(tmp_path, **schema_block) -> Path:
     ({"registry_url": "http://reg", "registry_connection_id": "r", "registry_password_env": "P"}, "not both"),
     ({"registry_url": "http://reg", "avro_wire": "plain"}, "registry_url needs format avro or protobuf with "
                                                            "avro_wire: confluent"),
-    ({"registry_url": "http://reg", "evolution": "add_columns"}, "evolution add_columns on avro takes its new "
-                                                                 "columns from avro_schema_file"),
 ])
 def test_registry_settings_are_checked_at_load(tmp_path, block, message):
     with pytest.raises(ConfigError, match=re.escape(message)) as exc:
