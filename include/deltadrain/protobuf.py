@@ -447,6 +447,8 @@ def encode(record: dict, payload: ProtobufPayload, *, schema_id: int | None = No
             getattr(msg, name).FromDatetime(value)
         elif kind == "enum":
             setattr(msg, name, fd.enum_type.values_by_name[value].number)
+        elif kind == "repeated":
+            getattr(msg, name).extend(value)
         else:
             setattr(msg, name, value)
     body = msg.SerializeToString()
