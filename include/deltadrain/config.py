@@ -333,6 +333,9 @@ class SchemaConfig(_Model):
     # A run's evolved columns (fields the table has and the config does not declare): set by
     # deltadrain.evolution for the run, never read from YAML.
     _evolved: frozenset = PrivateAttr(default_factory=frozenset)
+    # False for a backfill or reprocess of a registry pipeline (deltadrain.evolution.run_layout): it adds
+    # and widens nothing, so its writers' new fields are not collected.
+    _adding: bool = PrivateAttr(default=True)
 
     @property
     def evolved_columns(self) -> frozenset:
@@ -343,7 +346,8 @@ class SchemaConfig(_Model):
         """Whether decoding keeps the fields no column holds (add_columns with JSON, or with a registry):
         their types are only known from the batch (its values, or its messages' writers' schemas). With
         a schema file the new columns come from the file before the read."""
-        return self.evolution == "add_columns" and (self.format == "json" or self.registry_url is not None)
+        return self.evolution == "add_columns" and (self.format == "json" or (self.registry_url is not None
+                                                                              and self._adding))
 
     @field_validator("fields")
     @classmethod

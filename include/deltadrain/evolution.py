@@ -84,6 +84,9 @@ def run_layout(pipeline: PipelineConfig, target: str, adding: bool = True) -> tu
               **layout.columns}
     effective = schema.model_copy(update={"fields": fields})
     effective._evolved = frozenset(layout.evolved)
+    # A JSON backfill still collects: a message whose new field cannot be a column stays the dead letter
+    # its drain made it. A registry's writers' fields are left out or typed by the table's columns.
+    effective._adding = adding
     return pipeline.model_copy(update={"payload_schema": effective}), layout
 
 

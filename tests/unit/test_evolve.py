@@ -212,6 +212,24 @@ def test_add_columns_is_refused_with_a_transform_and_taken_with_protobuf_and_wit
     assert json.loads(json.dumps(pipe))  # the YAML stays plain data
 
 
+def test_a_backfill_collects_no_writers_new_fields_and_a_json_one_still_does(tmp_path):
+    from deltadrain.evolution import run_layout
+
+    root = Path(__file__).resolve().parents[2]
+    data = yaml.safe_load((root / "config" / "pipelines.yaml").read_text())
+    pipe = data["pipelines"][0]
+    pipe.pop("transform")
+    pipe["schema"]["evolution"] = "add_columns"
+    json_pipeline = parse_config(data, Path("pipes.yaml")).pipelines[0]
+    pipe["schema"] = {"id_field": "event_id", "fields": {"event_id": "string"}, "format": "avro",
+                      "avro_wire": "confluent", "registry_url": "http://127.0.0.1:8081", "evolution": "add_columns"}
+    registry_pipeline = parse_config(data, Path("pipes.yaml")).pipelines[0]
+    no_table = str(tmp_path / "none")
+    for pipeline, backfill_collects in ((json_pipeline, True), (registry_pipeline, False)):
+        assert run_layout(pipeline, no_table)[0].payload_schema.collects_new_fields
+        assert run_layout(pipeline, no_table, adding=False)[0].payload_schema.collects_new_fields is backfill_collects
+
+
 def test_a_writer_schemas_fields_become_columns_widen_evolved_ones_or_are_left_out():
     from deltadrain.evolve import LEFT_OUT, protobuf_writer, writer_columns
 
