@@ -136,21 +136,31 @@ class Seen:
     first: tuple
 
 
+def one_per_case(seen: dict[str, dict[str, Seen]]) -> tuple[list[str], dict[str, str]]:
+    """The new fields of a batch that may be columns, and those refused (with why) because another with
+    more messages (then the first seen) differs from them only in case: they would be one column."""
+    def rank(kinds: dict[str, Seen]) -> tuple:
+        return -sum(v.count for v in kinds.values()), min(v.first for v in kinds.values())
+
+    names, refused, by_lower = [], {}, {}
+    for name in sorted(seen, key=lambda n: rank(seen[n])):
+        if (other := by_lower.setdefault(name.lower(), name)) != name:
+            refused[name] = f"new field '{name[:60]}' and new field '{other[:60]}' differ only in case, and column " \
+                            "names are case-insensitive"
+        else:
+            names.append(name)
+    return names, refused
+
+
 def choose_types(seen: dict[str, dict[str, Seen]]) -> tuple[dict[str, str], dict[str, str]]:
     """(new field -> the column type it gets, new field -> why it gets none), from the kinds its values
     showed in the batch. Longs with doubles make a double (an integer fits one); otherwise the kind most
     values have wins, a tie going to the one seen first (lowest partition, then position). An object or
     array kind makes a string column. Two new names that differ only in case would be one column: the
     one with more values (then the first seen) gets it."""
-    def rank(kinds: dict[str, Seen]) -> tuple:
-        return -sum(v.count for v in kinds.values()), min(v.first for v in kinds.values())
-
-    chosen, refused, by_lower = {}, {}, {}
-    for name in sorted(seen, key=lambda n: rank(seen[n])):
-        if (other := by_lower.setdefault(name.lower(), name)) != name:
-            refused[name] = f"new field '{name[:60]}' and new field '{other[:60]}' differ only in case, and column " \
-                            "names are case-insensitive"
-            continue
+    names, refused = one_per_case(seen)
+    chosen = {}
+    for name in names:
         kinds = seen[name]
         if set(kinds) == {"long", "double"}:
             chosen[name] = "double"
@@ -368,15 +378,9 @@ def choose_writer_types(seen: dict[str, dict[str, Seen]]) -> tuple[dict[str, str
     most messages' writers give wins, a tie going to the one seen first (lowest partition, then
     position). Two new names that differ only in case would be one column: the one with more messages
     (then the first seen) gets it."""
-    def rank(kinds: dict[str, Seen]) -> tuple:
-        return -sum(v.count for v in kinds.values()), min(v.first for v in kinds.values())
-
-    chosen, refused, by_lower = {}, {}, {}
-    for name in sorted(seen, key=lambda n: rank(seen[n])):
-        if (other := by_lower.setdefault(name.lower(), name)) != name:
-            refused[name] = f"new field '{name[:60]}' and new field '{other[:60]}' differ only in case, and column " \
-                            "names are case-insensitive"
-            continue
+    names, refused = one_per_case(seen)
+    chosen = {}
+    for name in names:
         families: dict[str, tuple[int, tuple]] = {}
         for kind, s in seen[name].items():
             count, first = families.get(FAMILY.get(kind, kind), (0, s.first))
