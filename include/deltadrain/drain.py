@@ -563,9 +563,9 @@ class Drain:
 
     def _evolve(self, claimed, stats, counts):
         """schema.evolution add_columns: the batch's new columns (from the layout with a schema file; from
-        the staged rows for JSON and with a registry, whose messages a column refuses becoming dead letters),
-        recorded in the commit metadata with the columns it widens. (claimed, stats, counts), the last two dropped when
-        messages became dead letters: the staging reports' counts no longer hold."""
+        the staged rows for JSON and with a registry, whose messages a column refuses becoming dead
+        letters), recorded in the commit metadata with the columns it widens. (claimed, stats, counts),
+        the last two dropped when messages became dead letters: the staging reports' counts no longer hold."""
         if self.pipeline.payload_schema.evolution != "add_columns":
             return claimed, stats, counts
         schema = self.pipeline.payload_schema
