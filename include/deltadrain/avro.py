@@ -22,7 +22,16 @@ from pathlib import Path
 from typing import Any
 
 from deltadrain.confluent import HEADER, frame_error, header, schema_id_of
-from deltadrain.decode import CONVERTERS, BatchDecoder, Decoded, _bad, record_values, size_error
+from deltadrain.decode import (
+    CONVERTERS,
+    EXTRA_COLUMNS,
+    BatchDecoder,
+    Decoded,
+    _bad,
+    record_values,
+    size_error,
+)
+from deltadrain.evolve import WriterColumns, avro_writer, writer_columns, writer_extras
 from deltadrain.registry import Registry, ids_of, registry_of, writer
 
 MAX_SCHEMA_ID = 2**31 - 1  # registries hand out non-negative 32-bit ids
@@ -162,10 +171,12 @@ def convert(kind: str, v: Any) -> Any:
 
 def decode_avro(data: bytes | None, payload: AvroPayload, *, fields: dict[str, str], id_field: str,
                 required: list[str], max_bytes: int, fallback_id: str | None = None,
-                message_id: str | None = None, writer_of=None) -> Decoded:
+                message_id: str | None = None, writer_of=None, columns_of=None) -> Decoded:
     """Bytes -> typed values, or the reason they cannot be; the same contract as decode.decode.
     `writer_of(schema_id)`: with a registry, the parsed writer's schema of an id, or the dead letter of
-    its messages (AvroBatchDecoder.writer_of)."""
+    its messages (AvroBatchDecoder.writer_of). `columns_of(schema_id)`: collecting new fields (add_columns
+    with a registry), what that writer adds (deltadrain.evolve.WriterColumns), whose values end the
+    values as decode.decode's new fields do."""
     import fastavro
 
     if (wrong := size_error(data, max_bytes)) is not None:
@@ -198,8 +209,18 @@ def decode_avro(data: bytes | None, payload: AvroPayload, *, fields: dict[str, s
                                     f"bytes: not written with this schema")
     if isinstance(record.get(id_field), uuid.UUID):
         record[id_field] = str(record[id_field])
-    return record_values(record, fields=fields, id_field=id_field, required=required, fallback_id=fallback_id,
-                         message_id=message_id, convert=convert)
+    if columns_of is None:
+        return record_values(record, fields=fields, id_field=id_field, required=required, fallback_id=fallback_id,
+                             message_id=message_id, convert=convert)
+    columns = columns_of(schema_id_of(data)) if payload.registry is not None else WriterColumns()
+    extra, kinds, problem = writer_extras(record, columns, convert)
+    got = record_values(record, fields=fields, id_field=id_field, required=required, fallback_id=fallback_id,
+                        message_id=message_id, convert=convert)
+    if got.values is None:
+        return got
+    if problem:
+        return _bad("schema", problem, got.message_id)
+    return got._replace(values=(*got.values, extra, kinds))
 
 
 # Column-wise Avro: the datums are read one by one (fastavro has no batch read of schemaless datums),
@@ -252,7 +273,8 @@ class AvroBatchDecoder(BatchDecoder):
     def __init__(self, payload: AvroPayload, **kwargs):
         super().__init__(**kwargs)
         self.payload = payload
-        self.writers: dict[int, tuple | Decoded] = {}  # schema id -> (schema, parsed, fits the fast path) or dead letter
+        # schema id -> (schema, parsed, fits the fast path, what it adds: WriterColumns) or a dead letter
+        self.writers: dict[int, tuple | Decoded] = {}
         # With a registry each id's writer decides (`_candidate`).
         self.fast = payload.registry is not None or fast_path_fits(json.loads(payload.schema_json), self.fields,
                                                                    self.id_field)
@@ -261,10 +283,22 @@ class AvroBatchDecoder(BatchDecoder):
         """The parsed writer's schema of `schema_id`, or the dead letter of its messages (asked once)."""
         if schema_id not in self.writers:
             got = parse_writer(writer(self.payload.registry, schema_id, "AVRO"), schema_id)
-            self.writers[schema_id] = got if isinstance(got, Decoded) else (
-                *got, fast_path_fits(got[0], self.fields, self.id_field))
+            if not isinstance(got, Decoded):
+                columns = self._writer_columns(got[1]) if self.collect_new else WriterColumns()
+                got = (*got, fast_path_fits(got[0], self.fields, self.id_field) and not columns.adds, columns)
+            self.writers[schema_id] = got
         got = self.writers[schema_id]
         return got if isinstance(got, Decoded) else got[1]
+
+    def _writer_columns(self, parsed) -> WriterColumns:
+        names = named_types(parsed, {})
+        return writer_columns(avro_writer({f["name"]: kinds_of(f["type"], names) for f in parsed["fields"]}),
+                              self.fields, self.evolved)
+
+    def columns_of(self, schema_id: int) -> WriterColumns:
+        """What the writer of `schema_id` adds (asked for after `writer_of` found it)."""
+        got = self.writers.get(schema_id)
+        return got[3] if isinstance(got, tuple) else WriterColumns()
 
     def columns(self, values: list, **kwargs) -> dict:
         if self.payload.registry is not None:
@@ -277,7 +311,7 @@ class AvroBatchDecoder(BatchDecoder):
     def one(self, value, fallback_id=None, message_id=None) -> Decoded:
         return decode_avro(value, self.payload, fields=self.fields, id_field=self.id_field, required=self.required,
                            max_bytes=self.max_bytes, fallback_id=fallback_id, message_id=message_id,
-                           writer_of=self.writer_of)
+                           writer_of=self.writer_of, columns_of=self.columns_of if self.collect_new else None)
 
     def _candidate(self, value) -> bool:
         if not value:
@@ -357,6 +391,8 @@ class AvroBatchDecoder(BatchDecoder):
                "_dd_error": pa.nulls(m, pa.string()), "_dd_original": pa.nulls(m, pa.binary()),
                "_dd_first_failure_at": pa.nulls(m, pa.timestamp("us", tz="UTC"))}
         out.update(cols)
+        if self.collect_new:  # the fast path takes only writers that add nothing
+            out.update({name: pa.nulls(m, pa.string()) for name in EXTRA_COLUMNS})
         return rows, out
 
 

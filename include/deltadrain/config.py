@@ -340,6 +340,9 @@ class SchemaConfig(_Model):
     # A run's evolved columns (fields the table has and the config does not declare): set by
     # deltadrain.evolution for the run, never read from YAML.
     _evolved: frozenset = PrivateAttr(default_factory=frozenset)
+    # False for a backfill or reprocess of a registry pipeline (deltadrain.evolution.run_layout): it adds
+    # and widens nothing, so its writers' new fields are not collected.
+    _adding: bool = PrivateAttr(default=True)
 
     @property
     def evolved_columns(self) -> frozenset:
@@ -347,9 +350,11 @@ class SchemaConfig(_Model):
 
     @property
     def collects_new_fields(self) -> bool:
-        """Whether decoding keeps the fields no column holds (JSON with add_columns): their types are
-        only known from the batch. Avro's new columns come from the writer's schema before the read."""
-        return self.evolution == "add_columns" and self.format == "json"
+        """Whether decoding keeps the fields no column holds (add_columns with JSON, or with a registry):
+        their types are only known from the batch (its values, or its messages' writers' schemas). With
+        a schema file the new columns come from the file before the read."""
+        return self.evolution == "add_columns" and (self.format == "json" or (self.registry_url is not None
+                                                                              and self._adding))
 
     @field_validator("fields")
     @classmethod
@@ -428,12 +433,6 @@ class SchemaConfig(_Model):
                 raise ValueError("avro_wire confluent needs avro_schema_id, the id the messages carry, or registry_url")
             if self.avro_wire == "plain" and self.avro_schema_id is not None:
                 raise ValueError("avro_schema_id is only read with avro_wire: confluent")
-        if self.evolution == "add_columns" and self.format == "protobuf":
-            raise ValueError("evolution add_columns is for json and avro payloads; a protobuf pipeline declares "
-                             "every column it writes (evolution: none)")
-        if self.evolution == "add_columns" and self.format == "avro" and self.avro_schema_file is None:
-            raise ValueError("evolution add_columns on avro takes its new columns from avro_schema_file; with the "
-                             "writers' schemas only in the registry, set avro_schema_file to the newest one")
         framed = ["avro_schema_id"] * (self.avro_schema_id is not None) + ["avro_wire"] * ("avro_wire" in self.model_fields_set)
         for fmt, keys in (("avro", ["avro_schema_file"]), ("protobuf", ["protobuf_descriptor_file", "protobuf_message"]),
                           ("avro or protobuf", framed)):

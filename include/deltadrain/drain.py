@@ -16,7 +16,7 @@ import socket
 import threading
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 
 from deltadrain import failpoints
@@ -589,20 +589,25 @@ class Drain:
         return result, pending_culprits
 
     def _evolve(self, claimed, stats, counts):
-        """schema.evolution add_columns: the batch's new columns (Avro's from the layout, JSON's from the
-        staged rows, whose messages a column refuses becoming dead letters), recorded in the commit
-        metadata with the columns it widens. (claimed, stats, counts), the last two dropped when
-        messages became dead letters: the staging reports' counts no longer hold."""
+        """schema.evolution add_columns: the batch's new columns (from the layout with a schema file; from
+        the staged rows for JSON and with a registry, whose messages a column refuses becoming dead
+        letters), recorded in the commit metadata with the columns it widens. (claimed, stats, counts),
+        the last two dropped when messages became dead letters: the staging reports' counts no longer hold."""
         if self.pipeline.payload_schema.evolution != "add_columns":
             return claimed, stats, counts
-        added = dict(self.layout.added)
+        schema = self.pipeline.payload_schema
+        added, skipped = dict(self.layout.added), dict(self.layout.skipped)
         self.settling = False
-        if self.pipeline.payload_schema.collects_new_fields:
-            claimed, new, moved = new_columns(claimed)
-            added.update(new)
-            if moved:
+        if schema.collects_new_fields:
+            batch = new_columns(claimed, self.layout.evolved, by_writer=schema.format != "json")
+            claimed = batch.rows
+            added.update(batch.added)
+            skipped.update(batch.skipped)
+            if batch.widened:  # with a registry: a writer widened an evolved column
+                self.layout = replace(self.layout, widened={**self.layout.widened, **batch.widened})
+            if batch.moved:
                 stats, counts = None, None
-                self.settling = bool(new)
+                self.settling = bool(batch.added)
         if self.layout.widened:
             allow_widening(self.spark, self.target)
             self.commit_extra["widened_columns"] = {n: f"{a} -> {b}" for n, (a, b) in self.layout.widened.items()}
@@ -611,11 +616,11 @@ class Drain:
         if added:
             self.commit_extra["added_columns"] = added
         self.evolving = bool(added or self.layout.widened)
-        if self.evolving or self.layout.skipped:
+        if self.evolving or skipped:
             s = self.summary
             run_logger(s.pipeline, s.run_id, s.batch, source=self.pipeline.source.kind).info(
                 "%s", fields(step="schema", added=added or None, widened=self.commit_extra.get("widened_columns"),
-                             skipped="; ".join(self.layout.skipped.values())[:500] or None))
+                             skipped="; ".join(skipped.values())[:500] or None))
         return claimed, stats, counts
 
     def refuse(self, result, expected: int) -> None:

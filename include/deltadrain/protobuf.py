@@ -24,6 +24,7 @@ from typing import Any
 
 from deltadrain.confluent import HEADER, frame_error, header, schema_id_of
 from deltadrain.decode import CONVERTERS, BatchDecoder, Decoded, _bad, record_values, size_error
+from deltadrain.evolve import protobuf_writer, writer_columns, writer_extras
 from deltadrain.registry import Registry, ids_of, registry_of, writer
 
 TIMESTAMP = "google.protobuf.Timestamp"
@@ -326,7 +327,9 @@ def decode_protobuf(data: bytes | None, payload: ProtobufPayload, *, fields: dic
                     message_id: str | None = None, writer_of=None) -> Decoded:
     """Bytes -> typed values, or the reason they cannot be; the same contract as decode.decode.
     `writer_of(schema_id, indexes)`: with a registry, (message name, class, field name -> (descriptor,
-    kind)) of the writer's message, or the dead letter of the message (ProtobufBatchDecoder.writer_of)."""
+    kind), what it adds: deltadrain.evolve.WriterColumns or None) of the writer's message, or the dead
+    letter of the message (ProtobufBatchDecoder.writer_of). Collecting new fields (add_columns with a
+    registry), the values of the fields the writer adds end the values, as decode.decode's new fields do."""
     from google.protobuf.message import DecodeError
 
     if (wrong := size_error(data, max_bytes)) is not None:
@@ -346,13 +349,13 @@ def decode_protobuf(data: bytes | None, payload: ProtobufPayload, *, fields: dic
             found = writer_of(schema_id_of(data), indexes)
             if isinstance(found, Decoded):
                 return found
-            what, cls, described = found
+            what, cls, described, columns = found
         elif indexes != payload.indexes():
             return _bad("unknown_message_index", f"message indexes {indexes} name another message than "
                                                  f"{payload.message} (indexes {payload.indexes()})")
         body = data[start:]
     if payload.registry is None:
-        what, cls, described = payload.message, payload.message_class(), payload.fields()
+        what, cls, described, columns = payload.message, payload.message_class(), payload.fields(), None
     msg = cls()
     try:
         msg.ParseFromString(body)
@@ -363,17 +366,22 @@ def decode_protobuf(data: bytes | None, payload: ProtobufPayload, *, fields: dic
     except Exception as exc:  # a recursion limit or another refusal of the parser
         return _bad("invalid_protobuf", f"Protobuf body is not a {what}: {type(exc).__name__}: {exc}"[:300])
     record = {}
-    for name in fields:
-        if name not in described:  # a writer without the field: missing, as an absent JSON key
+    for name in [*fields, *(columns.adds if columns else ())]:
+        if name not in described or name in record:  # a writer without the field: missing, as an absent JSON key
             continue
         fd, kind = described[name]
         try:
             record[name] = _value(msg, fd, kind)
         except (LookupError, ValueError, OverflowError, OSError) as exc:  # an unnamed enum, a timestamp out of range
             return _bad("schema", f"field '{name}': {exc}"[:200], message_id)
-    return record_values(record, fields=fields, id_field=id_field, required=required, fallback_id=fallback_id,
-                         message_id=message_id, convert=convert, unset="not set", unset_id="empty",
-                         no_id=(None, ""))
+    extra = writer_extras(record, columns, convert) if columns is not None else None
+    got = record_values(record, fields=fields, id_field=id_field, required=required, fallback_id=fallback_id,
+                        message_id=message_id, convert=convert, unset="not set", unset_id="empty", no_id=(None, ""))
+    if extra is None or got.values is None:
+        return got
+    if extra[2]:
+        return _bad("schema", extra[2], got.message_id)
+    return got._replace(values=(*got.values, extra[0], extra[1]))
 
 
 class ProtobufBatchDecoder(BatchDecoder):
@@ -411,8 +419,12 @@ class ProtobufBatchDecoder(BatchDecoder):
                 self.messages[key] = _bad("unknown_message_index", f"message indexes {indexes} name no message "
                                                                    f"of schema id {schema_id} ({file.name})")
             else:
+                kinds = {fd.name: kind_of(fd) for fd in desc.fields}
+                columns = writer_columns(protobuf_writer(kinds), self.fields, self.evolved) if self.collect_new else None
+                wanted = {*self.fields, *(columns.adds if columns else ())}
                 self.messages[key] = (desc.full_name, message_factory.GetMessageClass(desc),
-                                      {fd.name: (fd, kind_of(fd)) for fd in desc.fields if fd.name in self.fields})
+                                      {fd.name: (fd, kinds[fd.name]) for fd in desc.fields if fd.name in wanted},
+                                      columns)
         return self.messages[key]
 
     def one(self, value, fallback_id=None, message_id=None) -> Decoded:
@@ -435,6 +447,8 @@ def encode(record: dict, payload: ProtobufPayload, *, schema_id: int | None = No
             getattr(msg, name).FromDatetime(value)
         elif kind == "enum":
             setattr(msg, name, fd.enum_type.values_by_name[value].number)
+        elif kind == "repeated":
+            getattr(msg, name).extend(value)
         else:
             setattr(msg, name, value)
     body = msg.SerializeToString()

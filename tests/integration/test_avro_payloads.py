@@ -19,6 +19,7 @@ from deltadrain.catchup import drain
 from deltadrain.dev.produce import avro_error_type, ensure_topic, generate, produce, protobuf_error_type
 from deltadrain.failpoints import fired
 from deltadrain.payloads import payload_of
+from deltadrain.protobuf import encode as encode_protobuf
 from deltadrain.replay import ReplayRequest, replay
 from deltadrain.sources.kafka.client import kafka_client_conf
 from deltadrain.status import pipeline_status
@@ -227,3 +228,124 @@ def test_avro_and_protobuf_pipelines_drain_exactly_once_and_dead_letter_bad_bodi
         **{f"v1-{i}": (None, None) for i in range(3)}, **{f"v2-{i}": (i, at) for i in range(3)}}
     changes = pipeline_status(ec, ep)["schema_changes"]
     assert [(ch["batch"], ch["added_columns"]) for ch in changes] == [(2, {"score": "int", "seen_at": "timestamp"})]
+
+    # Protobuf with its descriptor file on Kafka: the producer's new descriptor widens an evolved int32
+    # to int64 and adds scalars, a Timestamp and bytes (a repeated field is left out); the next run, with
+    # nothing restarted, adds and widens them in its batch's commit. Old rows read null in the new columns.
+    (tmp_path / "pe").mkdir()
+    descriptor = tmp_path / "pe" / "click.desc"
+    descriptor.write_bytes(click_descriptor(1))
+    _, pec, pep = avro_pipeline(tmp_path / "pe", "clicks_proto",
+                                lambda name: {"topic": name, "group": f"{name}-group", "partitions": 1}, PROTO_EXAMPLE)
+    data = yaml.safe_load((tmp_path / "pe" / "pipelines.yaml").read_text())
+    pipe = data["pipelines"][0]
+    pipe.pop("transform")
+    pipe["schema"].update(protobuf_descriptor_file=str(descriptor), fields={"event_id": "string", "customer": "string"},
+                          required=["event_id"], evolution="add_columns")
+    _, pec, pep = write_config(tmp_path / "pe", data, pipe)
+    ensure_topic(kafka_client_conf(pec, pep), pep.source.topic, 1)
+    from confluent_kafka import Producer
+
+    producer = Producer(kafka_client_conf(pec, pep))
+
+    def publish(records: list[dict]) -> None:
+        payload = payload_of(pep.payload_schema)  # the descriptor file as it is now
+        for record in records:
+            producer.produce(pep.source.topic, encode_protobuf(record, payload), partition=0)
+        producer.flush(30)
+
+    publish([{"event_id": f"p1-{i}", "customer": f"c{i}", "quantity": i} for i in range(3)])
+    first = drain(pec, pep, spark=spark)
+    assert (first.written, first.dead_lettered) == (3, 0), first.line()
+    descriptor.write_bytes(click_descriptor(2))
+    publish([{"event_id": f"p2-{i}", "customer": None, "quantity": 2**40 + i, "status": "PAID", "event_time": at,
+              "raw": b"\x00\xff", "tags": ["a"], "ratio": 0.25} for i in range(3)])
+    second = drain(pec, pep, spark=spark)
+    assert (second.written, second.dead_lettered) == (3, 0), second.line()
+    target = str(pec.target_path(pep))
+    from deltalake import DeltaTable
+
+    table = DeltaTable(target)
+    assert {f.name: f.type.type for f in table.schema().fields if not f.name.startswith("_dd_")} == {
+        "event_id": "string", "customer": "string", "quantity": "long", "status": "string", "event_time": "timestamp",
+        "raw": "binary", "ratio": "float"}
+    prows = {r.event_id: r for r in spark.read.format("delta").load(target).collect()}
+    assert {k: (r.customer, r.quantity, r.status, r.event_time and r.event_time.astimezone(UTC), r.raw, r.ratio)
+            for k, r in prows.items()} == {
+        **{f"p1-{i}": (f"c{i}", i, None, None, None, None) for i in range(3)},
+        **{f"p2-{i}": (None, 2**40 + i, "PAID", at, bytearray(b"\x00\xff"), 0.25) for i in range(3)}}
+    history = [json.loads(h["userMetadata"]) for h in table.history() if "batch" in (h.get("userMetadata") or "")]
+    changed = {m["batch"]: (m.get("added_columns"), m.get("widened_columns")) for m in history}
+    assert changed == {1: ({"quantity": "int"}, None), 2: (
+        {"status": "string", "event_time": "timestamp", "raw": "binary", "ratio": "float"}, {"quantity": "int -> long"})}
+    assert not (table.protocol().reader_features or [])  # the widening's feature is dropped again
+
+
+def click_descriptor(version: int) -> bytes:
+    """A descriptor set of dev.deltadrain.sample.Click (config/schemas/clicks.desc, with its Timestamp import)
+    as the producer evolves it: version 1 has event_id, customer and an int32 quantity; version 2 widens
+    quantity to int64 and adds an enum, a Timestamp, bytes, a float and a repeated string."""
+    from google.protobuf import descriptor_pb2
+
+    fds = descriptor_pb2.FileDescriptorSet.FromString((ROOT / "config" / "schemas" / "clicks.desc").read_bytes())
+    click = next(f for f in fds.file if f.name.endswith("clicks.proto")).message_type[0]
+    T = descriptor_pb2.FieldDescriptorProto  # noqa: N806 - the protobuf type's name
+    kept = {f.name: f for f in click.field}
+    fields = [kept["event_id"], kept["customer"], T(name="quantity", number=4, type=T.TYPE_INT32, label=T.LABEL_OPTIONAL)]
+    if version == 2:
+        fields[2] = kept["quantity"]  # int64
+        fields += [kept["status"], kept["event_time"],
+                   T(name="raw", number=8, type=T.TYPE_BYTES, label=T.LABEL_OPTIONAL),
+                   T(name="tags", number=9, type=T.TYPE_STRING, label=T.LABEL_REPEATED),
+                   T(name="ratio", number=10, type=T.TYPE_FLOAT, label=T.LABEL_OPTIONAL)]
+    del click.field[:]
+    click.field.extend(fields)
+    fields[1].oneof_index = 0  # customer is proto3 `optional`: the only synthetic oneof left
+    del click.oneof_decl[1:]
+    return fds.SerializeToString()
+
+
+@pytest.mark.slow
+def test_a_batchs_writer_typed_new_fields_become_its_columns(tmp_path, spark):
+    """With a registry, the decoding tasks stage each message's new fields as JSON with its writer's types
+    (tests/unit/test_registry.py drives them against a registry's API); here Spark turns a staged batch
+    of such rows into the batch's columns: int and long make long, a minority type is a `schema` dead letter
+    naming both, a writer's long widens the table's evolved int column, a left-out field is reported."""
+    from deltadrain.avro import convert
+    from deltadrain.evolution import new_columns
+    from deltadrain.evolve import WriterColumns, writer_extras
+
+    at = datetime(2026, 5, 1, 1, 2, 3, 456789, tzinfo=UTC)
+    a = WriterColumns({"n": "int", "at": "timestamp", "raw": "binary", "day": "date"},
+                      {"tags": "Avro field 'tags' is array, which no column type deltadrain writes holds"})
+    b = WriterColumns({"n": "long", "x": "double"})
+    c = WriterColumns({"n": "string"})
+    d = WriterColumns({"q": "long"})  # the table's evolved int column q, widened by this writer
+    staged = [("m1", 5, a, {"n": 1, "at": at, "raw": b"\x00\x01", "day": at.date(), "tags": ["t"]}),
+              ("m2", None, a, {"n": 2, "at": None, "raw": None, "day": None}),
+              ("m3", None, b, {"n": 2**40, "x": 0.5}),
+              ("m4", None, c, {"n": "seven"}),
+              ("m5", None, d, {"q": 2**33}),
+              ("m6", 6, WriterColumns(), {})]
+    rows = []
+    for pos, (mid, q, writer, record) in enumerate(staged):
+        extra, kinds, problem = writer_extras(dict(record), writer, convert)
+        assert problem is None
+        rows.append(("0", pos, 0, mid, None, None, q, extra, kinds))
+    schema = ("_dd_partition string, _dd_pos_hi long, _dd_pos_lo long, _dd_message_id string, _dd_error_type string, "
+              "_dd_error string, q int, _dd_extra string, _dd_extra_kinds string")
+    path = str(tmp_path / "staged")
+    spark.createDataFrame(rows, schema).coalesce(1).write.parquet(path)
+    got = new_columns(spark.read.parquet(path), {"q": "int"}, by_writer=True)
+    assert (got.added, got.widened, got.moved) == (
+        {"n": "long", "at": "timestamp", "raw": "binary", "day": "date", "x": "double"}, {"q": ("int", "long")}, 1)
+    assert got.skipped == {"tags": "Avro field 'tags' is array, which no column type deltadrain writes holds"}
+    assert dict(got.rows.dtypes)["q"] == "bigint" and dict(got.rows.dtypes)["at"] == "timestamp"
+    out = {r._dd_message_id: r for r in got.rows.collect()}
+    assert (out["m1"].n, out["m1"].at.astimezone(UTC), out["m1"].raw, out["m1"].day, out["m1"].q) == (
+        1, at, bytearray(b"\x00\x01"), at.date(), 5)
+    assert (out["m2"].n, out["m2"].at, out["m3"].n, out["m3"].x, out["m5"].q, out["m6"].q) == (
+        2, None, 2**40, 0.5, 2**33, 6)
+    assert (out["m4"]._dd_error_type, out["m4"]._dd_error, out["m4"].n) == (
+        "schema", "new field 'n' is long in this batch (the writer schemas of most of its messages say so), this "
+        "message's writer schema gives it string", None)

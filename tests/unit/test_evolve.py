@@ -18,6 +18,7 @@ from deltadrain.errors import ConfigError
 from deltadrain.evolve import (
     EvolutionError,
     Seen,
+    avro_writer,
     choose_types,
     fit,
     json_kind,
@@ -107,11 +108,13 @@ def test_the_layout_widens_what_delta_can_and_names_what_it_cannot():
 
 def test_the_avro_layout_adds_the_writer_schemas_new_fields_and_widens_evolved_ones():
     layout = plan_layout({"id": "string"}, {"id": "string", "score": "int"},
-                         {"id": {"string"}, "score": {"long"}, "coupon": {"null", "string"}, "n": {"int", "long"},
-                          "when": {"timestamp"}, "deep": {"record"}, "_dd_x": {"int"}, "ID": {"string"}})
+                         avro_writer({"id": {"string"}, "score": {"long"}, "coupon": {"null", "string"},
+                                      "n": {"int", "long"}, "when": {"timestamp"}, "deep": {"record"}, "_dd_x": {"int"},
+                                      "ID": {"string"}}))
     assert layout.added == {"coupon": "string", "n": "long", "when": "timestamp"}
     assert layout.evolved == {"score": "long"} and layout.widened == {"score": ("int", "long")}
     assert set(layout.skipped) == {"deep", "_dd_x"}  # ID is the declared id in another case: not new
+    assert layout.skipped["deep"] == "Avro field 'deep' is record, which no column type deltadrain writes holds"
     assert layout.columns == {"score": "long", "coupon": "string", "n": "long", "when": "timestamp"}
 
 
@@ -186,7 +189,7 @@ def test_status_names_the_commits_that_changed_the_schema():
         {"batch": 4, "table_version": 6, "at": at, "added_columns": {}, "widened_columns": {"n": "int -> long"}}]
 
 
-def test_add_columns_is_refused_with_protobuf_and_with_a_transform():
+def test_add_columns_is_refused_with_a_transform_and_taken_with_protobuf_and_with_a_registry_alone():
     root = Path(__file__).resolve().parents[2]
     data = yaml.safe_load((root / "config" / "pipelines.yaml").read_text())
     pipe = data["pipelines"][0]
@@ -195,7 +198,114 @@ def test_add_columns_is_refused_with_protobuf_and_with_a_transform():
         parse_config(data, Path("pipes.yaml"))
     pipe.pop("transform")
     assert parse_config(data, Path("pipes.yaml")).pipelines[0].payload_schema.collects_new_fields
-    pipe["schema"].update(format="protobuf", protobuf_descriptor_file="x.desc", protobuf_message="m.M")
-    with pytest.raises(ConfigError, match="evolution add_columns is for json and avro payloads"):
-        parse_config(data, Path("pipes.yaml"))
+    # Protobuf with its descriptor file: the file's new fields are planned before the read (no collecting).
+    pipe["schema"].update(format="protobuf", protobuf_descriptor_file=str(root / "config" / "schemas" / "clicks.desc"),
+                          protobuf_message="dev.deltadrain.sample.Click",
+                          fields={"event_id": "string", "customer": "string"}, required=["event_id"])
+    schema = parse_config(data, Path("pipes.yaml")).pipelines[0].payload_schema
+    assert schema.evolution == "add_columns" and not schema.collects_new_fields
+    # A registry and add_columns, nothing else: the batch's writers' schemas give the new columns.
+    for fmt in ("avro", "protobuf"):
+        pipe["schema"] = {"id_field": "event_id", "fields": {"event_id": "string"}, "format": fmt,
+                          "avro_wire": "confluent", "registry_url": "http://127.0.0.1:8081", "evolution": "add_columns"}
+        assert parse_config(data, Path("pipes.yaml")).pipelines[0].payload_schema.collects_new_fields, fmt
     assert json.loads(json.dumps(pipe))  # the YAML stays plain data
+
+
+def test_a_backfill_collects_no_writers_new_fields_and_a_json_one_still_does(tmp_path):
+    from deltadrain.evolution import run_layout
+
+    root = Path(__file__).resolve().parents[2]
+    data = yaml.safe_load((root / "config" / "pipelines.yaml").read_text())
+    pipe = data["pipelines"][0]
+    pipe.pop("transform")
+    pipe["schema"]["evolution"] = "add_columns"
+    json_pipeline = parse_config(data, Path("pipes.yaml")).pipelines[0]
+    pipe["schema"] = {"id_field": "event_id", "fields": {"event_id": "string"}, "format": "avro",
+                      "avro_wire": "confluent", "registry_url": "http://127.0.0.1:8081", "evolution": "add_columns"}
+    registry_pipeline = parse_config(data, Path("pipes.yaml")).pipelines[0]
+    no_table = str(tmp_path / "none")
+    for pipeline, backfill_collects in ((json_pipeline, True), (registry_pipeline, False)):
+        assert run_layout(pipeline, no_table)[0].payload_schema.collects_new_fields
+        assert run_layout(pipeline, no_table, adding=False)[0].payload_schema.collects_new_fields is backfill_collects
+
+
+def test_a_writer_schemas_fields_become_columns_widen_evolved_ones_or_are_left_out():
+    from deltadrain.evolve import LEFT_OUT, protobuf_writer, writer_columns
+
+    fields = {"id": "string", "customer": "string", "score": "int", "ratio": "float", "note": "string"}
+    evolved = frozenset({"score", "ratio", "note"})
+    avro = writer_columns(avro_writer({
+        "id": {"string"}, "customer": {"long"},  # declared: its column decides, as without evolution
+        "score": {"null", "long"}, "ratio": {"float"}, "note": {"string"},  # evolved: only a wider type widens
+        "coupon": {"null", "string"}, "n": {"int", "long"}, "when": {"timestamp"}, "raw": {"fixed"},
+        "tags": {"array"}, "mixed": {"null", "string", "long"}, "_dd_x": {"int"}, "Note": {"string"},
+        "CUSTOMER": {"string"}}), fields, evolved)
+    assert avro.adds == {"score": "long", "coupon": "string", "n": "long", "when": "timestamp", "raw": "binary"}
+    assert set(avro.left_out) == {"tags", "mixed", "_dd_x", "Note"}  # CUSTOMER is the declared field, not new
+    assert avro.left_out["mixed"] == ("Avro field 'mixed' is long or string, which no column type deltadrain "
+                                      "writes holds")
+    assert "case" in avro.left_out["Note"]
+    kinds = json.loads(avro.signature)
+    assert kinds["coupon"] == "string" and kinds["tags"].startswith(LEFT_OUT)
+    proto = writer_columns(protobuf_writer({
+        "id": "string", "a": "int32", "b": "uint32", "c": "int64", "d": "uint64", "e": "float", "f": "double",
+        "g": "bool", "h": "enum", "i": "bytes", "j": "timestamp", "k": "repeated", "l": "message x.Y",
+        "ratio": "double"}), fields, evolved)
+    assert proto.adds == {"a": "int", "b": "long", "c": "long", "d": "long", "e": "float", "f": "double",
+                          "g": "boolean", "h": "string", "i": "binary", "j": "timestamp", "ratio": "double"}
+    assert proto.left_out == {
+        "k": "Protobuf field 'k' is repeated, which no column type deltadrain writes holds",
+        "l": "Protobuf field 'l' is message x.Y, which no column type deltadrain writes holds"}
+    # A writer that adds nothing carries no signature: its messages are decoded as without evolution.
+    same = writer_columns(avro_writer({"id": {"string"}, "score": {"int"}, "tags": {"array"}}), fields, evolved)
+    assert same.adds == {} and same.signature is None
+
+
+def test_a_writers_values_travel_as_json_typed_by_its_schema():
+    from deltadrain.avro import convert as avro_convert
+    from deltadrain.evolve import WriterColumns, writer_extras
+
+    columns = WriterColumns({"score": "long", "when": "timestamp", "day": "date", "raw": "binary", "ratio": "double",
+                             "gone": "string"}, {"tags": "Avro field 'tags' is array, ..."})
+    record = {"id": "a", "score": 5, "when": datetime(2026, 5, 1, 0, 0, 0, 123456, tzinfo=UTC),
+              "day": datetime(2026, 5, 2).date(), "raw": b"\x00\xff", "ratio": 0.5, "gone": None, "tags": [1]}
+    values, kinds, problem = writer_extras(record, columns, avro_convert)
+    assert problem is None and kinds == columns.signature
+    assert json.loads(values) == {"score": 5, "when": 1777593600123456, "day": "2026-05-02", "raw": "AP8=", "ratio": 0.5}
+    assert record == {"id": "a", "tags": [1]}  # taken out: a widened evolved field is not typed twice
+    assert writer_extras({"ratio": float("nan")}, columns, avro_convert)[2] == (
+        "new field 'ratio' is double in its writer's schema, and nan is no double value a column holds")
+    assert writer_extras({"id": "a"}, WriterColumns(), avro_convert) == (None, None, None)
+
+
+def test_a_new_fields_type_follows_its_writers_widening_pairs_then_their_majority():
+    from deltadrain.evolve import choose_writer_types, fits_writer, writer_misfits
+
+    chosen, refused = choose_writer_types({
+        "n": {"int": Seen(5, ("0", 1, 0)), "long": Seen(1, ("0", 9, 0))},  # one family: the wider
+        "x": {"float": Seen(2, ("0", 2, 0)), "double": Seen(2, ("0", 3, 0))},
+        "s": {"string": Seen(3, ("0", 4, 0)), "int": Seen(2, ("0", 1, 0)), "long": Seen(2, ("0", 5, 0))},  # 4 ints
+        "t": {"string": Seen(2, ("0", 1, 0)), "boolean": Seen(2, ("0", 0, 0))},  # a tie: the first seen
+        "Promo": {"string": Seen(1, ("0", 8, 0))}, "promo": {"string": Seen(2, ("0", 7, 0))},
+    })
+    assert chosen == {"n": "long", "x": "double", "s": "long", "t": "boolean", "promo": "string"}
+    assert set(refused) == {"Promo"}
+    assert fits_writer("int", "long") and fits_writer("float", "double") and not fits_writer("long", "int")
+    assert not fits_writer("int", "double") and not fits_writer("string", "binary")
+    assert writer_misfits({"n": "int", "x": "float", "s": "int", "tags": "-left out"}, chosen) is None
+    assert writer_misfits({"s": "string", "t": "string"}, chosen) == (
+        "new field 's' is long in this batch (the writer schemas of most of its messages say so), this message's "
+        "writer schema gives it string; new field 't' is boolean in this batch (the writer schemas of most of its "
+        "messages say so), this message's writer schema gives it string")
+    assert "differ only in case" in writer_misfits({"Promo": "string"}, chosen, refused)
+
+
+def test_the_protobuf_layout_adds_the_descriptors_new_scalars_and_widens_evolved_ones():
+    from deltadrain.evolve import protobuf_writer
+
+    layout = plan_layout({"id": "string"}, {"id": "string", "qty": "int"},
+                         protobuf_writer({"id": "string", "qty": "int64", "seen": "timestamp", "code": "enum",
+                                          "tags": "repeated", "n": "int32"}))
+    assert layout.added == {"seen": "timestamp", "code": "string", "n": "int"}
+    assert layout.widened == {"qty": ("int", "long")} and set(layout.skipped) == {"tags"}

@@ -294,8 +294,6 @@ def write_config(tmp_path, **schema_block) -> Path:
     ({"registry_url": "http://reg", "registry_connection_id": "r", "registry_password_env": "P"}, "not both"),
     ({"registry_url": "http://reg", "avro_wire": "plain"}, "registry_url needs format avro or protobuf with "
                                                            "avro_wire: confluent"),
-    ({"registry_url": "http://reg", "evolution": "add_columns"}, "evolution add_columns on avro takes its new "
-                                                                 "columns from avro_schema_file"),
 ])
 def test_registry_settings_are_checked_at_load(tmp_path, block, message):
     with pytest.raises(ConfigError, match=re.escape(message)) as exc:
@@ -431,3 +429,105 @@ def test_a_registry_ca_file_that_cannot_serve_is_a_config_error_naming_it(tmp_pa
     with pytest.raises(ConfigError, match=re.escape(message)) as exc:
         load_config(write_config(tmp_path, **block))
     assert "pipeline 'clicks_avro', field 'schema" in str(exc.value) and "registry_ca_file" in str(exc.value)
+
+
+def collecting(url: str, fields: dict, evolved=frozenset()) -> AvroBatchDecoder:
+    """A decoder as a run with `evolution: add_columns` and a registry builds it: it collects new fields."""
+    from deltadrain.avro import AvroPayload
+
+    types = {n: {"string": pa.string(), "double": pa.float64(), "long": pa.int64(), "int": pa.int32()}[t]
+             for n, t in fields.items()}
+    return AvroBatchDecoder(AvroPayload("", "confluent", None, Registry(url, backoff_s=0.01, timeout_s=5)),
+                            fields=fields, id_field="event_id", required=["event_id"], max_bytes=4096, types=types,
+                            evolved=evolved, collect_new=True)
+
+
+def test_with_add_columns_each_writers_new_fields_travel_with_its_messages_typed_by_its_schema(server):
+    """Writer v2 (id 12) adds quantity (long) and channel (string): its messages carry their values and the
+    writer's types; v1's (id 12's elder, 11) carry none and keep the column-wise path. An evolved int
+    column that v2 gives a long is carried too (the batch widens it); an unknown id stays a dead letter."""
+    from deltadrain.avro import decode_avro
+
+    v4 = {**V2, "fields": [*V2["fields"], {"name": "tags", "type": {"type": "array", "items": "string"}},
+                           {"name": "ratio", "type": "double"}]}
+    server.schemas[14] = {"schema": json.dumps(v4)}
+    old = [framed(11, {"event_id": f"a{i}", "customer": "c", "amount": 1.0}, V1) for i in range(20)]
+    new = [framed(12, {"quantity": i, "event_id": f"b{i}", "customer": "d", "amount": 2.0, "channel": "app"}, V2)
+           for i in range(5)]
+    nan = framed(14, {"quantity": None, "event_id": "n1", "customer": "d", "amount": 2.0, "channel": "x",
+                      "tags": ["t"], "ratio": float("nan")}, v4)
+    unknown = framed(99, {"event_id": "z", "customer": "c", "amount": 1.0}, V1)
+    values = old + new + [nan, unknown]
+    fields = {"event_id": "string", "customer": "string", "amount": "double"}
+    d = collecting(server.url, fields)
+    cols = d.columns(values)
+    extra, kinds = cols["_dd_extra"].to_pylist(), cols["_dd_extra_kinds"].to_pylist()
+    assert extra[:20] == [None] * 20 and kinds[:20] == [None] * 20
+    assert [json.loads(e) for e in extra[20:25]] == [{"channel": "app", "quantity": i} for i in range(5)]
+    assert set(kinds[20:25]) == {'{"channel": "string", "quantity": "long"}'}
+    assert cols["_dd_original"].to_pylist()[20:25] == new  # kept: the batch's vote may refuse them
+    assert cols["_dd_error_type"].to_pylist()[25:] == ["schema", "unknown_schema_id"]
+    assert cols["_dd_error"][25].as_py() == ("new field 'ratio' is double in its writer's schema, and nan is no "
+                                             "double value a column holds")
+    # Message by message gives the same (the column-wise path took only v1's, which add nothing).
+    for i, value in enumerate(values):
+        got = decode_avro(value, d.payload, fields=fields, id_field="event_id", required=["event_id"], max_bytes=4096,
+                          writer_of=d.writer_of, columns_of=d.columns_of)
+        if got.values is not None:
+            assert got.values[-2:] == (extra[i], kinds[i]) and got.values[0] == cols["_dd_message_id"][i].as_py()
+    # v4's array is left out; its reason travels in the signature (the run logs it).
+    v4_kinds = json.loads(d.columns_of(14).signature)
+    assert v4_kinds["tags"].startswith("-Avro field 'tags' is array") and v4_kinds["ratio"] == "double"
+
+    # Once quantity is an evolved int column, v2's long goes with the new fields (to be widened), the
+    # typed column stays null for those rows; v1 lacks it: null.
+    evolved = collecting(server.url, {**fields, "quantity": "int", "channel": "string"},
+                         frozenset({"quantity", "channel"}))
+    cols = evolved.columns(old[:2] + new[:2])
+    assert cols["quantity"].to_pylist() == [None] * 4 and cols["channel"].to_pylist() == [None, None, "app", "app"]
+    assert cols["_dd_extra"].to_pylist() == [None, None, '{"quantity": 0}', '{"quantity": 1}']
+    assert cols["_dd_extra_kinds"].to_pylist()[2:] == ['{"quantity": "long"}'] * 2
+    # An outage still fails the batch whole: nothing decoded, nothing dead-lettered.
+    reg._CACHE.clear()
+    server.fail_next = 10
+    with pytest.raises(RegistryUnavailable):
+        collecting(server.url, fields).columns(new)
+
+
+def test_with_add_columns_a_protobuf_writers_new_scalars_travel_with_its_messages(server):
+    from google.protobuf import descriptor_pb2, message_factory
+
+    from deltadrain.protobuf import ProtobufPayload, build_pool, write_indexes
+
+    v1, v2 = proto_versions()
+    click = v2.message_type[1]
+    T = descriptor_pb2.FieldDescriptorProto  # noqa: N806 - the protobuf type's name
+    click.field.add(name="tags", number=9, type=T.TYPE_STRING, label=T.LABEL_REPEATED)
+    click.field.add(name="seen", number=10, type=T.TYPE_MESSAGE, type_name=".google.protobuf.Timestamp",
+                    label=T.LABEL_OPTIONAL)
+    click.field.add(name="small", number=11, type=T.TYPE_SINT32, label=T.LABEL_OPTIONAL)
+    for sid, f in ((21, v1), (22, v2)):
+        server.schemas[sid] = {"schemaType": "PROTOBUF", "schema": base64.b64encode(f.SerializeToString()).decode()}
+    pool = build_pool(descriptor_pb2.FileDescriptorSet(file=[v2]).SerializeToString())
+    cls = message_factory.GetMessageClass(pool.FindMessageTypeByName("dev.deltadrain.sample.Click"))
+    msg = cls(event_id="p2", customer="d", quantity=4, channel="app", tags=["a"], small=-3)
+    msg.seen.FromMicroseconds(1_777_593_600_000_001)
+    two = header(22) + write_indexes([1]) + msg.SerializeToString()
+    bare = header(22) + write_indexes([1]) + cls(event_id="p3", customer="e").SerializeToString()
+    fields = {"event_id": "string", "customer": "string", "quantity": "int"}
+    p = ProtobufPayload(b"", "", "confluent", None, Registry(server.url, backoff_s=0.01))
+    d = p.decoder(fields=fields, id_field="event_id", required=["event_id"], max_bytes=4096,
+                  types={"event_id": pa.string(), "customer": pa.string(), "quantity": pa.int32()},
+                  evolved=frozenset({"quantity"}), collect_new=True)
+    cols = d.columns([two, bare])
+    assert cols["_dd_error_type"].to_pylist() == [None, None]
+    # quantity (int64) widens the evolved int column; channel (proto3 string) is "" when unset, as
+    # Protobuf defines it, an enum its value's name; seen and note (fields with presence) are null when unset.
+    assert [json.loads(e) for e in cols["_dd_extra"].to_pylist()] == [
+        {"channel": "app", "quantity": 4, "seen": 1_777_593_600_000_001, "small": -3, "status": "STATUS_UNSPECIFIED"},
+        {"channel": "", "quantity": 0, "small": 0, "status": "STATUS_UNSPECIFIED"}]
+    assert json.loads(cols["_dd_extra_kinds"][0].as_py()) == {
+        "channel": "string", "quantity": "long", "seen": "timestamp", "small": "int", "status": "string",
+        "note": "string", "event_time": "timestamp",
+        "tags": "-Protobuf field 'tags' is repeated, which no column type deltadrain writes holds"}
+    assert cols["quantity"].to_pylist() == [None, None]
