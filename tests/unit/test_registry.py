@@ -315,10 +315,10 @@ def test_the_example_registry_pipeline_loads_and_produce_says_it_has_no_schema_t
 
     cfg = load_config(ROOT / "config" / "pipelines.registry.yaml")
     p = cfg.pipeline("clicks_avro_registry")
-    assert p.payload_schema.registry_url == "http://127.0.0.1:8081"
-    assert p.connection_ids() == ["deltadrain_schema_registry"]
+    assert p.payload_schema.registry_url == "http://127.0.0.1:18081/apis/ccompat/v7"
+    assert p.connection_ids() == ["deltadrain_registry"]
     with pytest.raises(ConfigError, match="pipeline 'clicks_avro_registry' reads its writers' schemas from the registry "
-                                          "at http://127.0.0.1:8081: `produce` needs schema.avro_schema_file"):
+                                          "at http://127.0.0.1:18081/apis/ccompat/v7: `produce` needs schema.avro_schema_file"):
         next(generate(p, 1, seed=1))
 
 
