@@ -1,6 +1,7 @@
 """The schema registry client (deltadrain.registry): frame -> id grouping, answer parsing, error mapping,
 and the client against a local HTTP server that speaks the Confluent-compatible API's `GET
-/schemas/ids/{id}` (no registry could be installed here: docs/config.md, "Schema registry")."""
+/schemas/ids/{id}`, to reach answers a real registry will not give on demand. The drains through the
+real one (the embedded Apicurio Registry) are tests/integration/test_schema_registry.py."""
 
 from __future__ import annotations
 
@@ -187,6 +188,24 @@ def test_fetch_retries_an_outage_with_backoff_then_fails_naming_the_registry():
     assert failure_line(wrapped) == line and failure_line(ValueError("else")) is None
     assert reg.schema_url("http://r/api/ccompat/v7/", 4, "PROTOBUF") == (
         "http://r/api/ccompat/v7/schemas/ids/4?format=serialized")
+
+
+def test_protobuf_text_as_apicurio_gives_it_is_compiled_and_text_protoc_rejects_is_a_dead_letter():
+    from google.protobuf import descriptor_pb2
+
+    r = Registry("http://reg/apis/ccompat/v7")
+    text = (ROOT / "config" / "schemas" / "clicks.proto").read_text()
+    said = json.dumps({"schema": text, "schemaType": "PROTOBUF", "references": []}).encode()
+    assert answer(200, said, 8, r, "PROTOBUF") == Writer(text, "PROTOBUF")  # kept as text: answer() is pure
+    found = fetch(r, 8, "PROTOBUF", ask=lambda url, _: (200, said))
+    proto = descriptor_pb2.FileDescriptorProto.FromString(found.text)
+    fds = descriptor_pb2.FileDescriptorSet.FromString((ROOT / "config" / "schemas" / "clicks.desc").read_bytes())
+    want = next(f for f in fds.file if f.name.endswith("clicks.proto"))
+    assert (proto.name, proto.dependency, proto.message_type) == ("schema_8.proto", want.dependency, want.message_type)
+    broken = json.dumps({"schema": "syntax = \"proto3\";\nmessage A { int32 x = 1 }", "schemaType": "PROTOBUF"})
+    dead = fetch(r, 9, "PROTOBUF", ask=lambda url, _: (200, broken.encode()))
+    assert (dead.text, dead.error_type, dead.error) == (
+        None, "unsupported_schema", 'schema id 9 is Protobuf text that protoc rejects: schema_9.proto:2:25: Expected ";".')
 
 
 def test_a_batch_of_many_schema_ids_is_read_with_each_writer_asked_once(server):
