@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import copy
 import json
+import urllib.error
 import urllib.request
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -16,6 +17,7 @@ import pytest
 import yaml
 
 from deltadrain.avro import encode as avro_encode
+from deltadrain.catchup import drain
 from deltadrain.config import load_config
 from deltadrain.confluent import header
 from deltadrain.dev import services
@@ -26,7 +28,7 @@ from deltadrain.protobuf import encode as proto_encode
 from deltadrain.registry import failure_line
 from deltadrain.sources.kafka.client import kafka_client_conf
 from tests.integration.helpers import ROOT, dlq_rows, write_config
-from tests.integration.test_kafka_drain import drain_until_done, end_offsets, group_of, lake_checkpoint
+from tests.integration.test_kafka_drain import end_offsets, group_of, lake_checkpoint
 
 SCHEMAS = ROOT / "config" / "schemas"
 FIELDS = {"event_id": "string", "customer": "string", "amount": "double", "quantity": "long", "status": "string",
@@ -73,8 +75,6 @@ def record(prefix: str, i: int, note: str | None = None) -> dict:
 
 
 def failed_run(c, p, spark) -> str:
-    from deltadrain.catchup import drain
-
     with pytest.raises(Exception) as exc:  # noqa: PT011 - whichever error carries it, its line is the registry's
         drain(c, p, spark=spark)
     line = failure_line(exc.value)
@@ -104,6 +104,16 @@ def test_avro_and_protobuf_drain_through_the_real_registry_across_versions_bad_i
     path, c, p = registry_pipeline(tmp_path / "a", cfg, "avro")
     _, pc, pp = registry_pipeline(tmp_path / "p", cfg, "protobuf")
     assert p.payload_schema.registry_connection_id == "deltadrain_registry"  # the login services up handed over
+    # The registry listens on the loopback only, and no path answers without the login.
+    from tests.integration.helpers import beyond_loopback, listening_addresses
+
+    listening = listening_addresses(registry_server.pid())
+    assert listening and not beyond_loopback(listening), listening
+    base = registry_url(cfg).split("/apis/")[0]
+    for where in ("/apis/ccompat/v7/schemas/ids/1", "/apis/registry/v2/search/artifacts", "/health/ready", "/ui/"):
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(base + where, timeout=30)  # noqa: S310 - the embedded registry
+        assert refused.value.code == 401, where
 
     # Avro: v1 without `note`, then v2 with it mid-stream, and messages framed with an id nobody registered.
     v2 = json.loads((SCHEMAS / "clicks.avsc").read_text())
@@ -138,7 +148,9 @@ def test_avro_and_protobuf_drain_through_the_real_registry_across_versions_bad_i
 
     # With the connection's login: every message once, v1 rows without a note, v2 rows with theirs,
     # the unknown id's messages dead letters with their reason, nothing else dead.
-    drain_until_done(c, p, spark)
+    # One run takes the whole topic (its batch_cap is above it), so no run is spent finding it empty.
+    run = drain(c, p, spark=spark)
+    assert (run.claimed, run.written, run.dead_lettered) == (64, 60, 4), run.line()
     rows = spark.read.format("delta").load(str(c.target_path(p))).collect()
     table = {r.event_id: r for r in rows}
     assert len(rows) == len(table) == 60
@@ -154,7 +166,9 @@ def test_avro_and_protobuf_drain_through_the_real_registry_across_versions_bad_i
     assert all(f"unknown schema id {unknown}" in r.error and "does not know it" in r.error for r in dead)
     assert group_of(c, p) == {k: int(v) for k, v in end_offsets(c, p).items()}
 
-    drain_until_done(pc, pp, spark)
+    run = drain(pc, pp, spark=spark)
+    assert (run.claimed, run.written, run.dead_lettered) == (40, 40, 0), run.line()
+    assert group_of(pc, pp) == {k: int(v) for k, v in end_offsets(pc, pp).items()}
     prow = {r.event_id: r for r in spark.read.format("delta").load(str(pc.target_path(pp))).collect()}
     assert set(prow) == {f"pb-{i}" for i in range(40)} and not dlq_rows(spark, pc, pp)
     assert (prow["pb-3"].note, prow["pb-3"].status, prow["pb-3"].event_time.astimezone(UTC)) == (
@@ -171,7 +185,9 @@ def test_avro_and_protobuf_drain_through_the_real_registry_across_versions_bad_i
     assert f"cannot get schema id {id3} from the schema registry at {registry_url(cfg)}" in line, line
     unchanged(spark, c, p, before)
     services.up(cfg, ["registry"])
-    drain_until_done(c, p, spark)
+    run = drain(c, p, spark=spark)
+    assert (run.claimed, run.written, run.dead_lettered) == (20, 20, 0), run.line()
+    assert group_of(c, p) == {k: int(v) for k, v in end_offsets(c, p).items()}
     ids = [r.event_id for r in spark.read.format("delta").load(str(c.target_path(p))).select("event_id").collect()]
     assert len(ids) == len(set(ids)) == 80 and {f"v3-{i}" for i in range(20)} <= set(ids)
     assert len(dlq_rows(spark, c, p)) == 4
