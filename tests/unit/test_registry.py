@@ -389,3 +389,26 @@ def test_protobuf_messages_are_parsed_as_the_message_their_id_and_indexes_name(s
     assert cols["_dd_error"][3].as_py() == "message indexes [3] name no message of schema id 22 (clicks_v2.proto)"
     assert sorted(server.asked) == ["/schemas/ids/11?format=serialized", "/schemas/ids/21?format=serialized",
                                     "/schemas/ids/22?format=serialized", "/schemas/ids/98?format=serialized"]
+
+
+def test_a_bare_services_up_starts_the_embedded_registry_only_for_a_pipeline_that_reads_it(monkeypatch):
+    from deltadrain.dev import services
+    from deltadrain.embedded import REGISTRY_CONNECTION_ID, airflow_env, registry_login, registry_url
+
+    monkeypatch.delenv("DELTADRAIN_REGISTRY_PORT", raising=False)
+    monkeypatch.delenv("AIRFLOW_CONN_DELTADRAIN_REGISTRY", raising=False)
+    reads_it = load_config(ROOT / "config" / "pipelines.registry.yaml")
+    assert registry_url(reads_it) == "http://127.0.0.1:18081/apis/ccompat/v7"
+    assert "registry" in services.defaults(reads_it)
+    assert "registry" not in services.defaults(load_config(ROOT / "config" / "pipelines.yaml"))
+    # Airflow gets its login as the connection the example names; its process, never its command line.
+    conn = json.loads(airflow_env(reads_it)["AIRFLOW_CONN_DELTADRAIN_REGISTRY"])
+    assert reads_it.pipelines[0].payload_schema.registry_connection_id == REGISTRY_CONNECTION_ID
+    assert (conn["login"], conn["password"]) == (registry_login()["username"], registry_login()["password"])
+    monkeypatch.setattr(services, "classpath", lambda kind: [Path(f"/cache/{kind}/quarkus-app/quarkus-run.jar")])
+    svc = services.registry_service(reads_it)
+    svc.prepare()
+    command = svc.command()
+    assert svc.ports == [18081] and command[-2:] == ["-jar", "/cache/registry/quarkus-app/quarkus-run.jar"]
+    assert "-Dquarkus.http.port=18081" in command and registry_login()["password"] not in " ".join(command)
+    assert svc.env["DELTADRAIN_REGISTRY_PASSWORD"] == registry_login()["password"]
