@@ -199,10 +199,18 @@ def fetch(registry: Registry, schema_id: int, schema_type: str, *, sleep=time.sl
 
 def compiled(found: Writer, schema_id: int) -> Writer:
     """A Protobuf writer given as `.proto` text -> its serialized FileDescriptorProto; text protoc rejects
-    makes the messages of that id `unsupported_schema` dead letters (the schema, not the batch, is bad)."""
+    makes the messages of that id `unsupported_schema` dead letters (the schema, not the batch, is bad);
+    protoc that cannot run here fails the run instead, as an outage does: no message is to blame."""
+    import subprocess
+
     from deltadrain.proto_source import compile_proto
 
-    done = compile_proto(found.text, f"schema_{schema_id}.proto")
+    try:
+        done = compile_proto(found.text, f"schema_{schema_id}.proto")
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise RegistryUnavailable(f"{MARK} cannot compile the .proto text of schema id {schema_id} with "
+                                  f"grpcio-tools' protoc ({type(exc).__name__}: {' '.join(str(exc).split())[:200]}); "
+                                  f"is grpcio-tools installed (make install)?") from None
     if done.data is None:
         return Writer(None, found.schema_type, found.references, "unsupported_schema",
                       f"schema id {schema_id} is Protobuf text that protoc rejects: {done.error}")

@@ -190,7 +190,7 @@ def test_fetch_retries_an_outage_with_backoff_then_fails_naming_the_registry():
         "http://r/api/ccompat/v7/schemas/ids/4?format=serialized")
 
 
-def test_protobuf_text_as_apicurio_gives_it_is_compiled_and_text_protoc_rejects_is_a_dead_letter():
+def test_protobuf_text_as_apicurio_gives_it_is_compiled_and_text_protoc_rejects_is_a_dead_letter(monkeypatch):
     from google.protobuf import descriptor_pb2
 
     r = Registry("http://reg/apis/ccompat/v7")
@@ -206,6 +206,14 @@ def test_protobuf_text_as_apicurio_gives_it_is_compiled_and_text_protoc_rejects_
     dead = fetch(r, 9, "PROTOBUF", ask=lambda url, _: (200, broken.encode()))
     assert (dead.text, dead.error_type, dead.error) == (
         None, "unsupported_schema", 'schema id 9 is Protobuf text that protoc rejects: schema_9.proto:2:25: Expected ";".')
+
+    # protoc that cannot run here is no fault of the messages: the run fails, nothing is dead-lettered.
+    def gone(*_):
+        raise FileNotFoundError(2, "No such file or directory", "python")
+
+    monkeypatch.setattr("deltadrain.proto_source.compile_proto", gone)
+    with pytest.raises(RegistryUnavailable, match=r"cannot compile the .proto text of schema id 10 with grpcio-tools"):
+        fetch(r, 10, "PROTOBUF", ask=lambda url, _: (200, said))
 
 
 def test_a_batch_of_many_schema_ids_is_read_with_each_writer_asked_once(server):
