@@ -6,6 +6,7 @@ STAMP := $(VENV)/.installed
 JARS  := .cache/jars
 LOG_STORE := jvm/logstore/pom.xml $(wildcard jvm/logstore/src/main/java/dev/deltadrain/storage/*.java)
 S3_LOG_STORE := jvm/s3logstore/pom.xml $(wildcard jvm/s3logstore/src/main/java/dev/deltadrain/storage/*.java)
+REGISTRY := jvm/registry/pom.xml jvm/registry/src/main/resources/application.properties
 
 .PHONY: install venv jars proto jvm-archive browser tls-terminator demo test test-fast lint bench lock services-down clean
 
@@ -25,7 +26,7 @@ $(STAMP): requirements.txt constraints.txt pyproject.toml
 	$(BIN)/pip install -q --no-deps -e .
 	@touch $(STAMP)
 
-jars: $(JARS)/spark/.complete $(JARS)/kafka/.complete $(JARS)/s3/.complete $(JARS)/s3a/.complete
+jars: $(JARS)/spark/.complete $(JARS)/kafka/.complete $(JARS)/s3/.complete $(JARS)/s3a/.complete $(JARS)/registry/.complete
 
 # Fetched with mvn from jvm/spark and jvm/kafka; the spark kind also gets the log store built from jvm/logstore.
 $(JARS)/spark/.complete $(JARS)/kafka/.complete &: jvm/spark/pom.xml jvm/kafka/pom.xml $(LOG_STORE) | $(STAMP)
@@ -35,6 +36,11 @@ $(JARS)/spark/.complete $(JARS)/kafka/.complete &: jvm/spark/pom.xml jvm/kafka/p
 # the s3a kind keeps with the S3 log store built from jvm/s3logstore (docs/object-store.md).
 $(JARS)/s3/.complete $(JARS)/s3a/.complete &: jvm/s3/pom.xml jvm/s3a/pom.xml $(S3_LOG_STORE) | $(STAMP)
 	$(BIN)/deltadrain jars --only s3,s3a
+
+# The embedded schema registry (jvm/registry): Apicurio Registry built as a Quarkus app (~130 MB), once
+# per change of its pom or configuration (docs/config.md, "Schema registry").
+$(JARS)/registry/.complete: $(REGISTRY) | $(STAMP)
+	$(BIN)/deltadrain jars --only registry
 
 # The Spark driver's class-data archive, made from a small real drain (private Valkey, throwaway lake):
 # drivers start ~4 s sooner. A no-op while the JDK and jars are unchanged; a failure only warns.

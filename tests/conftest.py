@@ -54,7 +54,8 @@ def pytest_configure(config):
     home = Path(tempfile.mkdtemp(prefix="deltadrain-test-"))
     os.environ["DELTADRAIN_HOME"] = str(home)
     os.environ.setdefault("DELTADRAIN_CONFIG", str(ROOT / "config" / "pipelines.yaml"))
-    for name in ("VALKEY", "VALKEY_TLS", "KAFKA", "KAFKA_CONTROLLER", "KAFKA_SASL", "AIRFLOW", "SPARK_CONNECT", "S3"):
+    for name in ("VALKEY", "VALKEY_TLS", "KAFKA", "KAFKA_CONTROLLER", "KAFKA_SASL", "AIRFLOW", "SPARK_CONNECT", "S3",
+                 "REGISTRY"):
         os.environ[f"DELTADRAIN_{name}_PORT"] = str(free_port())
     os.environ.setdefault("DELTADRAIN_DRIVER_MEMORY", "1g")
     # The suite starts a driver JVM per CLI drain, spark-submit and DAG run, each living seconds: C1
@@ -154,6 +155,12 @@ def spark_connect_server(cfg, _connect_server_of_session):
 def s3_server(cfg):
     """The embedded S3 server (S3Proxy on files under this session's home), with its login."""
     yield from _service(cfg, "s3")
+
+
+@pytest.fixture(scope="session")
+def registry_server(cfg):
+    """The embedded schema registry (Apicurio Registry from the jar cache, schemas under this session's home)."""
+    yield from _service(cfg, "registry")
 
 
 @pytest.fixture(scope="session")

@@ -112,6 +112,8 @@ class ServicesConfig(_Model):
     # The Spark standalone cluster (`services up --only spark_cluster`): its master's RPC port and web UI port.
     spark_cluster_port: int = Field(17077, ge=1, le=65535)
     spark_cluster_ui_port: int = Field(18080, ge=1, le=65535)
+    # The embedded schema registry (`services up --only registry`): its Confluent-compatible API.
+    registry_port: int = Field(18081, ge=1, le=65535)
     airflow_parallelism: int = Field(4, ge=1, le=64)
     kafka_heap: str = "512m"
 

@@ -31,6 +31,7 @@ class Ports:
     spark_cluster_ui: int
     valkey_cluster: int = 16400
     valkey_tls: int = 6398
+    registry: int = 18081
 
     @classmethod
     def resolve(cls, services: ServicesConfig) -> Ports:
@@ -54,6 +55,7 @@ class Ports:
             valkey_cluster=pick("DELTADRAIN_VALKEY_CLUSTER_PORT", services.valkey_cluster_port),
             spark_cluster=pick("DELTADRAIN_SPARK_CLUSTER_PORT", services.spark_cluster_port),
             spark_cluster_ui=pick("DELTADRAIN_SPARK_CLUSTER_UI_PORT", services.spark_cluster_ui_port),
+            registry=pick("DELTADRAIN_REGISTRY_PORT", services.registry_port),
         )
 
 
@@ -208,6 +210,38 @@ def s3_connection(cfg: DeltadrainConfig) -> dict | None:
             "extra": {"endpoint_url": f"http://127.0.0.1:{ports(cfg).s3}", "region_name": "us-east-1"}}
 
 
+def registry_home() -> Path:
+    return services_home() / "registry"
+
+
+def registry_login_file() -> Path:
+    """The embedded schema registry's login (JSON), made before its first start, owner-only."""
+    return registry_home() / "login.json"
+
+
+# The user the embedded registry knows (its build's configuration names it), and the Airflow connection
+# that holds its login; a pipeline names it in schema.registry_connection_id.
+REGISTRY_USER = "deltadrain"
+REGISTRY_CONNECTION_ID = "deltadrain_registry"
+
+
+def registry_login() -> dict:
+    """The embedded registry's login, made on the first call: {"username", "password"}."""
+    return private_login(registry_login_file(), REGISTRY_USER, "password")
+
+
+def registry_url(cfg: DeltadrainConfig) -> str:
+    """The embedded registry's Confluent-compatible API: a pipeline's schema.registry_url."""
+    return f"http://127.0.0.1:{ports(cfg).registry}/apis/ccompat/v7"
+
+
+def registry_connection(cfg: DeltadrainConfig) -> dict:
+    """The embedded registry as an Airflow connection: its API's address and the login."""
+    login = registry_login()
+    return {"conn_type": "http", "host": registry_url(cfg), "login": login["username"],
+            "password": login["password"], "description": "the embedded schema registry (deltadrain services)"}
+
+
 def airflow_env(cfg: DeltadrainConfig) -> dict[str, str]:
     """The environment every Airflow process of the embedded install runs with (also used by tests)."""
     port = ports(cfg).airflow
@@ -256,6 +290,9 @@ def airflow_env(cfg: DeltadrainConfig) -> dict[str, str]:
     conn = f"AIRFLOW_CONN_{KAFKA_CONNECTION_ID.upper()}"
     if conn not in os.environ:
         env[conn] = json.dumps(kafka_connection())
+    conn = f"AIRFLOW_CONN_{REGISTRY_CONNECTION_ID.upper()}"
+    if conn not in os.environ:
+        env[conn] = json.dumps(registry_connection(cfg))
     conn = f"AIRFLOW_CONN_{S3_CONNECTION_ID.upper()}"
     if conn not in os.environ and (s3 := s3_connection(cfg)) is not None:
         # The embedded S3 server, once `services up --only s3` made its login: start it before Airflow.

@@ -3,7 +3,8 @@ deltadrain's own Delta log stores, built with `mvn package`: jvm/logstore (local
 kind, jvm/s3logstore (lakes on S3) into the s3a kind.
 
 The kinds: spark (Delta, the Kafka source), kafka (the embedded broker), s3 (the embedded S3 server,
-S3Proxy) and s3a (hadoop-aws and the AWS SDK bundle: added to a Spark session only when its lake is
+S3Proxy), registry (the embedded schema registry, Apicurio Registry built from jvm/registry as a Quarkus
+app: `quarkus-app/`, run with `java -jar`) and s3a (hadoop-aws and the AWS SDK bundle: added to a Spark session only when its lake is
 on S3, so the local sessions and their class-data archive stay as they are).
 
 Spark sessions, spark-submit and the Kafka broker only ever read this cache; nothing is resolved
@@ -21,7 +22,7 @@ from pathlib import Path
 from deltadrain.errors import PrerequisiteError
 from deltadrain.paths import jar_cache, jvm_dir
 
-KINDS = ("spark", "kafka", "s3", "s3a")
+KINDS = ("spark", "kafka", "s3", "s3a", "registry")
 FIX = "make jars"
 # Built from jvm/logstore (not fetched) into the spark kind: the log store every session commits with.
 LOG_STORE_ARTIFACT = "deltadrain-logstore"
@@ -35,6 +36,9 @@ _REQUIRED = {kind: (artifact,) for kind, (_, artifact) in _BUILT.items()}
 # The kinds whose jars join pyspark's on one class path: those Spark already ships are dropped.
 _ON_SPARK = ("spark", "s3a")
 _MARKER = ".complete"
+# The registry kind is an app, not jars for a class path: its fast-jar directory and the jar that starts it.
+REGISTRY_APP = "quarkus-app"
+REGISTRY_RUN_JAR = f"{REGISTRY_APP}/quarkus-run.jar"
 _JAR_NAME = re.compile(r"^(?P<artifact>.+?)-(?P<version>\d+\.\d+[\w.\-]*)\.jar$")
 
 
@@ -97,6 +101,8 @@ def fetch(kind: str, *, quiet: bool = True) -> Path:
     target = jar_cache() / kind
     pom = jvm_dir() / kind / "pom.xml"
     target.parent.mkdir(parents=True, exist_ok=True)
+    if kind == "registry":
+        return build_registry(target, pom, quiet=quiet)
     with tempfile.TemporaryDirectory(dir=target.parent) as staging:
         _mvn(["-f", str(pom), f"{DEPENDENCY_PLUGIN}:copy-dependencies", "-DincludeScope=runtime",
               f"-DoutputDirectory={staging}"], quiet=quiet)
@@ -112,6 +118,22 @@ def fetch(kind: str, *, quiet: bool = True) -> Path:
         for name in keep:
             shutil.move(str(Path(staging) / name), target / name)
         (target / _MARKER).write_text("\n".join(keep) + "\n")
+    return target
+
+
+def build_registry(target: Path, pom: Path, *, quiet: bool = True) -> Path:
+    """`mvn package` of jvm/registry (the Quarkus build resolves and packs the app), its quarkus-app/
+    moved into `target`, replacing what was there only once the build succeeded."""
+    with tempfile.TemporaryDirectory(dir=target.parent) as build:
+        _mvn(["-f", str(pom), "package", f"-Ddeltadrain.build.dir={build}"], quiet=quiet)
+        app = Path(build) / REGISTRY_APP
+        if not (app / "quarkus-run.jar").exists():
+            raise PrerequisiteError(f"`mvn package` on {pom} made no {REGISTRY_RUN_JAR}; run `{FIX}` again.")
+        if target.exists():
+            shutil.rmtree(target)
+        target.mkdir()
+        shutil.move(str(app), target / REGISTRY_APP)
+        (target / _MARKER).write_text(REGISTRY_RUN_JAR + "\n")
     return target
 
 

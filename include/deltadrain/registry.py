@@ -3,7 +3,9 @@ Avro or Protobuf message, fetched by the id in its frame (`GET /schemas/ids/{id}
 since a registry never changes what an id names.
 
 What an answer means for the batch:
-- the schema: the messages of that id are decoded with it;
+- the schema: the messages of that id are decoded with it (a Protobuf schema given as `.proto` text, as
+  Apicurio Registry gives it, is compiled to a descriptor first; text protoc rejects makes those messages
+  `unsupported_schema` dead letters);
 - the id is unknown (404 with error code 40403): those messages are `unknown_schema_id` dead letters
   (bad input is data); a 404 without that code means the URL is not the API's, a run error;
 - the registry cannot be reached or fails (a refused connection, a timeout, 5xx, 429): asked again with
@@ -20,6 +22,7 @@ like a Valkey claim task's login (repr=False: never in a log line). Pure apart f
 from __future__ import annotations
 
 import base64
+import contextlib
 import functools
 import http.client
 import json
@@ -75,8 +78,8 @@ class Registry:
 
 class Writer(NamedTuple):
     """What the registry says of one id: the schema's text (Avro: JSON; Protobuf: a serialized
-    FileDescriptorProto), its type, and the subjects it imports; or, when `text` is None, why the
-    messages of that id are dead letters (`error_type`, `error`)."""
+    FileDescriptorProto, or `.proto` text until `fetch` compiles it), its type, and the subjects it
+    imports; or, when `text` is None, why the messages of that id are dead letters (`error_type`, `error`)."""
 
     text: str | bytes | None
     schema_type: str = "AVRO"
@@ -86,7 +89,8 @@ class Writer(NamedTuple):
 
 
 def schema_url(base: str, schema_id: int, schema_type: str) -> str:
-    """Protobuf schemas are asked for serialized (a FileDescriptorProto in base64): no .proto parser needed."""
+    """Protobuf schemas are asked for serialized (a FileDescriptorProto in base64); a registry that ignores
+    the option (Apicurio) answers with `.proto` text, which `fetch` compiles."""
     url = f"{base.rstrip('/')}/schemas/ids/{int(schema_id)}"
     return url + "?format=serialized" if schema_type == "PROTOBUF" else url
 
@@ -145,11 +149,9 @@ def answer(status: int, body: bytes, schema_id: int, registry: Registry, wanted:
                           f"schema id {schema_id} imports other registered schemas ({', '.join(refs)}), "
                           f"which deltadrain does not resolve")
         if kind == "PROTOBUF":
-            try:
+            # Not base64: `.proto` text (Apicurio's answer, whatever ?format says), which `fetch` compiles.
+            with contextlib.suppress(ValueError):
                 text = base64.b64decode(text, validate=True)
-            except ValueError:
-                raise RegistryUnavailable(f"{MARK} {where} did not give schema id {schema_id} serialized "
-                                          f"(?format=serialized): a registry without that option is not supported") from None
         return Writer(text, kind)
     if status == 404 and _code(body) == 40403:
         return Writer(None, wanted, (), "unknown_schema_id",
@@ -215,11 +217,32 @@ def fetch(registry: Registry, schema_id: int, schema_type: str, *, sleep=time.sl
             continue
         found = answer(status, body, schema_id, registry, schema_type)
         if found is not None:
-            return found
+            return compiled(found, schema_id) if found.schema_type == "PROTOBUF" and isinstance(found.text, str) \
+                else found
         why = f"HTTP {status}: {_said(body)}"
     raise RegistryUnavailable(f"{MARK} cannot get schema id {schema_id} from the schema registry at {registry.url} "
                               f"after {registry.attempts} attempts ({why}); nothing of the batch was committed or "
                               f"acknowledged: it is read again once the registry answers")
+
+
+def compiled(found: Writer, schema_id: int) -> Writer:
+    """A Protobuf writer given as `.proto` text -> its serialized FileDescriptorProto; text protoc rejects
+    makes the messages of that id `unsupported_schema` dead letters (the schema, not the batch, is bad);
+    protoc that cannot run here fails the run instead, as an outage does: no message is to blame."""
+    import subprocess
+
+    from deltadrain.proto_source import compile_proto
+
+    try:
+        done = compile_proto(found.text, f"schema_{schema_id}.proto")
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise RegistryUnavailable(f"{MARK} cannot compile the .proto text of schema id {schema_id} with "
+                                  f"grpcio-tools' protoc ({type(exc).__name__}: {' '.join(str(exc).split())[:200]}); "
+                                  f"is grpcio-tools installed (make install)?") from None
+    if done.data is None:
+        return Writer(None, found.schema_type, found.references, "unsupported_schema",
+                      f"schema id {schema_id} is Protobuf text that protoc rejects: {done.error}")
+    return found._replace(text=done.data)
 
 
 # Ids never change what they name: a writer found is kept for the process's life (the executors' Python

@@ -1,6 +1,7 @@
 """The schema registry client (deltadrain.registry): frame -> id grouping, answer parsing, error mapping,
 and the client against a local HTTP server that speaks the Confluent-compatible API's `GET
-/schemas/ids/{id}` (no registry could be installed here: docs/config.md, "Schema registry")."""
+/schemas/ids/{id}`, to reach answers a real registry will not give on demand. The drains through the
+real one (the embedded Apicurio Registry) are tests/integration/test_schema_registry.py."""
 
 from __future__ import annotations
 
@@ -191,6 +192,32 @@ def test_fetch_retries_an_outage_with_backoff_then_fails_naming_the_registry():
         "http://r/api/ccompat/v7/schemas/ids/4?format=serialized")
 
 
+def test_protobuf_text_as_apicurio_gives_it_is_compiled_and_text_protoc_rejects_is_a_dead_letter(monkeypatch):
+    from google.protobuf import descriptor_pb2
+
+    r = Registry("http://reg/apis/ccompat/v7")
+    text = (ROOT / "config" / "schemas" / "clicks.proto").read_text()
+    said = json.dumps({"schema": text, "schemaType": "PROTOBUF", "references": []}).encode()
+    assert answer(200, said, 8, r, "PROTOBUF") == Writer(text, "PROTOBUF")  # kept as text: answer() is pure
+    found = fetch(r, 8, "PROTOBUF", ask=lambda url, _: (200, said))
+    proto = descriptor_pb2.FileDescriptorProto.FromString(found.text)
+    fds = descriptor_pb2.FileDescriptorSet.FromString((ROOT / "config" / "schemas" / "clicks.desc").read_bytes())
+    want = next(f for f in fds.file if f.name.endswith("clicks.proto"))
+    assert (proto.name, proto.dependency, proto.message_type) == ("schema_8.proto", want.dependency, want.message_type)
+    broken = json.dumps({"schema": "syntax = \"proto3\";\nmessage A { int32 x = 1 }", "schemaType": "PROTOBUF"})
+    dead = fetch(r, 9, "PROTOBUF", ask=lambda url, _: (200, broken.encode()))
+    assert (dead.text, dead.error_type, dead.error) == (
+        None, "unsupported_schema", 'schema id 9 is Protobuf text that protoc rejects: schema_9.proto:2:25: Expected ";".')
+
+    # protoc that cannot run here is no fault of the messages: the run fails, nothing is dead-lettered.
+    def gone(*_):
+        raise FileNotFoundError(2, "No such file or directory", "python")
+
+    monkeypatch.setattr("deltadrain.proto_source.compile_proto", gone)
+    with pytest.raises(RegistryUnavailable, match=r"cannot compile the .proto text of schema id 10 with grpcio-tools"):
+        fetch(r, 10, "PROTOBUF", ask=lambda url, _: (200, said))
+
+
 def test_a_batch_of_many_schema_ids_is_read_with_each_writer_asked_once(server):
     good = [framed(11, {"event_id": f"a{i}", "customer": "c", "amount": i / 2}, V1) for i in range(30)]
     newer = [framed(12, {"quantity": i, "event_id": f"b{i}", "customer": "d", "amount": 1.0, "channel": "app"}, V2)
@@ -315,10 +342,10 @@ def test_the_example_registry_pipeline_loads_and_produce_says_it_has_no_schema_t
 
     cfg = load_config(ROOT / "config" / "pipelines.registry.yaml")
     p = cfg.pipeline("clicks_avro_registry")
-    assert p.payload_schema.registry_url == "http://127.0.0.1:8081"
-    assert p.connection_ids() == ["deltadrain_schema_registry"]
+    assert p.payload_schema.registry_url == "http://127.0.0.1:18081/apis/ccompat/v7"
+    assert p.connection_ids() == ["deltadrain_registry"]
     with pytest.raises(ConfigError, match="pipeline 'clicks_avro_registry' reads its writers' schemas from the registry "
-                                          "at http://127.0.0.1:8081: `produce` needs schema.avro_schema_file"):
+                                          "at http://127.0.0.1:18081/apis/ccompat/v7: `produce` needs schema.avro_schema_file"):
         next(generate(p, 1, seed=1))
 
 
@@ -531,3 +558,26 @@ def test_with_add_columns_a_protobuf_writers_new_scalars_travel_with_its_message
         "note": "string", "event_time": "timestamp",
         "tags": "-Protobuf field 'tags' is repeated, which no column type deltadrain writes holds"}
     assert cols["quantity"].to_pylist() == [None, None]
+
+
+def test_a_bare_services_up_starts_the_embedded_registry_only_for_a_pipeline_that_reads_it(monkeypatch):
+    from deltadrain.dev import services
+    from deltadrain.embedded import REGISTRY_CONNECTION_ID, airflow_env, registry_login, registry_url
+
+    monkeypatch.delenv("DELTADRAIN_REGISTRY_PORT", raising=False)
+    monkeypatch.delenv("AIRFLOW_CONN_DELTADRAIN_REGISTRY", raising=False)
+    reads_it = load_config(ROOT / "config" / "pipelines.registry.yaml")
+    assert registry_url(reads_it) == "http://127.0.0.1:18081/apis/ccompat/v7"
+    assert "registry" in services.defaults(reads_it)
+    assert "registry" not in services.defaults(load_config(ROOT / "config" / "pipelines.yaml"))
+    # Airflow gets its login as the connection the example names; its process, never its command line.
+    conn = json.loads(airflow_env(reads_it)["AIRFLOW_CONN_DELTADRAIN_REGISTRY"])
+    assert reads_it.pipelines[0].payload_schema.registry_connection_id == REGISTRY_CONNECTION_ID
+    assert (conn["login"], conn["password"]) == (registry_login()["username"], registry_login()["password"])
+    monkeypatch.setattr(services, "classpath", lambda kind: [Path(f"/cache/{kind}/quarkus-app/quarkus-run.jar")])
+    svc = services.registry_service(reads_it)
+    svc.prepare()
+    command = svc.command()
+    assert svc.ports == [18081] and command[-2:] == ["-jar", "/cache/registry/quarkus-app/quarkus-run.jar"]
+    assert "-Dquarkus.http.port=18081" in command and registry_login()["password"] not in " ".join(command)
+    assert svc.env["DELTADRAIN_REGISTRY_PASSWORD"] == registry_login()["password"]

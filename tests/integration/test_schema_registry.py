@@ -1,0 +1,194 @@
+"""Avro and Protobuf drained through the real embedded schema registry (Apicurio Registry's
+Confluent-compatible API) from the real broker into Delta, read back: schemas registered through the
+API, a second writer version mid-stream, an id nobody registered, a refused login and the registry
+stopped between two runs."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import urllib.error
+import urllib.request
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import pytest
+import yaml
+
+from deltadrain.avro import encode as avro_encode
+from deltadrain.catchup import drain
+from deltadrain.config import load_config
+from deltadrain.confluent import header
+from deltadrain.dev import services
+from deltadrain.dev.produce import ensure_topic
+from deltadrain.embedded import registry_login, registry_url
+from deltadrain.protobuf import ProtobufPayload
+from deltadrain.protobuf import encode as proto_encode
+from deltadrain.registry import failure_line
+from deltadrain.sources.kafka.client import kafka_client_conf
+from tests.integration.helpers import ROOT, dlq_rows, write_config
+from tests.integration.test_kafka_drain import end_offsets, group_of, lake_checkpoint
+
+SCHEMAS = ROOT / "config" / "schemas"
+FIELDS = {"event_id": "string", "customer": "string", "amount": "double", "quantity": "long", "status": "string",
+          "event_time": "timestamp", "note": "string"}
+
+
+def register(cfg, subject: str, schema: str, schema_type: str | None = None) -> int:
+    """A schema registered through the ccompat API, as a producer's serializer does: its id."""
+    login = registry_login()
+    token = base64.b64encode(f"{login['username']}:{login['password']}".encode()).decode()
+    body = {"schema": schema, **({"schemaType": schema_type} if schema_type else {})}
+    request = urllib.request.Request(f"{registry_url(cfg)}/subjects/{subject}/versions", json.dumps(body).encode(),
+                                     {"Content-Type": "application/vnd.schemaregistry.v1+json",
+                                      "Authorization": f"Basic {token}"})
+    with urllib.request.urlopen(request, timeout=30) as reply:
+        return json.loads(reply.read())["id"]
+
+
+def registry_pipeline(tmp_path, cfg, fmt: str, **schema):
+    data = yaml.safe_load((ROOT / "config" / "pipelines.registry.yaml").read_text())
+    data.pop("services")  # this session's ports
+    pipe = copy.deepcopy(data["pipelines"][0])
+    name = f"r_{fmt}_{uuid.uuid4().hex[:6]}"
+    pipe["name"] = pipe["target"]["path"] = name
+    pipe["source"].update(topic=name, group=f"{name}-group", partitions=2)
+    pipe["schema"].update(format=fmt, registry_url=registry_url(cfg), fields=FIELDS, **schema)
+    path, c, p = write_config(tmp_path, data, pipe)
+    ensure_topic(kafka_client_conf(c, p), name, 2)
+    return path, c, p
+
+
+def send(c, p, values: list[bytes]) -> None:
+    from confluent_kafka import Producer
+
+    producer = Producer(kafka_client_conf(c, p))
+    for i, value in enumerate(values):
+        producer.produce(p.source.topic, value, partition=i % 2)
+    producer.flush(30)
+
+
+def record(prefix: str, i: int, note: str | None = None) -> dict:
+    return {"event_id": f"{prefix}-{i}", "customer": f"c{i % 7}", "amount": i * 1.5, "quantity": i,
+            "status": "PAID", "event_time": datetime(2026, 1, 1, tzinfo=UTC) + timedelta(seconds=i), "note": note}
+
+
+def failed_run(c, p, spark) -> str:
+    with pytest.raises(Exception) as exc:  # noqa: PT011 - whichever error carries it, its line is the registry's
+        drain(c, p, spark=spark)
+    line = failure_line(exc.value)
+    assert line is not None and "\n" not in line, exc.value
+    return line
+
+
+def unchanged(spark, c, p, before) -> None:
+    """Nothing committed to the lake or the DLQ, nothing acknowledged to the group: its offsets are what
+    they were or, before a first commit, the start the run's claim notice put there."""
+    lake, dead, group = before
+    assert (lake_checkpoint(spark, c, p), len(dlq_rows(spark, c, p))) == (lake, dead)
+    for part, offset in group_of(c, p).items():
+        assert offset == group[part] or (group[part] is None and offset == int(lake.positions.get(part, 0))), (
+            part, offset, group)
+
+
+def state(spark, c, p):
+    return lake_checkpoint(spark, c, p), len(dlq_rows(spark, c, p)), group_of(c, p)
+
+
+@pytest.mark.slow
+def test_avro_and_protobuf_drain_through_the_real_registry_across_versions_bad_ids_logins_and_an_outage(
+        tmp_path, cfg, spark, kafka_broker, registry_server, monkeypatch):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "p").mkdir()
+    path, c, p = registry_pipeline(tmp_path / "a", cfg, "avro")
+    _, pc, pp = registry_pipeline(tmp_path / "p", cfg, "protobuf")
+    assert p.payload_schema.registry_connection_id == "deltadrain_registry"  # the login services up handed over
+    # The registry listens on the loopback only, and no path answers without the login.
+    from tests.integration.helpers import beyond_loopback, listening_addresses
+
+    listening = listening_addresses(registry_server.pid())
+    assert listening and not beyond_loopback(listening), listening
+    base = registry_url(cfg).split("/apis/")[0]
+    for where in ("/apis/ccompat/v7/schemas/ids/1", "/apis/registry/v2/search/artifacts", "/health/ready", "/ui/"):
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(base + where, timeout=30)  # noqa: S310 - the embedded registry
+        assert refused.value.code == 401, where
+
+    # Avro: v1 without `note`, then v2 with it mid-stream, and messages framed with an id nobody registered.
+    v2 = json.loads((SCHEMAS / "clicks.avsc").read_text())
+    v1 = {**v2, "fields": [f for f in v2["fields"] if f["name"] != "note"]}
+    id1 = register(c, f"{p.source.topic}-value", json.dumps(v1))
+    id2 = register(c, f"{p.source.topic}-value", json.dumps(v2))
+    unknown = max(id1, id2) + 10_000
+    values = [avro_encode(record("v1", i), v1, wire="confluent", schema_id=id1) for i in range(30)]
+    values += [avro_encode(record("v2", i, note=f"n{i}"), v2, wire="confluent", schema_id=id2) for i in range(30)]
+    values += [header(unknown) + v[5:] for v in values[:4]]
+    send(c, p, values)
+
+    # Protobuf: clicks.proto (importing the well-known Timestamp) registered as text, as producers do.
+    pid = register(pc, f"{pp.source.topic}-value", (SCHEMAS / "clicks.proto").read_text(), "PROTOBUF")
+    full = ProtobufPayload((SCHEMAS / "clicks.desc").read_bytes(), "dev.deltadrain.sample.Click", "confluent", pid)
+    send(pc, pp, [proto_encode({**record("pb", i, note=f"p{i}"), "status": "SHIPPED"}, full) for i in range(40)])
+
+    # A wrong password, given as environment variables: the run fails in one line naming them, and
+    # nothing is committed, dead-lettered or acknowledged.
+    bad = yaml.safe_load(path.read_text())
+    bad["pipelines"][0]["schema"].pop("registry_connection_id")
+    bad["pipelines"][0]["schema"].update(registry_username_env="DD_TEST_REG_USER", registry_password_env="DD_TEST_REG_PW")
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(bad, sort_keys=False))
+    monkeypatch.setenv("DD_TEST_REG_USER", registry_login()["username"])
+    monkeypatch.setenv("DD_TEST_REG_PW", "not-the-password")
+    before = state(spark, c, p)
+    bc = load_config(tmp_path / "bad.yaml")
+    line = failed_run(bc, bc.pipeline(p.name), spark)
+    assert "refused the login (HTTP 401" in line and "DD_TEST_REG_USER and DD_TEST_REG_PW" in line, line
+    assert "not-the-password" not in line
+    unchanged(spark, c, p, before)
+
+    # With the connection's login: every message once, v1 rows without a note, v2 rows with theirs,
+    # the unknown id's messages dead letters with their reason, nothing else dead.
+    # One run takes the whole topic (its batch_cap is above it), so no run is spent finding it empty.
+    run = drain(c, p, spark=spark)
+    assert (run.claimed, run.written, run.dead_lettered) == (64, 60, 4), run.line()
+    rows = spark.read.format("delta").load(str(c.target_path(p))).collect()
+    table = {r.event_id: r for r in rows}
+    assert len(rows) == len(table) == 60
+    assert {k for k in table if k.startswith("v1-")} == {f"v1-{i}" for i in range(30)}
+    assert all(table[f"v1-{i}"].note is None for i in range(30))
+    assert [table[f"v2-{i}"].note for i in range(30)] == [f"n{i}" for i in range(30)]
+    want = record("v2", 7)
+    got = table["v2-7"]
+    assert (got.customer, got.amount, got.quantity, got.status, got.event_time.astimezone(UTC)) == (
+        want["customer"], want["amount"], want["quantity"], "paid", want["event_time"])
+    dead = dlq_rows(spark, c, p)
+    assert len(dead) == 4 and {r.error_type for r in dead} == {"unknown_schema_id"}
+    assert all(f"unknown schema id {unknown}" in r.error and "does not know it" in r.error for r in dead)
+    assert group_of(c, p) == {k: int(v) for k, v in end_offsets(c, p).items()}
+
+    run = drain(pc, pp, spark=spark)
+    assert (run.claimed, run.written, run.dead_lettered) == (40, 40, 0), run.line()
+    assert group_of(pc, pp) == {k: int(v) for k, v in end_offsets(pc, pp).items()}
+    prow = {r.event_id: r for r in spark.read.format("delta").load(str(pc.target_path(pp))).collect()}
+    assert set(prow) == {f"pb-{i}" for i in range(40)} and not dlq_rows(spark, pc, pp)
+    assert (prow["pb-3"].note, prow["pb-3"].status, prow["pb-3"].event_time.astimezone(UTC)) == (
+        "p3", "shipped", record("pb", 3)["event_time"])
+
+    # A third writer version, and the registry stops before its id was ever asked for: the run fails in
+    # one line, with nothing dead-lettered, committed or acknowledged; once it is back, all lands once.
+    v3 = {**v2, "doc": "v3"}
+    id3 = register(c, f"{p.source.topic}-value", json.dumps(v3))
+    send(c, p, [avro_encode(record("v3", i, note="x"), v3, wire="confluent", schema_id=id3) for i in range(20)])
+    services.down(cfg, ["registry"])
+    before = state(spark, c, p)
+    line = failed_run(c, p, spark)
+    assert f"cannot get schema id {id3} from the schema registry at {registry_url(cfg)}" in line, line
+    unchanged(spark, c, p, before)
+    services.up(cfg, ["registry"])
+    run = drain(c, p, spark=spark)
+    assert (run.claimed, run.written, run.dead_lettered) == (20, 20, 0), run.line()
+    assert group_of(c, p) == {k: int(v) for k, v in end_offsets(c, p).items()}
+    ids = [r.event_id for r in spark.read.format("delta").load(str(c.target_path(p))).select("event_id").collect()]
+    assert len(ids) == len(set(ids)) == 80 and {f"v3-{i}" for i in range(20)} <= set(ids)
+    assert len(dlq_rows(spark, c, p)) == 4
+    assert lake_checkpoint(spark, c, p).positions == end_offsets(c, p)
