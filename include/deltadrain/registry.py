@@ -31,6 +31,7 @@ import ssl
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -169,9 +170,13 @@ def answer(status: int, body: bytes, schema_id: int, registry: Registry, wanted:
     raise RegistryUnavailable(f"{MARK} {where} answered HTTP {status} for schema id {schema_id} ({_said(body)})")
 
 
-def _ask(url: str, registry: Registry) -> tuple[int, bytes]:
+def _ask(url: str, registry: Registry, body: dict | None = None) -> tuple[int, bytes]:
+    """GET `url` (POST `body` as JSON when given) with the registry's login and trust."""
     request = urllib.request.Request(url, headers={"Accept": "application/vnd.schemaregistry.v1+json, "
                                                              "application/json"})
+    if body is not None:
+        request.data = json.dumps(body).encode()
+        request.add_header("Content-Type", "application/vnd.schemaregistry.v1+json")
     if registry.username is not None or registry.password is not None:
         login = f"{registry.username or ''}:{registry.password or ''}".encode()
         request.add_header("Authorization", "Basic " + base64.b64encode(login).decode())
@@ -223,6 +228,29 @@ def fetch(registry: Registry, schema_id: int, schema_type: str, *, sleep=time.sl
     raise RegistryUnavailable(f"{MARK} cannot get schema id {schema_id} from the schema registry at {registry.url} "
                               f"after {registry.attempts} attempts ({why}); nothing of the batch was committed or "
                               f"acknowledged: it is read again once the registry answers")
+
+
+def register(registry: Registry, subject: str, schema: str, schema_type: str = "AVRO") -> int:
+    """Register `schema` under `subject` as a producer's serializer does (`POST /subjects/{subject}/versions`)
+    and return its id: the one it already has when the subject holds it. For `deltadrain produce`; a
+    drain never writes to the registry."""
+    url = f"{registry.url}/subjects/{urllib.parse.quote(subject, safe='')}/versions"
+    body = {"schema": schema, **({"schemaType": schema_type} if schema_type != "AVRO" else {})}
+    try:
+        status, answer_body = _ask(url, registry, body)
+    except (OSError, ValueError, http.client.HTTPException) as exc:
+        raise RegistryUnavailable(f"{MARK} cannot register a schema under '{subject}' at {registry.url} "
+                                  f"({type(exc).__name__}: {exc})") from None
+    if status in (401, 403):
+        raise RegistryLoginRefused(f"{MARK} the schema registry at {registry.url} refused to register under "
+                                   f"'{subject}' (HTTP {status}): check the login in {registry.login_from}")
+    try:
+        if status == 200:
+            return int(json.loads(answer_body)["id"])
+    except (ValueError, KeyError, TypeError):
+        pass
+    raise RegistryUnavailable(f"{MARK} the schema registry at {registry.url} did not register the schema under "
+                              f"'{subject}' (HTTP {status}: {_said(answer_body)})")
 
 
 def compiled(found: Writer, schema_id: int) -> Writer:

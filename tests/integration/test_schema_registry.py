@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import io
 import json
 import urllib.error
 import urllib.request
@@ -21,13 +22,13 @@ from deltadrain.catchup import drain
 from deltadrain.config import load_config
 from deltadrain.confluent import header
 from deltadrain.dev import services
-from deltadrain.dev.produce import ensure_topic
+from deltadrain.dev.produce import avro_bad_kinds, avro_error_type, ensure_topic, produce
 from deltadrain.embedded import registry_login, registry_url
 from deltadrain.protobuf import ProtobufPayload
 from deltadrain.protobuf import encode as proto_encode
 from deltadrain.registry import failure_line
 from deltadrain.sources.kafka.client import kafka_client_conf
-from tests.integration.helpers import ROOT, dlq_rows, write_config
+from tests.integration.helpers import ROOT, dlq_rows, target_ids, write_config
 from tests.integration.test_kafka_drain import end_offsets, group_of, lake_checkpoint
 
 SCHEMAS = ROOT / "config" / "schemas"
@@ -47,25 +48,28 @@ def register(cfg, subject: str, schema: str, schema_type: str | None = None) -> 
         return json.loads(reply.read())["id"]
 
 
-def registry_pipeline(tmp_path, cfg, fmt: str, **schema):
+def registry_pipeline(tmp_path, cfg, fmt: str, source: dict | None = None, **schema):
     data = yaml.safe_load((ROOT / "config" / "pipelines.registry.yaml").read_text())
     data.pop("services")  # this session's ports
     pipe = copy.deepcopy(data["pipelines"][0])
     name = f"r_{fmt}_{uuid.uuid4().hex[:6]}"
     pipe["name"] = pipe["target"]["path"] = name
-    pipe["source"].update(topic=name, group=f"{name}-group", partitions=2)
-    pipe["schema"].update(format=fmt, registry_url=registry_url(cfg), fields=FIELDS, **schema)
+    pipe["source"].update(topic=name, group=f"{name}-group", partitions=2, **(source or {}))
+    pipe["schema"].pop("avro_schema_file")  # these tests register their own writers
+    if schema.get("evolution") == "add_columns":
+        pipe.pop("transform")  # a transform's columns and new fields would share the table's names
+    pipe["schema"].update(format=fmt, registry_url=registry_url(cfg), **{"fields": FIELDS, **schema})
     path, c, p = write_config(tmp_path, data, pipe)
     ensure_topic(kafka_client_conf(c, p), name, 2)
     return path, c, p
 
 
-def send(c, p, values: list[bytes]) -> None:
+def send(c, p, values: list[bytes], keys: list[bytes] | None = None) -> None:
     from confluent_kafka import Producer
 
     producer = Producer(kafka_client_conf(c, p))
     for i, value in enumerate(values):
-        producer.produce(p.source.topic, value, partition=i % 2)
+        producer.produce(p.source.topic, value, key=keys[i] if keys else None, partition=i % 2)
     producer.flush(30)
 
 
@@ -192,3 +196,65 @@ def test_avro_and_protobuf_drain_through_the_real_registry_across_versions_bad_i
     assert len(ids) == len(set(ids)) == 80 and {f"v3-{i}" for i in range(20)} <= set(ids)
     assert len(dlq_rows(spark, c, p)) == 4
     assert lake_checkpoint(spark, c, p).positions == end_offsets(c, p)
+
+
+@pytest.mark.slow
+def test_a_writer_registered_mid_stream_adds_its_field_as_a_column_and_avro_keys_are_the_ids(
+        tmp_path, cfg, spark, kafka_broker, registry_server):
+    """The issue's evolution case through the real registry: a pipeline with only `registry_url` and
+    `add_columns` declares two fields; the producer registers a version that adds `coupon` and writes
+    with its id mid-stream, and the table gains the column in that batch's commit, with nothing
+    restarted or edited. Its keys are Avro strings registered under the topic's key subject
+    (`key_format: avro`): the ids are the keys, not the payloads' field."""
+    import fastavro
+
+    fields = {"event_id": "string", "customer": "string"}
+    _, c, p = registry_pipeline(tmp_path, cfg, "avro", {"id_from": "key", "key_format": "avro"},
+                                fields=fields, required=["customer"], evolution="add_columns")
+    v1 = {"type": "record", "name": "Click", "fields": [{"name": "event_id", "type": "string"},
+                                                        {"name": "customer", "type": "string"}]}
+    v2 = {**v1, "fields": [*v1["fields"], {"name": "coupon", "type": ["null", "string"], "default": None},
+                           {"name": "score", "type": "int", "default": 0}]}
+    topic = p.source.topic
+    key_id = register(c, f"{topic}-key", '"string"')
+    id1 = register(c, f"{topic}-value", json.dumps(v1))
+
+    def key(text: str) -> bytes:
+        out = io.BytesIO()
+        fastavro.schemaless_writer(out, fastavro.parse_schema("string"), text)
+        return header(key_id) + out.getvalue()
+
+    send(c, p, [avro_encode({"event_id": f"body-{i}", "customer": f"c{i}"}, v1, wire="confluent", schema_id=id1)
+                for i in range(6)], [key(f"k1-{i}") for i in range(6)])
+    assert drain(c, p, spark=spark).written == 6
+    id2 = register(c, f"{topic}-value", json.dumps(v2))
+    send(c, p, [avro_encode({"event_id": f"body-{i}", "customer": f"c{i}", "coupon": f"X{i}", "score": i}, v2,
+                            wire="confluent", schema_id=id2) for i in range(6)], [key(f"k2-{i}") for i in range(6)])
+    run = drain(c, p, spark=spark)
+    assert (run.written, run.dead_lettered) == (6, 0), run.line()
+
+    from deltalake import DeltaTable
+
+    target = str(c.target_path(p))
+    table = DeltaTable(target)
+    assert {f.name: f.type.type for f in table.schema().fields if not f.name.startswith("_dd_")} == {
+        "event_id": "string", "customer": "string", "coupon": "string", "score": "integer"}
+    rows = {r.event_id: r for r in spark.read.format("delta").load(target).collect()}
+    assert set(rows) == {f"k{v}-{i}" for v in (1, 2) for i in range(6)}  # the keys, not the bodies' field
+    assert all((rows[f"k1-{i}"].coupon, rows[f"k1-{i}"].score) == (None, None) for i in range(6))
+    assert [(rows[f"k2-{i}"].coupon, rows[f"k2-{i}"].score) for i in range(6)] == [(f"X{i}", i) for i in range(6)]
+    changed = [json.loads(h["userMetadata"]) for h in table.history() if "added_columns" in (h.get("userMetadata") or "")]
+    assert [(m["batch"], m["added_columns"]) for m in changed] == [(2, {"coupon": "string", "score": "int"})]
+    assert not dlq_rows(spark, c, p)
+
+    # `deltadrain produce` registers the example's schema file under the topic's value subject and writes
+    # with its id, good and bad messages: the example pipeline runs end to end against the registry.
+    (tmp_path / "x").mkdir()
+    _, xc, xp = registry_pipeline(tmp_path / "x", cfg, "avro", avro_schema_file=str(SCHEMAS / "clicks.avsc"))
+    result = produce(xc, xp, 60, seed=56, malformed_ratio=0.15)
+    assert result.places and set(result.places.values()) <= set(avro_bad_kinds(xp))
+    run = drain(xc, xp, spark=spark)
+    assert (run.claimed, run.written, run.dead_lettered) == (60, len(result.valid_ids), len(result.places)), run.line()
+    assert sorted(target_ids(spark, xc, xp)) == sorted(result.valid_ids)
+    dead = {(r.partition, r.position): r.error_type for r in dlq_rows(spark, xc, xp)}
+    assert dead == {place: avro_error_type(xp, kind) for place, kind in result.places.items()}

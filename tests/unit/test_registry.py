@@ -337,16 +337,20 @@ def test_with_a_registry_the_schema_file_and_id_are_optional_and_the_connection_
     assert p.connection_ids() == ["schema_registry"]
 
 
-def test_the_example_registry_pipeline_loads_and_produce_says_it_has_no_schema_to_write_with():
-    from deltadrain.dev.produce import generate
+def test_the_example_registry_pipeline_loads_and_produce_needs_a_schema_file_to_write_with():
+    from deltadrain.dev.produce import generate, subject_of
 
     cfg = load_config(ROOT / "config" / "pipelines.registry.yaml")
     p = cfg.pipeline("clicks_avro_registry")
     assert p.payload_schema.registry_url == "http://127.0.0.1:18081/apis/ccompat/v7"
     assert p.connection_ids() == ["deltadrain_registry"]
+    # `produce` registers the example's file under the topic's value subject and writes with its id.
+    assert p.payload_schema.avro_schema_file == str(ROOT / "config" / "schemas" / "clicks.avsc")
+    assert subject_of(p) == "clicks_avro_registry-value"
+    bare = p.model_copy(update={"payload_schema": p.payload_schema.model_copy(update={"avro_schema_file": None})})
     with pytest.raises(ConfigError, match="pipeline 'clicks_avro_registry' reads its writers' schemas from the registry "
                                           "at http://127.0.0.1:18081/apis/ccompat/v7: `produce` needs schema.avro_schema_file"):
-        next(generate(p, 1, seed=1))
+        next(generate(bare, 1, seed=1))
 
 
 def proto_versions():

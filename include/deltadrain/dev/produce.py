@@ -132,7 +132,7 @@ class _AvroWriter:
         self.schema = fastavro.parse_schema(load_schema(Path(spec.avro_schema_file)))
         names = named_types(self.schema, {})
         self.kinds = {f["name"]: kinds_of(f["type"], names) for f in self.schema["fields"]}
-        self.wire, self.schema_id = spec.avro_wire, spec.avro_schema_id
+        self.wire, self.schema_id, self.registry = spec.avro_wire, spec.avro_schema_id, spec.registry_url is not None
 
     def record(self, payload: dict) -> dict:
         out = {}
@@ -164,8 +164,8 @@ class _AvroWriter:
             return self.encode({**good, "amount": float("nan")})
         if kind == "wrong_magic_byte":
             return b"\x01" + self.encode(good)[1:]
-        if kind == "unknown_schema_id":
-            return self.encode(good, schema_id=(self.schema_id or 0) + 1)
+        if kind == "unknown_schema_id":  # with a registry, far past the ids it gave
+            return self.encode(good, schema_id=(self.schema_id or 0) + (1_000_000 if self.registry else 1))
         raise ValueError(kind)
 
 
@@ -291,6 +291,7 @@ def produce(cfg: DeltadrainConfig, pipeline: PipelineConfig, count: int, *, seed
     from tqdm import tqdm
 
     result = ProduceResult(pipeline.name, count)
+    pipeline = with_registered_schema(pipeline)
     messages = generate(pipeline, count, seed, malformed_ratio, poison_ratio, start)
     bar = tqdm(total=count, unit="msg", desc=f"produce {pipeline.name}", disable=not (
         progress if progress is not None else count >= 20_000))
@@ -306,6 +307,25 @@ def produce(cfg: DeltadrainConfig, pipeline: PipelineConfig, count: int, *, seed
             elif msg.kind == "poison":
                 result.poison_ids.append(msg.key)
     return result
+
+
+def subject_of(pipeline: PipelineConfig) -> str:
+    """The registry subject a producer's serializer registers the payload schema under: the topic's value
+    subject (TopicNameStrategy); a stream has no topic, so the pipeline's name stands in."""
+    return f"{getattr(pipeline.source, 'topic', pipeline.name)}-value"
+
+
+def with_registered_schema(pipeline: PipelineConfig) -> PipelineConfig:
+    """An Avro pipeline that reads a registry and has a schema file but no fixed id: the file registered
+    under its subject, and the pipeline as `produce` writes with that id, as a producer's serializer does."""
+    spec = pipeline.payload_schema
+    if spec.registry_url is None or spec.format != "avro" or spec.avro_schema_file is None \
+            or spec.avro_schema_id is not None:
+        return pipeline
+    from deltadrain.registry import register, registry_of
+
+    schema_id = register(registry_of(spec), subject_of(pipeline), Path(spec.avro_schema_file).read_text())
+    return pipeline.model_copy(update={"payload_schema": spec.model_copy(update={"avro_schema_id": schema_id})})
 
 
 def _chunks(it: Iterator[Message], size: int) -> Iterator[list[Message]]:
