@@ -9,6 +9,7 @@ commit, compare-and-set outcome) -> XACK after the commit, or hand the claims ba
 from __future__ import annotations
 
 import json
+import os
 from datetime import UTC, datetime
 
 from deltadrain import failpoints
@@ -50,6 +51,8 @@ from deltadrain.stage import Staged, stage, stage_here, task_rows
 # job's time on the warm server, most of which is starting the session's Python workers there
 # (docs/benchmarks.md, "Where a small batch claims").
 CLAIM_HERE_MAX = 50_000
+# The claim tasks of a claim in this process run on this many threads, each staging its own file.
+CLAIM_HERE_THREADS = os.cpu_count() or 1
 
 
 def claim_here(entries: int) -> bool:
@@ -121,7 +124,8 @@ class ValkeyDrain(Drain):
         args = (lambda batches, arrow_schema: claim_arrow(batches, ctx, arrow_schema), claim_schema(self.pipeline),
                 self.pipeline.payload_schema.id_field, str(self.scratch / "claimed"))
         if claim_here(sum(task[1] for task in tasks)):
-            return stage_here([dict(zip(task_schema.names, task, strict=True)) for task in tasks], *args)
+            return stage_here([dict(zip(task_schema.names, task, strict=True)) for task in tasks], *args,
+                              threads=CLAIM_HERE_THREADS)
         # One claim task per Spark partition (parallelize keeps the slices), all tasks in parallel.
         return stage(task_rows(self.spark, tasks, task_schema), *args)
 
