@@ -47,11 +47,14 @@ from deltadrain.sources.valkey.gaps import record as record_gaps
 from deltadrain.stage import Staged, stage, stage_here, task_rows
 
 # A claim of at most this many entries runs in the drain's own process (`stage_here`), a larger one in
-# Spark tasks, a stream's share split over several. At this size the claim still took a fifth of a Spark
-# job's time on the warm server, most of which is starting the session's Python workers there
-# (docs/benchmarks.md, "Where a small batch claims").
-CLAIM_HERE_MAX = 50_000
-# The claim tasks of a claim in this process run on this many threads, each staging its own file.
+# Spark tasks. On a Connect server each session starts Python workers of its own before its first claim
+# task; beside that, the drain's process (on CLAIM_HERE_THREADS) claimed 200 000 entries in half the
+# time the server's tasks took (docs/benchmarks.md, "Where a Valkey batch claims"). The claim streams, a
+# READ_CHUNK of entries at a time per thread, so the bound is not a memory limit but the largest size
+# measured; above it a cluster's executors claim in parallel.
+CLAIM_HERE_MAX = 200_000
+# Its claim tasks (one per TASK_QUOTA entries of a stream) run on this many threads, each staging a file
+# of its own: the reads, the JSON decode and the Parquet writes release the GIL.
 CLAIM_HERE_THREADS = os.cpu_count() or 1
 
 
