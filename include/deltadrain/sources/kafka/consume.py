@@ -134,15 +134,17 @@ def consume_ranges(conf: dict, group: str, topic: str, ranges: dict[int, tuple[i
                     kept.append(msg)
                     kept_bytes += len(msg.value() or b"") + len(msg.key() or b"")
                     last_progress = time.monotonic()
+                    if batch_full(len(kept), kept_bytes, batch_rows, batch_bytes):
+                        # Within a consume() call's records: what they are beyond the bound is what
+                        # librdkafka had queued, itself bounded by its queued.max.messages.kbytes.
+                        yield to_batch(kept, schema, replay_header)
+                        kept, kept_bytes = [], 0
                 if place_done(offset, end):
                     finish(q)
             if ends:
                 for tp in consumer.position([TopicPartition(topic, q) for q in sorted(ends)]):
                     if tp.offset != OFFSET_INVALID and tp.offset >= ends[tp.partition]:
                         finish(tp.partition)
-            if batch_full(len(kept), kept_bytes, batch_rows, batch_bytes):
-                yield to_batch(kept, schema, replay_header)
-                kept, kept_bytes = [], 0
             if ends and time.monotonic() - last_progress > stall_s:
                 left = ", ".join(f"{q} up to {end}" for q, end in sorted(ends.items()))
                 raise RangeReadError(f"topic '{topic}': no record for {stall_s:.0f} s before the end of "
