@@ -1,8 +1,8 @@
 """One drain run of a Valkey pipeline (docs/contract.md, "One drain run").
 
 read checkpoint (the lake) -> find what runs that died left (crashes) and the entries deleted
-unread (gaps) -> claim with XAUTOCLAIM + XREADGROUP in Spark tasks, decoding and staging in the
-same tasks -> the shared `Drain.publish` (dead letters, MERGE with the positions in the same
+unread (gaps) -> claim with XAUTOCLAIM + XREADGROUP in Spark tasks (up to CLAIM_HERE_MAX entries: the
+same tasks on threads of this process), decoding and staging in the same tasks -> the shared `Drain.publish` (dead letters, MERGE with the positions in the same
 commit, compare-and-set outcome) -> XACK after the commit, or hand the claims back.
 """
 
