@@ -1,10 +1,11 @@
 """Where a Valkey batch claims: in the drain's own process (`stage_here`) against Spark tasks on the warm
-Connect server (`stage`), side by side by batch size (docs/benchmarks.md, "Where a small batch claims").
+Connect server (`stage`), side by side by batch size (docs/benchmarks.md, "Where a Valkey batch claims").
 
 Each side drains a pipeline of its own (the example Valkey pipeline on a stream of its own) through a
 new Connect session per run, as a task does, with `CLAIM_HERE_MAX` set so that it claims where the side
-says. Per size, `rounds` rounds alternate which side goes first; measured: the drain's claim step and
-the whole run (the drain's own timings).
+says: the drain's process on one thread ("here"), on `CLAIM_HERE_THREADS` threads ("threads"), or Spark
+tasks. Per size, `rounds` rounds turn which side goes first; measured: the drain's claim step, the
+whole run (the drain's own timings) and this process's peak resident memory over the run.
 
     DELTADRAIN_HOME=/tmp/ddch DELTADRAIN_VALKEY_PORT=26392 DELTADRAIN_SPARK_CONNECT_PORT=26014 \\
         .venv/bin/python bench/claim_here/claim_here.py WORKDIR [ROUNDS] [SIZES] > RESULT.json
@@ -21,7 +22,8 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-SIDES = ("here", "spark")
+THREADS = os.cpu_count() or 1
+SIDES = ("here", "threads", "spark")  # the drain's process on one thread, on CLAIM_HERE_THREADS, Spark tasks
 
 
 def make_config(workdir: Path) -> Path:
@@ -42,6 +44,7 @@ def make_config(workdir: Path) -> Path:
 
 def one_run(cfg, side: str, size: int, sent: dict) -> dict:
     from deltadrain.catchup import drain_batches
+    from deltadrain.dev.bench import _peak_rss_kib, reset_peak_rss
     from deltadrain.dev.produce import produce
     from deltadrain.embedded import spark_connect_url
     from deltadrain.sources.valkey import drain as valkey_drain
@@ -50,14 +53,18 @@ def one_run(cfg, side: str, size: int, sent: dict) -> dict:
     pipeline = cfg.pipeline(f"claim_{side}")
     produce(cfg, pipeline, size, seed=sent[side], start=sent[side], progress=False)
     sent[side] += size
-    valkey_drain.CLAIM_HERE_MAX = 10**9 if side == "here" else -1
+    valkey_drain.CLAIM_HERE_MAX = -1 if side == "spark" else 10**9
+    valkey_drain.CLAIM_HERE_THREADS = THREADS if side == "threads" else 1
     session = connect_session(spark_connect_url(cfg))
+    reset_peak_rss()
     try:
         summary = json.loads(drain_batches(cfg, pipeline, session, max_batches=1).line())
     finally:
         session.stop()
     assert summary["claimed"] == size and summary.get("error") is None, summary
-    return {"side": side, "size": size, "claim_s": summary["timings"]["claim"], "run_s": summary["seconds"]}
+    # This process's peak resident over the run: the claim here, and the client's share of the rest.
+    return {"side": side, "size": size, "claim_s": summary["timings"]["claim"], "run_s": summary["seconds"],
+            "rss_peak_mib": round(_peak_rss_kib(os.getpid()) / 1024, 1)}
 
 
 def main(workdir: Path, rounds: int, sizes: list[int]) -> dict:
@@ -75,7 +82,7 @@ def main(workdir: Path, rounds: int, sizes: list[int]) -> dict:
             rows.append({**one_run(cfg, side, 10, sent), "warm_up": True})
         for size in sizes:
             for r in range(rounds):
-                for side in (SIDES if r % 2 == 0 else SIDES[::-1]):
+                for side in SIDES[r % len(SIDES):] + SIDES[:r % len(SIDES)]:  # each side first in turn
                     rows.append(one_run(cfg, side, size, sent))
                     print(json.dumps(rows[-1]), file=sys.stderr)
     finally:

@@ -1,6 +1,6 @@
 """Where a Kafka range is read: in the drain's own process (a confluent-kafka consumer assigned the
 range, `kafka.consume`) against Spark tasks on the warm Connect server, side by side by range size
-(docs/benchmarks.md, "Where a small Kafka batch is read").
+(docs/benchmarks.md, "Where a Kafka batch is read").
 
 One topic of the example Kafka pipeline (field ids, headers read for replay ids, read_committed) holds
 the largest size; a size's range is the first size/PARTITIONS offsets of each partition (a single
@@ -57,6 +57,7 @@ def ranges_of(size: int) -> dict[int, tuple[int, int]]:
 
 
 def one_read(cfg, p, side: str, size: int, workdir: Path) -> dict:
+    from deltadrain.dev.bench import _peak_rss_kib, _rss_kib, reset_peak_rss
     from deltadrain.embedded import spark_connect_url
     from deltadrain.sources.kafka import drain as kafka_drain
     from deltadrain.spark import connect_session
@@ -65,15 +66,20 @@ def one_read(cfg, p, side: str, size: int, workdir: Path) -> dict:
     session = connect_session(spark_connect_url(cfg))  # a task has one either way (the claim schema needs it)
     staged = workdir / f"staged-{side}-{size}-{uuid.uuid4().hex[:6]}"
     try:
+        before = _rss_kib(os.getpid())
+        reset_peak_rss()
         started = time.perf_counter()
         got = kafka_drain.read_ranges(session, cfg, p, ranges_of(size), {}, str(staged))
         seconds = time.perf_counter() - started
+        peak = _peak_rss_kib(os.getpid())
     finally:
         session.stop()
         shutil.rmtree(staged, ignore_errors=True)
     expected = sum(end - start for start, end in ranges_of(size).values())
     assert got.total.rows == expected, (side, size, got.total.rows)
-    return {"side": side, "size": expected, "read_s": round(seconds, 3)}
+    # This process's resident memory before the read and its peak during it: what reading here costs.
+    return {"side": side, "size": expected, "read_s": round(seconds, 3), "rss_before_mib": round(before / 1024, 1),
+            "rss_peak_mib": round(peak / 1024, 1)}
 
 
 def main(workdir: Path, rounds: int, sizes: list[int]) -> dict:

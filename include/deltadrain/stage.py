@@ -250,6 +250,23 @@ class Staged:
             t = Tally(rows=r.rows, reclaimed=r.reclaimed, again=r.again, gaps=r.gaps, bad=r.bad, good=r.good,
                       oldest=r.oldest, pos=pos, id_lo=r.id_lo, id_hi=r.id_hi, hashes=[bytes(r.id_hashes or b"")])
             partitions.setdefault(r.partition, Tally()).add(t)
+        return cls.summed(files, partitions)
+
+    @classmethod
+    def combine(cls, parts: list[Staged]) -> Staged:
+        """Several staged shares of one batch (of one schema) as one."""
+        files: set[str] = set()
+        partitions: dict[str, Tally] = {}
+        for part in parts:
+            files.update(part.files)
+            for name, t in part.partitions.items():
+                partitions.setdefault(name, Tally()).add(t)
+        staged = cls.summed(files, partitions)
+        staged.schema = parts[0].schema if parts else None
+        return staged
+
+    @classmethod
+    def summed(cls, files: set[str], partitions: dict[str, Tally]) -> Staged:
         total = Tally()
         for t in partitions.values():
             total.add(t)
@@ -310,16 +327,25 @@ def stage(tasks, produce, schema, id_field: str, directory: str) -> Staged:
     return staged
 
 
-def stage_here(tasks: list[dict], produce, schema, id_field: str, directory: str) -> Staged:
-    """`stage`'s job run in this process instead of Spark's: the same body over the same task rows,
-    one staging file. For a small batch a Spark job's fixed cost is most of the claim: on a Connect
-    server each session starts a Python worker daemon of its own and imports the claim's modules in
-    it (docs/benchmarks.md, "A one-message batch through the drain task"). Here nothing can run the
-    claim a second time either: there is no job to recompute."""
+def stage_here(tasks: list[dict], produce, schema, id_field: str, directory: str, threads: int = 1) -> Staged:
+    """`stage`'s job run in this process instead of Spark's: the same body over the same task rows. For a
+    small batch a Spark job's fixed cost is most of the claim: on a Connect server each session starts a
+    Python worker daemon of its own and imports the claim's modules in it (docs/benchmarks.md, "A
+    one-message batch through the drain task"). Here nothing can run the claim a second time either:
+    there is no job to recompute. With `threads` > 1 the tasks run on that many threads, each task
+    staging a file of its own as a Spark task does; the server's reads, the JSON decode and the Parquet
+    writes release the GIL."""
     import pyarrow as pa
 
-    return stage_batches(iter([pa.RecordBatch.from_pylist(tasks)] if tasks else []), produce, schema, id_field,
-                         directory)
+    if threads <= 1 or len(tasks) <= 1:
+        return stage_batches(iter([pa.RecordBatch.from_pylist(tasks)] if tasks else []), produce, schema, id_field,
+                             directory)
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(min(threads, len(tasks)), thread_name_prefix="deltadrain-claim") as pool:
+        parts = list(pool.map(lambda task: stage_batches(iter([pa.RecordBatch.from_pylist([task])]), produce,
+                                                         schema, id_field, directory), tasks))
+    return Staged.combine(parts)
 
 
 def stage_batches(batches: Iterable, produce, schema, id_field: str, directory: str) -> Staged:

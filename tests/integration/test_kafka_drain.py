@@ -231,6 +231,7 @@ def test_a_range_read_in_the_drains_process_stages_the_same_rows_as_spark_tasks(
     import pyarrow.parquet as pq
     from confluent_kafka import Producer
 
+    from deltadrain.sources.kafka import consume
     from deltadrain.sources.kafka import drain as kafka_drain
     from deltadrain.sources.kafka.crashes import DeadRuns
 
@@ -261,14 +262,18 @@ def test_a_range_read_in_the_drains_process_stages_the_same_rows_as_spark_tasks(
     dead = {0: DeadRuns(((6, 9, 2, 1_700_000_000_000),), ("r1",), ((6, 10),))}  # offset 6 died alone: convicted
 
     staged = {}
-    for side, limit in (("here", 10**9), ("spark", 0)):
+    # "bytes": the drain's process with its byte bound low enough that the records reach the decoder a
+    # few at a time, as large messages would.
+    for side, limit, batch_bytes in (("here", 10**9, consume.BATCH_BYTES), ("bytes", 10**9, 300), ("spark", 0, 0)):
         monkeypatch.setattr(kafka_drain, "READ_HERE_MAX", limit)
+        monkeypatch.setattr(consume, "BATCH_BYTES", batch_bytes)
         got = kafka_drain.read_ranges(spark, c, p, ranges, attempts, str(tmp_path / side), dead_runs=dead)
         staged[side] = (got, pq.read_table(got.files).sort_by([("_dd_partition", "ascending"),
                                                               ("_dd_pos_hi", "ascending")]))
     (here_staged, here), (spark_staged, there) = staged["here"], staged["spark"]
     assert len(here_staged.files) == 1 and here.schema == there.schema
-    assert here.to_pylist() == there.to_pylist()
+    assert here.to_pylist() == there.to_pylist() == staged["bytes"][1].to_pylist()
+    assert pq.ParquetFile(staged["bytes"][0].files[0]).metadata.num_row_groups > 4  # it did read in pieces
     a, b = here_staged.total, spark_staged.total
     assert (a.rows, a.good, a.bad, a.again, a.pos) == (b.rows, b.good, b.bad, b.again, b.pos)
     assert a.oldest.astimezone(UTC) == b.oldest.astimezone(UTC)  # Spark's rows give naive local times

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from deltadrain.sources.kafka.consume import place_done, source_schema, to_batch
+from deltadrain.sources.kafka.consume import batch_full, place_done, source_schema, to_batch
 
 COLUMNS = ["partition", "offset", "timestamp", "value", "headers", "replay_id"]
 
@@ -57,3 +57,10 @@ def test_rows_carry_spark_sources_types_null_headers_and_the_first_replay_header
 def test_a_partition_is_done_at_its_last_offset_or_past_it_never_before():
     assert not place_done(8, 10)
     assert place_done(9, 10) and place_done(12, 10)
+
+
+def test_a_batch_goes_to_the_decoder_at_its_count_or_its_bytes_whichever_comes_first():
+    assert not batch_full(9, 99, batch_rows=10, batch_bytes=100)
+    assert batch_full(10, 0, batch_rows=10, batch_bytes=100)
+    assert batch_full(1, 100, batch_rows=10, batch_bytes=100)  # one large message is a batch of its own
+    assert not batch_full(0, 0, batch_rows=10, batch_bytes=0)  # nothing kept is never a batch

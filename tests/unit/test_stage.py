@@ -107,3 +107,26 @@ def test_reports_of_several_tasks_sum_up(tmp_path):
     assert (stats.good, stats.distinct, stats.id_range, stats.unique) == (4, 3, ("m", "o"), False)
     assert Staged.of(one + two).stats().unique
 
+
+
+def test_a_claim_here_on_threads_stages_a_file_per_task_and_sums_like_one_thread(tmp_path):
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    from deltadrain.stage import stage_here
+
+    tasks = [{"stream": "s1", "n": 3}, {"stream": "s2", "n": 2}, {"stream": "s1", "n": 1}]
+
+    def produce(batches, arrow_schema):  # one claim task's rows per task row, ids shared across tasks
+        for b in batches:
+            for t in b.to_pylist():
+                yield batch([(t["stream"], f"{t['n']}-{i}", i, 1, False, None, f"id-{i}") for i in range(t["n"])])
+
+    one = stage_here(tasks, produce, from_arrow_schema(SCHEMA), "event_id", str(tmp_path / "one"))
+    many = stage_here(tasks, produce, from_arrow_schema(SCHEMA), "event_id", str(tmp_path / "many"), threads=2)
+    assert len(one.files) == 1 and len(many.files) == 3 and many.schema == one.schema
+    assert many.positions == one.positions == {"s1": "3-2", "s2": "2-1"}
+    assert (many.total.rows, many.total.good, many.total.oldest) == (one.total.rows, one.total.good, ts(0)) == (
+        6, 6, ts(0))
+    assert many.stats() == one.stats() and not many.stats().unique  # "id-0" is in every task
+    assert sorted(pq.read_table(many.files).column("event_id").to_pylist()) == sorted(
+        pq.read_table(one.files).column("event_id").to_pylist())

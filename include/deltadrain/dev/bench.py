@@ -118,6 +118,12 @@ def _rss_kib(pid: int) -> int:
     return _status_kib(pid, "VmRSS")
 
 
+def reset_peak_rss() -> None:
+    """Start this process's peak resident (VmHWM) over from its current resident, so that the next
+    `_peak_rss_kib` reading is the peak of what runs in between (Linux's clear_refs, value 5)."""
+    Path("/proc/self/clear_refs").write_text("5")
+
+
 HZ = os.sysconf("SC_CLK_TCK")
 
 

@@ -15,6 +15,9 @@ import time
 from collections.abc import Iterator
 
 BATCH_ROWS = 10_000  # records per Arrow batch handed to the decoder
+# ... or fewer, once their values and keys hold this many bytes: what the read holds at once is then set
+# by these two bounds (and librdkafka's prefetch queue), not by the range's size or a message's.
+BATCH_BYTES = 32 * 1024 * 1024
 STALL_S = 60  # no record and no partition done for this long: the read fails instead of waiting on
 
 
@@ -70,14 +73,20 @@ def place_done(offset: int, end: int) -> bool:
     return offset >= end - 1
 
 
+def batch_full(rows: int, nbytes: int, batch_rows: int, batch_bytes: int) -> bool:
+    """Whether the records kept so far go to the decoder as one batch: by count, or by their bytes."""
+    return rows >= batch_rows or (rows > 0 and nbytes >= batch_bytes)
+
+
 def consume_ranges(conf: dict, group: str, topic: str, ranges: dict[int, tuple[int, int]], columns: list[str],
                    replay_header: str | None = None, batch_rows: int = BATCH_ROWS,
-                   stall_s: float = STALL_S) -> Iterator:
+                   stall_s: float = STALL_S, batch_bytes: int | None = None) -> Iterator:
     """The records of `ranges` (partition -> (start, end exclusive)) as record batches of
     `source_schema(columns)`. `conf`: the pipeline's consumer settings (`kafka_consumer_conf`: its login
     and isolation level); `group` only names the consumer, which never joins or commits it."""
     from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, TopicPartition
 
+    batch_bytes = BATCH_BYTES if batch_bytes is None else batch_bytes
     ends = {q: end for q, (start, end) in ranges.items() if end > start}
     if not ends:
         return
@@ -89,6 +98,7 @@ def consume_ranges(conf: dict, group: str, topic: str, ranges: dict[int, tuple[i
                          "auto.offset.reset": "error", "log_level": 0})
     nxt = {q: ranges[q][0] for q in ends}  # per partition, the offset after the last record seen
     kept: list = []
+    kept_bytes = 0
     last_progress = time.monotonic()
 
     def finish(q: int) -> None:
@@ -122,16 +132,19 @@ def consume_ranges(conf: dict, group: str, topic: str, ranges: dict[int, tuple[i
                 nxt[q] = offset + 1  # a partition's records come in offset order
                 if offset < end:
                     kept.append(msg)
+                    kept_bytes += len(msg.value() or b"") + len(msg.key() or b"")
                     last_progress = time.monotonic()
+                    if batch_full(len(kept), kept_bytes, batch_rows, batch_bytes):
+                        # Within a consume() call's records: what they are beyond the bound is what
+                        # librdkafka had queued, itself bounded by its queued.max.messages.kbytes.
+                        yield to_batch(kept, schema, replay_header)
+                        kept, kept_bytes = [], 0
                 if place_done(offset, end):
                     finish(q)
             if ends:
                 for tp in consumer.position([TopicPartition(topic, q) for q in sorted(ends)]):
                     if tp.offset != OFFSET_INVALID and tp.offset >= ends[tp.partition]:
                         finish(tp.partition)
-            if len(kept) >= batch_rows:
-                yield to_batch(kept, schema, replay_header)
-                kept = []
             if ends and time.monotonic() - last_progress > stall_s:
                 left = ", ".join(f"{q} up to {end}" for q, end in sorted(ends.items()))
                 raise RangeReadError(f"topic '{topic}': no record for {stall_s:.0f} s before the end of "

@@ -1,14 +1,15 @@
 """One drain run of a Valkey pipeline (docs/contract.md, "One drain run").
 
 read checkpoint (the lake) -> find what runs that died left (crashes) and the entries deleted
-unread (gaps) -> claim with XAUTOCLAIM + XREADGROUP in Spark tasks, decoding and staging in the
-same tasks -> the shared `Drain.publish` (dead letters, MERGE with the positions in the same
+unread (gaps) -> claim with XAUTOCLAIM + XREADGROUP in Spark tasks (up to CLAIM_HERE_MAX entries: the
+same tasks on threads of this process), decoding and staging in the same tasks -> the shared `Drain.publish` (dead letters, MERGE with the positions in the same
 commit, compare-and-set outcome) -> XACK after the commit, or hand the claims back.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from datetime import UTC, datetime
 
 from deltadrain import failpoints
@@ -46,10 +47,15 @@ from deltadrain.sources.valkey.gaps import record as record_gaps
 from deltadrain.stage import Staged, stage, stage_here, task_rows
 
 # A claim of at most this many entries runs in the drain's own process (`stage_here`), a larger one in
-# Spark tasks, a stream's share split over several. At this size the claim still took a fifth of a Spark
-# job's time on the warm server, most of which is starting the session's Python workers there
-# (docs/benchmarks.md, "Where a small batch claims").
-CLAIM_HERE_MAX = 50_000
+# Spark tasks. On a Connect server each session starts Python workers of its own before its first claim
+# task; beside that, the drain's process (on CLAIM_HERE_THREADS) claimed 200 000 entries in half the
+# time the server's tasks took (docs/benchmarks.md, "Where a Valkey batch claims"). The claim streams, a
+# READ_CHUNK of entries at a time per thread, so the bound is not a memory limit but the largest size
+# measured; above it a cluster's executors claim in parallel.
+CLAIM_HERE_MAX = 200_000
+# Its claim tasks (one per TASK_QUOTA entries of a stream) run on this many threads, each staging a file
+# of its own: the reads, the JSON decode and the Parquet writes release the GIL.
+CLAIM_HERE_THREADS = os.cpu_count() or 1
 
 
 def claim_here(entries: int) -> bool:
@@ -121,7 +127,8 @@ class ValkeyDrain(Drain):
         args = (lambda batches, arrow_schema: claim_arrow(batches, ctx, arrow_schema), claim_schema(self.pipeline),
                 self.pipeline.payload_schema.id_field, str(self.scratch / "claimed"))
         if claim_here(sum(task[1] for task in tasks)):
-            return stage_here([dict(zip(task_schema.names, task, strict=True)) for task in tasks], *args)
+            return stage_here([dict(zip(task_schema.names, task, strict=True)) for task in tasks], *args,
+                              threads=CLAIM_HERE_THREADS)
         # One claim task per Spark partition (parallelize keeps the slices), all tasks in parallel.
         return stage(task_rows(self.spark, tasks, task_schema), *args)
 
