@@ -201,7 +201,7 @@ def test_avro_and_protobuf_drain_through_the_real_registry_across_versions_bad_i
 @pytest.mark.slow
 def test_a_writer_registered_mid_stream_adds_its_field_as_a_column_and_avro_keys_are_the_ids(
         tmp_path, cfg, spark, kafka_broker, registry_server):
-    """The issue's evolution case through the real registry: a pipeline with only `registry_url` and
+    """Schema evolution through the real registry: a pipeline with only `registry_url` and
     `add_columns` declares two fields; the producer registers a version that adds `coupon` and writes
     with its id mid-stream, and the table gains the column in that batch's commit, with nothing
     restarted or edited. Its keys are Avro strings registered under the topic's key subject
