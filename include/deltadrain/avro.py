@@ -169,6 +169,32 @@ def convert(kind: str, v: Any) -> Any:
     return CONVERTERS[kind](v)  # the JSON path's checks: ranges, finiteness, exact decimals, ISO text
 
 
+def read_datum(body: bytes, parsed, what: str = "Avro body") -> tuple[Any, Decoded | None]:
+    """One schemaless datum that must fill `body` exactly: (its value, None), or (None, the dead letter:
+    `truncated` when the bytes end inside it, `invalid_avro` when they were not written with `parsed`).
+    `what` names the bytes in the reason (a payload's body, a record key)."""
+    import fastavro
+
+    fo = io.BytesIO(body)
+    try:
+        value = fastavro.schemaless_reader(fo, parsed, None)
+    except EOFError as exc:
+        if "Expected -" in str(exc):  # a negative length: not Avro written with this schema, not a short one
+            return None, _bad("invalid_avro", f"{what} does not match the schema: a negative length ({exc})")
+        return None, _bad("truncated", f"{what} of {len(body)} bytes ends before its datum does ({exc})")
+    except IndexError as exc:
+        if "string index" in str(exc):  # fastavro's varint reader ran past the end of the body
+            return None, _bad("truncated", f"{what} of {len(body)} bytes ends before its datum does (in a number)")
+        return None, _bad("invalid_avro", f"{what} does not match the schema: a union or enum index out of range "
+                                          f"({exc})")
+    except Exception as exc:  # garbage read as bad UTF-8, a huge length, ...
+        return None, _bad("invalid_avro", f"{what} does not match the schema: {type(exc).__name__}: {exc}"[:300])
+    if fo.tell() != len(body):
+        return None, _bad("invalid_avro", f"{what} has {len(body) - fo.tell()} bytes after its datum of {fo.tell()} "
+                                          f"bytes: not written with this schema")
+    return value, None
+
+
 def decode_avro(data: bytes | None, payload: AvroPayload, *, fields: dict[str, str], id_field: str,
                 required: list[str], max_bytes: int, fallback_id: str | None = None,
                 message_id: str | None = None, writer_of=None, columns_of=None) -> Decoded:
@@ -177,7 +203,6 @@ def decode_avro(data: bytes | None, payload: AvroPayload, *, fields: dict[str, s
     its messages (AvroBatchDecoder.writer_of). `columns_of(schema_id)`: collecting new fields (add_columns
     with a registry), what that writer adds (deltadrain.evolve.WriterColumns), whose values end the
     values as decode.decode's new fields do."""
-    import fastavro
 
     if (wrong := size_error(data, max_bytes)) is not None:
         return wrong
@@ -190,23 +215,9 @@ def decode_avro(data: bytes | None, payload: AvroPayload, *, fields: dict[str, s
             schema = writer_of(schema_id_of(data))
             if isinstance(schema, Decoded):
                 return schema
-    fo = io.BytesIO(body)
-    try:
-        record = fastavro.schemaless_reader(fo, schema or payload.parsed(), None)
-    except EOFError as exc:
-        if "Expected -" in str(exc):  # a negative length: not Avro written with this schema, not a short one
-            return _bad("invalid_avro", f"Avro body does not match the schema: a negative length ({exc})")
-        return _bad("truncated", f"Avro body of {len(body)} bytes ends before its datum does ({exc})")
-    except IndexError as exc:
-        if "string index" in str(exc):  # fastavro's varint reader ran past the end of the body
-            return _bad("truncated", f"Avro body of {len(body)} bytes ends before its datum does (in a number)")
-        return _bad("invalid_avro", f"Avro body does not match the schema: a union or enum index out of range "
-                                    f"({exc})")
-    except Exception as exc:  # garbage read as bad UTF-8, a huge length, ...
-        return _bad("invalid_avro", f"Avro body does not match the schema: {type(exc).__name__}: {exc}"[:300])
-    if fo.tell() != len(body):
-        return _bad("invalid_avro", f"Avro body has {len(body) - fo.tell()} bytes after its datum of {fo.tell()} "
-                                    f"bytes: not written with this schema")
+    record, wrong = read_datum(body, schema or payload.parsed())
+    if wrong is not None:
+        return wrong
     if isinstance(record.get(id_field), uuid.UUID):
         record[id_field] = str(record[id_field])
     if columns_of is None:

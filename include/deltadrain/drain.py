@@ -304,10 +304,11 @@ def settle_columns(spark, target: str, pipeline: PipelineConfig, good_schema, ru
     if it is missing): the types its vote chose are then the table's, so a run killed before the batch's
     commit leaves the next run typing those fields by the columns, and the messages that lost the vote
     stay dead letters instead of being published by a batch whose vote goes the other way."""
-    if not is_table(spark, target):
-        ensure_target(spark, target, pipeline, good_schema, run_id)
+    schema = _target_schema(spark, pipeline, good_schema, run_id)
+    if is_table(spark, target):
+        add_missing_columns(spark, target, schema)
     else:
-        add_missing_columns(spark, target, _target_schema(spark, pipeline, good_schema, run_id))
+        ensure_table(spark, target, schema, pipeline.target.partition_by, pipeline.target.cluster_by)
 
 
 def isolate_culprits(spark, pipeline: PipelineConfig, good, batch: int, run_id: str, staged: str):

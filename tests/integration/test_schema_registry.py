@@ -5,7 +5,6 @@ stopped between two runs."""
 
 from __future__ import annotations
 
-import base64
 import copy
 import io
 import json
@@ -26,7 +25,8 @@ from deltadrain.dev.produce import avro_bad_kinds, avro_error_type, ensure_topic
 from deltadrain.embedded import registry_login, registry_url
 from deltadrain.protobuf import ProtobufPayload
 from deltadrain.protobuf import encode as proto_encode
-from deltadrain.registry import failure_line
+from deltadrain.registry import Registry, failure_line
+from deltadrain.registry import register as register_schema
 from deltadrain.sources.kafka.client import kafka_client_conf
 from tests.integration.helpers import ROOT, dlq_rows, target_ids, write_config
 from tests.integration.test_kafka_drain import end_offsets, group_of, lake_checkpoint
@@ -39,13 +39,8 @@ FIELDS = {"event_id": "string", "customer": "string", "amount": "double", "quant
 def register(cfg, subject: str, schema: str, schema_type: str | None = None) -> int:
     """A schema registered through the ccompat API, as a producer's serializer does: its id."""
     login = registry_login()
-    token = base64.b64encode(f"{login['username']}:{login['password']}".encode()).decode()
-    body = {"schema": schema, **({"schemaType": schema_type} if schema_type else {})}
-    request = urllib.request.Request(f"{registry_url(cfg)}/subjects/{subject}/versions", json.dumps(body).encode(),
-                                     {"Content-Type": "application/vnd.schemaregistry.v1+json",
-                                      "Authorization": f"Basic {token}"})
-    with urllib.request.urlopen(request, timeout=30) as reply:
-        return json.loads(reply.read())["id"]
+    registry = Registry(registry_url(cfg), login["username"], login["password"])
+    return register_schema(registry, subject, schema, schema_type or "AVRO")
 
 
 def registry_pipeline(tmp_path, cfg, fmt: str, source: dict | None = None, **schema):

@@ -28,7 +28,7 @@ from deltadrain.isolation import convicted
 from deltadrain.logs import run_logger
 from deltadrain.outcome import Outcome
 from deltadrain.payloads import Payload, payload_of
-from deltadrain.registry import Registry, registry_of
+from deltadrain.registry import Registry
 from deltadrain.sources.kafka.client import (
     check_secured,
     kafka_client_conf,
@@ -216,11 +216,12 @@ def read_ranges(spark, cfg: DeltadrainConfig, p: PipelineConfig, ranges: dict[in
 
     source: KafkaSource = p.source
     topic = source.topic
+    payload = payload_of(p.payload_schema)  # key_format avro: a registry pipeline, whose keys it reads too
     ctx = DecodeContext(topic, dict(p.payload_schema.fields), p.payload_schema.id_field,
                         list(p.payload_schema.required), p.max_message_bytes, source.id_from,
-                        source.id_header, attempts, dead_runs or {}, p.max_retries, payload_of(p.payload_schema),
+                        source.id_header, attempts, dead_runs or {}, p.max_retries, payload,
                         p.payload_schema.evolved_columns, p.payload_schema.collects_new_fields,
-                        registry_of(p.payload_schema) if source.key_format == "avro" else None)
+                        payload.registry if source.key_format == "avro" else None)
     total = sum(end - start for start, end in ranges.values())
     # Text keys read no headers: a replayed record carries its identity in its key. An Avro key's copy
     # has none (the id would need the key's schema), so it carries the id in the replay header.

@@ -7,7 +7,6 @@ Pure apart from the registry's ask (deltadrain.registry.writer, cached per proce
 from __future__ import annotations
 
 import functools
-import io
 import json
 
 from deltadrain.confluent import HEADER, frame_error, schema_id_of
@@ -44,8 +43,7 @@ def key_schema(text: str, schema_id: int):
 def avro_key(raw: bytes, registry) -> tuple[str | None, str | None, str | None]:
     """(id, error type, reason) of a Confluent-framed Avro key; (None, None, None) for a null datum,
     which falls back to the record's place like a null key. A registry outage raises (the run fails)."""
-    import fastavro
-
+    from deltadrain.avro import read_datum
     from deltadrain.registry import writer
 
     raw = bytes(raw)
@@ -58,13 +56,7 @@ def avro_key(raw: bytes, registry) -> tuple[str | None, str | None, str | None]:
     parsed = key_schema(found.text, schema_id)
     if isinstance(parsed, tuple):
         return None, *parsed
-    body = io.BytesIO(raw[HEADER:])
-    try:
-        value = fastavro.schemaless_reader(body, parsed, None)
-    except (EOFError, IndexError) as exc:
-        return None, "truncated", f"key of {len(raw)} bytes ends before its Avro datum does ({exc})"[:300]
-    except Exception as exc:
-        return None, "invalid_avro", f"key does not match its schema id {schema_id}: {type(exc).__name__}: {exc}"[:300]
-    if body.tell() != len(raw) - HEADER:
-        return None, "invalid_avro", f"key has {len(raw) - HEADER - body.tell()} bytes after its Avro datum"
+    value, wrong = read_datum(raw[HEADER:], parsed, "key")
+    if wrong is not None:
+        return None, wrong.error_type, f"{wrong.error} (key schema id {schema_id})"
     return (None if value is None else str(value)), None, None
