@@ -4,7 +4,8 @@ VENV  := .venv
 BIN   := $(VENV)/bin
 STAMP := $(VENV)/.installed
 JARS  := .cache/jars
-LOG_STORE := jvm/logstore/pom.xml $(wildcard jvm/logstore/src/main/java/dev/deltadrain/storage/*.java)
+SPARK_MODULES := jvm/logstore/pom.xml $(wildcard jvm/logstore/src/main/java/dev/deltadrain/storage/*.java) \
+             jvm/connect/pom.xml $(wildcard jvm/connect/src/main/java/dev/deltadrain/connect/*.java)
 S3_LOG_STORE := jvm/s3logstore/pom.xml $(wildcard jvm/s3logstore/src/main/java/dev/deltadrain/storage/*.java)
 REGISTRY := jvm/registry/pom.xml jvm/registry/src/main/resources/application.properties
 
@@ -28,8 +29,9 @@ $(STAMP): requirements.txt constraints.txt pyproject.toml
 
 jars: $(JARS)/spark/.complete $(JARS)/kafka/.complete $(JARS)/s3/.complete $(JARS)/s3a/.complete $(JARS)/registry/.complete
 
-# Fetched with mvn from jvm/spark and jvm/kafka; the spark kind also gets the log store built from jvm/logstore.
-$(JARS)/spark/.complete $(JARS)/kafka/.complete &: jvm/spark/pom.xml jvm/kafka/pom.xml $(LOG_STORE) | $(STAMP)
+# Fetched with mvn from jvm/spark and jvm/kafka; the spark kind also gets the log store built from jvm/logstore
+# and the Connect server's entry point built from jvm/connect.
+$(JARS)/spark/.complete $(JARS)/kafka/.complete &: jvm/spark/pom.xml jvm/kafka/pom.xml $(SPARK_MODULES) | $(STAMP)
 	$(BIN)/deltadrain jars --only spark,kafka
 
 # The embedded S3 server (jvm/s3) and hadoop-aws with the AWS SDK bundle (jvm/s3a, ~620 MB), which

@@ -30,9 +30,13 @@ LOG_STORE_CLASS = "dev.deltadrain.storage.LocalLinkLogStore"
 # Built from jvm/s3logstore into the s3a kind: the log store of lakes on S3 (conditional PUT).
 S3_LOG_STORE_ARTIFACT = "deltadrain-s3logstore"
 S3_LOG_STORE_CLASS = "dev.deltadrain.storage.S3ConditionalLogStore"
-# The jar kinds whose cache also gets a module of jvm/ built with `mvn package`: (module, artifact).
-_BUILT = {"spark": ("logstore", LOG_STORE_ARTIFACT), "s3a": ("s3logstore", S3_LOG_STORE_ARTIFACT)}
-_REQUIRED = {kind: (artifact,) for kind, (_, artifact) in _BUILT.items()}
+# Built from jvm/connect into the spark kind: the embedded Spark Connect server's entry point.
+CONNECT_ARTIFACT = "deltadrain-connect"
+CONNECT_SERVER_CLASS = "dev.deltadrain.connect.ConnectServer"
+# The jar kinds whose cache also gets modules of jvm/ built with `mvn package`: (module, artifact) each.
+_BUILT = {"spark": (("logstore", LOG_STORE_ARTIFACT), ("connect", CONNECT_ARTIFACT)),
+          "s3a": (("s3logstore", S3_LOG_STORE_ARTIFACT),)}
+_REQUIRED = {kind: tuple(artifact for _, artifact in modules) for kind, modules in _BUILT.items()}
 # The kinds whose jars join pyspark's on one class path: those Spark already ships are dropped.
 _ON_SPARK = ("spark", "s3a")
 _MARKER = ".complete"
@@ -77,8 +81,8 @@ def _mvn(args: list[str], *, quiet: bool) -> None:
         raise PrerequisiteError(f"`{' '.join(cmd)}` failed (exit {done.returncode}).\n{tail}")
 
 
-def build_log_store(out_dir: Path, *, quiet: bool = True, module: str = "logstore",
-                    artifact: str = LOG_STORE_ARTIFACT) -> Path:
+def build_module(out_dir: Path, *, quiet: bool = True, module: str = "logstore",
+                 artifact: str = LOG_STORE_ARTIFACT) -> Path:
     """Compile jvm/<module> (mvn package, its build kept outside the source tree) into `out_dir`."""
     with tempfile.TemporaryDirectory(dir=out_dir) as build:
         _mvn(["-f", str(jvm_dir() / module / "pom.xml"), "package", f"-Ddeltadrain.build.dir={build}"],
@@ -88,8 +92,9 @@ def build_log_store(out_dir: Path, *, quiet: bool = True, module: str = "logstor
 
 
 def fetch(kind: str, *, quiet: bool = True) -> Path:
-    """Fill the cache for `kind` from its pom (jvm/<kind>/pom.xml), plus, for spark and s3a, the log
-    store built from jvm/logstore or jvm/s3logstore. Idempotent."""
+    """Fill the cache for `kind` from its pom (jvm/<kind>/pom.xml), plus what `_BUILT` builds for it:
+    for spark the log store (jvm/logstore) and the Connect server's entry point (jvm/connect), for s3a
+    the S3 log store (jvm/s3logstore). Idempotent."""
     if kind not in KINDS:
         raise ValueError(f"unknown jar kind {kind!r}; expected one of {KINDS}")
     if shutil.which("mvn") is None:
@@ -106,9 +111,8 @@ def fetch(kind: str, *, quiet: bool = True) -> Path:
     with tempfile.TemporaryDirectory(dir=target.parent) as staging:
         _mvn(["-f", str(pom), f"{DEPENDENCY_PLUGIN}:copy-dependencies", "-DincludeScope=runtime",
               f"-DoutputDirectory={staging}"], quiet=quiet)
-        if kind in _BUILT:
-            module, artifact = _BUILT[kind]
-            build_log_store(Path(staging), quiet=quiet, module=module, artifact=artifact)
+        for module, artifact in _BUILT.get(kind, ()):
+            build_module(Path(staging), quiet=quiet, module=module, artifact=artifact)
         fetched = [p.name for p in Path(staging).glob("*.jar")]
         provided = {artifact_name(p.name) for p in pyspark_jars_dir().glob("*.jar")} if kind in _ON_SPARK else set()
         keep = jars_to_keep(fetched, provided)
@@ -135,6 +139,11 @@ def build_registry(target: Path, pom: Path, *, quiet: bool = True) -> Path:
         shutil.move(str(app), target / REGISTRY_APP)
         (target / _MARKER).write_text(REGISTRY_RUN_JAR + "\n")
     return target
+
+
+def built_jar(kind: str, artifact: str) -> Path:
+    """The jar of `kind`'s cache built from a module of jvm/ (`_BUILT`)."""
+    return next(j for j in classpath(kind) if artifact_name(j.name) == artifact)
 
 
 def classpath(kind: str) -> list[Path]:

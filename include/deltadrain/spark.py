@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from deltadrain.errors import PrerequisiteError
-from deltadrain.jars import LOG_STORE_CLASS, classpath
+from deltadrain.jars import CONNECT_ARTIFACT, CONNECT_SERVER_CLASS, LOG_STORE_CLASS, built_jar, classpath
 from deltadrain.java import check_java, java_binary  # noqa: F401 (spark.java_binary: the JDK a driver starts)
 
 DELTA_CONF = {
@@ -50,7 +50,6 @@ SESSION_KEYS = ("spark.sql.shuffle.partitions", "spark.databricks.delta.snapshot
                 "spark.databricks.delta.schema.autoMerge.enabled")
 
 CONNECT_RETRIES = 12  # backoffs of 0.05, 0.2, 0.8, 3.2 s, then 10 s: about 85 s in all
-CONNECT_SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 CONNECT_LOG4J = Path(__file__).parent / "resources" / "log4j2-connect.properties"
 
 
@@ -195,10 +194,11 @@ def connect_server_conf(port: int, master: str | None = None, object_store=None)
 
 def connect_server_command(port: int, master: str | None = None, object_store=None,
                            login_file: Path | None = None) -> list[str]:
-    """spark-submit starting Spark's Connect server (its jar ships with pyspark) with the jar cache's
-    Delta, log store and Kafka source on the class path: nothing is resolved online. With `object_store`
-    also hadoop-aws; the login (and the embedded cluster's secret) come in `login_file`
-    (objectstore.private_properties)."""
+    """spark-submit starting Spark's Connect server (its jar ships with pyspark) through deltadrain's entry
+    point (jvm/connect: the server without per-session artifact isolation, so that a new session reuses
+    the classes Spark generated for the sessions before it), with the jar cache's Delta, log store and
+    Kafka source on the class path: nothing is resolved online. With `object_store` also hadoop-aws; the
+    login (and the embedded cluster's secret) come in `login_file` (objectstore.private_properties)."""
     import pyspark
 
     submit = Path(pyspark.__file__).parent / "bin" / "spark-submit"
@@ -208,7 +208,7 @@ def connect_server_command(port: int, master: str | None = None, object_store=No
         cmd += ["--properties-file", str(login_file)]
     for key, value in connect_server_conf(port, master, object_store).items():
         cmd += ["--conf", f"{key}={value}"]
-    return cmd
+    return [*cmd, str(built_jar("spark", CONNECT_ARTIFACT))]
 
 
 def session_conf(extra: dict[str, str] | None = None) -> dict[str, str]:

@@ -28,19 +28,22 @@ def test_missing_cache_names_the_command_that_fills_it(tmp_path, monkeypatch):
         jars.classpath("spark")
 
 
-def test_a_cache_without_the_log_store_names_the_command_that_builds_it(tmp_path, monkeypatch):
-    # A cache filled before the log store existed: sessions would name a class no jar has.
+def test_a_cache_without_the_built_jars_names_the_command_that_builds_them(tmp_path, monkeypatch):
+    # A cache filled before the log store and the Connect entry point existed: sessions and the server
+    # would name classes no jar has.
     monkeypatch.setenv("DELTADRAIN_JARS", str(tmp_path))
     (tmp_path / "spark").mkdir()
     (tmp_path / "spark" / "delta-spark_4.1_2.13-4.3.1.jar").write_bytes(b"")
     (tmp_path / "spark" / ".complete").write_text("delta-spark_4.1_2.13-4.3.1.jar\n")
-    with pytest.raises(PrerequisiteError, match=r"lacks \['deltadrain-logstore-\*\.jar'\]; run `make jars`"):
+    with pytest.raises(PrerequisiteError, match=r"lacks \['deltadrain-logstore-\*\.jar', 'deltadrain-connect-\*\.jar'\]; "
+                                                r"run `make jars`"):
         jars.classpath("spark")
 
 
 def test_the_real_cache_is_complete():
     names = [p.name for p in jars.classpath("spark")]
     assert any(n.startswith(f"{jars.LOG_STORE_ARTIFACT}-") for n in names)
+    assert any(n.startswith(f"{jars.CONNECT_ARTIFACT}-") for n in names)
     assert any(n.startswith("delta-spark_4.1_2.13-") for n in names)
     assert any(n.startswith("spark-sql-kafka-0-10_2.13-") for n in names)
     assert not any(n.startswith(("spark-core", "spark-sql_2.13", "scala-library")) for n in names)
