@@ -20,6 +20,7 @@ from deltadrain.failpoints import fired
 from deltadrain.positions import StreamId
 from deltadrain.replay import ReplayRequest, replay
 from deltadrain.sources import source_of
+from deltadrain.sources.valkey.acknowledge import ACK_IDS
 from deltadrain.sources.valkey.client import valkey_client
 from deltadrain.sources.valkey.reap import REAPER, reap
 from deltadrain.sources.valkey.status import valkey_counts
@@ -632,12 +633,13 @@ def test_a_table_created_after_the_first_batch_looked_is_merged_into(tmp_path, c
 def test_sigkill_at_each_step_boundary_loses_and_duplicates_nothing(point, transform, second, tmp_path, cfg, spark):
     """`second`: the kill comes in the run's second batch, so "during_merge" kills a MERGE into the
     table the first batch created (in the first batch it kills the write that creates the table)."""
-    # One stream: its entries are acknowledged by one task, chunk after chunk, so a kill during the
-    # acknowledgement really leaves some acknowledged and some not.
-    cap = 2000 if second else 5000
+    # One stream: its entries are acknowledged ACK_IDS at a time, so a kill during the acknowledgement of
+    # a batch of more than ACK_IDS entries really leaves some acknowledged and some not.
+    n = 2 * ACK_IDS + 1000 if point == "during_ack" else 4000
+    cap = 2000 if second else n + 1000
     path, c, p = make_pipeline(tmp_path, min_idle_ms=0, batch_cap=cap, partitions=1, transform=transform)
     client = valkey_client(c, p)
-    result = produce(c, p, 4000, seed=31, malformed_ratio=0.05)
+    result = produce(c, p, n, seed=31, malformed_ratio=0.05)
     env = {"DELTADRAIN_FAILPOINT": point, "DELTADRAIN_FAILPOINT_DELAY_MS": "300"}
     if second:
         env["DELTADRAIN_FAILPOINT_SKIP"] = "1"
@@ -650,9 +652,9 @@ def test_sigkill_at_each_step_boundary_loses_and_duplicates_nothing(point, trans
     # "during_merge": killed before its commit landed, or this would be the after_commit case.
     assert batch == (before + 1 if point in ("after_commit", "during_ack") else before)
     if point in ("after_claim", "during_merge", "after_commit"):
-        assert pending(client, p) == 4000 - before * cap
+        assert pending(client, p) == n - before * cap
     if point == "during_ack":
-        assert 0 < pending(client, p) < 4000
+        assert 0 < pending(client, p) < n
     summaries = drain_until_done(c, p, spark, client)
     if point in ("after_commit", "during_ack"):
         assert sum(s.written for s in summaries) == 0  # all rows were in the killed run's commit

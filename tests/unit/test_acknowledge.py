@@ -4,7 +4,7 @@ against a real Valkey in the integration tests)."""
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from deltadrain.sources.valkey.acknowledge import ACK_CHUNK, staged_entries
+from deltadrain.sources.valkey.acknowledge import ACK_IDS, READ_ROWS, staged_entries
 
 
 def write(path, rows):
@@ -17,17 +17,24 @@ def write(path, rows):
 
 
 def test_every_staged_entry_is_listed_once_per_stream_in_bounded_chunks(tmp_path):
-    n = 2 * ACK_CHUNK + 7
+    n = 2 * READ_ROWS + 7
     one = write(tmp_path / "a.parquet", [(f"s{i % 3}", f"1-{i}", 1 + i % 2) for i in range(n)])
     two = write(tmp_path / "b.parquet", [("s0", "2-0", 4)])
     chunks = list(staged_entries([one, two]))
-    assert all(0 < len(entries) <= ACK_CHUNK for _, entries in chunks)
-    listed = [(stream, position, attempts) for stream, entries in chunks for position, attempts in entries]
-    expected = [(f"s{i % 3}", f"1-{i}", 1 + i % 2) for i in range(n)] + [("s0", "2-0", 4)]
+    assert all(0 < len(positions) <= ACK_IDS for _, positions, _ in chunks)
+    assert sum(len(positions) == ACK_IDS for _, positions, _ in chunks) >= 3  # full pieces, across reads
+    listed = [(stream, position) for stream, positions, _ in chunks for position in positions]
+    expected = [(f"s{i % 3}", f"1-{i}") for i in range(n)] + [("s0", "2-0")]
     assert sorted(listed) == sorted(expected) and len(listed) == len(set(listed))
+    # Delivered or read before (attempts other than 1): their recorded failures are forgotten too.
+    again = sorted((stream, position) for stream, _, positions in chunks for position in positions)
+    assert again == sorted([(f"s{i % 3}", f"1-{i}") for i in range(n) if i % 2] + [("s0", "2-0")])
+    assert all(set(a) <= set(p) for _, p, a in chunks)
 
 
 def test_entries_kept_pending_are_left_out(tmp_path):
-    staged = write(tmp_path / "a.parquet", [("s0", "1-1", 1), ("s0", "1-2", 3), ("s1", "1-2", 1)])
-    listed = [(s, p) for s, entries in staged_entries([staged], keep=frozenset({("s0", "1-2")})) for p, _ in entries]
-    assert sorted(listed) == [("s0", "1-1"), ("s1", "1-2")]
+    staged = write(tmp_path / "a.parquet", [("s0", "1-1", 1), ("s0", "1-2", 3), ("s1", "1-2", 1), ("s1", "1-3", 0)])
+    chunks = list(staged_entries([staged], keep=frozenset({("s0", "1-2")})))
+    assert sorted((s, p) for s, positions, _ in chunks for p in positions) == [("s0", "1-1"), ("s1", "1-2"), ("s1", "1-3")]
+    # A gap marker (attempts 0) is one to forget; the kept culprit is not touched.
+    assert [(s, p) for s, _, again in chunks for p in again] == [("s1", "1-3")]
