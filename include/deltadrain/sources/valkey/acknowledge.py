@@ -9,11 +9,10 @@ have handed some of its entries to another live run, and taking them back would 
 third run's claim (one more delivery each, toward max_retries and the DLQ).
 
 Both run in the driver over the staged claim files, reading only the partition, position and
-attempts columns, READ_ROWS rows at a time and at most ACK_IDS positions per stream held: the
-driver's memory stays bounded by those, not the batch. As a Spark job this took about 1 s per warm 200 000-entry batch (up to 3 s), from the driver
-about 0.5 s. Each XACK is a write the embedded server syncs to its AOF, so fewer and larger ones
-are cheaper: 40 XACKs of 5 000 ids for 200 000 entries over four streams took 0.44 s, 400 of 500
-ids 0.53 s (docs/benchmarks.md, "Where a Valkey batch acknowledges").
+attempts columns, READ_ROWS rows at a time and holding at most ACK_IDS positions per stream: the
+driver's memory stays bounded by those, not by the batch. Each XACK is a write the embedded Valkey
+syncs to its AOF before it answers, so a batch goes in few large XACKs rather than many small ones
+(docs/benchmarks.md, "Where a Valkey batch acknowledges").
 """
 
 from __future__ import annotations

@@ -11,10 +11,10 @@ import java.time.format.DateTimeFormatter;
  *
  * <p>Spark's entry point forces that isolation on. Each Connect session then runs its tasks under a
  * class loader of its own, and Spark's cache of generated classes is keyed by class loader, so the
- * first queries of every new session compile again every class their plans generate: about 0.7 s
- * more for a drain's MERGE. deltadrain opens a session per run, and its sessions add no jars,
- * classes or files to share or hide, so on this server they share one class loader and the classes
- * compiled for the runs before them.
+ * first queries of every new session compile again every class their plans generate
+ * (docs/benchmarks.md, "A new session's first MERGE"). deltadrain opens a session per run, and its
+ * sessions add no jars, classes or files to share or hide, so on this server they share one class
+ * loader and the classes compiled for the runs before them.
  *
  * <p>Spark is reached by reflection, so that this module builds without Spark on its class path
  * (no download) and runs against the Spark that pyspark ships.
