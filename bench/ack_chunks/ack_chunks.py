@@ -12,19 +12,18 @@ from __future__ import annotations
 
 import json
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-import valkey
 
-from deltadrain.dev.services import valkey_binary
 from deltadrain.sources.valkey import acknowledge as ack
 from deltadrain.sources.valkey.claim import ClaimContext
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "common"))  # bench/common: shared helpers
+from own_valkey import own_valkey  # noqa: E402
 
 STREAMS, GROUP = [f"bench:{{{k}}}" for k in range(4)], "g"
 
@@ -64,41 +63,27 @@ def main() -> None:
     count = int(sys.argv[2]) if len(sys.argv) > 2 else 200_000
     rounds = int(sys.argv[3]) if len(sys.argv) > 3 else 4
     chunks = [int(c) for c in (sys.argv[4] if len(sys.argv) > 4 else "500,5000").split(",")]
-    with tempfile.TemporaryDirectory() as data:
-        server = subprocess.Popen([str(valkey_binary()), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                                   "--appendonly", "yes", "--appendfsync", "always", "--dir", data],
-                                  stdout=subprocess.DEVNULL)
-        try:
-            client = valkey.Valkey(port=port)
-            for _ in range(50):
-                try:
-                    client.ping()
-                    break
-                except valkey.ConnectionError:
-                    time.sleep(0.1)
-            fill(client, count)
-            for stream in STREAMS:
-                client.xgroup_create(stream, GROUP, id="0")
-            staged = staged_file(Path(data), count)
-            ctx = ClaimContext(url=f"redis://127.0.0.1:{port}/0", username=None, password=None, group=GROUP,
-                               consumer="bench", min_idle_ms=60_000, max_attempts=4, fields={}, id_field="event_id",
-                               required=[], max_bytes=1 << 20, failures_key="bench:failures", gaps_key="bench:gaps")
-            times: dict[int, list[float]] = {c: [] for c in chunks}
-            for r in range(rounds):
-                for chunk in chunks if r % 2 == 0 else list(reversed(chunks)):
-                    claim_all(client)
-                    ack.ACK_IDS = chunk
-                    started = time.perf_counter()
-                    done = ack.acknowledge([staged], ctx)
-                    times[chunk].append(round(time.perf_counter() - started, 3))
-                    pending = sum(client.xpending(s, GROUP)["pending"] for s in STREAMS)
-                    assert done == count and pending == 0, (done, pending)
-            print(json.dumps({"command": " ".join(["bench/ack_chunks/ack_chunks.py", *sys.argv[1:]]),
-                              "entries": count, "streams": len(STREAMS), "seconds": times,
-                              "median": {c: statistics.median(t) for c, t in times.items()}}, indent=2))
-        finally:
-            server.terminate()
-            server.wait()
+    with own_valkey(port) as (client, data):
+        fill(client, count)
+        for stream in STREAMS:
+            client.xgroup_create(stream, GROUP, id="0")
+        staged = staged_file(Path(data), count)
+        ctx = ClaimContext(url=f"redis://127.0.0.1:{port}/0", username=None, password=None, group=GROUP,
+                           consumer="bench", min_idle_ms=60_000, max_attempts=4, fields={}, id_field="event_id",
+                           required=[], max_bytes=1 << 20, failures_key="bench:failures", gaps_key="bench:gaps")
+        times: dict[int, list[float]] = {c: [] for c in chunks}
+        for r in range(rounds):
+            for chunk in chunks if r % 2 == 0 else list(reversed(chunks)):
+                claim_all(client)
+                ack.ACK_IDS = chunk
+                started = time.perf_counter()
+                done = ack.acknowledge([staged], ctx)
+                times[chunk].append(round(time.perf_counter() - started, 3))
+                pending = sum(client.xpending(s, GROUP)["pending"] for s in STREAMS)
+                assert done == count and pending == 0, (done, pending)
+        print(json.dumps({"command": " ".join(["bench/ack_chunks/ack_chunks.py", *sys.argv[1:]]),
+                          "entries": count, "streams": len(STREAMS), "seconds": times,
+                          "median": {c: statistics.median(t) for c, t in times.items()}}, indent=2))
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ A claim task's XREADGROUP runs in one MULTI/EXEC with XINFO STREAM and XINFO GRO
 (`claim.read_new_past_gaps`), so that entries trimmed past the group's position while the task reads
 are recorded as a gap. This reads COUNT ~200-byte entries of one stream in READ_CHUNK chunks, the
 plain way (`claim.read_new`) and the checked way, alternating ROUNDS times each, from a Valkey of its
-own (started and stopped here, AOF with `appendfsync always` as the bench runs it).
+own (`common/own_valkey.py`: AOF with `appendfsync always`, as `services up` runs it).
 
 Usage: .venv/bin/python bench/gap_check/read_gap_check.py PORT [COUNT [ROUNDS]]
 """
@@ -12,15 +12,14 @@ Usage: .venv/bin/python bench/gap_check/read_gap_check.py PORT [COUNT [ROUNDS]]
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
-import tempfile
 import time
+from pathlib import Path
 
-import valkey
-
-from deltadrain.dev.services import valkey_binary
 from deltadrain.sources.valkey.claim import READ_CHUNK, ClaimContext, read_new, read_new_past_gaps, reader
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "common"))  # bench/common: shared helpers
+from own_valkey import own_valkey  # noqa: E402
 
 STREAM, GROUP = "bench:{0}", "g"
 
@@ -57,31 +56,18 @@ def main() -> None:
     port = int(sys.argv[1])
     count = int(sys.argv[2]) if len(sys.argv) > 2 else 200_000
     rounds = int(sys.argv[3]) if len(sys.argv) > 3 else 3
-    with tempfile.TemporaryDirectory() as data:
-        server = subprocess.Popen([str(valkey_binary()), "--port", str(port), "--save", "", "--appendonly", "yes",
-                                   "--appendfsync", "always", "--dir", data], stdout=subprocess.DEVNULL)
-        try:
-            client = valkey.Valkey(port=port)
-            for _ in range(50):
-                try:
-                    client.ping()
-                    break
-                except valkey.ConnectionError:
-                    time.sleep(0.1)
-            fill(client, count)
-            client.xgroup_create(STREAM, GROUP, id="0")
-            ctx = ClaimContext(url=f"redis://127.0.0.1:{port}/0", username=None, password=None, group=GROUP,
-                               consumer="bench", min_idle_ms=60_000, max_attempts=4, fields={}, id_field="event_id",
-                               required=[], max_bytes=1 << 20, failures_key="bench:failures", gaps_key="bench:gaps")
-            for _ in range(rounds):
-                for checked in (False, True):
-                    seconds = read_all(client, ctx, checked, count)
-                    print(json.dumps({"read": "checked" if checked else "plain", "entries": count,
-                                      "seconds": round(seconds, 3), "entries_per_s": round(count / seconds)}),
-                          flush=True)
-        finally:
-            server.terminate()
-            server.wait()
+    with own_valkey(port) as (client, _):
+        fill(client, count)
+        client.xgroup_create(STREAM, GROUP, id="0")
+        ctx = ClaimContext(url=f"redis://127.0.0.1:{port}/0", username=None, password=None, group=GROUP,
+                           consumer="bench", min_idle_ms=60_000, max_attempts=4, fields={}, id_field="event_id",
+                           required=[], max_bytes=1 << 20, failures_key="bench:failures", gaps_key="bench:gaps")
+        for _ in range(rounds):
+            for checked in (False, True):
+                seconds = read_all(client, ctx, checked, count)
+                print(json.dumps({"read": "checked" if checked else "plain", "entries": count,
+                                  "seconds": round(seconds, 3), "entries_per_s": round(count / seconds)}),
+                      flush=True)
 
 
 if __name__ == "__main__":
