@@ -141,11 +141,6 @@ def build_registry(target: Path, pom: Path, *, quiet: bool = True) -> Path:
     return target
 
 
-def built_jar(kind: str, artifact: str) -> Path:
-    """The jar of `kind`'s cache built from a module of jvm/ (`_BUILT`)."""
-    return next(j for j in classpath(kind) if artifact_name(j.name) == artifact)
-
-
 def classpath(kind: str) -> list[Path]:
     """The cached jars for `kind`, or one clear error naming the command that fills the cache."""
     target = jar_cache() / kind

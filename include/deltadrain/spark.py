@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from deltadrain.errors import PrerequisiteError
-from deltadrain.jars import CONNECT_ARTIFACT, CONNECT_SERVER_CLASS, LOG_STORE_CLASS, built_jar, classpath
+from deltadrain.jars import CONNECT_SERVER_CLASS, LOG_STORE_CLASS, classpath
 from deltadrain.java import check_java, java_binary  # noqa: F401 (spark.java_binary: the JDK a driver starts)
 
 DELTA_CONF = {
@@ -51,6 +51,8 @@ SESSION_KEYS = ("spark.sql.shuffle.partitions", "spark.databricks.delta.snapshot
 
 CONNECT_RETRIES = 12  # backoffs of 0.05, 0.2, 0.8, 3.2 s, then 10 s: about 85 s in all
 CONNECT_LOG4J = Path(__file__).parent / "resources" / "log4j2-connect.properties"
+# spark-submit's word for "the main class is on the class path already".
+SPARK_INTERNAL = "spark-internal"
 
 
 def spark_conf(extra: dict[str, str] | None = None, object_store=None, *,
@@ -208,7 +210,9 @@ def connect_server_command(port: int, master: str | None = None, object_store=No
         cmd += ["--properties-file", str(login_file)]
     for key, value in connect_server_conf(port, master, object_store).items():
         cmd += ["--conf", f"{key}={value}"]
-    return [*cmd, str(built_jar("spark", CONNECT_ARTIFACT))]
+    # No application jar: the entry point is on the class path with the cache's other jars. Spark ships
+    # an application jar to every executor, which a cluster whose workers hold the cache must not get.
+    return [*cmd, SPARK_INTERNAL]
 
 
 def session_conf(extra: dict[str, str] | None = None) -> dict[str, str]:
