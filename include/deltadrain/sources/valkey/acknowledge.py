@@ -68,7 +68,8 @@ def staged_entries(files: Iterable[str], keep: frozenset = frozenset()) -> Itera
 
     from deltadrain.stage import open_staged
 
-    held: dict[str, tuple[list, list]] = {}
+    held: dict[str, list] = {}
+    again: set[tuple[str, str]] = set()
     for path in files:
         for batch in open_staged(path).iter_batches(batch_size=READ_ROWS, columns=COLUMNS):
             streams = batch.column("_dd_partition")
@@ -76,23 +77,17 @@ def staged_entries(files: Iterable[str], keep: frozenset = frozenset()) -> Itera
             for stream in names:
                 part = batch if len(names) == 1 else batch.filter(pc.equal(streams, stream))
                 positions = part.column("_dd_position")
-                again = positions.filter(pc.not_equal(pc.fill_null(part.column("_dd_attempts"), 0), 1)).to_pylist()
-                positions = positions.to_pylist()
-                if keep:
-                    positions = [p for p in positions if (stream, p) not in keep]
-                    again = [p for p in again if (stream, p) not in keep]
-                mine, mine_again = held.setdefault(stream, ([], []))
-                mine += positions
-                mine_again += again
+                retried = positions.filter(pc.not_equal(pc.fill_null(part.column("_dd_attempts"), 0), 1))
+                again.update((stream, p) for p in retried.to_pylist())
+                mine = held.setdefault(stream, [])
+                mine += [p for p in positions.to_pylist() if (stream, p) not in keep] if keep else positions.to_pylist()
                 while len(mine) >= ACK_IDS:
                     piece = mine[:ACK_IDS]
                     del mine[:ACK_IDS]
-                    cut = set(piece)
-                    yield stream, piece, [p for p in mine_again if p in cut]
-                    mine_again[:] = [p for p in mine_again if p not in cut]
-    for stream, (positions, again) in held.items():
+                    yield stream, piece, [p for p in piece if (stream, p) in again]
+    for stream, positions in held.items():
         if positions:
-            yield stream, positions, again
+            yield stream, positions, [p for p in positions if (stream, p) in again]
 
 
 def acknowledge(files: Iterable[str], ctx: ClaimContext, keep: frozenset = frozenset()) -> int:
