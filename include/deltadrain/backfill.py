@@ -15,6 +15,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 
+from deltadrain.commit import dedup_window_start
 from deltadrain.config import DeltadrainConfig, PipelineConfig
 from deltadrain.deadletter import write_dead_letters
 from deltadrain.errors import DeltadrainError, error_line
@@ -260,7 +261,7 @@ def backfill(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, start: date
                 # stamped (CreateTime) long before the interval its offset lies in.
                 metrics, refused = merge_without_checkpoint(
                     spark, target, kept, pipeline, meta,
-                    window_start=min(start, oldest or start) - pipeline.dedup_window)
+                    window_start=dedup_window_start(min(start, oldest or start), pipeline.dedup_window))
                 summary.skipped_refused = [{"partition": p, "position": pos, "error": e} for p, pos, e in refused]
                 summary.written = metrics.get("numTargetRowsInserted", 0)
                 summary.table_version = metrics.get("version")

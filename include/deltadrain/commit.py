@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from deltadrain import failpoints
 from deltadrain.checkpoint import find_commit
@@ -67,6 +67,26 @@ class NewTable:
 
 # Delta's answer to an append in "error if exists" mode that found a table: someone created it first.
 PATH_EXISTS = "DELTA_PATH_EXISTS"
+
+
+# The window's start moves back to a multiple of this fraction of the window (`dedup_window_start`).
+WINDOW_STEPS = 8
+
+
+def dedup_window_start(oldest: datetime, dedup_window: timedelta) -> datetime:
+    """Where the MERGE's window on the target's source time starts for a batch whose oldest message is
+    `oldest`: `dedup_window` before it, moved back to a multiple of an eighth of the window since the
+    epoch. Spark compiles a timestamp literal into the code it generates for the target's filter and for
+    Delta's file skipping, so a start that moved with every batch made the server compile and JIT-warm
+    those classes again for each one; this one changes a few times per window. Starting earlier only
+    reads and matches more: an id is still caught within `dedup_window`, and within up to an eighth more."""
+    start = oldest - dedup_window
+    step = dedup_window // timedelta(microseconds=1) // WINDOW_STEPS
+    if step <= 0:
+        return start
+    epoch = datetime(1970, 1, 1, tzinfo=start.tzinfo)
+    micros = (start - epoch) // timedelta(microseconds=1)
+    return epoch + timedelta(microseconds=micros - micros % step)
 
 
 def merge_condition(id_field: str, window_start: datetime | None, id_range: tuple[str, str] | None = None,

@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 
 from deltadrain import failpoints
 from deltadrain.checkpoint import META_COLUMNS, commit_metadata
-from deltadrain.commit import CONFLICT_RETRIES, NewTable, commit_batch
+from deltadrain.commit import CONFLICT_RETRIES, NewTable, commit_batch, dedup_window_start
 from deltadrain.config import DeltadrainConfig, PipelineConfig
 from deltadrain.deadletter import DEAD, take_back, write_dead_letters
 from deltadrain.decode import EXTRA_COLUMNS
@@ -127,13 +127,21 @@ def claim_schema(pipeline: PipelineConfig):
 def target_rows(good, pipeline: PipelineConfig, batch: int, run_id: str):
     """Claimed rows -> the rows the transform sees: payload columns plus the _dd_ metadata. The payload
     columns are every claimed column but deltadrain's own: the declared fields, and with schema evolution
-    the table's evolved columns and the batch's new ones."""
+    the table's evolved columns and the batch's new ones.
+
+    The run's own columns (batch, run id, ingestion time) come from a one-row table joined to every row,
+    not from literals: Spark compiles a long or timestamp literal into the code it generates, so each
+    batch's new values would make the server compile and JIT-warm that code again (docs/benchmarks.md,
+    "Code the server compiles per batch")."""
     from pyspark.sql import functions as F
+    from pyspark.sql.types import LongType, StringType, StructField, StructType, TimestampType
 
     payload = [F.col(sql_name(name)) for name in good.columns if not name.startswith("_dd_")]
     meta = [F.col(name) for name, _ in META_COLUMNS[:6]]
-    return good.select(*payload, *meta, F.lit(batch).cast("long").alias("_dd_batch"),
-                       F.lit(run_id).alias("_dd_run_id"), F.current_timestamp().alias("_dd_ingested_at"))
+    run = StructType([StructField("_dd_batch", LongType(), False), StructField("_dd_run_id", StringType(), False),
+                      StructField("_dd_ingested_at", TimestampType(), False)])
+    values = good.sparkSession.createDataFrame([(batch, run_id, datetime.now(UTC))], run)
+    return good.crossJoin(F.broadcast(values)).select(*payload, *meta, *run.names)
 
 
 def transformed(rows, pipeline: PipelineConfig):
@@ -549,7 +557,7 @@ class Drain:
             try:
                 result = commit_batch(self.spark, self.target, pipeline=p.name, expected_batch=expected,
                                       run_id=self.run_id, rows=merged, id_field=p.payload_schema.id_field,
-                                      window_start=(oldest - p.dedup_window) if oldest is not None else None,
+                                      window_start=dedup_window_start(oldest, p.dedup_window) if oldest is not None else None,
                                       metadata=meta, id_range=stats.id_range, create=create,
                                       evolve=self.evolving)
                 break

@@ -1,6 +1,6 @@
-"""The SQL text deltadrain writes Delta with (lake.sql_literal, create_table_sql, commit.merge_condition):
-every value stays a literal, whatever it holds. tests/integration/test_spark_connect.py runs such text
-on a real server."""
+"""The SQL text deltadrain writes Delta with (lake.sql_literal, create_table_sql, commit.merge_condition,
+commit.dedup_window_start): every value stays a literal, whatever it holds, and the window's start holds
+still over many batches. tests/integration/test_spark_connect.py runs such text on a real server."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
-from deltadrain.commit import merge_condition
+from deltadrain.commit import dedup_window_start, merge_condition
 from deltadrain.lake import conflict_line, create_table_sql, is_conflict, sql_literal, table_ref
 
 
@@ -53,6 +53,27 @@ def test_the_merge_condition_names_the_id_and_keeps_the_range_as_literals():
     assert cond == ("t.`event``id` = s.`event``id` AND t._dd_source_ts >= TIMESTAMP '2026-05-01 00:00:00' "
                     "AND t.`event``id` >= 'a\\'' AND t.`event``id` <= 'z'")
     assert merge_condition("id", None, target="q") == "q.`id` = s.`id`"
+
+
+@pytest.mark.parametrize("window", [timedelta(hours=1), timedelta(days=7), timedelta(seconds=5), timedelta(minutes=7)])
+def test_the_window_starts_a_little_earlier_and_holds_still_for_many_batches(window):
+    # Spark compiles the start into its generated code: it must not move with every batch.
+    oldest = datetime(2026, 11, 29, 12, 7, 33, 123456, tzinfo=UTC)
+    starts = {dedup_window_start(oldest + timedelta(milliseconds=i * window.total_seconds()), window)
+              for i in range(100)}  # batches spread over a tenth of the window
+    assert len(starts) <= 2
+    for i in range(100):
+        later = oldest + timedelta(milliseconds=i * window.total_seconds())
+        start = dedup_window_start(later, window)
+        # Never later than the window asks (an id inside it is always caught), at most an eighth earlier.
+        assert later - window - window / 8 < start <= later - window
+
+
+def test_a_window_of_nothing_starts_at_the_oldest_message():
+    oldest = datetime(2026, 11, 29, 12, 7, 33, 123456, tzinfo=UTC)
+    assert dedup_window_start(oldest, timedelta(0)) == oldest
+    naive = datetime(2026, 11, 29, 12, 7, 33, 123456)
+    assert dedup_window_start(naive, timedelta(days=7)) == datetime(2026, 11, 22, 12, 0)
 
 
 def test_a_table_is_created_by_path_with_its_layout_and_properties():
