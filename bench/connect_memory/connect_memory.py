@@ -72,11 +72,18 @@ def _descendants(root: int) -> list[int]:
     return out
 
 
+# Classes of Spark's status store (what its UI would show of past queries, jobs, stages and tasks).
+STATUS_STORE = ("org.apache.spark.status.", "org.apache.spark.sql.execution.ui.")
+
+
 def sample(pid: int, batch: int) -> dict:
-    """Live heap after a full GC, heap used after it, loaded classes, RSS of the JVM and its workers."""
+    """Live heap after a full GC, heap used after it, loaded classes, RSS of the JVM and its workers, and
+    the live bytes of the status store's own objects (not the strings and arrays they hold)."""
     histogram = _jcmd(pid, "GC.class_histogram")  # a full GC first, then the live objects
     total = next(line for line in reversed(histogram.splitlines()) if line.strip().startswith("Total"))
     live_bytes = int(total.split()[2])
+    rows = re.findall(r"^\s*\d+:\s+\d+\s+(\d+)\s+(\S+)", histogram, re.M)
+    status_bytes = sum(int(size) for size, name in rows if name.startswith(STATUS_STORE))
     heap = _jcmd(pid, "GC.heap_info")
     used = re.search(r"used (\d+)K", heap)
     counters = dict(re.findall(r"^(java\.cls\.\w+)=(\d+)", _jcmd(pid, "PerfCounter.print"), re.M))
@@ -87,6 +94,7 @@ def sample(pid: int, batch: int) -> dict:
         with contextlib.suppress(OSError):  # gone meanwhile
             workers += _rss_mib(child)
     return {"batch": batch, "live_heap_mib": round(live_bytes / 2**20, 2),
+            "status_store_objects_mib": round(status_bytes / 2**20, 2),
             "heap_used_after_gc_mib": round(int(used.group(1)) / 1024, 1) if used else None,
             "loaded_classes": loaded, "jvm_rss_mib": round(_rss_mib(pid), 1),
             "python_workers_rss_mib": round(workers, 1), "load_avg_1m": os.getloadavg()[0], "at": time.time()}
@@ -162,7 +170,7 @@ def main(workdir: Path, batches: int, every: int, messages: int, minutes: float 
         half = [p for p in points if p[0] > done / 2]
         return {"all": slope_per_100(points), "second_half": slope_per_100(half)}
 
-    keys = ("live_heap_mib", "heap_used_after_gc_mib", "jvm_rss_mib", "python_workers_rss_mib", "loaded_classes")
+    keys = ("live_heap_mib", "status_store_objects_mib", "heap_used_after_gc_mib", "jvm_rss_mib", "python_workers_rss_mib", "loaded_classes")
     ordered = sorted(times)
     return {"batches": done, "batches_asked": batches, "messages_per_batch": messages, "sample_every": every,
             "slope_per_100_batches": {k: slopes(k) for k in keys},

@@ -49,6 +49,10 @@ SESSION_KEYS = ("spark.sql.shuffle.partitions", "spark.databricks.delta.snapshot
                 "spark.sql.sources.parallelPartitionDiscovery.parallelism", "spark.sql.session.timeZone",
                 "spark.databricks.delta.schema.autoMerge.enabled")
 
+# The embedded server's caps on the status store of past work (`connect_server_conf`).
+UI_RETENTION = {"spark.sql.ui.retainedExecutions": "50", "spark.ui.retainedJobs": "100",
+                "spark.ui.retainedStages": "100", "spark.ui.retainedTasks": "1000"}
+
 CONNECT_RETRIES = 12  # backoffs of 0.05, 0.2, 0.8, 3.2 s, then 10 s: about 85 s in all
 CONNECT_LOG4J = Path(__file__).parent / "resources" / "log4j2-connect.properties"
 # spark-submit's word for "the main class is on the class path already".
@@ -185,7 +189,11 @@ def connect_server_conf(port: int, master: str | None = None, object_store=None)
                        "spark.connect.session.manager.defaultSessionTimeout": "15min",
                        # Spark 4.1 keeps a Python worker daemon per Connect session for good
                        # (SPARK-54055); this one exits once idle, so a server that lives on stays flat.
-                       "spark.python.daemon.module": "deltadrain.python_daemon"},
+                       "spark.python.daemon.module": "deltadrain.python_daemon",
+                       # Spark keeps what its UI would show of past queries, jobs, stages and tasks (the
+                       # UI is off, the store is not) up to 1 000 queries and 100 000 tasks by default:
+                       # in a server that lives on, a heap that grows for thousands of batches.
+                       **UI_RETENTION},
                       object_store, with_login=False)
     conf["spark.driver.extraJavaOptions"] = conf["spark.driver.extraJavaOptions"].replace(
         f"-Dlog4j2.configurationFile=file:{LOG4J}", f"-Dlog4j2.configurationFile=file:{CONNECT_LOG4J}")

@@ -47,6 +47,8 @@ def test_the_server_starts_from_the_jar_cache_on_loopback_with_the_venvs_python(
     assert f"-Dlog4j2.configurationFile=file:{CONNECT_LOG4J}" in conf["spark.driver.extraJavaOptions"]
     assert str(LOG4J) not in conf["spark.driver.extraJavaOptions"]
     assert CONNECT_LOG4J.exists()
+    # A server that lives on keeps the status store of past queries and tasks small.
+    assert int(conf["spark.sql.ui.retainedExecutions"]) <= 100 and int(conf["spark.ui.retainedTasks"]) <= 10_000
 
 
 def test_against_a_cluster_master_the_driver_address_stays_sparks_choice():
