@@ -23,6 +23,7 @@ which goes first alternating. Per side and round: each batch's step timings, the
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -38,13 +39,13 @@ from deltadrain import drain as drain_module
 from deltadrain.catchup import drain
 from deltadrain.config import load_config
 from deltadrain.dev import services
-from deltadrain.dev.bench import _bench_config, _drop_source
+from deltadrain.dev.bench import _bench_config, _drop_source, own_cpu_seconds
 from deltadrain.dev.produce import produce
+from deltadrain.dev.services.process import proc_stat
 from deltadrain.spark import CONNECT_LOG4J, connect_server_command, connect_session, server_unreachable
 
 SIDES = ("literals", "stable")
 CODEGEN_LOGGER = "org.apache.spark.sql.catalyst.expressions.codegen.CodeGenerator"
-TICKS = os.sysconf("SC_CLK_TCK")
 
 
 STABLE = (drain_module.target_rows, drain_module.dedup_window_start)
@@ -81,34 +82,16 @@ class Server:
                 raise RuntimeError(f"no Connect server at {self.url}; see {self.log}")
             time.sleep(0.5)
 
-    def jvm(self) -> int:
-        for entry in Path("/proc").iterdir():
-            if entry.name.isdigit():
-                try:
-                    if os.getpgid(int(entry.name)) == self.proc.pid and (entry / "exe").resolve().name == "java":
-                        return int(entry.name)
-                except OSError:
-                    continue
-        raise RuntimeError(f"no JVM under {self.name}'s server")
-
     def cpu(self) -> tuple[float, float]:
-        """(CPU seconds of the whole JVM, of its JIT compiler threads). The process's count keeps the
-        seconds of threads that ended (Spark's task threads come and go); the compiler threads live on."""
-        pid = self.jvm()
-
-        def seconds(stat: str) -> float:
-            fields = stat[stat.rindex(")") + 2:].split()
-            return (int(fields[11]) + int(fields[12])) / TICKS
-
-        jit = 0.0
+        """(CPU seconds of the whole JVM, of its JIT compiler threads). spark-submit execs the JVM in place,
+        so it is this process; its count keeps the seconds of threads that ended (Spark's task threads
+        come and go), the compiler threads live on."""
+        pid, jit = self.proc.pid, 0.0
         for task in Path(f"/proc/{pid}/task").iterdir():
-            try:
-                stat = (task / "stat").read_text()
-            except OSError:
-                continue
-            if "Compiler" in stat[stat.index("(") + 1: stat.rindex(")")]:
-                jit += seconds(stat)
-        return seconds(Path(f"/proc/{pid}/stat").read_text()), jit
+            with contextlib.suppress(OSError):
+                if "Compiler" in (task / "comm").read_text():  # a thread's own counts are under task/
+                    jit += own_cpu_seconds((task / "stat").read_text().rsplit(") ", 1)[1].split())
+        return own_cpu_seconds(proc_stat(pid)), jit
 
     def compiled(self) -> int:
         return sum(1 for line in self.log.read_text(errors="replace").splitlines() if "Code generated in" in line)
