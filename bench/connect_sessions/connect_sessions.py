@@ -4,7 +4,7 @@ by deltadrain's (jvm/connect: isolation off), side by side (docs/benchmarks.md, 
 MERGE").
 
 Both servers run at once, each with a Delta table of its own; only one works at a time. Each batch is
-ROWS target-shaped rows (`parquet_dictionary.staged_batch`), staged by a helper session first, so
+ROWS target-shaped rows (`deltadrain.dev.bench.target_shaped_rows`), staged by a helper session first, so
 that the commit (`commit.commit_batch`: the insert-only MERGE on the id within the batch's id range,
 with a Delta app transaction) is the first query of its session, as a drain's is: its claim runs in
 the client. A round commits on each server in turn (which goes first alternates): a batch in a new
@@ -30,13 +30,11 @@ import time
 import uuid
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "parquet_dictionary"))
-from parquet_dictionary import staged_batch  # noqa: E402
-
-from deltadrain.checkpoint import commit_metadata  # noqa: E402
-from deltadrain.commit import NewTable, commit_batch  # noqa: E402
-from deltadrain.jars import CONNECT_SERVER_CLASS  # noqa: E402
-from deltadrain.spark import connect_server_command, connect_session, server_unreachable  # noqa: E402
+from deltadrain.checkpoint import commit_metadata
+from deltadrain.commit import NewTable, commit_batch
+from deltadrain.dev.bench import target_shaped_rows
+from deltadrain.jars import CONNECT_SERVER_CLASS
+from deltadrain.spark import connect_server_command, connect_session, server_unreachable
 
 SPARKS_OWN = "org.apache.spark.sql.connect.service.SparkConnectServer"
 SERVERS = {"spark_entry_point": SPARKS_OWN, "deltadrain_entry_point": CONNECT_SERVER_CLASS}
@@ -67,7 +65,7 @@ class Side:
         """Stage the next batch with a session of its own (closed before the commit's session opens)."""
         helper = connect_session(self.url)
         try:
-            staged_batch(helper, self.stage, 1000 + self.batch, rows)
+            target_shaped_rows(helper, self.stage, 1000 + self.batch, rows)
             first = (1000 + self.batch) * rows
             return f"evt-7-{first:09d}", f"evt-7-{first + rows - 1:09d}"
         finally:

@@ -2,7 +2,7 @@
 batch number as txnAppId/txnVersion and the positions as commit metadata), side by side on one table
 (docs/benchmarks.md, "The MERGE's fixed costs").
 
-Batches of target-shaped rows (`parquet_dictionary.staged_batch`) are committed one after another into
+Batches of target-shaped rows (`deltadrain.dev.bench.target_shaped_rows`) are committed one after another into
 one Delta table through `commit_batch`, as the drain commits them, in blocks of BLOCK commits per conf
 set, the sets in turn A B B A ...: a conf that changes what a commit leaves behind (a checksum file)
 also changes what the next commit starts from, so the first commit of each block is left out of the
@@ -19,10 +19,8 @@ import time
 import uuid
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "parquet_dictionary"))
-from parquet_dictionary import staged_batch  # noqa: E402
-
-from deltadrain.spark import get_spark  # noqa: E402
+from deltadrain.dev.bench import target_shaped_rows
+from deltadrain.spark import get_spark
 
 CONF_SETS = {
     "default": {},
@@ -52,7 +50,7 @@ def main(workdir: str, blocks: int, block: int, rows: int) -> dict:
         for key, value in CONF_SETS[name].items():
             spark.conf.set(key, value)
         for k in range(block):
-            staged_batch(spark, work / "stage", batch, rows)
+            target_shaped_rows(spark, work / "stage", batch, rows)
             source = spark.read.parquet(str(work / "stage"))
             ids = source.agg({"event_id": "min"}).first()[0], source.agg({"event_id": "max"}).first()[0]
             run_id = uuid.uuid4().hex

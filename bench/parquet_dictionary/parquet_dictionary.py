@@ -25,28 +25,10 @@ import time
 from pathlib import Path
 
 from deltadrain.commit import no_dictionary
+from deltadrain.dev.bench import target_shaped_rows
 from deltadrain.spark import get_spark
 
 UNIQUE_COLUMNS = ("event_id", "_dd_position")
-
-
-def staged_batch(spark, path: Path, batch: int, rows: int) -> None:
-    """`rows` target-shaped rows for batch `batch` (ids and positions never seen before)."""
-    first = batch * rows
-    (spark.range(first, first + rows, numPartitions=2).selectExpr(
-        "format_string('evt-7-%09d', id) AS event_id",
-        "format_string('cust-%05d', pmod(hash(id, 1), 10000)) AS customer",
-        "pmod(hash(id, 2), 50000) / 100.0 AS amount",
-        "pmod(hash(id, 3), 9) + 1 AS quantity",
-        "element_at(array('created', 'paid', 'shipped', 'refunded'), pmod(hash(id, 4), 4) + 1) AS status",
-        "timestamp_millis(1790000000000 + id) AS event_time",
-        "repeat('x', 20 + pmod(hash(id, 5), 20)) AS note",
-        "'orders:' || CAST(id % 4 AS STRING) AS _dd_partition",
-        "format_string('%d-%d', 1790000000000 + id, 0) AS _dd_position",
-        "1790000000000 + id AS _dd_pos_hi", "0L AS _dd_pos_lo",
-        "timestamp_millis(1790000000000 + id) AS _dd_source_ts", "1 AS _dd_attempts",
-        f"{batch}L AS _dd_batch", f"'run-{batch}' AS _dd_run_id", "current_timestamp() AS _dd_ingested_at")
-     .write.mode("overwrite").parquet(str(path)))
 
 
 def file_facts(table: Path, before: set[str]) -> dict:
@@ -77,7 +59,7 @@ def main(workdir: str, pairs: int, rows: int) -> dict:
     table = work / "target"
     # The table holds two batches before the timed ones: a MERGE, not a creation, from the first on.
     for batch in (0, 1):
-        staged_batch(spark, work / "stage", batch, rows)
+        target_shaped_rows(spark, work / "stage", batch, rows)
         spark.read.parquet(str(work / "stage")).write.format("delta").mode("append").save(str(table))
     out = {"command": " ".join(["bench/parquet_dictionary/parquet_dictionary.py", *sys.argv[1:]]), "rows": rows, "merges": []}
     for k in range(2 * pairs):
@@ -85,7 +67,7 @@ def main(workdir: str, pairs: int, rows: int) -> dict:
         dictionary = (k // 2 + k) % 2 == 1  # off, on, on, off, off, on, ...: neither always goes first
         for column in UNIQUE_COLUMNS:
             spark.conf.set(no_dictionary(column), str(dictionary).lower())
-        staged_batch(spark, work / "stage", batch, rows)
+        target_shaped_rows(spark, work / "stage", batch, rows)
         source = spark.read.parquet(str(work / "stage"))
         ids = source.agg({"event_id": "min"}).first()[0], source.agg({"event_id": "max"}).first()[0]
         before = {p.name for p in table.glob("*.parquet")}

@@ -19,10 +19,8 @@ import time
 import uuid
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "parquet_dictionary"))
-from parquet_dictionary import staged_batch  # noqa: E402
-
-from deltadrain.spark import get_spark  # noqa: E402
+from deltadrain.dev.bench import target_shaped_rows
+from deltadrain.spark import get_spark
 
 SIDES = ("all_columns", "filter_columns")
 
@@ -40,7 +38,7 @@ def main(workdir: str, pairs: int, rows: int) -> dict:
     out = {"command": " ".join(["bench/stats_columns/stats_columns.py", *sys.argv[1:]]), "rows": rows,
            "filter_columns": stats, "commits": []}
     for batch in range(pairs + 1):
-        staged_batch(spark, work / "stage", batch, rows)
+        target_shaped_rows(spark, work / "stage", batch, rows)
         source = spark.read.parquet(str(work / "stage"))
         ids = source.agg({"event_id": "min"}).first()[0], source.agg({"event_id": "max"}).first()[0]
         order = SIDES if batch % 2 == 0 else SIDES[::-1]

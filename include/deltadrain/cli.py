@@ -338,6 +338,9 @@ def _bench(args) -> int:
     from deltadrain.dev.bench import run_bench, run_kafka_bench, run_lake_bench
 
     workdir = Path(args.workdir) if args.workdir else None
+    if args.server_warm_up and (args.source, args.executor, args.lake) != ("valkey", "connect", "disk"):
+        raise DeltadrainError("bench --server-warm-up applies to the Valkey bench with --executor connect only "
+                              "(it warms the embedded Spark Connect server before the rounds)")
     if args.lake == "s3":
         if args.executor != "local" or args.rounds != 1:
             raise DeltadrainError("bench --lake s3 compares one local-driver drain per lake: no --executor "
@@ -351,7 +354,7 @@ def _bench(args) -> int:
                               "local Valkey bench compares against raw limits measured in the same run)")
     else:
         report = run_bench(args.count, args.partitions, args.batch, workdir, executor=args.executor,
-                           rounds=args.rounds)
+                           rounds=args.rounds, server_warm_up=args.server_warm_up)
     text = json.dumps(report, indent=2, default=str)
     print(text, flush=True)  # first: an --output that cannot be written must not lose a long run's report
     if args.output:
@@ -595,6 +598,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Kafka: drain the topic this many times with each side, alternating which goes first; "
                         "Valkey with --executor connect: produce and drain the backlog this many times, "
                         "the ratios after the first round on a server that has run full-size batches")
+    p.add_argument("--server-warm-up", type=_at_least(0), default=0, metavar="COMMITS",
+                   help="Valkey with --executor connect: first commit this many full-size batches on the "
+                        "server, as a server that has run for a while has, so the rounds meet its steady state")
     p.add_argument("--lake", choices=["disk", "s3"], default="disk",
                    help="s3: the source's backlog drained into a lake on the local disk and into one on the "
                         "embedded S3 server, side by side")

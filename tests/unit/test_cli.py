@@ -38,6 +38,26 @@ def test_bench_rounds_apply_to_kafka_and_the_connect_executor_only_and_are_posit
     assert "--rounds: 0 is less than 1" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv", [["bench", "--server-warm-up", "5"],
+                                  ["bench", "--source", "kafka", "--executor", "connect", "--server-warm-up", "5"],
+                                  ["bench", "--lake", "s3", "--server-warm-up", "5"]])
+def test_bench_server_warm_up_is_refused_where_no_embedded_server_drains_valkey(argv, capsys):
+    from deltadrain.cli import main
+
+    assert main(argv) != 0  # refused before any service starts
+    assert "--server-warm-up applies to the Valkey bench with --executor connect only" in capsys.readouterr().err
+
+
+def test_bench_server_warm_up_takes_a_count_of_commits(capsys):
+    from deltadrain.cli import main
+
+    assert build_parser().parse_args(["bench", "--executor", "connect", "--server-warm-up", "40"]).server_warm_up == 40
+    assert build_parser().parse_args(["bench"]).server_warm_up == 0
+    with pytest.raises(SystemExit):
+        main(["bench", "--executor", "connect", "--server-warm-up", "-1"])
+    assert "--server-warm-up: -1 is less than 0" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("argv", [["drain", "orders"], ["quality", "orders", "--owed"], ["maintain", "orders"],
                                   ["backfill", "orders", "--start", "a", "--end", "b"], ["replay", "orders"]])
 def test_the_spark_commands_take_remote_alone_or_with_a_url(argv):

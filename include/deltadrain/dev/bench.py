@@ -439,6 +439,69 @@ def phase_structured_streaming(cfg, pipeline, spark, workdir: Path, server_group
 SINGLE_APP = "single-process"
 
 
+def target_shaped_rows(spark, path: Path, batch: int, rows: int) -> None:
+    """`rows` rows shaped like the bench pipeline's target rows for batch `batch` (the produce module's
+    event: a unique id, a customer out of 10 000, amount, quantity, status, event time, a padding note;
+    plus deltadrain's meta columns), staged as Parquet at `path` as claims stage them. Ids and positions
+    never repeat across batches: batch b holds `evt-7-%09d` of b * rows to (b + 1) * rows - 1."""
+    first = batch * rows
+    (spark.range(first, first + rows, numPartitions=2).selectExpr(
+        "format_string('evt-7-%09d', id) AS event_id",
+        "format_string('cust-%05d', pmod(hash(id, 1), 10000)) AS customer",
+        "pmod(hash(id, 2), 50000) / 100.0 AS amount",
+        "pmod(hash(id, 3), 9) + 1 AS quantity",
+        "element_at(array('created', 'paid', 'shipped', 'refunded'), pmod(hash(id, 4), 4) + 1) AS status",
+        "timestamp_millis(1790000000000 + id) AS event_time",
+        "repeat('x', 20 + pmod(hash(id, 5), 20)) AS note",
+        "'orders:' || CAST(id % 4 AS STRING) AS _dd_partition",
+        "format_string('%d-%d', 1790000000000 + id, 0) AS _dd_position",
+        "1790000000000 + id AS _dd_pos_hi", "0L AS _dd_pos_lo",
+        "timestamp_millis(1790000000000 + id) AS _dd_source_ts", "1 AS _dd_attempts",
+        f"{batch}L AS _dd_batch", f"'run-{batch}' AS _dd_run_id", "current_timestamp() AS _dd_ingested_at")
+     .write.mode("overwrite").parquet(str(path)))
+
+
+def phase_server_warm_up(pipeline, url: str, workdir: Path, commits: int) -> dict:
+    """A server that lives on has committed many full-size batches; one just started is still compiling
+    (docs/benchmarks.md, "How long a new server takes to warm up"). `commits` batches of the drain's
+    size, shaped like its rows, committed as the drain commits them (`commit.commit_batch`: insert-only
+    MERGE on the id within the batch's id range and the dedup window, the batch number as the app
+    transaction) into a table of their own, each from a session of its own as drain runs open them."""
+    from datetime import UTC, datetime
+    from uuid import uuid4
+
+    from deltadrain.checkpoint import commit_metadata
+    from deltadrain.commit import NewTable, commit_batch, dedup_window_start
+    from deltadrain.spark import connect_session
+
+    work = workdir / "server-warm-up"
+    shutil.rmtree(work, ignore_errors=True)
+    table, rows, times = str(work / "target"), pipeline.batch_cap, []
+    for batch in range(commits):
+        session = connect_session(url, purpose="deltadrain bench warm-up")
+        try:
+            target_shaped_rows(session, work / "stage", batch, rows)
+            first = batch * rows
+            oldest = datetime.fromtimestamp((1790000000000 + first) / 1000, UTC)
+            run_id = uuid4().hex
+            started = time.monotonic()
+            result = commit_batch(session, table, pipeline="warm-up", expected_batch=batch, run_id=run_id,
+                                  rows=session.read.parquet(str(work / "stage")), id_field="event_id",
+                                  window_start=dedup_window_start(oldest, pipeline.dedup_window),
+                                  metadata=commit_metadata("warm-up", batch + 1, run_id, {}),
+                                  id_range=(f"evt-7-{first:09d}", f"evt-7-{first + rows - 1:09d}"),
+                                  create=None if batch else NewTable())
+            times.append(round(time.monotonic() - started, 3))
+        finally:
+            session.stop()
+        if result.outcome.value != "committed":
+            raise RuntimeError(f"server warm-up commit {batch + 1}: {result}")
+    shutil.rmtree(work, ignore_errors=True)
+    tail = sorted(times[-5:])
+    return {"commits": commits, "rows": rows, "commit_s": times,
+            "last_5_median_s": tail[len(tail) // 2] if tail else None}
+
+
 def single_process_batch(client, pipeline, group: str, consumer: str, cap: int) -> tuple[dict[str, list], list]:
     """XREADGROUP > of every stream until `cap` entries or none are left: ({stream: ids}, payloads)."""
     from deltadrain.sources.valkey.claim import READ_CHUNK
@@ -549,6 +612,10 @@ def run_phase(phase: str, config: str, pipeline_name: str, workdir: str, arg: in
         out = phase_single_process(cfg, pipeline, Path(workdir), pipeline.source.group)
         out.update(memory_report())
         return out
+    if phase == "server_warm_up":
+        from deltadrain.embedded import spark_connect_url
+
+        return phase_server_warm_up(pipeline, spark_connect_url(cfg), Path(workdir), arg)
     if phase in ("drain_connect", "structured_streaming_connect"):  # clients of the embedded server
         from deltadrain.embedded import spark_connect_url
         from deltadrain.spark import connect_session
@@ -737,7 +804,7 @@ def run_lake_bench(source: str, count: int, partitions: int, batch: int, workdir
 
 
 def run_bench(count: int, partitions: int, batch: int, workdir: Path | None = None, executor: str = "local",
-              rounds: int = 1) -> dict:
+              rounds: int = 1, server_warm_up: int = 0) -> dict:
     """`executor="connect"`: the raw read, the drain in a local driver, the drain on the embedded Spark
     Connect server and a single-process delta-rs consumer, on the same entries (`_executor_phases`)."""
     from deltadrain.config import load_config
@@ -751,11 +818,11 @@ def run_bench(count: int, partitions: int, batch: int, workdir: Path | None = No
         if executor == "local":
             return _valkey_phases(cfg, config, name, workdir, count, partitions, batch)
         with services.running(cfg, ["spark_connect"]):
-            return _executor_phases(cfg, config, name, workdir, count, partitions, batch, rounds)
+            return _executor_phases(cfg, config, name, workdir, count, partitions, batch, rounds, server_warm_up)
 
 
 def _executor_phases(cfg, config: Path, name: str, workdir: Path, count: int, partitions: int,
-                     batch: int, rounds: int = 1) -> dict:
+                     batch: int, rounds: int = 1, server_warm_up: int = 0) -> dict:
     """One backlog drained three ways, each with a consumer group and a lake of its own: the drain in a
     local driver (a process of its own, JVM start excluded), the drain as a client of the Spark Connect
     server, and the single-process delta-rs consumer; against the raw XREADGROUP rate. Each side first
@@ -764,12 +831,15 @@ def _executor_phases(cfg, config: Path, name: str, workdir: Path, count: int, pa
 
     With `rounds` > 1 the producer adds the backlog again before each round and every side drains it
     again: the server then runs batches of the full size it has run before, as a server that lives on
-    does. The headline ratios (`warm`) leave the first round out; every round's are kept."""
+    does. The headline ratios (`warm`) leave the first round out; every round's are kept.
+
+    `server_warm_up` full-size commits on the server before the rounds (`phase_server_warm_up`) stand
+    for a server that has run for a while: the Connect drain's rounds then meet its steady state."""
     from deltadrain.dev.produce import produce
 
     pipeline = cfg.pipeline(name)
     report: dict = {"machine": _machine(), "executor": "connect", "count": count, "partitions": partitions,
-                    "batch_cap": batch, "rounds": rounds}
+                    "batch_cap": batch, "rounds": rounds, "server_warm_up_commits": server_warm_up}
     copies = {side: _config_copy(config, side) for side in ("connect", "single")}
     confs = {"drain": config, "drain_connect": copies["connect"], "single_process": copies["single"]}
 
@@ -788,6 +858,9 @@ def _executor_phases(cfg, config: Path, name: str, workdir: Path, count: int, pa
     small = max(count // 10, 1)
     report["produce_small"] = _step("produce small backlog", lambda: produced(small, 0))
     report["warm_up"] = {kind: phase(f"warm-up: {label}", kind, confs[kind]) for kind, label in labels.items()}
+    if server_warm_up:
+        report["server_warm_up"] = _step(f"server warm-up: {server_warm_up} commits", lambda: _subphase(
+            "server_warm_up", confs["drain_connect"], name, workdir, server_warm_up))
     results = []
     for i in range(rounds):
         tag = f"round {i + 1}/{rounds}: "
