@@ -86,9 +86,9 @@ def main(workdir: str, commits: int, rows: int, port: int) -> dict:
         server.stop()
     out["spans"] = []
     for lo, hi in SPANS:
-        span = [c for c in out["commits"] if lo <= c["batch"] <= hi]
         if hi > commits:
             continue
+        span = [c for c in out["commits"] if lo <= c["batch"] <= hi]
         out["spans"].append({"commits": f"{lo}-{hi}",
                              **{f"{k}_median": statistics.median(c[k] for c in span)
                                 for k in ("commit_s", "server_cpu_s", "jit_cpu_s")}})
