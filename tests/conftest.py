@@ -65,7 +65,7 @@ def pytest_configure(config):
     # Airflow reads its settings when first imported: point it at this session's own home and DB
     # (the same environment the embedded `airflow standalone` gets).
     from deltadrain.config import load_config
-    from deltadrain.embedded import airflow_env
+    from deltadrain.config.embedded import airflow_env
 
     # Settings the developer gave are kept. Those this hook set in the process that started pytest-xdist's
     # workers are set again in each worker: a worker has a home, ports and Airflow DB of its own.
@@ -165,7 +165,7 @@ def registry_server(cfg):
 
 @pytest.fixture(scope="session")
 def spark():
-    from deltadrain.spark import get_spark
+    from deltadrain.runtime.session import get_spark
 
     # This JVM lives the whole session and runs its heaviest work (compaction, batch after batch): it
     # keeps the default JIT. C1 only is for the short-lived drivers the tests spawn.

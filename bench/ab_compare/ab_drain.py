@@ -18,7 +18,7 @@ import time
 import deltadrain
 from deltadrain.catchup import drain
 from deltadrain.config import load_config
-from deltadrain.spark import get_spark
+from deltadrain.runtime.session import get_spark
 
 
 def main(config: str, name: str, runs: int) -> None:

@@ -63,7 +63,7 @@ class Ctx:
     """The part of a read context the decoder is built from."""
 
     def __init__(self, p):
-        from deltadrain.payloads import payload_of
+        from deltadrain.formats.payloads import payload_of
 
         s = p.payload_schema
         self.fields, self.id_field, self.required = dict(s.fields), s.id_field, list(s.required)

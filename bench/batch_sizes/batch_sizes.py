@@ -23,7 +23,7 @@ from deltadrain.config import load_config
 from deltadrain.dev import services
 from deltadrain.dev.bench import _bench_config, _machine, cpu_by_role, cpu_report, phase_raw_read
 from deltadrain.dev.produce import produce
-from deltadrain.spark import get_spark
+from deltadrain.runtime.session import get_spark
 
 WARM_UP = [200_000, 200_000]
 

@@ -27,7 +27,7 @@ from deltadrain.dev import services
 from deltadrain.dev.produce import produce
 from deltadrain.jobs import SUMMARY_PREFIX
 from deltadrain.paths import PROJECT_ROOT
-from deltadrain.spark import spark_submit_command
+from deltadrain.runtime.session import spark_submit_command
 
 
 def config(workdir: Path, batch: int, tag: str) -> Path:

@@ -22,7 +22,7 @@ import uuid
 from pathlib import Path
 
 from deltadrain.dev.bench import target_shaped_rows
-from deltadrain.spark import get_spark
+from deltadrain.runtime.session import get_spark
 
 SIDES = ("default", "checksum_files")
 THRESHOLD = "spark.databricks.delta.allFilesInCrc.thresholdNumFiles"
@@ -30,8 +30,8 @@ SMALL = 1000  # rows of a setup commit
 
 
 def main(workdir: str, pairs: int, rows: int, setup: int, threshold: int) -> dict:
-    from deltadrain.checkpoint import commit_metadata
-    from deltadrain.commit import NewTable, commit_batch
+    from deltadrain.lake.checkpoint import commit_metadata
+    from deltadrain.run.commit import NewTable, commit_batch
 
     spark = get_spark("checksum-files")
     spark.sparkContext.setLogLevel("ERROR")

@@ -44,11 +44,11 @@ def make_config(workdir: Path) -> Path:
 
 def one_run(cfg, side: str, size: int, sent: dict) -> dict:
     from deltadrain.catchup import drain_batches
+    from deltadrain.config.embedded import spark_connect_url
     from deltadrain.dev.bench import _peak_rss_kib, reset_peak_rss
     from deltadrain.dev.produce import produce
-    from deltadrain.embedded import spark_connect_url
+    from deltadrain.runtime.session import connect_session
     from deltadrain.sources.valkey import drain as valkey_drain
-    from deltadrain.spark import connect_session
 
     pipeline = cfg.pipeline(f"claim_{side}")
     produce(cfg, pipeline, size, seed=sent[side], start=sent[side], progress=False)

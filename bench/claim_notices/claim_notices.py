@@ -23,10 +23,10 @@ from kafka_sides import pipelines
 from timing import median_ms
 
 from deltadrain.catchup import drain
+from deltadrain.runtime.session import get_spark
 from deltadrain.sources.kafka.client import kafka_client_conf
 from deltadrain.sources.kafka.drain import KafkaDrain
 from deltadrain.sources.kafka.status import kafka_counts
-from deltadrain.spark import get_spark
 
 
 def main(workdir: Path, count: int, batch: int) -> dict:

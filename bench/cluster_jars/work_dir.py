@@ -20,9 +20,9 @@ def main(mode: str, scratch: str) -> None:
     from pyspark.sql import SparkSession
 
     from deltadrain.config import load_config
-    from deltadrain.embedded import spark_cluster_home, spark_cluster_url
-    from deltadrain.objectstore import S3Settings
-    from deltadrain.spark import cluster_conf, jars_on_workers, spark_conf
+    from deltadrain.config.embedded import spark_cluster_home, spark_cluster_url
+    from deltadrain.lake.objectstore import S3Settings
+    from deltadrain.runtime.session import cluster_conf, jars_on_workers, spark_conf
 
     master = spark_cluster_url(load_config())
     # An unreachable store: only the jars and confs of a lake on S3 matter here, nothing is sent to it.

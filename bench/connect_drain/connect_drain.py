@@ -50,7 +50,7 @@ def one_task(config: str, pipeline: str, side: str, round_no: int) -> dict:
 
 def commit_time(table: str, batch: int) -> float:
     """The Delta commit of `batch` (its own timestamp), in seconds since the epoch."""
-    from deltadrain.checkpoint import find_commit
+    from deltadrain.lake.checkpoint import find_commit
 
     commit = find_commit(table, Path(table).name, batch)
     return commit["timestamp"].timestamp()
@@ -92,8 +92,8 @@ def make_config(workdir: Path) -> Path:
 
 def main(workdir: Path, rounds: int) -> dict:
     from deltadrain.config import load_config
+    from deltadrain.config.embedded import airflow_env
     from deltadrain.dev import services
-    from deltadrain.embedded import airflow_env
 
     config = make_config(workdir)
     cfg = load_config(config)

@@ -60,7 +60,7 @@ def _rss_mib(pid: int) -> float:
 
 
 def _descendants(root: int) -> list[int]:
-    from deltadrain.python_daemon import parent_pids
+    from deltadrain.runtime.python_daemon import parent_pids
 
     parents = parent_pids()
     out, stack = [], [root]
@@ -129,10 +129,10 @@ def make_config(workdir: Path, messages: int) -> tuple[Path, str]:
 def main(workdir: Path, batches: int, every: int, messages: int, minutes: float | None) -> dict:
     from deltadrain import jobs
     from deltadrain.config import load_config
+    from deltadrain.config.embedded import spark_connect_url
     from deltadrain.dev import services
     from deltadrain.dev.produce import produce
-    from deltadrain.embedded import spark_connect_url
-    from deltadrain.spark import connect_session
+    from deltadrain.runtime.session import connect_session
 
     config, name = make_config(workdir, messages)
     cfg = load_config(config)

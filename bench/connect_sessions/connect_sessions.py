@@ -30,11 +30,11 @@ import time
 import uuid
 from pathlib import Path
 
-from deltadrain.checkpoint import commit_metadata
-from deltadrain.commit import NewTable, commit_batch
 from deltadrain.dev.bench import target_shaped_rows
-from deltadrain.jars import CONNECT_SERVER_CLASS
-from deltadrain.spark import connect_server_command, connect_session, server_unreachable
+from deltadrain.lake.checkpoint import commit_metadata
+from deltadrain.run.commit import NewTable, commit_batch
+from deltadrain.runtime.jars import CONNECT_SERVER_CLASS
+from deltadrain.runtime.session import connect_server_command, connect_session, server_unreachable
 
 SPARKS_OWN = "org.apache.spark.sql.connect.service.SparkConnectServer"
 SERVERS = {"spark_entry_point": SPARKS_OWN, "deltadrain_entry_point": CONNECT_SERVER_CLASS}

@@ -28,9 +28,9 @@ from kafka_sides import pipelines
 from timing import median_ms
 
 from deltadrain.catchup import drain
+from deltadrain.runtime.session import get_spark
 from deltadrain.sources.kafka.drain import KafkaDrain
 from deltadrain.sources.kafka.offsets import plan_ranges, watermarks
-from deltadrain.spark import get_spark
 
 
 def main(workdir: Path, count: int, batch: int) -> dict:

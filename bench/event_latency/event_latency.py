@@ -92,7 +92,7 @@ def main(workdir: Path, seconds: int, rate: int) -> dict:
     from deltadrain.config import load_config
     from deltadrain.dev import services
     from deltadrain.dev.produce import produce
-    from deltadrain.lake import recent_commits
+    from deltadrain.lake.delta import recent_commits
     from deltadrain.names import batch_quality_dag_id, ingest_dag_id
 
     cfg = load_config(make_config(workdir))

@@ -23,8 +23,8 @@ from pathlib import Path
 import pyarrow as pa
 
 from deltadrain.config import load_config
-from deltadrain.decode import BatchDecoder
 from deltadrain.dev.produce import generate
+from deltadrain.formats.decode import BatchDecoder
 
 ROOT = Path(__file__).resolve().parents[2]
 TYPES = {"event_id": pa.string(), "customer": pa.string(), "amount": pa.float64(), "quantity": pa.int64(),

@@ -22,9 +22,9 @@ from deltadrain.catchup import drain
 from deltadrain.config import load_config
 from deltadrain.dev import services
 from deltadrain.dev.produce import produce
-from deltadrain.drain import Drain
+from deltadrain.run.drain import Drain
+from deltadrain.runtime.session import get_spark
 from deltadrain.sources.valkey.client import valkey_client
-from deltadrain.spark import get_spark
 
 
 def main(size: int = 100_000, batches: int = 9) -> dict:

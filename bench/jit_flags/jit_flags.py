@@ -30,7 +30,7 @@ def run(config: str, batches: int, opts: str) -> dict:
     from deltadrain.config import load_config
     from deltadrain.dev.bench import own_cpu_seconds
     from deltadrain.dev.services.process import proc_stat
-    from deltadrain.spark import DEFAULT_CONF, get_spark
+    from deltadrain.runtime.session import DEFAULT_CONF, get_spark
 
     cfg = load_config(config)
     pipeline = cfg.pipelines[0]

@@ -57,10 +57,10 @@ def ranges_of(size: int) -> dict[int, tuple[int, int]]:
 
 
 def one_read(cfg, p, side: str, size: int, workdir: Path) -> dict:
+    from deltadrain.config.embedded import spark_connect_url
     from deltadrain.dev.bench import _peak_rss_kib, _rss_kib, reset_peak_rss
-    from deltadrain.embedded import spark_connect_url
+    from deltadrain.runtime.session import connect_session
     from deltadrain.sources.kafka import drain as kafka_drain
-    from deltadrain.spark import connect_session
 
     kafka_drain.READ_HERE_MAX = 10**9 if side == "here" else -1
     session = connect_session(spark_connect_url(cfg))  # a task has one either way (the claim schema needs it)

@@ -1,5 +1,5 @@
 """What reading a target's log costs a drain run: through the driver JVM (py4j: Delta's DeltaLog and
-LogStore, how deltadrain read it before) against delta-rs in the Python process (how `deltadrain.lake`
+LogStore, how deltadrain read it before) against delta-rs in the Python process (how `deltadrain.lake.delta`
 reads it now, which a Spark Connect client needs: it has no JVM to call).
 
 A drain run reads the log three ways: the pipeline's txn version and the table version (the
@@ -23,8 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "common"))  # bench
 
 from timing import median_ms
 
-from deltadrain import lake
-from deltadrain.spark import get_spark
+from deltadrain.lake.delta import delta as lake
+from deltadrain.runtime.session import get_spark
 
 APP = "bench-pipeline"
 

@@ -21,7 +21,7 @@ from deltadrain.config import load_config
 from deltadrain.dev import services
 from deltadrain.dev.bench import _bench_config, jvm_live_heap_mib
 from deltadrain.dev.produce import produce
-from deltadrain.spark import get_spark
+from deltadrain.runtime.session import get_spark
 
 
 def main(workdir: Path, messages: int, batch: int, cache_entries: str | None) -> dict:

@@ -22,8 +22,8 @@ from pathlib import Path
 
 from py4j.protocol import Py4JJavaError
 
-from deltadrain.jars import LOG_STORE_CLASS
-from deltadrain.spark import get_spark
+from deltadrain.runtime.jars import LOG_STORE_CLASS
+from deltadrain.runtime.session import get_spark
 
 DELTA_DEFAULT = "io.delta.storage.HDFSLogStore"
 

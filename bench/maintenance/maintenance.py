@@ -25,12 +25,12 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from deltadrain.catchup import drain
-from deltadrain.commit import commit_batch
 from deltadrain.config import MaintenanceConfig, load_config
 from deltadrain.dev import services
 from deltadrain.dev.produce import produce
-from deltadrain.maintain import files_on_disk, maintain_table, snapshot_files
-from deltadrain.spark import get_spark
+from deltadrain.lake.maintain import files_on_disk, maintain_table, snapshot_files
+from deltadrain.run.commit import commit_batch
+from deltadrain.runtime.session import get_spark
 
 ROUNDS = 7
 

@@ -21,8 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from deltadrain.maintain import files_on_disk
-from deltadrain.spark import get_spark
+from deltadrain.lake.maintain import files_on_disk
+from deltadrain.runtime.session import get_spark
 
 LISTING = "spark.sql.sources.parallelPartitionDiscovery.parallelism"
 SETTINGS = {"spark_default": "10000", "deltadrain": "4"}

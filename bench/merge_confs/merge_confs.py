@@ -20,7 +20,7 @@ import uuid
 from pathlib import Path
 
 from deltadrain.dev.bench import target_shaped_rows
-from deltadrain.spark import get_spark
+from deltadrain.runtime.session import get_spark
 
 CONF_SETS = {
     "default": {},
@@ -31,8 +31,8 @@ CONF_SETS = {
 
 
 def main(workdir: str, blocks: int, block: int, rows: int) -> dict:
-    from deltadrain.checkpoint import commit_metadata
-    from deltadrain.commit import NewTable, commit_batch
+    from deltadrain.lake.checkpoint import commit_metadata
+    from deltadrain.run.commit import NewTable, commit_batch
 
     spark = get_spark("merge-confs")
     spark.sparkContext.setLogLevel("ERROR")

@@ -24,9 +24,9 @@ import sys
 import time
 from pathlib import Path
 
-from deltadrain.commit import no_dictionary
 from deltadrain.dev.bench import target_shaped_rows
-from deltadrain.spark import get_spark
+from deltadrain.run.commit import no_dictionary
+from deltadrain.runtime.session import get_spark
 
 UNIQUE_COLUMNS = ("event_id", "_dd_position")
 
@@ -50,7 +50,7 @@ def file_facts(table: Path, before: set[str]) -> dict:
 def main(workdir: str, pairs: int, rows: int) -> dict:
     from delta.tables import DeltaTable
 
-    from deltadrain.commit import merge_condition
+    from deltadrain.run.commit import merge_condition
 
     spark = get_spark("parquet-dictionary")
     spark.sparkContext.setLogLevel("ERROR")

@@ -31,14 +31,14 @@ from datetime import UTC, datetime
 
 from overlap_claim import run_order
 
-from deltadrain.checkpoint import commit_metadata, read_checkpoint
-from deltadrain.commit import USER_METADATA, merge_condition
-from deltadrain.drain import claim_schema, new_run_id
+from deltadrain.lake.checkpoint import commit_metadata, read_checkpoint
 from deltadrain.positions import merge_positions
+from deltadrain.run.commit import USER_METADATA, merge_condition
+from deltadrain.run.drain import claim_schema, new_run_id
+from deltadrain.run.stage import Staged, StagingFile, report_arrow_schema
 from deltadrain.sources.valkey.acknowledge import acknowledge
 from deltadrain.sources.valkey.claim import allocate, claim_arrow, plan
 from deltadrain.sources.valkey.drain import ValkeyDrain, backlog, ensure_groups
-from deltadrain.stage import Staged, StagingFile, report_arrow_schema
 
 
 def scala_list(jvm, items):

@@ -18,11 +18,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from deltadrain.config import load_config
-from deltadrain.drain import new_run_id
+from deltadrain.run.drain import new_run_id
+from deltadrain.runtime.session import get_spark
 from deltadrain.sources.valkey.claim import allocate
 from deltadrain.sources.valkey.client import group_counts, valkey_client
 from deltadrain.sources.valkey.drain import ValkeyDrain
-from deltadrain.spark import get_spark
 
 
 class Prefetching(ValkeyDrain):

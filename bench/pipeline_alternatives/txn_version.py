@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from deltadrain.spark import get_spark
+from deltadrain.runtime.session import get_spark
 
 APP = "bench-pipeline"
 
@@ -64,7 +64,7 @@ def merges(spark, path: Path, rounds: int, rows: int, first: int) -> list[dict]:
     (alternating, so both meet the same table sizes): what the txn version check adds to a MERGE."""
     from delta.tables import DeltaTable
 
-    from deltadrain.commit import TXN_APP, TXN_VERSION
+    from deltadrain.run.commit import TXN_APP, TXN_VERSION
 
     out, batch = [], first
     for k in range(2 * rounds):

@@ -24,8 +24,8 @@ from deltadrain.config import Expectation, QualityConfig, load_config
 from deltadrain.dev import services
 from deltadrain.dev.produce import produce
 from deltadrain.quality import check, quarantine
+from deltadrain.runtime.session import get_spark
 from deltadrain.sources.valkey.client import valkey_client
-from deltadrain.spark import get_spark
 
 
 def main(size: int = 10_000, batches: int = 10) -> dict:

@@ -26,10 +26,10 @@ from deltadrain.config import load_config
 from deltadrain.dev import services
 from deltadrain.dev.produce import ensure_topic, produce
 from deltadrain.paths import PROJECT_ROOT
+from deltadrain.runtime.session import get_spark
 from deltadrain.sources.kafka.client import kafka_consumer_conf
 from deltadrain.sources.kafka.drain import read_ranges
 from deltadrain.sources.kafka.offsets import watermarks
-from deltadrain.spark import get_spark
 
 
 def config(workdir: Path) -> Path:

@@ -24,10 +24,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "common"))  # bench
 
 from kafka_sample import clicks_topic
 
+from deltadrain.runtime.session import get_spark
 from deltadrain.sources.kafka import history as kafka_history
 from deltadrain.sources.kafka.client import kafka_consumer_conf
 from deltadrain.sources.kafka.offsets import watermarks
-from deltadrain.spark import get_spark
 
 ONE_RANGE = 10**15  # a span no two picks reach: one range per partition, as before
 

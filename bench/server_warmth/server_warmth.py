@@ -23,10 +23,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "stable_code"))
 from stable_code import Server  # noqa: E402
 
-from deltadrain.checkpoint import commit_metadata  # noqa: E402
-from deltadrain.commit import NewTable, commit_batch  # noqa: E402
 from deltadrain.dev.bench import own_cpu_seconds, target_shaped_rows  # noqa: E402
-from deltadrain.spark import connect_session  # noqa: E402
+from deltadrain.lake.checkpoint import commit_metadata  # noqa: E402
+from deltadrain.run.commit import NewTable, commit_batch  # noqa: E402
+from deltadrain.runtime.session import connect_session  # noqa: E402
 
 # Summaries over these spans of commits (1-based, inclusive); a span past the run's end is left out.
 SPANS = ((2, 10), (11, 20), (21, 40), (41, 60), (61, 80))

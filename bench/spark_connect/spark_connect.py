@@ -38,8 +38,8 @@ def one_merge(side: str, table: str, version: int) -> dict:
     """In a process of its own: a session (Connect or a local driver), then a one-row MERGE."""
     t0 = time.perf_counter()
     from deltadrain.config import load_config
-    from deltadrain.embedded import spark_connect_url
-    from deltadrain.spark import connect_session, get_spark
+    from deltadrain.config.embedded import spark_connect_url
+    from deltadrain.runtime.session import connect_session, get_spark
 
     spark = connect_session(spark_connect_url(load_config())) if side == "connect" else get_spark("bench-local")
     t1 = time.perf_counter()
@@ -67,9 +67,9 @@ def main(workdir: Path, rounds: int) -> dict:
     from deltalake import DeltaTable
 
     from deltadrain.config import load_config
+    from deltadrain.config.embedded import spark_connect_url
     from deltadrain.dev import services
-    from deltadrain.embedded import spark_connect_url
-    from deltadrain.spark import connect_session
+    from deltadrain.runtime.session import connect_session
 
     cfg = load_config()
     server = services.FACTORIES["spark_connect"](cfg)

@@ -35,14 +35,19 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from deltadrain import drain as drain_module
 from deltadrain.catchup import drain
 from deltadrain.config import load_config
 from deltadrain.dev import services
 from deltadrain.dev.bench import _bench_config, _drop_source, own_cpu_seconds
 from deltadrain.dev.produce import produce
 from deltadrain.dev.services.process import proc_stat
-from deltadrain.spark import CONNECT_LOG4J, connect_server_command, connect_session, server_unreachable
+from deltadrain.run import drain as drain_module
+from deltadrain.runtime.session import (
+    CONNECT_LOG4J,
+    connect_server_command,
+    connect_session,
+    server_unreachable,
+)
 
 SIDES = ("literals", "stable")
 CODEGEN_LOGGER = "org.apache.spark.sql.catalyst.expressions.codegen.CodeGenerator"

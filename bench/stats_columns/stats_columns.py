@@ -20,14 +20,14 @@ import uuid
 from pathlib import Path
 
 from deltadrain.dev.bench import target_shaped_rows
-from deltadrain.spark import get_spark
+from deltadrain.runtime.session import get_spark
 
 SIDES = ("all_columns", "filter_columns")
 
 
 def main(workdir: str, pairs: int, rows: int) -> dict:
-    from deltadrain.checkpoint import commit_metadata
-    from deltadrain.commit import NewTable, commit_batch
+    from deltadrain.lake.checkpoint import commit_metadata
+    from deltadrain.run.commit import NewTable, commit_batch
 
     spark = get_spark("stats-columns")
     spark.sparkContext.setLogLevel("ERROR")

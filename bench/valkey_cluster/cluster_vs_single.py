@@ -26,7 +26,7 @@ from deltadrain.dev import services
 from deltadrain.dev.produce import produce
 from deltadrain.dev.services.process import proc_stat
 from deltadrain.paths import PROJECT_ROOT
-from deltadrain.spark import get_spark
+from deltadrain.runtime.session import get_spark
 
 TICK = os.sysconf("SC_CLK_TCK")
 

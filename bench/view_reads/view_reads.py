@@ -24,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "common"))  # bench
 
 from timing import median_ms
 
-from deltadrain import lakeview
 from deltadrain.config import load_config
+from deltadrain.observe import tables as lakeview
 from deltadrain.orchestration.view.data import pipeline_summary, with_checks
 
 

@@ -134,7 +134,7 @@ class AirflowApi:
 
 def embedded_api(cfg) -> AirflowApi:
     """The client of the embedded `airflow standalone` with its generated admin login."""
-    from deltadrain.embedded import airflow_login, ports
+    from deltadrain.config.embedded import airflow_login, ports
 
     user, password = airflow_login()
     if password is None:

@@ -13,8 +13,8 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from deltadrain.config import DeltadrainConfig, PipelineConfig
-from deltadrain.drain import RunSummary, new_run_id
 from deltadrain.logs import run_logger
+from deltadrain.run.drain import RunSummary, new_run_id
 from deltadrain.sources import source_of
 
 SUMMED = ("claimed", "reclaimed", "written", "duplicates_skipped", "dead_lettered", "left_pending", "filtered",
@@ -25,7 +25,7 @@ DONE = ("committed", "already_committed")
 def drain(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark=None, run_id: str | None = None) -> RunSummary:
     """One drain run of `pipeline`, by its source (a Spark session of its own unless given)."""
     if spark is None:
-        from deltadrain.spark import get_spark
+        from deltadrain.runtime.session import get_spark
 
         spark = get_spark(f"deltadrain-drain-{pipeline.name}", cfg=cfg)
     return source_of(pipeline).drain(cfg, pipeline, spark, run_id)

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 
 from deltadrain.config import load_config
 from deltadrain.errors import ConfigError, DeltadrainError
-from deltadrain.lake import damaged_log
+from deltadrain.lake.delta import damaged_log
 from deltadrain.paths import check_run_id
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {}
@@ -69,12 +69,12 @@ def _session(args, cfg, purpose: str):
     """The command's Spark session: with --remote, a session on a Spark Connect server (alone: the
     embedded one), as a DAG task's is; otherwise a local driver of this process's own."""
     if getattr(args, "remote", None):
-        from deltadrain.embedded import spark_connect_url
-        from deltadrain.spark import connect_session
+        from deltadrain.config.embedded import spark_connect_url
+        from deltadrain.runtime.session import connect_session
 
         url = spark_connect_url(cfg) if args.remote == "embedded" else args.remote
         return connect_session(url, purpose=f"deltadrain {purpose}")
-    from deltadrain.spark import get_spark
+    from deltadrain.runtime.session import get_spark
 
     return get_spark(f"deltadrain-{purpose.replace(' ', '-')}")
 
@@ -96,7 +96,7 @@ def _services(args) -> int:
     rows = action(cfg, only)
     _print(rows, args.json)
     if args.action == "up" and not args.json and "airflow" in services.select(only, cfg):
-        from deltadrain.embedded import airflow_login, airflow_password_file, ports
+        from deltadrain.config.embedded import airflow_login, airflow_password_file, ports
 
         user, password = airflow_login()
         print(f"Airflow UI: http://127.0.0.1:{ports(cfg).airflow}  login: {user}  "
@@ -163,8 +163,8 @@ def _reap(args) -> int:
 
 @command("status")
 def _status(args) -> int:
+    from deltadrain.observe.status import pipeline_status
     from deltadrain.sources import source_of
-    from deltadrain.status import pipeline_status
 
     cfg, pipeline = _pipeline(args)
     st = pipeline_status(cfg, pipeline)
@@ -252,8 +252,8 @@ def _print_quality(report: dict) -> None:
 
 @command("metrics")
 def _metrics(args) -> int:
-    from deltadrain.lakeview import last_batches, one_read
-    from deltadrain.metrics import CHART_RUNS, write_chart
+    from deltadrain.lake.metrics import CHART_RUNS, write_chart
+    from deltadrain.observe.tables import last_batches, one_read
 
     cfg, pipeline = _pipeline(args)
     with one_read():
@@ -275,7 +275,7 @@ def _metrics(args) -> int:
 
 @command("maintain")
 def _maintain(args) -> int:
-    from deltadrain.maintain import describe, maintain
+    from deltadrain.lake.maintain import describe, maintain
 
     cfg = load_config(args.config)
     named = [cfg.pipeline(name) for name in args.pipeline]
@@ -297,7 +297,7 @@ def _maintain(args) -> int:
 def _dlq(args) -> int:
     from datetime import datetime
 
-    from deltadrain.lakeview import find_dead_letters
+    from deltadrain.observe.tables import find_dead_letters
 
     cfg, pipeline = _pipeline(args)
 
@@ -367,7 +367,7 @@ def _bench(args) -> int:
 
 @command("jars")
 def _jars(args) -> int:
-    from deltadrain import jars
+    from deltadrain.runtime import jars
 
     for kind in args.only.split(",") if args.only else jars.KINDS:
         print(f"{kind}: {jars.fetch(kind, quiet=not args.verbose)}")
@@ -405,7 +405,7 @@ def _steps_bar(desc: str, steps: tuple[str, ...], enabled: bool):
 def _backfill(args) -> int:
     from datetime import datetime
 
-    from deltadrain.backfill import STEPS, backfill
+    from deltadrain.heal.backfill import STEPS, backfill
 
     try:
         start, end = datetime.fromisoformat(args.start), datetime.fromisoformat(args.end)
@@ -423,7 +423,7 @@ def _backfill(args) -> int:
 def _replay(args) -> int:
     from dataclasses import asdict
 
-    from deltadrain.replay import STEPS, parse_request, replay
+    from deltadrain.heal.replay import STEPS, parse_request, replay
 
     cfg = load_config(args.config)
     params = {"pipeline": args.pipeline, "mode": args.mode, "message_ids": args.message_id or [],
@@ -622,7 +622,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _unreachable(exc: Exception, args) -> str | None:
     """A connection failure to the command's Valkey or Kafka, said in one line with the fix."""
-    from deltadrain.connections import unreachable_source
+    from deltadrain.sources.connections import unreachable_source
 
     try:
         cfg = load_config(args.config)
@@ -652,8 +652,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except Exception as exc:
-        from deltadrain.registry import failure_line
-        from deltadrain.spark import connect_lost
+        from deltadrain.formats.registry import failure_line
+        from deltadrain.runtime.session import connect_lost
 
         hint = damaged_log(exc) or connect_lost(exc) or failure_line(exc) or _unreachable(exc, args)
         if hint is None:

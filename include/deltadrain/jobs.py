@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from deltadrain.errors import DeltadrainError, error_line
-from deltadrain.lake import damaged_log
+from deltadrain.lake.delta import damaged_log
 
 SUMMARY_PREFIX = "deltadrain-summary: "
 ERROR_PREFIX = "deltadrain: error: "
@@ -94,7 +94,7 @@ def _drain(spark, args) -> JobResult:
     if args.accept_gaps:
         pipeline = pipeline.accepting_gaps()
     if args.backfill_start or args.backfill_end:
-        from deltadrain.backfill import backfill
+        from deltadrain.heal.backfill import backfill
 
         result = backfill(cfg, pipeline, spark, args.backfill_start, args.backfill_end, run_id=args.run_id)
     else:
@@ -107,7 +107,7 @@ def _drain(spark, args) -> JobResult:
 
 def _replay(spark, args) -> JobResult:
     from deltadrain.config import load_config
-    from deltadrain.replay import parse_request, replay
+    from deltadrain.heal.replay import parse_request, replay
 
     cfg = load_config(args.config)
     # The request is validated again here: its values are bound as literals, never spliced into SQL.
@@ -117,7 +117,7 @@ def _replay(spark, args) -> JobResult:
 
 def _maintain(spark, args) -> JobResult:
     from deltadrain.config import load_config
-    from deltadrain.maintain import describe, maintain
+    from deltadrain.lake.maintain import describe, maintain
 
     cfg = load_config(args.config)
     summary = maintain(cfg, spark, cfg.pipeline(args.pipeline) if args.pipeline else None).as_dict()
@@ -158,8 +158,8 @@ def run(job: str, spark, argv: list[str]) -> JobResult:
         return JobResult(error=" ".join(str(exc).split()))
     except Exception as exc:
         log.error("deltadrain %s job failed:\n%s", job, traceback.format_exc())  # the whole of it in the log
-        from deltadrain.registry import failure_line
-        from deltadrain.spark import connect_lost
+        from deltadrain.formats.registry import failure_line
+        from deltadrain.runtime.session import connect_lost
 
         return JobResult(error=damaged_log(exc) or connect_lost(exc) or failure_line(exc) or error_line(exc))
 

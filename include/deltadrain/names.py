@@ -4,7 +4,7 @@ REAPER_DAG = "deltadrain__reaper"
 REPLAY_DAG = "deltadrain__replay"
 QUALITY_DAG = "deltadrain__quality"
 MAINTENANCE_DAG = "deltadrain__maintenance"
-ALERTS_TASK = "alerts"  # the ingest DAG's SLA-like check (deltadrain.alerts), when the pipeline sets thresholds
+ALERTS_TASK = "alerts"  # the ingest DAG's SLA-like check (deltadrain.observe.alerts), when the pipeline sets thresholds
 AIRFLOW_RUN_PREFIX = "af-"  # how the run ids of Airflow's tasks start (operators.deltadrain_run_id)
 
 

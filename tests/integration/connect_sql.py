@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from deltadrain.spark import connect_session
+from deltadrain.runtime.session import connect_session
 
 
 def main(port: str, *statements: str) -> None:

@@ -94,7 +94,7 @@ def clean_up_delta_log(spark, target: str, version: int) -> None:
 
 def target_ids(spark, cfg, pipeline) -> list[str]:
     path = str(cfg.target_path(pipeline))
-    from deltadrain.lake import is_table
+    from deltadrain.lake.delta import is_table
 
     if not is_table(spark, path):
         return []
@@ -102,7 +102,7 @@ def target_ids(spark, cfg, pipeline) -> list[str]:
 
 
 def dlq_rows(spark, cfg, pipeline) -> list:
-    from deltadrain.lake import is_table
+    from deltadrain.lake.delta import is_table
 
     path = str(cfg.dlq_path(pipeline))
     if not is_table(spark, path):

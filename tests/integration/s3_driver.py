@@ -25,8 +25,8 @@ from pathlib import Path
 
 from py4j.protocol import Py4JJavaError
 
-from deltadrain.objectstore import embedded_connection, resolve
-from deltadrain.spark import get_spark
+from deltadrain.lake.objectstore import embedded_connection, resolve
+from deltadrain.runtime.session import get_spark
 
 
 def log_store_writes(spark, path: str) -> dict:

@@ -18,10 +18,10 @@ import pytest
 import yaml
 
 from deltadrain.airflow_api import AirflowApi, embedded_api
-from deltadrain.checkpoint import read_checkpoint
+from deltadrain.config.embedded import airflow_env
 from deltadrain.dev import services
 from deltadrain.dev.produce import MALFORMED_KINDS, produce
-from deltadrain.embedded import airflow_env
+from deltadrain.lake.checkpoint import read_checkpoint
 from deltadrain.names import REPLAY_DAG, batch_quality_dag_id, ingest_dag_id
 from deltadrain.quality.results import last_results
 from deltadrain.sources.valkey.client import valkey_client
@@ -43,7 +43,7 @@ def minute_floor(t: datetime) -> datetime:
 def services_secrets() -> dict[str, str]:
     """The embedded services' own secrets that exist in this home: the Valkey ACL users', the broker's
     SCRAM user's and keystore's, the S3 server's and the Spark cluster's shared one."""
-    from deltadrain.embedded import (
+    from deltadrain.config.embedded import (
         kafka_login_file,
         s3_login_file,
         spark_cluster_secret_file,
@@ -211,7 +211,7 @@ def test_airflow_end_to_end(tmp_path, monkeypatch, spark, valkey_server, spark_c
 
         # The embedded services' secrets (Airflow hands the tasks the Valkey, Kafka and S3 ones as
         # connections) are in no task log, no component's log and no XCom of these runs.
-        from deltadrain.embedded import airflow_home
+        from deltadrain.config.embedded import airflow_home
 
         secrets = services_secrets()
         assert {"valkey password", "kafka password", "s3 secret_access_key"} <= set(secrets), sorted(secrets)

@@ -13,16 +13,16 @@ import fastavro
 import pytest
 import yaml
 
-from deltadrain.avro import encode
-from deltadrain.backfill import backfill
 from deltadrain.catchup import drain
 from deltadrain.dev.produce import avro_error_type, ensure_topic, generate, produce, protobuf_error_type
 from deltadrain.failpoints import fired
-from deltadrain.payloads import payload_of
-from deltadrain.protobuf import encode as encode_protobuf
-from deltadrain.replay import ReplayRequest, replay
+from deltadrain.formats.avro import encode
+from deltadrain.formats.payloads import payload_of
+from deltadrain.formats.protobuf import encode as encode_protobuf
+from deltadrain.heal.backfill import backfill
+from deltadrain.heal.replay import ReplayRequest, replay
+from deltadrain.observe.status import pipeline_status
 from deltadrain.sources.kafka.client import kafka_client_conf
-from deltadrain.status import pipeline_status
 from tests.integration.helpers import ROOT, cli_drain, dlq_rows, target_ids, write_config
 from tests.integration.helpers import assert_exactly_once as assert_valkey_exactly_once
 from tests.integration.helpers import drain_until_done as drain_valkey
@@ -54,7 +54,7 @@ def heal_deleted_rows(spark, c, p, lost: list[str], began: datetime, ended: date
     from delta.tables import DeltaTable
     from pyspark.sql import functions as F
 
-    from deltadrain.checkpoint import read_checkpoint
+    from deltadrain.lake.checkpoint import read_checkpoint
 
     target = str(c.target_path(p))
     before, ids = read_checkpoint(spark, target, p.name), sorted(target_ids(spark, c, p))
@@ -311,9 +311,9 @@ def test_a_batchs_writer_typed_new_fields_become_its_columns(tmp_path, spark):
     (tests/unit/test_registry.py drives them against a registry's API); here Spark turns a staged batch
     of such rows into the batch's columns: int and long make long, a minority type is a `schema` dead letter
     naming both, a writer's long widens the table's evolved int column, a left-out field is reported."""
-    from deltadrain.avro import convert
-    from deltadrain.evolution import new_columns
-    from deltadrain.evolve import WriterColumns, writer_extras
+    from deltadrain.formats.avro import convert
+    from deltadrain.run.layout import new_columns
+    from deltadrain.schema.evolution import WriterColumns, writer_extras
 
     at = datetime(2026, 5, 1, 1, 2, 3, 456789, tzinfo=UTC)
     a = WriterColumns({"n": "int", "at": "timestamp", "raw": "binary", "day": "date"},

@@ -10,12 +10,12 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from deltadrain.backfill import BackfillError, backfill
 from deltadrain.catchup import drain
-from deltadrain.checkpoint import read_checkpoint
 from deltadrain.dev.produce import MALFORMED_KINDS, generate, produce
 from deltadrain.errors import DeltadrainError
-from deltadrain.replay import ReplayRequest, parse_request, replay
+from deltadrain.heal.backfill import BackfillError, backfill
+from deltadrain.heal.replay import ReplayRequest, parse_request, replay
+from deltadrain.lake.checkpoint import read_checkpoint
 from deltadrain.sources.valkey.client import as_text, valkey_client
 from tests.integration.helpers import (
     assert_exactly_once,
@@ -229,7 +229,7 @@ def test_a_dlq_replay_does_not_send_back_a_dead_letter_the_target_holds_at_its_o
     refused dead letters and its commit, then drained again after the constraint was dropped) is not
     sent back: past the dedup window its copy would be a second row. It is marked REPLAYED, so that
     it neither stays DEAD nor takes a place in every later replay; a dry run only names it."""
-    from deltadrain.deadletter import dlq_struct, write_dead_letters
+    from deltadrain.lake.deadletter import dlq_struct, write_dead_letters
 
     _, c, p = make_pipeline(tmp_path, partitions=1)
     client = valkey_client(c, p)
@@ -330,11 +330,11 @@ def test_two_replays_at_once_mark_both_entries_replayed(tmp_path, spark, valkey_
     import threading
     from concurrent.futures import ThreadPoolExecutor
 
-    import deltadrain.replay
-    from deltadrain.lake import is_conflict
+    import deltadrain.heal.replay
+    from deltadrain.lake.delta import is_conflict
 
     together, lost = threading.Barrier(2, timeout=300), []
-    real_retry = deltadrain.replay.retry_conflicts
+    real_retry = deltadrain.heal.replay.retry_conflicts
 
     def both_at_once(action, *args, **kwargs):
         first = [True]
@@ -352,7 +352,7 @@ def test_two_replays_at_once_mark_both_entries_replayed(tmp_path, spark, valkey_
 
         return real_retry(attempt, *args, **kwargs)
 
-    monkeypatch.setattr(deltadrain.replay, "retry_conflicts", both_at_once)
+    monkeypatch.setattr(deltadrain.heal.replay, "retry_conflicts", both_at_once)
     path, c, p = make_pipeline(tmp_path, max_retries=0, transform="deltadrain.transforms.identity")
     client = valkey_client(c, p)
     produce(c, p, 200, seed=107, malformed_ratio=0.1)
@@ -417,7 +417,7 @@ def test_kafka_backfill_and_reprocess_heal_rows_once_without_touching_offsets(tm
     began = datetime.now(UTC) - timedelta(seconds=1)
     result = produce(c, p, 400, seed=106, malformed_ratio=0.05)
     ended = datetime.now(UTC) + timedelta(seconds=1)
-    from deltadrain.probe import probe
+    from deltadrain.observe.probe import probe
 
     assert probe(c, p).new == 400  # what the ingest DAG's sensor sees
     drain_kafka(c, p, spark)
@@ -530,7 +530,7 @@ def test_a_kafka_backfill_of_an_interval_retention_took_whole_reports_the_gap(tm
 
 
 def test_a_replay_position_bound_without_a_sequence_covers_that_whole_millisecond(spark):
-    from deltadrain.replay import _filtered
+    from deltadrain.heal.replay import _filtered
 
     df = spark.createDataFrame([("a", 1700000000000, 0), ("b", 1700000000000, 3), ("c", 1700000000001, 0)],
                                "id string, hi long, lo long")
@@ -556,7 +556,7 @@ def test_a_kafka_dlq_replay_sent_twice_lands_each_dead_letter_once(tmp_path, spa
     import yaml
     from confluent_kafka import Producer
 
-    import deltadrain.replay as replay_module
+    import deltadrain.heal.replay as replay_module
     from deltadrain.config import load_config
     from deltadrain.sources.kafka.client import kafka_client_conf
     from deltadrain.transforms import POISON_MARKER

@@ -16,8 +16,8 @@ import warnings
 import pytest
 import yaml
 
-from deltadrain.checkpoint import read_checkpoint
 from deltadrain.dev.produce import MALFORMED_KINDS, produce
+from deltadrain.lake.checkpoint import read_checkpoint
 from deltadrain.names import (
     ALERTS_TASK,
     MAINTENANCE_DAG,
@@ -259,7 +259,7 @@ def test_reaper_dag_takes_over_stuck_claims_and_removes_dead_consumers(pipeline_
 @pytest.mark.slow
 def test_maintenance_dag_compacts_and_vacuums_through_spark_connect(pipeline_dags, spark):
     from deltadrain.catchup import drain
-    from deltadrain.maintain import files_on_disk, snapshot_files
+    from deltadrain.lake.maintain import files_on_disk, snapshot_files
 
     path, c, p = pipeline_dags(batch_cap=40)
     data = yaml.safe_load(path.read_text())

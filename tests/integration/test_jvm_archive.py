@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from deltadrain import jvm_archive
 from deltadrain.dev import archive_training
-from deltadrain.spark import spark_submit_command
+from deltadrain.runtime import archive as jvm_archive
+from deltadrain.runtime.session import spark_submit_command
 
 # Runs under spark-submit: a Delta round trip, then which archives the driver JVM has mapped.
 PROBE = """

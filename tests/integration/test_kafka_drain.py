@@ -14,12 +14,13 @@ import pytest
 import yaml
 
 from deltadrain.catchup import drain
-from deltadrain.checkpoint import read_checkpoint
 from deltadrain.config import load_config
 from deltadrain.dev.produce import MALFORMED_KINDS, ensure_topic, generate, produce
-from deltadrain.drain import DrainError
 from deltadrain.failpoints import fired
-from deltadrain.probe import probe
+from deltadrain.lake.checkpoint import read_checkpoint
+from deltadrain.observe.probe import probe
+from deltadrain.observe.status import mark_stale, pipeline_status
+from deltadrain.run.drain import DrainError
 from deltadrain.sources import source_of
 from deltadrain.sources.kafka.client import kafka_client_conf
 from deltadrain.sources.kafka.offsets import (
@@ -32,7 +33,6 @@ from deltadrain.sources.kafka.offsets import (
     withdraw_claims,
 )
 from deltadrain.sources.kafka.status import kafka_counts
-from deltadrain.status import mark_stale, pipeline_status
 from tests.integration.helpers import (
     BOTH_TRANSFORMS,
     HANDLER,
@@ -609,7 +609,7 @@ def test_a_message_that_kills_every_run_is_isolated_by_bisection_and_dead_alone(
     half of the dead run's range at a time; a run that read the one message alone and died counts a
     death alone. The message is dead after max_retries of those, read by at most
     isolation.crash_loop_runs runs; every other message is published."""
-    from deltadrain.isolation import crash_loop_runs
+    from deltadrain.run.isolation import crash_loop_runs
     from tests.integration.crash_transform import CRASH_MARKER
     from tests.integration.test_valkey_drain import run_or_killed
 
@@ -718,7 +718,7 @@ def test_a_run_airflow_kills_in_a_hanging_transform_is_counted_and_the_message_d
     import subprocess
 
     from deltadrain.paths import PROJECT_ROOT
-    from deltadrain.spark import spark_submit_command
+    from deltadrain.runtime.session import spark_submit_command
     from tests.integration.hang_transform import FLAG_ENV, HANG_MARKER
 
     path, c, p = make_kafka_pipeline(tmp_path, partitions=1, batch_cap=4, max_retries=1, min_idle_ms=0,
@@ -801,7 +801,7 @@ def test_rows_recovery_ignores_dead_letters_of_a_batch_that_never_committed(tmp_
     with a batch number the table never reached; were they counted when the positions must be read
     back from the rows (log cleanup took the commit file), the next run would start after them and
     skip the valid messages of that batch that lay before them."""
-    import deltadrain.drain as drain_module
+    import deltadrain.run.drain as drain_module
 
     _, c, p = make_kafka_pipeline(tmp_path, partitions=1)
     one = produce(c, p, 50, seed=71)
@@ -1085,7 +1085,7 @@ def test_a_run_that_fails_in_its_read_takes_its_claim_notices_off(tmp_path, cfg,
 @pytest.mark.parametrize("counted", [True, False], ids=["batch_failure", "executor_lost"])
 def test_a_run_whose_transform_fails_its_batch_leaves_its_claim_notices_to_be_counted(counted, tmp_path, cfg, spark,
                                                                                       monkeypatch):
-    from deltadrain.drain import BatchFailure
+    from deltadrain.run.drain import BatchFailure
     from deltadrain.sources.kafka.drain import KafkaDrain
 
     path, c, p = make_kafka_pipeline(tmp_path, partitions=2)

@@ -11,8 +11,8 @@ import pytest
 from py4j.protocol import Py4JJavaError
 
 from bench.log_store.log_store_race import DELTA_DEFAULT, new_store, race, write
-from deltadrain.jars import LOG_STORE_CLASS
-from deltadrain.lake import damaged_log
+from deltadrain.lake.delta import damaged_log
+from deltadrain.runtime.jars import LOG_STORE_CLASS
 
 
 def hadoop_path(spark, path: Path):

@@ -7,11 +7,11 @@ import pytest
 import yaml
 
 from deltadrain.catchup import drain
-from deltadrain.checkpoint import read_checkpoint
 from deltadrain.config import load_config
 from deltadrain.dev.produce import MALFORMED_KINDS, produce
-from deltadrain.maintain import files_on_disk, maintain, snapshot_files
-from deltadrain.metrics import last_runs, metrics_path
+from deltadrain.lake.checkpoint import read_checkpoint
+from deltadrain.lake.maintain import files_on_disk, maintain, snapshot_files
+from deltadrain.lake.metrics import last_runs, metrics_path
 from deltadrain.orchestration.view.data import pipeline_view
 from deltadrain.sources.valkey.client import valkey_client
 from tests.integration.helpers import (

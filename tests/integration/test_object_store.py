@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from deltadrain.config.embedded import S3_BUCKET, s3_login_file
 from deltadrain.dev.s3http import request
-from deltadrain.embedded import S3_BUCKET, s3_login_file
-from deltadrain.objectstore import (
+from deltadrain.lake.objectstore import (
     embedded_connection,
     pyarrow_filesystem,
     resolve,
@@ -62,7 +62,7 @@ def test_the_server_refuses_a_wrong_login_and_airflow_gets_the_right_one(store, 
     assert request(store, "GET").status == 200
     assert request(dataclasses.replace(store, secret_access_key="wrong"), "GET").status == 403
     assert request(dataclasses.replace(store, access_key_id="nobody"), "GET").status == 403
-    from deltadrain.embedded import airflow_env
+    from deltadrain.config.embedded import airflow_env
 
     monkeypatch.delenv("AIRFLOW_CONN_DELTADRAIN_S3", raising=False)
     conn = json.loads(airflow_env(cfg)["AIRFLOW_CONN_DELTADRAIN_S3"])

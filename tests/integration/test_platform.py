@@ -54,7 +54,14 @@ def test_a_commit_writes_the_id_and_position_without_a_dictionary_and_restores_t
     so that a dictionary left on shows in the files' encodings."""
     import pyarrow.parquet as pq
 
-    from deltadrain.commit import TXN_APP, TXN_VERSION, USER_METADATA, NewTable, commit_batch, no_dictionary
+    from deltadrain.run.commit import (
+        TXN_APP,
+        TXN_VERSION,
+        USER_METADATA,
+        NewTable,
+        commit_batch,
+        no_dictionary,
+    )
 
     path = tmp_path / "t"
     spark.conf.set(no_dictionary("note"), "true")  # the session's own switch for another column stays
@@ -153,7 +160,7 @@ def test_a_table_another_process_created_meanwhile_is_taken_as_it_is(spark, tmp_
     import pyarrow as pa
     from deltalake import write_deltalake
 
-    from deltadrain.lake import ensure_table, is_table, table_version
+    from deltadrain.lake.delta import ensure_table, is_table, table_version
 
     path = str(tmp_path / "raced")
     assert not is_table(spark, path)
@@ -173,7 +180,7 @@ def test_a_creation_under_way_or_abandoned_does_not_fail_table_creation(spark, t
     import pyarrow as pa
     from deltalake import write_deltalake
 
-    from deltadrain.lake import ensure_table, exists, table_version
+    from deltadrain.lake.delta import ensure_table, exists, table_version
 
     abandoned = tmp_path / "abandoned"
     (abandoned / "_delta_log").mkdir(parents=True)
@@ -273,6 +280,6 @@ def test_cli_config_error_names_file_pipeline_and_field(tmp_path):
 
 
 def test_missing_jar_cache_names_the_fix(tmp_path):
-    done = subprocess.run([sys.executable, "-c", "from deltadrain.spark import get_spark; get_spark()"],
+    done = subprocess.run([sys.executable, "-c", "from deltadrain.runtime.session import get_spark; get_spark()"],
                           capture_output=True, text=True, env={**os.environ, "DELTADRAIN_JARS": str(tmp_path)})
     assert done.returncode != 0 and "make jars" in done.stderr

@@ -13,20 +13,21 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from deltadrain import cli, lakeview
+from deltadrain import cli
 from deltadrain.catchup import drain
-from deltadrain.checkpoint import find_commit, read_checkpoint
 from deltadrain.dev.produce import generate, produce
-from deltadrain.drain import DrainError
 from deltadrain.failpoints import InjectedFailure
-from deltadrain.lake import table_id
-from deltadrain.metrics import last_runs, metrics_path, render_chart
+from deltadrain.lake.checkpoint import find_commit, read_checkpoint
+from deltadrain.lake.delta import table_id
+from deltadrain.lake.metrics import last_runs, metrics_path, render_chart
 from deltadrain.names import ingest_run_prefix
+from deltadrain.observe import tables as lakeview
 from deltadrain.quality.check import check_batch, check_table
 from deltadrain.quality.errors import QualityFailed
 from deltadrain.quality.owed import catch_up, checked_batches
 from deltadrain.quality.quarantine import quarantine_path
 from deltadrain.quality.results import RESULTS_SCHEMA, QualityReport, last_results, results_path, write_result
+from deltadrain.run.drain import DrainError
 from deltadrain.sources.valkey.client import valkey_client
 from tests.integration.helpers import make_pipeline, pending, target_ids, valkey_admin
 
@@ -169,8 +170,8 @@ def test_a_batch_checked_late_is_judged_fresh_as_of_its_commit_not_of_its_check(
     import random
     from datetime import UTC, datetime, timedelta
 
-    from deltadrain.checkpoint import find_commit
     from deltadrain.dev.produce import _valid_payload
+    from deltadrain.lake.checkpoint import find_commit
 
     _, c, p = make_pipeline(tmp_path, partitions=1, quality={"on_failure": "warn", "expectations": [
         {"column": "event_time", "kind": "fresh_within", "within": "PT1H"}]})
@@ -284,8 +285,8 @@ def test_the_first_runs_of_several_pipelines_at_once_create_the_metrics_table_an
     table holds each run once, readable by Spark with the metrics columns."""
     import threading
 
-    from deltadrain.drain import RunSummary
-    from deltadrain.metrics import METRICS_SCHEMA, record_run
+    from deltadrain.lake.metrics import METRICS_SCHEMA, record_run
+    from deltadrain.run.drain import RunSummary
 
     _, c, p = make_pipeline(tmp_path, partitions=1)
     runs = [RunSummary(f"{p.name}_{i}", f"run-{i}", batch=1, outcome="committed", claimed=10 + i, written=10 + i,
@@ -299,7 +300,7 @@ def test_the_first_runs_of_several_pipelines_at_once_create_the_metrics_table_an
         except Exception as exc:  # a thread's exception would otherwise vanish
             failed.append(exc)
 
-    caplog.set_level(logging.DEBUG, logger="deltadrain.metrics")
+    caplog.set_level(logging.DEBUG, logger="deltadrain.lake.metrics")
     threads = [threading.Thread(target=finish, args=(r,)) for r in runs]
     for t in threads:
         t.start()
@@ -334,7 +335,7 @@ def test_the_spark_submit_entry_point_checks_a_batch(tmp_path, cfg, spark):
     import subprocess
 
     from deltadrain.paths import PROJECT_ROOT
-    from deltadrain.spark import spark_submit_command
+    from deltadrain.runtime.session import spark_submit_command
     from tests.integration.helpers import summary_of
 
     path, c, p, _, _ = drained(tmp_path, spark, 60, quality=quality("fail"))
@@ -383,7 +384,7 @@ def test_run_times_are_utc_whatever_the_processs_time_zone(tmp_path, cfg, spark,
     import time
     from datetime import UTC, datetime
 
-    from deltadrain.metrics import chart_html
+    from deltadrain.lake.metrics import chart_html
 
     _, c, p = make_pipeline(tmp_path, partitions=1)
     produce(c, p, 5, seed=7)
@@ -407,8 +408,8 @@ def test_a_backfill_leaves_quarantined_messages_in_the_quarantine(tmp_path, cfg,
     again at a new position is a new message and is written."""
     from datetime import UTC, datetime, timedelta
 
-    from deltadrain.backfill import backfill
-    from deltadrain.checkpoint import positions_from_rows
+    from deltadrain.heal.backfill import backfill
+    from deltadrain.lake.checkpoint import positions_from_rows
 
     began = datetime.now(UTC) - timedelta(seconds=5)
     _, c, p, client, result = drained(tmp_path, spark, 300, quality=quality("quarantine"))
@@ -618,8 +619,8 @@ def test_a_row_a_reprocess_rewrites_during_quarantine_is_checked_again_not_lost(
     Now the DELETE leaves it, its old copy leaves the quarantine, and the batch is checked again."""
     from pyspark.sql import functions as F
 
+    from deltadrain.heal.replay import ReplayRequest, replay
     from deltadrain.quality import quarantine as q
-    from deltadrain.replay import ReplayRequest, replay
 
     _, c, p, _, result = drained(tmp_path, spark, 120, quality=quality("quarantine"))
     bad = over_limit(spark, c, p, 1)
@@ -653,7 +654,7 @@ def test_a_row_a_reprocess_rewrites_during_quarantine_is_checked_again_not_lost(
 def test_a_row_rewritten_after_a_crashed_quarantine_is_moved_with_its_new_values(tmp_path, cfg, spark, monkeypatch):
     """A check dies between the quarantine MERGE and the DELETE; a reprocess then rewrites an offending
     row. The next check must not match the stale copy (insert nothing) and then delete the rewritten row."""
-    from deltadrain.replay import ReplayRequest, replay
+    from deltadrain.heal.replay import ReplayRequest, replay
 
     _, c, p, _, result = drained(tmp_path, spark, 120, quality=quality("quarantine"))
     bad = over_limit(spark, c, p, 1)

@@ -26,14 +26,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from deltadrain.checkpoint import find_commit
 from deltadrain.config import load_config
+from deltadrain.config.embedded import S3_BUCKET, s3_home
 from deltadrain.dev.produce import MALFORMED_KINDS, ensure_topic, produce
-from deltadrain.embedded import S3_BUCKET, s3_home
 from deltadrain.failpoints import fired
-from deltadrain.lake import snapshot_txn, sql_literal
+from deltadrain.lake.checkpoint import find_commit
+from deltadrain.lake.delta import snapshot_txn, sql_literal
+from deltadrain.lake.objectstore import as_connection, embedded_connection, resolve, storage_options
 from deltadrain.names import ingest_dag_id
-from deltadrain.objectstore import as_connection, embedded_connection, resolve, storage_options
 from deltadrain.sources.kafka.client import kafka_client_conf
 from deltadrain.sources.valkey.client import valkey_client
 from tests.conftest import free_port
@@ -127,7 +127,7 @@ def staged_runs(store, lake: str) -> set[str]:
     """The run ids whose staging objects are on the store."""
     from pyarrow.fs import FileSelector
 
-    from deltadrain.objectstore import pyarrow_filesystem
+    from deltadrain.lake.objectstore import pyarrow_filesystem
 
     staged = pyarrow_filesystem(store).get_file_info(
         FileSelector(f"{S3_BUCKET}/{lake.split('/', 3)[3]}/_deltadrain/staging", recursive=True, allow_not_found=True))

@@ -16,17 +16,17 @@ from datetime import UTC, datetime, timedelta
 import pytest
 import yaml
 
-from deltadrain.avro import encode as avro_encode
 from deltadrain.catchup import drain
 from deltadrain.config import load_config
-from deltadrain.confluent import header
+from deltadrain.config.embedded import registry_login, registry_url
 from deltadrain.dev import services
 from deltadrain.dev.produce import avro_bad_kinds, avro_error_type, ensure_topic, produce
-from deltadrain.embedded import registry_login, registry_url
-from deltadrain.protobuf import ProtobufPayload
-from deltadrain.protobuf import encode as proto_encode
-from deltadrain.registry import Registry, failure_line
-from deltadrain.registry import register as register_schema
+from deltadrain.formats.avro import encode as avro_encode
+from deltadrain.formats.confluent import header
+from deltadrain.formats.protobuf import ProtobufPayload
+from deltadrain.formats.protobuf import encode as proto_encode
+from deltadrain.formats.registry import Registry, failure_line
+from deltadrain.formats.registry import register as register_schema
 from deltadrain.sources.kafka.client import kafka_client_conf
 from tests.integration.helpers import ROOT, dlq_rows, target_ids, write_config
 from tests.integration.test_kafka_drain import end_offsets, group_of, lake_checkpoint

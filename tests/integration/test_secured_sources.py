@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from deltadrain.catchup import drain
-from deltadrain.connections import unreachable
+from deltadrain.config.embedded import VALKEY_CONNECTION_ID, ports, valkey_login_file
 from deltadrain.dev.produce import produce
-from deltadrain.embedded import VALKEY_CONNECTION_ID, ports, valkey_login_file
-from deltadrain.lake import is_table
+from deltadrain.lake.delta import is_table
+from deltadrain.sources.connections import unreachable
 from deltadrain.sources.valkey.acl import acl_rule
 from deltadrain.sources.valkey.client import valkey_client
 from tests.integration.helpers import (
@@ -104,7 +104,7 @@ def _other_ca(tmp_path) -> str:
     import os
     import subprocess
 
-    from deltadrain.spark import check_java
+    from deltadrain.runtime.session import check_java
 
     keytool = str(Path(check_java()).parent / "keytool")
     env = {**os.environ, "PW": uuid.uuid4().hex}
@@ -120,7 +120,7 @@ def _other_ca(tmp_path) -> str:
 def test_valkey_over_tls_drains_once_and_names_an_untrusted_ca(tmp_path, spark):
     import valkey
 
-    from deltadrain.embedded import valkey_tls_home
+    from deltadrain.config.embedded import valkey_tls_home
     from deltadrain.sources.valkey.client import valkey_url
 
     path, c, p = make_pipeline(tmp_path, partitions=2, source={"tls": True})
@@ -219,7 +219,7 @@ def _ends(conf: dict, topic: str) -> dict[int, int]:
 
 @pytest.mark.usefixtures("kafka_broker")
 def test_kafka_sasl_ssl_drain_wrong_password_untrusted_ca_and_missing_group_acl(tmp_path, spark, monkeypatch):
-    from deltadrain.embedded import KAFKA_CONNECTION_ID, kafka_login, ports
+    from deltadrain.config.embedded import KAFKA_CONNECTION_ID, kafka_login, ports
     from deltadrain.sources.kafka.client import kafka_client_conf, kafka_spark_options
     from deltadrain.sources.kafka.offsets import group_offsets
     from tests.integration.helpers import target_ids

@@ -14,8 +14,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from deltadrain.embedded import SPARK_CONNECT_CONN_ID, spark_connect_url
-from deltadrain.spark import connect_session
+from deltadrain.config.embedded import SPARK_CONNECT_CONN_ID, spark_connect_url
+from deltadrain.runtime.session import connect_session
 from tests.integration.helpers import ROOT
 from tests.integration.test_services import _own_env, cli, processes_under
 
@@ -155,7 +155,7 @@ def test_its_python_workers_run_the_projects_interpreter_under_a_daemon_that_end
             return []
 
     under = [command(p) for p in psutil.Process(spark_connect_server.pid()).children(recursive=True)]
-    assert [c for c in under if "deltadrain.python_daemon" in c]
+    assert [c for c in under if "deltadrain.runtime.python_daemon" in c]
     assert not [c for c in under if "pyspark.daemon" in c]
 
 
@@ -217,8 +217,8 @@ def test_a_valkey_and_a_kafka_pipeline_drain_at_once_on_one_server_each_exactly_
         spark_connect_server, kafka_broker, valkey_server, cfg, tmp_path, spark):
     """Two clients, two pipelines, one server, at the same moment: each run's app transaction and views
     are its session's, so each table ends with its own messages once and its own checkpoint."""
-    from deltadrain.checkpoint import read_checkpoint
     from deltadrain.dev.produce import MALFORMED_KINDS, produce
+    from deltadrain.lake.checkpoint import read_checkpoint
     from deltadrain.sources.valkey.client import valkey_client
     from tests.integration import test_kafka_drain as kafka
     from tests.integration.helpers import assert_exactly_once, make_pipeline
@@ -268,9 +268,9 @@ def test_a_client_killed_during_its_merge_loses_and_doubles_nothing(spark_connec
     """The task's process SIGKILLed while the server runs its MERGE (into the table its first batch made):
     the server may commit after the client is gone, while the next run already drains. Either way every
     message lands once and nothing stays pending."""
-    from deltadrain.checkpoint import find_commit
     from deltadrain.dev.produce import MALFORMED_KINDS, produce
     from deltadrain.failpoints import fired
+    from deltadrain.lake.checkpoint import find_commit
     from deltadrain.sources.valkey.client import valkey_client
     from tests.integration.helpers import assert_exactly_once, drain_until_done, make_pipeline
 
@@ -293,10 +293,10 @@ def test_a_server_killed_mid_batch_fails_the_run_clearly_and_after_up_the_next_r
     """The server SIGKILLed while a run holds its claims (held before its commit), then started again, as
     `services up` does: the run fails with the server's error instead of hanging, commits nothing, and the
     next run on the new server drains everything once."""
-    from deltadrain.checkpoint import read_checkpoint
     from deltadrain.dev.produce import MALFORMED_KINDS, produce
     from deltadrain.dev.services import up
-    from deltadrain.lake import exists
+    from deltadrain.lake.checkpoint import read_checkpoint
+    from deltadrain.lake.delta import exists
     from deltadrain.sources.valkey.client import valkey_client
     from tests.integration.helpers import assert_exactly_once, lag, make_pipeline, pending, wait_held
 

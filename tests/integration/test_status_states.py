@@ -126,9 +126,9 @@ def test_the_views_data_says_each_state_in_a_note_not_as_a_failure(fresh, valkey
 @pytest.mark.slow
 def test_status_dlq_and_metrics_read_what_spark_reads_without_a_jvm(tmp_path, spark, valkey_server):
     """A real drain's tables (written by Spark) read the same through delta-rs as through Spark."""
-    from deltadrain.deadletter import list_dead_letters
     from deltadrain.dev.produce import produce
-    from deltadrain.metrics import last_runs
+    from deltadrain.lake.deadletter import list_dead_letters
+    from deltadrain.lake.metrics import last_runs
     from deltadrain.sources.valkey.client import valkey_client
 
     path, c, p = make_pipeline(tmp_path, max_retries=0, partitions=2)
@@ -167,9 +167,9 @@ def test_the_alerts_check_measures_lag_and_the_oldest_message_at_both_sources_wi
     the lake's checkpoint), and the thresholds decide."""
     from datetime import UTC, datetime, timedelta
 
-    from deltadrain.alerts import check
     from deltadrain.config import AlertSettings
     from deltadrain.dev.produce import produce
+    from deltadrain.observe.alerts import check
     from deltadrain.sources import source_of
     from deltadrain.sources.valkey.client import valkey_client
     from deltadrain.sources.valkey.drain import ensure_groups
@@ -220,7 +220,7 @@ def test_the_alerts_check_measures_lag_and_the_oldest_message_at_both_sources_wi
 
 
 def _empty_lake():
-    from deltadrain.checkpoint import Checkpoint
+    from deltadrain.lake.checkpoint import Checkpoint
     from deltadrain.sources import LakeSide
 
     return LakeSide(lambda: Checkpoint(0))

@@ -14,10 +14,10 @@ import time
 import pytest
 
 from deltadrain.catchup import drain
-from deltadrain.checkpoint import read_checkpoint
+from deltadrain.config.embedded import VALKEY_CLUSTER_NODES
 from deltadrain.dev.produce import generate, partition_for
 from deltadrain.dev.services.valkey_cluster import _connect, known_nodes
-from deltadrain.embedded import VALKEY_CLUSTER_NODES
+from deltadrain.lake.checkpoint import read_checkpoint
 from deltadrain.sources.valkey.client import VALKEY_FIELD, valkey_client
 from tests.integration.helpers import (
     assert_exactly_once,
@@ -199,7 +199,7 @@ def test_a_slot_migrated_while_drains_hold_claims_loses_and_doubles_nothing(tmp_
     """A stream's slot moved to another primary: its keys MIGRATEd while a drain holds committed claims
     (its XACK follows ASK to the new node), a drain claims while the slot is still migrating (ASK), and
     the drains after the move follow MOVED."""
-    from deltadrain.embedded import valkey_cluster_password
+    from deltadrain.config.embedded import valkey_cluster_password
 
     path, c, p = cluster_pipeline(tmp_path)
     client = valkey_client(c, p)

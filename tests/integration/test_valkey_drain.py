@@ -13,18 +13,18 @@ import time
 import pytest
 
 from deltadrain.catchup import drain
-from deltadrain.checkpoint import read_checkpoint
 from deltadrain.dev.produce import MALFORMED_KINDS, generate, produce
-from deltadrain.drain import DrainError
 from deltadrain.failpoints import fired
+from deltadrain.heal.replay import ReplayRequest, replay
+from deltadrain.lake.checkpoint import read_checkpoint
+from deltadrain.observe.status import mark_stale, pipeline_status
 from deltadrain.positions import StreamId
-from deltadrain.replay import ReplayRequest, replay
+from deltadrain.run.drain import DrainError
 from deltadrain.sources import source_of
 from deltadrain.sources.valkey.acknowledge import ACK_IDS
 from deltadrain.sources.valkey.client import valkey_client
 from deltadrain.sources.valkey.reap import REAPER, reap
 from deltadrain.sources.valkey.status import valkey_counts
-from deltadrain.status import mark_stale, pipeline_status
 from tests.integration.helpers import (
     BOTH_TRANSFORMS,
     HANDLER,
@@ -97,7 +97,7 @@ def test_rows_the_target_refuses_are_dead_letters_naming_the_constraint_and_come
     from delta.tables import DeltaTable
     from pyspark.sql.types import StructField, StructType
 
-    from deltadrain.drain import claim_schema, target_rows, transformed
+    from deltadrain.run.drain import claim_schema, target_rows, transformed
 
     _, c, p = make_pipeline(tmp_path, transform=transform)
     client = valkey_client(c, p)
@@ -146,8 +146,8 @@ def test_a_batch_refused_again_takes_its_refused_dead_letters_back(tmp_path, cfg
     """Were the messages the constraints name not the ones Delta refuses, the second MERGE is refused
     too and nothing commits: the dead letters written for the first refusal are deleted (a later run,
     after the constraint changed, could publish those messages) and the batch stays pending."""
-    import deltadrain.drain as drain_module
-    from deltadrain.drain import BatchFailure
+    import deltadrain.run.drain as drain_module
+    from deltadrain.run.drain import BatchFailure
 
     _, c, p = make_pipeline(tmp_path, partitions=1, min_idle_ms=0)
     client = valkey_client(c, p)
@@ -173,7 +173,7 @@ def test_a_constraint_that_refuses_most_of_a_batch_fails_the_run_instead_of_dead
     """A constraint that refuses most of a batch (drain.refuses_the_data) refuses the data itself, not a
     few bad messages: the run fails naming it, commits and dead-letters nothing, and leaves the batch
     pending, instead of emptying the stream into the DLQ one batch at a time."""
-    from deltadrain.drain import BatchFailure
+    from deltadrain.run.drain import BatchFailure
 
     _, c, p = make_pipeline(tmp_path)
     client = valkey_client(c, p)
@@ -360,10 +360,10 @@ def test_messages_the_transform_filters_out_are_counted_in_the_summary_commit_an
 
     from pyspark.sql.types import _parse_datatype_string
 
-    from deltadrain.backfill import backfill
-    from deltadrain.checkpoint import find_commit
     from deltadrain.cli import main
-    from deltadrain.metrics import METRICS_SCHEMA, last_runs, metrics_path
+    from deltadrain.heal.backfill import backfill
+    from deltadrain.lake.checkpoint import find_commit
+    from deltadrain.lake.metrics import METRICS_SCHEMA, last_runs, metrics_path
 
     path, c, p = make_pipeline(tmp_path, partitions=2, transform="tests.integration.filter_transform.drop_single_items")
     client = valkey_client(c, p)
@@ -384,7 +384,7 @@ def test_messages_the_transform_filters_out_are_counted_in_the_summary_commit_an
     assert 0 < len(single) < len(result.valid_ids) and bad
     # A message the target holds comes again, and one it filtered: a duplicate, and filtered again.
     kept = next(i for i in sorted(result.valid_ids) if i not in single)
-    caplog.set_level(logging.DEBUG, logger="deltadrain.metrics")
+    caplog.set_level(logging.DEBUG, logger="deltadrain.lake.metrics")
     run = drain(c, p, spark=spark)
     # The old metrics table made delta-rs refuse the row; the Spark path added the column, once.
     assert "appending with Spark" in caplog.text
@@ -424,7 +424,7 @@ def test_a_message_that_kills_every_run_is_isolated_by_splitting_and_dead_alone(
     half of what died (valkey.crashes), the other half waits with REST; a run that reads one entry
     alone counts it. The crasher is dead once runs that read it alone died max_retries times; every
     other entry is published, and the crasher was read by at most isolation.crash_loop_runs runs."""
-    from deltadrain.isolation import crash_loop_runs
+    from deltadrain.run.isolation import crash_loop_runs
     from deltadrain.sources.valkey.crashes import ALONE, FIRST_HALF, REST, REST_OF_SPLIT
     from deltadrain.sources.valkey.drain import failures_key
     from tests.integration.crash_transform import CRASH_MARKER
@@ -560,7 +560,7 @@ def test_a_commit_whose_reply_is_lost_is_already_committed_and_acknowledged(tmp_
 def test_the_first_batch_creates_the_table_in_one_commit_with_its_checkpoint(tmp_path, cfg, spark):
     from delta.tables import DeltaTable
 
-    from deltadrain.lake import snapshot_txn
+    from deltadrain.lake.delta import snapshot_txn
 
     _, c, p = make_pipeline(tmp_path)
     client = valkey_client(c, p)
@@ -599,8 +599,8 @@ def test_a_table_created_after_the_first_batch_looked_is_merged_into(tmp_path, c
     the batch's append: the append is refused and the batch MERGEs, so nothing is written twice."""
     from datetime import UTC, datetime, timedelta
 
-    import deltadrain.commit
-    from deltadrain.backfill import backfill
+    import deltadrain.run.commit
+    from deltadrain.heal.backfill import backfill
 
     _, c, p = make_pipeline(tmp_path)
     client = valkey_client(c, p)
@@ -613,13 +613,13 @@ def test_a_table_created_after_the_first_batch_looked_is_merged_into(tmp_path, c
     healed = backfill(c, p, spark, began, middle)
     assert healed.written == 120
     looked = []
-    real_exists = deltadrain.commit.exists
+    real_exists = deltadrain.run.commit.exists
 
     def stale_exists(path):  # what a check made just before the backfill's commit answers
         looked.append(path)
         return False if len(looked) == 1 else real_exists(path)
 
-    monkeypatch.setattr(deltadrain.commit, "exists", stale_exists)
+    monkeypatch.setattr(deltadrain.run.commit, "exists", stale_exists)
     s = drain(c, p, spark=spark)
     assert len(looked) == 2  # the append was refused, the retry MERGEd
     assert s.outcome == "committed" and s.written == 80 and s.duplicates_skipped == 120 and s.acked == 200
@@ -790,7 +790,7 @@ def test_the_spark_submit_entry_point_drains(tmp_path, cfg, spark):
     import subprocess
 
     from deltadrain.paths import PROJECT_ROOT
-    from deltadrain.spark import spark_submit_command
+    from deltadrain.runtime.session import spark_submit_command
 
     path, c, p = make_pipeline(tmp_path)
     client = valkey_client(c, p)
@@ -818,9 +818,9 @@ def test_the_spark_submit_entry_point_catches_up_in_full_batches_up_to_its_limit
     import os
     import subprocess
 
-    from deltadrain.metrics import last_runs
+    from deltadrain.lake.metrics import last_runs
     from deltadrain.paths import PROJECT_ROOT
-    from deltadrain.spark import spark_submit_command
+    from deltadrain.runtime.session import spark_submit_command
 
     path, c, p = make_pipeline(tmp_path, batch_cap=200, airflow={"max_batches_per_run": 3})
     client = valkey_client(c, p)
@@ -871,7 +871,7 @@ class WriterDuringMerge:
 
         from pyspark.sql import functions as F
 
-        import deltadrain.drain
+        import deltadrain.run.drain
         from deltadrain import failpoints
 
         gate = str(self.gate)
@@ -893,7 +893,7 @@ class WriterDuringMerge:
             return True
 
         gate_udf = F.udf(wait_for_writer, "boolean")
-        real_commit, real_hit_later = deltadrain.drain.commit_batch, failpoints.hit_later
+        real_commit, real_hit_later = deltadrain.run.drain.commit_batch, failpoints.hit_later
 
         def commit_batch(spark, path, **kwargs):
             kwargs["rows"] = kwargs["rows"].where(gate_udf(F.col(f"`{id_field}`")))
@@ -918,7 +918,7 @@ class WriterDuringMerge:
                     (self.gate / f"go-{self.attempts}").touch()
             real_hit_later(name)
 
-        monkeypatch.setattr(deltadrain.drain, "commit_batch", commit_batch)
+        monkeypatch.setattr(deltadrain.run.drain, "commit_batch", commit_batch)
         monkeypatch.setattr(failpoints, "hit_later", hit_later)
 
 
@@ -927,7 +927,7 @@ def test_a_commit_that_other_writers_keep_beating_is_a_conflict_that_acks_nothin
     """Writers that do not move the batch (here a table property change, as maintenance makes) win
     every retry: the run reports a conflict (not a restored table), commits and acknowledges nothing,
     and releases its claims; the next run commits the batch."""
-    from deltadrain.commit import CONFLICT_RETRIES
+    from deltadrain.run.commit import CONFLICT_RETRIES
     _, c, p = make_pipeline(tmp_path)
     client = valkey_client(c, p)
     first = produce(c, p, 50, seed=101)
@@ -960,7 +960,7 @@ def test_a_backfill_that_commits_during_the_drains_merge_is_retried_over_once_pe
     commit conflicts, it retries on the new table, and every id is in the target once."""
     from datetime import UTC, datetime, timedelta
 
-    from deltadrain.backfill import backfill
+    from deltadrain.heal.backfill import backfill
 
     _, c, p = make_pipeline(tmp_path)
     client = valkey_client(c, p)
@@ -990,7 +990,7 @@ def test_an_optimize_that_commits_during_the_drains_merge_is_retried_over_once_p
     """Maintenance compacts the target (OPTIMIZE replaces the files the MERGE read) while the drain's
     MERGE runs: the drain's commit conflicts, it retries on the compacted table, the batch lands once
     and the checkpoint is the batch's."""
-    from deltadrain.maintain import maintain_table, snapshot_files
+    from deltadrain.lake.maintain import maintain_table, snapshot_files
 
     _, c, p = make_pipeline(tmp_path, batch_cap=60)
     client = valkey_client(c, p)
@@ -1030,7 +1030,7 @@ def test_entries_trimmed_before_the_group_read_them_are_a_reported_gap(tmp_path,
     """Under on_gap: fail (the default) a run stops at the gap and claims nothing; once the operator
     accepts the loss (on_gap: continue), the next commit carries the gap and goes on after it."""
     from deltadrain.cli import main
-    from deltadrain.probe import probe
+    from deltadrain.observe.probe import probe
     from deltadrain.sources.valkey.client import group_counts
 
     path, c, p = make_pipeline(tmp_path, partitions=2)
@@ -1124,8 +1124,8 @@ def test_a_gap_with_nothing_readable_after_it_is_committed_past_once_under_conti
     deliver, so nothing would move the group past either gap. Under on_gap: continue the run moves it
     to the stream's end and commits the gaps in a batch without rows; later runs neither report them
     again nor see work, and the group's lag stays exact for what comes next."""
+    from deltadrain.observe.probe import probe
     from deltadrain.orchestration.view.data import pipeline_view
-    from deltadrain.probe import probe
     from deltadrain.sources.valkey.client import group_counts
 
     _, c, p = make_pipeline(tmp_path, partitions=2, source={"on_gap": "continue"})
@@ -1214,7 +1214,7 @@ def test_an_accepted_xdel_gap_beyond_the_batch_stops_no_later_run_and_a_new_one_
     every run until the group reads past it finds it again. Once one run accepted it (its commit
     carries it), the runs under on_gap: fail after it, which read only a batch each, do not stop on it
     again; an XDEL further ahead is a new gap and stops them."""
-    from deltadrain.probe import probe
+    from deltadrain.observe.probe import probe
 
     _, c, p = make_pipeline(tmp_path, partitions=1, batch_cap=30)
     client = valkey_client(c, p)

@@ -14,9 +14,9 @@ import urllib.request
 import pytest
 
 from deltadrain.airflow_api import AirflowApi, embedded_api
+from deltadrain.config.embedded import airflow_password_file
 from deltadrain.dev import services
 from deltadrain.dev.produce import VALKEY_FIELD, produce
-from deltadrain.embedded import airflow_password_file
 from deltadrain.names import REPLAY_DAG, ingest_dag_id
 from deltadrain.sources.valkey.client import valkey_client
 from tests.integration.browser import Browser, artefacts_dir
@@ -193,7 +193,7 @@ def test_view_shows_real_counts_and_replays_selected(tmp_path, spark, valkey_ser
 
 def secrets_of_services() -> list[str]:
     """The embedded services' passwords (Valkey's users, Kafka's SCRAM user and keystore)."""
-    from deltadrain.embedded import kafka_login, valkey_login
+    from deltadrain.config.embedded import kafka_login, valkey_login
 
     valkey, kafka = valkey_login(), kafka_login()
     return [valkey["password"], valkey["admin_password"], kafka["password"], kafka["keystore_password"]]

@@ -9,7 +9,8 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from deltadrain.alerts import (
+from deltadrain.errors import ConfigError
+from deltadrain.observe.alerts import (
     AlertBreached,
     age_finding,
     dead_rise_finding,
@@ -17,7 +18,6 @@ from deltadrain.alerts import (
     raise_if_breached,
     verdict,
 )
-from deltadrain.errors import ConfigError
 
 NOW_MS = int(datetime(2026, 5, 1, 12, 0, tzinfo=UTC).timestamp() * 1000)
 
@@ -113,7 +113,7 @@ def test_the_alerts_task_follows_the_drain_whatever_became_of_it_and_only_where_
 def test_the_alerts_task_fails_without_retry_naming_the_figures_and_returns_them_when_within(monkeypatch, tmp_path):
     from airflow.sdk.exceptions import AirflowFailException
 
-    from deltadrain import alerts as module
+    from deltadrain.observe import alerts as module
     from deltadrain.orchestration.operators import AlertsOperator
 
     cfg = _config(tmp_path, {"max_dead_rise": 0})

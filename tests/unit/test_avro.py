@@ -15,11 +15,18 @@ import pyarrow as pa
 import pytest
 import yaml
 
-from deltadrain.avro import AvroBatchDecoder, AvroPayload, decode_avro, encode, field_problems, payload_of
 from deltadrain.config import load_config
-from deltadrain.decode import BatchDecoder
 from deltadrain.dev.produce import avro_bad_kinds, avro_error_type, generate
 from deltadrain.errors import ConfigError
+from deltadrain.formats.avro import (
+    AvroBatchDecoder,
+    AvroPayload,
+    decode_avro,
+    encode,
+    field_problems,
+    payload_of,
+)
+from deltadrain.formats.decode import BatchDecoder
 
 ROOT = Path(__file__).resolve().parents[2]
 

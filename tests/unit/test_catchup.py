@@ -9,8 +9,8 @@ import pytest
 
 from deltadrain.catchup import CatchUp, batch_run_id, next_batch
 from deltadrain.config import AirflowSettings
-from deltadrain.drain import RunSummary
 from deltadrain.quality.owed import batches_to_check
+from deltadrain.run.drain import RunSummary
 
 
 def run(batch: int, outcome: str = "committed", claimed: int = 100, **more) -> RunSummary:

@@ -122,8 +122,8 @@ def test_stale_claims_are_flagged_by_the_sources_own_limit():
     from pathlib import Path
 
     from deltadrain.config import load_config
+    from deltadrain.observe.status import mark_stale
     from deltadrain.sources import source_of
-    from deltadrain.status import mark_stale
 
     cfg = load_config(Path(__file__).resolve().parents[2] / "config" / "pipelines.yaml")
     valkey = next(p for p in cfg.pipelines if p.source.kind == "valkey")
@@ -152,7 +152,7 @@ CHECKSUM_FAILURE = (
 
 def test_a_commit_failing_its_checksum_is_explained_with_the_file_to_delete(monkeypatch, capsys):
     from deltadrain import cli
-    from deltadrain.lake import damaged_log
+    from deltadrain.lake.delta import damaged_log
 
     hint = damaged_log(RuntimeError(CHECKSUM_FAILURE))
     assert "delete /lake/dlq/orders/_delta_log/.00000000000000000002.json.crc" in hint
@@ -230,7 +230,7 @@ def test_reap_of_a_kafka_pipeline_is_refused_clearly(capsys):
 def test_a_refused_valkey_login_points_at_the_secret_not_at_services_up(cfg):
     import valkey.exceptions
 
-    from deltadrain.connections import unreachable_source
+    from deltadrain.sources.connections import unreachable_source
 
     try:
         raise RuntimeError("claiming failed") from valkey.exceptions.AuthenticationError("invalid password")
@@ -268,7 +268,7 @@ def test_what_a_child_process_prints_inside_stdout_to_stderr_stays_out_of_stdout
 def status_output(monkeypatch, capsys, pipeline: str, source: str, **fields) -> str:
     """What `deltadrain status PIPELINE` prints for a status of `source` with `fields` set."""
     import deltadrain.cli as cli
-    import deltadrain.status as status
+    import deltadrain.observe.status as status
     from deltadrain.config import load_config
     from deltadrain.paths import PROJECT_ROOT
 

@@ -6,7 +6,7 @@ from decimal import Decimal
 
 import pyarrow as pa
 
-from deltadrain.decode import BatchDecoder, decode
+from deltadrain.formats.decode import BatchDecoder, decode
 
 FIELDS = {"event_id": "string", "customer": "string", "amount": "double", "quantity": "long", "small": "int",
           "flag": "boolean", "status": "string", "event_time": "timestamp"}

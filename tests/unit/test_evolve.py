@@ -1,4 +1,4 @@
-"""Schema evolution's decisions (deltadrain.evolve): what a new field's values make of a column, what fits a
+"""Schema evolution's decisions (deltadrain.schema.evolution): what a new field's values make of a column, what fits a
 column the table has, which names cannot be columns, which declared type changes widen; and the JSON
 decoders that apply them, column-wise and message by message alike."""
 
@@ -13,9 +13,10 @@ import pytest
 import yaml
 
 from deltadrain.config import parse_config
-from deltadrain.decode import CONVERTERS, EXTRA_COLUMNS, BatchDecoder, decode
 from deltadrain.errors import ConfigError
-from deltadrain.evolve import (
+from deltadrain.formats.decode import CONVERTERS, EXTRA_COLUMNS, BatchDecoder, decode
+from deltadrain.observe.status import schema_changes
+from deltadrain.schema.evolution import (
     EvolutionError,
     Seen,
     avro_writer,
@@ -29,7 +30,6 @@ from deltadrain.evolve import (
     refusal,
     table_type,
 )
-from deltadrain.status import schema_changes
 from tests.unit.test_decode_many import FIELDS, MAX, REQUIRED, TRICKY, TYPES, enc, good
 
 
@@ -213,7 +213,7 @@ def test_add_columns_is_refused_with_a_transform_and_taken_with_protobuf_and_wit
 
 
 def test_a_backfill_collects_no_writers_new_fields_and_a_json_one_still_does(tmp_path):
-    from deltadrain.evolution import run_layout
+    from deltadrain.run.layout import run_layout
 
     root = Path(__file__).resolve().parents[2]
     data = yaml.safe_load((root / "config" / "pipelines.yaml").read_text())
@@ -231,7 +231,7 @@ def test_a_backfill_collects_no_writers_new_fields_and_a_json_one_still_does(tmp
 
 
 def test_a_writer_schemas_fields_become_columns_widen_evolved_ones_or_are_left_out():
-    from deltadrain.evolve import LEFT_OUT, protobuf_writer, writer_columns
+    from deltadrain.schema.evolution import LEFT_OUT, protobuf_writer, writer_columns
 
     fields = {"id": "string", "customer": "string", "score": "int", "ratio": "float", "note": "string"}
     evolved = frozenset({"score", "ratio", "note"})
@@ -263,8 +263,8 @@ def test_a_writer_schemas_fields_become_columns_widen_evolved_ones_or_are_left_o
 
 
 def test_a_writers_values_travel_as_json_typed_by_its_schema():
-    from deltadrain.avro import convert as avro_convert
-    from deltadrain.evolve import WriterColumns, writer_extras
+    from deltadrain.formats.avro import convert as avro_convert
+    from deltadrain.schema.evolution import WriterColumns, writer_extras
 
     columns = WriterColumns({"score": "long", "when": "timestamp", "day": "date", "raw": "binary", "ratio": "double",
                              "gone": "string"}, {"tags": "Avro field 'tags' is array, ..."})
@@ -280,7 +280,7 @@ def test_a_writers_values_travel_as_json_typed_by_its_schema():
 
 
 def test_a_new_fields_type_follows_its_writers_widening_pairs_then_their_majority():
-    from deltadrain.evolve import choose_writer_types, fits_writer, writer_misfits
+    from deltadrain.schema.evolution import choose_writer_types, fits_writer, writer_misfits
 
     chosen, refused = choose_writer_types({
         "n": {"int": Seen(5, ("0", 1, 0)), "long": Seen(1, ("0", 9, 0))},  # one family: the wider
@@ -302,7 +302,7 @@ def test_a_new_fields_type_follows_its_writers_widening_pairs_then_their_majorit
 
 
 def test_the_protobuf_layout_adds_the_descriptors_new_scalars_and_widens_evolved_ones():
-    from deltadrain.evolve import protobuf_writer
+    from deltadrain.schema.evolution import protobuf_writer
 
     layout = plan_layout({"id": "string"}, {"id": "string", "qty": "int"},
                          protobuf_writer({"id": "string", "qty": "int64", "seen": "timestamp", "code": "enum",

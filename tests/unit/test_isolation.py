@@ -1,4 +1,4 @@
-"""Runs that die isolate the message that kills them and convict nobody else (deltadrain.isolation),
+"""Runs that die isolate the message that kills them and convict nobody else (deltadrain.run.isolation),
 driven through each source's own pure decisions: Valkey's pending-list splits (valkey.crashes,
 claim.retries_run_out) and Kafka's dead-run record and bisection (kafka.crashes). Each world below
 plays runs against a source the way the drains do, with messages that kill every run that reads them,
@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from deltadrain.isolation import convicted, crash_loop_runs, read_width
+from deltadrain.run.isolation import convicted, crash_loop_runs, read_width
 from deltadrain.sources.kafka.crashes import DeadRuns, bisect
 from deltadrain.sources.valkey.claim import ClaimContext, retries_run_out
 from deltadrain.sources.valkey.crashes import RELEASED, REST, choose, kind_of, segments

@@ -1,7 +1,7 @@
 import pytest
 
-from deltadrain import jars
 from deltadrain.errors import ConfigError, PrerequisiteError
+from deltadrain.runtime import jars
 from deltadrain.secrets import Credentials, credentials, handed_over
 
 
@@ -153,7 +153,7 @@ def test_secret_files_are_created_private(tmp_path):
     import os
     import stat
 
-    from deltadrain.embedded import write_private
+    from deltadrain.config.embedded import write_private
 
     old = os.umask(0o022)
     try:
@@ -169,7 +169,7 @@ def test_secret_files_are_created_private(tmp_path):
 @pytest.mark.parametrize("value", ["abc", "0", "99999", "-1", ""])
 def test_a_port_variable_that_is_not_a_port_is_one_clear_error(monkeypatch, value):
     from deltadrain.config import ServicesConfig
-    from deltadrain.embedded import Ports
+    from deltadrain.config.embedded import Ports
     from deltadrain.errors import ServiceError
 
     monkeypatch.setenv("DELTADRAIN_VALKEY_PORT", value)
@@ -178,7 +178,7 @@ def test_a_port_variable_that_is_not_a_port_is_one_clear_error(monkeypatch, valu
 
 
 def test_a_java_home_without_java_names_the_fix(tmp_path, monkeypatch):
-    from deltadrain.spark import check_java
+    from deltadrain.runtime.session import check_java
 
     monkeypatch.setenv("JAVA_HOME", str(tmp_path))
     with pytest.raises(PrerequisiteError, match=f"JAVA_HOME={tmp_path} has no bin/java; point JAVA_HOME at a JDK 17"):

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from deltadrain import jvm_archive
 from deltadrain.config import load_config
 from deltadrain.dev import archive_training
+from deltadrain.runtime import archive as jvm_archive
 
 JDK = [("/jdk/release", 1000, 1), ("/jdk/lib/server/libjvm.so", 22_000_000, 2)]
 JARS = [("/jars/spark-core.jar", 15_000_000, 3), ("/cache/delta-spark.jar", 6_000_000, 4)]
@@ -47,7 +47,7 @@ def test_a_driver_maps_the_archive_only_when_one_was_built_for_its_jdk_and_jars(
 
 
 def test_the_session_conf_keeps_its_log4j_option_and_adds_the_archives(tmp_path, monkeypatch):
-    from deltadrain import spark
+    from deltadrain.runtime import session as spark
 
     path = tmp_path / "drain-abc.jsa"
     path.write_bytes(b"archive")
@@ -60,7 +60,7 @@ def test_the_session_conf_keeps_its_log4j_option_and_adds_the_archives(tmp_path,
 
 
 def test_extra_driver_options_from_the_environment_come_last_and_an_empty_value_adds_none(monkeypatch):
-    from deltadrain import spark
+    from deltadrain.runtime import session as spark
 
     monkeypatch.setenv("DELTADRAIN_DRIVER_JAVA_OPTIONS", "")
     plain = spark.spark_conf()["spark.driver.extraJavaOptions"]

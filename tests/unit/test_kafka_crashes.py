@@ -5,8 +5,8 @@ from datetime import UTC, datetime
 
 import pyarrow as pa
 
-from deltadrain.decode import BatchDecoder
-from deltadrain.isolation import convicted
+from deltadrain.formats.decode import BatchDecoder
+from deltadrain.run.isolation import convicted
 from deltadrain.sources.kafka.crashes import DeadRuns, bisect, settle, transform_attempts
 from deltadrain.sources.kafka.drain import DecodeContext, kafka_batch
 from deltadrain.sources.kafka.offsets import claim_notice, read_notice

@@ -11,9 +11,9 @@ import re
 import fastavro
 import pytest
 
-from deltadrain.confluent import header
 from deltadrain.errors import ConfigError
-from deltadrain.registry import Registry, RegistryUnavailable
+from deltadrain.formats.confluent import header
+from deltadrain.formats.registry import Registry, RegistryUnavailable
 from deltadrain.sources.kafka.drain import REPLAY_ID_HEADER
 from tests.unit.test_kafka_offsets import TS, ctx, kafka_row
 from tests.unit.test_registry import ROOT, server, write_config  # noqa: F401 - the registry fixture

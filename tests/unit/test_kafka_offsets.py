@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pyarrow as pa
 import pytest
 
-from deltadrain.decode import BatchDecoder
+from deltadrain.formats.decode import BatchDecoder
 from deltadrain.sources.kafka.drain import TOMBSTONE, DecodeContext, kafka_batch
 from deltadrain.sources.kafka.offsets import (
     Gap,

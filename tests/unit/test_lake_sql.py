@@ -8,8 +8,8 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
-from deltadrain.commit import dedup_window_start, merge_condition
-from deltadrain.lake import conflict_line, create_table_sql, is_conflict, sql_literal, table_ref
+from deltadrain.lake.delta import conflict_line, create_table_sql, is_conflict, sql_literal, table_ref
+from deltadrain.run.commit import dedup_window_start, merge_condition
 
 
 @pytest.mark.parametrize(("value", "text"), [

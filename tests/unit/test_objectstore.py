@@ -10,8 +10,8 @@ import pytest
 
 from deltadrain.dev.s3http import signed_headers
 from deltadrain.errors import ConfigError
-from deltadrain.jars import S3_LOG_STORE_CLASS
-from deltadrain.objectstore import (
+from deltadrain.lake.objectstore import (
+    S3_LOG_STORE_CLASS,
     S3Settings,
     bucket_and_key,
     pyarrow_filesystem,
@@ -106,9 +106,9 @@ def test_a_lake_on_s3_gives_every_table_and_the_staging_a_url_under_it(tmp_path)
     import yaml
 
     from deltadrain.config import parse_config
-    from deltadrain.lakeurl import LakeUrl
-    from deltadrain.objectstore import as_connection, from_connection, login_conf, private_properties
-    from deltadrain.scratch import staging_dir
+    from deltadrain.config.lakeurl import LakeUrl
+    from deltadrain.lake.objectstore import as_connection, from_connection, login_conf, private_properties
+    from deltadrain.lake.scratch import staging_dir
 
     data = yaml.safe_load(Path("config/pipelines.yaml").read_text())
     data["data_dir"] = "s3://deltadrain/lake/x/"  # s3:// is read as s3a://, Spark's scheme for it

@@ -141,9 +141,9 @@ def test_a_failed_replay_names_the_pipeline_it_was_asked_for(monkeypatch):
     """The replay operator takes its pipeline from the request: its errors name the pipeline of the request."""
     from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
-    from deltadrain import spark
     from deltadrain.jobs import ERROR_PREFIX
     from deltadrain.orchestration.operators import DeltadrainJobFailed, ReplayOperator
+    from deltadrain.runtime import session as spark
 
     def failing_submit(self, context):
         list(self._watch([f"{ERROR_PREFIX}no DLQ table yet"]))  # what spark-submit's output carries
@@ -163,9 +163,9 @@ def test_a_quality_task_whose_data_failed_is_not_retried_but_one_that_could_not_
     from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
     from airflow.sdk.exceptions import AirflowFailException
 
-    from deltadrain import spark
     from deltadrain.jobs import ERROR_PREFIX, SUMMARY_PREFIX
     from deltadrain.orchestration.operators import DeltadrainJobFailed, QualityOperator
+    from deltadrain.runtime import session as spark
 
     lines: list[str] = []
 
@@ -207,8 +207,9 @@ def test_through_spark_connect_a_job_runs_in_the_task_on_a_session_of_its_own(mo
     session is stopped either way."""
     from airflow.sdk.exceptions import AirflowFailException
 
-    from deltadrain import jobs, spark
+    from deltadrain import jobs
     from deltadrain.orchestration.operators import DeltadrainJobFailed, DrainOperator, QualityOperator
+    from deltadrain.runtime import session as spark
 
     sessions, calls = [], []
     monkeypatch.setattr(spark, "connect_url", lambda conn_id: f"sc://127.0.0.1:1/;conn={conn_id}")
@@ -246,8 +247,10 @@ def test_a_killed_connect_task_interrupts_its_operations_on_the_server(monkeypat
     """Airflow's on_kill (a timeout, a task marked failed): the server would run a hung transform on."""
     import threading
 
-    from deltadrain import drain, jobs, spark
+    from deltadrain import jobs
     from deltadrain.orchestration.operators import DrainOperator
+    from deltadrain.run import drain
+    from deltadrain.runtime import session as spark
 
     monkeypatch.setattr(drain, "_KILLED", threading.Event())  # this process's mark, taken back after the test
     assert not drain.ended_as_killed(RuntimeError("a MERGE failed"))
@@ -272,7 +275,7 @@ def test_a_run_stopped_by_an_order_to_stop_ends_as_killed():
     """Airflow's execution_timeout raises AirflowTaskTimeout, a BaseException, inside the task."""
     from airflow.sdk.exceptions import AirflowTaskTimeout
 
-    from deltadrain.drain import ended_as_killed
+    from deltadrain.run.drain import ended_as_killed
 
     assert ended_as_killed(AirflowTaskTimeout()) and ended_as_killed(KeyboardInterrupt())
     assert not ended_as_killed(ValueError("bad row"))
@@ -280,7 +283,7 @@ def test_a_run_stopped_by_an_order_to_stop_ends_as_killed():
 
 def test_a_connect_session_to_a_server_that_does_not_answer_names_the_fix():
     from deltadrain.errors import PrerequisiteError
-    from deltadrain.spark import connect_session
+    from deltadrain.runtime.session import connect_session
     from tests.conftest import free_port
 
     port = free_port()
@@ -396,7 +399,7 @@ def test_one_unreachable_valkey_source_does_not_stop_the_reaping_of_the_others(m
 
     import yaml
 
-    from deltadrain import probe
+    from deltadrain.observe import probe
     from deltadrain.orchestration.sensors import StuckClaimsSensor
     from deltadrain.paths import PROJECT_ROOT
 
@@ -463,11 +466,11 @@ def test_a_submit_to_the_embedded_cluster_ships_no_jars_and_keeps_its_secrets_in
     from pathlib import Path
 
     from deltadrain.config import load_config
+    from deltadrain.config.embedded import spark_cluster_secret_file
     from deltadrain.dev.services.spark_cluster import spark_cluster_service
-    from deltadrain.embedded import spark_cluster_secret_file
-    from deltadrain.objectstore import S3Settings
+    from deltadrain.lake.objectstore import S3Settings
     from deltadrain.orchestration.operators import DrainOperator
-    from deltadrain.spark import spark_conf
+    from deltadrain.runtime.session import spark_conf
 
     monkeypatch.setenv("DELTADRAIN_HOME", str(tmp_path))
     monkeypatch.setenv("DELTADRAIN_SPARK_CLUSTER_PORT", "17998")

@@ -16,11 +16,11 @@ import yaml
 from google.protobuf import descriptor_pb2, timestamp_pb2
 
 from deltadrain.config import load_config
-from deltadrain.decode import BatchDecoder
 from deltadrain.dev.produce import PROTOBUF_MALFORMED, generate, protobuf_error_type
 from deltadrain.errors import ConfigError
-from deltadrain.payloads import payload_of
-from deltadrain.protobuf import (
+from deltadrain.formats.decode import BatchDecoder
+from deltadrain.formats.payloads import payload_of
+from deltadrain.formats.protobuf import (
     ProtobufPayload,
     decode_protobuf,
     encode,

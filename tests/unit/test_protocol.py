@@ -5,9 +5,9 @@ import re
 
 import pytest
 
-from deltadrain.decode import decode
-from deltadrain.outcome import Outcome, decide
+from deltadrain.formats.decode import decode
 from deltadrain.positions import StreamId, max_position, merge_positions
+from deltadrain.run.outcome import Outcome, decide
 from deltadrain.sources.valkey.claim import TASK_QUOTA, allocate, plan
 
 FIELDS = {"event_id": "string", "amount": "double", "quantity": "long", "event_time": "timestamp",
@@ -106,7 +106,7 @@ def test_a_commit_that_lost_every_retry_to_conflicts(expected, observed, outcome
 def test_a_commits_commit_info_gives_the_checkpoint_metadata_and_its_time():
     from datetime import UTC, datetime
 
-    from deltadrain.lake import commit_info
+    from deltadrain.lake.delta import commit_info
 
     meta = {"pipeline": "orders", "batch": 7, "positions": {"s:0": "5-10"}, "run_id": "r1"}
     info = {"timestamp": 1_795_394_389_275, "operation": "MERGE", "userMetadata": json.dumps(meta),
@@ -136,7 +136,7 @@ def _claim_schema_and_decoder():
     """A claim schema with an `event_id` payload field, and its decoder."""
     import pyarrow as pa
 
-    from deltadrain.decode import BatchDecoder
+    from deltadrain.formats.decode import BatchDecoder
 
     schema = pa.schema([("_dd_partition", pa.string()), ("_dd_position", pa.string()), ("_dd_pos_hi", pa.int64()),
                         ("_dd_pos_lo", pa.int64()), ("_dd_source_ts", pa.timestamp("us", tz="UTC")),
@@ -170,7 +170,7 @@ def test_a_replay_that_would_trim_undrained_entries_past_maxlen_is_refused_per_s
 
 
 def test_a_constraint_that_refuses_most_of_a_batch_refuses_the_data_not_a_few_messages():
-    from deltadrain.drain import MAX_REFUSED, REFUSED_BATCH_MIN, refuses_the_data
+    from deltadrain.run.drain import MAX_REFUSED, REFUSED_BATCH_MIN, refuses_the_data
 
     assert not refuses_the_data(4, 41)
     assert not refuses_the_data(REFUSED_BATCH_MIN - 1, REFUSED_BATCH_MIN - 1)  # a small batch of bad messages
@@ -199,7 +199,7 @@ def test_a_stream_id_beyond_what_the_position_columns_hold_fails_its_claim_namin
 
 
 def test_a_reprocess_hands_the_drained_batches_of_the_rows_it_rewrote_to_the_quality_check():
-    from deltadrain.replay import rewritten_batches
+    from deltadrain.heal.replay import rewritten_batches
 
     picked = [{"_dd_partition": "s:{0}", "_dd_position": f"1-{i}", "_dd_batch": batch}
               for i, batch in enumerate([3, 3, 5, 0, 8, None])]
@@ -211,7 +211,7 @@ def test_a_reprocess_hands_the_drained_batches_of_the_rows_it_rewrote_to_the_qua
 
 
 def test_the_transform_filtered_the_messages_it_kept_no_row_for_never_below_zero():
-    from deltadrain.drain import filtered_out
+    from deltadrain.run.drain import filtered_out
 
     assert filtered_out(100, 88) == 12
     assert filtered_out(100, 100) == 0

@@ -1,4 +1,4 @@
-"""The Connect server's Python worker daemon (deltadrain.python_daemon): pyspark's daemon that exits once
+"""The Connect server's Python worker daemon (deltadrain.runtime.python_daemon): pyspark's daemon that exits once
 idle. Its decision is a pure function; the process is driven here as Spark drives it: stdin held open,
 the listening port read from its stdout, a connection per worker."""
 
@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from deltadrain.python_daemon import should_exit
+from deltadrain.runtime.python_daemon import should_exit
 
 INCLUDE = Path(__file__).resolve().parents[2] / "include"
 
@@ -27,7 +27,7 @@ def test_it_exits_only_when_idle_long_enough_with_no_worker_and_nobody_waiting()
 def test_the_daemon_keeps_its_worker_then_exits_once_idle():
     env = {**os.environ, "DELTADRAIN_PYTHON_DAEMON_IDLE_SECONDS": "2",
            "PYTHONPATH": os.pathsep.join([str(INCLUDE), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.Popen([sys.executable, "-m", "deltadrain.python_daemon"], stdin=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "deltadrain.runtime.python_daemon"], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     try:
         (port,) = struct.unpack("!i", proc.stdout.read(4))

@@ -9,13 +9,13 @@ import pytest
 import yaml
 
 from deltadrain.config import parse_config
-from deltadrain.drain import RunSummary
 from deltadrain.errors import ConfigError
-from deltadrain.metrics import chart_html, metrics_row, panel_svg
+from deltadrain.lake.metrics import chart_html, metrics_row, panel_svg
 from deltadrain.quality.check import freshness_reference
 from deltadrain.quality.checks import Check, build_checks, gx_expectation, suite_name
 from deltadrain.quality.owed import batch_to_check, owed_batches
 from deltadrain.quality.quarantine import reasons_of, with_unreported
+from deltadrain.run.drain import RunSummary
 
 ROOT = Path(__file__).resolve().parents[2]
 

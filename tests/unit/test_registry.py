@@ -1,4 +1,4 @@
-"""The schema registry client (deltadrain.registry): frame -> id grouping, answer parsing, error mapping,
+"""The schema registry client (deltadrain.formats.registry): frame -> id grouping, answer parsing, error mapping,
 and the client against a local HTTP server that speaks the Confluent-compatible API's `GET
 /schemas/ids/{id}`, to reach answers a real registry will not give on demand. The drains through the
 real one (the embedded Apicurio Registry) are tests/integration/test_schema_registry.py."""
@@ -16,13 +16,13 @@ import pyarrow as pa
 import pytest
 import yaml
 
-from deltadrain import registry as reg
-from deltadrain.avro import AvroBatchDecoder, encode
 from deltadrain.config import load_config
-from deltadrain.confluent import header
 from deltadrain.errors import ConfigError
-from deltadrain.payloads import payload_of
-from deltadrain.registry import (
+from deltadrain.formats import registry as reg
+from deltadrain.formats.avro import AvroBatchDecoder, encode
+from deltadrain.formats.confluent import header
+from deltadrain.formats.payloads import payload_of
+from deltadrain.formats.registry import (
     Registry,
     RegistryLoginRefused,
     RegistryUnavailable,
@@ -111,7 +111,7 @@ def framed(schema_id: int, rec: dict, schema: dict) -> bytes:
 
 
 def decoder(url: str, *, schema_id=None, required=("event_id",), **login) -> AvroBatchDecoder:
-    from deltadrain.avro import AvroPayload
+    from deltadrain.formats.avro import AvroPayload
 
     p = AvroPayload("", "confluent", schema_id, Registry(url, backoff_s=0.01, timeout_s=5, **login))
     return AvroBatchDecoder(p, fields=FIELDS, id_field="event_id", required=list(required), max_bytes=4096,
@@ -184,7 +184,7 @@ def test_fetch_retries_an_outage_with_backoff_then_fails_naming_the_registry():
         "attempts (ConnectionRefusedError: [Errno 111] Connection refused)")
     # Carried out of a Spark task, the line is found again in the traceback text.
     spark_error = RuntimeError(f"Job aborted.\nTraceback (most recent call last):\n  ...\n"
-                               f"deltadrain.registry.RegistryUnavailable: {line}\n\tat org.apache.spark...")
+                               f"deltadrain.formats.registry.RegistryUnavailable: {line}\n\tat org.apache.spark...")
     wrapped = ValueError("the stage failed")
     wrapped.__cause__ = spark_error
     assert failure_line(wrapped) == line and failure_line(ValueError("else")) is None
@@ -213,7 +213,7 @@ def test_protobuf_text_as_apicurio_gives_it_is_compiled_and_text_protoc_rejects_
     def gone(*_):
         raise FileNotFoundError(2, "No such file or directory", "python")
 
-    monkeypatch.setattr("deltadrain.proto_source.compile_proto", gone)
+    monkeypatch.setattr("deltadrain.formats.proto_source.compile_proto", gone)
     with pytest.raises(RegistryUnavailable, match=r"cannot compile the .proto text of schema id 10 with grpcio-tools"):
         fetch(r, 10, "PROTOBUF", ask=lambda url, _: (200, said))
 
@@ -376,7 +376,7 @@ def proto_versions():
 def test_protobuf_messages_are_parsed_as_the_message_their_id_and_indexes_name(server):
     from google.protobuf import descriptor_pb2, message_factory
 
-    from deltadrain.protobuf import ProtobufPayload, build_pool, write_indexes
+    from deltadrain.formats.protobuf import ProtobufPayload, build_pool, write_indexes
 
     v1, v2 = proto_versions()
     for sid, f in ((21, v1), (22, v2)):
@@ -464,7 +464,7 @@ def test_a_registry_ca_file_that_cannot_serve_is_a_config_error_naming_it(tmp_pa
 
 def collecting(url: str, fields: dict, evolved=frozenset()) -> AvroBatchDecoder:
     """A decoder as a run with `evolution: add_columns` and a registry builds it: it collects new fields."""
-    from deltadrain.avro import AvroPayload
+    from deltadrain.formats.avro import AvroPayload
 
     types = {n: {"string": pa.string(), "double": pa.float64(), "long": pa.int64(), "int": pa.int32()}[t]
              for n, t in fields.items()}
@@ -477,7 +477,7 @@ def test_with_add_columns_each_writers_new_fields_travel_with_its_messages_typed
     """Writer v2 (id 12) adds quantity (long) and channel (string): its messages carry their values and the
     writer's types; v1's (id 12's elder, 11) carry none and keep the column-wise path. An evolved int
     column that v2 gives a long is carried too (the batch widens it); an unknown id stays a dead letter."""
-    from deltadrain.avro import decode_avro
+    from deltadrain.formats.avro import decode_avro
 
     v4 = {**V2, "fields": [*V2["fields"], {"name": "tags", "type": {"type": "array", "items": "string"}},
                            {"name": "ratio", "type": "double"}]}
@@ -528,7 +528,7 @@ def test_with_add_columns_each_writers_new_fields_travel_with_its_messages_typed
 def test_with_add_columns_a_protobuf_writers_new_scalars_travel_with_its_messages(server):
     from google.protobuf import descriptor_pb2, message_factory
 
-    from deltadrain.protobuf import ProtobufPayload, build_pool, write_indexes
+    from deltadrain.formats.protobuf import ProtobufPayload, build_pool, write_indexes
 
     v1, v2 = proto_versions()
     click = v2.message_type[1]
@@ -565,8 +565,8 @@ def test_with_add_columns_a_protobuf_writers_new_scalars_travel_with_its_message
 
 
 def test_a_bare_services_up_starts_the_embedded_registry_only_for_a_pipeline_that_reads_it(monkeypatch):
+    from deltadrain.config.embedded import REGISTRY_CONNECTION_ID, airflow_env, registry_login, registry_url
     from deltadrain.dev import services
-    from deltadrain.embedded import REGISTRY_CONNECTION_ID, airflow_env, registry_login, registry_url
 
     monkeypatch.delenv("DELTADRAIN_REGISTRY_PORT", raising=False)
     monkeypatch.delenv("AIRFLOW_CONN_DELTADRAIN_REGISTRY", raising=False)

@@ -8,9 +8,9 @@ import stat
 from pathlib import Path
 
 from deltadrain.config import load_config
+from deltadrain.config.embedded import spark_cluster_auth_conf, spark_cluster_secret_file, spark_cluster_url
 from deltadrain.dev.services.spark_cluster import properties, spark_cluster_service
-from deltadrain.embedded import spark_cluster_auth_conf, spark_cluster_secret_file, spark_cluster_url
-from deltadrain.objectstore import S3Settings, login_conf, private_properties
+from deltadrain.lake.objectstore import S3Settings, login_conf, private_properties
 from deltadrain.paths import jar_cache
 
 
@@ -32,7 +32,7 @@ def test_only_a_driver_of_the_embedded_cluster_gets_its_secret_and_no_command_li
     assert "spark.master.rest.enabled=false" in properties(secret, 1)
     assert secret not in json.dumps(svc.command()) and svc.env["SPARK_LOCAL_IP"] == "127.0.0.1"
     # The Connect server on the cluster with the lake on S3: both secrets in its properties file only.
-    from deltadrain.spark import connect_server_command
+    from deltadrain.runtime.session import connect_server_command
 
     store = S3Settings("key", "s3-secret", "http://127.0.0.1:9000")
     login = private_properties({**login_conf(store), **spark_cluster_auth_conf(url, cfg)}, tmp_path / "p.properties")
@@ -53,7 +53,7 @@ def test_only_a_driver_of_the_embedded_cluster_gets_its_secret_and_no_command_li
 
 
 def test_a_cluster_whose_workers_hold_the_jar_cache_gets_no_jars_shipped(tmp_path, monkeypatch):
-    from deltadrain.spark import jars_on_workers, spark_conf
+    from deltadrain.runtime.session import jars_on_workers, spark_conf
 
     monkeypatch.setenv("DELTADRAIN_HOME", str(tmp_path))
     monkeypatch.setenv("DELTADRAIN_SPARK_CLUSTER_PORT", "17999")

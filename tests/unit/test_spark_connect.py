@@ -18,14 +18,14 @@ def conf_of(cmd: list[str]) -> dict[str, str]:
 
 
 def test_the_server_starts_from_the_jar_cache_on_loopback_with_the_venvs_python():
-    from deltadrain.jars import (
+    from deltadrain.runtime.jars import (
         CONNECT_ARTIFACT,
         CONNECT_SERVER_CLASS,
         LOG_STORE_CLASS,
         artifact_name,
         classpath,
     )
-    from deltadrain.spark import CONNECT_LOG4J, LOG4J, connect_server_command
+    from deltadrain.runtime.session import CONNECT_LOG4J, LOG4J, connect_server_command
 
     cmd = connect_server_command(15999, master="local[2]")
     assert cmd[0].endswith("/bin/spark-submit")
@@ -52,7 +52,7 @@ def test_the_server_starts_from_the_jar_cache_on_loopback_with_the_venvs_python(
 
 
 def test_against_a_cluster_master_the_driver_address_stays_sparks_choice():
-    from deltadrain.spark import connect_server_command
+    from deltadrain.runtime.session import connect_server_command
 
     conf = conf_of(connect_server_command(15999, master="spark://head:7077"))
     assert "spark.driver.bindAddress" not in conf and "spark.driver.host" not in conf
@@ -60,7 +60,7 @@ def test_against_a_cluster_master_the_driver_address_stays_sparks_choice():
 
 
 def test_the_port_comes_from_the_config_or_the_environment(monkeypatch):
-    from deltadrain.embedded import ports, spark_connect_url
+    from deltadrain.config.embedded import ports, spark_connect_url
 
     cfg = load_config()
     monkeypatch.delenv("DELTADRAIN_SPARK_CONNECT_PORT", raising=False)
@@ -93,7 +93,7 @@ def test_services_up_starts_it_by_default_before_airflow_and_names_its_port_sett
 
 
 def test_airflow_gets_a_spark_connect_connection_to_the_server(monkeypatch):
-    from deltadrain.embedded import SPARK_CONNECT_CONN_ID, airflow_env, spark_connect_connection
+    from deltadrain.config.embedded import SPARK_CONNECT_CONN_ID, airflow_env, spark_connect_connection
 
     monkeypatch.setenv("DELTADRAIN_SPARK_CONNECT_PORT", "15433")
     monkeypatch.delenv("AIRFLOW_CONN_SPARK_CONNECT", raising=False)
@@ -113,7 +113,7 @@ def test_the_providers_hook_reads_it_as_a_url_a_connect_client_takes(monkeypatch
     from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
     from pyspark.sql.connect.client.core import DefaultChannelBuilder
 
-    from deltadrain.embedded import SPARK_CONNECT_CONN_ID, spark_connect_connection
+    from deltadrain.config.embedded import SPARK_CONNECT_CONN_ID, spark_connect_connection
 
     monkeypatch.setenv("DELTADRAIN_SPARK_CONNECT_PORT", "15433")
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_CONNECT", json.dumps(spark_connect_connection(load_config())))
@@ -124,7 +124,7 @@ def test_the_providers_hook_reads_it_as_a_url_a_connect_client_takes(monkeypatch
 
 
 def test_a_client_session_carries_the_runtime_confs_deltadrain_relies_on():
-    from deltadrain.spark import DEFAULT_CONF, SESSION_KEYS, session_conf
+    from deltadrain.runtime.session import DEFAULT_CONF, SESSION_KEYS, session_conf
 
     conf = session_conf()
     assert set(conf) == set(SESSION_KEYS) <= set(DEFAULT_CONF)
@@ -137,7 +137,7 @@ def test_a_client_session_carries_the_runtime_confs_deltadrain_relies_on():
 
 def test_a_missing_connect_connection_names_the_fix(monkeypatch):
     from deltadrain.errors import PrerequisiteError
-    from deltadrain.spark import connect_url
+    from deltadrain.runtime.session import connect_url
 
     monkeypatch.delenv("AIRFLOW_CONN_NO_SUCH_SERVER", raising=False)
     with pytest.raises(PrerequisiteError, match="Airflow has no connection 'no_such_server'.*deltadrain services up"):
@@ -145,7 +145,7 @@ def test_a_missing_connect_connection_names_the_fix(monkeypatch):
 
 
 def test_a_lost_server_is_told_from_other_errors():
-    from deltadrain.spark import connect_lost
+    from deltadrain.runtime.session import connect_lost
 
     lost = RuntimeError("[NO_ACTIVE_SESSION] No active Spark session found. Please create a new Spark session")
     assert connect_lost(lost).startswith("the Spark Connect server went away during the run ([NO_ACTIVE_SESSION]")

@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from deltadrain.positions import StreamId
-from deltadrain.stage import Staged, report_arrow_schema, tally, write_and_report
+from deltadrain.run.stage import Staged, report_arrow_schema, tally, write_and_report
 
 SCHEMA = pa.schema([("_dd_partition", pa.string()), ("_dd_pos_hi", pa.int64()), ("_dd_pos_lo", pa.int64()),
                     ("_dd_source_ts", pa.timestamp("us", tz="UTC")), ("_dd_attempts", pa.int32()),
@@ -112,7 +112,7 @@ def test_reports_of_several_tasks_sum_up(tmp_path):
 def test_a_claim_here_on_threads_stages_a_file_per_task_and_sums_like_one_thread(tmp_path):
     from pyspark.sql.pandas.types import from_arrow_schema
 
-    from deltadrain.stage import stage_here
+    from deltadrain.run.stage import stage_here
 
     tasks = [{"stream": "s1", "n": 3}, {"stream": "s2", "n": 2}, {"stream": "s1", "n": 1}]
 

@@ -15,7 +15,7 @@ def pipelines(cfg):
 
 
 def test_a_pipeline_without_a_target_table_is_never_run_and_says_how_to_run_it(cfg):
-    from deltadrain.states import never_run
+    from deltadrain.observe.notes import never_run
 
     valkey, _ = pipelines(cfg)
     assert never_run(valkey, has_target=True) is None
@@ -64,7 +64,7 @@ def test_a_bootstrap_server_nobody_listens_at_is_the_clients_transport_failure_a
 
     from confluent_kafka import KafkaException
 
-    from deltadrain.connections import unreachable
+    from deltadrain.sources.connections import unreachable
     from deltadrain.sources.kafka.client import check_reachable
 
     with socket.socket() as s:
@@ -95,7 +95,7 @@ def write_dlq(path, rows: list[dict]) -> None:
 
 
 def test_dead_letters_are_filtered_and_ordered_as_the_spark_listing_did(tmp_path):
-    from deltadrain.lakeview import find_dead_letters
+    from deltadrain.observe.tables import find_dead_letters
 
     at = datetime(2026, 5, 1, 12, tzinfo=UTC)
 
@@ -127,7 +127,7 @@ def test_rows_and_dead_letters_per_partition_are_counted_from_the_tables(tmp_pat
     import pyarrow as pa
     from deltalake import write_deltalake
 
-    from deltadrain import lakeview
+    from deltadrain.observe import tables as lakeview
 
     c = cfg.model_copy(update={"data_dir": str(tmp_path)})
     valkey, _ = pipelines(c)

@@ -89,3 +89,67 @@ def test_no_module_imports_one_that_imports_it_back():
             seen.add(start)
             visit(start, [start])
     assert not cycles
+
+
+# The package's layers, lowest first: a module imports from its own layer or the ones below, never
+# from above (docs/sources.md, "The package"). Each entry is a package or a module at the root.
+LAYERS = [
+    {"errors", "paths", "names", "logs", "positions", "failpoints", "secrets", "transforms"},
+    {"schema"},
+    {"formats"},
+    {"config"},
+    {"lake"},
+    {"runtime"},
+    {"run"},
+    {"sources"},
+    {"quality", "heal", "observe"},
+    {"catchup", "jobs", "airflow_api"},
+    {"orchestration"},
+    {"dev"},
+    {"cli"},
+]
+MAX_ROOT_MODULES = 15
+MAX_LINES = 600
+
+
+def layer_of(module: str) -> int:
+    top = module.split(".")[1] if "." in module else ""
+    return next(i for i, names in enumerate(LAYERS) if top in names)
+
+
+def test_every_root_module_and_package_has_a_layer():
+    tops = {p.stem for p in PACKAGE.glob("*.py") if p.stem != "__init__"}
+    tops |= {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
+    assert tops == set().union(*LAYERS)
+
+
+def test_few_modules_at_the_root():
+    root = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(root) <= MAX_ROOT_MODULES, root
+
+
+def test_no_import_runs_up_a_layer():
+    known = modules()
+    upward = [f"{name} ({layer_of(name)}) imports {other} ({layer_of(other)})"
+              for name, path in sorted(known.items()) if name != "deltadrain"
+              for other in sorted(imports(path, known)) if other != "deltadrain"
+              and layer_of(other) > layer_of(name)]
+    assert not upward, "\n".join(upward)
+
+
+def test_each_package_has_a_face():
+    """A docstring that says what is inside, and `__all__` naming what it offers."""
+    faceless = []
+    for init in sorted(PACKAGE.rglob("__init__.py")):
+        tree = ast.parse(init.read_text())
+        names = {t.id for node in tree.body if isinstance(node, ast.Assign) for t in node.targets
+                 if isinstance(t, ast.Name)}
+        if ast.get_docstring(tree) is None or "__all__" not in names:
+            faceless.append(str(init.relative_to(PACKAGE)))
+    assert not faceless
+
+
+def test_no_module_is_long():
+    long = {str(p.relative_to(PACKAGE)): n for p in sorted(PACKAGE.rglob("*.py"))
+            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not long

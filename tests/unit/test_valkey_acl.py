@@ -32,7 +32,7 @@ def test_tls_settings_name_a_tls_url_and_a_ca_only_over_tls():
     from pydantic import ValidationError
 
     from deltadrain.config import load_config
-    from deltadrain.embedded import ports, valkey_ca_file
+    from deltadrain.config.embedded import ports, valkey_ca_file
     from deltadrain.sources.valkey.client import seed_urls, tls_ca
 
     cfg = load_config()
@@ -55,7 +55,7 @@ def test_a_failed_certificate_check_is_untrusted_and_names_the_ca_setting():
     import valkey
 
     from deltadrain.config import load_config
-    from deltadrain.connections import unreachable
+    from deltadrain.sources.connections import unreachable
     from deltadrain.sources.valkey.source import Valkey
 
     said = "Error 1 connecting to 127.0.0.1:6398. [SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed"
@@ -91,7 +91,7 @@ def test_a_kafka_denial_names_the_acl_to_add():
     from confluent_kafka import KafkaError, KafkaException
 
     from deltadrain.config import load_config
-    from deltadrain.connections import unreachable
+    from deltadrain.sources.connections import unreachable
     from deltadrain.sources.kafka.acl import DRAIN_ACLS, acl_to_add
 
     assert acl_to_add("GROUP_AUTHORIZATION_FAILED: no", "t", "g", "u") == (

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from deltadrain.lakeview import PREVIEW_BYTES, preview
+from deltadrain.observe.tables import PREVIEW_BYTES, preview
 from deltadrain.orchestration.view.actions import (
     MAX_RUNS,
     SelectionError,
@@ -41,7 +41,7 @@ def test_ids_go_in_one_run_and_idless_entries_one_run_each():
 
 
 def test_confs_are_valid_replay_requests():
-    from deltadrain.replay import ReplayRequest
+    from deltadrain.heal.replay import ReplayRequest
 
     for conf in selection_to_confs("orders", list(DEAD), DEAD):
         request = ReplayRequest.model_validate(conf)
@@ -78,7 +78,7 @@ def test_preview_is_truncated_and_decodes_bad_bytes():
 
 
 def test_gap_rows_show_valkey_id_ranges_and_kafka_offsets_alike():
-    from deltadrain.lakeview import gap_row
+    from deltadrain.observe.tables import gap_row
 
     valkey = gap_row({"partition": "orders:{0}", "kind": "unread", "from": "5-0", "to": "9-3", "missing": None,
                       "reason": "trimmed"})
@@ -130,8 +130,8 @@ def test_a_replay_range_ending_at_a_bare_millisecond_takes_that_whole_millisecon
     # The form's help says so; the check of the range used to read "5" as 5-0 and refuse 5-1 .. 5.
     from pydantic import ValidationError
 
+    from deltadrain.heal.replay import LONG_MAX, ReplayRequest
     from deltadrain.positions import StreamId
-    from deltadrain.replay import LONG_MAX, ReplayRequest
 
     request = ReplayRequest(pipeline="orders", position_from="5-1", position_to="5")
     assert request.upper_bound() == StreamId(5, LONG_MAX)
@@ -146,7 +146,7 @@ def test_a_replay_range_ending_at_a_bare_millisecond_takes_that_whole_millisecon
 def test_a_batch_shows_its_newest_check_of_the_current_target():
     from datetime import UTC, datetime
 
-    from deltadrain.lakeview import newest_checks
+    from deltadrain.observe.tables import newest_checks
 
     def row(batch, hour, success, table="t2", failed=(), quarantined=0):
         return {"batch": batch, "success": success, "failed": json.dumps(list(failed)), "quarantined": quarantined,
@@ -170,7 +170,7 @@ def test_batch_checks_read_a_results_table_from_before_table_id(tmp_path, cfg):
     import pyarrow as pa
     from deltalake import write_deltalake
 
-    from deltadrain.lakeview import batch_checks, owed_from
+    from deltadrain.observe.tables import batch_checks, owed_from
     from deltadrain.quality.results import results_path
 
     c = cfg.model_copy(update={"data_dir": str(tmp_path / "lake")})
@@ -197,8 +197,8 @@ def test_batches_are_owed_from_the_lowest_check_of_this_table_or_else_from_the_i
     import pyarrow as pa
     from deltalake import CommitProperties, DeltaTable, write_deltalake
 
-    from deltadrain.lakeview import owed_from
     from deltadrain.names import ingest_run_prefix
+    from deltadrain.observe.tables import owed_from
     from deltadrain.quality.results import results_path
 
     c = cfg.model_copy(update={"data_dir": str(tmp_path / "lake")})
@@ -224,8 +224,8 @@ def test_the_ingest_dags_first_batch_is_looked_for_as_far_back_as_the_quality_ta
     import pyarrow as pa
     from deltalake import CommitProperties, write_deltalake
 
-    from deltadrain.lakeview import HISTORY, one_read, owed_from
     from deltadrain.names import ingest_run_prefix
+    from deltadrain.observe.tables import HISTORY, one_read, owed_from
     from deltadrain.quality.owed import FIRST_SCHEDULED_SCAN
 
     c = cfg.model_copy(update={"data_dir": str(tmp_path / "lake")})
@@ -241,7 +241,7 @@ def test_the_ingest_dags_first_batch_is_looked_for_as_far_back_as_the_quality_ta
 
 
 def test_a_run_recorded_as_an_error_that_committed_its_batch_shows_its_check(monkeypatch, cfg):
-    from deltadrain import lakeview
+    from deltadrain.observe import tables as lakeview
     from deltadrain.orchestration.view.data import with_checks
 
     monkeypatch.setattr(lakeview, "committed_runs", lambda cfg, pipeline: {(5, "try1"), (4, "older")})
@@ -269,7 +269,7 @@ def test_one_read_opens_each_table_once(tmp_path):
     import pyarrow as pa
     from deltalake import write_deltalake
 
-    from deltadrain.lakeview import one_read, open_table
+    from deltadrain.observe.tables import one_read, open_table
 
     path = str(tmp_path / "t")
     write_deltalake(path, pa.table({"x": [1]}))
@@ -288,7 +288,7 @@ def test_history_under_one_read_numbers_commits_made_after_the_table_was_opened(
     import pyarrow as pa
     from deltalake import CommitProperties, write_deltalake
 
-    from deltadrain.lakeview import last_commit, one_read, open_table, published_count
+    from deltadrain.observe.tables import last_commit, one_read, open_table, published_count
 
     c = cfg.model_copy(update={"data_dir": str(tmp_path / "lake")})
     p = c.pipelines[0]
@@ -310,7 +310,7 @@ def test_history_under_one_read_numbers_commits_made_after_the_table_was_opened(
 def test_an_index_row_says_what_it_could_not_read_and_the_others_still_show(monkeypatch, cfg):
     import time
 
-    from deltadrain import lakeview
+    from deltadrain.observe import tables as lakeview
     from deltadrain.orchestration.view import data
 
     slow, broken = cfg.pipelines[0], cfg.pipelines[0].model_copy(update={"name": "broken"})

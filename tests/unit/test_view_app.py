@@ -105,7 +105,7 @@ def test_links_to_airflows_pages_stay_under_the_path_airflow_is_served_at():
 def test_a_replay_that_cannot_reach_airflow_is_a_502_with_the_reason(client_for, cfg, monkeypatch):
     """The view triggers the replay DAG through Airflow's REST API; nothing listens at the API's port
     here, so the call is refused: the user gets 502 naming the address and the reason, not a bare 500."""
-    from deltadrain import lakeview
+    from deltadrain.observe import tables as lakeview
     from tests.conftest import free_port
 
     name = cfg.pipelines[0].name

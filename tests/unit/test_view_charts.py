@@ -96,7 +96,7 @@ def _tables(c, p):
     import pyarrow as pa
     from deltalake import write_deltalake
 
-    from deltadrain.metrics import metrics_path
+    from deltadrain.lake.metrics import metrics_path
     from deltadrain.quality.results import results_path
 
     now = datetime.now(UTC)

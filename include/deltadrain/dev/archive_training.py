@@ -1,7 +1,7 @@
 """The training drain that builds the driver's class-data archive (`make install`, `deltadrain
 jvm-archive`): a small real drain on a private Valkey and a throwaway lake, in a JVM that writes the
 classes it loaded when it exits (`-XX:ArchiveClassesAtExit`). Where the archive lives and how drivers
-map it is the runtime's `deltadrain.jvm_archive`.
+map it is the runtime's `deltadrain.runtime.archive`.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from deltadrain import jvm_archive
 from deltadrain.paths import PROJECT_ROOT
+from deltadrain.runtime import archive as jvm_archive
 
 TRAINING_MESSAGES = 3_000
 TRAINING_BATCH = 1_000
@@ -30,7 +30,7 @@ def build(*, force: bool = False) -> tuple[Path, bool]:
     `ArchiveError` with the training's log when the JVM did not write one."""
     path = jvm_archive.archive_path()
     if path is None:
-        from deltadrain.spark import check_java
+        from deltadrain.runtime.session import check_java
 
         check_java()  # names the fix
         raise ArchiveError("no JDK found")
@@ -122,7 +122,7 @@ def train(out: Path, workdir: Path) -> None:
     from deltadrain.config import load_config
     from deltadrain.dev import services
     from deltadrain.dev.produce import produce
-    from deltadrain.spark import DEFAULT_CONF, get_spark
+    from deltadrain.runtime.session import DEFAULT_CONF, get_spark
 
     def give_up(*_):
         raise ArchiveError(f"the training drain took longer than {TRAINING_TIMEOUT} s")

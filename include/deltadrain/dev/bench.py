@@ -334,7 +334,7 @@ def phase_window(cfg, pipeline, spark, batch_rows: int) -> dict:
 
     from pyspark.sql import functions as F
 
-    from deltadrain.commit import commit_batch
+    from deltadrain.run.commit import commit_batch
 
     now = datetime.now(UTC).replace(microsecond=0)
     window = pipeline.dedup_window
@@ -402,8 +402,8 @@ def phase_structured_streaming(cfg, pipeline, spark, workdir: Path, server_group
     def upsert(df, batch_id: int) -> None:
         from pyspark.sql import functions as F
 
-        from deltadrain.commit import TXN_APP, TXN_VERSION
-        from deltadrain.lake import ensure_table, merge_into
+        from deltadrain.lake.delta import ensure_table, merge_into
+        from deltadrain.run.commit import TXN_APP, TXN_VERSION
 
         session = df.sparkSession
         out = df.select("*", F.lit(batch_id).cast("long").alias("_dd_batch"), F.lit("ss").alias("_dd_run_id"),
@@ -470,9 +470,9 @@ def phase_server_warm_up(pipeline, url: str, workdir: Path, commits: int) -> dic
     from datetime import UTC, datetime
     from uuid import uuid4
 
-    from deltadrain.checkpoint import commit_metadata
-    from deltadrain.commit import NewTable, commit_batch, dedup_window_start
-    from deltadrain.spark import connect_session
+    from deltadrain.lake.checkpoint import commit_metadata
+    from deltadrain.run.commit import NewTable, commit_batch, dedup_window_start
+    from deltadrain.runtime.session import connect_session
 
     work = workdir / "server-warm-up"
     shutil.rmtree(work, ignore_errors=True)
@@ -602,7 +602,7 @@ def phase_single_process(cfg, pipeline, workdir: Path, group: str) -> dict:
 def run_phase(phase: str, config: str, pipeline_name: str, workdir: str, arg: int) -> dict:
     from deltadrain.config import load_config
     from deltadrain.dev import services
-    from deltadrain.spark import get_spark
+    from deltadrain.runtime.session import get_spark
 
     cfg = load_config(config)
     pipeline = cfg.pipeline(pipeline_name)
@@ -613,12 +613,12 @@ def run_phase(phase: str, config: str, pipeline_name: str, workdir: str, arg: in
         out.update(memory_report())
         return out
     if phase == "server_warm_up":
-        from deltadrain.embedded import spark_connect_url
+        from deltadrain.config.embedded import spark_connect_url
 
         return phase_server_warm_up(pipeline, spark_connect_url(cfg), Path(workdir), arg)
     if phase in ("drain_connect", "structured_streaming_connect"):  # clients of the embedded server
-        from deltadrain.embedded import spark_connect_url
-        from deltadrain.spark import connect_session
+        from deltadrain.config.embedded import spark_connect_url
+        from deltadrain.runtime.session import connect_session
 
         connect_pid = services.FACTORIES["spark_connect"](cfg).pid()
         session = connect_session(spark_connect_url(cfg), purpose="deltadrain bench")
@@ -766,9 +766,9 @@ def run_lake_bench(source: str, count: int, partitions: int, batch: int, workdir
     of its own: into a lake on the local disk, then into one on the embedded S3 server (docs/object-store.md).
     Each side's timings per step say where the time goes."""
     from deltadrain.config import load_config
+    from deltadrain.config.embedded import S3_BUCKET
     from deltadrain.dev import services
     from deltadrain.dev.produce import produce
-    from deltadrain.embedded import S3_BUCKET
 
     workdir = workdir or Path(tempfile.mkdtemp(prefix="deltadrain-bench-"))
     workdir.mkdir(parents=True, exist_ok=True)

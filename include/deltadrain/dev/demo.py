@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 
 from deltadrain.config import DeltadrainConfig, ValkeySource
+from deltadrain.config.embedded import airflow_login, airflow_password_file, ports
 from deltadrain.dev import services
 from deltadrain.dev.produce import generate, produce
-from deltadrain.embedded import airflow_login, airflow_password_file, ports
+from deltadrain.observe.status import pipeline_status
 from deltadrain.sources.valkey.client import valkey_client
-from deltadrain.status import pipeline_status
 
 
 def run_demo(cfg: DeltadrainConfig, count: int = 5000) -> dict:

@@ -126,7 +126,7 @@ class _AvroWriter:
     def __init__(self, pipeline: PipelineConfig):
         import fastavro
 
-        from deltadrain.avro import kinds_of, load_schema, named_types
+        from deltadrain.formats.avro import kinds_of, load_schema, named_types
 
         spec = pipeline.payload_schema
         self.schema = fastavro.parse_schema(load_schema(Path(spec.avro_schema_file)))
@@ -146,7 +146,7 @@ class _AvroWriter:
         return out
 
     def encode(self, payload: dict, schema_id: int | None = None) -> bytes:
-        from deltadrain.avro import encode
+        from deltadrain.formats.avro import encode
 
         return encode(self.record(payload), self.schema, wire=self.wire,
                       schema_id=self.schema_id if schema_id is None else schema_id)
@@ -188,7 +188,7 @@ class _ProtobufWriter:
     of that name (ISO text parsed for a Timestamp, upper-cased for an enum), unset when it has none."""
 
     def __init__(self, pipeline: PipelineConfig):
-        from deltadrain.protobuf import kind_of, payload_of
+        from deltadrain.formats.protobuf import kind_of, payload_of
 
         self.payload = payload_of(pipeline.payload_schema)
         self.kinds = {f.name: kind_of(f) for f in self.payload.descriptor().fields}
@@ -206,7 +206,7 @@ class _ProtobufWriter:
         return out
 
     def encode(self, payload: dict, schema_id: int | None = None) -> bytes:
-        from deltadrain.protobuf import encode
+        from deltadrain.formats.protobuf import encode
 
         return encode(self.record(payload), self.payload, schema_id=schema_id)
 
@@ -322,7 +322,7 @@ def with_registered_schema(pipeline: PipelineConfig) -> PipelineConfig:
     if spec.registry_url is None or spec.format != "avro" or spec.avro_schema_file is None \
             or spec.avro_schema_id is not None:
         return pipeline
-    from deltadrain.registry import register, registry_of
+    from deltadrain.formats.registry import register, registry_of
 
     schema_id = register(registry_of(spec), subject_of(pipeline), Path(spec.avro_schema_file).read_text())
     return pipeline.model_copy(update={"payload_schema": spec.model_copy(update={"avro_schema_id": schema_id})})
@@ -376,7 +376,7 @@ def ensure_topic(conf: dict, topic: str, partitions: int) -> None:
 
 def embedded_admin_conf(cfg: DeltadrainConfig) -> dict:
     """The embedded broker's admin: its PLAINTEXT listener on 127.0.0.1, whose principal is its super user."""
-    from deltadrain.embedded import ports
+    from deltadrain.config.embedded import ports
 
     return {"bootstrap.servers": f"127.0.0.1:{ports(cfg).kafka}"}
 

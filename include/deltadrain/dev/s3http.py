@@ -11,7 +11,7 @@ import http.client
 from dataclasses import dataclass
 from urllib.parse import quote, urlsplit
 
-from deltadrain.objectstore import S3Settings
+from deltadrain.lake.objectstore import S3Settings
 
 
 @dataclass(frozen=True)

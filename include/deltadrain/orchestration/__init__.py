@@ -3,3 +3,5 @@
 The only part of deltadrain that imports Airflow. The triggerer imports the triggers from here
 (it does not load DAG files), and dags/ only calls the factory.
 """
+
+__all__ = ["airflow_db", "factory", "operators", "pools", "sensors", "triggers", "view"]

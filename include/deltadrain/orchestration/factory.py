@@ -17,6 +17,7 @@ from datetime import timedelta
 from airflow.sdk import DAG, Asset, CronDataIntervalTimetable, Param, task
 
 from deltadrain.config import CONTINUOUS, DeltadrainConfig, PipelineConfig, load_config
+from deltadrain.heal.replay import MAX_LIMIT
 from deltadrain.names import (
     ALERTS_TASK,
     MAINTENANCE_DAG,
@@ -37,7 +38,6 @@ from deltadrain.orchestration.operators import (
     ReplayOperator,
 )
 from deltadrain.orchestration.sensors import SourceWorkSensor, StuckClaimsSensor
-from deltadrain.replay import MAX_LIMIT
 from deltadrain.sources import source_of
 
 
@@ -249,7 +249,7 @@ def replay_params(cfg: DeltadrainConfig) -> dict[str, Param]:
 def validate_request(config: str | None = None, **context) -> dict:
     """The form's values, checked together (ranges, pipeline); the replay job gets exactly these."""
     from deltadrain.config import load_config as load
-    from deltadrain.replay import parse_request
+    from deltadrain.heal.replay import parse_request
 
     request = parse_request(load(config), dict(context["params"]))
     # Who asked is who Airflow says triggered the run, not what its conf claims.

@@ -127,8 +127,8 @@ class DeltadrainSparkOperator(SparkSubmitOperator):
         """What depends on the master the connection names: a cluster whose workers hold the jar cache
         gets no jars shipped (spark.jars_on_workers); the object store's login and the embedded
         cluster's secret go in a properties file of this run's own, never on the command line."""
-        from deltadrain.objectstore import login_conf, private_properties
-        from deltadrain.spark import cluster_conf, jars_on_workers
+        from deltadrain.lake.objectstore import login_conf, private_properties
+        from deltadrain.runtime.session import cluster_conf, jars_on_workers
 
         master = hook._connection["master"]
         hook._conf = jars_on_workers(hook._conf, master)
@@ -166,9 +166,9 @@ class DeltadrainSparkOperator(SparkSubmitOperator):
         import tempfile
 
         from deltadrain.config import load_config
-        from deltadrain.objectstore import CONNECTION_ID, as_connection, for_config
+        from deltadrain.lake.objectstore import CONNECTION_ID, as_connection, for_config
+        from deltadrain.runtime.session import spark_conf
         from deltadrain.secrets import env_name
-        from deltadrain.spark import spark_conf
 
         self.application_args = argv
         store = for_config(load_config(self.config))
@@ -203,7 +203,7 @@ class DeltadrainSparkOperator(SparkSubmitOperator):
         read here, where Airflow's are; what the server's Python workers need of them travels with the
         job's functions."""
         from deltadrain.jobs import run
-        from deltadrain.spark import connect_session, connect_url
+        from deltadrain.runtime.session import connect_session, connect_url
 
         self._via_connect = True
         url = connect_url(conn_id)
@@ -230,7 +230,7 @@ class DeltadrainSparkOperator(SparkSubmitOperator):
         if not self._via_connect:
             super().on_kill()  # SparkSubmitHook: SIGKILL to spark-submit
             return
-        from deltadrain.drain import stop_as_killed
+        from deltadrain.run.drain import stop_as_killed
 
         stop_as_killed()  # the drain under way leaves its claims as a killed one does
         self._interrupt()
@@ -377,7 +377,7 @@ class QualityOperator(DeltadrainSparkOperator):
 
 
 class AlertsOperator(BaseOperator):
-    """The pipeline's `alerts:` thresholds checked after the drain (deltadrain.alerts): the figures in the
+    """The pipeline's `alerts:` thresholds checked after the drain (deltadrain.observe.alerts): the figures in the
     log, and a failure that names each one passed with its threshold. It reads what the view reads
     (the source's counts, the lake through delta-rs): no Spark job, no pool slot."""
 
@@ -390,8 +390,8 @@ class AlertsOperator(BaseOperator):
     def execute(self, context) -> dict:
         from airflow.sdk.exceptions import AirflowFailException
 
-        from deltadrain.alerts import check
         from deltadrain.config import load_config
+        from deltadrain.observe.alerts import check
 
         cfg = load_config(self.config)
         # The previous check ran at the end of the previous run of this DAG (max_active_runs=1), before

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from deltadrain.config import DeltadrainConfig
-from deltadrain.embedded import airflow_env
+from deltadrain.config.embedded import airflow_env
 from deltadrain.errors import PrerequisiteError, ServiceError
 
 POOL_DESCRIPTION = "deltadrain: drains of "  # marks the pools deltadrain made (and may prune)

@@ -42,7 +42,7 @@ class SourceWorkSensor(BaseSensorOperator):
         self.deferrable = deferrable
 
     def _probe(self) -> dict:
-        from deltadrain.probe import probe_named
+        from deltadrain.observe.probe import probe_named
 
         return probe_named(self.config, self.pipeline)
 
@@ -110,7 +110,7 @@ class StuckClaimsSensor(BaseSensorOperator):
 
     def poke(self, context) -> PokeReturnValue:
         from deltadrain.config import load_config
-        from deltadrain.probe import probe
+        from deltadrain.observe.probe import probe
         from deltadrain.sources import source_of
 
         cfg = load_config(self.config)

@@ -29,7 +29,7 @@ class SourceWorkTrigger(BaseTrigger):
                  "deadline": self.deadline})
 
     def _probe(self) -> dict:
-        from deltadrain.probe import probe_named
+        from deltadrain.observe.probe import probe_named
 
         return probe_named(self.config, self.pipeline)
 

@@ -11,3 +11,5 @@ Modules, lowest first (each imports only modules above it; nothing is re-exporte
 - owed: which batches a drain task leaves to check, and which committed batches have no result yet.
 - check: check_batch, check_batches, check_table: run the suite and apply the pipeline's failure policy.
 """
+
+__all__ = ["check", "checks", "errors", "gx", "owed", "quarantine", "results"]

@@ -14,10 +14,10 @@ import logging
 import uuid
 from datetime import UTC, datetime, timedelta
 
-from deltadrain.checkpoint import find_commit
 from deltadrain.config import DeltadrainConfig, PipelineConfig
-from deltadrain.lake import is_table, snapshot_txn, table_id
-from deltadrain.metrics import batch_finished_at
+from deltadrain.lake.checkpoint import find_commit
+from deltadrain.lake.delta import is_table, snapshot_txn, table_id
+from deltadrain.lake.metrics import batch_finished_at
 from deltadrain.quality.checks import build_checks, suite_name
 from deltadrain.quality.errors import BatchesFailed, QualityError, QualityFailed
 from deltadrain.quality.gx import docs_dir, run_gx, summarize
@@ -166,7 +166,7 @@ def _check_batch_once(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, ba
 
 def check_table(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, run_id: str | None = None) -> QualityReport:
     """Validate the whole target table (the daily DAG). Never quarantines: `quarantine` acts as `warn`."""
-    from deltadrain.lake import table_version
+    from deltadrain.lake.delta import table_version
 
     target = str(cfg.target_path(pipeline))
     if not is_table(spark, target):

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from deltadrain.checkpoint import carries_batch, committed_batch
 from deltadrain.config import DeltadrainConfig, PipelineConfig
-from deltadrain.lake import is_table, recent_commits, table_id
+from deltadrain.lake.checkpoint import carries_batch, committed_batch
+from deltadrain.lake.delta import is_table, recent_commits, table_id
 from deltadrain.names import ingest_run_prefix
 from deltadrain.quality.results import results_path
 

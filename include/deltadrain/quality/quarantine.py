@@ -23,7 +23,7 @@ from pathlib import Path
 
 from deltadrain import failpoints
 from deltadrain.config import DeltadrainConfig, PipelineConfig
-from deltadrain.lake import (
+from deltadrain.lake.delta import (
     add_missing_columns,
     ensure_table,
     is_table,

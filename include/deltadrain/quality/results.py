@@ -9,7 +9,8 @@ from datetime import datetime
 from pathlib import Path
 
 from deltadrain.config import DeltadrainConfig, PipelineConfig
-from deltadrain.lake import add_missing_columns, ensure_table, is_table, retry_conflicts
+from deltadrain.config.lakeurl import LakeUrl
+from deltadrain.lake.delta import add_missing_columns, ensure_table, is_table, retry_conflicts
 
 RESULTS_SCHEMA = ("pipeline STRING NOT NULL, scope STRING NOT NULL, batch BIGINT, table_version BIGINT, "
                   "run_id STRING, batch_run_id STRING, suite STRING, policy STRING, success BOOLEAN, "
@@ -49,8 +50,8 @@ class QualityReport:
         return {**asdict(self), "unexpected_count": self.unexpected_count}
 
 
-def results_path(cfg: DeltadrainConfig) -> Path:
-    return cfg.lake_dir() / "_deltadrain" / "quality" / "results"
+def results_path(cfg: DeltadrainConfig) -> Path | LakeUrl:
+    return cfg.quality_results_path()
 
 
 def write_result(spark, cfg: DeltadrainConfig, report: QualityReport) -> None:

@@ -21,9 +21,11 @@ from deltadrain.errors import DeltadrainError
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from deltadrain.checkpoint import Checkpoint
     from deltadrain.config import DeltadrainConfig, PipelineConfig
-    from deltadrain.drain import RunSummary
+    from deltadrain.lake.checkpoint import Checkpoint
+    from deltadrain.run.drain import RunSummary
+
+__all__ = ["KINDS", "LakeSide", "Probe", "Source", "SourceNote", "all_sources", "for_kind", "source_of"]
 
 # kind (the `source.kind` of the YAML) -> the module whose SOURCE implements it.
 KINDS = {
@@ -59,7 +61,7 @@ class LakeSide:
 
 @dataclass
 class Probe:
-    """What a probe found at the source (deltadrain.probe): is there work for a drain?"""
+    """What a probe found at the source (deltadrain.observe.probe): is there work for a drain?"""
 
     pipeline: str
     new: int = 0

@@ -20,14 +20,14 @@ import urllib.request
 from pathlib import Path
 
 from deltadrain.config import DeltadrainConfig
-from deltadrain.dev.services.process import Service, port_open
-from deltadrain.embedded import (
+from deltadrain.config.embedded import (
     ports,
     spark_cluster_home,
     spark_cluster_secret_file,
     spark_cluster_url,
     write_private,
 )
+from deltadrain.dev.services.process import Service, port_open
 from deltadrain.paths import PROJECT_ROOT
 
 MASTER = "org.apache.spark.deploy.master.Master"
@@ -77,7 +77,7 @@ def spark_cluster_service(cfg: DeltadrainConfig) -> Service:
         write_private(props, properties(spark_cluster_secret_file().read_text().strip(), p.spark_cluster_ui))
 
     def command() -> list[str]:
-        from deltadrain.spark import check_java
+        from deltadrain.runtime.session import check_java
 
         check_java()
         return [sys.executable, "-m", "deltadrain.dev.services.spark_cluster", str(props), str(p.spark_cluster),
@@ -97,7 +97,7 @@ def spark_cluster_service(cfg: DeltadrainConfig) -> Service:
 
 def main(argv: list[str]) -> int:
     """Start the master, then the worker; return when either ends (stopping the other)."""
-    from deltadrain.java import java_binary
+    from deltadrain.runtime.java import java_binary
 
     props, port, ui_port, work = argv
     os.environ.setdefault("JAVA_HOME", str(Path(java_binary()).resolve().parents[1]))

@@ -18,8 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from deltadrain.config import DeltadrainConfig
-from deltadrain.dev.services.process import Service
-from deltadrain.embedded import (
+from deltadrain.config.embedded import (
     VALKEY_CLUSTER_NODES,
     VALKEY_CLUSTER_PRIMARIES,
     valkey_cluster_home,
@@ -28,6 +27,7 @@ from deltadrain.embedded import (
     valkey_cluster_ports,
     write_private,
 )
+from deltadrain.dev.services.process import Service
 from deltadrain.errors import ServiceError
 
 SLOTS = 16384

@@ -13,8 +13,8 @@ import subprocess
 from pathlib import Path
 
 from deltadrain.config import DeltadrainConfig
+from deltadrain.config.embedded import ports, valkey_ca_file, valkey_login, valkey_tls_home
 from deltadrain.dev.services.process import Service, port_open
-from deltadrain.embedded import ports, valkey_ca_file, valkey_login, valkey_tls_home
 from deltadrain.errors import PrerequisiteError, ServiceError
 
 STUNNEL = ("stunnel4", "stunnel")

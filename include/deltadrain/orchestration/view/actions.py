@@ -69,9 +69,9 @@ def trigger_replays(cfg: DeltadrainConfig, pipeline: PipelineConfig, selected: l
                     token: str | None, base_url: str, requested_by: str | None = None) -> dict:
     """Validate the selection against the DLQ, then trigger one replay run per conf with the caller's token;
     each conf names who asked (`requested_by`, the Airflow user)."""
-    from deltadrain import lakeview
     from deltadrain.airflow_api import AirflowApi, AirflowApiError
-    from deltadrain.replay import parse_request
+    from deltadrain.heal.replay import parse_request
+    from deltadrain.observe import tables as lakeview
 
     confs = [{**conf, "requested_by": requested_by}
              for conf in selection_to_confs(pipeline.name, selected, lakeview.dead_letter_keys(cfg, pipeline))]

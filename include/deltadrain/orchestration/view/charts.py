@@ -34,8 +34,8 @@ def window_of(name: str) -> str | None:
 
 def read_rows(cfg: DeltadrainConfig, pipeline: PipelineConfig, since: datetime) -> tuple[list[dict], list[dict]]:
     """(the pipeline's metrics rows finished since `since`, its batch checks made since then), oldest first."""
-    from deltadrain import lakeview
-    from deltadrain.metrics import metrics_path
+    from deltadrain.lake.metrics import metrics_path
+    from deltadrain.observe import tables as lakeview
     from deltadrain.quality.results import results_path
 
     # Only the validated name and an int go into the text; `since` is whole minutes, so that a

@@ -1,7 +1,7 @@
 """What the operator's view shows, as plain data: a source's counts (waited for in a shared pool),
 the index's row of each pipeline, a pipeline's page and its last batches with their quality checks.
 
-Reads go through `deltadrain.lakeview` (delta-rs): no Spark JVM in the API server.
+Reads go through `deltadrain.observe.tables` (delta-rs): no Spark JVM in the API server.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from deltadrain.config import DeltadrainConfig, PipelineConfig
 from deltadrain.names import MAINTENANCE_DAG, ingest_dag_id
-from deltadrain.outcome import Outcome
+from deltadrain.run.outcome import Outcome
 from deltadrain.sources import LakeSide, SourceNote, source_of
 
 log = logging.getLogger(__name__)
@@ -31,7 +31,8 @@ def source_counts(cfg: DeltadrainConfig, pipeline: PipelineConfig, until: float 
     """PENDING / CLAIMED from the source, with the checkpoint as delta-rs reads it. Errors are reported
     by type only (messages may hold hosts), but for what the source answered (SourceNote). `until`
     (time.monotonic()): when the source's calls give up (their own waits run to 30 s)."""
-    from deltadrain import lakeview, states
+    from deltadrain.observe import notes as states
+    from deltadrain.observe import tables as lakeview
 
     try:
         counts = states.source_counts(cfg, pipeline, LakeSide(lambda: lakeview.checkpoint(cfg, pipeline)),
@@ -49,8 +50,8 @@ def _claims(counts: dict, pipeline: PipelineConfig) -> dict:
     """What the page shows of a source's counts: totals, who holds claims (stale ones flagged), partitions,
     and the open gaps: what the next run reports (Valkey: entries removed before the group read them,
     or recorded by a run no commit carried yet; Kafka: offsets retention deleted past the checkpoint)."""
-    from deltadrain import lakeview
-    from deltadrain.status import mark_stale
+    from deltadrain.observe import tables as lakeview
+    from deltadrain.observe.status import mark_stale
 
     mark_stale(counts, source_of(pipeline).stale_after_ms(pipeline))
     return {"PENDING": counts["PENDING"], "CLAIMED": counts["CLAIMED"], "claimed_by": counts["claimed_by"],
@@ -66,7 +67,8 @@ def _claims(counts: dict, pipeline: PipelineConfig) -> dict:
 def with_lake_notes(cfg: DeltadrainConfig, pipeline: PipelineConfig, notes: list[dict]) -> list[dict]:
     """The notes of a page or index row (states, not failures: shown in grey): the lake's (a pipeline
     never run) before the source's (a topic not created yet, a stream never written, a server down)."""
-    from deltadrain import lakeview, states
+    from deltadrain.observe import notes as states
+    from deltadrain.observe import tables as lakeview
 
     never = states.never_run(pipeline, lakeview.open_table(str(cfg.target_path(pipeline))) is not None)
     return ([never] if never else []) + list(notes or [])
@@ -76,7 +78,7 @@ def with_checks(cfg: DeltadrainConfig, pipeline: PipelineConfig, runs: list[dict
     """`runs` (metrics rows), each that committed its batch given that batch's newest check as `quality`
     (None: not checked yet, and then `owed`: whether a quality task is to check it). Other runs have
     no `quality`: their number may be a later run's batch."""
-    from deltadrain import lakeview
+    from deltadrain.observe import tables as lakeview
 
     others = [r for r in runs if r.get("batch") and r.get("outcome") not in COMMITTED]
     # A try that committed and then failed is recorded as an error: its commit names its run.
@@ -101,7 +103,7 @@ def pipeline_summary(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> dict:
     """The index page's row of a pipeline: lag, dead letters, what needs a look, its last run and the
     last committed batch with its check. A lake it cannot read is said in the row, not raised: one
     pipeline must not take the index down."""
-    from deltadrain import lakeview
+    from deltadrain.observe import tables as lakeview
 
     row = {"pipeline": pipeline.name, "source": pipeline.source.kind, "lag": None, "DEAD": None, "source_note": None,
            "lake_note": None, "stale_messages": 0, "open_gaps": 0, "last_run": None, "last_committed": None,
@@ -156,7 +158,7 @@ def _source_pool() -> ThreadPoolExecutor:
 def pipeline_view(cfg: DeltadrainConfig, pipeline: PipelineConfig, dlq_state: str | None = "DEAD",
                   dlq_limit: int = 100, batches: int = 10) -> dict:
     """Everything the page shows, as plain data (the JSON endpoint returns it as is)."""
-    from deltadrain import lakeview
+    from deltadrain.observe import tables as lakeview
 
     began = time.monotonic()
     out: dict = {"pipeline": pipeline.name, "source": pipeline.source.kind,

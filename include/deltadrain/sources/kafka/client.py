@@ -14,7 +14,7 @@ def kafka_bootstrap(cfg: DeltadrainConfig, source: KafkaSource) -> str:
     """The source's servers; unset: the embedded broker's listener for its protocol (SASL_SSL or PLAINTEXT)."""
     if source.bootstrap_servers:
         return source.bootstrap_servers
-    from deltadrain.embedded import ports
+    from deltadrain.config.embedded import ports
 
     p = ports(cfg)
     return f"127.0.0.1:{p.kafka_sasl if source.security.protocol == 'SASL_SSL' else p.kafka}"
@@ -25,7 +25,7 @@ def kafka_ca(source: KafkaSource) -> str | None:
     the CA its keystore was made with; else None (the system's)."""
     if source.security.ssl_ca_location or source.bootstrap_servers or source.security.protocol != "SASL_SSL":
         return source.security.ssl_ca_location
-    from deltadrain.embedded import kafka_ca_file
+    from deltadrain.config.embedded import kafka_ca_file
 
     return str(kafka_ca_file())
 
@@ -42,7 +42,7 @@ def _kafka_settings(cfg: DeltadrainConfig, pipeline: PipelineConfig):
 def sasl_credentials(source: KafkaSource) -> Credentials:
     """The SASL login. The embedded broker's connection, when neither the environment nor Airflow has
     it (a shell's `deltadrain drain`), is read from the login file its first start made."""
-    from deltadrain.embedded import KAFKA_CONNECTION_ID, kafka_login_file
+    from deltadrain.config.embedded import KAFKA_CONNECTION_ID, kafka_login_file
 
     sec = source.security
     try:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from deltadrain.isolation import death_reason, read_width
+from deltadrain.run.isolation import death_reason, read_width
 
 COUNTED_KEPT = 8  # run ids remembered per partition, so that a notice is never counted twice
 EARLIER_KEPT = 4  # young notices carried forward per partition

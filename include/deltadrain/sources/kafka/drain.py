@@ -20,15 +20,16 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from deltadrain import failpoints
-from deltadrain.checkpoint import read_checkpoint
 from deltadrain.config import DeltadrainConfig, KafkaSource, PipelineConfig
-from deltadrain.decode import BatchDecoder
-from deltadrain.drain import GO_ON_PAST, BatchFailure, Drain, DrainError, claim_schema
-from deltadrain.isolation import convicted
+from deltadrain.formats.decode import BatchDecoder
+from deltadrain.formats.payloads import Payload, payload_of
+from deltadrain.formats.registry import Registry
+from deltadrain.lake.checkpoint import read_checkpoint
 from deltadrain.logs import run_logger
-from deltadrain.outcome import Outcome
-from deltadrain.payloads import Payload, payload_of
-from deltadrain.registry import Registry
+from deltadrain.run.drain import GO_ON_PAST, BatchFailure, Drain, DrainError, claim_schema
+from deltadrain.run.isolation import convicted
+from deltadrain.run.outcome import Outcome
+from deltadrain.run.stage import Staged, stage, stage_batches
 from deltadrain.sources.kafka.client import (
     check_secured,
     kafka_client_conf,
@@ -64,7 +65,6 @@ from deltadrain.sources.kafka.offsets import (
     withdraw_claims,
 )
 from deltadrain.sources.valkey.claim import decoder_for
-from deltadrain.stage import Staged, stage, stage_batches
 
 NOTICE_WAIT_S = 15  # how long a run waits, after its read, for its claim notices to land
 TASK_OFFSETS = 100_000  # offsets per Spark task: a busy partition is read by several tasks
@@ -102,7 +102,7 @@ class DecodeContext:
     attempts: dict[tuple[int, int], int] = field(default_factory=dict)  # runs that tried (partition, offset)
     dead_runs: dict[int, DeadRuns] = field(default_factory=dict)  # partition -> runs that died reading it
     max_retries: int = 3
-    payload: Payload | None = None  # Avro or Protobuf payloads' schema (deltadrain.payloads); None: JSON
+    payload: Payload | None = None  # Avro or Protobuf payloads' schema (deltadrain.formats.payloads); None: JSON
     evolved: frozenset = frozenset()  # fields typed by the table's evolved columns (schema.evolution)
     collect_new: bool = False  # keep the fields no column holds (PipelineConfig.collects_new_fields)
     key_registry: Registry | None = None  # source.key_format avro: the registry of the keys' schemas

@@ -2,14 +2,14 @@
 Avro datum in the Confluent wire format, as the registry-aware Avro serializers write keys, read with
 its writer's schema from the pipeline's schema registry. Only a string, int or long key is an id; a key
 of another schema, or bytes that are not such a datum, make the record a dead letter with the reason.
-Pure apart from the registry's ask (deltadrain.registry.writer, cached per process)."""
+Pure apart from the registry's ask (deltadrain.formats.registry.writer, cached per process)."""
 
 from __future__ import annotations
 
 import functools
 import json
 
-from deltadrain.confluent import HEADER, frame_error, schema_id_of
+from deltadrain.formats.confluent import HEADER, frame_error, schema_id_of
 
 ID_KINDS = {"string", "int", "long", "enum", "uuid"}
 
@@ -27,7 +27,7 @@ def key_schema(text: str, schema_id: int):
     """A key writer's schema text -> its parsed schema, or (error type, reason) when it is no id's."""
     import fastavro
 
-    from deltadrain.avro import kinds_of, named_types
+    from deltadrain.formats.avro import kinds_of, named_types
 
     try:
         parsed = fastavro.parse_schema(json.loads(text))
@@ -43,8 +43,8 @@ def key_schema(text: str, schema_id: int):
 def avro_key(raw: bytes, registry) -> tuple[str | None, str | None, str | None]:
     """(id, error type, reason) of a Confluent-framed Avro key; (None, None, None) for a null datum,
     which falls back to the record's place like a null key. A registry outage raises (the run fails)."""
-    from deltadrain.avro import read_datum
-    from deltadrain.registry import writer
+    from deltadrain.formats.avro import read_datum
+    from deltadrain.formats.registry import writer
 
     raw = bytes(raw)
     if (wrong := frame_error(raw, None)) is not None:

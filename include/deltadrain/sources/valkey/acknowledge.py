@@ -66,7 +66,7 @@ def staged_entries(files: Iterable[str], keep: frozenset = frozenset()) -> Itera
     only the positions become Python strings, at most ACK_IDS of them per stream at a time."""
     import pyarrow.compute as pc
 
-    from deltadrain.stage import open_staged
+    from deltadrain.run.stage import open_staged
 
     held: dict[str, list] = {}
     again: set[tuple[str, str]] = set()

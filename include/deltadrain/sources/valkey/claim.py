@@ -13,10 +13,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from deltadrain.decode import BatchDecoder
-from deltadrain.isolation import convicted, death_reason
-from deltadrain.payloads import Payload
+from deltadrain.formats.decode import BatchDecoder
+from deltadrain.formats.payloads import Payload
 from deltadrain.positions import StreamId
+from deltadrain.run.isolation import convicted, death_reason
 from deltadrain.sources.valkey.client import VALKEY_FIELD, as_text
 from deltadrain.sources.valkey.gaps import (
     ZERO,
@@ -70,7 +70,7 @@ class ClaimContext:
     gaps_key: str = ""  # where deleted-while-pending gaps are recorded (deltadrain.sources.valkey.gaps)
     cluster: bool = False  # `url` is a Valkey Cluster's seed URLs, joined by commas
     ca_file: str | None = None  # over TLS: the CA the server's certificate must be signed by
-    payload: Payload | None = None  # Avro or Protobuf payloads' schema (deltadrain.payloads); None: JSON
+    payload: Payload | None = None  # Avro or Protobuf payloads' schema (deltadrain.formats.payloads); None: JSON
     evolved: frozenset = frozenset()  # fields typed by the table's evolved columns (schema.evolution)
     collect_new: bool = False  # keep the fields no column holds (PipelineConfig.collects_new_fields)
 
@@ -337,7 +337,7 @@ def payload_of(fields: list | dict | None, name: bytes):
 def claim_arrow(task_batches, ctx: ClaimContext, arrow_schema):
     """mapInArrow body: task rows in, claimed rows out as Arrow record batches.
 
-    Arrow instead of pickled rows, and payloads decoded column-wise (deltadrain.decode.BatchDecoder):
+    Arrow instead of pickled rows, and payloads decoded column-wise (deltadrain.formats.decode.BatchDecoder):
     that is what keeps the claim near the raw XREADGROUP rate.
     """
     decoder = decoder_for(ctx, arrow_schema)

@@ -53,7 +53,7 @@ def seed_urls(cfg: DeltadrainConfig, source: ValkeySource) -> list[str]:
     cluster's nodes)."""
     if source.url:
         return source.seed_urls()
-    from deltadrain.embedded import ports, valkey_cluster_seeds
+    from deltadrain.config.embedded import ports, valkey_cluster_seeds
 
     if source.cluster:
         return valkey_cluster_seeds(cfg)
@@ -67,7 +67,7 @@ def tls_ca(source: ValkeySource) -> str | None:
     the CA its certificate was made with; else None (the system's, or no TLS)."""
     if source.tls_ca_file or source.url or not source.tls:
         return source.tls_ca_file
-    from deltadrain.embedded import valkey_ca_file
+    from deltadrain.config.embedded import valkey_ca_file
 
     return str(valkey_ca_file())
 
@@ -116,7 +116,7 @@ def source_credentials(source: ValkeySource) -> Credentials:
     embedded cluster that names no login gets that cluster's password."""
     import os
 
-    from deltadrain.embedded import (
+    from deltadrain.config.embedded import (
         VALKEY_CONNECTION_ID,
         valkey_cluster_password,
         valkey_login,

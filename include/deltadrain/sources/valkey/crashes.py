@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from deltadrain.isolation import read_width
+from deltadrain.run.isolation import read_width
 from deltadrain.sources.valkey.claim import RELEASED, REST, alone_field
 
 SUSPECT, RESTING, CULPRIT, HANDED_BACK = "suspect", "rest", "culprit", "released"

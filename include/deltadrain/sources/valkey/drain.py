@@ -13,14 +13,15 @@ import os
 from datetime import UTC, datetime
 
 from deltadrain import failpoints
-from deltadrain.checkpoint import read_checkpoint
 from deltadrain.config import DeltadrainConfig, PipelineConfig, ValkeySource
-from deltadrain.drain import GO_ON_PAST, Drain, DrainError, claim_schema
+from deltadrain.formats.payloads import payload_of
+from deltadrain.formats.registry import failure_line
+from deltadrain.lake.checkpoint import read_checkpoint
 from deltadrain.logs import fields, run_logger
-from deltadrain.outcome import Outcome
-from deltadrain.payloads import payload_of
 from deltadrain.positions import merge_positions
-from deltadrain.registry import failure_line
+from deltadrain.run.drain import GO_ON_PAST, Drain, DrainError, claim_schema
+from deltadrain.run.outcome import Outcome
+from deltadrain.run.stage import Staged, stage, stage_here, task_rows
 from deltadrain.sources.valkey.acknowledge import acknowledge, claim_held, release
 from deltadrain.sources.valkey.acl import acl_probe_key, check_after_commit
 from deltadrain.sources.valkey.claim import RELEASED, ClaimContext, allocate, claim_arrow, failure_field, plan
@@ -44,7 +45,6 @@ from deltadrain.sources.valkey.gaps import (
     recorded,
 )
 from deltadrain.sources.valkey.gaps import record as record_gaps
-from deltadrain.stage import Staged, stage, stage_here, task_rows
 
 # A claim of at most this many entries runs in the drain's own process (`stage_here`), a larger one in
 # Spark tasks. On a Connect server each session starts Python workers of its own before its first claim

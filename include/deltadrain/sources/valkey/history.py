@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from deltadrain.positions import StreamId
+from deltadrain.run.stage import stage, task_rows
 from deltadrain.sources.valkey.claim import ClaimContext, Entries, decoder_for, reader, record_batch
 from deltadrain.sources.valkey.client import as_text
-from deltadrain.stage import stage, task_rows
 
 READ_CHUNK = 5_000
 

@@ -53,7 +53,7 @@ class Valkey:
         return ValkeyDrain(cfg, pipeline, spark, run_id).run()
 
     def read_interval(self, spark, cfg, pipeline, start, end, scratch):
-        from deltadrain.drain import claim_schema
+        from deltadrain.run.drain import claim_schema
         from deltadrain.sources.valkey.client import valkey_client
         from deltadrain.sources.valkey.drain import claim_context
         from deltadrain.sources.valkey.history import history_gaps, interval_range, read_history
@@ -64,8 +64,8 @@ class Valkey:
         return read_history(spark, ranges, ctx, claim_schema(pipeline), str(scratch / "history")), gaps
 
     def read_places(self, spark, cfg, pipeline, places, scratch):
-        from deltadrain.drain import claim_schema
         from deltadrain.positions import StreamId
+        from deltadrain.run.drain import claim_schema
         from deltadrain.sources.valkey.drain import claim_context
         from deltadrain.sources.valkey.history import StreamRange, read_history
 

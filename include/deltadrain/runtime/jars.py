@@ -1,0 +1,157 @@
+"""The JVM artefacts: fetched once from Maven Central with `mvn` into a git-ignored cache, plus
+deltadrain's own Delta log stores, built with `mvn package`: jvm/logstore (local lakes) into the spark
+kind, jvm/s3logstore (lakes on S3) into the s3a kind.
+
+The kinds: spark (Delta, the Kafka source), kafka (the embedded broker), s3 (the embedded S3 server,
+S3Proxy), registry (the embedded schema registry, Apicurio Registry built from jvm/registry as a Quarkus
+app: `quarkus-app/`, run with `java -jar`) and s3a (hadoop-aws and the AWS SDK bundle: added to a Spark session only when its lake is
+on S3, so the local sessions and their class-data archive stay as they are).
+
+Spark sessions, spark-submit and the Kafka broker only ever read this cache; nothing is resolved
+at job run time (no --packages, no Ivy), so a job never depends on a registry being reachable.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from deltadrain.errors import PrerequisiteError
+from deltadrain.paths import jar_cache, jvm_dir
+
+KINDS = ("spark", "kafka", "s3", "s3a", "registry")
+FIX = "make jars"
+# Built from jvm/logstore (not fetched) into the spark kind: the log store every session commits with.
+LOG_STORE_ARTIFACT = "deltadrain-logstore"
+LOG_STORE_CLASS = "dev.deltadrain.storage.LocalLinkLogStore"
+# Built from jvm/s3logstore into the s3a kind: the log store of lakes on S3 (conditional PUT).
+S3_LOG_STORE_ARTIFACT = "deltadrain-s3logstore"
+# Built from jvm/connect into the spark kind: the embedded Spark Connect server's entry point.
+CONNECT_ARTIFACT = "deltadrain-connect"
+CONNECT_SERVER_CLASS = "dev.deltadrain.connect.ConnectServer"
+# The jar kinds whose cache also gets modules of jvm/ built with `mvn package`: (module, artifact) each.
+_BUILT = {"spark": (("logstore", LOG_STORE_ARTIFACT), ("connect", CONNECT_ARTIFACT)),
+          "s3a": (("s3logstore", S3_LOG_STORE_ARTIFACT),)}
+_REQUIRED = {kind: tuple(artifact for _, artifact in modules) for kind, modules in _BUILT.items()}
+# The kinds whose jars join pyspark's on one class path: those Spark already ships are dropped.
+_ON_SPARK = ("spark", "s3a")
+_MARKER = ".complete"
+# The registry kind is an app, not jars for a class path: its fast-jar directory and the jar that starts it.
+REGISTRY_APP = "quarkus-app"
+REGISTRY_RUN_JAR = f"{REGISTRY_APP}/quarkus-run.jar"
+_JAR_NAME = re.compile(r"^(?P<artifact>.+?)-(?P<version>\d+\.\d+[\w.\-]*)\.jar$")
+
+
+def artifact_name(jar_file: str) -> str:
+    """`jackson-core-2.13.5.jar` -> `jackson-core`; used to drop jars Spark already ships."""
+    match = _JAR_NAME.match(jar_file)
+    return match.group("artifact") if match else jar_file.removesuffix(".jar")
+
+
+def pyspark_jars_dir() -> Path:
+    import pyspark
+
+    return Path(pyspark.__file__).parent / "jars"
+
+
+def jars_to_keep(fetched: list[str], provided: set[str]) -> list[str]:
+    """Keep the fetched jars whose artefact Spark does not already put on its classpath.
+
+    Delta and the Kafka source drag in their own copies of Jackson, Hadoop, Scala and Parquet;
+    two versions of one library on a classpath is how NoSuchMethodError happens at run time.
+    """
+    return sorted(j for j in fetched if artifact_name(j) not in provided)
+
+
+# By full coordinates: `dependency:` alone takes the version Maven's super-POM names (2.8 with
+# Maven 3.8), so a different Maven would fetch the jars with a different plugin.
+DEPENDENCY_PLUGIN = "org.apache.maven.plugins:maven-dependency-plugin:3.11.0"
+
+
+def _mvn(args: list[str], *, quiet: bool) -> None:
+    cmd = ["mvn", "-B", *(["-q"] if quiet else []), *args]
+    done = subprocess.run(cmd, capture_output=quiet, text=True)
+    if done.returncode != 0:
+        # Maven says why on stdout (build errors) or stderr (the wrapper: JAVA_HOME, no JDK).
+        tail = ((done.stdout or "")[-2000:] + (done.stderr or "")[-1000:]) if quiet else ""
+        raise PrerequisiteError(f"`{' '.join(cmd)}` failed (exit {done.returncode}).\n{tail}")
+
+
+def build_module(out_dir: Path, *, quiet: bool = True, module: str = "logstore",
+                 artifact: str = LOG_STORE_ARTIFACT) -> Path:
+    """Compile jvm/<module> (mvn package, its build kept outside the source tree) into `out_dir`."""
+    with tempfile.TemporaryDirectory(dir=out_dir) as build:
+        _mvn(["-f", str(jvm_dir() / module / "pom.xml"), "package", f"-Ddeltadrain.build.dir={build}"],
+             quiet=quiet)
+        (jar,) = Path(build).glob(f"{artifact}-*.jar")
+        return Path(shutil.move(str(jar), out_dir / jar.name))
+
+
+def fetch(kind: str, *, quiet: bool = True) -> Path:
+    """Fill the cache for `kind` from its pom (jvm/<kind>/pom.xml), plus what `_BUILT` builds for it:
+    for spark the log store (jvm/logstore) and the Connect server's entry point (jvm/connect), for s3a
+    the S3 log store (jvm/s3logstore). Idempotent."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown jar kind {kind!r}; expected one of {KINDS}")
+    if shutil.which("mvn") is None:
+        raise PrerequisiteError(
+            "Maven (mvn) is not on PATH; it fetches the Delta, Spark-Kafka, Kafka broker, S3 server and "
+            "hadoop-aws jars and builds deltadrain's Delta log stores. "
+            "Install it (Debian: `apt-get install -y maven`), then run `make jars`."
+        )
+    target = jar_cache() / kind
+    pom = jvm_dir() / kind / "pom.xml"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if kind == "registry":
+        return build_registry(target, pom, quiet=quiet)
+    with tempfile.TemporaryDirectory(dir=target.parent) as staging:
+        _mvn(["-f", str(pom), f"{DEPENDENCY_PLUGIN}:copy-dependencies", "-DincludeScope=runtime",
+              f"-DoutputDirectory={staging}"], quiet=quiet)
+        for module, artifact in _BUILT.get(kind, ()):
+            build_module(Path(staging), quiet=quiet, module=module, artifact=artifact)
+        fetched = [p.name for p in Path(staging).glob("*.jar")]
+        provided = {artifact_name(p.name) for p in pyspark_jars_dir().glob("*.jar")} if kind in _ON_SPARK else set()
+        keep = jars_to_keep(fetched, provided)
+        if target.exists():
+            shutil.rmtree(target)
+        target.mkdir()
+        for name in keep:
+            shutil.move(str(Path(staging) / name), target / name)
+        (target / _MARKER).write_text("\n".join(keep) + "\n")
+    return target
+
+
+def build_registry(target: Path, pom: Path, *, quiet: bool = True) -> Path:
+    """`mvn package` of jvm/registry (the Quarkus build resolves and packs the app), its quarkus-app/
+    moved into `target`, replacing what was there only once the build succeeded."""
+    with tempfile.TemporaryDirectory(dir=target.parent) as build:
+        _mvn(["-f", str(pom), "package", f"-Ddeltadrain.build.dir={build}"], quiet=quiet)
+        app = Path(build) / REGISTRY_APP
+        if not (app / "quarkus-run.jar").exists():
+            raise PrerequisiteError(f"`mvn package` on {pom} made no {REGISTRY_RUN_JAR}; run `{FIX}` again.")
+        if target.exists():
+            shutil.rmtree(target)
+        target.mkdir()
+        shutil.move(str(app), target / REGISTRY_APP)
+        (target / _MARKER).write_text(REGISTRY_RUN_JAR + "\n")
+    return target
+
+
+def classpath(kind: str) -> list[Path]:
+    """The cached jars for `kind`, or one clear error naming the command that fills the cache."""
+    target = jar_cache() / kind
+    marker = target / _MARKER
+    if not marker.exists():
+        raise PrerequisiteError(
+            f"The {kind} jars are not in the cache ({target}). Run `{FIX}` to fetch them from "
+            "Maven Central with mvn (Java 17 and Maven needed)."
+        )
+    jars = [target / name for name in marker.read_text().split()]
+    missing = [j.name for j in jars if not j.exists()]
+    missing += [f"{a}-*.jar" for a in _REQUIRED.get(kind, ()) if not any(artifact_name(j.name) == a for j in jars)]
+    if missing:
+        raise PrerequisiteError(f"The {kind} jar cache ({target}) lacks {missing[:3]}; run `{FIX}` again.")
+    return jars
