@@ -23,7 +23,7 @@ from deltadrain.sources.valkey import acknowledge as ack
 from deltadrain.sources.valkey.claim import ClaimContext
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "common"))  # bench/common: shared helpers
-from own_valkey import own_valkey  # noqa: E402
+from own_valkey import own_valkey
 
 STREAMS, GROUP = [f"bench:{{{k}}}" for k in range(4)], "g"
 

@@ -45,7 +45,7 @@ def local_registry(schema_text: str) -> str:
     body = json.dumps({"schema": schema_text}).encode()
 
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 - http.server's name
+        def do_GET(self):  # http.server's name
             self.send_response(200)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()

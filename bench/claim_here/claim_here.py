@@ -45,7 +45,7 @@ def make_config(workdir: Path) -> Path:
 def one_run(cfg, side: str, size: int, sent: dict) -> dict:
     from deltadrain.catchup import drain_batches
     from deltadrain.config.embedded import spark_connect_url
-    from deltadrain.dev.bench import _peak_rss_kib, reset_peak_rss
+    from deltadrain.dev.bench.measure import _peak_rss_kib, reset_peak_rss
     from deltadrain.dev.produce import produce
     from deltadrain.runtime.session import connect_session
     from deltadrain.sources.valkey import drain as valkey_drain

@@ -19,7 +19,7 @@ from pathlib import Path
 from deltadrain.sources.valkey.claim import READ_CHUNK, ClaimContext, read_new, read_new_past_gaps, reader
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "common"))  # bench/common: shared helpers
-from own_valkey import own_valkey  # noqa: E402
+from own_valkey import own_valkey
 
 STREAM, GROUP = "bench:{0}", "g"
 

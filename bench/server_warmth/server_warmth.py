@@ -21,12 +21,12 @@ import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "stable_code"))
-from stable_code import Server  # noqa: E402
+from stable_code import Server
 
-from deltadrain.dev.bench import own_cpu_seconds, target_shaped_rows  # noqa: E402
-from deltadrain.lake.checkpoint import commit_metadata  # noqa: E402
-from deltadrain.run.commit import NewTable, commit_batch  # noqa: E402
-from deltadrain.runtime.session import connect_session  # noqa: E402
+from deltadrain.dev.bench import own_cpu_seconds, target_shaped_rows
+from deltadrain.lake.checkpoint import commit_metadata
+from deltadrain.run.commit import NewTable, commit_batch
+from deltadrain.runtime.session import connect_session
 
 # Summaries over these spans of commits (1-based, inclusive); a span past the run's end is left out.
 SPANS = ((2, 10), (11, 20), (21, 40), (41, 60), (61, 80))

@@ -289,7 +289,7 @@ def click_descriptor(version: int) -> bytes:
 
     fds = descriptor_pb2.FileDescriptorSet.FromString((ROOT / "config" / "schemas" / "clicks.desc").read_bytes())
     click = next(f for f in fds.file if f.name.endswith("clicks.proto")).message_type[0]
-    T = descriptor_pb2.FieldDescriptorProto  # noqa: N806 - the protobuf type's name
+    T = descriptor_pb2.FieldDescriptorProto  # the protobuf type's name
     kept = {f.name: f for f in click.field}
     fields = [kept["event_id"], kept["customer"], T(name="quantity", number=4, type=T.TYPE_INT32, label=T.LABEL_OPTIONAL)]
     if version == 2:

@@ -74,7 +74,7 @@ def record(prefix: str, i: int, note: str | None = None) -> dict:
 
 
 def failed_run(c, p, spark) -> str:
-    with pytest.raises(Exception) as exc:  # noqa: PT011 - whichever error carries it, its line is the registry's
+    with pytest.raises(Exception) as exc:  # whichever error carries it, its line is the registry's
         drain(c, p, spark=spark)
     line = failure_line(exc.value)
     assert line is not None and "\n" not in line, exc.value
@@ -111,7 +111,7 @@ def test_avro_and_protobuf_drain_through_the_real_registry_across_versions_bad_i
     base = registry_url(cfg).split("/apis/")[0]
     for where in ("/apis/ccompat/v7/schemas/ids/1", "/apis/registry/v2/search/artifacts", "/health/ready", "/ui/"):
         with pytest.raises(urllib.error.HTTPError) as refused:
-            urllib.request.urlopen(base + where, timeout=30)  # noqa: S310 - the embedded registry
+            urllib.request.urlopen(base + where, timeout=30)  # the embedded registry
         assert refused.value.code == 401, where
 
     # Avro: v1 without `note`, then v2 with it mid-stream, and messages framed with an id nobody registered.

@@ -110,7 +110,7 @@ def test_concurrent_sessions_on_one_server_keep_their_own_confs(client, tmp_path
                 assert session.conf.get(TXN_APP) == app
                 merge(session, path, app, base + r, [f"{app}-{r}"])
                 gate.wait()
-        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+        except BaseException as exc:  # reported by the main thread
             errors.append(exc)
             gate.abort()
 

@@ -194,7 +194,7 @@ class FakeSession:
     def __init__(self):
         self.stopped = self.interrupted = False
 
-    def interruptAll(self):  # noqa: N802 - pyspark's name
+    def interruptAll(self):  # pyspark's name
         self.interrupted = True
 
     def stop(self):

@@ -53,7 +53,7 @@ TYPES = {"event_id": pa.string(), "customer": pa.string(), "amount": pa.float64(
 
 
 class FakeRegistryHandler(BaseHTTPRequestHandler):
-    def do_GET(self):  # noqa: N802 - http.server's name
+    def do_GET(self):  # http.server's name
         srv = self.server
         with srv.lock:
             srv.asked.append(self.path)
@@ -532,7 +532,7 @@ def test_with_add_columns_a_protobuf_writers_new_scalars_travel_with_its_message
 
     v1, v2 = proto_versions()
     click = v2.message_type[1]
-    T = descriptor_pb2.FieldDescriptorProto  # noqa: N806 - the protobuf type's name
+    T = descriptor_pb2.FieldDescriptorProto  # the protobuf type's name
     click.field.add(name="tags", number=9, type=T.TYPE_STRING, label=T.LABEL_REPEATED)
     click.field.add(name="seen", number=10, type=T.TYPE_MESSAGE, type_name=".google.protobuf.Timestamp",
                     label=T.LABEL_OPTIONAL)

@@ -837,7 +837,7 @@ def load_config(path: str | Path | None = None) -> DeltadrainConfig:
     except (OSError, UnicodeDecodeError) as exc:  # a directory, no permission, not UTF-8 text
         raise ConfigError(f"{source}: cannot read the config file: {type(exc).__name__}: {exc}") from None
     try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader subclass
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""

@@ -47,7 +47,7 @@ RETRIED = {408, 425, 429, 500, 502, 503, 504}
 MARK = "deltadrain schema registry:"
 
 
-class RegistryFailure(Exception):  # noqa: N818 - a failure of the run, said in one line
+class RegistryFailure(Exception):  # a failure of the run, said in one line
     """The registry answered nothing usable for the batch: the run fails and the batch waits."""
 
 
@@ -182,7 +182,7 @@ def _ask(url: str, registry: Registry, body: dict | None = None) -> tuple[int, b
         request.add_header("Authorization", "Basic " + base64.b64encode(login).decode())
     context = tls_context(registry.ca_pem) if registry.url.startswith("https:") else None
     try:
-        with urllib.request.urlopen(request, timeout=registry.timeout_s, context=context) as reply:  # noqa: S310 - http(s) only (config)
+        with urllib.request.urlopen(request, timeout=registry.timeout_s, context=context) as reply:  # http(s) only (config)
             return reply.status, reply.read(MAX_ANSWER)
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read(MAX_ANSWER) if exc.fp else b""

@@ -192,7 +192,7 @@ class DeltadrainSparkOperator(SparkSubmitOperator):
                          "PATH": bindir + os.pathsep + os.environ.get("PATH", "")}
         try:
             super().execute(context)
-        except Exception as exc:
+        except Exception as exc:  # the task is going anyway
             if self._error:
                 raise DeltadrainJobFailed(f"deltadrain {self.job} of {self.subject} failed: {self._error}") from exc
             raise
@@ -241,7 +241,7 @@ class DeltadrainSparkOperator(SparkSubmitOperator):
             return
         try:
             session.interruptAll()
-        except Exception as exc:  # noqa: BLE001 - the task is going anyway
+        except Exception as exc:
             self.log.warning("deltadrain: could not interrupt the Connect session's operations: %s", exc)
 
     def _report(self) -> dict:

@@ -19,7 +19,7 @@ def is_backfill(context) -> bool:
     return getattr(run_type, "value", run_type) == BACKFILL
 
 
-class SourceUnreachable(Exception):  # noqa: N818 - not an AirflowException: soft_fail would make it a skip
+class SourceUnreachable(Exception):  # not an AirflowException: soft_fail would make it a skip
     """No probe of the source succeeded during the whole wait."""
 
 

@@ -205,7 +205,7 @@ def registry_healthy(url: str, login: dict, timeout: float = 3) -> bool:
     token = base64.b64encode(f"{login['username']}:{login['password']}".encode()).decode()
     base = url.split("/apis/", 1)[0]
     request = urllib.request.Request(f"{base}/health/ready", headers={"Authorization": f"Basic {token}"})
-    with urllib.request.urlopen(request, timeout=timeout) as resp:  # noqa: S310 - our own loopback URL
+    with urllib.request.urlopen(request, timeout=timeout) as resp:  # our own loopback URL
         return resp.status == 200 and json.loads(resp.read()).get("status") == "UP"
 
 
