@@ -18,10 +18,10 @@ import pytest
 
 # The only deltadrain imports (a reorganisation of the package adjusts these lines).
 from deltadrain.catchup import drain
-from deltadrain.checkpoint import read_checkpoint
 from deltadrain.config import load_config
-from deltadrain.lake import snapshot_txn
-from deltadrain.status import pipeline_status  # what `deltadrain status` prints
+from deltadrain.lake.checkpoint import read_checkpoint
+from deltadrain.lake.delta import snapshot_txn
+from deltadrain.observe.status import pipeline_status  # what `deltadrain status` prints
 from tests.integration.helpers import (
     assert_dead_letters,
     dlq_rows,
