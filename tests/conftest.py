@@ -59,7 +59,8 @@ def pytest_configure(config):
         os.environ[f"DELTADRAIN_{name}_PORT"] = str(free_port())
     os.environ.setdefault("DELTADRAIN_DRIVER_MEMORY", "1g")
     # The suite starts a driver JVM per CLI drain, spark-submit and DAG run, each living seconds: C1
-    # only spends ~30% less CPU on them, and the suite is CPU-bound on two cores (docs/benchmarks.md).
+    # only spends ~30% less CPU on them, and the suite is CPU-bound on two cores
+    # (bench/suite_jvms/README.md).
     # The session's own Spark JVM keeps the default (the `spark` fixture).
     os.environ.setdefault("DELTADRAIN_DRIVER_JAVA_OPTIONS", "-XX:TieredStopAtLevel=1")
     # Airflow reads its settings when first imported: point it at this session's own home and DB

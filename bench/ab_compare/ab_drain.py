@@ -1,7 +1,7 @@
 """Before/after: K drains of one pipeline in one Spark session, on a fresh lake, per batch.
 
 Used to measure a change to the drain side by side with the version before it, on the same data
-(docs/benchmarks-history.md records the runs made with it). Run it from each checkout in turn, alternating, e.g.:
+(bench/ab_compare/README.md has a run made with it). Run it from each checkout in turn, alternating, e.g.:
 
     PYTHONPATH=/path/to/checkout/include DELTADRAIN_JARS=$PWD/.cache/jars \
         .venv/bin/python bench/ab_compare/ab_drain.py CONFIG PIPELINE 7

@@ -1,6 +1,6 @@
-"""What the number of ids per XACK costs the acknowledgement of a Valkey batch (docs/benchmarks.md,
-"Where a Valkey batch acknowledges"). `acknowledge.acknowledge` sends one XACK per ACK_IDS staged
-positions of a stream; a batch of COUNT entries over four streams is acknowledged with each size in
+"""What the number of ids per XACK costs the acknowledgement of a Valkey batch
+(bench/ack_chunks/README.md). `acknowledge.acknowledge` sends one XACK per ACK_IDS staged positions of
+a stream; a batch of COUNT entries over four streams is acknowledged with each size in
 turn (alternating the order), every time after the same entries were read into the group again, from
 a Valkey of its own (started and stopped here, AOF with `appendfsync always` as `services up` runs it).
 

@@ -1,5 +1,5 @@
-"""What decoding Avro and Protobuf payloads costs against JSON, for the same records (docs/benchmarks.md,
-"Avro decode").
+"""What decoding Avro and Protobuf payloads costs against JSON, for the same records
+(bench/avro_decode/README.md).
 
 COUNT sample events (`deltadrain produce`'s, ~200 bytes as JSON) are made five ways from one seed: JSON
 (the `clicks` pipeline of config/pipelines.yaml), Avro in the Confluent wire format (`clicks_avro`)

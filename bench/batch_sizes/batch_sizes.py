@@ -1,4 +1,4 @@
-"""What the batch cap buys (docs/benchmarks.md, "Batch cap"): one Spark session drains the same
+"""What the batch cap buys (bench/batch_sizes/README.md): one Spark session drains the same
 backlog in rounds of MESSAGES_PER_ROUND entries, each round with one batch cap, the caps in rotating
 order, after a warm-up of two 200 000-entry batches. Per round: msg/s, the batches' seconds, and where
 the CPU went (core-seconds per 100 000 messages by role, `bench.cpu_by_role`). Before the drains, the

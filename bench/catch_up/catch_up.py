@@ -1,4 +1,4 @@
-"""What catch-up buys an Airflow drain task (docs/benchmarks.md, "Catch-up"), side by side on one machine.
+"""What catch-up buys an Airflow drain task (bench/catch_up/README.md), side by side on one machine.
 
 Two Valkey pipelines with the same backlog (own streams, tables and consumer group), each drained
 to the end through `spark_jobs/drain.py` under spark-submit, as the ingest DAG's drain task runs it:

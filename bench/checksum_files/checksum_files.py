@@ -1,6 +1,6 @@
 """What keeping a table's file list in Delta's checksum file saves a drain's commit (`commit.commit_batch`:
 the insert-only MERGE on the id within the batch's id range, with the batch number as txnAppId/txnVersion),
-side by side (docs/benchmarks.md, "The file list in the checksum").
+side by side (bench/checksum_files/README.md).
 
 After each commit Delta writes a checksum (`.crc`) of the new version, computed from the previous one and
 the commit's actions. Below `spark.databricks.delta.allFilesInCrc.thresholdNumFiles` files (Delta's

@@ -1,5 +1,5 @@
 """Where a Valkey batch claims: in the drain's own process (`stage_here`) against Spark tasks on the warm
-Connect server (`stage`), side by side by batch size (docs/benchmarks.md, "Where a Valkey batch claims").
+Connect server (`stage`), side by side by batch size (bench/claim_here/README.md).
 
 Each side drains a pipeline of its own (the example Valkey pipeline on a stream of its own) through a
 new Connect session per run, as a task does, with `CLAIM_HERE_MAX` set so that it claims where the side

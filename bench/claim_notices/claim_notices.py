@@ -1,4 +1,4 @@
-"""What the Kafka claim notices cost (docs/benchmarks.md, "Kafka claim notices"), on the same broker and data.
+"""What the Kafka claim notices cost (bench/claim_notices/README.md), on the same broker and data.
 
 1. Status: the source counts with and without reading the group offsets' notices, alternating.
 2. A drain: two pipelines on two topics of the same size, drained batch by batch in one Spark
@@ -53,7 +53,7 @@ def main(workdir: Path, count: int, batch: int) -> dict:
     finally:
         KafkaDrain.announce = announce
     # A table's first batch creates it and its second is its first MERGE; the JVM's first MERGE is
-    # cold (docs/benchmarks.md), so the first two batches of each side are left out of the medians.
+    # cold (bench/claim_notices/README.md), so the first two batches of each side are left out of the medians.
     warm = {side: r[2:] for side, r in runs.items()}
     return {
         "status_source_counts_ms": {"with_notices": median_ms(times[True]), "without": median_ms(times[False]),

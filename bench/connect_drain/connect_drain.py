@@ -1,5 +1,5 @@
 """A one-message batch through the ingest DAG's drain task: on the warm Spark Connect server (executor
-`connect`) against spark-submit (executor `submit`), side by side (docs/benchmarks.md, "Spark Connect").
+`connect`) against spark-submit (executor `submit`), side by side (bench/connect_drain/README.md).
 
 Each round produces one message to a Valkey pipeline of the bench's own, then runs the drain task's own
 operator (`DrainOperator.execute`, as Airflow's task runner calls it) in a new Python process, the way

@@ -1,5 +1,5 @@
 """The Spark Connect server's memory over many small batches: does a server that lives for weeks grow?
-(docs/benchmarks.md, "Spark Connect").
+(bench/connect_memory/README.md).
 
 One Valkey pipeline of the bench's own; each batch produces MESSAGES messages and drains them with the
 drain job (`jobs.run("drain", ...)`, what the ingest DAG's task runs) on a new Connect session, stopped

@@ -1,7 +1,6 @@
 """A drain's commit in a new Spark Connect session against one in a session that has committed before,
 on a server started by Spark's own entry point (per-session artifact isolation on) and on one started
-by deltadrain's (jvm/connect: isolation off), side by side (docs/benchmarks.md, "A new session's first
-MERGE").
+by deltadrain's (jvm/connect: isolation off), side by side (bench/connect_sessions/README.md).
 
 Both servers run at once, each with a Delta table of its own; only one works at a time. Each batch is
 ROWS target-shaped rows (`deltadrain.dev.bench.target_shaped_rows`), staged by a helper session first, so

@@ -1,4 +1,4 @@
-"""What counting dead Kafka runs costs a run (docs/benchmarks.md, "Dead runs and splits"), on one broker.
+"""What counting dead Kafka runs costs a run (bench/dead_runs/README.md), on one broker.
 
 A Kafka run now reads the group offsets (its claim notices) before it fixes its ranges, to count the
 runs that died (`kafka.crashes`); before, only the notice thread read them, during the read.

@@ -1,4 +1,4 @@
-"""What looking for dead runs' entries costs a Valkey run (docs/benchmarks.md, "Dead runs and splits").
+"""What looking for dead runs' entries costs a Valkey run (bench/dead_runs/README.md).
 
 Every Valkey drain now pages the pending list for entries idle past min_idle_ms before it claims
 (`valkey.crashes.find_split`: XPENDING ... IDLE, one call per stream when nothing is stuck). This

@@ -1,6 +1,6 @@
 """Event to visible in Delta under the event-driven schedule: a steady flow into a Valkey pipeline whose
 ingest DAG has `schedule: "@continuous"`, drained by the embedded Airflow on the warm Spark Connect server
-(docs/benchmarks.md, "Event-driven ingest").
+(bench/event_latency/README.md).
 
 The pipeline is the example config's Valkey pipeline (its transform and quality checks included), on a
 stream of its own. After a warm-up (the first run creates the table), messages are appended at RATE per

@@ -1,5 +1,5 @@
-"""What schema evolution (`schema.evolution: add_columns`) costs a read task's JSON decode (docs/benchmarks.md,
-"Schema evolution: the decode").
+"""What schema evolution (`schema.evolution: add_columns`) costs a read task's JSON decode
+(bench/evolution_decode/README.md).
 
 COUNT sample events of the `clicks` pipeline (config/pipelines.yaml; each carries a `note` field the
 pipeline does not declare) are decoded into the claim's Arrow columns three ways, CHUNK messages per

@@ -1,5 +1,5 @@
 """What counting the messages a transform filters out (`Drain.count_filtered`) costs a drain run
-(docs/benchmarks.md, "filtered messages").
+(bench/filtered_count/README.md).
 
 The sample `orders` pipeline (transform `deltadrain.transforms.sample_orders`, so the drain takes
 its transform pass) drains BATCHES batches of SIZE messages in one warm Spark session, alternately

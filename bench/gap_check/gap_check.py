@@ -1,4 +1,4 @@
-"""What the Valkey drain's gap check costs a run (docs/benchmarks.md, "Gap check").
+"""What the Valkey drain's gap check costs a run (bench/gap_check/README.md).
 
 Before its XREADGROUP, every Valkey drain asks each stream whether entries were removed before the
 group read them (XINFO STREAM and XINFO GROUPS, `gaps.stream_state` / `unread_gap`) and reads the

@@ -1,4 +1,4 @@
-"""What checking every claim read for gaps costs (docs/benchmarks.md, "Gap check").
+"""What checking every claim read for gaps costs (bench/gap_check/README.md).
 
 A claim task's XREADGROUP runs in one MULTI/EXEC with XINFO STREAM and XINFO GROUPS
 (`claim.read_new_past_gaps`), so that entries trimmed past the group's position while the task reads

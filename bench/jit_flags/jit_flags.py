@@ -1,5 +1,5 @@
-"""Do HotSpot flags buy back the JIT's share of a batch? (docs/benchmarks.md, "HotSpot flags";
-the class-data archive's runs are in "JVM start")
+"""Do HotSpot flags buy back the JIT's share of a batch? (bench/jit_flags/README.md, "HotSpot flags";
+the class-data archive's runs are in "One-message drains and the class-data archive")
 
 One backlog is produced once; then, per round and per flag set, a fresh process (its own Spark JVM,
 started with those extra driver JVM options) drains BATCHES batches of CAP entries of it, each run

@@ -1,4 +1,4 @@
-"""What the Kafka drain's topic-id check costs a run (docs/benchmarks.md, "Kafka offsets").
+"""What the Kafka drain's topic-id check costs a run (bench/kafka_offsets/README.md).
 
 Before it plans its ranges, every Kafka drain asks the broker for the topic's id (`kafka.offsets.topic_id`,
 an AdminClient describe) to tell a recreated topic from the one its checkpoint was taken on. Every run

@@ -1,5 +1,5 @@
 """What reading a topic's watermarks costs with the admin ListOffsets against the consumer's
-get_watermark_offsets it replaced (docs/benchmarks.md, "Kafka offsets").
+get_watermark_offsets it replaced (bench/kafka_offsets/README.md).
 
 Every Kafka drain, probe and status reads the watermarks (`kafka.offsets.watermarks`). The old way
 (kept here only as the baseline) sent two requests per partition, one after the other; the admin way

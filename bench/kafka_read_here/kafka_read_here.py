@@ -1,6 +1,6 @@
 """Where a Kafka range is read: in the drain's own process (a confluent-kafka consumer assigned the
 range, `kafka.consume`) against Spark tasks on the warm Connect server, side by side by range size
-(docs/benchmarks.md, "Where a Kafka batch is read").
+(bench/kafka_read_here/README.md).
 
 One topic of the example Kafka pipeline (field ids, headers read for replay ids, read_committed) holds
 the largest size; a size's range is the first size/PARTITIONS offsets of each partition (a single

@@ -1,7 +1,7 @@
-"""Whether the driver JVM's live heap follows the batches one process drains (docs/benchmarks.md,
-"Driver memory"): one Spark session drains a backlog batch after batch, and after each batch the
-live heap (used heap after full GCs, `bench.jvm_live_heap_mib`) and the number of loaded classes
-are taken. Heap readings do not depend on CPU load, so this may run beside other work.
+"""Whether the driver JVM's live heap follows the batches one process drains (bench/live_heap/README.md):
+one Spark session drains a backlog batch after batch, and after each batch the live heap (used heap
+after full GCs, `bench.jvm_live_heap_mib`) and the number of loaded classes are taken. Heap readings
+do not depend on CPU load, so this may run beside other work.
 
     DELTADRAIN_HOME=/tmp/ddbench9 DELTADRAIN_VALKEY_PORT=26997 \\
         .venv/bin/python bench/live_heap/live_heap.py WORKDIR [MESSAGES] [BATCH] [CODEGEN_CACHE_ENTRIES] > out.json

@@ -1,4 +1,4 @@
-"""How often do racing writers of one Delta log version both win? (docs/benchmarks.md, "Log store race")
+"""How often do racing writers of one Delta log version both win? (bench/log_store/README.md)
 
 A correctness measurement, not a speed one. In one Spark session, WRITERS threads write version i
 of a log directory together (overwrite=false, the way Delta commits), round after round, through

@@ -1,4 +1,4 @@
-"""What table maintenance buys a drain and a reader, and what it costs (docs/benchmarks.md, "Table maintenance").
+"""What table maintenance buys a drain and a reader, and what it costs (bench/maintenance/README.md).
 
 A target that took many small batches holds one or more small files per batch, and the MERGE of the
 next batch reads every file whose rows lie inside the dedup window. This builds such a target (FILES

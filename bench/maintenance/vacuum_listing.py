@@ -1,5 +1,5 @@
-"""What VACUUM's file listing costs at Spark's default parallelism and at deltadrain's (docs/benchmarks.md,
-"VACUUM").
+"""What VACUUM's file listing costs at Spark's default parallelism and at deltadrain's
+(bench/maintenance/README.md).
 
 VACUUM lists every file under the table in `spark.sql.sources.parallelPartitionDiscovery.parallelism`
 tasks: 10 000 by default, whatever the table's size. deltadrain's session sets 4 (`spark.py`). This

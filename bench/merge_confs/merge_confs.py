@@ -1,6 +1,6 @@
 """What Delta confs do to a drain's commit (`commit.commit_batch`: the insert-only MERGE on the id with the
 batch number as txnAppId/txnVersion and the positions as commit metadata), side by side on one table
-(docs/benchmarks.md, "The MERGE's fixed costs").
+(bench/merge_confs/README.md).
 
 Batches of target-shaped rows (`deltadrain.dev.bench.target_shaped_rows`) are committed one after another into
 one Delta table through `commit_batch`, as the drain commits them, in blocks of BLOCK commits per conf

@@ -1,5 +1,5 @@
-"""What Parquet's dictionary attempt on unique string columns costs a drain's MERGE (docs/benchmarks.md,
-"Parquet dictionary").
+"""What Parquet's dictionary attempt on unique string columns costs a drain's MERGE
+(bench/parquet_dictionary/README.md).
 
 Parquet's writer starts every column chunk with a dictionary and falls back to plain encoding when
 the dictionary does not pay; for a column whose values are all distinct (the message id, the

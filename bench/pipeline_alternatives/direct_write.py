@@ -1,5 +1,5 @@
 """Would writing the target's files in the claim job, instead of MERGEing staged rows, pay?
-(docs/benchmarks.md, "Pipeline alternatives")
+(bench/pipeline_alternatives/README.md)
 
 An experiment, not the drain's code path. Today a batch is written twice: the claim tasks stage it
 to Parquet with pyarrow, then the MERGE reads that, anti-joins it with the target's window and

@@ -1,4 +1,4 @@
-"""Would claiming batch n+1 while batch n commits pay? (docs/benchmarks.md, "Pipeline alternatives")
+"""Would claiming batch n+1 while batch n commits pay? (bench/pipeline_alternatives/README.md)
 
 An experiment, not the drain's code path. In one Spark session it drains the same entries
 (`bench/ab_compare/ab_setup_valkey.py` makes the configs, each with a consumer group and a lake of its own)

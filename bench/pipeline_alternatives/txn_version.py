@@ -1,4 +1,4 @@
-"""What reading a pipeline's txn version costs Delta per batch (docs/benchmarks.md, "Pipeline alternatives").
+"""What reading a pipeline's txn version costs Delta per batch (bench/pipeline_alternatives/README.md).
 
 Every drain commit carries a SetTransaction (appId = pipeline, version = batch), and Delta's write
 with `txnAppId` first asks the new snapshot for that appId's version (`OptimisticTransaction.txnVersion`,

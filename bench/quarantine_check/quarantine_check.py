@@ -1,5 +1,5 @@
 """What looking for unreported quarantine rows (`quality.quarantine.unreported`) costs a batch check under
-`on_failure: quarantine` (docs/benchmarks.md, "unreported quarantine rows").
+`on_failure: quarantine` (bench/quarantine_check/README.md).
 
 The sample `orders` pipeline, its suite swapped for one that about half the sample rows break
 (amount <= 250), drains BATCHES batches of SIZE messages in one warm Spark session. Each batch is

@@ -1,6 +1,6 @@
-"""What reading the records' headers costs a field-id Kafka drain's claim (docs/benchmarks.md,
-"replay identity header"). A replayed dead letter carries its message id in a
-header, so field-id pipelines read it to give a copy without an id of its own the dead letter's id.
+"""What reading the records' headers costs a field-id Kafka drain's claim (bench/replay_headers/README.md).
+A replayed dead letter carries its message id in a header, so field-id pipelines read it to give a copy
+without an id of its own the dead letter's id.
 
 The same offset ranges of one topic are read, decoded and staged (`kafka.drain.read_ranges`, the
 drain's claim step) with and without headers, alternating which goes first, in one Spark session.

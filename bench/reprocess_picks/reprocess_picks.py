@@ -1,6 +1,6 @@
 """What a Kafka reprocess of a few records far apart costs: read as separate ranges around them
 (`kafka.history.pick_rounds`) against one range from the first to the last (what it did before)
-(docs/benchmarks.md, "Kafka reprocess reads around its picks").
+(bench/reprocess_picks/README.md).
 
 Produces COUNT messages to the sample `clicks` topic (4 partitions) on its own broker, picks the
 first and the last record of partition 0 and of partition 1, and reads them with

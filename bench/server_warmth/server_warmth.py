@@ -1,7 +1,7 @@
 """How long a new Spark Connect server takes to warm up: the drain's commit (`commit.commit_batch`, the
 insert-only MERGE on the id within the batch's id range, with the batch number as txnAppId/txnVersion)
 of staged full-size batches, one after another, each in a session of its own as drain runs open them,
-on one server started for the run (docs/benchmarks.md, "How long a new server takes to warm up").
+on one server started for the run (bench/server_warmth/README.md).
 
 Per commit it records the wall time and the server JVM's CPU: all of it, its JIT compiler threads' and
 its garbage collector threads' (each thread's own counts, under /proc/PID/task). Nothing but the staging

@@ -1,6 +1,6 @@
-"""A one-row MERGE on a warm Spark Connect server against one in a fresh local driver (docs/benchmarks.md,
-"Spark Connect: a warm server"). Each round runs both sides, alternating which goes first, each as a
-new Python process the way an Airflow task is one: `connect` makes a Connect session on the embedded
+"""A one-row MERGE on a warm Spark Connect server against one in a fresh local driver
+(bench/spark_connect/README.md). Each round runs both sides, alternating which goes first, each as a new
+Python process the way an Airflow task is one: `connect` makes a Connect session on the embedded
 server (`spark.connect_session`), `local` starts a driver (`spark.get_spark`); both then MERGE one new
 row into a Delta table of their own with a Delta app transaction (txnAppId, txnVersion = the round).
 The server's start (`services up`, until a client's `spark.range(1).count()` answers) is timed first,

@@ -1,5 +1,5 @@
 """What a warm Connect server compiles per batch, with each batch's values compiled into Spark's generated
-code and without (docs/benchmarks.md, "Code the server compiles per batch").
+code and without (bench/stable_code/README.md).
 
 Spark compiles a long or timestamp literal into the Java it generates. Side `literals` drains as deltadrain
 did before: the batch number and `current_timestamp()` as literals of the rows' projection, and the

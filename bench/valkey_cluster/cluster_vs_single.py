@@ -1,5 +1,5 @@
 """Drain rate of a four-stream Valkey pipeline on one server against the same pipeline on the embedded
-Valkey Cluster, its streams spread over three primaries (docs/benchmarks.md, "Valkey Cluster").
+Valkey Cluster, its streams spread over three primaries (bench/valkey_cluster/README.md).
 
 Both sides get the same messages (same seed), are drained batch by batch in one Spark session, one
 after the other, and report msg/s, the per-step seconds summed over their batches, and the CPU seconds

@@ -1,4 +1,4 @@
-"""What the view's quality column and index row cost a page (docs/benchmarks.md, "view reads").
+"""What the view's quality column and index row cost a page (bench/view_reads/README.md).
 
 Reads the lake bench/quarantine_check/quarantine_check.py leaves behind (its DELTADRAIN_HOME: the sample `orders`
 target with 10 batches, each checked, a results row each, metrics rows), with delta-rs only, as the

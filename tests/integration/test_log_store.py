@@ -22,7 +22,7 @@ def hadoop_path(spark, path: Path):
 @pytest.mark.slow
 def test_racing_writers_of_one_version_never_both_win(spark, tmp_path):
     assert spark.conf.get("spark.delta.logStore.file.impl") == LOG_STORE_CLASS
-    # Delta's default store let 2 of 6 000 such rounds be won twice (docs/benchmarks.md): this race
+    # Delta's default store let 2 of 6 000 such rounds be won twice (bench/log_store/README.md): this race
     # alone would rarely catch a regression; the checksum assertions below and in the Delta test do.
     rounds = 1000
     won = race(spark, LOG_STORE_CLASS, tmp_path / "log", rounds, writers=3)

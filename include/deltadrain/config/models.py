@@ -533,7 +533,7 @@ class PipelineConfig(_Model):
     transform: str | None = None
     # Messages per batch, i.e. per commit. A batch costs the Spark JVM a fixed few core-seconds of query
     # planning and JIT compiling, so a backlog drains faster with a larger cap (on 2 cores: 31 000 msg/s
-    # at 200 000, 49 000 at 1 000 000; docs/benchmarks.md, "Batch cap"). The driver's memory does not
+    # at 200 000, 49 000 at 1 000 000; bench/batch_sizes/README.md). The driver's memory does not
     # grow with it; a larger batch is a larger unit to redeliver after a failure.
     batch_cap: int = Field(10_000, ge=1, le=10_000_000)
     max_retries: int = Field(3, ge=0, le=100)

@@ -45,7 +45,7 @@ def no_dictionary(column: str) -> str:
     """Session conf that makes Parquet write `column` without first trying a dictionary. For values
     that never repeat the writer always drops that dictionary and writes them plain, so the attempt is
     only CPU: about 0.1 s of a 200 000-row MERGE, with the same encodings and file sizes
-    (docs/benchmarks.md, "Parquet dictionary for the id and the position"). Spark copies session conf into each write's Hadoop
+    (bench/parquet_dictionary/README.md). Spark copies session conf into each write's Hadoop
     conf, where parquet-java reads per-column switches."""
     return f"parquet.enable.dictionary#{column}"
 

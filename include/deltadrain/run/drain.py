@@ -131,8 +131,8 @@ def target_rows(good, pipeline: PipelineConfig, batch: int, run_id: str):
 
     The run's own columns (batch, run id, ingestion time) come from a one-row table joined to every row,
     not from literals: Spark compiles a long or timestamp literal into the code it generates, so each
-    batch's new values would make the server compile and JIT-warm that code again (docs/benchmarks.md,
-    "Code the server compiles per batch")."""
+    batch's new values would make the server compile and JIT-warm that code again
+    (bench/stable_code/README.md)."""
     from pyspark.sql import functions as F
     from pyspark.sql.types import LongType, StringType, StructField, StructType, TimestampType
 

@@ -330,11 +330,10 @@ def stage(tasks, produce, schema, id_field: str, directory: str) -> Staged:
 def stage_here(tasks: list[dict], produce, schema, id_field: str, directory: str, threads: int = 1) -> Staged:
     """`stage`'s job run in this process instead of Spark's: the same body over the same task rows. For a
     small batch a Spark job's fixed cost is most of the claim: on a Connect server each session starts a
-    Python worker daemon of its own and imports the claim's modules in it (docs/benchmarks.md, "A
-    one-message batch through the drain task"). Here nothing can run the claim a second time either:
-    there is no job to recompute. With `threads` > 1 the tasks run on that many threads, each task
-    staging a file of its own as a Spark task does; the server's reads, the JSON decode and the Parquet
-    writes release the GIL."""
+    Python worker daemon of its own and imports the claim's modules in it (bench/claim_here/README.md).
+    Here nothing can run the claim a second time either: there is no job to recompute. With `threads` > 1
+    the tasks run on that many threads, each task staging a file of its own as a Spark task does; the
+    server's reads, the JSON decode and the Parquet writes release the GIL."""
     import pyarrow as pa
 
     if threads <= 1 or len(tasks) <= 1:

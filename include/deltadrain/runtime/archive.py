@@ -4,7 +4,7 @@ Every drain task starts a JVM that loads some 25 000 classes (Spark, Delta, Parq
 its first commit. HotSpot can map them from an archive instead (AppCDS, `-XX:SharedArchiveFile`).
 `make install` builds one by running a small real drain (a private Valkey, a throwaway lake) with
 `-XX:ArchiveClassesAtExit` (`deltadrain.dev.archive_training`); a one-message drain process then ends about 4 s sooner
-(docs/benchmarks.md, "JVM start: one-message drains and the class-data archive").
+(bench/jit_flags/README.md, "One-message drains and the class-data archive").
 
 An archive belongs to one JDK and one set of jars. Its file name is their fingerprint, so after a
 JDK or jar change a session finds no archive and starts as before, until the next `make install`.

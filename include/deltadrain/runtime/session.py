@@ -24,11 +24,11 @@ LOG4J = Path(__file__).parents[1] / "resources" / "log4j2.properties"
 DEFAULT_CONF = {
     "spark.sql.shuffle.partitions": "4",
     # Delta rebuilds a table's file list (its state) with this many tasks on every new snapshot, i.e.
-    # before every MERGE. At Delta's default of 50, a one-row MERGE costs ~3.5 s on 2 cores; at 4, ~1 s
-    # (docs/benchmarks.md).
+    # before every MERGE. At Delta's default of 50, a one-row MERGE costs ~3.6 s on 2 cores; at 2, ~1.3 s
+    # (bench/merge_confs/README.md, "Earlier measurements: Delta's snapshot partitions").
     "spark.databricks.delta.snapshotPartitions": "4",
     # VACUUM lists a table's files in this many tasks (Spark's default: 10 000, whatever the table's
-    # size): about a minute for a six-file table on 2 cores; at 4, ~5 s (docs/benchmarks.md, "VACUUM").
+    # size): about a minute for a six-file table on 2 cores; at 4, ~5 s (bench/maintenance/README.md).
     # Raise these three on a cluster with large tables.
     "spark.sql.sources.parallelPartitionDiscovery.parallelism": "4",
     "spark.ui.enabled": "false",

@@ -242,7 +242,7 @@ def target_shaped_rows(spark, path: Path, batch: int, rows: int) -> None:
 
 def phase_server_warm_up(pipeline, url: str, workdir: Path, commits: int) -> dict:
     """A server that lives on has committed many full-size batches; one just started is still compiling
-    (docs/benchmarks.md, "How long a new server takes to warm up"). `commits` batches of the drain's
+    (bench/server_warmth/README.md). `commits` batches of the drain's
     size, shaped like its rows, committed as the drain commits them (`commit.commit_batch`: insert-only
     MERGE on the id within the batch's id range and the dedup window, the batch number as the app
     transaction) into a table of their own, each from a session of its own as drain runs open them."""

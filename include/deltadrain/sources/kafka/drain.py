@@ -77,7 +77,7 @@ REPLAY_ID_HEADER = "deltadrain-replay-id"
 # (`consume.consume_ranges`, `stage_batches`), larger ones by Spark tasks. On a Connect server each
 # session's first Python task starts a worker daemon and imports the decoder; beside that fixed cost the
 # drain's process, on one core, still read 200 000 and 400 000 offsets three to six times as fast as
-# Spark's tasks on two (docs/benchmarks.md, "Where a Kafka batch is read"). The read streams: what this
+# Spark's tasks on two (bench/kafka_read_here/README.md). The read streams: what this
 # process holds at once is bounded by `consume.BATCH_ROWS` and `consume.BATCH_BYTES`, whatever the range's
 # size, so the bound is the largest size measured, not a memory limit; above it a cluster's executors
 # read in parallel.

@@ -12,7 +12,7 @@ Both run in the driver over the staged claim files, reading only the partition, 
 attempts columns, READ_ROWS rows at a time and holding at most ACK_IDS positions per stream: the
 driver's memory stays bounded by those, not by the batch. Each XACK is a write the embedded Valkey
 syncs to its AOF before it answers, so a batch goes in few large XACKs rather than many small ones
-(docs/benchmarks.md, "Where a Valkey batch acknowledges").
+(bench/ack_chunks/README.md).
 """
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ from deltadrain.sources.valkey.gaps import record as record_gaps
 # A claim of at most this many entries runs in the drain's own process (`stage_here`), a larger one in
 # Spark tasks. On a Connect server each session starts Python workers of its own before its first claim
 # task; beside that, the drain's process (on CLAIM_HERE_THREADS) claimed 200 000 entries in half the
-# time the server's tasks took (docs/benchmarks.md, "Where a Valkey batch claims"). The claim streams, a
+# time the server's tasks took (bench/claim_here/README.md). The claim streams, a
 # READ_CHUNK of entries at a time per thread, so the bound is not a memory limit but the largest size
 # measured; above it a cluster's executors claim in parallel.
 CLAIM_HERE_MAX = 200_000

@@ -12,7 +12,7 @@ import java.time.format.DateTimeFormatter;
  * <p>Spark's entry point forces that isolation on. Each Connect session then runs its tasks under a
  * class loader of its own, and Spark's cache of generated classes is keyed by class loader, so the
  * first queries of every new session compile again every class their plans generate
- * (docs/benchmarks.md, "A new session's first MERGE"). deltadrain opens a session per run, and its
+ * (bench/connect_sessions/README.md). deltadrain opens a session per run, and its
  * sessions add no jars, classes or files to share or hide, so on this server they share one class
  * loader and the classes compiled for the runs before them.
  *
