@@ -220,7 +220,7 @@ def registry_login_file() -> Path:
 
 
 # The user the embedded registry knows (its build's configuration names it), and the Airflow connection
-# that holds its login; a pipeline names it in schema.registry_connection_id.
+# that holds its login; a pipeline names it in schema.registry.connection_id.
 REGISTRY_USER = "deltadrain"
 REGISTRY_CONNECTION_ID = "deltadrain_registry"
 
@@ -231,7 +231,7 @@ def registry_login() -> dict:
 
 
 def registry_url(cfg: DeltadrainConfig) -> str:
-    """The embedded registry's Confluent-compatible API: a pipeline's schema.registry_url."""
+    """The embedded registry's Confluent-compatible API: a pipeline's schema.registry.url."""
     return f"http://127.0.0.1:{ports(cfg).registry}/apis/ccompat/v7"
 
 
