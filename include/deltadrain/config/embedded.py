@@ -260,7 +260,7 @@ def airflow_env(cfg: DeltadrainConfig) -> dict[str, str]:
         "AIRFLOW__CORE__PLUGINS_FOLDER": str(PROJECT_ROOT / "plugins"),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
-        # 32 workers x ~130 MiB by default; size it to a 2-core machine.
+        # LocalExecutor starts this many worker processes (Airflow's default is 32): size it to the machine.
         "AIRFLOW__CORE__PARALLELISM": str(cfg.services.airflow_parallelism),
         # A read-only user too: what it may see and not do (the view's replay action) is Airflow's to say.
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin,viewer:viewer",
