@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from deltadrain.config import load_config
+from deltadrain.config import RegistrySettings, load_config
 from deltadrain.dev.produce import generate
 from deltadrain.sources.valkey.claim import decoder_for
 
@@ -88,8 +88,9 @@ def main(count: int = 200_000, rounds: int = 5, chunk: int = 10_000) -> dict:
              "protobuf_confluent": proto_cfg.pipeline("clicks_proto"), "protobuf_plain": proto_cfg.pipeline("orders_proto")}
     clicks = sides["avro_confluent"]
     url = local_registry((ROOT / "config" / "schemas" / "clicks.avsc").read_text())
-    sides["avro_confluent_registry"] = clicks.model_copy(update={"payload_schema": clicks.payload_schema.model_copy(
-        update={"registry_url": url, "avro_schema_id": None})})
+    spec = clicks.payload_schema
+    sides["avro_confluent_registry"] = clicks.model_copy(update={"payload_schema": spec.model_copy(update={
+        "registry": RegistrySettings(url=url), "avro": spec.avro.model_copy(update={"schema_id": None})})})
     schema = [pa.field(name, kind) for name, kind in TYPES.items()]
     data, decoders = {}, {}
     for name, p in sides.items():

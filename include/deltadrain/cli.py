@@ -487,7 +487,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("action", choices=["up", "down", "status"])
     p.add_argument("--only", help="comma-separated subset of valkey,valkey_tls,valkey_cluster,kafka,s3,registry,spark_cluster,"
                                   "spark_connect,airflow (default: all but s3, unless data_dir is an s3a:// URL, and "
-                                  "registry, unless a pipeline's schema.registry_url is the embedded one's; down: all)")
+                                  "registry, unless a pipeline's schema.registry.url is the embedded one's; down: all)")
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("pools", help="create or update the Airflow pool of every pipeline (after adding one); "

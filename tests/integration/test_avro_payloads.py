@@ -41,9 +41,9 @@ def avro_pipeline(tmp_path, example: str, source, example_file=EXAMPLE):
     pipe["name"] = name
     pipe["target"]["path"] = name
     if pipe["schema"]["format"] == "avro":  # the config is written elsewhere
-        pipe["schema"]["avro_schema_file"] = str(SCHEMA_FILE)
+        pipe["schema"]["avro"]["schema_file"] = str(SCHEMA_FILE)
     else:
-        pipe["schema"]["protobuf_descriptor_file"] = str(ROOT / "config" / "schemas" / "clicks.desc")
+        pipe["schema"]["protobuf"]["descriptor_file"] = str(ROOT / "config" / "schemas" / "clicks.desc")
     pipe["source"].update(source(name))
     return write_config(tmp_path, data, pipe)
 
@@ -205,7 +205,8 @@ def test_avro_and_protobuf_pipelines_drain_exactly_once_and_dead_letter_bad_bodi
     pipe.pop("transform")
     pipe.update(name=name, target={"path": name})
     pipe["source"]["streams"] = [f"{name}:{{0}}"]
-    pipe["schema"].update(avro_schema_file=str(evolving), fields={"event_id": "string", "customer": "string"},
+    pipe["schema"]["avro"]["schema_file"] = str(evolving)
+    pipe["schema"].update(fields={"event_id": "string", "customer": "string"},
                           required=["event_id"], evolution="add_columns")
     _, ec, ep = write_config(tmp_path / "e", data, pipe)
     eclient = valkey_client(ec, ep)
@@ -240,7 +241,8 @@ def test_avro_and_protobuf_pipelines_drain_exactly_once_and_dead_letter_bad_bodi
     data = yaml.safe_load((tmp_path / "pe" / "pipelines.yaml").read_text())
     pipe = data["pipelines"][0]
     pipe.pop("transform")
-    pipe["schema"].update(protobuf_descriptor_file=str(descriptor), fields={"event_id": "string", "customer": "string"},
+    pipe["schema"]["protobuf"]["descriptor_file"] = str(descriptor)
+    pipe["schema"].update(fields={"event_id": "string", "customer": "string"},
                           required=["event_id"], evolution="add_columns")
     _, pec, pep = write_config(tmp_path / "pe", data, pipe)
     ensure_topic(kafka_client_conf(pec, pep), pep.source.topic, 1)

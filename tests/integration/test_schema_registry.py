@@ -50,10 +50,12 @@ def registry_pipeline(tmp_path, cfg, fmt: str, source: dict | None = None, **sch
     name = f"r_{fmt}_{uuid.uuid4().hex[:6]}"
     pipe["name"] = pipe["target"]["path"] = name
     pipe["source"].update(topic=name, group=f"{name}-group", partitions=2, **(source or {}))
-    pipe["schema"].pop("avro_schema_file")  # these tests register their own writers
+    pipe["schema"].pop("avro")  # these tests register their own writers
+    pipe["schema"][fmt] = {"wire": "confluent", **schema.pop(fmt, {})}
+    pipe["schema"]["registry"]["url"] = registry_url(cfg)
     if schema.get("evolution") == "add_columns":
         pipe.pop("transform")  # a transform's columns and new fields would share the table's names
-    pipe["schema"].update(format=fmt, registry_url=registry_url(cfg), **{"fields": FIELDS, **schema})
+    pipe["schema"].update(format=fmt, **{"fields": FIELDS, **schema})
     path, c, p = write_config(tmp_path, data, pipe)
     ensure_topic(kafka_client_conf(c, p), name, 2)
     return path, c, p
@@ -102,7 +104,7 @@ def test_avro_and_protobuf_drain_through_the_real_registry_across_versions_bad_i
     (tmp_path / "p").mkdir()
     path, c, p = registry_pipeline(tmp_path / "a", cfg, "avro")
     _, pc, pp = registry_pipeline(tmp_path / "p", cfg, "protobuf")
-    assert p.payload_schema.registry_connection_id == "deltadrain_registry"  # the login services up handed over
+    assert p.payload_schema.registry.connection_id == "deltadrain_registry"  # the login services up handed over
     # The registry listens on the loopback only, and no path answers without the login.
     from tests.integration.helpers import beyond_loopback, listening_addresses
 
@@ -133,8 +135,8 @@ def test_avro_and_protobuf_drain_through_the_real_registry_across_versions_bad_i
     # A wrong password, given as environment variables: the run fails in one line naming them, and
     # nothing is committed, dead-lettered or acknowledged.
     bad = yaml.safe_load(path.read_text())
-    bad["pipelines"][0]["schema"].pop("registry_connection_id")
-    bad["pipelines"][0]["schema"].update(registry_username_env="DD_TEST_REG_USER", registry_password_env="DD_TEST_REG_PW")
+    bad["pipelines"][0]["schema"]["registry"].pop("connection_id")
+    bad["pipelines"][0]["schema"]["registry"].update(username_env="DD_TEST_REG_USER", password_env="DD_TEST_REG_PW")
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump(bad, sort_keys=False))
     monkeypatch.setenv("DD_TEST_REG_USER", registry_login()["username"])
     monkeypatch.setenv("DD_TEST_REG_PW", "not-the-password")
@@ -196,7 +198,7 @@ def test_avro_and_protobuf_drain_through_the_real_registry_across_versions_bad_i
 @pytest.mark.slow
 def test_a_writer_registered_mid_stream_adds_its_field_as_a_column_and_avro_keys_are_the_ids(
         tmp_path, cfg, spark, kafka_broker, registry_server):
-    """Schema evolution through the real registry: a pipeline with only `registry_url` and
+    """Schema evolution through the real registry: a pipeline with only `registry.url` and
     `add_columns` declares two fields; the producer registers a version that adds `coupon` and writes
     with its id mid-stream, and the table gains the column in that batch's commit, with nothing
     restarted or edited. Its keys are Avro strings registered under the topic's key subject
@@ -245,7 +247,7 @@ def test_a_writer_registered_mid_stream_adds_its_field_as_a_column_and_avro_keys
     # `deltadrain produce` registers the example's schema file under the topic's value subject and writes
     # with its id, good and bad messages: the example pipeline runs end to end against the registry.
     (tmp_path / "x").mkdir()
-    _, xc, xp = registry_pipeline(tmp_path / "x", cfg, "avro", avro_schema_file=str(SCHEMAS / "clicks.avsc"))
+    _, xc, xp = registry_pipeline(tmp_path / "x", cfg, "avro", avro={"schema_file": str(SCHEMAS / "clicks.avsc")})
     result = produce(xc, xp, 60, seed=56, malformed_ratio=0.15)
     assert result.places and set(result.places.values()) <= set(avro_bad_kinds(xp))
     run = drain(xc, xp, spark=spark)

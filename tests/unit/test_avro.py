@@ -158,15 +158,16 @@ def test_an_avro_batch_gives_the_json_paths_columns_for_the_same_records():
     assert avro_cols["_dd_original"][7].as_py() == as_avro[7]  # the DLQ keeps the bytes as they came
 
 
-def write(tmp_path, schema: dict | str | None, **schema_block) -> Path:
+def write(tmp_path, schema: dict | str | None, avro: dict | None = None, **schema_block) -> Path:
     data = yaml.safe_load((ROOT / "config" / "pipelines.avro.yaml").read_text())
     pipe = data["pipelines"][0]
     pipe["schema"].update(schema_block)
+    pipe["schema"]["avro"].update(avro or {})
     data["pipelines"] = [pipe]
     (tmp_path / "conf").mkdir(exist_ok=True)
     if schema is not None:
         (tmp_path / "conf" / "s.avsc").write_text(schema if isinstance(schema, str) else json.dumps(schema))
-        pipe["schema"]["avro_schema_file"] = "s.avsc"
+        pipe["schema"]["avro"]["schema_file"] = "s.avsc"
     path = tmp_path / "conf" / "p.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
@@ -175,14 +176,14 @@ def write(tmp_path, schema: dict | str | None, **schema_block) -> Path:
 def test_the_schema_file_is_read_relative_to_the_config_and_checked_at_load(tmp_path):
     example = load_config(ROOT / "config" / "pipelines.avro.yaml")
     for p in example.pipelines:
-        assert p.payload_schema.avro_schema_file == str(ROOT / "config" / "schemas" / "clicks.avsc")
+        assert p.payload_schema.avro.schema_file == str(ROOT / "config" / "schemas" / "clicks.avsc")
         assert json.loads(payload_of(p.payload_schema).schema_json)["name"] == "Click"
     clicks = json.loads((ROOT / "config" / "schemas" / "clicks.avsc").read_text())
-    assert load_config(write(tmp_path, clicks)).pipelines[0].payload_schema.avro_schema_file == str(
+    assert load_config(write(tmp_path, clicks)).pipelines[0].payload_schema.avro.schema_file == str(
         tmp_path / "conf" / "s.avsc")
-    where = r"p.yaml: pipeline 'clicks_avro', field 'schema.avro_schema_file': "
+    where = r"p.yaml: pipeline 'clicks_avro', field 'schema.avro.schema_file': "
     cases = [
-        ((None, {"avro_schema_file": "gone.avsc"}), where + r".*conf/gone.avsc not found"),
+        ((None, {"schema_file": "gone.avsc"}), where + r".*conf/gone.avsc not found"),
         (("{not json", {}), where + "Avro schema file .*s.avsc is not JSON"),
         (({"type": "record", "name": "X", "fields": [{"name": "a", "type": "nope"}]}, {}),
          where + "Avro schema file .*s.avsc is not a valid Avro schema"),
@@ -195,14 +196,16 @@ def test_the_schema_file_is_read_relative_to_the_config_and_checked_at_load(tmp_
     ]
     for (schema, block), message in cases:
         with pytest.raises(ConfigError, match=message):
-            load_config(write(tmp_path, schema, **block))
+            load_config(write(tmp_path, schema, block))
     field = r"p.yaml: pipeline 'clicks_avro', field 'schema': "
-    with pytest.raises(ConfigError, match=field + "avro_wire confluent needs avro_schema_id"):
-        load_config(write(tmp_path, clicks, avro_schema_id=None))
-    with pytest.raises(ConfigError, match=field + "format avro needs avro_schema_file"):
-        load_config(write(tmp_path, None, avro_schema_file=None))
-    with pytest.raises(ConfigError, match=field + "avro_schema_file only apply to format: avro"):
+    with pytest.raises(ConfigError, match=field + r"avro\.wire confluent needs avro\.schema_id"):
+        load_config(write(tmp_path, clicks, {"schema_id": None}))
+    with pytest.raises(ConfigError, match=field + r"format avro needs avro\.schema_file"):
+        load_config(write(tmp_path, None, {"schema_file": None}))
+    with pytest.raises(ConfigError, match=field + r"avro applies to format: avro only \(this schema is json\)"):
         load_config(write(tmp_path, clicks, format="json"))
+    with pytest.raises(ConfigError, match=r"field 'schema\.avro': schema_id is only read with wire: confluent"):
+        load_config(write(tmp_path, clicks, {"wire": "plain"}))
 
 
 def test_field_problems_follow_unions_named_types_and_logical_types():

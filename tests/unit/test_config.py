@@ -405,3 +405,93 @@ def test_a_cluster_source_takes_seed_urls_and_refuses_streams_that_share_a_hash_
     source["url"] = ["valkey://10.0.0.1:7000", "valkey://u:hunter2@10.0.0.2:7000"]
     source["cluster"] = True
     assert "carries a password" in error_of(data) and "hunter2" not in error_of(data)
+
+
+OLD_SPELLING = """
+pipelines:
+  - name: clicks
+    source: {kind: kafka, topic: clicks}
+    target: {path: clicks}
+    schema:
+      format: avro
+      avro_schema_file: schemas/clicks.avsc
+      avro_wire: confluent
+      avro_schema_id: 4
+      registry_url: https://reg.example/apis/ccompat/v7
+      registry_username_env: REG_USER
+      registry_password_env: REG_PASSWORD
+      id_field: event_id
+      fields: {event_id: string, customer: string}
+  - name: orders
+    source: {kind: valkey, streams: [orders]}
+    target: {path: orders}
+    schema:
+      format: protobuf
+      protobuf_descriptor_file: schemas/clicks.desc
+      protobuf_message: dev.deltadrain.sample.Click
+      avro_wire: confluent
+      avro_schema_id: 2
+      id_field: event_id
+      fields: {event_id: string}
+"""
+
+
+def test_the_old_flat_schema_keys_still_load_each_with_one_deprecation_line(tmp_path, caplog):
+    """Configs written before the format blocks: each flat key lands in its block (the framing keys of a
+    Protobuf schema in `protobuf:`), and the log says once per key how to write it now."""
+    (tmp_path / "schemas").mkdir()
+    for name in ("clicks.avsc", "clicks.desc"):
+        (tmp_path / "schemas" / name).write_bytes((ROOT / "config" / "schemas" / name).read_bytes())
+    path = tmp_path / "old.yaml"
+    path.write_text(OLD_SPELLING)
+    with caplog.at_level("WARNING", logger="deltadrain.config"):
+        cfg = load_config(path)
+    clicks, orders = cfg.pipeline("clicks").payload_schema, cfg.pipeline("orders").payload_schema
+    assert (clicks.avro.schema_file, clicks.avro.wire, clicks.avro.schema_id) == (
+        str(tmp_path / "schemas" / "clicks.avsc"), "confluent", 4)
+    assert (clicks.registry.url, clicks.registry.username_env, clicks.registry.password_env) == (
+        "https://reg.example/apis/ccompat/v7", "REG_USER", "REG_PASSWORD")
+    assert (orders.protobuf.descriptor_file, orders.protobuf.message, orders.protobuf.wire, orders.protobuf.schema_id) \
+        == (str(tmp_path / "schemas" / "clicks.desc"), "dev.deltadrain.sample.Click", "confluent", 2)
+    assert orders.avro is None and orders.registry is None
+    lines = [r.getMessage() for r in caplog.records if r.name == "deltadrain.config"]
+    assert f"{path}: pipeline 'clicks', field 'schema.avro_wire' is deprecated: write 'schema.avro.wire'" in lines
+    assert f"{path}: pipeline 'orders', field 'schema.avro_wire' is deprecated: write 'schema.protobuf.wire'" in lines
+    assert f"{path}: pipeline 'clicks', field 'schema.registry_password_env' is deprecated: write " \
+           "'schema.registry.password_env'" in lines
+    assert len(lines) == 6 + 4 and len(set(lines)) == len(lines)
+    # A key given in both spellings is an error naming both, not a silent choice.
+    path.write_text(OLD_SPELLING.replace("      avro_wire: confluent\n      avro_schema_id: 4\n",
+                                         "      avro_wire: confluent\n      avro: {wire: plain}\n", 1))
+    with pytest.raises(ConfigError, match=f"{path}: pipeline 'clicks', field 'schema.avro_wire' is also given as "
+                                          "'schema.avro.wire': keep 'schema.avro.wire' alone"):
+        load_config(path)
+
+
+def test_every_path_field_is_read_relative_to_the_config_file(tmp_path):
+    """One rule for every path the config names (schema files, descriptor sets, CA files, data_dir): a
+    relative one is joined to the config file's directory when the config is loaded."""
+    conf = tmp_path / "conf"
+    (conf / "schemas").mkdir(parents=True)
+    (conf / "schemas" / "clicks.avsc").write_bytes((ROOT / "config" / "schemas" / "clicks.avsc").read_bytes())
+    data = example()
+    data["data_dir"] = "lake"
+    data["pipelines"][0]["source"].update(url="valkeys://h:6380/0", tls_ca_file="certs/valkey.pem")
+    data["pipelines"][1]["source"]["security"] = {"protocol": "SSL", "ssl_ca_location": "~/kafka.pem"}
+    data["pipelines"][1]["schema"].update(format="avro", avro={"schema_file": "schemas/clicks.avsc"})
+    data["pipelines"][1]["schema"]["fields"] = {"event_id": "string", "customer": "string"}
+    data["pipelines"][1]["schema"]["required"] = ["event_id"]
+    path = conf / "p.yaml"
+    path.write_text(yaml.safe_dump(data))
+    cfg = load_config(path)
+    orders, clicks = cfg.pipeline("orders"), cfg.pipeline("clicks")
+    assert cfg.data_dir == str(conf / "lake") and cfg.lake_dir() == conf / "lake"
+    assert orders.source.tls_ca_file == str(conf / "certs" / "valkey.pem")
+    assert clicks.source.security.ssl_ca_location == str(Path("~/kafka.pem").expanduser())
+    assert clicks.payload_schema.avro.schema_file == str(conf / "schemas" / "clicks.avsc")
+    # Absolute paths and object store URLs stay as they are.
+    data["data_dir"] = "s3a://lake/x"
+    data["pipelines"][0]["source"]["tls_ca_file"] = "/etc/valkey.pem"
+    path.write_text(yaml.safe_dump(data))
+    cfg = load_config(path)
+    assert cfg.data_dir == "s3a://lake/x" and cfg.pipeline("orders").source.tls_ca_file == "/etc/valkey.pem"

@@ -199,15 +199,16 @@ def test_add_columns_is_refused_with_a_transform_and_taken_with_protobuf_and_wit
     pipe.pop("transform")
     assert parse_config(data, Path("pipes.yaml")).pipelines[0].payload_schema.collects_new_fields
     # Protobuf with its descriptor file: the file's new fields are planned before the read (no collecting).
-    pipe["schema"].update(format="protobuf", protobuf_descriptor_file=str(root / "config" / "schemas" / "clicks.desc"),
-                          protobuf_message="dev.deltadrain.sample.Click",
+    pipe["schema"].update(format="protobuf", protobuf={
+        "descriptor_file": str(root / "config" / "schemas" / "clicks.desc"), "message": "dev.deltadrain.sample.Click"},
                           fields={"event_id": "string", "customer": "string"}, required=["event_id"])
     schema = parse_config(data, Path("pipes.yaml")).pipelines[0].payload_schema
     assert schema.evolution == "add_columns" and not schema.collects_new_fields
     # A registry and add_columns, nothing else: the batch's writers' schemas give the new columns.
     for fmt in ("avro", "protobuf"):
         pipe["schema"] = {"id_field": "event_id", "fields": {"event_id": "string"}, "format": fmt,
-                          "avro_wire": "confluent", "registry_url": "http://127.0.0.1:8081", "evolution": "add_columns"}
+                          fmt: {"wire": "confluent"}, "registry": {"url": "http://127.0.0.1:8081"},
+                          "evolution": "add_columns"}
         assert parse_config(data, Path("pipes.yaml")).pipelines[0].payload_schema.collects_new_fields, fmt
     assert json.loads(json.dumps(pipe))  # the YAML stays plain data
 
@@ -222,7 +223,8 @@ def test_a_backfill_collects_no_writers_new_fields_and_a_json_one_still_does(tmp
     pipe["schema"]["evolution"] = "add_columns"
     json_pipeline = parse_config(data, Path("pipes.yaml")).pipelines[0]
     pipe["schema"] = {"id_field": "event_id", "fields": {"event_id": "string"}, "format": "avro",
-                      "avro_wire": "confluent", "registry_url": "http://127.0.0.1:8081", "evolution": "add_columns"}
+                      "avro": {"wire": "confluent"}, "registry": {"url": "http://127.0.0.1:8081"},
+                      "evolution": "add_columns"}
     registry_pipeline = parse_config(data, Path("pipes.yaml")).pipelines[0]
     no_table = str(tmp_path / "none")
     for pipeline, backfill_collects in ((json_pipeline, True), (registry_pipeline, False)):

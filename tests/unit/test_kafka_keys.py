@@ -77,16 +77,16 @@ def test_avro_keys_need_id_from_key_and_a_registry_and_their_copies_carry_the_id
 
     from deltadrain.config import load_config
 
-    path = write_config(tmp_path, registry_url="http://127.0.0.1:1")
+    path = write_config(tmp_path, registry={"url": "http://127.0.0.1:1"})
     data = yaml.safe_load(path.read_text())
     data["pipelines"][0]["source"].update(id_from="key", key_format="avro")
     path.write_text(yaml.safe_dump(data))
     assert load_config(path).pipelines[0].source.key_format == "avro"
-    del data["pipelines"][0]["schema"]["registry_url"]
-    data["pipelines"][0]["schema"].update(avro_schema_id=1, avro_schema_file=str(ROOT / "config" / "schemas" / "clicks.avsc"))
+    del data["pipelines"][0]["schema"]["registry"]
+    data["pipelines"][0]["schema"]["avro"].update(schema_id=1, schema_file=str(ROOT / "config" / "schemas" / "clicks.avsc"))
     path.write_text(yaml.safe_dump(data))
     with pytest.raises(ConfigError, match=re.escape("source.key_format avro reads each key with its writer's schema "
-                                                    "from the schema registry: set schema.registry_url")):
+                                                    "from the schema registry: set schema.registry.url")):
         load_config(path)
     source = KafkaSource(kind="kafka", topic="t", id_from="key", key_format="avro")
     key, headers = kafka_copy_identity(source, {"message_id": "order-7", "partition": "0", "position": "9"})

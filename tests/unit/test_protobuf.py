@@ -189,10 +189,11 @@ def test_the_checked_in_descriptor_set_is_the_one_protoc_makes_of_the_proto(tmp_
     assert (tmp_path / "c.desc").read_bytes() == (schemas / "clicks.desc").read_bytes(), "run make proto"
 
 
-def write(tmp_path, **schema_block) -> Path:
+def write(tmp_path, protobuf: dict | None = None, **schema_block) -> Path:
     data = yaml.safe_load((ROOT / "config" / "pipelines.protobuf.yaml").read_text())
     pipe = data["pipelines"][0]
-    pipe["schema"].update({"protobuf_descriptor_file": "s.desc", **schema_block})
+    pipe["schema"]["protobuf"].update({"descriptor_file": "s.desc", **(protobuf or {})})
+    pipe["schema"].update(schema_block)
     data["pipelines"] = [pipe]
     (tmp_path / "conf").mkdir(exist_ok=True)
     (tmp_path / "conf" / "s.desc").write_bytes((ROOT / "config" / "schemas" / "clicks.desc").read_bytes())
@@ -205,36 +206,32 @@ def write(tmp_path, **schema_block) -> Path:
 def test_the_descriptor_file_is_read_relative_to_the_config_and_checked_at_load(tmp_path):
     example = load_config(ROOT / "config" / "pipelines.protobuf.yaml")
     for p in example.pipelines:
-        assert p.payload_schema.protobuf_descriptor_file == str(ROOT / "config" / "schemas" / "clicks.desc")
+        assert p.payload_schema.protobuf.descriptor_file == str(ROOT / "config" / "schemas" / "clicks.desc")
         assert payload_of(p.payload_schema).descriptor().full_name == "dev.deltadrain.sample.Click"
     assert load_config(write(tmp_path)).pipelines[0] \
-        .payload_schema.protobuf_descriptor_file == str(tmp_path / "conf" / "s.desc")
-    where = r"p.yaml: pipeline 'clicks_proto', field 'schema.protobuf_descriptor_file': "
+        .payload_schema.protobuf.descriptor_file == str(tmp_path / "conf" / "s.desc")
+    where = r"p.yaml: pipeline 'clicks_proto', field 'schema.protobuf.descriptor_file': "
     cases = [
-        ({"protobuf_descriptor_file": "gone.desc"}, where + r".*conf/gone.desc not found"),
-        ({"protobuf_descriptor_file": "bad.desc"}, where + r".*bad.desc is not a serialized FileDescriptorSet"),
-        ({"protobuf_message": "Click"}, where + r"message 'Click' is not in .*its messages: "
-                                                r"google.protobuf.Timestamp, dev.deltadrain.sample.Click"),
-        ({"fields": {"event_id": "string", "status": "long"}, "required": []},
+        ({"descriptor_file": "gone.desc"}, {}, where + r".*conf/gone.desc not found"),
+        ({"descriptor_file": "bad.desc"}, {}, where + r".*bad.desc is not a serialized FileDescriptorSet"),
+        ({"message": "Click"}, {}, where + r"message 'Click' is not in .*its messages: "
+                                           r"google.protobuf.Timestamp, dev.deltadrain.sample.Click"),
+        ({}, {"fields": {"event_id": "string", "status": "long"}, "required": []},
          where + r"message dev.deltadrain.sample.Click cannot fill schema.fields: field 'status' is long but "
                  r"message dev.deltadrain.sample.Click gives it enum"),
     ]
-    for block, message in cases:
+    for protobuf, block, message in cases:
         with pytest.raises(ConfigError, match=message):
-            load_config(write(tmp_path, **block))
+            load_config(write(tmp_path, protobuf, **block))
     field = r"p.yaml: pipeline 'clicks_proto', field 'schema': "
-    with pytest.raises(ConfigError, match=field + "format protobuf needs protobuf_descriptor_file"):
-        load_config(write(tmp_path, protobuf_message=None))
-    with pytest.raises(ConfigError, match=field + "avro_wire confluent needs avro_schema_id"):
-        load_config(write(tmp_path, avro_schema_id=None))
-    with pytest.raises(ConfigError, match=field + "avro_schema_file only apply to format: avro"):
-        load_config(write(tmp_path, avro_schema_file="x.avsc"))
-    with pytest.raises(ConfigError, match=field + "protobuf_descriptor_file, protobuf_message only apply to "
-                                              "format: protobuf"):
-        load_config(write(tmp_path, format="json", avro_wire="plain", avro_schema_id=None))
-    with pytest.raises(ConfigError, match=field + "avro_wire only apply to format: avro or protobuf"):
-        load_config(write(tmp_path, format="json", protobuf_descriptor_file=None, protobuf_message=None,
-                          avro_schema_id=None))
+    with pytest.raises(ConfigError, match=field + r"format protobuf needs protobuf\.descriptor_file"):
+        load_config(write(tmp_path, {"message": None}))
+    with pytest.raises(ConfigError, match=field + r"protobuf\.wire confluent needs protobuf\.schema_id"):
+        load_config(write(tmp_path, {"schema_id": None}))
+    with pytest.raises(ConfigError, match=field + r"avro applies to format: avro only \(this schema is protobuf\)"):
+        load_config(write(tmp_path, avro={"schema_file": "x.avsc"}))
+    with pytest.raises(ConfigError, match=field + r"protobuf applies to format: protobuf only \(this schema is json\)"):
+        load_config(write(tmp_path, format="json"))
 
 
 def test_produce_writes_protobuf_for_a_protobuf_pipeline_and_each_bad_kind_gets_its_dead_letter():
@@ -244,7 +241,7 @@ def test_produce_writes_protobuf_for_a_protobuf_pipeline_and_each_bad_kind_gets_
     for p in cfg.pipelines:
         msgs = list(generate(p, 1500, seed=3, malformed_ratio=0.2))
         assert msgs == list(generate(p, 1500, seed=3, malformed_ratio=0.2))
-        confluent = p.payload_schema.avro_wire == "confluent"
+        confluent = p.payload_schema.protobuf.wire == "confluent"
         assert {m.kind for m in msgs} == {"valid", *(k for k in PROTOBUF_MALFORMED if confluent or k not in (
             "wrong_magic_byte", "unknown_schema_id"))}
         decoder = payload_of(p.payload_schema).decoder(

@@ -141,7 +141,7 @@ def test_answers_map_to_a_writer_a_dead_letter_a_retry_or_a_run_error():
         None, "unknown_schema_id",
         "unknown schema id 5 (the schema registry at http://reg:8081 does not know it: Schema 5 not found)")
     with pytest.raises(RegistryUnavailable, match=r"answered HTTP 404 without error code 40403 for schema id 5 "
-                                                  r"\(Not Found\): is schema.registry_url the base"):
+                                                  r"\(Not Found\): is schema.registry.url the base"):
         answer(404, b"Not Found", 5, r, "AVRO")  # a wrong base URL: no message is to blame
     for status in (500, 503, 429, 408):
         assert answer(status, b"busy", 5, r, "AVRO") is None
@@ -245,7 +245,7 @@ def test_a_batch_of_many_schema_ids_is_read_with_each_writer_asked_once(server):
     assert server.asked == ["/schemas/ids/99"]
     assert again["_dd_error_type"].to_pylist() == [None, None, "schema", *["unknown_schema_id"] * 3]
     assert again["_dd_error"][2].as_py() == "required field 'amount' is missing"
-    # With avro_schema_id set, only that id is read: another is a dead letter, and not asked for.
+    # With avro.schema_id set, only that id is read: another is a dead letter, and not asked for.
     server.asked.clear()
     only = decoder(server.url, schema_id=12).columns(good[:1] + newer[:1])
     assert only["_dd_error"].to_pylist() == ["unknown schema id 11 (this pipeline reads schema id 12)", None]
@@ -267,7 +267,7 @@ def test_an_outage_fails_the_batch_whole_and_a_refused_login_names_its_fix(serve
     server.login = "drain:s3cret"
     monkeypatch.setenv("REG_USER", "drain")
     monkeypatch.setenv("REG_PASSWORD", "wrong")
-    schema = {"registry_url": server.url, "registry_username_env": "REG_USER", "registry_password_env": "REG_PASSWORD"}
+    schema = {"url": server.url, "username_env": "REG_USER", "password_env": "REG_PASSWORD"}
     p = registry_payload(schema)
     with pytest.raises(RegistryLoginRefused) as refused:
         p.decoder(fields=FIELDS, id_field="event_id", required=["event_id"], max_bytes=4096, types=TYPES).columns(values)
@@ -283,7 +283,7 @@ def test_an_outage_fails_the_batch_whole_and_a_refused_login_names_its_fix(serve
     reg._CACHE.clear()
     monkeypatch.setenv("AIRFLOW_CONN_SCHEMA_REGISTRY", json.dumps({"conn_type": "http", "login": "drain",
                                                                    "password": "s3cret"}))
-    p = registry_payload({"registry_url": server.url, "registry_connection_id": "schema_registry"})
+    p = registry_payload({"url": server.url, "connection_id": "schema_registry"})
     assert p.decoder(fields=FIELDS, id_field="event_id", required=["event_id"], max_bytes=4096,
                      types=TYPES).columns(values)["customer"].to_pylist() == ["c"]
     monkeypatch.delenv("REG_PASSWORD")
@@ -291,18 +291,18 @@ def test_an_outage_fails_the_batch_whole_and_a_refused_login_names_its_fix(serve
         registry_payload(schema)
 
 
-def registry_payload(schema_block: dict):
+def registry_payload(registry: dict):
     from deltadrain.config import SchemaConfig
 
-    return payload_of(SchemaConfig(format="avro", avro_wire="confluent", id_field="event_id", fields=FIELDS,
-                                   **schema_block))
+    return payload_of(SchemaConfig(format="avro", avro={"wire": "confluent"}, registry=registry, id_field="event_id",
+                                   fields=FIELDS))
 
 
-def write_config(tmp_path, **schema_block) -> Path:
+def write_config(tmp_path, avro: dict | None = None, **schema_block) -> Path:
+    """The example's Confluent-framed Avro pipeline, with no schema file or id unless `avro` gives them."""
     data = yaml.safe_load((ROOT / "config" / "pipelines.avro.yaml").read_text())
     pipe = data["pipelines"][0]
-    pipe["schema"].pop("avro_schema_id")
-    pipe["schema"].pop("avro_schema_file")
+    pipe["schema"]["avro"] = {"wire": "confluent", **(avro or {})}
     pipe["schema"].update(schema_block)
     data["pipelines"] = [pipe]
     path = tmp_path / "p.yaml"
@@ -310,30 +310,30 @@ def write_config(tmp_path, **schema_block) -> Path:
     return path
 
 
-@pytest.mark.parametrize(("block", "message"), [
-    ({"registry_url": "http://u:pw@reg:8081"}, "carries a login; put it in an Airflow connection"),
-    ({"registry_url": "ftp://reg"}, "must be an http:// or https:// URL"),
-    ({"registry_url": "http://reg?password=x"}, "has a query or '#' part"),
-    ({}, "format avro needs avro_schema_file, the writer's schema (.avsc), or registry_url"),
-    ({"avro_schema_file": "s.avsc"}, "avro_wire confluent needs avro_schema_id, the id the messages carry, or "
-                                      "registry_url"),
-    ({"registry_connection_id": "r", "avro_schema_file": "s.avsc", "avro_schema_id": 1}, "registry_connection_id only apply with registry_url"),
-    ({"registry_url": "http://reg", "registry_connection_id": "r", "registry_password_env": "P"}, "not both"),
-    ({"registry_url": "http://reg", "avro_wire": "plain"}, "registry_url needs format avro or protobuf with "
-                                                           "avro_wire: confluent"),
+@pytest.mark.parametrize(("avro", "block", "message"), [
+    ({}, {"registry": {"url": "http://u:pw@reg:8081"}}, "carries a login; put it in an Airflow connection"),
+    ({}, {"registry": {"url": "ftp://reg"}}, "must be an http:// or https:// URL"),
+    ({}, {"registry": {"url": "http://reg?password=x"}}, "has a query or '#' part"),
+    ({}, {}, "format avro needs avro.schema_file, the writer's schema (.avsc), or registry.url"),
+    ({"schema_file": "s.avsc"}, {}, "avro.wire confluent needs avro.schema_id, the id the messages carry, or "
+                                    "registry.url"),
+    ({"schema_file": "s.avsc", "schema_id": 1}, {"registry": {"connection_id": "r"}},
+     "field 'schema.registry.url': Field required"),
+    ({}, {"registry": {"url": "http://reg", "connection_id": "r", "password_env": "P"}}, "not both"),
+    ({"wire": "plain"}, {"registry": {"url": "http://reg"}}, "registry needs avro.wire: confluent"),
 ])
-def test_registry_settings_are_checked_at_load(tmp_path, block, message):
+def test_registry_settings_are_checked_at_load(tmp_path, avro, block, message):
     with pytest.raises(ConfigError, match=re.escape(message)) as exc:
-        load_config(write_config(tmp_path, **block))
+        load_config(write_config(tmp_path, avro, **block))
     assert "pipeline 'clicks_avro', field 'schema" in str(exc.value) and "pw" not in str(exc.value)
 
 
 def test_with_a_registry_the_schema_file_and_id_are_optional_and_the_connection_is_handed_over(tmp_path):
-    cfg = load_config(write_config(tmp_path, registry_url="https://reg.example:8081/apis/ccompat/v7/",
-                                   registry_connection_id="schema_registry"))
+    cfg = load_config(write_config(tmp_path, registry={"url": "https://reg.example:8081/apis/ccompat/v7/",
+                                                       "connection_id": "schema_registry"}))
     p = cfg.pipelines[0]
-    assert p.payload_schema.registry_url == "https://reg.example:8081/apis/ccompat/v7"
-    assert p.payload_schema.avro_schema_file is None and p.payload_schema.avro_schema_id is None
+    assert p.payload_schema.registry.url == "https://reg.example:8081/apis/ccompat/v7"
+    assert p.payload_schema.avro.schema_file is None and p.payload_schema.avro.schema_id is None
     assert p.connection_ids() == ["schema_registry"]
 
 
@@ -342,14 +342,16 @@ def test_the_example_registry_pipeline_loads_and_produce_needs_a_schema_file_to_
 
     cfg = load_config(ROOT / "config" / "pipelines.registry.yaml")
     p = cfg.pipeline("clicks_avro_registry")
-    assert p.payload_schema.registry_url == "http://127.0.0.1:18081/apis/ccompat/v7"
+    assert p.payload_schema.registry.url == "http://127.0.0.1:18081/apis/ccompat/v7"
     assert p.connection_ids() == ["deltadrain_registry"]
     # `produce` registers the example's file under the topic's value subject and writes with its id.
-    assert p.payload_schema.avro_schema_file == str(ROOT / "config" / "schemas" / "clicks.avsc")
+    assert p.payload_schema.avro.schema_file == str(ROOT / "config" / "schemas" / "clicks.avsc")
     assert subject_of(p) == "clicks_avro_registry-value"
-    bare = p.model_copy(update={"payload_schema": p.payload_schema.model_copy(update={"avro_schema_file": None})})
+    spec = p.payload_schema
+    bare = p.model_copy(update={"payload_schema": spec.model_copy(update={
+        "avro": spec.avro.model_copy(update={"schema_file": None})})})
     with pytest.raises(ConfigError, match="pipeline 'clicks_avro_registry' reads its writers' schemas from the registry "
-                                          "at http://127.0.0.1:18081/apis/ccompat/v7: `produce` needs schema.avro_schema_file"):
+                                          "at http://127.0.0.1:18081/apis/ccompat/v7: `produce` needs schema.avro.schema_file"):
         next(generate(bare, 1, seed=1))
 
 
@@ -428,14 +430,14 @@ def tls_registry(tmp_path_factory):
     srv.server_close()
 
 
-def test_an_https_registry_on_a_private_ca_is_read_with_registry_ca_file_and_refused_once_without(
+def test_an_https_registry_on_a_private_ca_is_read_with_its_ca_file_and_refused_once_without(
         tls_registry, tmp_path):
     """Without the CA the first ask fails on the certificate, and the run's one line names the setting
     to fix: no retries (no wait can make a certificate trusted). With another CA the line asks whether
     the file is the right one. With the file, given relative to the config, the writer is read."""
     waits = []
-    for ca, fix in ((None, "set schema.registry_ca_file to the CA that signed it"),
-                    (tls_registry.other_ca.read_text(), "is schema.registry_ca_file the CA that signed it?")):
+    for ca, fix in ((None, "set schema.registry.ca_file to the CA that signed it"),
+                    (tls_registry.other_ca.read_text(), "is schema.registry.ca_file the CA that signed it?")):
         with pytest.raises(RegistryUntrusted, match=re.escape(fix)) as exc:
             fetch(Registry(tls_registry.url, ca_pem=ca, backoff_s=0.01), 11, "AVRO", sleep=waits.append)
         assert f"the schema registry at {tls_registry.url} presents a certificate this client does not trust" \
@@ -444,22 +446,26 @@ def test_an_https_registry_on_a_private_ca_is_read_with_registry_ca_file_and_ref
 
     (tmp_path / "certs").mkdir()
     (tmp_path / "certs" / "registry-ca.pem").write_text(tls_registry.ca.read_text())
-    cfg = load_config(write_config(tmp_path, registry_url=tls_registry.url, registry_ca_file="certs/registry-ca.pem"))
+    cfg = load_config(write_config(tmp_path, registry={"url": tls_registry.url, "ca_file": "certs/registry-ca.pem"}))
     schema = cfg.pipelines[0].payload_schema
-    assert schema.registry_ca_file == str((tmp_path / "certs" / "registry-ca.pem").resolve())
+    assert schema.registry.ca_file == str((tmp_path / "certs" / "registry-ca.pem").resolve())
     found = fetch(registry_of(schema), 11, "AVRO")
     assert json.loads(found.text) == V1 and tls_registry.asked == ["/schemas/ids/11"]
 
 
-@pytest.mark.parametrize(("block", "message"), [
-    ({"registry_url": "http://reg", "registry_ca_file": "ca.pem"}, "registry_ca_file only applies to an https://"),
-    ({"registry_url": "https://reg", "registry_ca_file": "missing.pem"}, "is not a readable PEM file of CA certificates"),
-    ({"registry_url": "https://reg", "registry_ca_file": "p.yaml"}, "p.yaml"),
+@pytest.mark.parametrize(("registry", "message"), [
+    ({"url": "http://reg", "ca_file": "ca.pem"}, "field 'schema.registry': ca_file only applies to an https:// url"),
+    ({"url": "https://reg", "ca_file": "missing.pem"}, "field 'schema.registry.ca_file': "),
+    ({"url": "https://reg", "ca_file": "p.yaml"}, "field 'schema.registry.ca_file': "),
 ])
-def test_a_registry_ca_file_that_cannot_serve_is_a_config_error_naming_it(tmp_path, block, message):
+def test_a_registry_ca_file_that_cannot_serve_is_a_config_error_naming_it(tmp_path, registry, message):
     with pytest.raises(ConfigError, match=re.escape(message)) as exc:
-        load_config(write_config(tmp_path, **block))
-    assert "pipeline 'clicks_avro', field 'schema" in str(exc.value) and "registry_ca_file" in str(exc.value)
+        load_config(write_config(tmp_path, registry=registry))
+    assert "pipeline 'clicks_avro', field 'schema.registry" in str(exc.value) and "ca_file" in str(exc.value)
+    if registry["url"].startswith("https:"):  # the file, made absolute, and what is wrong with it
+        assert str(tmp_path / registry["ca_file"]) in str(exc.value)
+    if registry["ca_file"] == "missing.pem":
+        assert "is not a readable PEM file of CA certificates" in str(exc.value)
 
 
 def collecting(url: str, fields: dict, evolved=frozenset()) -> AvroBatchDecoder:
@@ -576,7 +582,7 @@ def test_a_bare_services_up_starts_the_embedded_registry_only_for_a_pipeline_tha
     assert "registry" not in services.defaults(load_config(ROOT / "config" / "pipelines.yaml"))
     # Airflow gets its login as the connection the example names; its process, never its command line.
     conn = json.loads(airflow_env(reads_it)["AIRFLOW_CONN_DELTADRAIN_REGISTRY"])
-    assert reads_it.pipelines[0].payload_schema.registry_connection_id == REGISTRY_CONNECTION_ID
+    assert reads_it.pipelines[0].payload_schema.registry.connection_id == REGISTRY_CONNECTION_ID
     assert (conn["login"], conn["password"]) == (registry_login()["username"], registry_login()["password"])
     monkeypatch.setattr(services, "classpath", lambda kind: [Path(f"/cache/{kind}/quarkus-app/quarkus-run.jar")])
     svc = services.registry_service(reads_it)

@@ -55,6 +55,14 @@ def test_every_source_answers_the_whole_interface():
                 assert list(inspect.signature(getattr(type(source), name)).parameters) == wanted, (kind, name)
 
 
+def test_each_source_kind_has_a_config_model_and_a_package():
+    """The `source:` models live with the config (deltadrain.config.sources), what each kind does in its
+    package: a kind needs both."""
+    from deltadrain.config import SOURCE_KINDS
+
+    assert set(KINDS) == SOURCE_KINDS
+
+
 # What choosing between kinds looks like: an isinstance on a source model, or a comparison with a kind.
 KIND_BRANCH = re.compile(r"isinstance\([^)]*(Valkey|Kafka)Source|kind\s*[!=]=\s*[\"'](valkey|kafka)[\"']"
                          r"|[\"'](valkey|kafka)[\"']\s*[!=]=|\.source\.(streams|topic)\b")

@@ -220,7 +220,7 @@ def registry_login_file() -> Path:
 
 
 # The user the embedded registry knows (its build's configuration names it), and the Airflow connection
-# that holds its login; a pipeline names it in schema.registry_connection_id.
+# that holds its login; a pipeline names it in schema.registry.connection_id.
 REGISTRY_USER = "deltadrain"
 REGISTRY_CONNECTION_ID = "deltadrain_registry"
 
@@ -231,7 +231,7 @@ def registry_login() -> dict:
 
 
 def registry_url(cfg: DeltadrainConfig) -> str:
-    """The embedded registry's Confluent-compatible API: a pipeline's schema.registry_url."""
+    """The embedded registry's Confluent-compatible API: a pipeline's schema.registry.url."""
     return f"http://127.0.0.1:{ports(cfg).registry}/apis/ccompat/v7"
 
 
@@ -260,7 +260,7 @@ def airflow_env(cfg: DeltadrainConfig) -> dict[str, str]:
         "AIRFLOW__CORE__PLUGINS_FOLDER": str(PROJECT_ROOT / "plugins"),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
-        # 32 workers x ~130 MiB by default; size it to a 2-core machine.
+        # LocalExecutor starts this many worker processes (Airflow's default is 32): size it to the machine.
         "AIRFLOW__CORE__PARALLELISM": str(cfg.services.airflow_parallelism),
         # A read-only user too: what it may see and not do (the view's replay action) is Airflow's to say.
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin,viewer:viewer",

@@ -108,14 +108,14 @@ def _malformed(kind: str, rng: random.Random, eid: str, when: datetime, max_byte
 
 def avro_error_type(pipeline: PipelineConfig, kind: str) -> str:
     """The DLQ error type of a bad kind in this Avro pipeline: JSON text fails the Confluent frame first."""
-    if kind == "not_avro" and pipeline.payload_schema.avro_wire == "confluent":
+    if kind == "not_avro" and pipeline.payload_schema.avro.wire == "confluent":
         return "wrong_magic_byte"
     return AVRO_MALFORMED[kind]
 
 
 def avro_bad_kinds(pipeline: PipelineConfig) -> tuple[str, ...]:
     """The bad kinds produce writes into this Avro pipeline."""
-    confluent = pipeline.payload_schema.avro_wire == "confluent"
+    confluent = pipeline.payload_schema.avro.wire == "confluent"
     return tuple(k for k in AVRO_MALFORMED if confluent or k not in ("wrong_magic_byte", "unknown_schema_id"))
 
 
@@ -129,10 +129,10 @@ class _AvroWriter:
         from deltadrain.formats.avro import kinds_of, load_schema, named_types
 
         spec = pipeline.payload_schema
-        self.schema = fastavro.parse_schema(load_schema(Path(spec.avro_schema_file)))
+        self.schema = fastavro.parse_schema(load_schema(Path(spec.avro.schema_file)))
         names = named_types(self.schema, {})
         self.kinds = {f["name"]: kinds_of(f["type"], names) for f in self.schema["fields"]}
-        self.wire, self.schema_id, self.registry = spec.avro_wire, spec.avro_schema_id, spec.registry_url is not None
+        self.wire, self.schema_id, self.registry = spec.avro.wire, spec.avro.schema_id, spec.registry is not None
 
     def record(self, payload: dict) -> dict:
         out = {}
@@ -178,7 +178,7 @@ PROTOBUF_MALFORMED = {"empty": "empty", "truncated": "truncated", "not_protobuf"
 
 def protobuf_error_type(pipeline: PipelineConfig, kind: str) -> str:
     """The DLQ error type of a bad kind in this Protobuf pipeline: JSON text fails the Confluent frame first."""
-    if kind == "not_protobuf" and pipeline.payload_schema.avro_wire == "confluent":
+    if kind == "not_protobuf" and pipeline.payload_schema.protobuf.wire == "confluent":
         return "wrong_magic_byte"
     return PROTOBUF_MALFORMED[kind]
 
@@ -192,7 +192,7 @@ class _ProtobufWriter:
 
         self.payload = payload_of(pipeline.payload_schema)
         self.kinds = {f.name: kind_of(f) for f in self.payload.descriptor().fields}
-        self.wire = pipeline.payload_schema.avro_wire
+        self.wire = pipeline.payload_schema.protobuf.wire
 
     def record(self, payload: dict) -> dict:
         out = {}
@@ -252,13 +252,13 @@ def generate(pipeline: PipelineConfig, count: int, seed: int = 0, malformed_rati
 
 def _generate_encoded(pipeline, count, seed, malformed_ratio, poison_ratio, start) -> Iterator[Message]:
     spec = pipeline.payload_schema
-    if spec.avro_schema_file is None and spec.protobuf_descriptor_file is None:
+    field = "avro.schema_file" if spec.format == "avro" else "protobuf.descriptor_file"
+    if (spec.avro.schema_file if spec.format == "avro" else spec.protobuf.descriptor_file) is None:
         from deltadrain.errors import ConfigError
 
         # With a registry alone there is no schema here to write with; the producers own it.
         raise ConfigError(f"pipeline '{pipeline.name}' reads its writers' schemas from the registry at "
-                          f"{spec.registry_url}: `produce` needs schema.avro_schema_file or protobuf_descriptor_file "
-                          f"to write with")
+                          f"{spec.registry.url}: `produce` needs schema.{field} to write with")
     if spec.format == "protobuf":
         writer = _ProtobufWriter(pipeline)
         kinds = tuple(k for k in PROTOBUF_MALFORMED if writer.wire == "confluent"
@@ -319,13 +319,14 @@ def with_registered_schema(pipeline: PipelineConfig) -> PipelineConfig:
     """An Avro pipeline that reads a registry and has a schema file but no fixed id: the file registered
     under its subject, and the pipeline as `produce` writes with that id, as a producer's serializer does."""
     spec = pipeline.payload_schema
-    if spec.registry_url is None or spec.format != "avro" or spec.avro_schema_file is None \
-            or spec.avro_schema_id is not None:
+    if spec.registry is None or spec.format != "avro" or spec.avro.schema_file is None \
+            or spec.avro.schema_id is not None:
         return pipeline
     from deltadrain.formats.registry import register, registry_of
 
-    schema_id = register(registry_of(spec), subject_of(pipeline), Path(spec.avro_schema_file).read_text())
-    return pipeline.model_copy(update={"payload_schema": spec.model_copy(update={"avro_schema_id": schema_id})})
+    schema_id = register(registry_of(spec), subject_of(pipeline), Path(spec.avro.schema_file).read_text())
+    avro = spec.avro.model_copy(update={"schema_id": schema_id})
+    return pipeline.model_copy(update={"payload_schema": spec.model_copy(update={"avro": avro})})
 
 
 def _chunks(it: Iterator[Message], size: int) -> Iterator[list[Message]]:

@@ -6,7 +6,7 @@ beyond reading the schema file and, with a registry, asking it (deltadrain.forma
 
 Without a schema registry the writer's schema is the configured file, and a Confluent-framed message
 whose id is not the configured one is a dead letter ("unknown schema id N"). With one
-(`schema.registry_url`, deltadrain.formats.registry) each message is read with the writer's schema its id names,
+(`schema.registry`, deltadrain.formats.registry) each message is read with the writer's schema its id names,
 and the declared fields are taken from it by name: a field that schema lacks is null (a `schema` dead
 letter when required), and one it gives another type a `schema` dead letter when a value does not fit.
 """
@@ -412,9 +412,9 @@ def payload_of(schema_config) -> AvroPayload | None:
     the config was loaded (config.parse_config), which also made its path absolute."""
     if schema_config.format != "avro":
         return None
-    path = schema_config.avro_schema_file
-    text = json.dumps(load_schema(Path(path))) if path else ""
-    return AvroPayload(text, schema_config.avro_wire, schema_config.avro_schema_id, registry_of(schema_config))
+    avro = schema_config.avro
+    text = json.dumps(load_schema(Path(avro.schema_file))) if avro.schema_file else ""
+    return AvroPayload(text, avro.wire, avro.schema_id, registry_of(schema_config))
 
 
 def encode(record: dict, schema: dict, *, wire: str = "plain", schema_id: int | None = None) -> bytes:

@@ -15,6 +15,7 @@ from decimal import Context, Decimal, Inexact, InvalidOperation
 from typing import Any, NamedTuple
 
 from deltadrain.schema.evolution import fit, new_fields, refusal
+from deltadrain.schema.types import COLUMN_TYPES, column_type, decimal_of
 
 
 class Decoded(NamedTuple):
@@ -111,9 +112,18 @@ def _binary(v: Any) -> bytes:
     raise TypeError
 
 
-CONVERTERS = {"string": _string, "long": _long, "int": _int, "integer": _int, "double": _double,
-              "float": _float, "boolean": _boolean, "timestamp": _timestamp, "date": _date,
-              "binary": _binary, "decimal(18,2)": _decimal(18, 2), "decimal(38,9)": _decimal(38, 9)}
+# The converter of each type that is not a decimal, by its column's name (deltadrain.schema.types).
+SCALARS = {"string": _string, "long": _long, "int": _int, "double": _double, "float": _float, "boolean": _boolean,
+           "timestamp": _timestamp, "date": _date, "binary": _binary}
+
+
+def _converter(name: str):
+    digits = decimal_of(name)
+    return _decimal(*digits) if digits else SCALARS[column_type(name)]
+
+
+# A declared type -> the function that types a value for its column or raises TypeError.
+CONVERTERS = {name: _converter(name) for name in COLUMN_TYPES}
 
 
 def _lone_surrogate(obj: Any) -> str | None:

@@ -1,5 +1,5 @@
 """Protobuf payloads (`schema.format: protobuf`): one serialized message per body, of the type
-`protobuf_message` in the descriptor set file `protobuf_descriptor_file` (a `FileDescriptorSet`, as
+`schema.protobuf.message` in the descriptor set file `schema.protobuf.descriptor_file` (a `FileDescriptorSet`, as
 `protoc --include_imports --descriptor_set_out` writes it), optionally in the Confluent wire format
 (magic byte 0, 4-byte big-endian schema id, the message indexes as zigzag varints, then the body).
 Decoded into the same typed values as a JSON payload (deltadrain.formats.decode), so staging, the MERGE, the
@@ -7,7 +7,7 @@ DLQ, replays and backfills do not know the difference. No Spark; no I/O beyond r
 with a registry, asking it (deltadrain.formats.registry).
 
 Without a schema registry a Confluent-framed message must carry the configured schema id and the
-indexes of the configured message; anything else is a dead letter. With one (`schema.registry_url`,
+indexes of the configured message; anything else is a dead letter. With one (`schema.registry`,
 deltadrain.formats.registry) each message is parsed as the message its indexes name in the file its schema id
 names, and the declared fields are taken from it by name (one it lacks is null, or a `schema` dead
 letter when required).
@@ -188,11 +188,11 @@ def payload_of(schema_config) -> ProtobufPayload | None:
     if schema_config.format != "protobuf":
         return None
     registry = registry_of(schema_config)
-    if schema_config.protobuf_descriptor_file is None:
-        return ProtobufPayload(b"", "", schema_config.avro_wire, schema_config.avro_schema_id, registry)
-    data, _ = load_descriptor(Path(schema_config.protobuf_descriptor_file), schema_config.protobuf_message)
-    return ProtobufPayload(data, schema_config.protobuf_message, schema_config.avro_wire, schema_config.avro_schema_id,
-                           registry)
+    proto = schema_config.protobuf
+    if proto.descriptor_file is None:
+        return ProtobufPayload(b"", "", proto.wire, proto.schema_id, registry)
+    data, _ = load_descriptor(Path(proto.descriptor_file), proto.message)
+    return ProtobufPayload(data, proto.message, proto.wire, proto.schema_id, registry)
 
 
 def writer_file(found, schema_id: int):

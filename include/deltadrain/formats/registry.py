@@ -13,7 +13,7 @@ What an answer means for the batch:
   nothing committed or acknowledged, and the batch waits for the next run;
 - the login is refused (401, 403): `RegistryLoginRefused`, a run error naming what to fix;
 - an https registry whose certificate does not verify (against the system's CAs, or the PEM of
-  `schema.registry_ca_file`): `RegistryUntrusted`, a run error naming that setting; not retried.
+  `schema.registry.ca_file`): `RegistryUntrusted`, a run error naming that setting; not retried.
 
 The decoding tasks ask (the messages never pass through the driver); `Registry` travels with them
 like a Valkey claim task's login (repr=False: never in a log line). Pure apart from `fetch`.
@@ -70,8 +70,8 @@ class Registry:
     url: str
     username: str | None = None
     password: str | None = field(default=None, repr=False)
-    login_from: str = "no login (set schema.registry_connection_id or registry_username_env/registry_password_env)"
-    ca_pem: str | None = None  # the CA certificates of an https registry (schema.registry_ca_file), as text
+    login_from: str = "no login (set schema.registry.connection_id or registry.username_env/registry.password_env)"
+    ca_pem: str | None = None  # the CA certificates of an https registry (schema.registry.ca_file), as text
     attempts: int = ATTEMPTS
     backoff_s: float = BACKOFF_S
     timeout_s: float = TIMEOUT_S
@@ -138,7 +138,7 @@ def answer(status: int, body: bytes, schema_id: int, registry: Registry, wanted:
             text = data["schema"]
         except (ValueError, KeyError, TypeError):
             raise RegistryUnavailable(f"{MARK} {where} answered schema id {schema_id} with no schema "
-                                      f"({_said(body)}): is schema.registry_url a Confluent-compatible API?") from None
+                                      f"({_said(body)}): is schema.registry.url a Confluent-compatible API?") from None
         kind = (data.get("schemaType") or "AVRO").upper()
         refs = tuple(sorted(f"{r.get('subject')} v{r.get('version')}" if isinstance(r, dict) else str(r)
                             for r in data.get("references") or ()))
@@ -159,7 +159,7 @@ def answer(status: int, body: bytes, schema_id: int, registry: Registry, wanted:
                       f"unknown schema id {schema_id} ({where} does not know it: {_said(body)})")
     if status == 404:  # no "schema not found" code: the URL is not the API's, and no message is to blame
         raise RegistryUnavailable(f"{MARK} {where} answered HTTP 404 without error code 40403 for schema id "
-                                  f"{schema_id} ({_said(body)}): is schema.registry_url the base of a "
+                                  f"{schema_id} ({_said(body)}): is schema.registry.url the base of a "
                                   f"Confluent-compatible API (for Apicurio Registry, .../apis/ccompat/v7)?")
     if status in (401, 403):
         what = "refused the login" if status == 401 else "denied reading schemas"
@@ -191,7 +191,7 @@ def _ask(url: str, registry: Registry, body: dict | None = None) -> tuple[int, b
 @functools.lru_cache(maxsize=8)
 def tls_context(ca_pem: str | None) -> ssl.SSLContext:
     """The context an https registry is verified with: the system's CAs, or only those of
-    `schema.registry_ca_file` when it is set (a private CA). Host names are checked either way."""
+    `schema.registry.ca_file` when it is set (a private CA). Host names are checked either way."""
     return ssl.create_default_context(cadata=ca_pem) if ca_pem else ssl.create_default_context()
 
 
@@ -213,8 +213,8 @@ def fetch(registry: Registry, schema_id: int, schema_type: str, *, sleep=time.sl
             status, body = ask(url, registry)
         except (OSError, ValueError, http.client.HTTPException) as exc:  # refused, reset, timed out, cut short
             if (bad := untrusted(exc)) is not None:  # no retry makes a certificate trusted
-                fix = ("is schema.registry_ca_file the CA that signed it?" if registry.ca_pem else
-                       "set schema.registry_ca_file to the CA that signed it (a PEM file)")
+                fix = ("is schema.registry.ca_file the CA that signed it?" if registry.ca_pem else
+                       "set schema.registry.ca_file to the CA that signed it (a PEM file)")
                 raise RegistryUntrusted(f"{MARK} the schema registry at {registry.url} presents a certificate "
                                         f"this client does not trust ({bad.verify_message or bad}): {fix}") from None
             reason = getattr(exc, "reason", exc)
@@ -309,7 +309,7 @@ def failure_line(exc: BaseException) -> str | None:
 
 
 def registry_of(schema_config) -> Registry | None:
-    """The registry of a pipeline's `schema:` block with its login (None without registry_url). Read
+    """The registry of a pipeline's `schema:` block with its login (None without `registry:`). Read
     where the decoding tasks are planned; a login that is configured but missing is a ConfigError that
     names the connection or variable."""
     import os
@@ -317,24 +317,24 @@ def registry_of(schema_config) -> Registry | None:
     from deltadrain.errors import ConfigError
     from deltadrain.secrets import credentials, env_name
 
-    url = schema_config.registry_url
-    if url is None:
+    settings = schema_config.registry
+    if settings is None:
         return None
-    ca = schema_config.registry_ca_pem()
-    if schema_config.registry_connection_id:
-        conn = schema_config.registry_connection_id
+    url, ca = settings.url, settings.ca_pem()
+    if settings.connection_id:
+        conn = settings.connection_id
         creds = credentials(connection_id=conn)
         return Registry(url, creds.username, creds.password,
-                        f"the Airflow connection '{conn}' (or {env_name(conn)}), schema.registry_connection_id", ca_pem=ca)
-    user_env, password_env = schema_config.registry_username_env, schema_config.registry_password_env
+                        f"the Airflow connection '{conn}' (or {env_name(conn)}), schema.registry.connection_id", ca_pem=ca)
+    user_env, password_env = settings.username_env, settings.password_env
     if not (user_env or password_env):
         return Registry(url, ca_pem=ca)
     named = [n for n in (user_env, password_env) if n]
     missing = [n for n in named if os.environ.get(n) is None]
     if missing:
-        raise ConfigError(f"environment variable {' and '.join(missing)} (schema.registry_username_env/"
-                          f"registry_password_env) is not set: the login of the schema registry at {url}")
+        raise ConfigError(f"environment variable {' and '.join(missing)} (schema.registry.username_env/"
+                          f"password_env) is not set: the login of the schema registry at {url}")
     return Registry(url, os.environ.get(user_env) if user_env else None,
                     os.environ.get(password_env) if password_env else None,
-                    f"the environment variables {' and '.join(named)} (schema.registry_username_env/"
-                    f"registry_password_env)", ca_pem=ca)
+                    f"the environment variables {' and '.join(named)} (schema.registry.username_env/"
+                    f"password_env)", ca_pem=ca)

@@ -11,11 +11,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from deltadrain.config import PipelineConfig
+from deltadrain.schema.types import COLUMN_TYPES, spark_class
 
 ROW_LEVEL = ("not_null", "unique", "between", "in_set")  # a failing row can be named and moved
-SPARK_TYPE_CLASS = {"string": "StringType", "long": "LongType", "int": "IntegerType", "integer": "IntegerType",
-                    "double": "DoubleType", "float": "FloatType", "boolean": "BooleanType",
-                    "timestamp": "TimestampType", "date": "DateType", "binary": "BinaryType"}
+# A declared type -> the Spark class GX's type expectation compares a column with.
+SPARK_TYPE_CLASS = {name: spark_class(name) for name in COLUMN_TYPES}
 
 
 @dataclass(frozen=True)
@@ -85,8 +85,7 @@ def gx_expectation(check: Check, index: int, now: datetime):
     if check.kind == "in_set":
         return ex.ExpectColumnValuesToBeInSet(column=check.column, value_set=list(check.values), meta=meta)
     if check.kind == "type":
-        kind = "DecimalType" if check.type.startswith("decimal") else SPARK_TYPE_CLASS[check.type]
-        return ex.ExpectColumnValuesToBeOfType(column=check.column, type_=kind, meta=meta)
+        return ex.ExpectColumnValuesToBeOfType(column=check.column, type_=SPARK_TYPE_CLASS[check.type], meta=meta)
     if check.kind == "exists":
         return ex.ExpectColumnToExist(column=check.column, meta=meta)
     if check.kind == "fresh_within":

@@ -47,7 +47,7 @@ def writer_fields(pipeline: PipelineConfig) -> dict[str, tuple[str | None, str]]
     column a new one gets, or None; what it is), read from the file now (a changed file is the next
     run's); None for JSON, and with a registry, whose writers' schemas come with the batch's messages."""
     schema = pipeline.payload_schema
-    if schema.format == "json" or schema.registry_url is not None:
+    if schema.format == "json" or schema.registry is not None:
         return None
     from pathlib import Path
 
@@ -56,13 +56,13 @@ def writer_fields(pipeline: PipelineConfig) -> dict[str, tuple[str | None, str]]
     if schema.format == "protobuf":
         from deltadrain.formats.protobuf import kind_of, load_descriptor
 
-        _, desc = load_descriptor(Path(schema.protobuf_descriptor_file), schema.protobuf_message)
+        _, desc = load_descriptor(Path(schema.protobuf.descriptor_file), schema.protobuf.message)
         return protobuf_writer({fd.name: kind_of(fd) for fd in desc.fields})
     import fastavro
 
     from deltadrain.formats.avro import kinds_of, load_schema, named_types
 
-    parsed = fastavro.parse_schema(load_schema(Path(schema.avro_schema_file)))
+    parsed = fastavro.parse_schema(load_schema(Path(schema.avro.schema_file)))
     names = named_types(parsed, {})
     return avro_writer({f["name"]: kinds_of(f["type"], names) for f in parsed["fields"]})
 

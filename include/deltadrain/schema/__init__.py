@@ -2,4 +2,4 @@
 how a table's columns may evolve (pure decisions: no Spark, no I/O).
 """
 
-__all__ = ["evolution"]
+__all__ = ["evolution", "types"]

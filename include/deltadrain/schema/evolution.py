@@ -17,6 +17,8 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
+from deltadrain.schema.types import ALIASES, SPARK_CLASSES
+
 # An integer in a JSON payload makes a long column within this range (a double beyond it).
 LONG_RANGE = (-(2**63), 2**63)
 # Delta (without column mapping) refuses these in a column name.
@@ -25,10 +27,10 @@ BAD_NAME_CHARS = set(" ,;{}()\n\t=")
 # type -> the types it may become.
 WIDENS = {"int": {"long"}, "float": {"double"}}
 # The config's name for a type Delta's log (and the config itself) also calls otherwise.
-DELTA_NAMES = {"integer": "int"}
-# The column types a run decodes values into (deltadrain.formats.decode.CONVERTERS).
-FILLABLE = {"string", "long", "int", "double", "float", "boolean", "timestamp", "date", "binary", "decimal(18,2)",
-            "decimal(38,9)"}
+DELTA_NAMES = ALIASES
+# The column types a run decodes values into (deltadrain.formats.decode.CONVERTERS): every supported
+# type under its column's own name.
+FILLABLE = frozenset(SPARK_CLASSES)
 # Which values fit an evolved column: a JSON value's kind -> the column types that take it.
 FITS = {"boolean": {"boolean"}, "long": {"long", "double"}, "double": {"double"}, "string": {"string"},
         "object": {"string"}}

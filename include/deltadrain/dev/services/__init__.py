@@ -6,7 +6,7 @@ all bound to 127.0.0.1, all state and logs under one directory.
 
 `up` is idempotent, `down` leaves no process behind, ports come from the config's `services`
 section or DELTADRAIN_<NAME>_PORT. A bare `up` or `status` leaves out the S3 server unless the
-config's data_dir is an s3a:// URL, and the registry unless a pipeline's schema.registry_url is the
+config's data_dir is an s3a:// URL, and the registry unless a pipeline's schema.registry.url is the
 embedded one's; `--only s3` or `--only registry` names them; a bare `down` stops them too.
 """
 
@@ -377,9 +377,10 @@ def defaults(cfg: DeltadrainConfig | None) -> list[str]:
     """The services a bare `up` or `status` means: the S3 server only when the lake is on S3, the
     Valkey Cluster only when a pipeline reads from the embedded one (`source.cluster` without a url),
     the Valkey TLS port only when one reads through it (`source.tls` without a url), the schema
-    registry only when a pipeline's schema.registry_url is the embedded one's."""
+    registry only when a pipeline's schema.registry.url is the embedded one's."""
     on_s3 = cfg is not None and cfg.on_object_store
-    on_registry = cfg is not None and any(p.payload_schema.registry_url == registry_url(cfg) for p in cfg.pipelines)
+    on_registry = cfg is not None and any(p.payload_schema.registry is not None
+                                          and p.payload_schema.registry.url == registry_url(cfg) for p in cfg.pipelines)
     embedded = [p.source for p in cfg.pipelines if p.source.kind == "valkey" and not p.source.url] if cfg else []
     on_cluster = any(s.cluster for s in embedded)
     on_tls = any(s.tls for s in embedded)
