@@ -55,7 +55,7 @@ def pytest_configure(config):
     os.environ["DELTADRAIN_HOME"] = str(home)
     os.environ.setdefault("DELTADRAIN_CONFIG", str(ROOT / "config" / "pipelines.yaml"))
     for name in ("VALKEY", "VALKEY_TLS", "KAFKA", "KAFKA_CONTROLLER", "KAFKA_SASL", "AIRFLOW", "SPARK_CONNECT", "S3",
-                 "REGISTRY"):
+                 "REGISTRY", "POSTGRES", "DEBEZIUM"):
         os.environ[f"DELTADRAIN_{name}_PORT"] = str(free_port())
     os.environ.setdefault("DELTADRAIN_DRIVER_MEMORY", "1g")
     # The suite starts a driver JVM per CLI drain, spark-submit and DAG run, each living seconds: C1
@@ -162,6 +162,19 @@ def s3_server(cfg):
 def registry_server(cfg):
     """The embedded schema registry (Apicurio Registry from the jar cache, schemas under this session's home)."""
     yield from _service(cfg, "registry")
+
+
+@pytest.fixture(scope="session")
+def postgres_server(cfg):
+    """The embedded PostgreSQL (Debian's server, wal_level=logical, data under this session's home)."""
+    yield from _service(cfg, "postgres")
+
+
+@pytest.fixture(scope="session")
+def debezium_connector(cfg, kafka_broker, postgres_server):
+    """Debezium's Postgres connector on Kafka Connect: every table of the session's PostgreSQL, its
+    changes into the session's broker (topics cdc.<schema>.<table>)."""
+    yield from _service(cfg, "debezium")
 
 
 @pytest.fixture(scope="session")

@@ -482,12 +482,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--config", help="pipeline config YAML (default: $DELTADRAIN_CONFIG or config/pipelines.yaml)")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("services", help="start, stop or check the embedded Valkey, Kafka, S3 server, schema "
-                                       "registry, Spark Connect server and Airflow")
+    p = sub.add_parser("services", help="start, stop or check the embedded Valkey, Kafka, PostgreSQL, Debezium, "
+                                       "S3 server, schema registry, Spark Connect server and Airflow")
     p.add_argument("action", choices=["up", "down", "status"])
-    p.add_argument("--only", help="comma-separated subset of valkey,valkey_tls,valkey_cluster,kafka,s3,registry,spark_cluster,"
-                                  "spark_connect,airflow (default: all but s3, unless data_dir is an s3a:// URL, and "
-                                  "registry, unless a pipeline's schema.registry.url is the embedded one's; down: all)")
+    p.add_argument("--only", help="subset of valkey,valkey_tls,valkey_cluster,kafka,postgres,debezium,s3,registry,"
+                                  "spark_cluster,spark_connect,airflow (default: all but postgres, debezium, s3 unless data_dir"
+                                  " is s3a://, registry unless a pipeline's schema.registry.url is the embedded one's; down: all)")
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("pools", help="create or update the Airflow pool of every pipeline (after adding one); "
@@ -611,7 +611,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("jars", help="fetch the JVM artefacts into the jar cache (mvn)")
     p.add_argument("--verbose", action="store_true")
-    p.add_argument("--only", help="comma-separated subset of the jar kinds spark,kafka,s3,s3a,registry (default: all)")
+    p.add_argument("--only", help="comma-separated subset of the jar kinds spark,kafka,debezium,s3,s3a,registry (default: all)")
     p = sub.add_parser("jvm-archive", help="build the Spark driver's class-data archive from a small real "
                        "drain, so that drivers start faster (make install runs it)")
     p.add_argument("--force", action="store_true", help="build it again even if it is up to date")

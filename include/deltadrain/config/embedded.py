@@ -32,6 +32,8 @@ class Ports:
     valkey_cluster: int = 16400
     valkey_tls: int = 6398
     registry: int = 18081
+    postgres: int = 15432
+    debezium: int = 18083
 
     @classmethod
     def resolve(cls, services: ServicesConfig) -> Ports:
@@ -56,6 +58,8 @@ class Ports:
             spark_cluster=pick("DELTADRAIN_SPARK_CLUSTER_PORT", services.spark_cluster_port),
             spark_cluster_ui=pick("DELTADRAIN_SPARK_CLUSTER_UI_PORT", services.spark_cluster_ui_port),
             registry=pick("DELTADRAIN_REGISTRY_PORT", services.registry_port),
+            postgres=pick("DELTADRAIN_POSTGRES_PORT", services.postgres_port),
+            debezium=pick("DELTADRAIN_DEBEZIUM_PORT", services.debezium_port),
         )
 
 
@@ -240,6 +244,68 @@ def registry_connection(cfg: DeltadrainConfig) -> dict:
     login = registry_login()
     return {"conn_type": "http", "host": registry_url(cfg), "login": login["username"],
             "password": login["password"], "description": "the embedded schema registry (deltadrain services)"}
+
+
+def postgres_home() -> Path:
+    return services_home() / "postgres"
+
+
+def postgres_login_file() -> Path:
+    """The embedded PostgreSQL's logins (JSON): the deltadrain role, and the superuser's password for the
+    services' own setup and an operator's repairs. Made once, owner-only, before its first start."""
+    return postgres_home() / "login.json"
+
+
+# The embedded PostgreSQL's role and database (the role owns it), and the publication of all its tables
+# that the change-data-capture connector reads (docs/cdc-services.md).
+POSTGRES_USER = "deltadrain"
+POSTGRES_DB = "deltadrain"
+POSTGRES_PUBLICATION = "deltadrain"
+
+
+def postgres_login() -> dict:
+    """The embedded PostgreSQL's logins, made on the first call: {"username", "password", "admin_password"}
+    (the superuser is `postgres`)."""
+    return private_login(postgres_login_file(), POSTGRES_USER, "password", "admin_password")
+
+
+def postgres_conninfo(cfg: DeltadrainConfig, *, admin: bool = False, dbname: str = POSTGRES_DB) -> dict:
+    """How to connect to the embedded PostgreSQL (`psycopg.connect(**conninfo)`), as the deltadrain role or
+    as its superuser. It holds the password: keep it out of logs."""
+    login = postgres_login()
+    user, password = ("postgres", login["admin_password"]) if admin else (login["username"], login["password"])
+    return {"host": "127.0.0.1", "port": ports(cfg).postgres, "dbname": dbname, "user": user, "password": password,
+            "connect_timeout": 3}
+
+
+def debezium_home() -> Path:
+    return services_home() / "debezium"
+
+
+def debezium_login_file() -> Path:
+    """The login of the Debezium worker's REST API (JSON), made before its first start, owner-only."""
+    return debezium_home() / "login.json"
+
+
+DEBEZIUM_USER = "deltadrain"
+# The connector's name in the worker, and the prefix of its topics: `cdc.<schema>.<table>`.
+DEBEZIUM_CONNECTOR = "postgres"
+DEBEZIUM_TOPIC_PREFIX = "cdc"
+
+
+def debezium_login() -> dict:
+    """The Debezium worker's REST login, made on the first call: {"username", "password"}."""
+    return private_login(debezium_login_file(), DEBEZIUM_USER, "password")
+
+
+def debezium_url(cfg: DeltadrainConfig) -> str:
+    """Kafka Connect's REST API of the embedded Debezium worker."""
+    return f"http://127.0.0.1:{ports(cfg).debezium}"
+
+
+def debezium_topic(table: str) -> str:
+    """The topic the embedded connector writes a table's changes to: `schema.table` -> `cdc.schema.table`."""
+    return f"{DEBEZIUM_TOPIC_PREFIX}.{table}"
 
 
 def airflow_env(cfg: DeltadrainConfig) -> dict[str, str]:

@@ -51,8 +51,20 @@ class ServicesConfig(Model):
     spark_cluster_ui_port: int = Field(18080, ge=1, le=65535)
     # The embedded schema registry (`services up --only registry`): its Confluent-compatible API.
     registry_port: int = Field(18081, ge=1, le=65535)
+    # Change data capture (docs/cdc-services.md): the embedded PostgreSQL, the Debezium worker's REST API, and
+    # the tables it captures, `schema.table` (Debezium's table.include.list; empty: every table).
+    postgres_port: int = Field(15432, ge=1, le=65535)
+    debezium_port: int = Field(18083, ge=1, le=65535)
+    debezium_tables: list[str] = []
     airflow_parallelism: int = Field(4, ge=1, le=64)
     kafka_heap: str = "512m"
+
+    @field_validator("debezium_tables")
+    @classmethod
+    def _table_names(cls, tables: list[str]) -> list[str]:
+        if bad := [t for t in tables if not re.fullmatch(r"[A-Za-z_]\w*\.[A-Za-z_]\w*", t)]:
+            raise ValueError(f"services.debezium_tables takes schema.table names, not {bad}")
+        return tables
 
 
 class TargetConfig(Model):

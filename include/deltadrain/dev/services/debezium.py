@@ -1,0 +1,178 @@
+"""The embedded change-data-capture worker (`services up --only debezium`): Kafka Connect's standalone
+worker from the jar cache (jvm/debezium) running Debezium's Postgres connector, which streams the
+embedded PostgreSQL's changes into the embedded Kafka broker (docs/cdc-services.md).
+
+One process, its offsets in a file under its home: a SIGKILL loses at most the offsets of the last
+flush interval, and a restart sends those changes again (Debezium is at-least-once).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import urllib.request
+
+from deltadrain.config import DeltadrainConfig
+from deltadrain.config.embedded import (
+    DEBEZIUM_CONNECTOR,
+    DEBEZIUM_TOPIC_PREFIX,
+    DEBEZIUM_USER,
+    POSTGRES_DB,
+    POSTGRES_PUBLICATION,
+    POSTGRES_USER,
+    debezium_home,
+    debezium_login,
+    debezium_login_file,
+    debezium_url,
+    ports,
+    postgres_login,
+    postgres_login_file,
+    write_private,
+)
+from deltadrain.dev.services.process import Service, port_open
+from deltadrain.errors import ServiceError
+from deltadrain.runtime.jars import classpath
+
+# How often the worker writes the connector's offsets (and Debezium confirms its LSN to the slot): what a
+# kill sends again at most.
+OFFSET_FLUSH_MS = 1000
+# The Postgres replication slot the connector reads from (kept in the database between runs).
+SLOT = "deltadrain"
+BASIC_AUTH = "org.apache.kafka.connect.rest.basic.auth.extension"
+
+# XML: log4j2 reads it with the JDK alone (YAML would need Jackson's YAML module on the class path).
+LOG4J = """\
+<Configuration>
+  <Appenders>
+    <Console name="STDOUT"><PatternLayout pattern="[%d] %p %m (%c)%n"/></Console>
+  </Appenders>
+  <Loggers>
+    <Root level="WARN"><AppenderRef ref="STDOUT"/></Root>
+    <Logger name="org.apache.kafka.connect.cli.ConnectStandalone" level="INFO"/>
+    <!-- The snapshot, the slot and the LSN it streams from. -->
+    <Logger name="io.debezium.connector.postgresql" level="INFO"/>
+  </Loggers>
+</Configuration>
+"""
+
+
+def properties(values: dict[str, str]) -> str:
+    """A Java properties file of plain values (no backslashes, no line breaks: paths and names of ours)."""
+    if any(ch in f"{k}{v}" for k, v in values.items() for ch in "\\\n\r"):
+        raise ServiceError(f"a Kafka Connect setting holds a backslash or a line break: {sorted(values)}")
+    return "".join(f"{k}={v}\n" for k, v in values.items())
+
+
+def worker_properties(*, kafka_port: int, rest_port: int, offsets: str) -> dict[str, str]:
+    """The standalone worker: JSON with Kafka Connect's schema/payload envelope for keys and values,
+    offsets in a file, its REST API on 127.0.0.1 behind HTTP basic auth, secrets read from files by
+    the config provider (so that the REST API never shows them)."""
+    return {
+        "bootstrap.servers": f"127.0.0.1:{kafka_port}",
+        "key.converter": "org.apache.kafka.connect.json.JsonConverter",
+        "value.converter": "org.apache.kafka.connect.json.JsonConverter",
+        "key.converter.schemas.enable": "true",
+        "value.converter.schemas.enable": "true",
+        "offset.storage.file.filename": offsets,
+        "offset.flush.interval.ms": str(OFFSET_FLUSH_MS),
+        "listeners": f"http://127.0.0.1:{rest_port}",
+        "rest.advertised.host.name": "127.0.0.1",
+        "rest.extension.classes": f"{BASIC_AUTH}.BasicAuthSecurityRestExtension",
+        "config.providers": "file",
+        "config.providers.file.class": "org.apache.kafka.common.config.provider.FileConfigProvider",
+        # Every plugin is on the class path and declares itself: no reflective scan of ~70 jars at start.
+        "plugin.discovery": "service_load",
+    }
+
+
+def connector_properties(*, postgres_port: int, secrets: str, tables: list[str]) -> dict[str, str]:
+    """Debezium's Postgres connector: pgoutput from the publication of every table the postgres service
+    made (its role need not own the tables), `tables` (schema.table) or every table captured, one topic
+    per table, `cdc.<schema>.<table>`, made by the worker as the first change arrives; the key is the
+    table's primary key. Deletes are followed by a tombstone (Debezium's default)."""
+    values = {
+        "name": DEBEZIUM_CONNECTOR,
+        "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
+        "tasks.max": "1",
+        "database.hostname": "127.0.0.1",
+        "database.port": str(postgres_port),
+        "database.user": POSTGRES_USER,
+        "database.password": f"${{file:{secrets}:postgres_password}}",
+        "database.dbname": POSTGRES_DB,
+        "topic.prefix": DEBEZIUM_TOPIC_PREFIX,
+        "plugin.name": "pgoutput",
+        "slot.name": SLOT,
+        "publication.name": POSTGRES_PUBLICATION,
+        "publication.autocreate.mode": "disabled",
+        "topic.creation.default.replication.factor": "1",
+        "topic.creation.default.partitions": "1",
+    }
+    if tables:
+        values["table.include.list"] = ",".join(tables)
+    return values
+
+
+JAAS = """\
+KafkaConnect {{
+  {module}.PropertyFileLoginModule required
+  file="{credentials}";
+}};
+"""
+
+
+def rest_get(cfg: DeltadrainConfig, path: str, timeout: float = 3) -> dict | list:
+    """GET on the worker's REST API with its login."""
+    login = debezium_login()
+    token = base64.b64encode(f"{login['username']}:{login['password']}".encode()).decode()
+    request = urllib.request.Request(f"{debezium_url(cfg)}{path}", headers={"Authorization": f"Basic {token}"})
+    with urllib.request.urlopen(request, timeout=timeout) as resp:  # our own loopback URL
+        return json.loads(resp.read())
+
+
+def connector_running(status: dict) -> bool:
+    """The connector and each of its tasks RUNNING, as /connectors/<name>/status says."""
+    tasks = status.get("tasks") or []
+    return (status.get("connector", {}).get("state") == "RUNNING" and bool(tasks)
+            and all(t.get("state") == "RUNNING" for t in tasks))
+
+
+def debezium_service(cfg: DeltadrainConfig) -> Service:
+    p = ports(cfg)
+    home = debezium_home()
+    worker, connector, secrets = home / "worker.properties", home / "connector.properties", home / "secrets.properties"
+    credentials, jaas = home / "rest-credentials.properties", home / "jaas.conf"
+
+    def prepare() -> None:
+        missing = [name for name, port in (("kafka", p.kafka), ("postgres", p.postgres)) if not port_open(port)]
+        if missing or not postgres_login_file().exists():
+            raise ServiceError(f"debezium reads the embedded PostgreSQL and writes into the embedded Kafka broker: "
+                               f"start {' and '.join(missing) or 'postgres'} first "
+                               f"(`deltadrain services up --only kafka,postgres,debezium`)")
+        login = debezium_login()
+        # The files with secrets are made anew, owner-only, on each start (a login file may be new).
+        for path, text in ((secrets, properties({"postgres_password": postgres_login()["password"]})),
+                           (credentials, properties({login["username"]: login["password"]}))):
+            path.unlink(missing_ok=True)
+            write_private(path, text)
+        jaas.write_text(JAAS.format(module=BASIC_AUTH, credentials=credentials))
+        worker.write_text(properties(worker_properties(kafka_port=p.kafka, rest_port=p.debezium,
+                                                       offsets=str(home / "offsets.dat"))))
+        connector.write_text(properties(connector_properties(postgres_port=p.postgres, secrets=str(secrets),
+                                                             tables=cfg.services.debezium_tables)))
+        (home / "log4j2.xml").write_text(LOG4J)
+
+    def command() -> list[str]:
+        from deltadrain.runtime.java import check_java
+
+        cp = ":".join(str(j) for j in classpath("debezium"))
+        return [check_java(), "-Xmx384m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
+                f"-Dlog4j2.configurationFile={home / 'log4j2.xml'}", f"-Djava.security.auth.login.config={jaas}",
+                "-cp", cp, "org.apache.kafka.connect.cli.ConnectStandalone", str(worker), str(connector)]
+
+    def healthy() -> bool:
+        return port_open(p.debezium) and connector_running(rest_get(cfg, f"/connectors/{DEBEZIUM_CONNECTOR}/status"))
+
+    return Service("debezium", home, [p.debezium], command, healthy, prepare=prepare, start_timeout=120,
+                   describe=lambda: f"{debezium_url(cfg)} (Kafka Connect, connector {DEBEZIUM_CONNECTOR}, topics "
+                                    f"{DEBEZIUM_TOPIC_PREFIX}.<schema>.<table>; user {DEBEZIUM_USER}, login in "
+                                    f"{debezium_login_file()})")
