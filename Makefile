@@ -9,7 +9,7 @@ SPARK_MODULES := jvm/logstore/pom.xml $(wildcard jvm/logstore/src/main/java/dev/
 S3_LOG_STORE := jvm/s3logstore/pom.xml $(wildcard jvm/s3logstore/src/main/java/dev/deltadrain/storage/*.java)
 REGISTRY := jvm/registry/pom.xml jvm/registry/src/main/resources/application.properties
 
-.PHONY: install venv jars proto jvm-archive browser tls-terminator demo test test-fast lint bench lock services-down clean
+.PHONY: install venv jars proto jvm-archive browser tls-terminator cdc-database demo test test-fast lint bench lock services-down clean
 
 install: venv $(STAMP) jars jvm-archive
 
@@ -27,12 +27,16 @@ $(STAMP): requirements.txt constraints.txt pyproject.toml
 	$(BIN)/pip install -q --no-deps -e .
 	@touch $(STAMP)
 
-jars: $(JARS)/spark/.complete $(JARS)/kafka/.complete $(JARS)/s3/.complete $(JARS)/s3a/.complete $(JARS)/registry/.complete
+jars: $(JARS)/spark/.complete $(JARS)/kafka/.complete $(JARS)/debezium/.complete $(JARS)/s3/.complete $(JARS)/s3a/.complete $(JARS)/registry/.complete
 
 # Fetched with mvn from jvm/spark and jvm/kafka; the spark kind also gets the log store built from jvm/logstore
 # and the Connect server's entry point built from jvm/connect.
 $(JARS)/spark/.complete $(JARS)/kafka/.complete &: jvm/spark/pom.xml jvm/kafka/pom.xml $(SPARK_MODULES) | $(STAMP)
 	$(BIN)/deltadrain jars --only spark,kafka
+
+# Kafka Connect's worker with Debezium's Postgres connector (jvm/debezium): the change-data-capture service.
+$(JARS)/debezium/.complete: jvm/debezium/pom.xml | $(STAMP)
+	$(BIN)/deltadrain jars --only debezium
 
 # The embedded S3 server (jvm/s3) and hadoop-aws with the AWS SDK bundle (jvm/s3a, ~620 MB), which
 # the s3a kind keeps with the S3 log store built from jvm/s3logstore (docs/object-store.md).
@@ -57,6 +61,10 @@ browser:
 tls-terminator:
 	@scripts/ensure-stunnel
 
+# PostgreSQL (Debian's package), the embedded change-data-capture database; a no-op when it is installed.
+cdc-database:
+	@scripts/ensure-postgres
+
 # Installs, starts Valkey, Kafka and Airflow, produces sample events, ingests them, prints where to look.
 # The demo reads no Valkey over TLS: without stunnel (and root to install it) it only says so.
 demo: install
@@ -66,7 +74,7 @@ demo: install
 # The whole suite, slow end-to-end tests included (CI runs exactly this), on two workers: each has
 # its own services, Spark session and Airflow DB (tests/conftest.py). TEST_WORKERS=0 runs it in one process.
 TEST_WORKERS ?= 2
-test: install browser tls-terminator
+test: install browser tls-terminator cdc-database
 	$(BIN)/ruff check .
 	DELTADRAIN_REQUIRE_ALL_TESTS=1 $(BIN)/pytest -n $(TEST_WORKERS) --dist worksteal
 
