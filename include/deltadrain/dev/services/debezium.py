@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import json
 import urllib.request
+from typing import Any
 
 from deltadrain.config import DeltadrainConfig
 from deltadrain.config.embedded import (
@@ -120,8 +121,8 @@ KafkaConnect {{
 """
 
 
-def rest_get(cfg: DeltadrainConfig, path: str, timeout: float = 3) -> dict | list:
-    """GET on the worker's REST API with its login."""
+def rest_get(cfg: DeltadrainConfig, path: str, timeout: float = 3) -> Any:
+    """GET on the worker's REST API with its login: the JSON it answers."""
     login = debezium_login()
     token = base64.b64encode(f"{login['username']}:{login['password']}".encode()).decode()
     request = urllib.request.Request(f"{debezium_url(cfg)}{path}", headers={"Authorization": f"Basic {token}"})
@@ -170,7 +171,12 @@ def debezium_service(cfg: DeltadrainConfig) -> Service:
                 "-cp", cp, "org.apache.kafka.connect.cli.ConnectStandalone", str(worker), str(connector)]
 
     def healthy() -> bool:
-        return port_open(p.debezium) and connector_running(rest_get(cfg, f"/connectors/{DEBEZIUM_CONNECTOR}/status"))
+        if not port_open(p.debezium):
+            return False
+        try:
+            return connector_running(rest_get(cfg, f"/connectors/{DEBEZIUM_CONNECTOR}/status"))
+        except (OSError, ValueError):  # starting (no connector yet: 404), or an answer that is not JSON
+            return False
 
     return Service("debezium", home, [p.debezium], command, healthy, prepare=prepare, start_timeout=120,
                    describe=lambda: f"{debezium_url(cfg)} (Kafka Connect, connector {DEBEZIUM_CONNECTOR}, topics "

@@ -141,9 +141,12 @@ def postgres_service(cfg: DeltadrainConfig) -> Service:
 
         if not port_open(port):
             return False
-        ensure_cdc_database(cfg)
-        with psycopg.connect(**postgres_conninfo(cfg)) as conn:
-            return conn.execute("SHOW wal_level").fetchone() == ("logical",)
+        try:
+            ensure_cdc_database(cfg)
+            with psycopg.connect(**postgres_conninfo(cfg)) as conn:
+                return conn.execute("SHOW wal_level").fetchone() == ("logical",)
+        except psycopg.OperationalError:  # starting up, or a login it refuses: its log says which
+            return False
 
     # SIGINT is the fast shutdown: open sessions (the connector's) are ended, not waited for. The server's
     # children are sessions of their own and end with it.
