@@ -268,6 +268,7 @@ def test_what_a_child_process_prints_inside_stdout_to_stderr_stays_out_of_stdout
 def status_output(monkeypatch, capsys, pipeline: str, source: str, **fields) -> str:
     """What `deltadrain status PIPELINE` prints for a status of `source` with `fields` set."""
     import deltadrain.cli as cli
+    import deltadrain.cli.pipelines as pipelines
     import deltadrain.observe.status as status
     from deltadrain.config import load_config
     from deltadrain.paths import PROJECT_ROOT
@@ -276,7 +277,7 @@ def status_output(monkeypatch, capsys, pipeline: str, source: str, **fields) -> 
     st = {"pipeline": pipeline, "source": source, "PENDING": 5, "CLAIMED": 0, "claimed_by": {}, "PUBLISHED": 16,
           "DEAD": 0, "REPLAYED": 0, "gaps": [], "partitions": {}, "last_batch": None, "last_runs": [],
           "checkpoint": {"batch": 1, "table_version": 1, "positions": {}}, **fields}
-    monkeypatch.setattr(cli, "_pipeline", lambda args: (cfg, cfg.pipeline(pipeline)))
+    monkeypatch.setattr(pipelines, "_pipeline", lambda args: (cfg, cfg.pipeline(pipeline)))
     monkeypatch.setattr(status, "pipeline_status", lambda cfg, pipeline: st)
     assert cli.main(["status", pipeline]) == 0
     return capsys.readouterr().out

@@ -1,0 +1,7 @@
+"""`python -m deltadrain.cli`: the `deltadrain` command."""
+
+import sys
+
+from deltadrain.cli import main
+
+sys.exit(main())
