@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 
 from deltadrain.config import DeltadrainConfig, PipelineConfig
 from deltadrain.logs import run_logger
-from deltadrain.run.drain import RunSummary, new_run_id
+from deltadrain.run.summary import RunSummary, new_run_id
 from deltadrain.sources import source_of
 
 SUMMED = ("claimed", "reclaimed", "written", "duplicates_skipped", "dead_lettered", "left_pending", "filtered",

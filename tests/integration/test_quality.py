@@ -286,7 +286,7 @@ def test_the_first_runs_of_several_pipelines_at_once_create_the_metrics_table_an
     import threading
 
     from deltadrain.lake.metrics import METRICS_SCHEMA, record_run
-    from deltadrain.run.drain import RunSummary
+    from deltadrain.run.summary import RunSummary
 
     _, c, p = make_pipeline(tmp_path, partitions=1)
     runs = [RunSummary(f"{p.name}_{i}", f"run-{i}", batch=1, outcome="committed", claimed=10 + i, written=10 + i,

@@ -97,7 +97,7 @@ def test_rows_the_target_refuses_are_dead_letters_naming_the_constraint_and_come
     from delta.tables import DeltaTable
     from pyspark.sql.types import StructField, StructType
 
-    from deltadrain.run.drain import claim_schema, target_rows, transformed
+    from deltadrain.run.rows import claim_schema, target_rows, transformed
 
     _, c, p = make_pipeline(tmp_path, transform=transform)
     client = valkey_client(c, p)

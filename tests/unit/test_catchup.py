@@ -10,7 +10,7 @@ import pytest
 from deltadrain.catchup import CatchUp, batch_run_id, next_batch
 from deltadrain.config import AirflowSettings
 from deltadrain.quality.owed import batches_to_check
-from deltadrain.run.drain import RunSummary
+from deltadrain.run.summary import RunSummary
 
 
 def run(batch: int, outcome: str = "committed", claimed: int = 100, **more) -> RunSummary:

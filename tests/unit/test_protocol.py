@@ -170,7 +170,7 @@ def test_a_replay_that_would_trim_undrained_entries_past_maxlen_is_refused_per_s
 
 
 def test_a_constraint_that_refuses_most_of_a_batch_refuses_the_data_not_a_few_messages():
-    from deltadrain.run.drain import MAX_REFUSED, REFUSED_BATCH_MIN, refuses_the_data
+    from deltadrain.run.rows import MAX_REFUSED, REFUSED_BATCH_MIN, refuses_the_data
 
     assert not refuses_the_data(4, 41)
     assert not refuses_the_data(REFUSED_BATCH_MIN - 1, REFUSED_BATCH_MIN - 1)  # a small batch of bad messages
@@ -211,7 +211,7 @@ def test_a_reprocess_hands_the_drained_batches_of_the_rows_it_rewrote_to_the_qua
 
 
 def test_the_transform_filtered_the_messages_it_kept_no_row_for_never_below_zero():
-    from deltadrain.run.drain import filtered_out
+    from deltadrain.run.rows import filtered_out
 
     assert filtered_out(100, 88) == 12
     assert filtered_out(100, 100) == 0

@@ -15,7 +15,7 @@ from deltadrain.quality.check import freshness_reference
 from deltadrain.quality.checks import Check, build_checks, gx_expectation, suite_name
 from deltadrain.quality.owed import batch_to_check, owed_batches
 from deltadrain.quality.quarantine import reasons_of, with_unreported
-from deltadrain.run.drain import RunSummary
+from deltadrain.run.summary import RunSummary
 
 ROOT = Path(__file__).resolve().parents[2]
 

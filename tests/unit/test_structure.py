@@ -1,5 +1,6 @@
-"""The package's shape: every source answers the whole interface, the shared steps never ask which
-kind a source is, and no module imports another that imports it back (docs/sources.md)."""
+"""The package's shape: every source answers the whole interface and every drain supplies its steps to
+the one run order, the shared steps never ask which kind a source is, and no module imports another that
+imports it back (docs/sources.md)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from deltadrain.sources import KINDS, Source, for_kind
+from deltadrain.sources import KINDS, NamesPartitions, Reaps, Source, SuggestsGrants, for_kind
 
 PACKAGE = Path(__file__).resolve().parents[2] / "include" / "deltadrain"
 
@@ -40,19 +41,47 @@ def imports(path: Path, known: dict[str, Path]) -> set[str]:
     return found - {None}
 
 
+CAPABILITIES = [Reaps, NamesPartitions, SuggestsGrants]
+
+
 def test_every_source_answers_the_whole_interface():
-    members = {name for name, _ in inspect.getmembers(Source) if not name.startswith("_")}
-    members |= set(Source.__annotations__)
-    assert {"drain", "read_interval", "send_back", "probe", "counts", "reap"} <= members
+    """Each kind is a `Source` with nothing left abstract, whose methods take what the base's take; what
+    only some kinds can do is a capability a kind has or lacks, never a method that says it has none."""
+    required = set(Source.__abstractmethods__)
+    assert {"drain", "read_interval", "send_back", "probe", "counts"} <= required
+    assert not required & {n for cap in CAPABILITIES for n in cap.__abstractmethods__}
     for kind in KINDS:
         source = for_kind(kind)
-        assert source.kind == kind
-        missing = sorted(m for m in members if not hasattr(source, m))
-        assert not missing, f"{kind} lacks {missing}"
-        for name in members:
-            if callable(getattr(Source, name, None)):
-                wanted = list(inspect.signature(getattr(Source, name)).parameters)
+        assert isinstance(source, Source) and source.kind == kind
+        assert all(isinstance(getattr(source, name, None), str) for name in Source.__annotations__), kind
+        has = [cap for cap in CAPABILITIES if isinstance(source, cap)]
+        for base in [Source, *has]:
+            for name in base.__abstractmethods__:
+                wanted = list(inspect.signature(getattr(base, name)).parameters)
                 assert list(inspect.signature(getattr(type(source), name)).parameters) == wanted, (kind, name)
+        for cap in set(CAPABILITIES) - set(has):
+            assert not [n for n in cap.__abstractmethods__ if hasattr(source, n)], (kind, cap.__name__)
+
+
+def test_every_drain_supplies_the_steps_and_keeps_the_run_order():
+    """Each kind's drain is a `Drain` with every step supplied, with the steps' parameters, and without a
+    `run` of its own: the order (checkpoint, plan, claim, publish, then acknowledge or release) is
+    Drain.run's alone."""
+    import importlib
+
+    from deltadrain.run.drain import Drain
+    from deltadrain.run.steps import Leases, MirrorsCheckpoint, Notices, RecordsGaps
+
+    for kind, module in KINDS.items():
+        drains = [c for c in vars(importlib.import_module(module.rpartition(".")[0] + ".drain")).values()
+                  if isinstance(c, type) and issubclass(c, Drain) and c is not Drain]
+        assert len(drains) == 1, (kind, drains)
+        drain = drains[0]
+        assert not drain.__abstractmethods__ and drain.run is Drain.run, kind
+        for base in [Drain, *(m for m in (Leases, MirrorsCheckpoint, Notices, RecordsGaps) if issubclass(drain, m))]:
+            for name in base.__abstractmethods__:
+                wanted = list(inspect.signature(getattr(base, name)).parameters)
+                assert list(inspect.signature(getattr(drain, name)).parameters) == wanted, (kind, name)
 
 
 def test_each_source_kind_has_a_config_model_and_a_package():

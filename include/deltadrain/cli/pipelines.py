@@ -40,13 +40,13 @@ def _drain(args) -> int:
 
 @command("reap")
 def _reap(args) -> int:
-    from deltadrain.sources import source_of
+    from deltadrain.sources import Reaps, reaper_of, source_of
 
     cfg = load_config(args.config)
-    names = [args.pipeline] if args.pipeline else [p.name for p in cfg.pipelines if source_of(p).holds_claims]
+    names = [args.pipeline] if args.pipeline else [p.name for p in cfg.pipelines if isinstance(source_of(p), Reaps)]
     for name in names:
         pipeline = cfg.pipeline(name)
-        print(json.dumps(source_of(pipeline).reap(cfg, pipeline)))
+        print(json.dumps(reaper_of(pipeline).reap(cfg, pipeline)))
     return 0
 
 

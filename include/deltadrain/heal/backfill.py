@@ -75,7 +75,7 @@ def check_interval(start: datetime, end: datetime) -> tuple[datetime, datetime]:
 def prepare_rows(spark, pipeline: PipelineConfig, claimed, run_id: str, scratch):
     """History rows -> (transformed good rows, bad rows, [(partition, position, error)] of rows the
     transform fails on). Malformed rows are data (the DLQ); transform failures are left alone."""
-    from deltadrain.run.drain import isolate_culprits, split_claimed, target_rows, transformed
+    from deltadrain.run.rows import isolate_culprits, split_claimed, target_rows, transformed
 
     good, bad = split_claimed(claimed)
 
@@ -113,7 +113,7 @@ def merge_without_checkpoint(spark, target: str, rows, pipeline: PipelineConfig,
     from pyspark.sql import functions as F
 
     from deltadrain.run.commit import USER_METADATA, merge_condition
-    from deltadrain.run.drain import dedup_in_batch, refused_messages
+    from deltadrain.run.rows import dedup_in_batch, refused_messages
 
     id_field = pipeline.payload_schema.id_field
     text = json.dumps(metadata, sort_keys=True, default=str)
@@ -206,13 +206,8 @@ def backfill(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, start: date
              run_id: str | None = None, progress=None) -> BackfillSummary:
     """Heal [start, end) of the target from the source's retained history. `progress(step)` is called
     as each of STEPS is done (the CLI's progress bar)."""
-    from deltadrain.run.drain import (
-        dead_letter_rows,
-        ensure_target,
-        filtered_out,
-        new_run_id,
-        split_claimed,
-    )
+    from deltadrain.run.rows import dead_letter_rows, ensure_target, filtered_out, split_claimed
+    from deltadrain.run.summary import new_run_id
 
     start, end = check_interval(start, end)
     pipeline = with_table_columns(cfg, pipeline)

@@ -27,7 +27,7 @@ from deltadrain.lake.deadletter import DEAD, REPLAYED, SAME_PLACE
 from deltadrain.lake.delta import is_table, merge_into, retry_conflicts, sql_literal
 from deltadrain.lake.scratch import remove_staging, staging_dir
 from deltadrain.positions import StreamId
-from deltadrain.sources import source_of
+from deltadrain.sources import NamesPartitions, source_of
 
 LONG_MAX = 2**63 - 1  # the position columns are longs
 MAX_LIMIT = 100_000  # entries are handled on the driver; bigger replays run in several goes
@@ -215,7 +215,8 @@ def replay_dead_letters(cfg, pipeline: PipelineConfig, spark, request: ReplayReq
     result.preview = [{"partition": r["partition"], "position": r["position"], "message_id": r["message_id"],
                        "error": (r["error"] or "")[:200]} for r in rows[:PREVIEW]]
     entries = []
-    drained = source_of(pipeline).partition_names(pipeline)
+    source = source_of(pipeline)
+    drained = source.partition_names(pipeline) if isinstance(source, NamesPartitions) else None
     for r in rows:
         if drained is not None and r["partition"] not in drained:
             result.skipped.append({"partition": r["partition"], "position": r["position"],
@@ -244,7 +245,7 @@ def replay_dead_letters(cfg, pipeline: PipelineConfig, spark, request: ReplayReq
         return
     # Source first, DLQ state after: a crash in between re-sends on the next replay (the MERGE on the
     # message id absorbs it) instead of marking entries REPLAYED that never went back.
-    source_of(pipeline).send_back(cfg, pipeline, entries)
+    source.send_back(cfg, pipeline, entries)
     mark_replayed(spark, path, pipeline.name, [(e["partition"], e["position"]) for e in entries], result.run_id,
                   request.requested_by)
     result.replayed = len(entries)
@@ -354,7 +355,7 @@ STEPS = ("select", "replay")
 def replay(cfg: DeltadrainConfig, spark, request: ReplayRequest, run_id: str | None = None,
            progress=None) -> ReplayResult:
     """`progress(step)` is called as each of STEPS is done (the CLI's progress bar)."""
-    from deltadrain.run.drain import new_run_id
+    from deltadrain.run.summary import new_run_id
 
     pipeline = cfg.pipeline(request.pipeline)
     result = ReplayResult(pipeline.name, run_id or new_run_id(), request.mode, request.dry_run)

@@ -38,7 +38,7 @@ from deltadrain.orchestration.operators import (
     ReplayOperator,
 )
 from deltadrain.orchestration.sensors import SourceWorkSensor, StuckClaimsSensor
-from deltadrain.sources import source_of
+from deltadrain.sources import NamesPartitions, reaper_of, source_of
 
 
 def target_asset(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> Asset:
@@ -189,7 +189,7 @@ def reap_pipeline(pipeline: str, config: str | None = None) -> dict:
 
     cfg = load(config)
     found = cfg.pipeline(pipeline)
-    report = source_of(found).reap(cfg, found)
+    report = reaper_of(found).reap(cfg, found)
     print(f"deltadrain: reaped {pipeline}: {report}")
     return report
 
@@ -210,7 +210,8 @@ def reaper_dag(cfg: DeltadrainConfig) -> DAG:
 
 def replay_params(cfg: DeltadrainConfig) -> dict[str, Param]:
     names = [p.name for p in cfg.pipelines]
-    streams = [key for p in cfg.pipelines for key in source_of(p).partition_names(p) or []]
+    streams = [key for p in cfg.pipelines if isinstance(source := source_of(p), NamesPartitions)
+               for key in source.partition_names(p)]
     position = r"^[0-9]+(-[0-9]+)?$"
     return {
         # No default: a trigger that names no pipeline is refused, never replayed on the YAML's first one.

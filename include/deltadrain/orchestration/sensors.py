@@ -111,12 +111,12 @@ class StuckClaimsSensor(BaseSensorOperator):
     def poke(self, context) -> PokeReturnValue:
         from deltadrain.config import load_config
         from deltadrain.observe.probe import probe
-        from deltadrain.sources import source_of
+        from deltadrain.sources import Reaps, source_of
 
         cfg = load_config(self.config)
         stuck = []
         for pipeline in cfg.pipelines:
-            if source_of(pipeline).holds_claims:
+            if isinstance(source_of(pipeline), Reaps):
                 try:
                     found = probe(cfg, pipeline)
                 except Exception as exc:  # one unreachable source must not stop the others' reaping

@@ -1,348 +1,71 @@
-"""One drain run, step by step (docs/contract.md, "One drain run").
+"""One drain run, in the contract's order (docs/contract.md, "One drain run").
 
-read checkpoint -> claim (Spark tasks) -> decode -> dead letters -> MERGE with the checkpoint
--> compare-and-set outcome -> acknowledge (or release) -> summary. Every step's decision lives in a
-small module of its own; this one only puts them in order.
-
-`Drain` holds what every source shares (transform, poison isolation, dead letters, the commit and
-its outcome); each source's subclass (`sources/<kind>/drain.py`) only claims and acknowledges.
+read checkpoint -> plan -> claim (Spark tasks) -> decode -> dead letters -> MERGE with the checkpoint
+-> compare-and-set outcome -> acknowledge (or release and refuse) -> summary. `Drain.run` holds that
+order once, for every kind: a source's subclass (`sources/<kind>/drain.py`) supplies the steps that
+differ (`plan`, `claim`, `gaps`, `acknowledge`, `settle_culprits`, `originals`) and the capabilities
+only it has (`Leases`, `RecordsGaps`, `MirrorsCheckpoint`), and cannot reorder them. Every step's
+decision lives in a small module of its own (the rows a run makes: `run.rows`).
 """
 
 from __future__ import annotations
 
-import json
-import os
-import socket
+import abc
 import threading
 import time
-import uuid
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import replace
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING, final
 
 from deltadrain import failpoints
 from deltadrain.config import DeltadrainConfig, PipelineConfig
-from deltadrain.errors import DeltadrainError, error_line
-from deltadrain.formats.decode import EXTRA_COLUMNS
-from deltadrain.lake.checkpoint import META_COLUMNS, commit_metadata
-from deltadrain.lake.deadletter import DEAD, take_back, write_dead_letters
-from deltadrain.lake.delta import (
-    add_missing_columns,
-    ensure_table,
-    is_table,
-    refused_rows,
-    row_constraints,
-    sql_name,
-)
+from deltadrain.errors import error_line
+from deltadrain.lake.checkpoint import Checkpoint, commit_metadata, read_checkpoint
+from deltadrain.lake.deadletter import take_back, write_dead_letters
+from deltadrain.lake.delta import refused_rows
 from deltadrain.lake.metrics import record_run_safely
 from deltadrain.lake.scratch import remove_staging, staging_dir
 from deltadrain.logs import fields, run_logger
+from deltadrain.positions import merge_positions
 from deltadrain.run.commit import CONFLICT_RETRIES, NewTable, commit_batch, dedup_window_start
 from deltadrain.run.layout import allow_widening, end_widening, new_columns, run_layout
 from deltadrain.run.outcome import Outcome
+from deltadrain.run.rows import (
+    BatchFailure,
+    DrainError,
+    batch_stats_columns,
+    claim_schema,
+    dead_letter_rows,
+    dedup_in_batch,
+    ensure_target,
+    filtered_out,
+    isolate_culprits,
+    refused_messages,
+    settle_columns,
+    split_claimed,
+    target_rows,
+    transformed,
+)
 from deltadrain.run.stage import BatchStats
+from deltadrain.run.steps import (
+    Gaps,
+    Leases,
+    MirrorsCheckpoint,
+    Notices,
+    RecordsGaps,
+    RunPlan,
+    no_message_to_blame,
+)
+from deltadrain.run.summary import RunSummary, new_run_id
 from deltadrain.schema.evolution import EvolutionError
 from deltadrain.transforms import identity, load_transform
+
+if TYPE_CHECKING:
+    from deltadrain.run.stage import Staged
 
 # What a run that stops on a gap (on_gap: fail) tells the operator, for either source.
 GO_ON_PAST = ("Nothing was committed. To go on past them, with the next commit recording them, trigger one run "
               "with Accept gaps (the ingest DAG's parameter; deltadrain drain --accept-gaps) or set on_gap: continue")
-MAX_CULPRITS = 32  # beyond this many failing messages in one batch, fail the run instead of bisecting on
-# Beyond this many messages whose rows the target's constraints refuse in one batch, the constraint
-# refuses the stream itself, not a few bad messages: fail the run (a counted attempt) instead.
-MAX_REFUSED = 1000
-REFUSED_BATCH_MIN = 20  # ... or most of a batch of at least this many messages
-
-
-class DrainError(DeltadrainError):
-    pass
-
-
-class BatchFailure(DrainError):
-    """The transform fails on the batch in a way no single message isolates (no culprit explains it,
-    it still fails without its culprits, or too many fail), or the target refuses rows its constraints
-    do not name. The batch's messages caused it, so (on Kafka) the run counts as an attempt at them."""
-
-
-@dataclass
-class RunSummary:
-    pipeline: str
-    run_id: str
-    batch: int | None = None
-    outcome: str = Outcome.EMPTY.value
-    claimed: int = 0
-    reclaimed: int = 0
-    written: int = 0
-    duplicates_skipped: int = 0
-    dead_lettered: int = 0
-    left_pending: int = 0
-    # Valid messages the pipeline's transform kept no row for (it filtered them out): acknowledged,
-    # in no table. So that claimed = written + duplicates_skipped + dead_lettered + left_pending + filtered
-    # (on Valkey, plus entries deleted while pending; see filtered_out for a transform that explodes).
-    filtered: int = 0
-    acked: int = 0
-    released: int = 0
-    gaps: int = 0
-    # Kafka: offsets retention deleted before they were read. Valkey: entries removed before the group
-    # read them or while pending, as recorded and not yet carried by a commit (deltadrain.sources.valkey.gaps).
-    gap_ranges: list = field(default_factory=list)
-    # Kafka: offsets read by runs that died before committing, and how many (deltadrain.sources.kafka.crashes).
-    # Valkey: the segment of entries runs died on that this run reads part of (valkey.crashes).
-    # This run reads less there, and a message past max_retries + 1 attempts is a dead letter.
-    dead_runs: list = field(default_factory=list)
-    seconds: float = 0.0
-    positions: dict = field(default_factory=dict)
-    timings: dict = field(default_factory=dict)  # seconds per step
-    error: str | None = None
-
-    def line(self) -> str:
-        return json.dumps(asdict(self), default=str)
-
-
-def new_run_id() -> str:
-    return f"{socket.gethostname()[:20]}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-
-
-
-
-def claim_schema(pipeline: PipelineConfig):
-    from pyspark.sql.types import _parse_datatype_string
-
-    schema = pipeline.payload_schema
-    payload = ", ".join(f"`{name}` {kind}" for name, kind in schema.fields.items())
-    extra = "".join(f", {name} string" for name in EXTRA_COLUMNS) if schema.collects_new_fields else ""
-    return _parse_datatype_string(
-        "_dd_partition string, _dd_position string, _dd_pos_hi long, _dd_pos_lo long, _dd_source_ts timestamp, "
-        "_dd_attempts int, _dd_reclaimed boolean, _dd_message_id string, _dd_error_type string, _dd_error string, "
-        f"_dd_original binary, _dd_first_failure_at timestamp, {payload}{extra}")
-
-
-
-
-
-
-
-
-
-
-def target_rows(good, pipeline: PipelineConfig, batch: int, run_id: str):
-    """Claimed rows -> the rows the transform sees: payload columns plus the _dd_ metadata. The payload
-    columns are every claimed column but deltadrain's own: the declared fields, and with schema evolution
-    the table's evolved columns and the batch's new ones.
-
-    The run's own columns (batch, run id, ingestion time) come from a one-row table joined to every row,
-    not from literals: Spark compiles a long or timestamp literal into the code it generates, so each
-    batch's new values would make the server compile and JIT-warm that code again
-    (bench/stable_code/README.md)."""
-    from pyspark.sql import functions as F
-    from pyspark.sql.types import LongType, StringType, StructField, StructType, TimestampType
-
-    payload = [F.col(sql_name(name)) for name in good.columns if not name.startswith("_dd_")]
-    meta = [F.col(name) for name, _ in META_COLUMNS[:6]]
-    run = StructType([StructField("_dd_batch", LongType(), False), StructField("_dd_run_id", StringType(), False),
-                      StructField("_dd_ingested_at", TimestampType(), False)])
-    values = good.sparkSession.createDataFrame([(batch, run_id, datetime.now(UTC))], run)
-    return good.crossJoin(F.broadcast(values)).select(*payload, *meta, *run.names)
-
-
-def transformed(rows, pipeline: PipelineConfig):
-    from pyspark.sql import functions as F
-
-    out = load_transform(pipeline.transform)(rows)
-    id_field = pipeline.payload_schema.id_field
-    missing = [c for c in [id_field, *(n for n, _ in META_COLUMNS)] if c not in out.columns]
-    if missing:
-        raise DrainError(f"transform {pipeline.transform} dropped columns the drain needs: {missing}")
-    if pipeline.transform is None:
-        return out  # decode gave every row an id
-    # A row without an id would be inserted again by every redelivery (no MERGE key matches null):
-    # the transform failed on that message, which then goes the way of any transform failure (DLQ).
-    ids = F.col(f"`{id_field}`")
-    blank = ids.isNull() | (F.trim(ids.cast("string")) == "")
-    reason = F.concat(F.lit(f"transform {pipeline.transform} left the message id ('{id_field}') null or blank "
-                            "at "), F.col("_dd_partition"), F.lit(" "), F.col("_dd_position"))
-    return out.withColumn(id_field, F.when(blank, F.raise_error(reason)).otherwise(ids))
-
-
-def batch_stats_columns(id_field: str) -> list:
-    """Aggregate columns for BatchStats.of over transformed rows (every one of them is good; the
-    dead letters were counted by the staging)."""
-    from pyspark.sql import functions as F
-
-    ids = F.col(f"`{id_field}`")
-    return [F.count("*").alias("_dd_good"), F.count_distinct(ids).alias("_dd_distinct"),
-            F.min(ids).alias("_dd_lo"), F.max(ids).alias("_dd_hi"), F.lit(None).cast("long").alias("_dd_bad")]
-
-
-def filtered_out(offered: int, kept: int) -> int:
-    """How many of the `offered` valid messages the transform kept no row for: exact for a transform
-    that gives each message at most one row. One that makes several rows of some (an explode)
-    offsets what it filtered by as many extra rows, and never counts below 0."""
-    return max(0, offered - kept)
-
-
-def dedup_in_batch(df, id_field: str, by_place: bool = False):
-    """Keep the first occurrence of each id in the batch (by source time, then position); with
-    `by_place`, of each id at each (partition, position)."""
-    from pyspark.sql import Window
-    from pyspark.sql import functions as F
-
-    keys = [F.col(f"`{id_field}`"), *((F.col("_dd_partition"), F.col("_dd_position")) if by_place else ())]
-    order = Window.partitionBy(*keys).orderBy("_dd_source_ts", "_dd_partition", "_dd_pos_hi", "_dd_pos_lo")
-    return df.withColumn("_dd_rank", F.row_number().over(order)).where("_dd_rank = 1").drop("_dd_rank")
-
-
-def dead_letter_rows(bad, pipeline: str, batch: int, run_id: str):
-    from pyspark.sql import functions as F
-
-    now = F.current_timestamp()
-    return bad.select(
-        F.lit(pipeline).alias("pipeline"), F.col("_dd_partition").alias("partition"),
-        F.col("_dd_position").alias("position"), F.col("_dd_pos_hi").alias("pos_hi"),
-        F.col("_dd_pos_lo").alias("pos_lo"), F.col("_dd_message_id").alias("message_id"),
-        F.col("_dd_original").alias("original"), F.col("_dd_error").alias("error"),
-        F.col("_dd_error_type").alias("error_type"), F.col("_dd_attempts").alias("attempts"),
-        F.coalesce(F.col("_dd_first_failure_at"), now).alias("first_failure_at"),
-        now.alias("last_failure_at"), F.lit(DEAD).alias("state"), F.lit(batch).cast("long").alias("batch"),
-        F.lit(run_id).alias("run_id"), F.lit(None).cast("timestamp").alias("replayed_at"),
-        F.lit(None).cast("string").alias("replay_run_id"))
-
-
-def find_culprits(indexed, n: int, evaluate) -> list[tuple[int, str]]:
-    """Split a failing batch until each failing message is alone (invariant 6).
-
-    `indexed` holds the batch with a dense `_dd_idx` in [0, n); `evaluate(df)` runs the transform
-    over a slice and raises what it raises. Only failing halves are split again, so one poison
-    message among n costs about 2*log2(n) small evaluations.
-    """
-    from pyspark.sql import functions as F
-
-    def failure(lo: int, hi: int) -> str | None:
-        try:
-            evaluate(indexed.where((F.col("_dd_idx") >= lo) & (F.col("_dd_idx") < hi)).drop("_dd_idx"))
-        except DrainError:
-            raise
-        except Exception as exc:
-            failpoints.reraise_abandon(exc)
-            return error_line(exc)
-        return None
-
-    culprits: list[tuple[int, str]] = []
-    stack = [(0, n, failure(0, n))]
-    while stack:
-        lo, hi, err = stack.pop()
-        if err is None:
-            continue
-        if hi - lo == 1:
-            culprits.append((lo, err))
-            if len(culprits) > MAX_CULPRITS:
-                raise BatchFailure(f"more than {MAX_CULPRITS} messages of the batch make the transform fail; "
-                                   f"first error: {culprits[0][1]}")
-            continue
-        mid = (lo + hi) // 2
-        stack.append((mid, hi, failure(mid, hi)))
-        stack.append((lo, mid, failure(lo, mid)))
-    return sorted(culprits)
-
-
-def refuses_the_data(refused: int, messages: int) -> bool:
-    """A constraint that refuses more than MAX_REFUSED messages of a batch, or most of a batch of at
-    least REFUSED_BATCH_MIN, refuses the data itself, not a few bad messages: dead-lettering would
-    empty the stream into the DLQ one batch at a time, so the run fails instead."""
-    return refused > MAX_REFUSED or (messages >= REFUSED_BATCH_MIN and 2 * refused > messages)
-
-
-def refused_messages(spark, target: str, rows, id_field: str, updating: bool = False) -> tuple[list | None, str]:
-    """After `target` refused a MERGE of `rows` (as the MERGE took them):
-    ([(_dd_partition, _dd_position, constraint)] of the messages with a row that breaks one of its
-    constraints (lake.row_constraints), naming one it breaks, ""), or (None, why) when none is named,
-    the constraints could not be evaluated, or they refuse the data itself (`refuses_the_data`).
-    An insert-only MERGE matches a row whose id the target holds already instead of inserting it, so
-    Delta never checks it; a MERGE that is `updating` (reprocess) writes exactly those rows."""
-    from pyspark.sql import functions as F
-
-    ids = F.col(f"`{id_field}`")
-    try:
-        constraints = row_constraints(spark, target)
-        if not constraints:
-            return None, "none of its constraints names a row of the batch"
-        broken = F.coalesce(*[F.when(~F.coalesce(F.expr(cond), F.lit(False)), F.lit(name))
-                              for name, cond in constraints])
-        found = (rows.select("_dd_partition", "_dd_position", ids.cast("string").alias("id"), broken.alias("error"))
-                 .where(F.col("error").isNotNull())
-                 .groupBy("_dd_partition", "_dd_position").agg(F.min("error"), F.collect_set("id").alias("ids")))
-        found = found.limit(MAX_REFUSED + 1).collect()  # one pass: past MAX_REFUSED the count is moot
-        messages = rows.select("_dd_partition", "_dd_position").distinct().count() if found else 0
-        if refuses_the_data(len(found), messages):
-            count = f"more than {MAX_REFUSED}" if len(found) > MAX_REFUSED else len(found)
-            return None, f"{count} of the batch's {messages} messages break its constraints: they refuse the data itself"
-        held = {str(r[0]) for r in spark.read.format("delta").load(target)
-                .where(ids.cast("string").isin(sorted({i for r in found for i in r.ids})))
-                .select(ids).distinct().collect()} if found and not updating else set()
-    except Exception as exc:  # e.g. a CHECK on a column the transform does not give
-        return None, f"its constraints could not be checked on the batch ({error_line(exc)})"
-    found = [(r[0], r[1], r[2]) for r in found if not set(r.ids) <= held]
-    if not found:
-        return None, ("none of its constraints names a row of the batch" if updating else
-                      "none of its constraints names a row of the batch the table does not hold already")
-    return found, ""
-
-
-def split_claimed(claimed):
-    """(rows that decoded, rows for the DLQ). Gap markers are reported, never written as rows."""
-    from pyspark.sql import functions as F
-
-    error = F.col("_dd_error_type")
-    return claimed.where(error.isNull()), claimed.where(error.isNotNull() & (error != "gap"))
-
-
-def _target_schema(spark, pipeline: PipelineConfig, good_schema, run_id: str):
-    empty = spark.createDataFrame([], good_schema)
-    return transformed(target_rows(empty, pipeline, 0, run_id), pipeline).schema
-
-
-def ensure_target(spark, target: str, pipeline: PipelineConfig, good_schema, run_id: str) -> None:
-    """Create the target table, with the schema the transform gives claimed rows, if it is missing."""
-    if not is_table(spark, target):
-        schema = _target_schema(spark, pipeline, good_schema, run_id)
-        ensure_table(spark, target, schema, pipeline.target.partition_by, pipeline.target.cluster_by)
-
-
-def settle_columns(spark, target: str, pipeline: PipelineConfig, good_schema, run_id: str) -> None:
-    """Put a batch's new columns into the target table now, in a commit of their own (creating the table
-    if it is missing): the types its vote chose are then the table's, so a run killed before the batch's
-    commit leaves the next run typing those fields by the columns, and the messages that lost the vote
-    stay dead letters instead of being published by a batch whose vote goes the other way."""
-    schema = _target_schema(spark, pipeline, good_schema, run_id)
-    if is_table(spark, target):
-        add_missing_columns(spark, target, schema)
-    else:
-        ensure_table(spark, target, schema, pipeline.target.partition_by, pipeline.target.cluster_by)
-
-
-def isolate_culprits(spark, pipeline: PipelineConfig, good, batch: int, run_id: str, staged: str):
-    """Bisect `good` for messages that make the transform fail: (culprits with `_dd_culprit_error`,
-    the rest), or (None, good) when no single message explains a failure. Drains, backfills and
-    replays isolate their culprits here."""
-    from pyspark.sql import Window
-    from pyspark.sql import functions as F
-
-    # A dense index 0..n-1 (the batch is at most batch_cap rows, numbered in one partition), staged so
-    # that every evaluation slices the same rows.
-    index = F.row_number().over(Window.orderBy(F.monotonically_increasing_id())) - 1
-    good.withColumn("_dd_idx", index.cast("long")).write.mode("overwrite").parquet(staged)
-    indexed = spark.read.parquet(staged)
-
-    def evaluate(part) -> None:
-        rows = transformed(target_rows(part, pipeline, batch, run_id), pipeline)
-        rows.write.format("noop").mode("overwrite").save()
-
-    found = find_culprits(indexed, indexed.count(), evaluate)
-    if not found:
-        return None, good
-    errors = spark.createDataFrame(found, "_dd_idx long, _dd_culprit_error string")
-    culprits = indexed.join(F.broadcast(errors), "_dd_idx").drop("_dd_idx")
-    rest = indexed.join(F.broadcast(errors), "_dd_idx", "left_anti").drop("_dd_idx")
-    return culprits.cache(), rest
 
 
 _KILLED = threading.Event()
@@ -363,11 +86,18 @@ def ended_as_killed(exc: BaseException) -> bool:
     return failpoints.abandons(exc) or _KILLED.is_set() or not isinstance(exc, Exception)
 
 
-class Drain:
-    """One run. Construct, then call run(); the summary is returned, and printed by the callers.
+class Drain(abc.ABC):
+    """One run. Construct, then call `run()`; the summary is returned, and printed by the callers.
 
-    Subclasses implement `_run` (claim, then `publish`, then acknowledge) and `settle_culprits`
-    (where a failing message's attempts are counted differs per source)."""
+    `run` is the only entry and holds the order (`_steps`); a subclass supplies the abstract steps,
+    may override the hooks (`before_held`, `backlog_total`) and mix in capabilities (`run.steps`), and
+    cannot override `run`. The parts that need Spark and the lake (`read_checkpoint`, `publish`,
+    `record_metrics`) are methods too: a test of the order stands them in (tests/unit/test_drain_order.py)."""
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if {"run", "_steps"} & set(vars(cls)):
+            raise TypeError(f"{cls.__name__} overrides Drain.run: a source supplies the steps, Drain keeps their order")
 
     def __init__(self, cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, run_id: str | None = None):
         self.cfg, self.pipeline, self.spark = cfg, pipeline, spark
@@ -386,27 +116,185 @@ class Drain:
         self.commit_extra: dict = {}  # more commit metadata, set by a source while it settles its batch
         self.evolving = False  # this batch's MERGE adds or widens columns (`_evolve`)
         self.settling = False  # its new columns' types turned messages into dead letters (`_evolve`)
+        self.failed_on_batch = False  # publish raised BatchFailure: the batch's messages caused it
         # Nothing can fail between decode and MERGE: the source counts the batch, no transform pass.
         where = f"{cfg.source_file}: pipeline '{pipeline.name}', field 'transform': "
         self.identity_transform = load_transform(pipeline.transform, where) is identity
 
-    # -- shared steps -----------------------------------------------------------------------------
+    # -- the steps a source supplies --------------------------------------------------------------
+
+    @abc.abstractmethod
+    def plan(self, checkpoint: Checkpoint) -> RunPlan:
+        """What this run claims after `checkpoint`: reads of the source only, nothing claimed (the
+        batch cap, what runs that died left, the source's gaps)."""
+
+    @abc.abstractmethod
+    def claim(self, plan: RunPlan) -> Staged:
+        """Claim and stage the planned batch in exactly one job (no later step goes back to the
+        source for it); counts what it took over again in `summary.reclaimed`."""
+
+    @abc.abstractmethod
+    def gaps(self, plan: RunPlan, staged: Staged | None) -> Gaps:
+        """The gaps this run meets: before its claim (`staged` None) and after it."""
+
+    @abc.abstractmethod
+    def acknowledge(self, plan: RunPlan, staged: Staged | None, keep: frozenset[tuple[str, str]]) -> int:
+        """After a committed (or already committed) batch: acknowledge what it holds, the messages of
+        `staged` (None: the commit carried positions or gaps alone) but the culprits in `keep`, left
+        for another attempt; `summary.positions` is the checkpoint committed. Returns how many."""
+
+    @abc.abstractmethod
+    def settle_culprits(self, culprits):
+        """(dead letters out of retries, [(partition, position)] left for another attempt): where a
+        failing message's attempts are counted differs per source."""
+
+    @abc.abstractmethod
+    def originals(self, keys: list[tuple[str, str]]) -> dict[tuple[str, str], bytes]:
+        """The source's bytes of these messages (the staging keeps only bad messages' bytes)."""
+
+    @abc.abstractmethod
+    def finish(self) -> None:
+        """Best-effort cleanup after every run, committed or not, unless it ended as killed."""
+
+    # -- hooks (optional) -------------------------------------------------------------------------
+
+    def before_held(self, rows):
+        """The rows this commit may hold once culprits are left for another attempt (all of them
+        where each message is acknowledged alone, as on Valkey)."""
+        return rows
+
+    def backlog_total(self) -> int | None:
+        """Messages still waiting at the source after the run (for the metrics table), if cheap to know."""
+        return None
+
+    # -- the run ----------------------------------------------------------------------------------
+
+    @final
+    def run(self) -> RunSummary:
+        """The run, in the contract's order (`_steps`); a run that ends as killed cleans nothing up."""
+        started = self._last = time.monotonic()
+        abandoned = False
+        try:
+            self._steps()
+        except BaseException as exc:
+            if (abandoned := ended_as_killed(exc)) and isinstance(self, Notices):
+                self.settle_notices()  # nothing else: a run stopped as a SIGKILL stops it cleans nothing up
+            if abandoned and failpoints.abandons(exc):
+                raise failpoints.Abandoned(failpoints.ABANDON) from None
+            raise
+        finally:
+            if not abandoned:
+                self._end(started)
+        return self.summary
+
+    def _steps(self) -> None:
+        s, on_gap = self.summary, self.pipeline.source.on_gap
+        checkpoint = self.read_checkpoint()
+        expected = checkpoint.batch
+        s.batch = expected + 1
+        plan = self.plan(checkpoint)
+        self._lap("checkpoint")
+        if on_gap == "fail":  # before anything is claimed
+            self._stop_at(self.gaps(plan, None), plan, expected)
+        staged = self._claim(plan) if plan.claims else None
+        gaps = self.gaps(plan, staged)  # the claim may find more (Valkey: entries deleted while pending)
+        self._report(gaps)
+        if on_gap == "fail":
+            self._stop_at(gaps, plan, expected, staged)
+        elif gaps:
+            self.commit_extra["gaps"] = gaps.ranges
+        # The checkpoint never stays behind a message the batch holds.
+        s.positions = merge_positions(plan.positions, staged.positions) if s.claimed else dict(plan.positions)
+        if not (s.claimed or gaps or plan.commits_alone):
+            s.batch, s.positions = expected, dict(plan.start)
+            if isinstance(self, MirrorsCheckpoint):
+                self.mirror_checkpoint(s.positions)
+            return
+        batch = staged if s.claimed else None
+        try:
+            result, pending = self.publish(batch, expected)
+        except BatchFailure:
+            self.failed_on_batch = True
+            raise
+        if result.outcome in (Outcome.COMMITTED, Outcome.ALREADY_COMMITTED):
+            if isinstance(self, RecordsGaps):
+                self.forget_gaps(gaps)  # the commit's metadata holds them now
+            failpoints.hit("after_commit")
+            failpoints.pause("after_commit")
+            s.acked = self.acknowledge(plan, batch, frozenset(pending))  # invariant 4: after the commit
+            self._lap("ack")
+            return
+        # Another writer is ahead, or the table went backwards: acknowledge nothing (invariant 5).
+        if staged is not None and isinstance(self, Leases):
+            s.released = self.release(staged)
+        self.refuse(result, expected)
+
+    def _claim(self, plan: RunPlan) -> Staged:
+        s = self.summary
+        try:
+            staged = self.claim(plan)
+        except Exception as exc:
+            if isinstance(self, Leases) and no_message_to_blame(exc):
+                # The next run reclaims them whole, and a long outage convicts no message of killing runs.
+                s.released = self.hand_back()
+            raise
+        failpoints.hit("after_claim")
+        failpoints.pause("after_claim")
+        self._lap("claim")
+        s.claimed = staged.total.rows
+        return staged
+
+    def _report(self, gaps: Gaps) -> None:
+        """Every gap this run meets goes into the summary and the log (and, under on_gap: continue,
+        into its commit's metadata)."""
+        s = self.summary
+        s.gap_ranges, s.gaps = list(gaps.ranges), gaps.missing
+        log = run_logger(s.pipeline, s.run_id, s.batch, source=self.pipeline.source.kind)
+        for gap in gaps.ranges:
+            log.warning("%s", fields(step="gap", **gap))
+
+    def _stop_at(self, gaps: Gaps, plan: RunPlan, expected: int, staged: Staged | None = None) -> None:
+        """on_gap: fail. A run that meets a gap commits nothing: it releases what it claimed and stops
+        with an error naming the gaps (status and the Airflow view show them until a run under
+        on_gap: continue carries them in its commit)."""
+        if not gaps:
+            return
+        s = self.summary
+        if staged is not None and isinstance(self, Leases):
+            s.released = self.release(staged)
+        s.batch, s.positions = expected, dict(plan.start)
+        s.gap_ranges, s.gaps = list(gaps.ranges), gaps.missing
+        s.error = f"{gaps.said}. {GO_ON_PAST}"
+        raise DrainError(s.error)
+
+    def _end(self, started: float) -> None:
+        """Every run's end, committed or not: its scratch, cleanup, the last log line and metrics row."""
+        self.summary.seconds = round(time.monotonic() - started, 3)
+        remove_staging(self.scratch)
+        self.finish()
+        s = self.summary
+        run_logger(s.pipeline, s.run_id, s.batch, source=self.pipeline.source.kind).info(
+            "%s", fields(step="end", outcome=s.outcome, claimed=s.claimed, written=s.written,
+                         dead_lettered=s.dead_lettered, acked=s.acked, seconds=s.seconds, error=s.error))
+        self.record_metrics()
+
+    # -- what needs the lake and Spark ------------------------------------------------------------
+
+    def read_checkpoint(self) -> Checkpoint:
+        """The target's checkpoint: the last batch committed and the positions it covered."""
+        return read_checkpoint(self.spark, self.target, self.pipeline.name, self.dlq, self.quarantine)
+
+    def record_metrics(self) -> None:
+        """Best effort (never raises): one row per run in the metrics table, failed runs included."""
+        record_run_safely(self.spark, self.cfg, self.pipeline, self.summary, backlog=self.backlog_total)
 
     def isolate_culprits(self, good, batch: int):
         return isolate_culprits(self.spark, self.pipeline, good, batch, self.run_id, str(self.scratch / "indexed"))
 
-    def settle_culprits(self, culprits):
-        """(dead letters out of retries, [(partition, position)] left for another attempt)."""
-        raise NotImplementedError
-
-    def _originals(self, keys: list[tuple[str, str]]) -> dict[tuple[str, str], bytes]:
-        """The source's bytes of these messages (the staging keeps only bad messages' bytes)."""
-        raise NotImplementedError
-
     def dead_records(self, rows, columns: list[str], error_type: str, error: str, first_of) -> list[tuple]:
         """Claimed rows with `_dd_culprit_error` -> tuples of `columns` for the DLQ: the error, the
         message's original bytes, and when it first failed (`first_of(row)`)."""
-        originals = self._originals([(r._dd_partition, r._dd_position) for r in rows])
+        originals = self.originals([(r._dd_partition, r._dd_position) for r in rows])
         out = []
         for r in rows:
             record = r.asDict()
@@ -436,74 +324,32 @@ class Drain:
         return (self.spark.createDataFrame(dead, good.schema), len(dead),
                 good.join(F.broadcast(keys.select(*on)), on, "left_anti"))
 
-    def before_held(self, rows):
-        """The rows this commit may hold once culprits are left for another attempt (all of them
-        where each message is acknowledged alone, as on Valkey)."""
-        return rows
-
-    # -- the run ----------------------------------------------------------------------------------
-
-    def run(self) -> RunSummary:
-        started = self._last = time.monotonic()
-        abandoned = False
-        try:
-            self._run()
-        except BaseException as exc:
-            if abandoned := ended_as_killed(exc):
-                self._abandon()
-                if failpoints.abandons(exc):
-                    raise failpoints.Abandoned(failpoints.ABANDON) from None
-            raise
-        finally:
-            if not abandoned:
-                self._end(started)
-        return self.summary
-
-    def _abandon(self) -> None:
-        """A run stopped as a SIGKILL stops it (failpoints.ABANDON): nothing is cleaned up."""
-
-    def _end(self, started: float) -> None:
-        """Every run's end, committed or not: its scratch, cleanup, the last log line and metrics row."""
-        self.summary.seconds = round(time.monotonic() - started, 3)
-        remove_staging(self.scratch)
-        self._finish()
-        s = self.summary
-        run_logger(s.pipeline, s.run_id, s.batch, source=self.pipeline.source.kind).info(
-            "%s", fields(step="end", outcome=s.outcome, claimed=s.claimed, written=s.written,
-                         dead_lettered=s.dead_lettered, acked=s.acked, seconds=s.seconds, error=s.error))
-        # Best effort (never raises): one row per run in the metrics table, failed runs included.
-        record_run_safely(self.spark, self.cfg, self.pipeline, self.summary, backlog=self.backlog_total)
-
-    def _run(self) -> None:
-        raise NotImplementedError
-
-    def backlog_total(self) -> int | None:
-        """Messages still waiting at the source after the run (for the metrics table), if cheap to know."""
-        return None
-
-    def _finish(self) -> None:
-        """Best-effort cleanup after every run, committed or not."""
-
     def no_rows(self):
         """(rows, stats) of a batch without rows: a commit that carries positions or gaps alone."""
         stats = BatchStats(0, 0, None, None, 0) if self.identity_transform else None
         return self.spark.createDataFrame([], claim_schema(self.pipeline)), stats
 
-    def publish(self, claimed, expected: int, oldest, stats: BatchStats | None = None,
-                counts: tuple[int, int] | None = None):
-        """Claimed rows -> dead letters, then the one MERGE commit of batch `expected + 1` carrying
-        `summary.positions`. Returns (CommitResult, [(partition, position)] of culprits left for another
-        attempt). Which messages to acknowledge afterwards is the caller's business.
+    def publish(self, staged: Staged | None, expected: int):
+        """The staged batch (None: a commit that carries positions or gaps alone) -> dead letters, then
+        the one MERGE commit of batch `expected + 1` carrying `summary.positions`. Returns (CommitResult,
+        [(partition, position)] of culprits left for another attempt). Which messages to acknowledge
+        afterwards is `run`'s business.
 
-        `stats` comes from the source under the identity transform (`identity_transform`): nothing can
+        Under the identity transform (`identity_transform`) the staging reports' stats stand: nothing can
         fail between the decode and the MERGE, so the MERGE reads the claimed rows directly. Any other
         transform runs over the batch once before the commit (`_rows`), so that a message it fails on
-        is isolated instead of failing the commit, and that pass counts the batch. `counts`, the staging
-        reports' (decoded, dead-letter) rows, spares the passes that would count them again while the
+        is isolated instead of failing the commit, and that pass counts the batch. The staging reports'
+        (decoded, dead-letter) `counts` spare the passes that would count them again while the
         claimed rows are all still in play."""
 
         s, p = self.summary, self.pipeline
         batch = expected + 1
+        if staged is not None:
+            claimed, oldest = staged.rows(self.spark), staged.total.oldest
+            stats = staged.stats() if self.identity_transform else None
+            counts = (staged.total.good, staged.total.bad)
+        else:
+            (claimed, stats), oldest, counts = self.no_rows(), None, None
         claimed, stats, counts = self._evolve(claimed, stats, counts)
         good, bad = split_claimed(claimed)
         if self.settling:  # before the dead letters that the new columns' types decide
@@ -678,6 +524,5 @@ class Drain:
         run_logger(s.pipeline, s.run_id, s.batch, source=self.pipeline.source.kind).info(
             "%s", fields(step=step, seconds=s.timings[step], claimed=s.claimed or None,
                          dead_lettered=s.dead_lettered or None, outcome=s.outcome))
-
 
 

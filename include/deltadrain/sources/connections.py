@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from deltadrain.config import DeltadrainConfig, PipelineConfig
-from deltadrain.sources import Source, all_sources
+from deltadrain.sources import Source, SuggestsGrants, all_sources
 
 
 def _failure(exc: BaseException) -> tuple[Source, str, str] | None:
@@ -43,7 +43,7 @@ def unreachable(exc: BaseException, cfg: DeltadrainConfig, pipelines: list[Pipel
     names = ", ".join(f"'{p.name}'" for p in ours)
     said = f" ({' '.join(reason.split())[:300]})" if with_reason else f" ({type(exc).__name__})"
     if failure == "denied":
-        grants = sorted({g for p in ours if (g := source.acl_to_add(p, reason))})
+        grants = sorted({g for p in ours if isinstance(source, SuggestsGrants) and (g := source.acl_to_add(p, reason))})
         grant = f"add the ACL ({'; '.join(grants)}) for" if grants else "grant it to"
         return "denied", (
             f"{service} at {where} denied pipeline {names} what a drain needs{said}: {grant} the user that "

@@ -1,9 +1,9 @@
-"""One drain run of a Kafka pipeline (docs/contract.md, "One drain run").
+"""The steps of a Kafka pipeline's drain run; `Drain.run` puts them in the contract's order.
 
-read checkpoint (the lake) -> fix the offset ranges (watermarks, batch cap, gaps) -> read exactly
-those ranges with Spark's batch Kafka source, decoding in the same tasks -> dead letters -> MERGE
-with the ending offsets in the same commit -> compare-and-set outcome -> commit the group offsets
-(for lag tools only) -> summary. Everything after the read is the shared `Drain.publish`.
+plan: fix the offset ranges from the lake's checkpoint (watermarks, batch cap, gaps) -> claim: read
+exactly those ranges with Spark's batch Kafka source, decoding in the same tasks -> (the shared
+publish: dead letters, MERGE with the ending offsets in the same commit, compare-and-set outcome) ->
+acknowledge: commit the group offsets (for lag tools only).
 
 Kafka has no per-message pending list: a message that makes the transform fail holds its
 partition's checkpoint at its offset, and its attempts (the number of runs that tried it) are kept
@@ -19,17 +19,17 @@ import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from deltadrain import failpoints
 from deltadrain.config import DeltadrainConfig, KafkaSource, PipelineConfig
 from deltadrain.formats.decode import BatchDecoder
 from deltadrain.formats.payloads import Payload, payload_of
 from deltadrain.formats.registry import Registry
-from deltadrain.lake.checkpoint import read_checkpoint
+from deltadrain.lake.checkpoint import Checkpoint
 from deltadrain.logs import run_logger
-from deltadrain.run.drain import GO_ON_PAST, BatchFailure, Drain, DrainError, claim_schema
+from deltadrain.run.drain import Drain
 from deltadrain.run.isolation import convicted
-from deltadrain.run.outcome import Outcome
+from deltadrain.run.rows import DrainError, claim_schema
 from deltadrain.run.stage import Staged, stage, stage_batches
+from deltadrain.run.steps import Gaps, MirrorsCheckpoint, Notices, RunPlan
 from deltadrain.sources.kafka.client import (
     check_secured,
     kafka_client_conf,
@@ -252,8 +252,10 @@ def read_ranges(spark, cfg: DeltadrainConfig, p: PipelineConfig, ranges: dict[in
                  claim_schema(p), p.payload_schema.id_field, staged)
 
 
-class KafkaDrain(Drain):
-    """Claims a fixed offset range per partition; acknowledges by committing the group offsets."""
+class KafkaDrain(MirrorsCheckpoint, Notices, Drain):
+    """Claims a fixed offset range per partition, announced by claim notices on the group offsets
+    (`Notices`); acknowledges by committing the group offsets, the lake's checkpoint mirrored for lag
+    tools (`MirrorsCheckpoint`). A range is no lease: nothing to release."""
 
     def __init__(self, cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, run_id: str | None = None):
         if not isinstance(pipeline.source, KafkaSource):
@@ -266,7 +268,6 @@ class KafkaDrain(Drain):
         self._notice: threading.Thread | None = None
         self.dead: dict[int, Settled] = {}  # partition -> the runs that died reading it (kafka.crashes)
         self.group: dict | None = None  # the group's offsets and notices as read at the start (None: unread)
-        self.failed_on_batch = False  # the transform failed the batch as a whole: an attempt (see _finish)
         self.held: dict[str, int] = {}  # partition -> offset of its first message left for another attempt
 
     # -- steps ------------------------------------------------------------------------------------
@@ -318,7 +319,7 @@ class KafkaDrain(Drain):
         self.summary.left_pending += rows.where(beyond).count()
         return rows.where(~beyond)
 
-    def _originals(self, keys: list[tuple[str, str]]) -> dict[tuple[str, str], bytes]:
+    def originals(self, keys: list[tuple[str, str]]) -> dict[tuple[str, str], bytes]:
         # One read per partition, of the offsets between its first and last wanted record.
         from pyspark.sql import functions as F
 
@@ -356,13 +357,12 @@ class KafkaDrain(Drain):
         if current:
             self.commit_extra["topic_id"] = current
 
-    # -- the run ----------------------------------------------------------------------------------
+    # -- the steps (Drain.run puts them in order) -------------------------------------------------
 
-    def _run(self) -> None:
-        s, p = self.summary, self.pipeline
-        checkpoint = read_checkpoint(self.spark, self.target, p.name, self.dlq, self.quarantine)
-        expected = checkpoint.batch
-        s.batch = expected + 1
+    def plan(self, checkpoint: Checkpoint) -> RunPlan:
+        """The offset ranges from the lake's checkpoint (watermarks, batch cap, gaps), narrowed where
+        runs died reading them (`count_dead_runs`)."""
+        p, expected = self.pipeline, checkpoint.batch
         positions = dict(checkpoint.positions)
         if checkpoint.found_in == "rows":
             # Rows carry the offset they were read at; the checkpoint is the next one to read.
@@ -385,65 +385,44 @@ class KafkaDrain(Drain):
                                      [int(k) for k in plan.positions],
                                      {q: int(positions.get(str(q), start)) for q, (start, _) in plan.ranges.items()})
         plan = self.count_dead_runs(plan, checkpoint.meta.get("crashes") or {}, checkpoint.run_id)
-        self._lap("checkpoint")
-        if plan.gaps:
-            s.gaps = sum(g.size for g in plan.gaps)
-            s.gap_ranges = [g.as_dict() for g in plan.gaps]
-            if self.source.on_gap == "fail":
-                s.batch, s.positions = expected, positions
-                s.error = (f"retention deleted offsets this pipeline never read: {'; '.join(map(str, plan.gaps))}. "
-                           f"{GO_ON_PAST}")
-                raise DrainError(s.error)
-            self.commit_extra["gaps"] = s.gap_ranges
         # A first run under `latest` reads nothing (it starts at the end offsets) but commits batch 1
         # all the same, carrying where the pipeline starts: a checkpoint kept nowhere would make every
         # later run a first run, each starting at the then-current end and skipping what came between.
         starts_latest = expected == 0 and self.source.starting_offsets == "latest" and bool(plan.positions)
         if starts_latest:
             self.commit_extra["started_at"] = self.source.starting_offsets
-        if plan.total == 0 and not plan.gaps and not starts_latest:
-            s.batch, s.positions = expected, positions
-            # A run killed between its commit and the group-offset commit left lag tools behind.
-            self.acknowledge({}, {int(k): int(v) for k, v in positions.items()})
-            return
-        s.positions = plan.positions
-        self.carry_dead_runs(s.positions)
-        if plan.total:  # else only a start or a gap to go past (on_gap: continue), committed below
-            self.announce(plan.ranges, positions)
-            staged = read_ranges(self.spark, self.cfg, p, plan.ranges, attempts_so_far(self.retries),
-                                 str(self.scratch / "claimed"),
-                                 dead_runs={q: d.record for q, d in self.dead.items() if d.record})
-            self._settle_notice()  # before the group-offset commit, which must come after it
-            failpoints.hit("after_claim")
-            failpoints.pause("after_claim")
-            self._lap("claim")
-            s.claimed, s.reclaimed = staged.total.rows, staged.total.again
+        self.carry_dead_runs(plan.positions)
         if self.retries:
-            self.commit_extra.setdefault("retries", retry_record(self.retries, {}, s.positions))
+            self.commit_extra["retries"] = retry_record(self.retries, {}, plan.positions)
+        # Offsets without readable records (an aborted transaction and its markers, compacted records)
+        # or a start: the commit carries the positions alone, or every run would read them again.
+        return RunPlan(start=positions, positions=plan.positions, claims=bool(plan.total),
+                       commits_alone=bool(plan.total) or starts_latest, detail=plan)
 
-        if s.claimed:
-            rows, oldest = staged.rows(self.spark), staged.total.oldest
-            stats = staged.stats() if self.identity_transform else None
-        else:
-            # Offsets without readable records (an aborted transaction and its markers, compacted
-            # records, a gap) or a start: the commit carries the positions alone, or every run would
-            # read them (and report the gap) again.
-            (rows, stats), oldest = self.no_rows(), None
-        counts = (staged.total.good, staged.total.bad) if s.claimed else None
-        try:
-            result, _pending = self.publish(rows, expected, oldest, stats, counts)
-        except BatchFailure:
-            self.failed_on_batch = True
-            raise
-        if result.outcome not in (Outcome.COMMITTED, Outcome.ALREADY_COMMITTED):
-            # Nothing to release: a range is not a lease. Another first run's start stands.
-            self.refuse(result, expected)
-            return
-        failpoints.hit("after_commit")
-        failpoints.pause("after_commit")
-        self.acknowledge(plan.ranges if s.claimed else {},
-                         {int(part): int(pos) for part, pos in s.positions.items()})
-        self._lap("ack")
+    def claim(self, plan: RunPlan) -> Staged:
+        """Read exactly the planned ranges, claim notices out while Spark reads them."""
+        ranges = plan.detail.ranges
+        self.announce(ranges, plan.start)
+        staged = read_ranges(self.spark, self.cfg, self.pipeline, ranges, attempts_so_far(self.retries),
+                             str(self.scratch / "claimed"),
+                             dead_runs={q: d.record for q, d in self.dead.items() if d.record})
+        self.settle_notices()  # before the group-offset commit, which must come after it
+        self.summary.reclaimed = staged.total.again
+        return staged
+
+    def gaps(self, plan: RunPlan, staged: Staged | None) -> Gaps:
+        """Offsets retention deleted before any run read them (the plan found them)."""
+        found = plan.detail.gaps
+        return Gaps([g.as_dict() for g in found], sum(g.size for g in found),
+                    f"retention deleted offsets this pipeline never read: {'; '.join(map(str, found))}")
+
+    def acknowledge(self, plan: RunPlan, staged: Staged | None, keep: frozenset[tuple[str, str]]) -> int:
+        """The group offsets up to the committed checkpoint (culprits hold it at their offset: `keep`
+        is in it already)."""
+        return self.commit_group(plan.detail.ranges if staged is not None else {}, self.summary.positions)
+
+    def mirror_checkpoint(self, positions: dict[str, str]) -> None:
+        self.commit_group({}, positions)
 
     def count_dead_runs(self, plan: Plan, lake: dict, committed_by: str | None = None) -> Plan:
         """Count the runs that died reading from the checkpoint (their claim notices, and what the lake
@@ -503,19 +482,16 @@ class KafkaDrain(Drain):
         self._notice = threading.Thread(target=notice, name=f"claim-notice-{self.run_id}", daemon=True)
         self._notice.start()
 
-    def _abandon(self) -> None:
-        """As before a SIGKILL, the claim notices are out (they land about when the read starts)."""
-        self._settle_notice()
-
-    def _settle_notice(self) -> None:
-        """Wait for the notices, so that they land before the group-offset commit. One that lands
+    def settle_notices(self) -> None:
+        """Wait for the notices, so that they land before the group-offset commit (and, as before a
+        SIGKILL, are out when a run ends as killed: they land about when the read starts). One that lands
         after it anyway (a broker slower than NOTICE_WAIT_S) claims nothing behind the lake's
         checkpoint (`kafka.offsets.claimed`) and its offsets never lead that checkpoint."""
         if self._notice is not None:
             self._notice.join(NOTICE_WAIT_S)
             self._notice = None
 
-    def _finish(self) -> None:
+    def finish(self) -> None:
         """A run that did not commit its group offsets takes its claim notices off: its ranges go
         back to PENDING in status (a killed run's notices stay until the next run's group commit).
         Two kinds of run leave them, and the next run counts them as attempts at what they read
@@ -527,7 +503,7 @@ class KafkaDrain(Drain):
           with it the range is halved until it commits, and messages that fail every attempt end in
           the DLQ after max_retries. Other failures (storage, the MERGE, a broken executor) say
           nothing about the messages, and their runs withdraw as before."""
-        self._settle_notice()
+        self.settle_notices()
         if self.noticed and (self.failed_on_batch or not self._spark_alive()):
             why = "it failed on its batch" if self.failed_on_batch else "Spark's JVM is gone (killed)"
             run_logger(self.summary.pipeline, self.run_id, self.summary.batch, source="kafka").warning(
@@ -551,12 +527,14 @@ class KafkaDrain(Drain):
         run_logger(s.pipeline, s.run_id, s.batch, source="kafka").warning(
             "%s (status may show stale CLAIMED ranges): %s: %s", what, type(exc).__name__, str(exc)[:200])
 
-    def acknowledge(self, ranges: dict[int, tuple[int, int]], offsets: dict[int, int]) -> None:
+    def commit_group(self, ranges: dict[int, tuple[int, int]], positions: dict[str, str]) -> int:
         """Group offsets = the committed checkpoint (never ahead of it). A failure here loses nothing:
-        the lake already holds the batch; lag tools just see it later."""
+        the lake already holds the batch; lag tools just see it later. Returns how many offsets of
+        `ranges` (what the batch read) that acknowledges."""
         s = self.summary
+        offsets = {int(part): int(pos) for part, pos in positions.items()}
         if not offsets:
-            return
+            return 0
         try:
             commit_group_offsets(self.conf, self.source.group, self.source.topic, offsets)
         except Exception as exc:
@@ -564,6 +542,6 @@ class KafkaDrain(Drain):
             s.error = (f"the lake holds batch {s.batch}, but the group offsets could not be brought up to it "
                        f"(lag tools see old offsets; nothing is lost or read twice): {type(exc).__name__}: "
                        f"{str(exc)[:200]}")
-            return
+            return 0
         self.noticed = []  # the commit carried no metadata: this run's notices are gone
-        s.acked = sum(min(offsets[q], end) - start for q, (start, end) in ranges.items() if offsets.get(q, 0) > start)
+        return sum(min(offsets[q], end) - start for q, (start, end) in ranges.items() if offsets.get(q, 0) > start)

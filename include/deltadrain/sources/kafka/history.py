@@ -107,6 +107,6 @@ def pick_rounds(picks: list[tuple[str, int]], marks: dict[int, tuple[int, int]],
 
 
 def _schema(pipeline: PipelineConfig):
-    from deltadrain.run.drain import claim_schema
+    from deltadrain.run.rows import claim_schema
 
     return claim_schema(pipeline)

@@ -1,11 +1,11 @@
 """Kafka topics as a deltadrain source: a fixed offset range per partition and run, the ending
 offsets in the lake's commit, the group offsets committed after it for lag tools. Each step lives in
-its own module here; this one answers the `Source` interface by calling them (imported on use)."""
+its own module here; this one answers the `Source` base and its capability by calling them
+(imported on use)."""
 
 from __future__ import annotations
 
-from deltadrain.errors import DeltadrainError
-from deltadrain.sources import LakeSide, SourceNote
+from deltadrain.sources import LakeSide, Source, SourceNote, SuggestsGrants
 
 # librdkafka's codes for "no broker answered" (as opposed to a broker that answered with an error).
 UNREACHABLE = frozenset({"_TRANSPORT", "_ALL_BROKERS_DOWN", "_TIMED_OUT", "_RESOLVE"})
@@ -15,18 +15,18 @@ DENIED = frozenset({"TOPIC_AUTHORIZATION_FAILED", "GROUP_AUTHORIZATION_FAILED", 
                     "TRANSACTIONAL_ID_AUTHORIZATION_FAILED"})
 
 
-class Kafka:
+class Kafka(SuggestsGrants, Source):
+    """A range is not a lease (nothing to reap: the next drain reads a failed run's offsets again), and
+    the partitions are numbers the broker knows; a denial names the resource, not the ACL to add
+    (`SuggestsGrants`)."""
+
     kind = "kafka"
     service = "Kafka"
     address_field = "bootstrap_servers"
     ca_field = "source.security.ssl_ca_location"
-    holds_claims = False  # a range is not a lease: the next drain reads a failed run's offsets again
 
     def reads(self, pipeline) -> list[str]:
         return [pipeline.source.topic]
-
-    def partition_names(self, pipeline) -> list[str] | None:
-        return None  # numbers, known to the broker only
 
     def address(self, cfg, pipeline) -> str:
         from deltadrain.sources.kafka.client import kafka_bootstrap
@@ -134,10 +134,6 @@ class Kafka:
         from deltadrain.sources.kafka.status import status_lines
 
         return status_lines(status)
-
-    def reap(self, cfg, pipeline) -> dict:
-        raise DeltadrainError(f"pipeline '{pipeline.name}' reads Kafka; reap is for Valkey pipelines only (a Kafka "
-                              "drain holds no claims: a failed run's offsets are read again by the next drain)")
 
 
 SOURCE = Kafka()

@@ -1,9 +1,9 @@
-"""One drain run of a Valkey pipeline (docs/contract.md, "One drain run").
+"""The steps of a Valkey pipeline's drain run; `Drain.run` puts them in the contract's order.
 
-read checkpoint (the lake) -> find what runs that died left (crashes) and the entries deleted
-unread (gaps) -> claim with XAUTOCLAIM + XREADGROUP in Spark tasks (up to CLAIM_HERE_MAX entries: the
-same tasks on threads of this process), decoding and staging in the same tasks -> the shared `Drain.publish` (dead letters, MERGE with the positions in the same
-commit, compare-and-set outcome) -> XACK after the commit, or hand the claims back.
+plan: find what runs that died left (crashes) and the entries deleted unread (gaps) -> claim with
+XAUTOCLAIM + XREADGROUP in Spark tasks (up to CLAIM_HERE_MAX entries: the same tasks on threads of this
+process), decoding and staging in the same tasks -> (the shared publish) -> acknowledge: XACK after the
+commit; or release: hand the claims back.
 """
 
 from __future__ import annotations
@@ -12,19 +12,18 @@ import json
 import os
 from datetime import UTC, datetime
 
-from deltadrain import failpoints
 from deltadrain.config import DeltadrainConfig, PipelineConfig, ValkeySource
 from deltadrain.formats.payloads import payload_of
-from deltadrain.formats.registry import failure_line
-from deltadrain.lake.checkpoint import read_checkpoint
+from deltadrain.lake.checkpoint import Checkpoint
 from deltadrain.logs import fields, run_logger
-from deltadrain.positions import merge_positions
-from deltadrain.run.drain import GO_ON_PAST, Drain, DrainError, claim_schema
-from deltadrain.run.outcome import Outcome
+from deltadrain.run.drain import Drain
+from deltadrain.run.rows import DrainError, claim_schema
 from deltadrain.run.stage import Staged, stage, stage_here, task_rows
+from deltadrain.run.steps import Gaps, Leases, RecordsGaps, RunPlan
 from deltadrain.sources.valkey.acknowledge import acknowledge, claim_held, release
 from deltadrain.sources.valkey.acl import acl_probe_key, check_after_commit
-from deltadrain.sources.valkey.claim import RELEASED, ClaimContext, allocate, claim_arrow, failure_field, plan
+from deltadrain.sources.valkey.claim import RELEASED, ClaimContext, allocate, claim_arrow, failure_field
+from deltadrain.sources.valkey.claim import plan as task_plan
 from deltadrain.sources.valkey.client import (
     as_text,
     group_counts,
@@ -98,8 +97,10 @@ def claim_context(cfg: DeltadrainConfig, pipeline: PipelineConfig, consumer: str
         payload=payload_of(schema), evolved=schema.evolved_columns, collect_new=schema.collects_new_fields)
 
 
-class ValkeyDrain(Drain):
-    """Claims through the consumer group (XAUTOCLAIM + XREADGROUP), acknowledges with XACK."""
+class ValkeyDrain(Leases, RecordsGaps, Drain):
+    """Claims through the consumer group (XAUTOCLAIM + XREADGROUP), acknowledges with XACK; a run that
+    stops without dying hands its claims back (`Leases`), and the gaps its claims find stay recorded in
+    Valkey until a commit carries them (`RecordsGaps`)."""
 
     def __init__(self, cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, run_id: str | None = None):
         if not isinstance(pipeline.source, ValkeySource):
@@ -110,7 +111,53 @@ class ValkeyDrain(Drain):
         self.client = valkey_client(cfg, pipeline)
         self.ctx = claim_context(cfg, self.pipeline, self.consumer)
 
-    def claim(self, quotas: dict[str, int], reclaim: bool = True, split: Split | None = None) -> Staged:
+    # -- the steps (Drain.run puts them in order) -------------------------------------------------
+
+    def plan(self, checkpoint: Checkpoint) -> RunPlan:
+        """The quotas per stream (by backlog, up to the batch cap), or the part of what runs that died
+        left that this run reads (`split`); the entries each stream lost before the group read them."""
+        source: ValkeySource = self.pipeline.source
+        ensure_groups(self.client, source)
+        check_after_commit(self.client, source.streams[0], source.group, acl_probe_key(self.pipeline.name),
+                           [self.ctx.failures_key, self.ctx.gaps_key])
+        counts = group_backlog(self.client, source)
+        quotas = allocate(self.pipeline.batch_cap, {stream: sum(c) for stream, c in counts.items()})
+        # Nothing pending in the group: no run died on anything, and the pending list is not paged.
+        split = self.split = self.find_split() if any(pending for _, pending in counts.values()) else None
+        if split is None:
+            # Before this run's XREADGROUP moves the group past them. A split reads no new entries:
+            # the run that next does finds them, so that each is reported once.
+            self.find_unread_gaps()
+        return RunPlan(start=checkpoint.positions, positions=checkpoint.positions, claims=bool(sum(quotas.values())),
+                       detail=quotas)
+
+    def claim(self, plan: RunPlan) -> Staged:
+        split = self.split
+        if split is not None and split.alone:
+            count_alone(self.client, split, self.ctx.failures_key)
+        staged = self.claim_batch(plan.detail, split=split)
+        if split is not None and split.marks_rest:
+            mark_rest(self.client, split, self.pipeline.source.group, self.pipeline.min_idle_ms,
+                      self.ctx.failures_key, self.consumer)
+        self.summary.reclaimed = staged.total.reclaimed
+        return staged
+
+    def gaps(self, plan: RunPlan, staged: Staged | None) -> Gaps:
+        """Every recorded gap no commit has carried yet: this run's, and those of runs that died or lost
+        the race after recording theirs."""
+        carried = recorded(self.client, self.ctx.gaps_key)
+        ranges = as_ranges(carried)
+        return Gaps(ranges, count(ranges), "entries were deleted from the source before this pipeline committed "
+                    f"them: {'; '.join(describe_gap(g) for g in ranges)}", found=carried)
+
+    def forget_gaps(self, gaps: Gaps) -> None:
+        forget(self.client, self.ctx.gaps_key, gaps.found or {})
+
+    def acknowledge(self, plan: RunPlan, staged: Staged | None, keep: frozenset[tuple[str, str]]) -> int:
+        """XACK what the batch staged, but the culprits left pending for redelivery (`keep`)."""
+        return acknowledge(staged.files, self.ctx, keep=keep) if staged is not None else 0
+
+    def claim_batch(self, quotas: dict[str, int], reclaim: bool = True, split: Split | None = None) -> Staged:
         """Claim and stage the batch in exactly one Spark job: no later action can run a claim
         (XREADGROUP) a second time, whatever Spark recomputes. `reclaim=False` takes new entries
         only, never idle ones with XAUTOCLAIM; a `split` only the idle entries it names."""
@@ -120,7 +167,7 @@ class ValkeyDrain(Drain):
         if split is not None:
             tasks = [(stream, n, True, start, False) for stream, start, n in split.read]
         else:
-            tasks = [(t.stream, t.quota, t.reclaim and reclaim, t.start, t.new) for t in plan(quotas)]
+            tasks = [(t.stream, t.quota, t.reclaim and reclaim, t.start, t.new) for t in task_plan(quotas)]
         task_schema = StructType([
             StructField("stream", StringType()), StructField("quota", LongType()), StructField("reclaim", BooleanType()),
             StructField("start", StringType()), StructField("new", BooleanType())])
@@ -157,7 +204,7 @@ class ValkeyDrain(Drain):
         pending = [(r._dd_partition, r._dd_position) for f, r in zip(fields, rows, strict=True) if f in retry]
         return self.spark.createDataFrame(dead, schema), pending
 
-    def _originals(self, keys: list[tuple[str, str]]) -> dict[tuple[str, str], bytes]:
+    def originals(self, keys: list[tuple[str, str]]) -> dict[tuple[str, str], bytes]:
         from deltadrain.sources.valkey.client import VALKEY_FIELD
 
         pipe = self.client.pipeline(transaction=False)
@@ -169,77 +216,13 @@ class ValkeyDrain(Drain):
     def backlog_total(self) -> int:
         return sum(backlog(self.client, self.pipeline.source).values())
 
-    def _run(self) -> None:
-        s, p = self.summary, self.pipeline
-        source: ValkeySource = p.source
-        ensure_groups(self.client, source)
-        check_after_commit(self.client, source.streams[0], source.group, acl_probe_key(p.name),
-                           [self.ctx.failures_key, self.ctx.gaps_key])
-        checkpoint = read_checkpoint(self.spark, self.target, p.name, self.dlq, self.quarantine)
-        expected = checkpoint.batch
-        batch = expected + 1
-        s.batch = batch
-        counts = group_backlog(self.client, source)
-        quotas = allocate(p.batch_cap, {stream: sum(c) for stream, c in counts.items()})
-        # Nothing pending in the group: no run died on anything, and the pending list is not paged.
-        split = self.split = self.find_split() if any(pending for _, pending in counts.values()) else None
-        if split is None:
-            # Before this run's XREADGROUP moves the group past them. A split reads no new entries:
-            # the run that next does finds them, so that each is reported once.
-            self.find_unread_gaps()
-        self._lap("checkpoint")
-        self.stop_at_gaps(expected, checkpoint.positions)  # on_gap: fail, before anything is claimed
-        staged = None
-        if sum(quotas.values()):
-            if split is not None and split.alone:
-                count_alone(self.client, split, self.ctx.failures_key)
-            try:
-                staged = self.claim(quotas, split=split)
-            except Exception as exc:
-                if failure_line(exc) is not None:  # the schema registry is out: no message is to blame
-                    s.released = self.hand_back_held()
-                raise
-            if split is not None and split.marks_rest:
-                mark_rest(self.client, split, source.group, p.min_idle_ms, self.ctx.failures_key, self.consumer)
-            failpoints.hit("after_claim")
-            failpoints.pause("after_claim")
-            self._lap("claim")
-            s.claimed, s.reclaimed = staged.total.rows, staged.total.reclaimed
-        carried = self.report_gaps()
-        if staged is not None:  # the claim may have found entries deleted while pending
-            self.stop_at_gaps(expected, checkpoint.positions, staged, carried)
-        s.positions = checkpoint.positions
-        if s.claimed:
-            s.positions = merge_positions(checkpoint.positions, staged.positions)
-            claimed, oldest = staged.rows(self.spark), staged.total.oldest
-            stats = staged.stats() if self.identity_transform else None
-        elif carried:  # gaps alone (on_gap: continue): a commit without rows carries them
-            (claimed, stats), oldest = self.no_rows(), None
-        else:
-            s.batch = expected
-            return
-        counts = (staged.total.good, staged.total.bad) if s.claimed else None
-        result, pending_culprits = self.publish(claimed, expected, oldest, stats, counts)
-        if result.outcome in (Outcome.COMMITTED, Outcome.ALREADY_COMMITTED):
-            forget(self.client, self.ctx.gaps_key, carried)  # a committed batch's metadata holds them now
-            if s.claimed:
-                failpoints.hit("after_commit")
-                failpoints.pause("after_commit")
-                s.acked = acknowledge(staged.files, self.ctx, keep=frozenset(pending_culprits))
-                self._lap("ack")
-            return
-        # Another writer is ahead, or the table went backwards: acknowledge nothing (invariant 5).
-        if staged is not None:
-            s.released = self.release(staged)
-        self.refuse(result, expected)
-
     def release(self, staged: Staged) -> int:
         """Hand this run's claims back (it stopped without dying). A read alone it counted was no death."""
         if self.split is not None and self.split.alone:
             uncount_alone(self.client, self.split, self.ctx.failures_key)
         return release(staged.files, self.ctx)
 
-    def hand_back_held(self) -> int:
+    def hand_back(self) -> int:
         """After a claim job that failed without dying (its tasks raised: the schema registry is out),
         every entry this run's consumer holds goes to RELEASED, as `release` does with staged ones: the
         next run reclaims them whole, and a long outage convicts no message of killing runs."""
@@ -284,43 +267,7 @@ class ValkeyDrain(Drain):
             for gap, st in found:
                 move_past(self.client, gap.partition, source.group, st)
 
-    def stop_at_gaps(self, expected: int, positions: dict, staged: Staged | None = None,
-                     carried: dict[str, str] | None = None) -> None:
-        """on_gap: fail. A run that meets a recorded gap (`carried`, as `report_gaps` read them, else
-        read here) commits nothing: it releases what it claimed and stops with an error naming the
-        gaps, which stay recorded (status and the Airflow view show them) until a run under
-        on_gap: continue carries them in its commit."""
-        if self.pipeline.source.on_gap != "fail":
-            return
-        s = self.summary
-        gaps = as_ranges(carried if carried is not None else recorded(self.client, self.ctx.gaps_key))
-        if not gaps:
-            return
-        if staged is not None:
-            s.released = self.release(staged)
-        s.batch, s.positions = expected, positions
-        s.gap_ranges, s.gaps = gaps, count(gaps)
-        s.error = (f"entries were deleted from the source before this pipeline committed them: "
-                   f"{'; '.join(describe_gap(g) for g in gaps)}. {GO_ON_PAST}")
-        raise DrainError(s.error)
-
-    def report_gaps(self) -> dict[str, str]:
-        """Every recorded gap no commit has carried yet (this run's, and those of runs that died or
-        lost the race after recording theirs) goes into the summary, the log and this run's commit
-        metadata. Returns them as recorded, for `forget` after the commit."""
-        s = self.summary
-        carried = recorded(self.client, self.ctx.gaps_key)
-        s.gap_ranges = as_ranges(carried)
-        s.gaps = count(s.gap_ranges)
-        if s.gap_ranges:
-            self.commit_extra["gaps"] = s.gap_ranges
-            log = run_logger(s.pipeline, s.run_id, s.batch, source=self.pipeline.source.kind)
-            for g in s.gap_ranges:
-                log.warning("%s", fields(step="gap", partition=g["partition"], kind=g["kind"], first=g["from"],
-                                         last=g["to"], missing=g["missing"], reason=g["reason"]))
-        return carried
-
-    def _finish(self) -> None:
+    def finish(self) -> None:
         self._drop_consumer_if_idle()
 
     def _drop_consumer_if_idle(self) -> None:

@@ -1,18 +1,21 @@
 """Valkey streams as a deltadrain source: a consumer group per pipeline, claims in its pending list
 (XREADGROUP, XAUTOCLAIM), XACK after the commit. Each step lives in its own module here; this one
-answers the `Source` interface by calling them (imported on use, so that asking costs nothing)."""
+answers the `Source` base and its capabilities by calling them (imported on use, so that asking
+costs nothing)."""
 
 from __future__ import annotations
 
-from deltadrain.sources import LakeSide
+from deltadrain.sources import LakeSide, NamesPartitions, Reaps, Source
 
 
-class Valkey:
+class Valkey(Reaps, NamesPartitions, Source):
+    """Claims sit in the group's pending list until XACK (`Reaps`); the config names the streams
+    (`NamesPartitions`)."""
+
     kind = "valkey"
     service = "Valkey"
     address_field = "url"
     ca_field = "source.tls_ca_file"
-    holds_claims = True
 
     def reads(self, pipeline) -> list[str]:
         return list(pipeline.source.streams)
@@ -44,16 +47,13 @@ class Valkey:
             return "denied", str(exc)
         return None
 
-    def acl_to_add(self, pipeline, reason: str) -> str | None:
-        return None  # the server's NOPERM answer names the command
-
     def drain(self, cfg, pipeline, spark, run_id=None):
         from deltadrain.sources.valkey.drain import ValkeyDrain
 
         return ValkeyDrain(cfg, pipeline, spark, run_id).run()
 
     def read_interval(self, spark, cfg, pipeline, start, end, scratch):
-        from deltadrain.run.drain import claim_schema
+        from deltadrain.run.rows import claim_schema
         from deltadrain.sources.valkey.client import valkey_client
         from deltadrain.sources.valkey.drain import claim_context
         from deltadrain.sources.valkey.history import history_gaps, interval_range, read_history
@@ -65,7 +65,7 @@ class Valkey:
 
     def read_places(self, spark, cfg, pipeline, places, scratch):
         from deltadrain.positions import StreamId
-        from deltadrain.run.drain import claim_schema
+        from deltadrain.run.rows import claim_schema
         from deltadrain.sources.valkey.drain import claim_context
         from deltadrain.sources.valkey.history import StreamRange, read_history
 
