@@ -31,14 +31,15 @@ from datetime import UTC, datetime
 
 from overlap_claim import run_order
 
-from deltadrain.lake.checkpoint import commit_metadata, read_checkpoint
-from deltadrain.positions import merge_positions
-from deltadrain.run.commit import USER_METADATA, merge_condition
-from deltadrain.run.drain import claim_schema, new_run_id
+from deltadrain.lake.checkpoint import commit_metadata
+from deltadrain.run.commit import USER_METADATA, CommitResult, merge_condition
+from deltadrain.run.outcome import Outcome
+from deltadrain.run.rows import claim_schema
 from deltadrain.run.stage import Staged, StagingFile, report_arrow_schema
-from deltadrain.sources.valkey.acknowledge import acknowledge
-from deltadrain.sources.valkey.claim import allocate, claim_arrow, plan
-from deltadrain.sources.valkey.drain import ValkeyDrain, backlog, ensure_groups
+from deltadrain.run.summary import new_run_id
+from deltadrain.sources.valkey.claim import claim_arrow
+from deltadrain.sources.valkey.claim import plan as task_plan
+from deltadrain.sources.valkey.drain import ValkeyDrain
 
 
 def scala_list(jvm, items):
@@ -80,51 +81,57 @@ def claim_into_writer(ctx, claim_arrow_schema, target_arrow_schema, columns, id_
 
 
 class DirectDrain(ValkeyDrain):
-    """The drain with its commit replaced by a transaction whose write is the claim job."""
+    """The drain with its commit replaced by a transaction whose write is the claim job: `claim` opens
+    the transaction and writes the target's files in the claim tasks, `publish` checks the new ids and
+    commits them. The first batch creates the table the drain's way. Drain.run keeps the order (plan,
+    claim, publish, acknowledge with XACK)."""
 
-    def _run(self) -> None:
+    txn = None
+
+    def plan(self, checkpoint):
+        self.expected = checkpoint.batch
+        return super().plan(checkpoint)
+
+    def claim(self, plan):
         from pyspark.sql.pandas.types import to_arrow_schema
 
-        s, p, spark = self.summary, self.pipeline, self.spark
+        if self.expected == 0:
+            return super().claim(plan)  # the first batch creates the table the drain's way
+        p, spark = self.pipeline, self.spark
         jvm = spark._jvm
-        checkpoint = read_checkpoint(spark, self.target, p.name, self.dlq)
-        if checkpoint.batch == 0:
-            return super()._run()  # the first batch creates the table the drain's way
-        ensure_groups(self.client, p.source)
-        expected = checkpoint.batch
-        batch = s.batch = expected + 1
-        quotas = allocate(p.batch_cap, backlog(self.client, p.source))
         log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, self.target)
         txn = log.startTransaction()
         txn.readWholeTable()  # any concurrent data change conflicts, as with the MERGE
-        if txn.txnVersion(p.name) != expected:
+        if txn.txnVersion(p.name) != self.expected:
             raise RuntimeError("another writer is ahead")
-        self._lap("checkpoint")
 
         target_schema = spark.read.format("delta").load(self.target).schema
         columns = target_schema.fieldNames()
         claim_spark_schema = claim_schema(p)
         body = claim_into_writer(self.ctx, to_arrow_schema(claim_spark_schema), to_arrow_schema(target_schema),
                                  columns, p.payload_schema.id_field, str(self.scratch / "claimed"),
-                                 str(self.scratch / "reports"), batch, self.run_id)
-        tasks = [(t.stream, t.quota, t.reclaim) for t in plan(quotas)]
+                                 str(self.scratch / "reports"), self.expected + 1, self.run_id)
+        tasks = [(t.stream, t.quota, t.reclaim) for t in task_plan(plan.detail)]
         task_df = spark.createDataFrame(spark.sparkContext.parallelize(tasks, len(tasks)),
                                         "stream string, quota long, reclaim boolean")
         adds = jvm.scala.jdk.javaapi.CollectionConverters.asJava(
             txn.writeFiles(task_df.mapInArrow(body, target_schema)._jdf))
-        adds = [adds.get(i) for i in range(adds.size())]
-        reports = spark.read.parquet(str(self.scratch / "reports")).collect()
-        staged = Staged.of(reports)
+        self.txn, self.adds = txn, [adds.get(i) for i in range(adds.size())]
+        staged = Staged.of(spark.read.parquet(str(self.scratch / "reports")).collect())
         staged.schema = claim_spark_schema
-        self._lap("claim")
-        s.claimed, s.reclaimed = staged.total.rows, staged.total.reclaimed
-        s.positions = merge_positions(checkpoint.positions, staged.positions)
-        stats = staged.stats()
+        self.summary.reclaimed = staged.total.reclaimed
+        return staged
+
+    def publish(self, staged, expected):
+        if self.txn is None:
+            return super().publish(staged, expected)
+        s, p, spark, jvm = self.summary, self.pipeline, self.spark, self.spark._jvm
+        batch, stats = expected + 1, staged.stats()
 
         # The MERGE's question, asked of the new files only: is any of their ids in the window already?
         id_field = p.payload_schema.id_field
         window_start = staged.total.oldest - p.dedup_window
-        new_ids = spark.read.parquet(*[f"{self.target}/{a.path()}" for a in adds]).select(id_field)
+        new_ids = spark.read.parquet(*[f"{self.target}/{a.path()}" for a in self.adds]).select(id_field)
         cond = merge_condition(id_field, window_start, stats.id_range)
         # The table as it is now (the transaction's snapshot, cached): anything committed after the
         # transaction's read makes its commit conflict anyway.
@@ -142,13 +149,12 @@ class DirectDrain(ValkeyDrain):
                                                                    none, none, none, none, none, none, none, none)
         spark.conf.set(USER_METADATA, meta)
         try:
-            txn.commit(scala_list(jvm, [*adds, txn_action]), op)
+            self.txn.commit(scala_list(jvm, [*self.adds, txn_action]), op)
         finally:
             spark.conf.unset(USER_METADATA)
-        s.outcome, s.written = "committed", stats.good
+        s.outcome, s.written = Outcome.COMMITTED.value, stats.good
         self._lap("commit")
-        s.acked = acknowledge(staged.files, self.ctx)
-        self._lap("ack")
+        return CommitResult(Outcome.COMMITTED, batch, None, stats.good), []
 
 
 def drain_batches(cfg, pipeline, spark, batches: int, direct: bool) -> list[dict]:

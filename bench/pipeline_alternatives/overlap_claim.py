@@ -18,7 +18,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from deltadrain.config import load_config
-from deltadrain.run.drain import new_run_id
+from deltadrain.run.summary import new_run_id
 from deltadrain.runtime.session import get_spark
 from deltadrain.sources.valkey.claim import allocate
 from deltadrain.sources.valkey.client import group_counts, valkey_client
@@ -33,15 +33,15 @@ class Prefetching(ValkeyDrain):
     ahead = None
     following = None
 
-    def claim(self, quotas, reclaim=True):
+    def claim_batch(self, quotas, reclaim=True, split=None):
         staged = self.ahead.result() if self.ahead is not None else None
-        return staged if staged is not None else super().claim(quotas, reclaim)
+        return staged if staged is not None else super().claim_batch(quotas, reclaim, split)
 
     def claim_new_entries(self):
         source = self.pipeline.source
         quotas = allocate(self.pipeline.batch_cap,
                           {s: group_counts(self.client, s, source.group)[0] for s in source.streams})
-        return super().claim(quotas, reclaim=False) if sum(quotas.values()) else None  # not self.ahead's wait
+        return super().claim_batch(quotas, reclaim=False) if sum(quotas.values()) else None  # not self.ahead's wait
 
     def publish(self, *args, **kwargs):
         if self.following is not None:

@@ -41,6 +41,8 @@ from deltadrain.dev import services
 from deltadrain.dev.bench import _bench_config, _drop_source, own_cpu_seconds
 from deltadrain.dev.produce import produce
 from deltadrain.dev.services.process import proc_stat
+from deltadrain.lake.checkpoint import META_COLUMNS
+from deltadrain.lake.delta import sql_name
 from deltadrain.run import drain as drain_module
 from deltadrain.runtime.session import (
     CONNECT_LOG4J,
@@ -60,8 +62,8 @@ def literal_target_rows(good, pipeline, batch: int, run_id: str):
     """`drain.target_rows` before this change: the run's values as literals of the projection."""
     from pyspark.sql import functions as F
 
-    payload = [F.col(drain_module.sql_name(n)) for n in good.columns if not n.startswith("_dd_")]
-    meta = [F.col(name) for name, _ in drain_module.META_COLUMNS[:6]]
+    payload = [F.col(sql_name(n)) for n in good.columns if not n.startswith("_dd_")]
+    meta = [F.col(name) for name, _ in META_COLUMNS[:6]]
     return good.select(*payload, *meta, F.lit(batch).cast("long").alias("_dd_batch"),
                        F.lit(run_id).alias("_dd_run_id"), F.current_timestamp().alias("_dd_ingested_at"))
 
