@@ -3,9 +3,10 @@
 read checkpoint -> plan -> claim (Spark tasks) -> decode -> dead letters -> MERGE with the checkpoint
 -> compare-and-set outcome -> acknowledge (or release and refuse) -> summary. `Drain.run` holds that
 order once, for every kind: a source's subclass (`sources/<kind>/drain.py`) supplies the steps that
-differ (`plan`, `claim`, `gaps`, `acknowledge`, `settle_culprits`, `originals`) and the capabilities
-only it has (`Leases`, `RecordsGaps`, `MirrorsCheckpoint`), and cannot reorder them. Every step's
-decision lives in a small module of its own (the rows a run makes: `run.rows`).
+differ (`plan`, `claim`, `gaps`, `acknowledge`, `settle_culprits`, `originals`, `finish`) and the
+capabilities only it has (`run.steps`: `Leases`, `RecordsGaps`, `MirrorsCheckpoint`, `Notices`), and
+cannot reorder them. Every step's decision lives in a small module of its own (the rows a run makes:
+`run.rows`).
 """
 
 from __future__ import annotations
