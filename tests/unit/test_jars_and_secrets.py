@@ -70,6 +70,49 @@ def test_connections_are_handed_to_a_job_unless_its_environment_has_them(monkeyp
     assert credentials(connection_id="mine") == Credentials("me", "mine")
 
 
+def test_connections_the_environment_lacks_come_from_the_registered_store(monkeypatch):
+    """The layers below orchestration never import Airflow: Airflow's store is registered behind them
+    (importing deltadrain.orchestration does it); the environment still comes first."""
+    from deltadrain import secrets
+
+    store = {"valkey_ui": {"conn_type": "generic", "login": "ui", "password": "stored"}}
+    monkeypatch.setattr(secrets, "_store", None)
+    monkeypatch.delenv("AIRFLOW_CONN_VALKEY_UI", raising=False)
+    with pytest.raises(ConfigError, match="AIRFLOW_CONN_VALKEY_UI"):
+        credentials(connection_id="valkey_ui")  # no store: the environment alone
+    secrets.use_connection_store(store.get)
+    assert credentials(connection_id="valkey_ui") == Credentials("ui", "stored")
+    assert handed_over(["valkey_ui"]) == {"AIRFLOW_CONN_VALKEY_UI": '{"conn_type": "generic", "login": "ui", '
+                                                                     '"password": "stored"}'}
+    monkeypatch.setenv("AIRFLOW_CONN_VALKEY_UI", "redis://env:first@host")
+    assert credentials(connection_id="valkey_ui") == Credentials("env", "first")
+
+
+def test_airflows_connection_forms_are_read_without_airflow():
+    from deltadrain.secrets import parse_connection
+
+    uri = parse_connection("google-cloud-platform://us%40r:p%2Fw@db.example:5432/the%20db?region=eu&timeout=3")
+    assert uri == {"conn_type": "google_cloud_platform", "host": "db.example", "port": 5432, "schema": "the db",
+                   "login": "us@r", "password": "p/w", "extra": {"region": "eu", "timeout": "3"}}
+    nested = parse_connection('aws://k:s@?__extra__=%7B%22endpoint_url%22%3A+%22http%3A%2F%2Fh%3A9000%22%7D')
+    assert nested["extra"] == {"endpoint_url": "http://h:9000"} and nested["host"] is None
+    assert parse_connection('{"conn_type": "aws", "login": "k", "extra": {"a": 1}}')["extra"] == {"a": 1}
+
+
+def test_airflows_store_is_behind_the_secrets_once_orchestration_is_imported(monkeypatch):
+    from deltadrain import secrets
+    from deltadrain.orchestration.connections import airflow_connection, use_airflow_connections
+
+    monkeypatch.setattr(secrets, "_store", None)
+    use_airflow_connections()
+    monkeypatch.setenv("AIRFLOW_CONN_SOME_DB", '{"conn_type": "postgres", "host": "h", "port": 5, "login": "u", '
+                                                '"password": "p", "extra": {"sslmode": "require"}}')
+    assert airflow_connection("some_db") == {"conn_type": "postgres", "host": "h", "port": 5, "schema": None,
+                                             "login": "u", "password": "p", "extra": {"sslmode": "require"}}
+    assert secrets.stored_connection("some_db") == airflow_connection("some_db")
+    assert airflow_connection("no_such_connection") is None
+
+
 def test_credentials_from_env_and_a_clear_error_when_unset(monkeypatch):
     monkeypatch.setenv("MY_PW", "pw")
     assert credentials(password_env="MY_PW").password == "pw"

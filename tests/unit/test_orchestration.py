@@ -208,11 +208,12 @@ def test_through_spark_connect_a_job_runs_in_the_task_on_a_session_of_its_own(mo
     from airflow.sdk.exceptions import AirflowFailException
 
     from deltadrain import jobs
+    from deltadrain.orchestration import connections
     from deltadrain.orchestration.operators import DeltadrainJobFailed, DrainOperator, QualityOperator
     from deltadrain.runtime import session as spark
 
     sessions, calls = [], []
-    monkeypatch.setattr(spark, "connect_url", lambda conn_id: f"sc://127.0.0.1:1/;conn={conn_id}")
+    monkeypatch.setattr(connections, "connect_url", lambda conn_id: f"sc://127.0.0.1:1/;conn={conn_id}")
 
     def new_session(url, **kwargs):
         sessions.append(FakeSession())
@@ -248,6 +249,7 @@ def test_a_killed_connect_task_interrupts_its_operations_on_the_server(monkeypat
     import threading
 
     from deltadrain import jobs
+    from deltadrain.orchestration import connections
     from deltadrain.orchestration.operators import DrainOperator
     from deltadrain.run import drain
     from deltadrain.runtime import session as spark
@@ -256,7 +258,7 @@ def test_a_killed_connect_task_interrupts_its_operations_on_the_server(monkeypat
     assert not drain.ended_as_killed(RuntimeError("a MERGE failed"))
     op = DrainOperator(task_id="drain", pipeline="orders")
     seen = {}
-    monkeypatch.setattr(spark, "connect_url", lambda conn_id: "sc://127.0.0.1:1")
+    monkeypatch.setattr(connections, "connect_url", lambda conn_id: "sc://127.0.0.1:1")
     monkeypatch.setattr(spark, "connect_session", lambda url, **kwargs: FakeSession())
 
     def run(job, session, argv):
@@ -436,21 +438,22 @@ def test_the_maintenance_job_gets_its_pipeline_or_the_shared_tables():
 
 def test_source_credentials_never_reach_the_spark_submit_command_line(monkeypatch):
     """Without spark_default the provider's hook falls back to YARN and, deciding so when it is made,
-    put env_vars on the command line as spark.yarn.appMasterEnv.* (readable in `ps` by any user). A
-    real YARN or Kubernetes master would do the same: the operator refuses to hand secrets to those."""
-    from deltadrain.orchestration import operators
+    puts env_vars on the command line as spark.yarn.appMasterEnv.* (readable in `ps` by any user): the
+    operator decides the master first, `local[*]`, and hands the hook that connection. A real YARN or
+    Kubernetes master would do the same: the operator refuses to hand secrets to those."""
     from deltadrain.orchestration.operators import DeltadrainJobFailed, DrainOperator
+    from deltadrain.orchestration.submit import DEFAULT_MASTER
 
     handed = {"AIRFLOW_CONN_SRC": '{"conn_type": "generic", "login": "u", "password": "hunter2"}'}
+    monkeypatch.delenv("AIRFLOW_CONN_SPARK_DEFAULT", raising=False)
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_YARN", '{"conn_type": "spark", "host": "yarn"}')
-    for conn_id, exists in (("spark_default", False), ("spark_yarn", True)):
+    for conn_id in ("spark_default", "spark_yarn"):
         op = DrainOperator(task_id=f"drain_{conn_id}", pipeline="orders", conn_id=conn_id)
         op._handed, op.env_vars = handed, {**handed, "PATH": "/usr/bin"}
-        monkeypatch.setattr(operators, "_connection_exists", lambda _id, exists=exists: exists)
-        if not exists:  # local: the secret goes only into the child's environment
+        if conn_id == "spark_default":  # local: the secret goes only into the child's environment
             hook = op._get_hook()
             command = hook._build_spark_submit_command("job.py")
-            assert command[command.index("--master") + 1] == operators.DEFAULT_MASTER
+            assert command[command.index("--master") + 1] == DEFAULT_MASTER
             assert not any("hunter2" in arg or "AIRFLOW_CONN" in arg for arg in command), command
             assert hook._env["AIRFLOW_CONN_SRC"] == handed["AIRFLOW_CONN_SRC"]
         else:
@@ -459,10 +462,50 @@ def test_source_credentials_never_reach_the_spark_submit_command_line(monkeypatc
                 op._get_hook()
 
 
+@pytest.mark.parametrize("conn", [
+    "spark://127.0.0.1:7077", "yarn", "local[2]", "mesos://10.0.0.1:5050",
+    '{"conn_type": "spark", "host": "local[*]"}', '{"conn_type": "spark", "host": "spark://h", "port": 7077}',
+    '{"conn_type": "spark", "host": "spark://h1:7077,h2:7077"}', '{"conn_type": "spark", "host": "h", "port": 7077}',
+    '{"conn_type": "spark", "host": "yarn", "extra": {"deploy-mode": "cluster", "queue": "etl"}}',
+])
+def test_the_master_decided_before_the_hook_is_the_one_the_hook_submits_to(conn, monkeypatch):
+    """The operator derives the conf, the properties file and the refusal above from the master it reads
+    off the connection; the provider's hook must submit to that same master, whatever form the connection
+    takes (a URI, JSON with the whole URL in the host, or the host and port apart)."""
+    from deltadrain.orchestration.submit import SubmitHook, master_of, spark_connection
+
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_UNDER_TEST", conn)
+    connection, defined = spark_connection("spark_under_test")
+    assert defined
+    hook = SubmitHook(connection=connection, watch=iter, conn_id="spark_under_test")
+    command = hook._build_spark_submit_command("job.py")
+    assert command[command.index("--master") + 1] == master_of(connection)
+    # The rest of the connection still counts: its deploy mode and queue reach spark-submit.
+    if "cluster" in conn:
+        assert command[command.index("--deploy-mode") + 1] == "cluster" and "etl" in command
+
+
+def test_the_operator_sees_the_lines_spark_submit_prints_and_the_hook_still_logs_them(monkeypatch, capsys):
+    """The summary line reaches the operator through the hook's own processing of spark-submit's output;
+    the hook's arguments the operator was given (here executor_memory) reach spark-submit."""
+    from deltadrain.jobs import SUMMARY_PREFIX
+    from deltadrain.orchestration.operators import DrainOperator
+
+    monkeypatch.delenv("AIRFLOW_CONN_SPARK_DEFAULT", raising=False)
+    op = DrainOperator(task_id="drain", pipeline="orders", executor_memory="3g")
+    hook = op._get_hook()
+    assert "--executor-memory" in (command := hook._build_spark_submit_command("job.py")) and "3g" in command
+    lines = ["starting\n", SUMMARY_PREFIX + json.dumps({"outcome": "committed"}) + "\n"]
+    capsys.readouterr()
+    hook._process_spark_submit_log(iter(lines))
+    assert op._summary == {"outcome": "committed"} and op._tail[0] == "starting"
+    assert "starting" in capsys.readouterr().out  # Airflow's task log
+
+
 def test_a_submit_to_the_embedded_cluster_ships_no_jars_and_keeps_its_secrets_in_a_private_file(
         tmp_path, monkeypatch):
-    """The master is known only once the hook resolved spark_default: then the workers' jar cache
-    replaces spark.jars, and the store's login and the cluster's secret go in the run's own file."""
+    """The master spark_default names decides it: the workers' jar cache replaces spark.jars, and the
+    store's login and the cluster's secret go in the run's own file."""
     from pathlib import Path
 
     from deltadrain.config import load_config

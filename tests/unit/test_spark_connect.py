@@ -137,7 +137,7 @@ def test_a_client_session_carries_the_runtime_confs_deltadrain_relies_on():
 
 def test_a_missing_connect_connection_names_the_fix(monkeypatch):
     from deltadrain.errors import PrerequisiteError
-    from deltadrain.runtime.session import connect_url
+    from deltadrain.orchestration.connections import connect_url
 
     monkeypatch.delenv("AIRFLOW_CONN_NO_SUCH_SERVER", raising=False)
     with pytest.raises(PrerequisiteError, match="Airflow has no connection 'no_such_server'.*deltadrain services up"):

@@ -35,6 +35,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "quality" and args.settle and not args.owed:
         parser.error("--settle goes with --owed")
+    from deltadrain.orchestration.connections import use_airflow_connections
+
+    use_airflow_connections()  # connections kept in Airflow's store too; Airflow is imported only to look one up
     try:
         if args.command in ("drain", "backfill", "replay"):
             from deltadrain.logs import configure

@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 
 from deltadrain.config.lakeurl import LakeUrl, bucket_and_key, is_s3_url  # noqa: F401 (this module's names too)
 from deltadrain.errors import ConfigError
+from deltadrain.secrets import stored_connection
 
 CONNECTION_ID = "deltadrain_s3"
 # Built from jvm/s3logstore into the s3a kind of the jar cache: the log store of lakes on S3 (conditional PUT).
@@ -87,20 +88,8 @@ def from_env(env: Mapping[str, str], prefix: str) -> S3Settings | None:
                       f"the environment ({prefix}*)")
 
 
-def _airflow_connection(conn_id: str) -> dict | None:
-    try:
-        from airflow.sdk import BaseHook
-    except ImportError:  # pragma: no cover - Airflow is installed here, but jobs may run elsewhere
-        return None
-    try:
-        conn = BaseHook.get_connection(conn_id)
-    except Exception:
-        return None
-    return {"login": conn.login, "password": conn.password, "extra": conn.extra_dejson}
-
-
 def resolve(env: Mapping[str, str] | None = None, *, connection_id: str = CONNECTION_ID,
-            lookup: Callable[[str], dict | None] = _airflow_connection,
+            lookup: Callable[[str], Mapping | None] = stored_connection,
             embedded: Callable[[], dict | None] | None = None) -> S3Settings:
     """The object store's settings from the first place that has them (the module's docstring)."""
     env = os.environ if env is None else env

@@ -13,6 +13,7 @@ the job's own error instead of only "exit code 1".
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import os
 import re
@@ -21,15 +22,19 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import BaseOperator
 
 from deltadrain.jobs import ERROR_PREFIX, SUMMARY_PREFIX
 from deltadrain.names import AIRFLOW_RUN_PREFIX
+from deltadrain.orchestration.submit import SubmitHook, master_of, puts_env_on_command_line, spark_connection
 from deltadrain.paths import PROJECT_ROOT
 
 SPARK_JOBS = PROJECT_ROOT / "spark_jobs"
-DEFAULT_MASTER = "local[*]"
+# The spark-submit hook's arguments: those the operator keeps as template fields are taken from it once
+# rendered, the others as the operator was given them.
+_HOOK_ARGS = frozenset(inspect.signature(SparkSubmitHook.__init__).parameters) - {"self", "conn_id"}
 
 
 class DeltadrainJobFailed(Exception):
@@ -66,6 +71,8 @@ class DeltadrainSparkOperator(SparkSubmitOperator):
                          name=f"deltadrain-{self.job}-{pipeline or 'all'}", **kwargs)
         self.pipeline, self.config = pipeline, config
         self.executor, self.connect_conn_id, self.submit_conn_id = executor, connect_conn_id, conn_id
+        self.spark_conn_id = conn_id or "spark_default"  # execute() decides it from the config when not given
+        self.submit_options = {k: v for k, v in kwargs.items() if k in _HOOK_ARGS and k not in self.template_fields}
         self._summary: dict | None = None
         self._error: str | None = None
         self._tail: list[str] = []
@@ -99,45 +106,43 @@ class DeltadrainSparkOperator(SparkSubmitOperator):
 
     # -- submit -----------------------------------------------------------------------------------
 
-    def _get_hook(self):
-        hook = super()._get_hook()
-        if not _connection_exists(self._conn_id):
-            # No spark_default: run where the worker is (the provider would fall back to YARN). The
-            # hook decided "YARN" from its fallback when it was made: without resetting that, it puts
-            # env_vars on the command line as spark.yarn.appMasterEnv.* confs, secrets included.
-            self.log.info("deltadrain: connection %r is not defined; using master %s", self._conn_id, DEFAULT_MASTER)
-            hook._connection["master"] = DEFAULT_MASTER
-            hook._is_yarn = hook._is_yarn_cluster_mode = hook._is_kubernetes = False
+    def _get_hook(self) -> SubmitHook:
+        """The provider's operator makes its hook here; ours is made from what is decided first: the
+        connection (`local[*]` when Airflow has none) and, from its master, the conf and the properties
+        file. Credentials are refused to a master that would put them on the command line."""
+        connection, defined = spark_connection(self.spark_conn_id)
+        master = master_of(connection)
+        if not defined:
+            self.log.info("deltadrain: connection %r is not defined; using master %s", self.spark_conn_id, master)
         handed = sorted(self._handed)
-        if handed and (hook._is_yarn or hook._is_kubernetes):
+        if handed and puts_env_on_command_line(master):
             # Those masters get env_vars as --conf spark.yarn.appMasterEnv.* / spark.kubernetes.driverEnv.*:
             # in the spark-submit command line, readable by anyone on the worker, and in the app's conf.
             raise DeltadrainJobFailed(
-                f"deltadrain {self.job} of {self.subject}: the Spark master {hook._connection['master']} would get "
+                f"deltadrain {self.job} of {self.subject}: the Spark master {master} would get "
                 f"the source's credentials ({', '.join(handed)}) on the spark-submit command line. Define "
                 "them in the driver's environment on the cluster (a Kubernetes secret, the YARN application "
                 "environment) under the same names; a connection already in the worker's environment is "
                 "not handed over")
-        self._for_master(hook)
-        process_log = hook._process_spark_submit_log
-        hook._process_spark_submit_log = lambda lines: process_log(self._watch(lines))
-        return hook
+        self._for_master(master)
+        templated = {name: getattr(self, name) for name in self.template_fields if name in _HOOK_ARGS}
+        return SubmitHook(connection=connection, watch=self._watch, **self.submit_options, **templated,
+                          conn_id=self.spark_conn_id)
 
-    def _for_master(self, hook) -> None:
-        """What depends on the master the connection names: a cluster whose workers hold the jar cache
-        gets no jars shipped (spark.jars_on_workers); the object store's login and the embedded
-        cluster's secret go in a properties file of this run's own, never on the command line."""
+    def _for_master(self, master: str) -> None:
+        """What depends on the master: a cluster whose workers hold the jar cache gets no jars shipped
+        (spark.jars_on_workers); the object store's login and the embedded cluster's secret go in a
+        properties file of this run's own, never on the command line."""
         from deltadrain.lake.objectstore import login_conf, private_properties
         from deltadrain.runtime.session import cluster_conf, jars_on_workers
 
-        master = hook._connection["master"]
-        hook._conf = jars_on_workers(hook._conf, master)
+        self.conf = jars_on_workers(self.conf or {}, master)
         if self._private is None:
             return
         where, store = self._private
         secret = {**(login_conf(store) if store is not None else {}), **cluster_conf(master)}
         if secret:
-            hook._properties_file = str(private_properties(secret, where / "private.properties"))
+            self.properties_file = str(private_properties(secret, where / "private.properties"))
 
     def _watch(self, lines) -> Iterator[str]:
         for line in lines:
@@ -158,7 +163,7 @@ class DeltadrainSparkOperator(SparkSubmitOperator):
         if executor == "connect":
             self._run_connect(argv, self.connect_conn_id or settings.connect_conn_id)
         else:
-            self._conn_id = self.submit_conn_id or settings.submit_conn_id
+            self.spark_conn_id = self.submit_conn_id or settings.submit_conn_id
             self._run_submit(context, argv)
         return self._report()
 
@@ -203,7 +208,8 @@ class DeltadrainSparkOperator(SparkSubmitOperator):
         read here, where Airflow's are; what the server's Python workers need of them travels with the
         job's functions."""
         from deltadrain.jobs import run
-        from deltadrain.runtime.session import connect_session, connect_url
+        from deltadrain.orchestration.connections import connect_url
+        from deltadrain.runtime.session import connect_session
 
         self._via_connect = True
         url = connect_url(conn_id)
@@ -305,16 +311,6 @@ class MaintainOperator(DeltadrainSparkOperator):
     def job_args(self, context) -> list[str]:
         args = super().job_args(context)
         return args if self.pipeline else ["--shared", *args]
-
-
-def _connection_exists(conn_id: str) -> bool:
-    from airflow.sdk import BaseHook
-
-    try:
-        BaseHook.get_connection(conn_id)
-    except Exception:
-        return False
-    return True
 
 
 class QualityOperator(DeltadrainSparkOperator):

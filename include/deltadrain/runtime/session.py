@@ -227,22 +227,6 @@ def session_conf(extra: dict[str, str] | None = None) -> dict[str, str]:
     return {**{key: DEFAULT_CONF[key] for key in SESSION_KEYS}, **(extra or {})}
 
 
-def connect_url(conn_id: str) -> str:
-    """The Connect URL of Airflow's connection `conn_id` (the apache-spark provider's `spark_connect` type:
-    host, port, User ID, Token, use_ssl), made by the provider's own hook."""
-    from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
-
-    try:
-        return SparkConnectHook(conn_id=conn_id).get_connection_url()
-    except Exception as exc:
-        if "isn't defined" not in str(exc) and "not found" not in str(exc).lower():
-            raise
-        raise PrerequisiteError(
-            f"Airflow has no connection '{conn_id}' (type spark_connect) to a Spark Connect server. `deltadrain "
-            "services up` defines it for the embedded server; for your own, add it in Airflow (host, port, and "
-            "the token as its password), or set `spark.executor: submit` in the config") from None
-
-
 def _address(url: str) -> tuple[str, int]:
     from urllib.parse import urlparse
 
