@@ -76,6 +76,7 @@ demo: install
 TEST_WORKERS ?= 2
 test: install browser tls-terminator cdc-database
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 	DELTADRAIN_REQUIRE_ALL_TESTS=1 $(BIN)/pytest -n $(TEST_WORKERS) --dist worksteal
 
 # The quick loop while developing: skips the slow end-to-end tests.
@@ -87,8 +88,10 @@ proto: venv $(STAMP)
 	cd config/schemas && $(CURDIR)/$(BIN)/python -m grpc_tools.protoc -I. --include_imports \
 		--descriptor_set_out=clicks.desc clicks.proto
 
+# ruff, then mypy on include/deltadrain (its settings: pyproject.toml, [tool.mypy]).
 lint: venv $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 bench: install
 	$(BIN)/deltadrain bench

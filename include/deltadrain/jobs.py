@@ -96,13 +96,13 @@ def _drain(spark, args) -> JobResult:
     if args.backfill_start or args.backfill_end:
         from deltadrain.heal.backfill import backfill
 
-        result = backfill(cfg, pipeline, spark, args.backfill_start, args.backfill_end, run_id=args.run_id)
+        line = backfill(cfg, pipeline, spark, args.backfill_start, args.backfill_end, run_id=args.run_id).line()
     else:
         from deltadrain.catchup import drain_batches
 
         # One batch, or more while full ones wait (the pipeline's airflow.max_batches_per_run).
-        result = drain_batches(cfg, pipeline, spark, run_id=args.run_id)
-    return JobResult(json.loads(result.line()))
+        line = drain_batches(cfg, pipeline, spark, run_id=args.run_id).line()
+    return JobResult(json.loads(line))
 
 
 def _replay(spark, args) -> JobResult:
@@ -131,7 +131,7 @@ def _quality(spark, args) -> JobResult:
 
     cfg = load_config(args.config)
     pipeline = cfg.pipeline(args.pipeline)
-    failed = None
+    failed: Exception | None = None
     try:
         if not args.table:
             report = check_batches(cfg, pipeline, spark, args.batch or [], run_id=args.run_id, owed=args.owed,

@@ -9,7 +9,7 @@ from deltadrain.config.embedded import airflow_login, airflow_password_file, por
 from deltadrain.dev import services
 from deltadrain.dev.produce import generate, produce
 from deltadrain.observe.status import pipeline_status
-from deltadrain.sources.valkey.client import valkey_client
+from deltadrain.sources.valkey.client import valkey_client, valkey_source
 
 
 def run_demo(cfg: DeltadrainConfig, count: int = 5000) -> dict:
@@ -20,7 +20,7 @@ def run_demo(cfg: DeltadrainConfig, count: int = 5000) -> dict:
     print(f"== producing {count} sample events (2% malformed, one poison) into '{pipeline.name}'")
     result = produce(cfg, pipeline, count, seed=0, malformed_ratio=0.02, progress=False)
     poison = next(m for m in generate(pipeline, 100, seed=1, poison_ratio=1.0) if m.kind == "poison")
-    valkey_client(cfg, pipeline).xadd(pipeline.source.streams[0], {b"data": poison.value})
+    valkey_client(cfg, pipeline).xadd(valkey_source(pipeline).streams[0], {b"data": poison.value})
     print(f"   {json.dumps(result.summary()['kinds'])} + 1 poison")
     from deltadrain.airflow_api import embedded_api
     from deltadrain.names import REAPER_DAG, ingest_dag_id

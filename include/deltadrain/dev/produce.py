@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import cast
 
 from deltadrain.config import DeltadrainConfig, KafkaSource, PipelineConfig, ValkeySource
 from deltadrain.sources.valkey.client import VALKEY_FIELD
@@ -190,7 +191,9 @@ class _ProtobufWriter:
     def __init__(self, pipeline: PipelineConfig):
         from deltadrain.formats.protobuf import kind_of, payload_of
 
-        self.payload = payload_of(pipeline.payload_schema)
+        payload = payload_of(pipeline.payload_schema)
+        assert payload is not None  # a Protobuf schema's
+        self.payload = payload
         self.kinds = {f.name: kind_of(f) for f in self.payload.descriptor().fields}
         self.wire = pipeline.payload_schema.protobuf.wire
 
@@ -260,7 +263,7 @@ def _generate_encoded(pipeline, count, seed, malformed_ratio, poison_ratio, star
         raise ConfigError(f"pipeline '{pipeline.name}' reads its writers' schemas from the registry at "
                           f"{spec.registry.url}: `produce` needs schema.{field} to write with")
     if spec.format == "protobuf":
-        writer = _ProtobufWriter(pipeline)
+        writer: _ProtobufWriter | _AvroWriter = _ProtobufWriter(pipeline)
         kinds = tuple(k for k in PROTOBUF_MALFORMED if writer.wire == "confluent"
                       or k not in ("wrong_magic_byte", "unknown_schema_id"))
     else:
@@ -416,7 +419,8 @@ def _kafka_writer(cfg: DeltadrainConfig, pipeline: PipelineConfig, messages: Ite
         offsets.clear()
         for index, msg in enumerate(chunk):
             part = partition_for(msg.partition_key, nparts)
-            headers = [(source.id_header, msg.key.encode())] if source.id_header else None
+            headers: list[tuple[str, str | bytes | None]] | None = \
+                [(source.id_header, msg.key.encode())] if source.id_header else None
             while True:
                 try:
                     producer.produce(source.topic, value=msg.value, key=msg.partition_key, partition=part,

@@ -57,6 +57,7 @@ def request(s: S3Settings, method: str, bucket: str = "", key: str = "", body: b
     signed = signed_headers(s, method, url.netloc, path, q, body, headers or {},
                             datetime.datetime.now(datetime.UTC))
     conn_type = http.client.HTTPSConnection if url.scheme == "https" else http.client.HTTPConnection
+    assert url.hostname is not None  # S3Settings refuses an endpoint without one
     conn = conn_type(url.hostname, url.port, timeout=timeout)
     try:
         conn.request(method, path + (f"?{q}" if q else ""), body=body, headers=signed)

@@ -19,7 +19,7 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from deltadrain.formats.confluent import HEADER, frame_error, header, schema_id_of
 from deltadrain.formats.decode import (
@@ -132,7 +132,7 @@ def field_problems(schema: dict, fields: dict[str, str], id_field: str) -> list[
     """Why the Avro record schema cannot fill the declared fields (empty: it can)."""
     import fastavro
 
-    parsed = fastavro.parse_schema(schema)
+    parsed = cast(dict, fastavro.parse_schema(schema))  # a record's schema parses to a dict
     names = named_types(parsed, {})
     avro_fields = {f["name"]: f["type"] for f in parsed["fields"]}
     problems = []
@@ -206,6 +206,7 @@ def decode_avro(data: bytes | None, payload: AvroPayload, *, fields: dict[str, s
 
     if (wrong := size_error(data, max_bytes)) is not None:
         return wrong
+    assert data is not None  # size_error refused it
     body, schema = data, None
     if payload.wire == "confluent":
         if (wrong := frame_error(data, payload.schema_id)) is not None:
@@ -251,7 +252,7 @@ def fast_path_fits(schema: dict, fields: dict[str, str], id_field: str) -> bool:
     """Whether every declared field's Avro kinds are ones Arrow converts exactly as `convert` does."""
     import fastavro
 
-    parsed = fastavro.parse_schema(schema)
+    parsed = cast(dict, fastavro.parse_schema(schema))  # a record's schema parses to a dict
     names = named_types(parsed, {})
     kinds = {f["name"]: kinds_of(f["type"], names) - {"null"} for f in parsed["fields"]}
     return all(name in kinds and kinds[name] <= ({"string"} if name == id_field else FAST_AVRO.get(kind, set()))
@@ -267,7 +268,7 @@ def parse_writer(found, schema_id: int):
         return _bad(found.error_type, found.error)
     try:
         schema = json.loads(found.text)
-        parsed = fastavro.parse_schema(schema)
+        parsed = cast(dict, fastavro.parse_schema(schema))  # a record's schema parses to a dict
     except Exception as exc:  # not JSON, not Avro: the registry holds what its producer registered
         return _bad("unsupported_schema", f"schema id {schema_id} is not a valid Avro schema: "
                                           f"{type(exc).__name__}: {exc}"[:300])
@@ -293,6 +294,7 @@ class AvroBatchDecoder(BatchDecoder):
     def writer_of(self, schema_id: int):
         """The parsed writer's schema of `schema_id`, or the dead letter of its messages (asked once)."""
         if schema_id not in self.writers:
+            assert self.payload.registry is not None  # asked only with a registry
             got = parse_writer(writer(self.payload.registry, schema_id, "AVRO"), schema_id)
             if not isinstance(got, Decoded):
                 columns = self._writer_columns(got[1]) if self.collect_new else WriterColumns()
@@ -332,7 +334,7 @@ class AvroBatchDecoder(BatchDecoder):
         schema_id = schema_id_of(value)
         if self.payload.registry is None:
             return schema_id == self.payload.schema_id
-        got = self.writers.get(schema_id)
+        got = self.writers.get(schema_id) if schema_id is not None else None
         return isinstance(got, tuple) and got[2]
 
     def _fast(self, values, candidates, fallback_ids, message_ids, slow):

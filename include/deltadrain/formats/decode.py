@@ -159,6 +159,7 @@ def decode(data: bytes | None, *, fields: dict[str, str], id_field: str, require
     of the values (schema.evolution add_columns) instead of ignored."""
     if (wrong := size_error(data, max_bytes)) is not None:
         return wrong
+    assert data is not None  # size_error refused it
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -216,7 +217,7 @@ def record_values(record: dict, *, fields: dict[str, str], id_field: str, requir
         what = ("missing" if id_field not in record
                 else unset_id if raw_id in no_id else f"invalid ({_shown(raw_id)[:60]})")
         return _bad("missing_id", f"message id field '{id_field}' is {what}")
-    values = []
+    values: list[Any] = []
     for name, kind in fields.items():
         value = record.get(name)
         if name == id_field:

@@ -334,6 +334,7 @@ def decode_protobuf(data: bytes | None, payload: ProtobufPayload, *, fields: dic
 
     if (wrong := size_error(data, max_bytes)) is not None:
         return wrong
+    assert data is not None  # size_error refused it
     body = data
     if payload.wire == "confluent":
         if (wrong := frame_error(data, payload.schema_id, least=HEADER + 1,
@@ -404,6 +405,7 @@ class ProtobufBatchDecoder(BatchDecoder):
 
     def _file(self, schema_id: int):
         if schema_id not in self.files:
+            assert self.payload.registry is not None  # asked only with a registry
             self.files[schema_id] = writer_file(writer(self.payload.registry, schema_id, "PROTOBUF"), schema_id)
         return self.files[schema_id]
 

@@ -261,6 +261,8 @@ def compiled(found: Writer, schema_id: int) -> Writer:
 
     from deltadrain.formats.proto_source import compile_proto
 
+    if not isinstance(found.text, str):  # already a descriptor, or a dead letter's writer
+        return found
     try:
         done = compile_proto(found.text, f"schema_{schema_id}.proto")
     except (OSError, subprocess.SubprocessError) as exc:
@@ -296,15 +298,16 @@ def writer(registry: Registry, schema_id: int, schema_type: str, *, fetcher=fetc
 def failure_line(exc: BaseException) -> str | None:
     """A registry failure that ended a run, as its one line (also when a Spark error carries it out of a
     task, inside a Python traceback); None for other errors."""
+    link: BaseException | None = exc
     for _ in range(10):
-        if exc is None:
+        if link is None:
             return None
-        if isinstance(exc, RegistryFailure):
-            return str(exc)
-        match = re.search(re.escape(MARK) + r"[^\n]*", str(exc))
+        if isinstance(link, RegistryFailure):
+            return str(link)
+        match = re.search(re.escape(MARK) + r"[^\n]*", str(link))
         if match:
             return match.group(0).rstrip()
-        exc = exc.__cause__ or exc.__context__
+        link = link.__cause__ or link.__context__
     return None
 
 

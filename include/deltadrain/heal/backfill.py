@@ -139,15 +139,17 @@ def merge_without_checkpoint(spark, target: str, rows, pipeline: PipelineConfig,
             spark.conf.unset(USER_METADATA)
 
     source, refused = unique(rows), []
+    named: list | None
     try:
         retry_conflicts(lambda: merge(source))
     except Exception as exc:
         reason = refused_rows(exc)
         if reason is None:
             raise
-        refused, why = refused_messages(spark, target, source, id_field, updating=bool(update_matched))
-        if refused is None:
+        named, why = refused_messages(spark, target, source, id_field, updating=bool(update_matched))
+        if named is None:
             raise BackfillError(f"the target table refused rows ({why}): {reason}") from exc
+        refused = named
         keys = spark.createDataFrame([r[:2] for r in refused], "_dd_partition string, _dd_position string")
         # (Inserts: deduplicated again, so a later message with a refused one's id takes its place.)
         rest = unique(rows.join(F.broadcast(keys), ["_dd_partition", "_dd_position"], "left_anti"))
@@ -223,7 +225,9 @@ def backfill(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, start: date
 
     scratch = staging_dir(run_id, cfg.lake_dir())
     try:
-        claimed, summary.gaps = source_of(pipeline).read_interval(spark, cfg, pipeline, start, end, scratch)
+        # Source.read_interval takes the lake's LakeUrl too; its annotation says Path (sources/__init__.py).
+        claimed, summary.gaps = source_of(pipeline).read_interval(spark, cfg, pipeline, start, end,
+                                                                  scratch)  # type: ignore[arg-type]
         summary.read = claimed.count()
         # A dead letter is out of the target on purpose (a poison message that killed runs, a transform
         # failure). Decoded afresh with the transform since fixed it would be inserted beside its DEAD

@@ -155,8 +155,8 @@ def _filtered(df, request: ReplayRequest, *, id_col: str, time_col: str, partiti
     if request.position_from:
         p = StreamId.parse(request.position_from)
         df = df.where(pos >= F.struct(F.lit(p.ms).cast("long"), F.lit(p.seq).cast("long")))
-    if (p := request.upper_bound()) is not None:
-        df = df.where(pos <= F.struct(F.lit(p.ms).cast("long"), F.lit(p.seq).cast("long")))
+    if (upper := request.upper_bound()) is not None:
+        df = df.where(pos <= F.struct(F.lit(upper.ms).cast("long"), F.lit(upper.seq).cast("long")))
     return df
 
 
@@ -302,8 +302,10 @@ def reprocess(cfg, pipeline: PipelineConfig, spark, request: ReplayRequest, resu
         return
     scratch = staging_dir(result.run_id, cfg.lake_dir())
     try:
+        # Source.read_places takes the lake's LakeUrl too; its annotation says Path (sources/__init__.py).
         history = source_of(pipeline).read_places(spark, cfg, pipeline,
-                                                    [(r["_dd_partition"], r["_dd_position"]) for r in picked], scratch)
+                                                    [(r["_dd_partition"], r["_dd_position"]) for r in picked],
+                                                    scratch)  # type: ignore[arg-type]
         found = {(r._dd_partition, r._dd_position) for r in history.select("_dd_partition", "_dd_position").collect()}
         result.skipped += [{"partition": r["_dd_partition"], "position": r["_dd_position"],
                             "reason": "no longer retained by the source"}

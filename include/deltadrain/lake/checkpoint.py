@@ -132,9 +132,9 @@ def log_checkpoint(path: str, pipeline: str) -> tuple[Checkpoint, bool]:
     batch, version = snapshot_txn(path, pipeline)
     if batch is None:
         return Checkpoint(0, table_version=version), False
-    commit = find_commit(path, pipeline, batch)
-    if commit is not None:
-        meta = commit["meta"]
+    found = find_commit(path, pipeline, batch)
+    if found is not None:
+        meta = found["meta"]
         return Checkpoint(batch, dict(meta.get("positions") or {}), version, meta.get("run_id"), "commit", meta), False
     return Checkpoint(batch, {}, version, None, "rows"), True
 

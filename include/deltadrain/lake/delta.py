@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import TypeVar
 
@@ -143,7 +143,7 @@ def merge_into(spark, path: str, source, on: str, clauses: str, alias: str = "t"
 CREATE_ATTEMPTS = 5
 
 
-def ensure_table(spark, path: str, schema, partition_by: list[str] = (), cluster_by: list[str] = (),
+def ensure_table(spark, path: str, schema, partition_by: Sequence[str] = (), cluster_by: Sequence[str] = (),
                  properties: dict[str, str] | None = None) -> None:
     """Create the table if it is missing; two creators racing is fine (the loser takes the winner's).
 

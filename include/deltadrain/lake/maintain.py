@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from deltadrain.config import DeltadrainConfig, MaintenanceConfig, PipelineConfig
-from deltadrain.config.lakeurl import is_s3_url
+from deltadrain.config.lakeurl import LakeUrl, is_s3_url
 from deltadrain.lake.delta import is_table, retry_conflicts, table_ref
 from deltadrain.lake.objectstore import objects_under
 
@@ -47,12 +47,12 @@ class TableReport:
     seconds: float = 0.0
 
 
-def pipeline_tables(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> dict[str, Path]:
+def pipeline_tables(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> dict[str, Path | LakeUrl]:
     return {"target": cfg.target_path(pipeline), "dlq": cfg.dlq_path(pipeline),
             "quarantine": cfg.quarantine_path(pipeline)}
 
 
-def shared_tables(cfg: DeltadrainConfig) -> dict[str, Path]:
+def shared_tables(cfg: DeltadrainConfig) -> dict[str, Path | LakeUrl]:
     return {"metrics": cfg.metrics_path(), "quality_results": cfg.quality_results_path()}
 
 
@@ -94,7 +94,7 @@ def retention_allowed(spark, hours: float):
             spark.conf.set(RETENTION_CHECK, before)
 
 
-def maintain_table(spark, name: str, path: str | Path, settings: MaintenanceConfig) -> TableReport:
+def maintain_table(spark, name: str, path: str | Path | LakeUrl, settings: MaintenanceConfig) -> TableReport:
     began = time.monotonic()
     path = str(path)
     report = TableReport(name, path)

@@ -201,9 +201,16 @@ def table_options(path) -> dict[str, str] | None:
     return storage_options(s) if s is not None else None
 
 
+def store_settings(url) -> S3Settings:
+    """The store's settings for `url`, which must be on it."""
+    if (s := settings_for(url)) is None:
+        raise ValueError(f"{url} is not on the object store")
+    return s
+
+
 def remove_tree(url) -> None:
     """Delete every object under `url` (a run's staging): nothing there is no error."""
-    fs = pyarrow_filesystem(settings_for(url))
+    fs = pyarrow_filesystem(store_settings(url))
     with contextlib.suppress(FileNotFoundError):
         fs.delete_dir(LakeUrl(str(url)).fs_path())
 
@@ -213,7 +220,7 @@ def sweep_abandoned(root, before: float) -> list[str]:
     no object is newer than `before` (epoch seconds)."""
     from pyarrow import fs as pafs
 
-    store = pyarrow_filesystem(settings_for(root))
+    store = pyarrow_filesystem(store_settings(root))
     base = LakeUrl(str(root)).fs_path()
     newest: dict[str, float] = {}
     for info in store.get_file_info(pafs.FileSelector(base, allow_not_found=True, recursive=True)):
@@ -264,7 +271,7 @@ def objects_under(url, suffix: str, skip: str | None = None) -> int:
     """How many objects under `url` end in `suffix`, leaving out any under a folder named `skip`."""
     from pyarrow import fs as pafs
 
-    store = pyarrow_filesystem(settings_for(url))
+    store = pyarrow_filesystem(store_settings(url))
     found = store.get_file_info(pafs.FileSelector(LakeUrl(str(url)).fs_path(), allow_not_found=True, recursive=True))
     return sum(1 for info in found if info.type == pafs.FileType.File and info.path.endswith(suffix)
                and (skip is None or f"/{skip}/" not in info.path))

@@ -6,7 +6,7 @@ import shutil
 import time
 from pathlib import Path
 
-from deltadrain.config.lakeurl import LakeUrl, is_s3_url
+from deltadrain.config.lakeurl import LakeUrl
 from deltadrain.paths import STAGING_ABANDONED_S, check_run_id
 from deltadrain.paths import staging_dir as local_staging_dir
 
@@ -30,7 +30,7 @@ def staging_dir(run_id: str, lake: Path | LakeUrl) -> Path | LakeUrl:
 
 def remove_staging(scratch: Path | LakeUrl) -> None:
     """Remove a run's staging directory, wherever it is; one already gone is no error."""
-    if is_s3_url(scratch):
+    if isinstance(scratch, LakeUrl):
         from deltadrain.lake.objectstore import remove_tree
 
         remove_tree(scratch)

@@ -132,7 +132,7 @@ def check(cfg: DeltadrainConfig, pipeline: PipelineConfig, since: datetime | Non
             if settings.max_lag is not None:
                 findings.append(lag_finding(lag, settings.max_lag, why))
             if settings.max_pending_age is not None:
-                oldest = source_of(pipeline).oldest_pending_ms(cfg, pipeline, counts) if lag else None
+                oldest = source_of(pipeline).oldest_pending_ms(cfg, pipeline, counts) if lag and counts else None
                 findings.append(age_finding(oldest, int(now.timestamp() * 1000), settings.max_pending_age, lag, why))
         if settings.max_dead_rise is not None:
             dead_now = lakeview.dlq_counts(cfg, pipeline).get("DEAD", 0)

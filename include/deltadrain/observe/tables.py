@@ -16,6 +16,7 @@ import threading
 from contextlib import contextmanager
 from contextvars import ContextVar
 from datetime import UTC, datetime
+from typing import Any
 
 from deltadrain.config import DeltadrainConfig, PipelineConfig
 from deltadrain.lake.checkpoint import Checkpoint, carries_batch
@@ -24,7 +25,7 @@ from deltadrain.lake.delta import inserted_rows
 from deltadrain.lake.metrics import metrics_path
 
 PREVIEW_BYTES = 120
-_cache: dict[tuple, object] = {}
+_cache: dict[tuple, list[dict]] = {}
 _cache_lock = threading.Lock()
 _CACHE_MAX = 256
 HISTORY = 100  # the most commits any read here looks back over (recorded_gaps)
@@ -282,7 +283,7 @@ def last_batches(cfg: DeltadrainConfig, pipeline: PipelineConfig, n: int = 10, n
                         f"ORDER BY finished_at DESC LIMIT {int(n)}", name="m")
     out = []
     for r in rows:
-        item = {k: v.astimezone(UTC) if isinstance(v, datetime) else v for k, v in r.items()}
+        item: dict[str, Any] = {k: v.astimezone(UTC) if isinstance(v, datetime) else v for k, v in r.items()}
         item["timings"] = json.loads(item["timings"]) if item.get("timings") else {}
         out.append(item)
     return out

@@ -13,6 +13,7 @@ Parsing reads the config file and nothing else: no source, Spark or Delta is tou
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 from airflow.sdk import DAG, Asset, CronDataIntervalTimetable, Param, task
 
@@ -53,6 +54,7 @@ def ingest_dag(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> DAG:
     af = pipeline.airflow
     # An interval timetable: every run has a data interval, which is what a backfill run re-reads. Or
     # continuous: a run starts as soon as the last one ended, and its sensor waits for the next work.
+    schedule: str | CronDataIntervalTimetable | None
     if pipeline.schedule in (None, CONTINUOUS):
         schedule = pipeline.schedule
     else:
@@ -232,7 +234,7 @@ def replay_params(cfg: DeltadrainConfig) -> dict[str, Param]:
         # the broker knows, not the YAML. validate checks either against the pipeline.
         "partition": Param(None, type=["null", "string"], title="Partition",
                            description="a stream key (orders:{0}) or a Kafka partition number (3)",
-                           **({"examples": streams} if streams else {})),
+                           **examples),
         "position_from": Param(None, type=["null", "string"], pattern=position, title="Position from",
                                description="stream id (ms-seq) or Kafka offset, inclusive"),
         "position_to": Param(None, type=["null", "string"], pattern=position, title="Position to",
@@ -286,7 +288,8 @@ def replay_dag(cfg: DeltadrainConfig) -> DAG:
         validated = validate_request(config=_config_arg(cfg))
         # One task per pipeline, in that pipeline's pool: a reprocess MERGE or a DLQ replay's marks then
         # run between the pipeline's drains, quality checks and maintenance, not during them.
-        route = route_request(validated)
+        # task.branch's typing keeps the function's own parameters; TaskFlow hands it the XComArg's value.
+        route = route_request(validated)  # type: ignore[arg-type]
         for p in cfg.pipelines:
             # Ahead of the pipeline's drains in the pool's queue: someone is waiting for a replay. One
             # at a time across runs, whatever the pool's slots: a replay selects DEAD entries, sends

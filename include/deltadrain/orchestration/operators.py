@@ -77,7 +77,7 @@ class DeltadrainSparkOperator(SparkSubmitOperator):
         self._error: str | None = None
         self._tail: list[str] = []
         self._handed: dict[str, str] = {}  # AIRFLOW_CONN_* this run hands the job (execute)
-        self._session = None  # the Connect session while a connect run is under way (on_kill interrupts it)
+        self._session: Any = None  # the Connect session while a connect run is under way (on_kill interrupts it)
         self._private: tuple[Path, Any] | None = None  # a submit run's private directory and object store
         self._via_connect = False
 

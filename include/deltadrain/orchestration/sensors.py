@@ -40,6 +40,8 @@ class SourceWorkSensor(BaseSensorOperator):
         super().__init__(**kwargs)
         self.pipeline, self.config, self.poll_seconds = pipeline, config, poll_seconds
         self.deferrable = deferrable
+        self._reached = False  # in mode "poke", whether a probe of this wait reached the source
+        self._last_error: str | None = None
 
     def _probe(self) -> dict:
         from deltadrain.observe.probe import probe_named
@@ -89,14 +91,15 @@ class SourceWorkSensor(BaseSensorOperator):
                                  f"last error: {error}")
 
     def execute_complete(self, context, event: dict | None = None) -> Any:
-        if (event or {}).get("status") == "unreachable":
-            raise self._unreachable(event.get("error"))
-        if (event or {}).get("status") == "timeout":
+        said = event or {}
+        if said.get("status") == "unreachable":
+            raise self._unreachable(said.get("error"))
+        if said.get("status") == "timeout":
             message = f"no new messages, stuck claims or gaps in {self.pipeline} within {self.timeout:.0f}s"
             if self.soft_fail:
                 raise AirflowSkipException(message)
             raise AirflowSensorTimeout(message)
-        self.log.info("deltadrain: %s: work found: %s", self.pipeline, (event or {}).get("probe"))
+        self.log.info("deltadrain: %s: work found: %s", self.pipeline, said.get("probe"))
         return event
 
 

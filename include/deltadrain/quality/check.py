@@ -120,7 +120,8 @@ def check_batch(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, batch: i
     """
     run_id = run_id or new_check_id()
     moved = taken_back = 0
-    adopted_runs, adopted_failed = [], []
+    adopted_runs: list[str] = []
+    adopted_failed: list[str] = []
     for again in range(RECHECKS + 1):
         report = _check_batch_once(cfg, pipeline, spark, batch, run_id if not again else f"{run_id}.{again}")
         moved, taken_back = moved + report.quarantined, taken_back + report.taken_back
@@ -204,6 +205,7 @@ def _check(cfg, pipeline: PipelineConfig, spark, rows, scope: str, batch: int | 
         data_docs=str(index), results_table=str(results_path(cfg)), table_id=table)
     policy = pipeline.quality.on_failure
     if policy == "quarantine" and scope == "batch":
+        assert batch is not None  # a batch's check
         # First the stale copies a crashed check left of rows rewritten since: this round's MERGE
         # would match such a copy, insert nothing, and its DELETE then remove the rewritten row.
         take_back_rewritten(spark, cfg, pipeline, batch, table)

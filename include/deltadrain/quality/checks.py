@@ -89,6 +89,7 @@ def gx_expectation(check: Check, index: int, now: datetime):
     if check.kind == "exists":
         return ex.ExpectColumnToExist(column=check.column, meta=meta)
     if check.kind == "fresh_within":
+        assert check.within is not None  # the config requires it of this kind
         # PySpark hands timestamps to Python as naive local times, so "now" must be naive local too.
         return ex.ExpectColumnMaxToBeBetween(column=check.column, min_value=now - check.within, meta=meta)
     raise ValueError(f"unknown expectation kind {check.kind!r}")

@@ -46,11 +46,10 @@ def summarize(checks: list[Check], gx_result) -> list[dict]:
             "partial_unexpected": [str(v) for v in (res.get("partial_unexpected_list") or [])[:10]],
             "error": gx_error(exc),
         }
-    for i, item in enumerate(out):
-        if item is None:  # GX left it out: count it as failed rather than silently passed
-            out[i] = {"expectation": checks[i].name, "kind": checks[i].kind, "column": checks[i].column,
-                      "success": False, "error": "no result from Great Expectations"}
-    return out
+    # One GX left out counts as failed rather than silently passed.
+    return [item if item is not None else
+            {"expectation": check.name, "kind": check.kind, "column": check.column, "success": False,
+             "error": "no result from Great Expectations"} for check, item in zip(checks, out, strict=True)]
 
 
 def docs_dir(pipeline: PipelineConfig) -> Path:

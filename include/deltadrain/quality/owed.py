@@ -25,8 +25,9 @@ def batch_to_check(summary) -> int | None:
     have run, and checking twice is harmless (see quarantine).
     """
     get = summary.get if isinstance(summary, dict) else lambda key: getattr(summary, key, None)
-    if get("outcome") in ("committed", "already_committed") and get("batch"):
-        return int(get("batch"))
+    batch = get("batch")
+    if get("outcome") in ("committed", "already_committed") and batch:
+        return int(batch)
     return None
 
 
@@ -87,7 +88,7 @@ def catch_up(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, requested: 
     if not is_table(spark, target):
         return [], 0
     committed = committed_batch(target, pipeline.name)
-    settling = frozenset()
+    settling: frozenset[int] = frozenset()
     if settle > timedelta(0) and committed is not None:
         since = datetime.now(UTC) - settle
         settling = frozenset(c["meta"]["batch"] for c in recent_commits(target, 200, since=since)

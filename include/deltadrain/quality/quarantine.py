@@ -23,6 +23,7 @@ from pathlib import Path
 
 from deltadrain import failpoints
 from deltadrain.config import DeltadrainConfig, PipelineConfig
+from deltadrain.config.lakeurl import LakeUrl
 from deltadrain.lake.delta import (
     add_missing_columns,
     ensure_table,
@@ -42,7 +43,7 @@ TXN_KEYS = ("spark.databricks.delta.write.txnAppId", "spark.databricks.delta.wri
 USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
 
 
-def quarantine_path(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> Path:
+def quarantine_path(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> Path | LakeUrl:
     return cfg.quarantine_path(pipeline)
 
 

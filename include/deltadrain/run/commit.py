@@ -135,7 +135,7 @@ def commit_batch(spark, path: str, *, pipeline: str, expected_batch: int, run_id
             try:
                 failpoints.hit_later("during_merge")
                 creating = create is not None and not exists(path)
-                if creating:
+                if creating and create is not None:
                     # "error" (if it exists): a table created since the check fails this write (DELTA_PATH_EXISTS),
                     # one created during it fails its commit (a conflict); both end in the MERGE below.
                     (rows.write.format("delta").mode("error").partitionBy(*create.partition_by)
@@ -176,13 +176,14 @@ def commit_batch(spark, path: str, *, pipeline: str, expected_batch: int, run_id
     # Fast path: our own commit among the newest ones settles it (reading the snapshot's txn set
     # rebuilds Delta state, seconds per run). Otherwise the snapshot's txn version decides.
     commit = find_commit(path, pipeline, target)
-    ours = commit is not None and (commit["meta"] or {}).get("run_id") == run_id
-    if ours:
-        observed, version = target, commit["version"]
+    mine = commit if commit is not None and (commit["meta"] or {}).get("run_id") == run_id else None
+    ours = mine is not None
+    if mine is not None:
+        observed, version = target, mine["version"]
     else:
         observed, version = snapshot_txn(path, pipeline)
     # "Already committed": the batch is ours, but this call did not see it land (its reply was lost).
-    wrote_now = ours and not lost_reply and (version_before is None or commit["version"] > version_before)
+    wrote_now = mine is not None and not lost_reply and (version_before is None or mine["version"] > version_before)
     outcome = decide(expected_batch, observed, ours, wrote_now, conflicted=conflict is not None and not ours)
-    inserted = inserted_rows(commit["metrics"]) if ours else 0
+    inserted = inserted_rows(mine["metrics"]) if mine is not None else 0
     return CommitResult(outcome, observed, version, inserted, conflict)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field, replace
+from typing import cast
 from urllib.parse import unquote
 
 from deltadrain.config import PipelineConfig
@@ -202,9 +203,9 @@ def new_columns(claimed, evolved: dict[str, str] | None = None, by_writer: bool 
     parsed = F.from_json(extra_col, StructType([StructField(n, _parse_datatype_string(t)) for n, t in carrier.items()]))
     out = claimed
     if rejected:
-        reason = F.element_at(F.create_map(*[F.lit(x) for kv in sorted(rejected.items()) for x in kv]), kinds_col)
-        refuse = good & kinds_col.isNotNull() & reason.isNotNull()
-        out = (out.withColumn("_dd_error", F.when(refuse, reason).otherwise(F.col("_dd_error")))
+        why = F.element_at(F.create_map(*[F.lit(x) for kv in sorted(rejected.items()) for x in kv]), kinds_col)
+        refuse = good & kinds_col.isNotNull() & why.isNotNull()
+        out = (out.withColumn("_dd_error", F.when(refuse, why).otherwise(F.col("_dd_error")))
                .withColumn("_dd_error_type", F.when(refuse, F.lit("schema")).otherwise(F.col("_dd_error_type"))))
     out = out.withColumn("_dd_new", F.when(F.col("_dd_error_type").isNull(), parsed))
     evolved = evolved or {}

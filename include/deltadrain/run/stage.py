@@ -17,6 +17,7 @@ import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
 from deltadrain.positions import StreamId
 
@@ -41,7 +42,7 @@ class BatchStats:
 
     @property
     def id_range(self) -> tuple[str, str] | None:
-        return (self.lo, self.hi) if self.lo is not None else None
+        return (self.lo, self.hi) if self.lo is not None and self.hi is not None else None
 
     @property
     def unique(self) -> bool:
@@ -149,7 +150,7 @@ class StagingFile:
         self.directory, self.arrow_schema, self.id_field, self.store = directory, arrow_schema, id_field, store
         self.tallies: dict[str, Tally] = {}
         self.path: str | None = None
-        self._writer = None
+        self._writer: Any = None  # a pyarrow ParquetWriter once the first batch came
 
     def write(self, batch) -> None:
         import pyarrow.parquet as pq
@@ -179,7 +180,7 @@ class StagingFile:
             return
         self._writer.close()
         self._writer = None
-        if kind is None and self.store is None:
+        if kind is None and self.store is None and self.path is not None:  # the path came with the writer
             os.replace(self.path + ".tmp", self.path)
 
     @property
@@ -204,11 +205,11 @@ def open_staged(path: str):
     """A staged file (a report's `file`), for pyarrow to read in the driver: local, or on the object store."""
     import pyarrow.parquet as pq
 
-    from deltadrain.lake.objectstore import LakeUrl, is_s3_url, pyarrow_filesystem, settings_for
+    from deltadrain.lake.objectstore import LakeUrl, is_s3_url, pyarrow_filesystem, store_settings
 
     if not is_s3_url(path):
         return pq.ParquetFile(path)
-    return pq.ParquetFile(LakeUrl(path).fs_path(), filesystem=pyarrow_filesystem(settings_for(path)))
+    return pq.ParquetFile(LakeUrl(path).fs_path(), filesystem=pyarrow_filesystem(store_settings(path)))
 
 
 def report_rows(path: str, tallies: dict[str, Tally]) -> list[dict]:

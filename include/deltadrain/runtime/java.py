@@ -18,11 +18,11 @@ def java_binary() -> str:
             raise PrerequisiteError(f"JAVA_HOME={home} has no bin/java; point JAVA_HOME at a JDK 17 or newer, "
                                     "or unset it to use the `java` on PATH.")
         return java
-    java = shutil.which("java")
-    if java is None:
+    on_path = shutil.which("java")
+    if on_path is None:
         raise PrerequisiteError("Java 17 is needed by Spark and Kafka but `java` is not on PATH "
                                 "(Debian: `apt-get install -y openjdk-17-jdk-headless`).")
-    return java
+    return on_path
 
 
 def check_java() -> str:

@@ -144,7 +144,9 @@ def one_per_case(seen: dict[str, dict[str, Seen]]) -> tuple[list[str], dict[str,
     def rank(kinds: dict[str, Seen]) -> tuple:
         return -sum(v.count for v in kinds.values()), min(v.first for v in kinds.values())
 
-    names, refused, by_lower = [], {}, {}
+    names: list[str] = []
+    refused: dict[str, str] = {}
+    by_lower: dict[str, str] = {}
     for name in sorted(seen, key=lambda n: rank(seen[n])):
         if (other := by_lower.setdefault(name.lower(), name)) != name:
             refused[name] = f"new field '{name[:60]}' and new field '{other[:60]}' differ only in case, and column " \
@@ -247,10 +249,11 @@ def plan_layout(declared: dict[str, str], table: dict[str, str] | None,
     if unfilled := [f"'{n}' ({t})" for n, t in evolved.items() if t not in FILLABLE]:
         raise EvolutionError(f"the table has columns deltadrain cannot fill: {', '.join(unfilled)}; declare them "
                              f"with a type of {', '.join(sorted(FILLABLE))}, or drop them from the table")
-    added, skipped = {}, {}
+    added: dict[str, str] = {}
+    skipped: dict[str, str] = {}
     for name, (column, what) in (writer or {}).items():
         if name in evolved:
-            if column in WIDENS.get(evolved[name], ()):  # the writer widened a field the table has
+            if column is not None and column in WIDENS.get(evolved[name], ()):  # the writer widened a field the table has
                 widened[name] = (evolved[name], column)
                 evolved[name] = column
             continue
@@ -316,10 +319,11 @@ def writer_columns(writer: dict[str, tuple[str | None, str]], fields: dict[str, 
     wider type is widened; a field no column type holds, or whose name cannot be a column, is left out."""
     declared = {n.lower() for n in fields if n not in evolved}
     taken = {n.lower() for n in fields}
-    adds, left_out = {}, {}
+    adds: dict[str, str] = {}
+    left_out: dict[str, str] = {}
     for name, (column, what) in writer.items():
         if name in fields:
-            if name in evolved and column in WIDENS.get(table_type(fields[name]), ()):
+            if name in evolved and column is not None and column in WIDENS.get(table_type(fields[name]), ()):
                 adds[name] = column
             continue
         if name.lower() in declared:  # a declared field in another case: not new (as plan_layout)

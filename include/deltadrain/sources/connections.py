@@ -9,14 +9,15 @@ from deltadrain.sources import Source, SuggestsGrants, all_sources
 def _failure(exc: BaseException) -> tuple[Source, str, str] | None:
     """(the source, the kind of failure, the reason) when exc or one of its causes is a failure to
     reach or log in to a source's server, or a command its ACL denies (Source.connection_failure)."""
+    link: BaseException | None = exc
     for _ in range(10):
-        if exc is None:
+        if link is None:
             return None
         for source in all_sources():
-            found = source.connection_failure(exc)
+            found = source.connection_failure(link)
             if found is not None:
                 return source, *found
-        exc = exc.__cause__ or exc.__context__
+        link = link.__cause__ or link.__context__
     return None
 
 

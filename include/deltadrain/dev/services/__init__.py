@@ -23,6 +23,7 @@ import secrets
 import sys
 import urllib.request
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 from deltadrain.config import DeltadrainConfig
@@ -337,7 +338,7 @@ def airflow_shim() -> None:
 
 def airflow_service(cfg: DeltadrainConfig) -> Service:
     port = ports(cfg).airflow
-    env = airflow_env(cfg)
+    env: dict[str, str | None] = {**airflow_env(cfg)}
 
     def prepare() -> None:
         airflow_shim()

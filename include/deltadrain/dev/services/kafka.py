@@ -146,8 +146,8 @@ def ensure_scram_user(bootstrap: str, login: dict, timeout_s: float = 30) -> Non
 
     def known() -> bool:
         try:
-            return all(f.result() for f in admin.describe_user_scram_credentials(
-                [login["username"]], request_timeout=5).values())
+            futures = admin.describe_user_scram_credentials([login["username"]], request_timeout=5)
+            return isinstance(futures, dict) and all(f.result() for f in futures.values())  # one per user named
         except Exception:  # RESOURCE_NOT_FOUND: not set (or not applied) yet
             return False
 

@@ -110,7 +110,12 @@ def main(argv: list[str]) -> int:
     worker = subprocess.Popen([spark_class, WORKER, "--host", "127.0.0.1", "--cores", WORKER_CORES, "--memory",
                                WORKER_MEMORY, "--work-dir", work, "--properties-file", props,
                                f"spark://127.0.0.1:{port}"])
-    signal.signal(signal.SIGTERM, lambda *_: (master.terminate(), worker.terminate(), sys.exit(0)))
+    def stop(*_) -> None:
+        master.terminate()
+        worker.terminate()
+        sys.exit(0)
+
+    signal.signal(signal.SIGTERM, stop)
     while master.poll() is None and worker.poll() is None:
         time.sleep(0.5)
     for proc in (master, worker):

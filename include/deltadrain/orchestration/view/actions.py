@@ -42,7 +42,7 @@ def selection_to_confs(pipeline: str, selected: list[tuple[str, str]],
     if gone:
         raise SelectionError(f"not DEAD (already replayed, or unknown): {', '.join(gone[:5])}"
                              + (f" and {len(gone) - 5} more" if len(gone) > 5 else ""))
-    ids = sorted({dead[k] for k in keys if dead[k]})
+    ids = sorted({found for k in keys if (found := dead[k])})
     idless = sorted(k for k in keys if not dead[k])
     if len(idless) + (1 if ids else 0) > MAX_RUNS:
         raise SelectionError(f"{len(idless)} selected entries have no message id and need one run each; "
@@ -78,7 +78,7 @@ def trigger_replays(cfg: DeltadrainConfig, pipeline: PipelineConfig, selected: l
     for conf in confs:
         parse_request(cfg, conf)  # the DAG validates again; failing here keeps a bad click from making runs
     api = AirflowApi(base_url, "", "", _token=token)
-    runs = []
+    runs: list[str] = []
     for conf in confs:
         status, body = api._request("POST", f"/api/v2/dags/{REPLAY_DAG}/dagRuns", {"logical_date": None,
                                                                                      "conf": conf})

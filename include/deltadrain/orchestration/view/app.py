@@ -84,7 +84,7 @@ def self_api_url(host: str, port: int, base_url: str | None, tls: bool) -> str:
     port mapping or a proxy they name an address the server itself may not reach. With TLS the
     certificate names base_url's host, so base_url is taken as it is."""
     base = urllib.parse.urlsplit(base_url or "")
-    if tls and base.netloc:
+    if tls and base_url and base.netloc:
         return base_url.rstrip("/")
     host = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(host.strip(), host.strip())
     netloc = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

@@ -127,6 +127,7 @@ def chart_data(pipeline: str, window: str, runs: list[dict], checks: list[dict],
     for group in _buckets(runs, at, MAX_POINTS):
         t = iso(sum(at(r) for r in group) / len(group))
         secs = sum(float(r.get("seconds") or 0) for r in group)
+        rate: float | None
         if len(group) == 1 and group[0].get("rows_per_s") is not None:
             rate = float(group[0]["rows_per_s"])
         else:

@@ -11,6 +11,7 @@ import functools
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from deltadrain.config import DeltadrainConfig, PipelineConfig
 from deltadrain.names import MAINTENANCE_DAG, ingest_dag_id
@@ -64,7 +65,7 @@ def _claims(counts: dict, pipeline: PipelineConfig) -> dict:
             "notes": counts.get("notes") or []}
 
 
-def with_lake_notes(cfg: DeltadrainConfig, pipeline: PipelineConfig, notes: list[dict]) -> list[dict]:
+def with_lake_notes(cfg: DeltadrainConfig, pipeline: PipelineConfig, notes: list[dict] | None) -> list[dict]:
     """The notes of a page or index row (states, not failures: shown in grey): the lake's (a pipeline
     never run) before the source's (a topic not created yet, a stream never written, a server down)."""
     from deltadrain.observe import notes as states
@@ -105,7 +106,7 @@ def pipeline_summary(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> dict:
     pipeline must not take the index down."""
     from deltadrain.observe import tables as lakeview
 
-    row = {"pipeline": pipeline.name, "source": pipeline.source.kind, "lag": None, "DEAD": None, "source_note": None,
+    row: dict[str, Any] = {"pipeline": pipeline.name, "source": pipeline.source.kind, "lag": None, "DEAD": None, "source_note": None,
            "lake_note": None, "stale_messages": 0, "open_gaps": 0, "last_run": None, "last_committed": None,
            "notes": []}
     with lakeview.one_read():  # in the pool's thread: each row opens its own tables once

@@ -10,6 +10,14 @@ from deltadrain.errors import ConfigError
 from deltadrain.secrets import Credentials, credentials
 
 
+def kafka_source(pipeline: PipelineConfig) -> KafkaSource:
+    """The pipeline's source: the Kafka package is given only pipelines that read a topic."""
+    source = pipeline.source
+    if not isinstance(source, KafkaSource):
+        raise TypeError(f"pipeline '{pipeline.name}' reads a {source.kind} source, not a Kafka topic")
+    return source
+
+
 def kafka_bootstrap(cfg: DeltadrainConfig, source: KafkaSource) -> str:
     """The source's servers; unset: the embedded broker's listener for its protocol (SASL_SSL or PLAINTEXT)."""
     if source.bootstrap_servers:
@@ -32,8 +40,7 @@ def kafka_ca(source: KafkaSource) -> str | None:
 
 def _kafka_settings(cfg: DeltadrainConfig, pipeline: PipelineConfig):
     """(bootstrap servers, security settings, SASL credentials or None), shared by both clients."""
-    source = pipeline.source
-    assert isinstance(source, KafkaSource)
+    source = kafka_source(pipeline)
     sec = source.security
     creds = sasl_credentials(source) if sec.sasl_mechanism else None
     return kafka_bootstrap(cfg, source), sec, creds
@@ -62,7 +69,7 @@ def kafka_client_conf(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> dict[s
     if creds is not None:
         conf.update({"sasl.mechanism": sec.sasl_mechanism, "sasl.username": creds.username or "",
                      "sasl.password": creds.password or ""})
-    if ca := kafka_ca(pipeline.source):
+    if ca := kafka_ca(kafka_source(pipeline)):
         conf["ssl.ca.location"] = ca
     return conf
 
@@ -70,7 +77,7 @@ def kafka_client_conf(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> dict[s
 def kafka_consumer_conf(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> dict[str, str]:
     """kafka_client_conf for the clients that read offsets: the end offsets they see must be the ones
     Spark reads up to (under read_committed, the last stable offset)."""
-    return {**kafka_client_conf(cfg, pipeline), "isolation.level": pipeline.source.isolation_level}
+    return {**kafka_client_conf(cfg, pipeline), "isolation.level": kafka_source(pipeline).isolation_level}
 
 
 def split_servers(servers: str) -> list[tuple[str, int]]:
@@ -113,8 +120,8 @@ def check_secured(conf: dict, timeout_s: float = 15) -> None:
     if conf.get("security.protocol", "PLAINTEXT") == "PLAINTEXT":
         return
     said: list = []
-    admin = AdminClient({**{k: v for k, v in conf.items() if k != "isolation.level"}, "log_level": 0,
-                         "error_cb": said.append})
+    admin = AdminClient({**{k: v for k, v in conf.items() if k != "isolation.level"}, "log_level": 0},
+                        error_cb=said.append)
     try:
         admin.list_topics(timeout=timeout_s)
         return
@@ -138,14 +145,14 @@ def kafka_spark_options(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> dict
     """The same settings for Spark's Kafka source (Java client names, JAAS for SASL)."""
     servers, sec, creds = _kafka_settings(cfg, pipeline)
     opts = {"kafka.bootstrap.servers": servers, "kafka.security.protocol": sec.protocol,
-            "kafka.isolation.level": pipeline.source.isolation_level}
+            "kafka.isolation.level": kafka_source(pipeline).isolation_level}
     if creds is not None:
         module = ("org.apache.kafka.common.security.plain.PlainLoginModule" if sec.sasl_mechanism == "PLAIN"
                   else "org.apache.kafka.common.security.scram.ScramLoginModule")
         user, pw = jaas_quoted(creds.username or ""), jaas_quoted(creds.password or "")
         opts["kafka.sasl.mechanism"] = sec.sasl_mechanism
         opts["kafka.sasl.jaas.config"] = f'{module} required username="{user}" password="{pw}";'
-    if ca := kafka_ca(pipeline.source):
+    if ca := kafka_ca(kafka_source(pipeline)):
         # The Java client reads a PEM CA file as a truststore of type PEM (same file as librdkafka's).
         opts["kafka.ssl.truststore.type"] = "PEM"
         opts["kafka.ssl.truststore.location"] = ca

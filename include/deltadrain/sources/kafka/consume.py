@@ -56,7 +56,7 @@ def column_values(msgs: list, name: str, replay_header: str | None) -> list:
     if name == "headers":
         return [[{"key": k, "value": v} for k, v in h] if (h := m.headers()) else None for m in msgs]
     if name == "replay_id":
-        return [first_header(m.headers(), replay_header) for m in msgs]
+        return [first_header(m.headers(), replay_header) if replay_header else None for m in msgs]
     raise ValueError(f"no Kafka source column '{name}'")
 
 
@@ -115,20 +115,18 @@ def consume_ranges(conf: dict, group: str, topic: str, ranges: dict[int, tuple[i
             msgs = consumer.consume(max(1, min(batch_rows, sum(end - nxt[q] for q, end in ends.items()))), 0.2)
             for msg in msgs:
                 err = msg.error()
+                q, offset = msg.partition(), msg.offset()
                 if err is not None:
-                    q = msg.partition()
                     if err.code() == KafkaError._PARTITION_EOF:
-                        if q in ends and msg.offset() >= ends[q]:
+                        if q is not None and offset is not None and q in ends and offset >= ends[q]:
                             finish(q)
                         continue
                     if err.retriable() or err.code() in (KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN):
                         continue  # librdkafka reconnects; STALL_S bounds the wait
                     raise RangeReadError(f"topic '{topic}' partition {q}: {err.name()}: {err.str()}")
-                q = msg.partition()
-                end = ends.get(q)
-                if end is None:
-                    continue  # past its end, fetched before the pause
-                offset = msg.offset()
+                end = ends.get(q) if q is not None else None
+                if q is None or offset is None or end is None:
+                    continue  # past its end, fetched before the pause (a record always has both)
                 nxt[q] = offset + 1  # a partition's records come in offset order
                 if offset < end:
                     kept.append(msg)

@@ -96,10 +96,10 @@ class DeadRuns:
 
     def merged(self, other: DeadRuns) -> DeadRuns:
         """Both records' knowledge: per offset the larger count (a dead run is never counted twice)."""
-        alone = dict(self.alone)
+        counts = dict(self.alone)
         for offset, n in other.alone:
-            alone[offset] = max(n, alone.get(offset, 0))
-        alone = tuple(sorted(alone.items()))
+            counts[offset] = max(n, counts.get(offset, 0))
+        alone = tuple(sorted(counts.items()))
         if not other.segments:
             return DeadRuns(self.segments, _union(self.counted, other.counted), alone)
         cuts = sorted({x for s in (*self.segments, *other.segments) for x in s[:2]})

@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from deltadrain.config import DeltadrainConfig, PipelineConfig
-from deltadrain.sources.kafka.client import kafka_consumer_conf
+from deltadrain.sources.kafka.client import kafka_consumer_conf, kafka_source
 from deltadrain.sources.kafka.drain import TASK_OFFSETS
 from deltadrain.sources.kafka.offsets import TIMEOUT, watermarks
 
@@ -54,7 +54,7 @@ def kafka_interval_rows(spark, cfg: DeltadrainConfig, pipeline: PipelineConfig, 
     from deltadrain.sources.kafka.drain import read_ranges
 
     conf = kafka_consumer_conf(cfg, pipeline)
-    topic = pipeline.source.topic
+    topic = kafka_source(pipeline).topic
     found = interval_offsets(conf, topic, start, end)
     # Gaps from every partition's range, empty ones too: when retention took the whole interval both
     # bounds land on the earliest offset left, and that empty range is the only sign of it.
@@ -76,7 +76,7 @@ def kafka_offset_rows(spark, cfg: DeltadrainConfig, pipeline: PipelineConfig, pi
 
     from deltadrain.sources.kafka.drain import read_ranges
 
-    marks = watermarks(kafka_consumer_conf(cfg, pipeline), pipeline.source.topic)
+    marks = watermarks(kafka_consumer_conf(cfg, pipeline), kafka_source(pipeline).topic)
     rounds = pick_rounds(picks, marks, span=PICK_SPAN)
     if not rounds:
         return spark.createDataFrame([], _schema(pipeline))

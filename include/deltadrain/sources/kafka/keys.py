@@ -50,6 +50,7 @@ def avro_key(raw: bytes, registry) -> tuple[str | None, str | None, str | None]:
     if (wrong := frame_error(raw, None)) is not None:
         return None, wrong.error_type, f"key: {wrong.error} (source.key_format: avro)"
     schema_id = schema_id_of(raw)
+    assert schema_id is not None  # frame_error passed: the key is framed
     found = writer(registry, schema_id, "AVRO")
     if found.text is None:
         return None, found.error_type, f"key: {found.error}"

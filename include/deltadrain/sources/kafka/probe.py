@@ -9,10 +9,10 @@ from deltadrain.sources import Probe
 
 def probe_kafka(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> Probe:
     """End offsets beyond the group's committed offsets, which trail the lake checkpoint (no Spark here)."""
-    from deltadrain.sources.kafka.client import kafka_consumer_conf
+    from deltadrain.sources.kafka.client import kafka_consumer_conf, kafka_source
     from deltadrain.sources.kafka.offsets import OffsetError, group_offsets, start_offsets, watermarks
 
-    source = pipeline.source
+    source = kafka_source(pipeline)
     conf = kafka_consumer_conf(cfg, pipeline)
     out = Probe(pipeline.name)
     try:

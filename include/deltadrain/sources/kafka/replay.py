@@ -8,7 +8,7 @@ from deltadrain.errors import ReplayError
 from deltadrain.sources.kafka.drain import REPLAY_ID_HEADER
 
 
-def kafka_copy_identity(source: KafkaSource, entry: dict) -> tuple[str | None, list[tuple[str, bytes]]]:
+def kafka_copy_identity(source: KafkaSource, entry: dict) -> tuple[str | None, list[tuple[str, str | bytes | None]]]:
     """(key, headers) of a dead letter's copy, which must get the id its original had, or would have
     had: a copy sent twice (a crash between sending and marking) then lands on one row. The drain
     takes REPLAY_ID_HEADER's value where it would take the record's place (topic-partition-offset)
@@ -16,9 +16,9 @@ def kafka_copy_identity(source: KafkaSource, entry: dict) -> tuple[str | None, l
     its original's place, so an id-less copy is not named after its own new offset."""
 
     message_id = entry["message_id"]
-    headers = [("deltadrain-replay-of", f"{entry['partition']}@{entry['position']}".encode()),
+    headers: list[tuple[str, str | bytes | None]] = [("deltadrain-replay-of", f"{entry['partition']}@{entry['position']}".encode()),
                (REPLAY_ID_HEADER, (message_id or f"{source.topic}-{entry['partition']}-{entry['position']}").encode())]
-    if message_id and source.id_from == "header":
+    if message_id and source.id_from == "header" and source.id_header:
         headers.append((source.id_header, message_id.encode()))
     # Keep the message's identity where the pipeline reads it from (key or header). An Avro key is not
     # written again (that needs the key's schema id): the copy has none, and the drain takes the replay
@@ -29,9 +29,9 @@ def kafka_copy_identity(source: KafkaSource, entry: dict) -> tuple[str | None, l
 def send_back(cfg: DeltadrainConfig, pipeline: PipelineConfig, entries: list[dict]) -> None:
     from confluent_kafka import Producer
 
-    from deltadrain.sources.kafka.client import kafka_client_conf
+    from deltadrain.sources.kafka.client import kafka_client_conf, kafka_source
 
-    source: KafkaSource = pipeline.source
+    source = kafka_source(pipeline)
     producer = Producer({**kafka_client_conf(cfg, pipeline), "enable.idempotence": True, "acks": "all"})
     failures: list[str] = []
 
@@ -41,9 +41,11 @@ def send_back(cfg: DeltadrainConfig, pipeline: PipelineConfig, entries: list[dic
 
     for e in entries:
         # A Kafka dead letter's partition is the topic partition's number: it goes back there.
-        kwargs = {"partition": int(e["partition"])} if str(e["partition"]).isdigit() else {}
+        # Else -1: the producer's partitioner chooses (confluent-kafka's default).
+        partition = int(e["partition"]) if str(e["partition"]).isdigit() else -1
         key, headers = kafka_copy_identity(source, e)
-        producer.produce(source.topic, value=e["original"], key=key, headers=headers, on_delivery=done, **kwargs)
+        producer.produce(source.topic, value=e["original"], key=key, partition=partition, headers=headers,
+                         on_delivery=done)
         producer.poll(0)
     if producer.flush(60) or failures:
         raise ReplayError(f"Kafka did not take every replayed message: {failures[:3] or 'flush timed out'}")

@@ -33,7 +33,7 @@ class Kafka(SuggestsGrants, Source):
 
         return kafka_bootstrap(cfg, pipeline.source)
 
-    def connection_failure(self, exc: BaseException) -> tuple[bool, str] | None:
+    def connection_failure(self, exc: BaseException) -> tuple[str, str] | None:
         if type(exc).__name__ != "KafkaException" or not exc.args or not hasattr(exc.args[0], "name"):
             return None
         error = exc.args[0]
@@ -104,7 +104,7 @@ class Kafka(SuggestsGrants, Source):
         if quick:
             # A page or `status`: a broker that is down is said at once, in a note, not logged per retry.
             check_reachable(conf["bootstrap.servers"])
-            conf.update({"socket.timeout.ms": 3000, "log_level": 2})
+            conf.update({"socket.timeout.ms": "3000", "log_level": "2"})
         try:
             return kafka_counts(conf, pipeline.source, positions, lake.published(), lake.dead(),
                                 first_run=checkpoint.batch == 0, crashes=checkpoint.meta.get("crashes"),

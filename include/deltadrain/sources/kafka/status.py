@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from deltadrain.config import KafkaSource, PipelineConfig
 from deltadrain.sources import SourceNote
+from deltadrain.sources.kafka.client import kafka_source
 
 NO_TOPIC = "no_topic"
 
@@ -44,7 +45,9 @@ def kafka_counts(conf: dict, source: KafkaSource, positions: dict[str, str], pub
     starts, gap_list = start_offsets(positions, marks, source.starting_offsets, first_run, complete)
     gaps = {g.partition: g.as_dict() for g in gap_list}
     now_ms = int(time.time() * 1000)
-    partitions, claimed_by, dead_runs = {}, {}, []
+    partitions: dict[str, dict] = {}
+    claimed_by: dict[str, dict] = {}
+    dead_runs: list = []
     for part, (low, high) in sorted(marks.items()):
         key = str(part)
         offset, meta = group.get(part, (None, None))
@@ -57,9 +60,9 @@ def kafka_counts(conf: dict, source: KafkaSource, positions: dict[str, str], pub
         partitions[key] = {"earliest": low, "end_offset": high,
                            "lake_checkpoint": int(positions[key]) if key in positions else None,
                            "pending": high - starts[part] - held, "claimed": held,
-                           "claimed_range": notice["range"] if held else None, "group_offset": offset,
+                           "claimed_range": notice["range"] if held and notice else None, "group_offset": offset,
                            "gap": gaps.get(part), "published": published.get(key, 0), "dead": dead.get(key, 0)}
-        if held:
+        if held and notice is not None:  # a claim is known only from a notice
             run = claimed_by.setdefault(notice["run"], {"claimed": 0, "idle_ms": now_ms - notice["since_ms"],
                                                         "ranges": {}})
             run["claimed"] += held
@@ -111,7 +114,7 @@ def missing_topic(pipeline: PipelineConfig, positions: dict[str, str]) -> dict:
     """The counts of a pipeline whose topic the broker does not know (pure): nothing to drain, and a
     note that says why and what to do. A topic the lake's checkpoint holds offsets of was there and
     is gone: that is no state to wait out, and is raised as a SourceNote."""
-    topic = pipeline.source.topic
+    topic = kafka_source(pipeline).topic
     if positions:
         raise SourceNote(f"topic '{topic}' does not exist on the broker, yet the lake's checkpoint holds offsets of "
                          f"it ({positions}): it was deleted after batches were drained from it; check the broker")

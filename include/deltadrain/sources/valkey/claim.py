@@ -204,7 +204,9 @@ def record_batch(chunk: Entries, decoder: BatchDecoder, arrow_schema):
     except pa.ArrowInvalid:  # above 2^63 - 1
         fits = False
     if not fits:
-        raise ValueError(unstorable_id_message(chunk.stream, unstorable_id(chunk.positions)))
+        position = unstorable_id(chunk.positions)
+        assert position is not None  # the same bounds, checked one id at a time
+        raise ValueError(unstorable_id_message(chunk.stream, position))
     cols = {"_dd_partition": pa.array([chunk.stream] * n, pa.string()),
             "_dd_position": positions, "_dd_pos_hi": ms, "_dd_pos_lo": seq,
             "_dd_source_ts": ms.cast(pa.timestamp("ms", tz="UTC")),
@@ -328,9 +330,10 @@ def payload_of(fields: list | dict | None, name: bytes):
     cluster client parses replies on its nodes' connections: there an entry's fields come as a dict."""
     if isinstance(fields, dict):
         return fields.get(name)
-    for i in range(0, len(fields or ()) - 1, 2):
-        if fields[i] == name:
-            return fields[i + 1]
+    items = fields or []
+    for i in range(0, len(items) - 1, 2):
+        if items[i] == name:
+            return items[i + 1]
     return None
 
 

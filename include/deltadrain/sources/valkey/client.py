@@ -3,6 +3,8 @@ and the counts of a consumer group that every Valkey step reads."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from deltadrain.config import DeltadrainConfig, PipelineConfig, ValkeySource
 from deltadrain.positions import StreamId
 from deltadrain.secrets import Credentials, credentials
@@ -51,8 +53,8 @@ def valkey_url(cfg: DeltadrainConfig, source: ValkeySource) -> str:
 def seed_urls(cfg: DeltadrainConfig, source: ValkeySource) -> list[str]:
     """The URLs the config names, else the embedded server's (or, with cluster: true, the embedded
     cluster's nodes)."""
-    if source.url:
-        return source.seed_urls()
+    if urls := source.seed_urls():
+        return urls
     from deltadrain.config.embedded import ports, valkey_cluster_seeds
 
     if source.cluster:
@@ -81,7 +83,8 @@ def connect(urls: str, cluster: bool, username: str | None, password: str | None
     CAs) and name the host."""
     import valkey
 
-    creds = {"password": password, **({"username": username} if username and password else {})}
+    # Connection keywords: valkey-py hands them to each node's connection (typed there, not here).
+    creds: dict[str, Any] = {"password": password, **({"username": username} if username and password else {})}
     if any(u.strip().startswith(("valkeys://", "rediss://")) for u in urls.split(",")):
         # valkey-py checks the chain by default, not the name: a certificate of another host would pass.
         opts["ssl_check_hostname"] = True
@@ -134,9 +137,16 @@ def source_credentials(source: ValkeySource) -> Credentials:
     return creds
 
 
-def valkey_client(cfg: DeltadrainConfig, pipeline: PipelineConfig, **kwargs):
+def valkey_source(pipeline: PipelineConfig) -> ValkeySource:
+    """The pipeline's source: the Valkey package is given only pipelines that read streams."""
     source = pipeline.source
-    assert isinstance(source, ValkeySource)
+    if not isinstance(source, ValkeySource):
+        raise TypeError(f"pipeline '{pipeline.name}' reads a {source.kind} source, not Valkey streams")
+    return source
+
+
+def valkey_client(cfg: DeltadrainConfig, pipeline: PipelineConfig, **kwargs):
+    source = valkey_source(pipeline)
     creds = source_credentials(source)
     opts = {"socket_timeout": 30, "socket_connect_timeout": 5, "health_check_interval": 30, **kwargs}
     return connect(valkey_url(cfg, source), source.cluster, creds.username, creds.password, tls_ca(source), **opts)

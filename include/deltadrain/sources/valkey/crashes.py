@@ -193,12 +193,14 @@ def find_split(client, streams: Iterable[str], group: str, min_idle_ms: int, fai
 def count_alone(client, split: Split, failures_key: str) -> int:
     """Before the claim of a split that reads one entry: one more read alone for it (`alone_field`).
     Counted first, so that a run killed while it reads the entry is counted. Returns the count."""
+    assert split.alone is not None  # a split that reads one entry
     stream, entry = split.alone
     return int(client.hincrby(failures_key, alone_field(stream, entry), 1))
 
 
 def uncount_alone(client, split: Split, failures_key: str) -> None:
     """Take back `count_alone`'s count of a run that stopped without dying (it handed its claim back)."""
+    assert split.alone is not None  # a split that reads one entry
     stream, entry = split.alone
     field = alone_field(stream, entry)
     if int(client.hincrby(failures_key, field, -1)) <= 0:

@@ -69,7 +69,7 @@ class Gap:
         return f"{self.partition}\x00{self.kind}\x00{self.first}"
 
     def as_dict(self) -> dict:
-        out = {"partition": self.partition, "kind": self.kind, "from": self.first, "to": self.last,
+        out: dict[str, object] = {"partition": self.partition, "kind": self.kind, "from": self.first, "to": self.last,
                "missing": self.missing, "reason": self.reason}
         if self.ids:
             out["ids"] = list(self.ids)

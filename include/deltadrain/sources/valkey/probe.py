@@ -3,9 +3,9 @@ open gaps, read cheaply (no Spark, no claims)."""
 
 from __future__ import annotations
 
-from deltadrain.config import DeltadrainConfig, PipelineConfig, ValkeySource
+from deltadrain.config import DeltadrainConfig, PipelineConfig
 from deltadrain.sources import Probe
-from deltadrain.sources.valkey.client import as_text, group_counts, valkey_client
+from deltadrain.sources.valkey.client import as_text, group_counts, valkey_client, valkey_source
 from deltadrain.sources.valkey.gaps import as_ranges, count, gaps_key, open_gaps
 
 
@@ -32,7 +32,7 @@ def idle_consumers(client, stream: str, group: str, min_idle_ms: int) -> int:
 
 
 def probe_valkey(cfg: DeltadrainConfig, pipeline: PipelineConfig, client=None) -> Probe:
-    source: ValkeySource = pipeline.source
+    source = valkey_source(pipeline)
     client = client or valkey_client(cfg, pipeline)
     out = Probe(pipeline.name)
     try:

@@ -9,9 +9,11 @@ commit is compare-and-set on the batch sequence, and the MERGE is on the id.
 
 from __future__ import annotations
 
+from typing import Any
+
 from deltadrain.config import DeltadrainConfig, PipelineConfig
 from deltadrain.sources.valkey.acknowledge import claim_held
-from deltadrain.sources.valkey.client import as_text, valkey_client
+from deltadrain.sources.valkey.client import as_text, valkey_client, valkey_source
 from deltadrain.sources.valkey.crashes import RELEASED, REST
 
 REAPER = "deltadrain-reaper"
@@ -19,10 +21,10 @@ PAGE = 1_000
 
 
 def reap(cfg: DeltadrainConfig, pipeline: PipelineConfig, client=None) -> dict:
-    source = pipeline.source
+    source = valkey_source(pipeline)
     client = client or valkey_client(cfg, pipeline)
     idle = pipeline.min_idle_ms
-    report = {"pipeline": pipeline.name, "taken_over": 0, "consumers_removed": [], "streams": {}}
+    report: dict[str, Any] = {"pipeline": pipeline.name, "taken_over": 0, "consumers_removed": [], "streams": {}}
     for stream in source.streams:
         try:
             consumers = client.xinfo_consumers(stream, source.group)

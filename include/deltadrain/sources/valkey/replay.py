@@ -18,16 +18,17 @@ def over_maxlen(maxlen: int | None, sending: dict[str, int], unfinished: dict[st
 def send_back(cfg: DeltadrainConfig, pipeline: PipelineConfig, entries: list[dict]) -> None:
     from collections import Counter
 
-    from deltadrain.sources.valkey.client import VALKEY_FIELD, group_counts, valkey_client
+    from deltadrain.sources.valkey.client import VALKEY_FIELD, group_counts, valkey_client, valkey_source
 
     client = valkey_client(cfg, pipeline)
     # The stream's MAXLEN holds for replayed entries as for produced ones (approximate: whole nodes).
-    maxlen = pipeline.source.maxlen
+    source = valkey_source(pipeline)
+    maxlen = source.maxlen
     trim = {"maxlen": maxlen, "approximate": True} if maxlen else {}
     if maxlen:
         sending = Counter(e["partition"] for e in entries)
         # Entries the group has still to read or acknowledge (without the group: every entry).
-        unfinished = {s: sum(group_counts(client, s, pipeline.source.group)) for s in sending}
+        unfinished = {s: sum(group_counts(client, s, source.group)) for s in sending}
         full = over_maxlen(maxlen, sending, unfinished)
         if full:
             raise ReplayError(f"replay refused, nothing sent: {'; '.join(full)}. Replay fewer at a time (limit), "

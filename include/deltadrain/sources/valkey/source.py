@@ -31,7 +31,7 @@ class Valkey(Reaps, NamesPartitions, Source):
         urls = [urllib.parse.urlsplit(u) for u in valkey_url(cfg, pipeline.source).split(",")]
         return ",".join(f"{url.hostname}:{url.port or 6379}" for url in urls)
 
-    def connection_failure(self, exc: BaseException) -> tuple[bool, str] | None:
+    def connection_failure(self, exc: BaseException) -> tuple[str, str] | None:
         if not type(exc).__module__.startswith("valkey"):
             return None
         import valkey.exceptions as v

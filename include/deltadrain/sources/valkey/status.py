@@ -4,7 +4,7 @@ consumers hold (CLAIMED), the gaps, and the ranges under suspicion that runs whi
 from __future__ import annotations
 
 from deltadrain.config import PipelineConfig, ValkeySource
-from deltadrain.sources.valkey.client import as_text, stream_counts
+from deltadrain.sources.valkey.client import as_text, stream_counts, valkey_source
 from deltadrain.sources.valkey.gaps import as_ranges, open_gaps
 
 
@@ -120,7 +120,7 @@ def valkey_splits(client, pipeline: PipelineConfig) -> list[dict]:
     from deltadrain.sources.valkey.crashes import RESTING, SPLIT_FROM, SUSPECT, reclaimable, segments
     from deltadrain.sources.valkey.drain import failures_key
 
-    source: ValkeySource = pipeline.source
+    source = valkey_source(pipeline)
     key = failures_key(pipeline.name)
     found = segments((s, i, n, kind) for s, i, n, kind, _ in
                      reclaimable(client, source.streams, source.group, pipeline.min_idle_ms, key, own=""))
