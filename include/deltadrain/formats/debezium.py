@@ -161,8 +161,8 @@ def parse_json(value: bytes | None, key: bytes | None, *, key_columns: tuple[str
             return wrong
     if value is None:
         return parse_record(None, record_key, key_columns=key_columns)
-    if (wrong := size_error(value, max_bytes if max_bytes is not None else len(value))) is not None:
-        return _bad(wrong.error_type, wrong.error)
+    if (refused := size_error(value, max_bytes if max_bytes is not None else len(value))) is not None:
+        return Parsed(None, refused.error_type, refused.error)
     envelope, wrong = _json_object(value, "payload")
     if wrong is not None:
         return wrong

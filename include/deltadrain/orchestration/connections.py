@@ -19,7 +19,7 @@ def airflow_connection(conn_id: str) -> ConnectionFields | None:
 
     try:
         conn = BaseHook.get_connection(conn_id)
-    except Exception:  # noqa: BLE001 - not found, or no Airflow to ask: the caller names what is missing
+    except Exception:  # not found, or no Airflow to ask: the caller names what is missing
         return None
     return {"conn_type": conn.conn_type, "host": conn.host, "port": conn.port, "schema": conn.schema,
             "login": conn.login, "password": conn.password, "extra": conn.extra_dejson}

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any, cast
 
 from deltadrain.dev.bench.measure import (
     _rss_kib,
@@ -75,7 +76,7 @@ def phase_drain(cfg, pipeline, spark, server_group: int | None = None, connect_p
     def cpu() -> dict:
         return phase_cpu(server_group, spark, connect_pid)
 
-    runs = []
+    runs: list[dict[str, Any]] = []
     cpu_before = cpu()
     started = time.monotonic()
     while True:
@@ -160,12 +161,13 @@ def phase_structured_streaming(cfg, pipeline, spark, workdir: Path, server_group
     local driver and, with `connect_pid`, in the Spark Connect server's Python worker that runs a
     Connect client's foreachBatch."""
     from pyspark.sql import functions as F
-    from pyspark.sql.types import _parse_datatype_string
+    from pyspark.sql.types import StructType, _parse_datatype_string
 
     from deltadrain.sources.kafka.client import kafka_spark_options
 
     schema = pipeline.payload_schema
-    payload = _parse_datatype_string(", ".join(f"`{n}` {t}" for n, t in schema.fields.items()))
+    # A list of fields parses to a StructType.
+    payload = cast(StructType, _parse_datatype_string(", ".join(f"`{n}` {t}" for n, t in schema.fields.items())))
     target = str(workdir / "ss-target")
     app_id = f"{pipeline.name}-ss"
     stream = (spark.readStream.format("kafka").options(**kafka_spark_options(cfg, pipeline))
@@ -340,7 +342,7 @@ def phase_single_process(cfg, pipeline, workdir: Path, group: str) -> dict:
     # Spark driver's JVM start is.
     pj.read_json(io.BytesIO(b'{"%s": "x", "event_time": "2026-01-01T00:00:00Z"}' % id_field.encode()),
                  parse_options=parse)
-    runs = []
+    runs: list[dict[str, Any]] = []
     cpu_before = cpu_by_role()
     started = time.monotonic()
     while True:
@@ -399,7 +401,7 @@ def run_phase(phase: str, config: str, pipeline_name: str, workdir: str, arg: in
         from deltadrain.config.embedded import spark_connect_url
         from deltadrain.runtime.session import connect_session
 
-        connect_pid = services.FACTORIES["spark_connect"](cfg).pid()
+        connect_pid = services.spark_connect_service(cfg).pid()
         session = connect_session(spark_connect_url(cfg), purpose="deltadrain bench")
         if phase == "drain_connect":
             out = phase_drain(cfg, pipeline, session, group, connect_pid=connect_pid)

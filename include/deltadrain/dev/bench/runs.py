@@ -150,9 +150,9 @@ def run_lake_bench(source: str, count: int, partitions: int, batch: int, workdir
     with bench_source(cfg, pipeline), services.running(cfg, ["s3"]):
         if source == "kafka":
             from deltadrain.dev.produce import ensure_topic
-            from deltadrain.sources.kafka.client import kafka_client_conf
+            from deltadrain.sources.kafka.client import kafka_client_conf, kafka_source
 
-            ensure_topic(kafka_client_conf(cfg, pipeline), pipeline.source.topic, partitions)
+            ensure_topic(kafka_client_conf(cfg, pipeline), kafka_source(pipeline).topic, partitions)
         report["produce"] = _step("produce", lambda: produce(cfg, pipeline, count, seed=7, progress=True).count)
         report["disk"] = phase("drain into a lake on the local disk", local)
         report["s3"] = phase("drain into a lake on the local S3 server", on_s3)

@@ -59,7 +59,7 @@ def _drop_source(cfg, pipeline) -> None:
         return
     from confluent_kafka.admin import AdminClient
 
-    admin = AdminClient(kafka_client_conf(cfg, pipeline))
+    admin = AdminClient({**kafka_client_conf(cfg, pipeline)})
     for fut in admin.delete_topics([pipeline.source.topic]).values():
         with contextlib.suppress(Exception):  # never created (the run failed before producing)
             fut.result(30)
