@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import cast
 
 from deltadrain.config import DeltadrainConfig, KafkaSource, PipelineConfig, ValkeySource
+from deltadrain.config.payload import AvroSettings, ProtobufSettings
+from deltadrain.errors import ConfigError
 from deltadrain.sources.valkey.client import VALKEY_FIELD
 from deltadrain.transforms import POISON_MARKER
 
@@ -107,16 +109,31 @@ def _malformed(kind: str, rng: random.Random, eid: str, when: datetime, max_byte
     return json.dumps(good).encode()
 
 
+def _avro(pipeline: PipelineConfig) -> AvroSettings:
+    """The pipeline's `avro:` block, which produce writes Avro by."""
+    if (avro := pipeline.payload_schema.avro) is None:
+        raise ConfigError(f"pipeline '{pipeline.name}': `produce` writes Avro by schema.avro (its schema_file)")
+    return avro
+
+
+def _protobuf(pipeline: PipelineConfig) -> ProtobufSettings:
+    """The pipeline's `protobuf:` block, which produce writes Protobuf by."""
+    if (protobuf := pipeline.payload_schema.protobuf) is None:
+        raise ConfigError(f"pipeline '{pipeline.name}': `produce` writes Protobuf by schema.protobuf "
+                          "(its descriptor_file and message)")
+    return protobuf
+
+
 def avro_error_type(pipeline: PipelineConfig, kind: str) -> str:
     """The DLQ error type of a bad kind in this Avro pipeline: JSON text fails the Confluent frame first."""
-    if kind == "not_avro" and pipeline.payload_schema.avro.wire == "confluent":
+    if kind == "not_avro" and _avro(pipeline).wire == "confluent":
         return "wrong_magic_byte"
     return AVRO_MALFORMED[kind]
 
 
 def avro_bad_kinds(pipeline: PipelineConfig) -> tuple[str, ...]:
     """The bad kinds produce writes into this Avro pipeline."""
-    confluent = pipeline.payload_schema.avro.wire == "confluent"
+    confluent = _avro(pipeline).wire == "confluent"
     return tuple(k for k in AVRO_MALFORMED if confluent or k not in ("wrong_magic_byte", "unknown_schema_id"))
 
 
@@ -129,11 +146,13 @@ class _AvroWriter:
 
         from deltadrain.formats.avro import kinds_of, load_schema, named_types
 
-        spec = pipeline.payload_schema
-        self.schema = fastavro.parse_schema(load_schema(Path(spec.avro.schema_file)))
+        avro = _avro(pipeline)
+        assert avro.schema_file is not None  # `generate` checked it
+        self.schema = cast(dict, fastavro.parse_schema(load_schema(Path(avro.schema_file))))  # a record's
         names = named_types(self.schema, {})
         self.kinds = {f["name"]: kinds_of(f["type"], names) for f in self.schema["fields"]}
-        self.wire, self.schema_id, self.registry = spec.avro.wire, spec.avro.schema_id, spec.registry is not None
+        self.wire, self.schema_id = avro.wire, avro.schema_id
+        self.registry = pipeline.payload_schema.registry is not None
 
     def record(self, payload: dict) -> dict:
         out = {}
@@ -179,7 +198,7 @@ PROTOBUF_MALFORMED = {"empty": "empty", "truncated": "truncated", "not_protobuf"
 
 def protobuf_error_type(pipeline: PipelineConfig, kind: str) -> str:
     """The DLQ error type of a bad kind in this Protobuf pipeline: JSON text fails the Confluent frame first."""
-    if kind == "not_protobuf" and pipeline.payload_schema.protobuf.wire == "confluent":
+    if kind == "not_protobuf" and _protobuf(pipeline).wire == "confluent":
         return "wrong_magic_byte"
     return PROTOBUF_MALFORMED[kind]
 
@@ -195,7 +214,7 @@ class _ProtobufWriter:
         assert payload is not None  # a Protobuf schema's
         self.payload = payload
         self.kinds = {f.name: kind_of(f) for f in self.payload.descriptor().fields}
-        self.wire = pipeline.payload_schema.protobuf.wire
+        self.wire = _protobuf(pipeline).wire
 
     def record(self, payload: dict) -> dict:
         out = {}
@@ -257,8 +276,6 @@ def _generate_encoded(pipeline, count, seed, malformed_ratio, poison_ratio, star
     spec = pipeline.payload_schema
     field = "avro.schema_file" if spec.format == "avro" else "protobuf.descriptor_file"
     if (spec.avro.schema_file if spec.format == "avro" else spec.protobuf.descriptor_file) is None:
-        from deltadrain.errors import ConfigError
-
         # With a registry alone there is no schema here to write with; the producers own it.
         raise ConfigError(f"pipeline '{pipeline.name}' reads its writers' schemas from the registry at "
                           f"{spec.registry.url}: `produce` needs schema.{field} to write with")
@@ -322,12 +339,14 @@ def with_registered_schema(pipeline: PipelineConfig) -> PipelineConfig:
     """An Avro pipeline that reads a registry and has a schema file but no fixed id: the file registered
     under its subject, and the pipeline as `produce` writes with that id, as a producer's serializer does."""
     spec = pipeline.payload_schema
-    if spec.registry is None or spec.format != "avro" or spec.avro.schema_file is None \
+    if spec.registry is None or spec.format != "avro" or spec.avro is None or spec.avro.schema_file is None \
             or spec.avro.schema_id is not None:
         return pipeline
     from deltadrain.formats.registry import register, registry_of
 
-    schema_id = register(registry_of(spec), subject_of(pipeline), Path(spec.avro.schema_file).read_text())
+    registry = registry_of(spec)
+    assert registry is not None  # spec.registry is set
+    schema_id = register(registry, subject_of(pipeline), Path(spec.avro.schema_file).read_text())
     avro = spec.avro.model_copy(update={"schema_id": schema_id})
     return pipeline.model_copy(update={"payload_schema": spec.model_copy(update={"avro": avro})})
 

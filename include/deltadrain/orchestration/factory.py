@@ -214,6 +214,7 @@ def replay_params(cfg: DeltadrainConfig) -> dict[str, Param]:
     names = [p.name for p in cfg.pipelines]
     streams = [key for p in cfg.pipelines if isinstance(source := source_of(p), NamesPartitions)
                for key in source.partition_names(p)]
+    examples: dict[str, Any] = {"examples": streams} if streams else {}
     position = r"^[0-9]+(-[0-9]+)?$"
     return {
         # No default: a trigger that names no pipeline is refused, never replayed on the YAML's first one.

@@ -85,6 +85,7 @@ def gx_expectation(check: Check, index: int, now: datetime):
     if check.kind == "in_set":
         return ex.ExpectColumnValuesToBeInSet(column=check.column, value_set=list(check.values), meta=meta)
     if check.kind == "type":
+        assert check.type is not None  # the config requires it of this kind
         return ex.ExpectColumnValuesToBeOfType(column=check.column, type_=SPARK_TYPE_CLASS[check.type], meta=meta)
     if check.kind == "exists":
         return ex.ExpectColumnToExist(column=check.column, meta=meta)

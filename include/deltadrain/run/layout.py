@@ -57,13 +57,17 @@ def writer_fields(pipeline: PipelineConfig) -> dict[str, tuple[str | None, str]]
     if schema.format == "protobuf":
         from deltadrain.formats.protobuf import kind_of, load_descriptor
 
-        _, desc = load_descriptor(Path(schema.protobuf.descriptor_file), schema.protobuf.message)
+        given = schema.protobuf
+        # The config requires both without a registry.
+        assert given is not None and given.descriptor_file is not None and given.message is not None
+        _, desc = load_descriptor(Path(given.descriptor_file), given.message)
         return protobuf_writer({fd.name: kind_of(fd) for fd in desc.fields})
     import fastavro
 
     from deltadrain.formats.avro import kinds_of, load_schema, named_types
 
-    parsed = fastavro.parse_schema(load_schema(Path(schema.avro.schema_file)))
+    assert schema.avro is not None and schema.avro.schema_file is not None  # the config requires it without a registry
+    parsed = cast(dict, fastavro.parse_schema(load_schema(Path(schema.avro.schema_file))))  # a record's schema
     names = named_types(parsed, {})
     return avro_writer({f["name"]: kinds_of(f["type"], names) for f in parsed["fields"]})
 

@@ -374,10 +374,11 @@ def spark_cluster_service(cfg: DeltadrainConfig) -> Service:
     return spark_cluster_service(cfg)
 
 
-FACTORIES = {"valkey": valkey_service, "valkey_tls": valkey_tls_service, "valkey_cluster": valkey_cluster_service, "kafka": kafka_service,
-             "postgres": postgres_service, "debezium": debezium_service,
-             "s3": s3_service, "registry": registry_service, "spark_cluster": spark_cluster_service,
-             "spark_connect": spark_connect_service, "airflow": airflow_service}
+FACTORIES: dict[str, Callable[[DeltadrainConfig], Service | ValkeyClusterService]] = {
+    "valkey": valkey_service, "valkey_tls": valkey_tls_service, "valkey_cluster": valkey_cluster_service,
+    "kafka": kafka_service, "postgres": postgres_service, "debezium": debezium_service, "s3": s3_service,
+    "registry": registry_service, "spark_cluster": spark_cluster_service, "spark_connect": spark_connect_service,
+    "airflow": airflow_service}
 
 
 def defaults(cfg: DeltadrainConfig | None) -> list[str]:

@@ -20,7 +20,7 @@ class Valkey(Reaps, NamesPartitions, Source):
     def reads(self, pipeline) -> list[str]:
         return list(pipeline.source.streams)
 
-    def partition_names(self, pipeline) -> list[str] | None:
+    def partition_names(self, pipeline) -> list[str]:
         return list(pipeline.source.streams)
 
     def address(self, cfg, pipeline) -> str:
