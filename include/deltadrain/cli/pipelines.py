@@ -101,7 +101,7 @@ def _quality(args) -> int:
     from deltadrain.quality.errors import BatchesFailed, QualityFailed
 
     cfg, pipeline, spark = _pipeline_session(args, "quality")
-    failed = None
+    failed: QualityFailed | BatchesFailed | None = None
     try:
         if args.table:
             out = check_table(cfg, pipeline, spark).as_dict()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from datetime import timedelta
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, model_validator
 
@@ -84,7 +84,10 @@ def resolve_path(value: str, config_file: Path | None) -> str:
     return str(path.resolve())
 
 
-def with_paths_resolved(model: BaseModel, config_file: Path | None) -> BaseModel:
+M = TypeVar("M", bound=BaseModel)
+
+
+def with_paths_resolved(model: M, config_file: Path | None) -> M:
     """`model` with every path field (ConfigPath), in it and in the models it holds, made absolute."""
     def resolved(value, field=None):
         if field is not None and RELATIVE_TO_CONFIG in field.metadata:

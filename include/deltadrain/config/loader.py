@@ -91,39 +91,43 @@ def _check_files(p: PipelineConfig, source: Path) -> None:
     field when one is missing, is not what its field wants, or cannot fill the declared fields."""
     schema = p.payload_schema
     where = f"{source}: pipeline '{p.name}', field 'schema."
-    if schema.format == "avro" and schema.avro.schema_file is not None:  # None: the registry gives each writer
-        from deltadrain.formats.avro import field_problems, load_schema
+    # A format's block is given for that format alone (SchemaConfig's validation).
+    if schema.avro is not None and schema.avro.schema_file is not None:  # None: the registry gives each writer
+        from deltadrain.formats.avro import field_problems as avro_problems
+        from deltadrain.formats.avro import load_schema
 
         path = schema.avro.schema_file
         try:
-            problems = field_problems(load_schema(Path(path)), schema.fields, schema.id_field)
+            problems = avro_problems(load_schema(Path(path)), schema.fields, schema.id_field)
         except ValueError as exc:
             raise ConfigError(f"{where}avro.schema_file': {exc}") from None
         if problems:
             raise ConfigError(f"{where}avro.schema_file': {path} cannot fill schema.fields: " + "; ".join(problems))
-    if schema.format == "protobuf" and schema.protobuf.descriptor_file is not None:
-        from deltadrain.formats.protobuf import field_problems, load_descriptor
+    proto = schema.protobuf
+    if proto is not None and proto.descriptor_file is not None:
+        from deltadrain.formats.protobuf import field_problems as protobuf_problems
+        from deltadrain.formats.protobuf import load_descriptor
 
-        proto = schema.protobuf
+        assert proto.message is not None, "SchemaConfig's validation wants a message with a descriptor_file"
         try:
             _, desc = load_descriptor(Path(proto.descriptor_file), proto.message)
         except ValueError as exc:
             raise ConfigError(f"{where}protobuf.descriptor_file': {exc}") from None
-        problems = field_problems(desc, schema.fields, schema.id_field)
+        problems = protobuf_problems(desc, schema.fields, schema.id_field)
         if problems:
             raise ConfigError(f"{where}protobuf.descriptor_file': message {proto.message} cannot fill "
                               "schema.fields: " + "; ".join(problems))
     if schema.registry is not None and schema.registry.ca_file is not None:
         import ssl
 
-        path = Path(schema.registry.ca_file)
+        ca_file = Path(schema.registry.ca_file)
         try:
-            ssl.create_default_context(cadata=path.read_text())
+            ssl.create_default_context(cadata=ca_file.read_text())
         except OSError as exc:  # ssl.SSLError too
-            raise ConfigError(f"{where}registry.ca_file': {path} is not a readable PEM file of CA certificates "
+            raise ConfigError(f"{where}registry.ca_file': {ca_file} is not a readable PEM file of CA certificates "
                               f"({exc.strerror or exc})") from None
         except ValueError as exc:  # text without a certificate in it
-            raise ConfigError(f"{where}registry.ca_file': {path} holds no PEM certificate ({exc})") from None
+            raise ConfigError(f"{where}registry.ca_file': {ca_file} holds no PEM certificate ({exc})") from None
 
 
 def _check_targets(cfg: DeltadrainConfig, source: Path) -> None:

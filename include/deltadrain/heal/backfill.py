@@ -225,9 +225,7 @@ def backfill(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, start: date
 
     scratch = staging_dir(run_id, cfg.lake_dir())
     try:
-        # Source.read_interval takes the lake's LakeUrl too; its annotation says Path (sources/__init__.py).
-        claimed, summary.gaps = source_of(pipeline).read_interval(spark, cfg, pipeline, start, end,
-                                                                  scratch)  # type: ignore[arg-type]
+        claimed, summary.gaps = source_of(pipeline).read_interval(spark, cfg, pipeline, start, end, scratch)
         summary.read = claimed.count()
         # A dead letter is out of the target on purpose (a poison message that killed runs, a transform
         # failure). Decoded afresh with the transform since fixed it would be inserted beside its DEAD

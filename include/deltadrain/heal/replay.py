@@ -302,10 +302,8 @@ def reprocess(cfg, pipeline: PipelineConfig, spark, request: ReplayRequest, resu
         return
     scratch = staging_dir(result.run_id, cfg.lake_dir())
     try:
-        # Source.read_places takes the lake's LakeUrl too; its annotation says Path (sources/__init__.py).
         history = source_of(pipeline).read_places(spark, cfg, pipeline,
-                                                    [(r["_dd_partition"], r["_dd_position"]) for r in picked],
-                                                    scratch)  # type: ignore[arg-type]
+                                                    [(r["_dd_partition"], r["_dd_position"]) for r in picked], scratch)
         found = {(r._dd_partition, r._dd_position) for r in history.select("_dd_partition", "_dd_position").collect()}
         result.skipped += [{"partition": r["_dd_partition"], "position": r["_dd_position"],
                             "reason": "no longer retained by the source"}

@@ -16,7 +16,7 @@ import threading
 import time
 from dataclasses import replace
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, final
+from typing import TYPE_CHECKING, Generic, final
 
 from deltadrain import failpoints
 from deltadrain.config import DeltadrainConfig, PipelineConfig
@@ -49,6 +49,7 @@ from deltadrain.run.rows import (
 )
 from deltadrain.run.stage import BatchStats
 from deltadrain.run.steps import (
+    Detail,
     Gaps,
     Leases,
     MirrorsCheckpoint,
@@ -87,13 +88,14 @@ def ended_as_killed(exc: BaseException) -> bool:
     return failpoints.abandons(exc) or _KILLED.is_set() or not isinstance(exc, Exception)
 
 
-class Drain(abc.ABC):
+class Drain(abc.ABC, Generic[Detail]):
     """One run. Construct, then call `run()`; the summary is returned, and printed by the callers.
 
     `run` is the only entry and holds the order (`_steps`); a subclass supplies the abstract steps,
     may override the hooks (`before_held`, `backlog_total`) and mix in capabilities (`run.steps`), and
-    cannot override `run`. The parts that need Spark and the lake (`read_checkpoint`, `publish`,
-    `record_metrics`) are methods too: a test of the order stands them in (tests/unit/test_drain_order.py)."""
+    cannot override `run`; its type parameter is the source's own plan (`RunPlan.detail`). The parts
+    that need Spark and the lake (`read_checkpoint`, `publish`, `record_metrics`) are methods too: a
+    test of the order stands them in (tests/unit/test_drain_order.py)."""
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -125,21 +127,21 @@ class Drain(abc.ABC):
     # -- the steps a source supplies --------------------------------------------------------------
 
     @abc.abstractmethod
-    def plan(self, checkpoint: Checkpoint) -> RunPlan:
+    def plan(self, checkpoint: Checkpoint) -> RunPlan[Detail]:
         """What this run claims after `checkpoint`: reads of the source only, nothing claimed (the
         batch cap, what runs that died left, the source's gaps)."""
 
     @abc.abstractmethod
-    def claim(self, plan: RunPlan) -> Staged:
+    def claim(self, plan: RunPlan[Detail]) -> Staged:
         """Claim and stage the planned batch in exactly one job (no later step goes back to the
         source for it); counts what it took over again in `summary.reclaimed`."""
 
     @abc.abstractmethod
-    def gaps(self, plan: RunPlan, staged: Staged | None) -> Gaps:
+    def gaps(self, plan: RunPlan[Detail], staged: Staged | None) -> Gaps:
         """The gaps this run meets: before its claim (`staged` None) and after it."""
 
     @abc.abstractmethod
-    def acknowledge(self, plan: RunPlan, staged: Staged | None, keep: frozenset[tuple[str, str]]) -> int:
+    def acknowledge(self, plan: RunPlan[Detail], staged: Staged | None, keep: frozenset[tuple[str, str]]) -> int:
         """After a committed (or already committed) batch: acknowledge what it holds, the messages of
         `staged` (None: the commit carried positions or gaps alone) but the culprits in `keep`, left
         for another attempt; `summary.positions` is the checkpoint committed. Returns how many."""
@@ -204,14 +206,14 @@ class Drain(abc.ABC):
             self._stop_at(gaps, plan, expected, staged)
         elif gaps:
             self.commit_extra["gaps"] = gaps.ranges
+        batch = staged if s.claimed else None  # what the commit holds (a claim may take nothing)
         # The checkpoint never stays behind a message the batch holds.
-        s.positions = merge_positions(plan.positions, staged.positions) if s.claimed else dict(plan.positions)
+        s.positions = merge_positions(plan.positions, batch.positions) if batch is not None else dict(plan.positions)
         if not (s.claimed or gaps or plan.commits_alone):
             s.batch, s.positions = expected, dict(plan.start)
             if isinstance(self, MirrorsCheckpoint):
                 self.mirror_checkpoint(s.positions)
             return
-        batch = staged if s.claimed else None
         try:
             result, pending = self.publish(batch, expected)
         except BatchFailure:
@@ -230,7 +232,7 @@ class Drain(abc.ABC):
             s.released = self.release(staged)
         self.refuse(result, expected)
 
-    def _claim(self, plan: RunPlan) -> Staged:
+    def _claim(self, plan: RunPlan[Detail]) -> Staged:
         s = self.summary
         try:
             staged = self.claim(plan)
@@ -254,7 +256,7 @@ class Drain(abc.ABC):
         for gap in gaps.ranges:
             log.warning("%s", fields(step="gap", **gap))
 
-    def _stop_at(self, gaps: Gaps, plan: RunPlan, expected: int, staged: Staged | None = None) -> None:
+    def _stop_at(self, gaps: Gaps, plan: RunPlan[Detail], expected: int, staged: Staged | None = None) -> None:
         """on_gap: fail. A run that meets a gap commits nothing: it releases what it claimed and stops
         with an error naming the gaps (status and the Airflow view show them until a run under
         on_gap: continue carries them in its commit)."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from deltadrain.formats.registry import failure_line
 
@@ -15,8 +15,12 @@ if TYPE_CHECKING:
     from deltadrain.run.stage import Staged
 
 
+# The source's own plan (Valkey: quotas per stream; Kafka: offset ranges), which only its steps read.
+Detail = TypeVar("Detail")
+
+
 @dataclass(frozen=True)
-class RunPlan:
+class RunPlan(Generic[Detail]):
     """What a source found before claiming (`Drain.plan`); the steps after it only read it."""
 
     start: dict[str, str]  # where the lake's checkpoint stands, in the source's terms: a run that commits nothing reports it
@@ -24,10 +28,10 @@ class RunPlan:
     # claimed in each partition (Kafka: each range's end, fixed before reading).
     positions: dict[str, str]
     claims: bool  # there is something to claim
+    detail: Detail  # the source's own plan (quotas, offset ranges), for its later steps
     # A commit is due even without rows: the positions move without any (Kafka: a range holding no
     # readable record, the first run under `starting_offsets: latest`).
     commits_alone: bool = False
-    detail: object = None  # the source's own plan (quotas, offset ranges), for its later steps
 
 
 @dataclass(frozen=True)
@@ -37,7 +41,8 @@ class Gaps:
     ranges: list = field(default_factory=list)  # as the summary and the commit metadata list them
     missing: int = 0  # the summary's count
     said: str = ""  # what a run that stops on them (on_gap: fail) says of them
-    found: object = None  # the source's own record of them (what a RecordsGaps source forgets)
+    # The source's own record of them, field -> value as it keeps them (what a RecordsGaps source forgets).
+    found: dict[str, str] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
         return bool(self.ranges)

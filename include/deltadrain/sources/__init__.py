@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from deltadrain.config import DeltadrainConfig, PipelineConfig
+    from deltadrain.config.lakeurl import LakeUrl
     from deltadrain.lake.checkpoint import Checkpoint
     from deltadrain.run.summary import RunSummary
 
@@ -114,13 +115,13 @@ class Source(abc.ABC):
 
     @abc.abstractmethod
     def read_interval(self, spark, cfg: DeltadrainConfig, pipeline: PipelineConfig, start: datetime,
-                      end: datetime, scratch: Path):
+                      end: datetime, scratch: Path | LakeUrl):
         """(claim-shaped rows of what the source retains of [start, end), [gaps it found]), claiming
         and acknowledging nothing (backfill)."""
 
     @abc.abstractmethod
     def read_places(self, spark, cfg: DeltadrainConfig, pipeline: PipelineConfig, places: list[tuple[str, str]],
-                    scratch: Path):
+                    scratch: Path | LakeUrl):
         """Claim-shaped rows of the retained messages at these (partition, position) (reprocess)."""
 
     @abc.abstractmethod

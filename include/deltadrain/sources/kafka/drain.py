@@ -34,6 +34,7 @@ from deltadrain.sources.kafka.client import (
     check_secured,
     kafka_client_conf,
     kafka_consumer_conf,
+    kafka_source,
     kafka_spark_options,
 )
 from deltadrain.sources.kafka.consume import RangeReadError, consume_ranges
@@ -86,6 +87,11 @@ READ_HERE_MAX = 400_000
 
 def read_here(offsets: int) -> bool:
     return offsets <= READ_HERE_MAX
+
+
+# A row decided before decoding (`BatchDecoder.columns`' preset): (message id, error type, error,
+# original bytes, first failure).
+Preset = tuple[str | None, str | None, str | None, bytes | None, datetime | None]
 
 
 @dataclass(frozen=True)
@@ -150,13 +156,15 @@ def kafka_batch(ctx: DecodeContext, decoder: BatchDecoder, arrow_schema, batch):
     values = batch.column("value").to_pylist()
     places = list(zip(parts, offsets, strict=True))
     replayed = replay_ids(batch.column("replay_id")) if "replay_id" in batch.schema.names else {}
+    fallback: list[str | None]
     if ctx.id_from == "field":  # no id in the payload: a dead letter, whatever its place
         fallback = [None] * n
     else:
         fallback = [f"{ctx.topic}-{part}-{offset}" for part, offset in places]
         for i, message_id in replayed.items():
             fallback[i] = message_id
-    preset = {i: (fallback[i], "tombstone", TOMBSTONE, None, None) for i, value in enumerate(values) if value is None}
+    preset: dict[int, Preset] = {i: (fallback[i], "tombstone", TOMBSTONE, None, None)
+                                 for i, value in enumerate(values) if value is None}
     message_ids = None
     if ctx.id_from in ("key", "header"):
         # The key or header is the identity; without one (null key, missing header), the record's place is.
@@ -172,8 +180,7 @@ def kafka_batch(ctx: DecodeContext, decoder: BatchDecoder, arrow_schema, batch):
     if ctx.dead_runs:
         for i, (part, offset) in enumerate(places):
             record = ctx.dead_runs.get(part)
-            seg = record.at(offset) if record else None
-            if seg is None:
+            if record is None or (seg := record.at(offset)) is None:
                 continue
             alone = record.alone_at(offset)
             if convicted(alone, attempts[i] - 1, ctx.max_retries) and i not in preset:
@@ -214,14 +221,17 @@ def read_ranges(spark, cfg: DeltadrainConfig, p: PipelineConfig, ranges: dict[in
     comes from the key (False is for benchmarks)."""
     from pyspark.sql import functions as F
 
-    source: KafkaSource = p.source
+    source = kafka_source(p)
     topic = source.topic
-    payload = payload_of(p.payload_schema)  # key_format avro: a registry pipeline, whose keys it reads too
+    payload = payload_of(p.payload_schema)
+    key_registry = None
+    if source.key_format == "avro":  # a registry pipeline (PipelineConfig's validation), whose keys it reads too
+        assert payload is not None, "a registry's payloads are Avro or Protobuf, never JSON"
+        key_registry = payload.registry
     ctx = DecodeContext(topic, dict(p.payload_schema.fields), p.payload_schema.id_field,
                         list(p.payload_schema.required), p.max_message_bytes, source.id_from,
                         source.id_header, attempts, dead_runs or {}, p.max_retries, payload,
-                        p.payload_schema.evolved_columns, p.payload_schema.collects_new_fields,
-                        payload.registry if source.key_format == "avro" else None)
+                        p.payload_schema.evolved_columns, p.payload_schema.collects_new_fields, key_registry)
     total = sum(end - start for start, end in ranges.values())
     # Text keys read no headers: a replayed record carries its identity in its key. An Avro key's copy
     # has none (the id would need the key's schema), so it carries the id in the replay header.
@@ -252,7 +262,7 @@ def read_ranges(spark, cfg: DeltadrainConfig, p: PipelineConfig, ranges: dict[in
                  claim_schema(p), p.payload_schema.id_field, staged)
 
 
-class KafkaDrain(MirrorsCheckpoint, Notices, Drain):
+class KafkaDrain(MirrorsCheckpoint, Notices, Drain[Plan]):
     """Claims a fixed offset range per partition, announced by claim notices on the group offsets
     (`Notices`); acknowledges by committing the group offsets, the lake's checkpoint mirrored for lag
     tools (`MirrorsCheckpoint`). A range is no lease: nothing to release."""
@@ -324,8 +334,8 @@ class KafkaDrain(MirrorsCheckpoint, Notices, Drain):
         from pyspark.sql import functions as F
 
         wanted: dict[int, set[int]] = {}
-        for part, offset in keys:
-            wanted.setdefault(int(part), set()).add(int(offset))
+        for key_part, key_offset in keys:
+            wanted.setdefault(int(key_part), set()).add(int(key_offset))
         out = {}
         reader = self.spark.read.format("kafka").options(**kafka_spark_options(self.cfg, self.pipeline))
         for part, offsets in sorted(wanted.items()):
@@ -359,7 +369,7 @@ class KafkaDrain(MirrorsCheckpoint, Notices, Drain):
 
     # -- the steps (Drain.run puts them in order) -------------------------------------------------
 
-    def plan(self, checkpoint: Checkpoint) -> RunPlan:
+    def plan(self, checkpoint: Checkpoint) -> RunPlan[Plan]:
         """The offset ranges from the lake's checkpoint (watermarks, batch cap, gaps), narrowed where
         runs died reading them (`count_dead_runs`)."""
         p, expected = self.pipeline, checkpoint.batch
@@ -399,7 +409,7 @@ class KafkaDrain(MirrorsCheckpoint, Notices, Drain):
         return RunPlan(start=positions, positions=plan.positions, claims=bool(plan.total),
                        commits_alone=bool(plan.total) or starts_latest, detail=plan)
 
-    def claim(self, plan: RunPlan) -> Staged:
+    def claim(self, plan: RunPlan[Plan]) -> Staged:
         """Read exactly the planned ranges, claim notices out while Spark reads them."""
         ranges = plan.detail.ranges
         self.announce(ranges, plan.start)
@@ -410,13 +420,13 @@ class KafkaDrain(MirrorsCheckpoint, Notices, Drain):
         self.summary.reclaimed = staged.total.again
         return staged
 
-    def gaps(self, plan: RunPlan, staged: Staged | None) -> Gaps:
+    def gaps(self, plan: RunPlan[Plan], staged: Staged | None) -> Gaps:
         """Offsets retention deleted before any run read them (the plan found them)."""
         found = plan.detail.gaps
         return Gaps([g.as_dict() for g in found], sum(g.size for g in found),
                     f"retention deleted offsets this pipeline never read: {'; '.join(map(str, found))}")
 
-    def acknowledge(self, plan: RunPlan, staged: Staged | None, keep: frozenset[tuple[str, str]]) -> int:
+    def acknowledge(self, plan: RunPlan[Plan], staged: Staged | None, keep: frozenset[tuple[str, str]]) -> int:
         """The group offsets up to the committed checkpoint (culprits hold it at their offset: `keep`
         is in it already)."""
         return self.commit_group(plan.detail.ranges if staged is not None else {}, self.summary.positions)

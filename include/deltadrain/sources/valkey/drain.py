@@ -30,6 +30,7 @@ from deltadrain.sources.valkey.client import (
     source_credentials,
     tls_ca,
     valkey_client,
+    valkey_source,
     valkey_url,
 )
 from deltadrain.sources.valkey.crashes import Split, count_alone, find_split, mark_rest, uncount_alone
@@ -85,7 +86,7 @@ def backlog(client, source: ValkeySource) -> dict[str, int]:
 
 
 def claim_context(cfg: DeltadrainConfig, pipeline: PipelineConfig, consumer: str) -> ClaimContext:
-    source = pipeline.source
+    source = valkey_source(pipeline)
     creds = source_credentials(source)
     schema = pipeline.payload_schema
     return ClaimContext(
@@ -97,7 +98,7 @@ def claim_context(cfg: DeltadrainConfig, pipeline: PipelineConfig, consumer: str
         payload=payload_of(schema), evolved=schema.evolved_columns, collect_new=schema.collects_new_fields)
 
 
-class ValkeyDrain(Leases, RecordsGaps, Drain):
+class ValkeyDrain(Leases, RecordsGaps, Drain[dict[str, int]]):
     """Claims through the consumer group (XAUTOCLAIM + XREADGROUP), acknowledges with XACK; a run that
     stops without dying hands its claims back (`Leases`), and the gaps its claims find stay recorded in
     Valkey until a commit carries them (`RecordsGaps`)."""
@@ -106,6 +107,7 @@ class ValkeyDrain(Leases, RecordsGaps, Drain):
         if not isinstance(pipeline.source, ValkeySource):
             raise DrainError(f"pipeline '{pipeline.name}' is not a Valkey pipeline")
         super().__init__(cfg, pipeline, spark, run_id)
+        self.source: ValkeySource = pipeline.source
         self.consumer = f"drain-{self.run_id}"
         self.split: Split | None = None  # what runs that died left, when this run reads part of it
         self.client = valkey_client(cfg, pipeline)
@@ -113,10 +115,10 @@ class ValkeyDrain(Leases, RecordsGaps, Drain):
 
     # -- the steps (Drain.run puts them in order) -------------------------------------------------
 
-    def plan(self, checkpoint: Checkpoint) -> RunPlan:
+    def plan(self, checkpoint: Checkpoint) -> RunPlan[dict[str, int]]:
         """The quotas per stream (by backlog, up to the batch cap), or the part of what runs that died
         left that this run reads (`split`); the entries each stream lost before the group read them."""
-        source: ValkeySource = self.pipeline.source
+        source = self.source
         ensure_groups(self.client, source)
         check_after_commit(self.client, source.streams[0], source.group, acl_probe_key(self.pipeline.name),
                            [self.ctx.failures_key, self.ctx.gaps_key])
@@ -131,18 +133,18 @@ class ValkeyDrain(Leases, RecordsGaps, Drain):
         return RunPlan(start=checkpoint.positions, positions=checkpoint.positions, claims=bool(sum(quotas.values())),
                        detail=quotas)
 
-    def claim(self, plan: RunPlan) -> Staged:
+    def claim(self, plan: RunPlan[dict[str, int]]) -> Staged:
         split = self.split
         if split is not None and split.alone:
             count_alone(self.client, split, self.ctx.failures_key)
         staged = self.claim_batch(plan.detail, split=split)
         if split is not None and split.marks_rest:
-            mark_rest(self.client, split, self.pipeline.source.group, self.pipeline.min_idle_ms,
+            mark_rest(self.client, split, self.source.group, self.pipeline.min_idle_ms,
                       self.ctx.failures_key, self.consumer)
         self.summary.reclaimed = staged.total.reclaimed
         return staged
 
-    def gaps(self, plan: RunPlan, staged: Staged | None) -> Gaps:
+    def gaps(self, plan: RunPlan[dict[str, int]], staged: Staged | None) -> Gaps:
         """Every recorded gap no commit has carried yet: this run's, and those of runs that died or lost
         the race after recording theirs."""
         carried = recorded(self.client, self.ctx.gaps_key)
@@ -151,9 +153,9 @@ class ValkeyDrain(Leases, RecordsGaps, Drain):
                     f"them: {'; '.join(describe_gap(g) for g in ranges)}", found=carried)
 
     def forget_gaps(self, gaps: Gaps) -> None:
-        forget(self.client, self.ctx.gaps_key, gaps.found or {})
+        forget(self.client, self.ctx.gaps_key, gaps.found)
 
-    def acknowledge(self, plan: RunPlan, staged: Staged | None, keep: frozenset[tuple[str, str]]) -> int:
+    def acknowledge(self, plan: RunPlan[dict[str, int]], staged: Staged | None, keep: frozenset[tuple[str, str]]) -> int:
         """XACK what the batch staged, but the culprits left pending for redelivery (`keep`)."""
         return acknowledge(staged.files, self.ctx, keep=keep) if staged is not None else 0
 
@@ -214,7 +216,7 @@ class ValkeyDrain(Leases, RecordsGaps, Drain):
                 if entries}
 
     def backlog_total(self) -> int:
-        return sum(backlog(self.client, self.pipeline.source).values())
+        return sum(backlog(self.client, self.source).values())
 
     def release(self, staged: Staged) -> int:
         """Hand this run's claims back (it stopped without dying). A read alone it counted was no death."""
@@ -228,8 +230,8 @@ class ValkeyDrain(Leases, RecordsGaps, Drain):
         next run reclaims them whole, and a long outage convicts no message of killing runs."""
         if self.split is not None and self.split.alone:
             uncount_alone(self.client, self.split, self.ctx.failures_key)
-        group, done = self.pipeline.source.group, 0
-        for stream in self.pipeline.source.streams:
+        group, done = self.source.group, 0
+        for stream in self.source.streams:
             while True:
                 rows = self.client.xpending_range(stream, group, min="-", max="+", count=1000,
                                                   consumername=self.consumer)
@@ -243,7 +245,7 @@ class ValkeyDrain(Leases, RecordsGaps, Drain):
     def find_split(self) -> Split | None:
         """What runs that died left pending, split (valkey.crashes): this run then reads that part
         only. None: an ordinary batch."""
-        source: ValkeySource = self.pipeline.source
+        source = self.source
         split = find_split(self.client, source.streams, source.group, self.pipeline.min_idle_ms,
                            self.ctx.failures_key, self.consumer)
         if split is not None:
@@ -260,7 +262,7 @@ class ValkeyDrain(Leases, RecordsGaps, Drain):
         """Record the entries each stream lost before the group read them (two XINFO calls a stream).
         Under on_gap: continue, a gap with nothing readable after it is then gone past: the group
         moves to the stream's end, so that the commit that carries the gap is the last to report it."""
-        source: ValkeySource = self.pipeline.source
+        source = self.source
         found = found_unread(self.client, source.streams, source.group, self.ctx.gaps_key)
         record_gaps(self.client, self.ctx.gaps_key, [gap for gap, _ in found])
         if source.on_gap == "continue":
@@ -273,10 +275,10 @@ class ValkeyDrain(Leases, RecordsGaps, Drain):
     def _drop_consumer_if_idle(self) -> None:
         """A finished run's consumer has nothing pending; remove it so XINFO stays readable."""
         try:
-            for stream in self.pipeline.source.streams:
-                consumers = self.client.xinfo_consumers(stream, self.pipeline.source.group)
+            for stream in self.source.streams:
+                consumers = self.client.xinfo_consumers(stream, self.source.group)
                 mine = next((c for c in consumers if as_text(c["name"]) == self.consumer), None)
                 if mine is not None and int(mine["pending"]) == 0:
-                    self.client.xgroup_delconsumer(stream, self.pipeline.source.group, self.consumer)
+                    self.client.xgroup_delconsumer(stream, self.source.group, self.consumer)
         except Exception:
             pass  # best effort; the reaper removes idle consumers too
