@@ -1,6 +1,6 @@
-"""The drain processes a test starts: CLI drains (a local driver, or a Spark Connect client with
-`remote`), runs held at a failpoint pause until the test releases them, their summaries, and the
-cleanup that kills whatever a failed test left running."""
+"""The processes a test starts: CLI drains (a local driver, or a Spark Connect client with `remote`),
+runs held at a failpoint pause until the test releases them, their summaries, DAG runs, the cleanup
+that kills whatever a failed test left running, and what a process listens on."""
 
 from __future__ import annotations
 
@@ -70,6 +70,17 @@ def summary_of(stdout: str) -> dict:
 
     lines = [line.removeprefix(SUMMARY_PREFIX) for line in stdout.splitlines()]
     return json.loads([line for line in lines if line.startswith("{")][-1])
+
+
+def run_dag(dag_id: str, run_conf: dict | None = None, env: dict | None = None) -> dict:
+    """dag.test() in a subprocess (see tests/integration/dagrun.py): {run_id, state, states, xcoms}."""
+    args = [sys.executable, "-m", "tests.integration.dagrun", dag_id] + ([json.dumps(run_conf)] if run_conf else [])
+    done = subprocess.run(args, capture_output=True, text=True, timeout=900, cwd=ROOT, env=env or {**os.environ})
+    lines = [line for line in done.stdout.splitlines() if line.startswith("DAGRUN-RESULT ")]
+    assert lines, f"dag.test of {dag_id} printed no result:\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
+    result = json.loads(lines[-1].removeprefix("DAGRUN-RESULT "))
+    result["log"] = done.stdout + done.stderr
+    return result
 
 
 def run_or_killed(c, p, spark) -> dict | str:
