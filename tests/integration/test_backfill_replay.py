@@ -308,7 +308,9 @@ def test_replay_requests_are_validated_values(cfg):
 
 
 @pytest.mark.slow
-def test_backfill_and_replay_commands(tmp_path, spark, valkey_server):
+def test_backfill_and_replay_commands(tmp_path, spark, valkey_server, spark_connect_server):
+    """`deltadrain backfill` and `replay` as the operator runs them (on the worker's Connect server: the
+    commands are what is tested here, not a driver of their own)."""
     import json
     import subprocess
     import sys
@@ -321,15 +323,16 @@ def test_backfill_and_replay_commands(tmp_path, spark, valkey_server):
     delete_rows(spark, c, p, sorted(result.valid_ids)[:2])
     cli = [sys.executable, "-m", "deltadrain.cli", "--config", str(path)]
     done = subprocess.run([*cli, "backfill", p.name, "--start", began.isoformat(),
-                           "--end", (datetime.now(UTC) + timedelta(seconds=1)).isoformat()],
+                           "--end", (datetime.now(UTC) + timedelta(seconds=1)).isoformat(), "--remote"],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     s = json.loads(done.stdout.strip().splitlines()[-1])
     assert s["mode"] == "backfill" and s["written"] == 2 and s["acked"] == 0
     assert sorted(target_ids(spark, c, p)) == sorted(result.valid_ids)
-    dry = subprocess.run([*cli, "replay", p.name, "--json"], capture_output=True, text=True, timeout=600)
+    dry = subprocess.run([*cli, "replay", p.name, "--json", "--remote"], capture_output=True, text=True,
+                         timeout=600)
     assert dry.returncode == 0, dry.stderr[-2000:]
-    shown = json.loads(dry.stdout)
+    shown = json.loads(dry.stdout[dry.stdout.index("{"):])
     dead = dlq_rows(spark, c, p)
     assert shown["dry_run"] and shown["selected"] == len(dead) and "add --apply" in dry.stderr
     bad = subprocess.run([*cli, "replay", p.name, "--limit", "0"], capture_output=True, text=True, timeout=600)

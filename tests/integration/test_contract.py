@@ -255,15 +255,15 @@ def test_rows_the_target_refuses_are_dead_letters_naming_the_constraint_and_come
 
 
 def test_a_poison_message_is_isolated_and_dead_after_max_retries(h):
-    """One message the transform fails on among 10 000: the first run publishes every other one and
+    """One message the transform fails on among 2 000: the first run publishes every other one and
     leaves it for another attempt (the source still has it as not done); each run after tries it again,
     and after 1 + max_retries attempts it is a dead letter with its bytes and the transform's error."""
     h.pipeline(min_idle_ms=0, max_retries=3, batch_cap=20_000)
-    result = h.produce(10_000, seed=12)
+    result = h.produce(2000, seed=12)
     poison = next(m for m in generate(h.p, 50, seed=99, poison_ratio=1.0) if m.kind == "poison")
     (place,) = h.send([poison.value], partition=1)
     first = h.drain()
-    assert (first.outcome, first.written, first.left_pending) == ("committed", 10_000, 1), first.line()
+    assert (first.outcome, first.written, first.left_pending) == ("committed", 2000, 1), first.line()
     assert sorted(h.target_ids()) == sorted(result.valid_ids)
     assert h.unacked() == 1  # lag tools see the held message as lag
     runs = [first]
@@ -287,10 +287,17 @@ KILLS = [("after_claim", HANDLER, 1), ("during_merge", HANDLER, 1), ("after_comm
          ("during_ack", HANDLER, 1), ("during_merge", IDENTITY, 2), ("after_commit", HANDLER, 2)]
 
 
+def kill_cases():
+    """KILLS for every kind whose run has the point."""
+    for kind, harness in HARNESSES.items():
+        for point, transform, batch in KILLS:
+            if point in harness.step_points:
+                name = "handler" if transform == HANDLER else "identity"
+                yield pytest.param(kind, point, transform, batch, id=f"{kind}-{point}-{name}-batch{batch}")
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize(("kind", "point", "transform", "batch"), [
-    pytest.param(kind, point, transform, batch, id=f"{kind}-{point}-{'handler' if transform == HANDLER else 'identity'}-batch{batch}")
-    for kind, harness in HARNESSES.items() for point, transform, batch in KILLS if point in harness.step_points])
+@pytest.mark.parametrize(("kind", "point", "transform", "batch"), kill_cases())
 def test_sigkill_at_each_step_boundary_loses_and_duplicates_nothing(h, point, transform, batch, request):
     """A drain SIGKILLed at a step boundary of its `batch`-th batch (a catch-up task of several batches
     when it is the second): the batches before it stay committed and acknowledged, the killed one is
