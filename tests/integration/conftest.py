@@ -2,7 +2,7 @@
 
 import pytest
 
-from tests.integration.helpers import kill_spawned
+from tests.support.processes import kill_spawned
 
 
 @pytest.fixture(autouse=True)

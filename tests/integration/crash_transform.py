@@ -1,7 +1,8 @@
 """Transforms that kill their drain run on one message: what a message that crashes the process (a
 native library's fault, running out of memory) does to a run. The tests of dead runs use them:
-`crash_on_marker` with a real SIGKILL through the CLI, `abandon_on_marker` in the test's process for
-the crash loops that need many deaths in a row (failpoints.ABANDON)."""
+`crash_on_marker` with a real SIGKILL through the CLI, `crash_then_fail_on_marker` with one SIGKILL
+and then a failure, `abandon_on_marker` in the test's process for the crash loops that need many
+deaths in a row (failpoints.ABANDON)."""
 
 CRASH_MARKER = "__crash__"
 
@@ -46,32 +47,38 @@ def crash_on_marker(df):
     return _on_marker(df, kill)
 
 
+# The turn of the run applying crash_then_fail_on_marker, and the file each turn that met the marker is noted in.
+TURN_ENV, RUNS_ENV = "DELTADRAIN_TEST_TURN", "DELTADRAIN_TEST_RUNS_FILE"
+
+
 def crash_then_fail_on_marker(df):
-    """On the marker: the first `deltadrain.cli` run to meet it is killed (SIGKILL), the second one's
-    transform raises for it, later ones pass it. The runs are told apart by their process id, kept
-    in the file that DELTADRAIN_TEST_RUNS_FILE names (read here, in the driver, and shipped in the
-    closure), so that a run's repeated evaluations while it isolates a culprit count once."""
+    """On the marker, by the turn of the run ($DELTADRAIN_TEST_TURN, read here, in the drain's process,
+    and shipped in the closure): turn 0 is killed (SIGKILL of the drain's process, wherever its Spark
+    tasks run: in its own driver or on a Connect server), turn 1's transform raises for it, later
+    turns pass it. Each turn that met it is noted in $DELTADRAIN_TEST_RUNS_FILE, as often as a run's
+    evaluations meet it while it isolates a culprit."""
     import os
 
-    runs_file = os.environ["DELTADRAIN_TEST_RUNS_FILE"]
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StringType
 
-    def kill_then_fail(pid):
+    turn, runs_file, drain_pid = int(os.environ[TURN_ENV]), os.environ[RUNS_ENV], os.getpid()
+
+    def check(status):
         import os
         import signal
 
-        with open(runs_file, "a+") as f:
-            f.seek(0)
-            seen = f.read().split()
-            if str(pid) not in seen:
-                f.write(f"{pid}\n")
-                seen.append(str(pid))
-        turn = seen.index(str(pid))
+        if status != CRASH_MARKER:
+            return status
+        with open(runs_file, "a") as f:
+            f.write(f"{turn}\n")
         if turn == 0:
-            os.kill(pid, signal.SIGKILL)
+            os.kill(drain_pid, signal.SIGKILL)
         elif turn == 1:
             raise ValueError("the marker fails this run's transform")
+        return status
 
-    return _on_marker(df, kill_then_fail)
+    return df.withColumn("status", F.udf(check, StringType())(F.col("status")))
 
 
 def abandon_on_marker(df):

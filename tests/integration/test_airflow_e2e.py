@@ -25,15 +25,9 @@ from deltadrain.lake.checkpoint import read_checkpoint
 from deltadrain.names import REPLAY_DAG, batch_quality_dag_id, ingest_dag_id
 from deltadrain.quality.results import last_results
 from deltadrain.sources.valkey.client import valkey_client
-from tests.integration.helpers import (
-    ROOT,
-    assert_exactly_once,
-    dlq_rows,
-    lag,
-    make_pipeline,
-    pending,
-    target_ids,
-)
+from tests.support.lake import dlq_rows, target_ids
+from tests.support.pipelines import ROOT
+from tests.support.valkey import assert_exactly_once, lag, make_pipeline, pending
 
 
 def minute_floor(t: datetime) -> datetime:
@@ -114,7 +108,7 @@ def test_airflow_end_to_end(tmp_path, monkeypatch, spark, valkey_server, spark_c
         run_id = api.trigger(dag_id)  # no logical date: a normal drain
         assert api.wait_for_run(dag_id, run_id) == "success", api.task_states(dag_id, run_id)
         # Every component has run a task or a trigger by now: they all listen on 127.0.0.1 only.
-        from tests.integration.helpers import beyond_loopback, listening_addresses
+        from tests.support.processes import beyond_loopback, listening_addresses
 
         listening = listening_addresses(services.FACTORIES["airflow"](c).pid())
         assert {int(a.split(":")[1], 16) for a in listening} >= {services.ports(c).airflow}, listening

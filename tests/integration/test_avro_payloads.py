@@ -23,10 +23,12 @@ from deltadrain.heal.backfill import backfill
 from deltadrain.heal.replay import ReplayRequest, replay
 from deltadrain.observe.status import pipeline_status
 from deltadrain.sources.kafka.client import kafka_client_conf
-from tests.integration.helpers import ROOT, cli_drain, dlq_rows, target_ids, write_config
-from tests.integration.helpers import assert_exactly_once as assert_valkey_exactly_once
-from tests.integration.helpers import drain_until_done as drain_valkey
-from tests.integration.test_kafka_drain import drain_until_done, end_offsets, group_of, lake_checkpoint
+from tests.support.kafka import drain_until_done, end_offsets, group_of, lake_checkpoint
+from tests.support.lake import dlq_rows, target_ids
+from tests.support.pipelines import ROOT, write_config
+from tests.support.processes import cli_drain
+from tests.support.valkey import assert_exactly_once as assert_valkey_exactly_once
+from tests.support.valkey import drain_until_done as drain_valkey
 
 EXAMPLE = ROOT / "config" / "pipelines.avro.yaml"
 SCHEMA_FILE = ROOT / "config" / "schemas" / "clicks.avsc"

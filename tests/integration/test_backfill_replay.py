@@ -1,6 +1,10 @@
-"""Backfill and replay on the real Valkey, Spark and Delta, judged by reading the tables back:
-healed rows appear once, the live checkpoint and the consumer group do not move, replays never
-duplicate."""
+"""Backfill and replay on real Valkey, Kafka, Spark and Delta, judged by reading the tables back:
+healed rows appear once, replays never duplicate. What every source must do (a backfill that heals
+deleted rows without moving the checkpoint or the group, one that names the history the source
+removed, a reprocess) is in the contract suite, tests/integration/test_contract.py; these are the
+rest: constraints, ids repeated past the dedup window, DLQ replay filters and races, the CLI, and each
+source's own ways (Valkey's maxlen and history gaps; Kafka's producer timestamps, read ranges and
+ids by place)."""
 
 from __future__ import annotations
 
@@ -13,27 +17,11 @@ import pytest
 from deltadrain.catchup import drain
 from deltadrain.dev.produce import MALFORMED_KINDS, generate, produce
 from deltadrain.errors import DeltadrainError
-from deltadrain.heal.backfill import BackfillError, backfill
+from deltadrain.heal.backfill import backfill
 from deltadrain.heal.replay import ReplayRequest, parse_request, replay
-from deltadrain.lake.checkpoint import read_checkpoint
-from deltadrain.sources.valkey.client import as_text, valkey_client
-from tests.integration.helpers import (
-    assert_exactly_once,
-    dlq_rows,
-    drain_until_done,
-    make_pipeline,
-    target_ids,
-    valkey_admin,
-)
-
-
-def group_state(client, pipeline) -> dict:
-    out = {}
-    for stream in pipeline.source.streams:
-        for g in client.xinfo_groups(stream):
-            if as_text(g["name"]) == pipeline.source.group:
-                out[stream] = (as_text(g["last-delivered-id"]), int(g["pending"]), g.get("entries-read"))
-    return out
+from deltadrain.sources.valkey.client import valkey_client
+from tests.support.lake import dlq_rows, target_ids
+from tests.support.valkey import drain_until_done, make_pipeline, valkey_admin
 
 
 def delete_rows(spark, cfg, pipeline, ids: list[str]) -> None:
@@ -42,51 +30,6 @@ def delete_rows(spark, cfg, pipeline, ids: list[str]) -> None:
 
     DeltaTable.forPath(spark, str(cfg.target_path(pipeline))).delete(
         F.col(pipeline.payload_schema.id_field).isin(ids))
-
-
-@pytest.mark.slow
-def test_backfill_heals_deleted_rows_once_without_moving_the_checkpoint(tmp_path, spark, valkey_server):
-    path, c, p = make_pipeline(tmp_path, max_retries=0)
-    client = valkey_client(c, p)
-    began = datetime.now(UTC) - timedelta(seconds=1)
-    result = produce(c, p, 600, seed=101, malformed_ratio=0.05, poison_ratio=0.01)
-    ended = datetime.now(UTC) + timedelta(seconds=1)
-    drain_until_done(c, p, spark, client)
-    bad = result.bad_places((*MALFORMED_KINDS, "poison"))
-    assert result.poison_ids and all(r.state == "DEAD" for r in dlq_rows(spark, c, p))
-    assert_exactly_once(spark, c, p, client, result.valid_ids, bad)
-    lost = sorted(result.valid_ids)[:7]
-    delete_rows(spark, c, p, lost)
-    assert not set(lost) & set(target_ids(spark, c, p))
-
-    target, dlq = str(c.target_path(p)), str(c.dlq_path(p))
-    before = read_checkpoint(spark, target, p.name, dlq)
-    group_before = group_state(client, p)
-    # With the transform since fixed, the poison messages decode and transform fine when re-read; they
-    # are still DEAD dead letters, whose way back is the replay: the backfill leaves them out.
-    fixed = p.model_copy(update={"transform": "deltadrain.transforms.identity"})
-    s = backfill(c, fixed, spark, began, ended)
-    assert (s.read, s.skipped_dead_lettered, s.written, s.dead_lettered, s.acked) == (600, len(bad), len(lost), 0, 0)
-    assert s.duplicates_skipped == len(result.valid_ids) - len(lost)
-    assert_exactly_once(spark, c, p, client, result.valid_ids, bad)
-    assert {r.state for r in dlq_rows(spark, c, p)} == {"DEAD"}
-    after = read_checkpoint(spark, target, p.name, dlq)
-    assert (after.batch, after.positions) == (before.batch, before.positions)
-    assert group_state(client, p) == group_before  # nothing claimed, nothing acknowledged
-
-    # Twice is harmless, and an interval that holds nothing reads nothing.
-    again = backfill(c, p, spark, began, ended)
-    assert again.written == 0 and again.duplicates_skipped == len(result.valid_ids)
-    assert backfill(c, p, spark, began - timedelta(days=1), began - timedelta(hours=23)).read == 0
-    assert_exactly_once(spark, c, p, client, result.valid_ids, bad)
-
-    # The live pipeline goes on from its own checkpoint.
-    more = produce(c, p, 50, seed=102)
-    summary = drain(c, p, spark=spark)
-    assert summary.outcome == "committed" and summary.batch == before.batch + 1
-    assert_exactly_once(spark, c, p, client, result.valid_ids + more.valid_ids, bad)
-    with pytest.raises(BackfillError, match="inverted"):
-        backfill(c, p, spark, ended, began)
 
 
 def test_a_backfill_leaves_out_and_names_the_rows_the_target_refuses(tmp_path, spark, valkey_server):
@@ -113,44 +56,6 @@ def test_a_backfill_leaves_out_and_names_the_rows_the_target_refuses(tmp_path, s
     held = spark.read.format("delta").load(str(c.target_path(p))).where(f"event_id = '{victim['event_id']}'")
     assert [r.customer for r in held.collect()] == ["cust-again"]
     assert dlq_rows(spark, c, p) == []
-
-
-@pytest.mark.slow
-def test_backfill_reports_trimmed_history_as_a_gap(tmp_path, spark, valkey_server):
-    path, c, p = make_pipeline(tmp_path, partitions=1)
-    began = datetime.now(UTC) - timedelta(seconds=1)
-    result = produce(c, p, 100, seed=103)
-    valkey_admin().xtrim(p.source.streams[0], maxlen=60, approximate=False)
-    s = backfill(c, p, spark, began, datetime.now(UTC) + timedelta(seconds=1))
-    assert s.read == 60 and len(s.gaps) == 1 and s.gaps[0]["partition"] == p.source.streams[0]
-    assert "trimmed" in s.gaps[0]["reason"] and s.gaps[0]["from"] == f"{int(began.timestamp() * 1000)}-0"
-    assert sorted(target_ids(spark, c, p)) == sorted(result.valid_ids[40:])  # one stream: production order
-
-
-@pytest.mark.slow
-def test_reprocess_restores_published_rows_through_the_transform_without_duplicates(tmp_path, spark,
-                                                                                     valkey_server):
-    from delta.tables import DeltaTable
-    from pyspark.sql import functions as F
-
-    path, c, p = make_pipeline(tmp_path)
-    client = valkey_client(c, p)
-    result = produce(c, p, 200, seed=104)
-    drain_until_done(c, p, spark, client)
-    target = str(c.target_path(p))
-    victim = sorted(result.valid_ids)[3]
-    original = spark.read.format("delta").load(target).where(F.col("event_id") == victim).collect()[0]
-    DeltaTable.forPath(spark, target).update(F.col("event_id") == F.lit(victim), {"customer": F.lit("corrupted")})
-
-    request = ReplayRequest(pipeline=p.name, mode="reprocess", message_ids=[victim], dry_run=False)
-    for _ in range(2):  # twice: still one row
-        r = replay(c, spark, request)
-        assert r.selected == 1 and r.written == 1 and not r.skipped
-        assert r.batches == [original._dd_batch]  # for the replay DAG's quality task to check again
-        rows = spark.read.format("delta").load(target).where(F.col("event_id") == victim).collect()
-        assert len(rows) == 1 and rows[0].customer == original.customer
-        assert rows[0]._dd_batch == original._dd_batch and rows[0]._dd_run_id == r.run_id
-    assert_exactly_once(spark, c, p, client, result.valid_ids, 0)
 
 
 def test_a_reprocess_of_an_id_the_target_holds_twice_rewrites_each_row_from_its_own_message(tmp_path, spark,
@@ -403,57 +308,9 @@ def test_replay_requests_are_validated_values(cfg):
 
 
 @pytest.mark.slow
-def test_kafka_backfill_and_reprocess_heal_rows_once_without_touching_offsets(tmp_path, spark, kafka_broker,
-                                                                             monkeypatch):
-    from delta.tables import DeltaTable
-    from pyspark.sql import functions as F
-
-    from deltadrain.sources.kafka import drain as kafka_drain
-    from deltadrain.sources.kafka import history as kafka_history
-    from tests.integration.test_kafka_drain import drain_until_done as drain_kafka
-    from tests.integration.test_kafka_drain import group_of, lake_checkpoint, make_kafka_pipeline
-
-    path, c, p = make_kafka_pipeline(tmp_path, partitions=3)
-    began = datetime.now(UTC) - timedelta(seconds=1)
-    result = produce(c, p, 400, seed=106, malformed_ratio=0.05)
-    ended = datetime.now(UTC) + timedelta(seconds=1)
-    from deltadrain.observe.probe import probe
-
-    assert probe(c, p).new == 400  # what the ingest DAG's sensor sees
-    drain_kafka(c, p, spark)
-    assert probe(c, p).new == 0  # group offsets committed after the drain's commits
-    target = str(c.target_path(p))
-    before, group_before = lake_checkpoint(spark, c, p), group_of(c, p)
-    ids = target_ids(spark, c, p)
-    lost = sorted(result.valid_ids)[:5]
-    DeltaTable.forPath(spark, target).delete(F.col("event_id").isin(lost))
-    s = backfill(c, p, spark, began, ended)
-    assert s.read == 400 and s.written == len(lost) and s.acked == 0 and not s.gaps
-    assert sorted(target_ids(spark, c, p)) == sorted(ids)
-    after = lake_checkpoint(spark, c, p)
-    assert (after.batch, after.positions) == (before.batch, before.positions) and group_of(c, p) == group_before
-    assert backfill(c, p, spark, began, ended).written == 0
-
-    # Three records of one partition, far apart: each is read as a range of its own (here any two
-    # not adjacent are far apart), not every offset between them.
-    held = (spark.read.format("delta").load(target).where(F.col("_dd_partition") == "0")
-            .select("event_id", F.col("_dd_position").cast("long").alias("at")).orderBy("at").collect())
-    victims = [held[0].event_id, held[len(held) // 2].event_id, held[-1].event_id]
-    DeltaTable.forPath(spark, target).update(F.col("event_id").isin(victims), {"customer": F.lit("corrupted")})
-    monkeypatch.setattr(kafka_history, "PICK_SPAN", 2)
-    reads = []
-    real_read = kafka_drain.read_ranges
-    monkeypatch.setattr(kafka_drain, "read_ranges", lambda *a, **k: reads.append(a[3]) or real_read(*a, **k))
-    r = replay(c, spark, ReplayRequest(pipeline=p.name, mode="reprocess", message_ids=victims, dry_run=False))
-    assert r.selected == 3 and r.written == 3 and not r.skipped
-    rows = spark.read.format("delta").load(target).where(F.col("event_id").isin(victims)).collect()
-    assert len(rows) == 3 and all(row.customer != "corrupted" for row in rows)
-    assert [sum(hi - lo for lo, hi in ranges.values()) for ranges in reads] == [1, 1, 1]
-    assert sorted(target_ids(spark, c, p)) == sorted(ids)
-
-
-@pytest.mark.slow
-def test_backfill_and_replay_commands(tmp_path, spark, valkey_server):
+def test_backfill_and_replay_commands(tmp_path, spark, valkey_server, spark_connect_server):
+    """`deltadrain backfill` and `replay` as the operator runs them (on the worker's Connect server: the
+    commands are what is tested here, not a driver of their own)."""
     import json
     import subprocess
     import sys
@@ -466,15 +323,16 @@ def test_backfill_and_replay_commands(tmp_path, spark, valkey_server):
     delete_rows(spark, c, p, sorted(result.valid_ids)[:2])
     cli = [sys.executable, "-m", "deltadrain.cli", "--config", str(path)]
     done = subprocess.run([*cli, "backfill", p.name, "--start", began.isoformat(),
-                           "--end", (datetime.now(UTC) + timedelta(seconds=1)).isoformat()],
+                           "--end", (datetime.now(UTC) + timedelta(seconds=1)).isoformat(), "--remote"],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     s = json.loads(done.stdout.strip().splitlines()[-1])
     assert s["mode"] == "backfill" and s["written"] == 2 and s["acked"] == 0
     assert sorted(target_ids(spark, c, p)) == sorted(result.valid_ids)
-    dry = subprocess.run([*cli, "replay", p.name, "--json"], capture_output=True, text=True, timeout=600)
+    dry = subprocess.run([*cli, "replay", p.name, "--json", "--remote"], capture_output=True, text=True,
+                         timeout=600)
     assert dry.returncode == 0, dry.stderr[-2000:]
-    shown = json.loads(dry.stdout)
+    shown = json.loads(dry.stdout[dry.stdout.index("{"):])
     dead = dlq_rows(spark, c, p)
     assert shown["dry_run"] and shown["selected"] == len(dead) and "add --apply" in dry.stderr
     bad = subprocess.run([*cli, "replay", p.name, "--limit", "0"], capture_output=True, text=True, timeout=600)
@@ -490,8 +348,8 @@ def test_a_kafka_backfill_does_not_duplicate_a_record_stamped_long_before_its_in
 
     from deltadrain.dev.produce import generate
     from deltadrain.sources.kafka.client import kafka_client_conf
-    from tests.integration.test_kafka_drain import drain_until_done as drain_kafka
-    from tests.integration.test_kafka_drain import make_kafka_pipeline
+    from tests.support.kafka import drain_until_done as drain_kafka
+    from tests.support.kafka import make_kafka_pipeline
 
     _, c, p = make_kafka_pipeline(tmp_path, partitions=1)
     began = datetime.now(UTC) - timedelta(seconds=5)
@@ -510,23 +368,37 @@ def test_a_kafka_backfill_does_not_duplicate_a_record_stamped_long_before_its_in
     assert len(ids) == len(set(ids)) == 30
 
 
-def test_a_kafka_backfill_of_an_interval_retention_took_whole_reports_the_gap(tmp_path, spark, kafka_broker):
-    from confluent_kafka import TopicPartition
-    from confluent_kafka.admin import AdminClient
+def test_a_kafka_reprocess_reads_each_far_apart_record_as_a_range_of_its_own(tmp_path, spark, kafka_broker,
+                                                                            monkeypatch):
+    """Three records of one partition, far apart (here any two not adjacent are): each is read as a
+    range of its own, not every offset between them, and each row is rewritten from its record."""
+    from delta.tables import DeltaTable
+    from pyspark.sql import functions as F
 
-    from deltadrain.sources.kafka.client import kafka_client_conf
-    from tests.integration.test_kafka_drain import make_kafka_pipeline
+    from deltadrain.sources.kafka import drain as kafka_drain
+    from deltadrain.sources.kafka import history as kafka_history
+    from tests.support.kafka import drain_until_done as drain_kafka
+    from tests.support.kafka import make_kafka_pipeline
 
     _, c, p = make_kafka_pipeline(tmp_path, partitions=1)
-    began = datetime.now(UTC) - timedelta(seconds=5)
-    produce(c, p, 50, seed=85)
-    ended = datetime.now(UTC) + timedelta(seconds=1)
-    admin = AdminClient(kafka_client_conf(c, p))
-    for fut in admin.delete_records([TopicPartition(p.source.topic, 0, 50)]).values():
-        fut.result(30)  # retention took all 50
-    healed = backfill(c, p, spark, began, ended)
-    assert (healed.read, healed.written) == (0, 0)
-    assert [(g["partition"], g["to"]) for g in healed.gaps] == [("0", "49")], healed.gaps
+    produce(c, p, 30, seed=106)
+    drain_kafka(c, p, spark)
+    target = str(c.target_path(p))
+    ids = target_ids(spark, c, p)
+    held = (spark.read.format("delta").load(target).select("event_id", "customer", F.col("_dd_position").cast("long")
+                                                           .alias("at")).orderBy("at").collect())
+    victims = {r.event_id: r.customer for r in (held[0], held[len(held) // 2], held[-1])}
+    DeltaTable.forPath(spark, target).update(F.col("event_id").isin(list(victims)), {"customer": F.lit("corrupted")})
+    monkeypatch.setattr(kafka_history, "PICK_SPAN", 2)
+    reads = []
+    real_read = kafka_drain.read_ranges
+    monkeypatch.setattr(kafka_drain, "read_ranges", lambda *a, **k: reads.append(a[3]) or real_read(*a, **k))
+    r = replay(c, spark, ReplayRequest(pipeline=p.name, mode="reprocess", message_ids=list(victims), dry_run=False))
+    assert (r.selected, r.written, r.skipped) == (3, 3, [])
+    assert [sum(hi - lo for lo, hi in ranges.values()) for ranges in reads] == [1, 1, 1]
+    rows = spark.read.format("delta").load(target).where(F.col("event_id").isin(list(victims))).collect()
+    assert {row.event_id: row.customer for row in rows} == victims
+    assert sorted(target_ids(spark, c, p)) == sorted(ids)
 
 
 def test_a_replay_position_bound_without_a_sequence_covers_that_whole_millisecond(spark):
@@ -560,8 +432,8 @@ def test_a_kafka_dlq_replay_sent_twice_lands_each_dead_letter_once(tmp_path, spa
     from deltadrain.config import load_config
     from deltadrain.sources.kafka.client import kafka_client_conf
     from deltadrain.transforms import POISON_MARKER
-    from tests.integration.test_kafka_drain import drain_until_done as drain_kafka
-    from tests.integration.test_kafka_drain import make_kafka_pipeline
+    from tests.support.kafka import drain_until_done as drain_kafka
+    from tests.support.kafka import make_kafka_pipeline
 
     path, c, p = make_kafka_pipeline(tmp_path, partitions=2, max_retries=0)
     producer = Producer(kafka_client_conf(c, p))

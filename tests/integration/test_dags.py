@@ -30,15 +30,10 @@ from deltadrain.names import (
     replay_task_id,
 )
 from deltadrain.sources.valkey.client import valkey_client
-from tests.integration.helpers import (
-    ROOT,
-    assert_exactly_once,
-    dlq_rows,
-    make_pipeline,
-    pending,
-    target_ids,
-    valkey_admin,
-)
+from tests.support.lake import dlq_rows, target_ids
+from tests.support.pipelines import ROOT
+from tests.support.processes import run_dag
+from tests.support.valkey import assert_exactly_once, make_pipeline, pending, valkey_admin
 
 DAGS = ROOT / "dags"
 
@@ -124,17 +119,6 @@ def pipeline_dags(tmp_path, monkeypatch, airflow_db, valkey_server, spark_connec
         return path, c, p
 
     return make
-
-
-def run_dag(dag_id: str, run_conf: dict | None = None, env: dict | None = None) -> dict:
-    """dag.test() in a subprocess (see tests/integration/dagrun.py): {run_id, state, states, xcoms}."""
-    args = [sys.executable, "-m", "tests.integration.dagrun", dag_id] + ([json.dumps(run_conf)] if run_conf else [])
-    done = subprocess.run(args, capture_output=True, text=True, timeout=900, cwd=ROOT, env=env or {**os.environ})
-    lines = [line for line in done.stdout.splitlines() if line.startswith("DAGRUN-RESULT ")]
-    assert lines, f"dag.test of {dag_id} printed no result:\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
-    result = json.loads(lines[-1].removeprefix("DAGRUN-RESULT "))
-    result["log"] = done.stdout + done.stderr
-    return result
 
 
 @pytest.mark.slow
@@ -526,7 +510,7 @@ def test_kafka_drains_airflow_times_out_in_a_hanging_transform_are_counted_and_t
     from deltadrain.sources.kafka.client import kafka_client_conf
     from deltadrain.sources.kafka.offsets import committed, read_notice
     from tests.integration.hang_transform import HANG_MARKER
-    from tests.integration.test_kafka_drain import lake_checkpoint, make_kafka_pipeline, send_marked
+    from tests.support.kafka import lake_checkpoint, make_kafka_pipeline, send_marked
 
     path, c, p = make_kafka_pipeline(tmp_path, partitions=1, batch_cap=4, max_retries=1, min_idle_ms=0,
                                      transform="tests.integration.hang_transform.hang_on_marker",

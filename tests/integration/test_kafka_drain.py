@@ -1,4 +1,7 @@
-"""The Kafka drain against a real KRaft broker, Spark and Delta, judged by reading the tables back.
+"""The Kafka drain against a real KRaft broker, Spark and Delta, judged by reading the tables back: what
+only Kafka has (offsets from the lake, claim notices, ids from keys and headers, retention gaps,
+recreated topics, added partitions, transactions, compaction, the bisection of what dead runs read).
+What every source must keep is in the contract suite, tests/integration/test_contract.py.
 
 Each test has a pipeline of its own (topic, group, tables), so they can share the broker.
 """
@@ -7,7 +10,6 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from datetime import UTC
 
 import pytest
@@ -15,9 +17,8 @@ import yaml
 
 from deltadrain.catchup import drain
 from deltadrain.config import load_config
-from deltadrain.dev.produce import MALFORMED_KINDS, ensure_topic, generate, produce
+from deltadrain.dev.produce import ensure_topic, generate, produce
 from deltadrain.failpoints import fired
-from deltadrain.lake.checkpoint import read_checkpoint
 from deltadrain.observe.probe import probe
 from deltadrain.observe.status import mark_stale, pipeline_status
 from deltadrain.run.drain import DrainError
@@ -27,175 +28,29 @@ from deltadrain.sources.kafka.offsets import (
     announce_claims,
     commit_group_offsets,
     committed,
-    group_offsets,
     read_notice,
     watermarks,
     withdraw_claims,
 )
 from deltadrain.sources.kafka.status import kafka_counts
-from tests.integration.helpers import (
-    BOTH_TRANSFORMS,
-    HANDLER,
-    IDENTITY,
-    ROOT,
-    SPAWNED,
-    assert_dead_letters,
-    clean_up_delta_log,
-    cli_drain,
-    dlq_rows,
-    held_at,
-    set_source,
-    summary_of,
-    target_ids,
-    wait_held,
-    write_config,
+from tests.support.kafka import (
+    assert_exactly_once,
+    assert_group_never_leads,
+    drain_until_done,
+    end_offsets,
+    expected_counts,
+    group_of,
+    lake_checkpoint,
+    make_kafka_pipeline,
+    send_marked,
 )
+from tests.support.lake import clean_up_delta_log, dlq_rows, target_ids
+from tests.support.pipelines import BOTH_TRANSFORMS, set_source
+from tests.support.processes import SPAWNED, cli_drain, held_at, running, summary_of, wait_held
 
 pytestmark = pytest.mark.usefixtures("kafka_broker")
 
 # With a topic-partition-offset fallback, a payload without an id is published under that id.
-FALLBACK_KINDS = ("missing_id", "null_id")
-
-
-def make_kafka_pipeline(tmp_path, partitions: int = 4, **overrides):
-    data = yaml.safe_load((ROOT / "config" / "pipelines.yaml").read_text())
-    name = f"k_{uuid.uuid4().hex[:8]}"
-    pipe = next(p for p in data["pipelines"] if p["source"]["kind"] == "kafka")
-    pipe["name"] = name
-    # field_or_offset: these tests count the payloads without an id as published under their place
-    # (FALLBACK_KINDS); the example's `field` dead-letters them (its own test).
-    pipe["source"].update({"topic": name, "partitions": partitions, "group": f"{name}-group",
-                           "id_from": "field_or_offset", **overrides.pop("source", {})})
-    pipe["target"]["path"] = name
-    pipe.pop("quality", None)
-    pipe.update(overrides)
-    path, cfg, p = write_config(tmp_path, data, pipe)
-    ensure_topic(kafka_client_conf(cfg, p), name, partitions)
-    return path, cfg, p
-
-
-def send_marked(c, p, messages, at: int, marker: str) -> list[bytes]:
-    """Produce `messages` in order to partition 0, the one at `at` with its `status` set to `marker`
-    (a test transform acts on it): the payloads as sent."""
-    from confluent_kafka import Producer
-
-    payloads = [m.value for m in messages]
-    payloads[at] = json.dumps({**json.loads(payloads[at]), "status": marker}).encode()
-    producer = Producer(kafka_client_conf(c, p))
-    for value in payloads:
-        producer.produce(p.source.topic, value, partition=0)
-    producer.flush(30)
-    return payloads
-
-
-def end_offsets(c, p) -> dict[str, str]:
-    return {str(part): str(high) for part, (_, high) in watermarks(kafka_client_conf(c, p), p.source.topic).items()}
-
-
-def lake_checkpoint(spark, c, p):
-    return read_checkpoint(spark, str(c.target_path(p)), p.name, str(c.dlq_path(p)))
-
-
-def group_of(c, p) -> dict[str, int | None]:
-    parts = sorted(watermarks(kafka_client_conf(c, p), p.source.topic))
-    return {str(k): v for k, v in group_offsets(kafka_client_conf(c, p), p.source.group, p.source.topic,
-                                                parts).items()}
-
-
-def assert_group_never_leads(spark, c, p) -> None:
-    """A partition the lake does not know yet is read from its start, offset 0 in these topics (a
-    claim notice puts that offset on the group before the first commit)."""
-    lake = lake_checkpoint(spark, c, p).positions
-    for part, offset in group_of(c, p).items():
-        if offset is not None:
-            assert offset <= int(lake.get(part, 0)), f"group offset {offset} leads the lake on {part}"
-
-
-def drain_until_done(c, p, spark, max_runs: int = 12) -> list:
-    summaries = []
-    for _ in range(max_runs):
-        s = drain(c, p, spark=spark)
-        summaries.append(s)
-        assert_group_never_leads(spark, c, p)
-        if s.outcome == "empty":
-            return summaries
-    raise AssertionError(f"not drained after {max_runs} runs: {[s.line() for s in summaries]}")
-
-
-def expected_counts(*results) -> tuple[list[str], set[str], set[tuple[str, str]]]:
-    """Of produce() results: the valid ids, the ids of the messages published under their
-    topic-partition-offset, and the places (partition, offset) of the messages to dead-letter."""
-    valid = [i for r in results for i in r.valid_ids]
-    fallback = set().union(*(r.bad_places(FALLBACK_KINDS) for r in results))
-    bad = set().union(*(r.bad_places(set(MALFORMED_KINDS) - set(FALLBACK_KINDS)) for r in results))
-    return valid, fallback, bad
-
-
-def assert_exactly_once(spark, c, p, valid_ids, fallback, bad) -> None:
-    """`fallback`: how many messages are published under their topic-partition-offset, or their
-    places; `bad`: how many dead letters, or their places."""
-    ids = target_ids(spark, c, p)
-    assert len(ids) == len(set(ids)), "a message id appears twice in the target"
-    named = {i for i in ids if i.startswith("evt-")}
-    assert named == set(valid_ids), (f"missing {sorted(set(valid_ids) - named)[:5]}, "
-                                     f"unexpected {sorted(named - set(valid_ids))[:5]}")
-    by_offset = {i for i in ids if not i.startswith("evt-")}
-    if isinstance(fallback, int):
-        assert len(by_offset) == fallback and all(i.startswith(f"{p.source.topic}-") for i in by_offset)
-    else:
-        assert by_offset == {f"{p.source.topic}-{part}-{offset}" for part, offset in fallback}
-    assert_dead_letters(dlq_rows(spark, c, p), ids, bad)
-    # Every offset of the topic is accounted for, and the lake checkpoint is the end of the topic.
-    assert lake_checkpoint(spark, c, p).positions == end_offsets(c, p)
-
-
-@BOTH_TRANSFORMS
-def test_kafka_drain_publishes_valid_once_dead_letters_bad_and_checkpoints_end_offsets(transform, tmp_path, cfg,
-                                                                                       spark, capsys, monkeypatch):
-    from deltadrain.cli import main
-    from deltadrain.sources.kafka import drain as kafka_drain
-
-    # Both places a range is read: with the handler by Spark tasks (a range above READ_HERE_MAX), with
-    # the identity in the drain's own process (a small range).
-    if transform == HANDLER:
-        monkeypatch.setattr(kafka_drain, "READ_HERE_MAX", 0)
-    path, c, p = make_kafka_pipeline(tmp_path, partitions=3, transform=transform)
-    result = produce(c, p, 3000, seed=21, malformed_ratio=0.1)
-    valid, fallback, bad = expected_counts(result)
-    summaries = drain_until_done(c, p, spark)
-    first = summaries[0]
-    assert (first.outcome, first.batch, first.claimed) == ("committed", 1, 3000)
-    assert first.written == len(valid) + len(fallback) and first.dead_lettered == len(bad) and first.acked == 3000
-    assert first.positions == end_offsets(c, p)
-    assert_exactly_once(spark, c, p, valid, fallback, bad)
-    # Group offsets were committed after the lake, equal to it.
-    assert group_of(c, p) == {k: int(v) for k, v in end_offsets(c, p).items()}
-    reasons = {r.error_type for r in dlq_rows(spark, c, p)}
-    assert reasons == {"empty", "oversized", "invalid_utf8", "invalid_json", "not_an_object", "schema"}
-    assert all(r.state == "DEAD" and r.attempts == 1 and r.original is not None for r in dlq_rows(spark, c, p)
-               if r.error_type != "empty")
-    # Draining again finds nothing and changes nothing.
-    again = drain(c, p, spark=spark)
-    assert again.outcome == "empty" and again.batch == 1
-    # Status per partition and the DLQ listing, through the CLI.
-    more = produce(c, p, 100, seed=21, start=3000)
-    assert main(["--config", str(path), "status", p.name, "--json"]) == 0
-    st = json.loads(capsys.readouterr().out)
-    assert st["PENDING"] == 100 and st["CLAIMED"] == 0 and st["DEAD"] == len(bad)
-    assert st["PUBLISHED"] == len(valid) + len(fallback)
-    assert set(st["partitions"]) == {"0", "1", "2"}
-    for part, info in st["partitions"].items():
-        assert info["end_offset"] - info["lake_checkpoint"] == info["pending"] == more.per_partition[int(part)]
-        assert info["group_offset"] == info["lake_checkpoint"] and info["gap"] is None
-    assert sum(i["published"] for i in st["partitions"].values()) == st["PUBLISHED"]
-    assert sum(i["dead"] for i in st["partitions"].values()) == len(bad)
-    assert main(["--config", str(path), "status", p.name]) == 0
-    assert "lake checkpoint" in capsys.readouterr().out
-    assert main(["--config", str(path), "dlq", "list", p.name, "--json", "--limit", "1000"]) == 0
-    rows = json.loads(capsys.readouterr().out)
-    assert len(rows) == len(bad) and all(r["state"] == "DEAD" and r["error"] for r in rows)
-
-
 @BOTH_TRANSFORMS
 def test_null_keys_missing_headers_tombstones_and_ids_from_a_header(transform, tmp_path, cfg, spark):
     from confluent_kafka import Producer
@@ -572,35 +427,6 @@ def test_a_gap_with_nothing_readable_after_it_is_committed_past_once_under_conti
     assert sorted(target_ids(spark, c, p)) == sorted(first.valid_ids)
 
 
-def test_poison_message_holds_its_partition_for_max_retries_runs_then_is_dead(tmp_path, cfg, spark):
-    from confluent_kafka import Producer
-
-    _, c, p = make_kafka_pipeline(tmp_path, partitions=2, max_retries=2, batch_cap=20000)
-    result = produce(c, p, 2000, seed=12)
-    poison = next(m for m in generate(p, 50, seed=99, poison_ratio=1.0) if m.kind == "poison")
-    producer = Producer(kafka_client_conf(c, p))
-    producer.produce(p.source.topic, poison.value, key=poison.partition_key, partition=1)
-    producer.flush(30)
-    poison_offset = int(end_offsets(c, p)["1"]) - 1
-    first = drain(c, p, spark=spark)
-    # Every good message is published by the first run; the poison one holds partition 1 at its offset.
-    assert first.outcome == "committed" and first.written == 2000 and first.left_pending == 1
-    assert first.positions["1"] == str(poison_offset)
-    assert sorted(target_ids(spark, c, p)) == sorted(result.valid_ids)
-    assert group_of(c, p)["1"] == poison_offset  # lag tools see the held message as lag
-    runs = [first]
-    while lake_checkpoint(spark, c, p).positions != end_offsets(c, p):
-        runs.append(drain(c, p, spark=spark))
-        assert len(runs) <= p.max_retries + 1
-    assert len(runs) == p.max_retries + 1  # tried by 1 + max_retries runs, then dead
-    dead = dlq_rows(spark, c, p)
-    assert len(dead) == 1 and dead[0].error_type == "transform" and dead[0].attempts == p.max_retries + 1
-    assert "poison message" in dead[0].error and bytes(dead[0].original) == poison.value
-    assert dead[0].first_failure_at < dead[0].last_failure_at and dead[0].position == str(poison_offset)
-    assert_exactly_once(spark, c, p, result.valid_ids, 0, 1)
-    assert group_of(c, p)["1"] == poison_offset + 1
-
-
 @pytest.mark.slow
 def test_a_message_that_kills_every_run_is_isolated_by_bisection_and_dead_alone(tmp_path, cfg, spark):
     """Kafka has no delivery count: a run killed by a message (stopped from inside its transform as a
@@ -611,7 +437,7 @@ def test_a_message_that_kills_every_run_is_isolated_by_bisection_and_dead_alone(
     isolation.crash_loop_runs runs; every other message is published."""
     from deltadrain.run.isolation import crash_loop_runs
     from tests.integration.crash_transform import CRASH_MARKER
-    from tests.integration.test_valkey_drain import run_or_killed
+    from tests.support.processes import run_or_killed
 
     _, c, p = make_kafka_pipeline(tmp_path, partitions=1, batch_cap=8, max_retries=2, min_idle_ms=0,
                                   transform="tests.integration.crash_transform.abandon_on_marker")
@@ -657,54 +483,35 @@ def test_a_message_that_kills_every_run_is_isolated_by_bisection_and_dead_alone(
 
 
 @pytest.mark.slow
-def test_a_message_that_killed_a_run_and_then_failed_a_transform_still_gets_its_last_attempt(tmp_path, cfg, spark):
+def test_a_message_that_killed_a_run_and_then_failed_a_transform_still_gets_its_last_attempt(
+        tmp_path, cfg, spark, monkeypatch):
     """Dead runs and transform failures are one count (invariant 6), each attempt counted once: a
     message that kills the first run and fails the second one's transform is held with a retry
     record while the dead run's segment is carried next to the checkpoint. Its third read is its
     third attempt, allowed by max_retries=2, and it is published, not a dead letter counted at four."""
-
-    from tests.integration.crash_transform import CRASH_MARKER
+    from tests.integration.crash_transform import CRASH_MARKER, RUNS_ENV, TURN_ENV
 
     path, c, p = make_kafka_pipeline(tmp_path, partitions=1, batch_cap=8, max_retries=2, min_idle_ms=0,
                                      transform="tests.integration.crash_transform.crash_then_fail_on_marker")
     messages = [m for m in generate(p, 20, seed=97) if m.kind == "valid"][:8]
     send_marked(c, p, messages, 0, CRASH_MARKER)
-    env = {"DELTADRAIN_TEST_RUNS_FILE": str(tmp_path / "runs")}
-
+    monkeypatch.setenv(RUNS_ENV, str(tmp_path / "runs"))
+    # The first run, a process of its own with its Spark driver: the marker kills both, mid-batch.
+    killed = cli_drain(path, p.name, env={TURN_ENV: "0"})
+    _, err = killed.communicate(timeout=600)
+    assert killed.returncode == -9, err[-3000:]
     runs = []
     while lake_checkpoint(spark, c, p).positions != end_offsets(c, p):
-        assert len(runs) < 6, runs
-        proc = cli_drain(path, p.name, env=env)
-        out, err = proc.communicate(timeout=600)
-        if proc.returncode == -9:
-            runs.append("killed")
-            continue
-        assert proc.returncode == 0, err[-3000:]
-        runs.append(summary_of(out))
-    assert runs[0] == "killed" and "killed" not in runs[1:], runs
+        assert len(runs) < 5, runs
+        monkeypatch.setenv(TURN_ENV, str(len(runs) + 1))
+        runs.append(drain(c, p, spark=spark))
     # The second run read half the dead run's range and held the partition at the culprit; the third
     # read that half again and its transform passed the message; the fourth read the rest.
-    assert [(r["claimed"], r["written"], r["dead_lettered"]) for r in runs[1:]] == [(4, 0, 0), (4, 4, 0), (4, 4, 0)]
+    assert [(r.claimed, r.written, r.dead_lettered) for r in runs] == [(4, 0, 0), (4, 4, 0), (4, 4, 0)], runs
     assert dlq_rows(spark, c, p) == []
     ids = target_ids(spark, c, p)
     assert sorted(ids) == sorted(m.key for m in messages)
-    assert len((tmp_path / "runs").read_text().split()) == 3  # the marker met three runs, no more
-
-
-def running(*words: str) -> list[int]:
-    """The pids of processes whose command line holds all of `words`."""
-    import os
-
-    pids = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read().decode(errors="replace")
-        except OSError:
-            continue
-        if all(w in cmd for w in words):
-            pids.append(int(pid))
-    return pids
+    assert set((tmp_path / "runs").read_text().split()) == {"0", "1", "2"}  # the marker met three runs, no more
 
 
 @pytest.mark.slow
@@ -772,28 +579,6 @@ def test_a_run_airflow_kills_in_a_hanging_transform_is_counted_and_the_message_d
     ids = target_ids(spark, c, p)
     assert sorted(ids) == sorted(m.key for i, m in enumerate(messages) if i != hangs)
     assert lake_checkpoint(spark, c, p).positions == {"0": "4"} and not running("spark_jobs/drain.py", "hang-")
-
-
-def test_offsets_checkpoint_survives_delta_log_checkpoint_and_cleanup(tmp_path, cfg, spark):
-
-    _, c, p = make_kafka_pipeline(tmp_path, partitions=2, batch_cap=100)
-    result = produce(c, p, 300, seed=13, malformed_ratio=0.1)
-    for _ in range(3):
-        drain(c, p, spark=spark)
-    target = str(c.target_path(p))
-    before = lake_checkpoint(spark, c, p)
-    assert before.batch == 3 and before.found_in == "commit"
-    clean_up_delta_log(spark, target, before.table_version)
-    after = lake_checkpoint(spark, c, p)
-    assert after.batch == 3 and after.found_in == "rows"
-    # Rows hold the offset each record was read at; the run goes on from the next one.
-    assert {k: str(int(v) + 1) for k, v in after.positions.items()} == before.positions
-    more = produce(c, p, 50, seed=13, start=300)
-    s = drain(c, p, spark=spark)
-    assert (s.outcome, s.batch, s.claimed) == ("committed", 4, 50)
-    drain_until_done(c, p, spark)
-    valid, fallback, bad = expected_counts(result, more)
-    assert_exactly_once(spark, c, p, valid, fallback, bad)
 
 
 def test_rows_recovery_ignores_dead_letters_of_a_batch_that_never_committed(tmp_path, cfg, spark, monkeypatch):
@@ -865,97 +650,11 @@ def test_a_held_partition_commits_nothing_past_its_culprit_so_rows_recovery_cann
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("point", "transform", "second"), [
-    ("after_claim", HANDLER, False), ("during_merge", HANDLER, False), ("after_commit", HANDLER, False),
-    ("during_merge", IDENTITY, True)])
-def test_sigkill_at_each_step_boundary_loses_and_duplicates_nothing(point, transform, second, tmp_path, cfg, spark):
-    """`second`: killed in the run's second batch, so "during_merge" kills a MERGE into the table the
-    first batch created (in the first batch it kills the write that creates the table)."""
-    path, c, p = make_kafka_pipeline(tmp_path, partitions=3, batch_cap=2000 if second else 5000, transform=transform)
-    result = produce(c, p, 4000, seed=31, malformed_ratio=0.05)
-    env = {"DELTADRAIN_FAILPOINT": point, "DELTADRAIN_FAILPOINT_DELAY_MS": "300"}
-    if second:
-        env["DELTADRAIN_FAILPOINT_SKIP"] = "1"
-    proc = cli_drain(path, p.name, env, args=("--max-batches", "2") if second else ())
-    out, err = proc.communicate(timeout=600)
-    assert proc.returncode == -9, f"the drain was not killed at {point}: rc={proc.returncode}\n{err[-3000:]}"
-    assert fired(point) in err, err[-3000:]  # this point's kill, not another's or the OOM killer's
-    if second:
-        assert lake_checkpoint(spark, c, p).batch == 1  # the first batch's commit, not the killed one's
-    elif point == "after_commit":
-        # Committed to the lake, not yet to the group: the group offsets lag (still where the claim
-        # notices put them, the start), never lead, and the notices claim nothing behind the lake.
-        assert lake_checkpoint(spark, c, p).batch == 1
-        assert set(group_of(c, p).values()) == {0}
-        assert pipeline_status(c, p)["CLAIMED"] == 0
-    else:
-        assert lake_checkpoint(spark, c, p).batch == 0
-    assert_group_never_leads(spark, c, p)
-    summaries = drain_until_done(c, p, spark)
-    if point == "after_commit":
-        assert sum(s.claimed for s in summaries) == 0  # the lake says the batch is done: nothing is re-read
-    valid, fallback, bad = expected_counts(result)
-    assert_exactly_once(spark, c, p, valid, fallback, bad)
-    # Even the empty run after the kill brought the group offsets up to the lake.
-    assert group_of(c, p) == {k: int(v) for k, v in end_offsets(c, p).items()}
-
-
-@pytest.mark.slow
-def test_sigkill_after_a_later_catch_up_batchs_commit_loses_and_duplicates_nothing(tmp_path, cfg, spark):
-    """A catch-up task killed after its second batch's commit, before that batch's group commit: the
-    lake holds two batches, the group offsets the first one's ends, and the next runs read only the rest."""
-    path, c, p = make_kafka_pipeline(tmp_path, partitions=3, batch_cap=1000)
-    result = produce(c, p, 3000, seed=39, malformed_ratio=0.05)
-    env = {"DELTADRAIN_FAILPOINT": "after_commit", "DELTADRAIN_FAILPOINT_SKIP": "1"}
-    proc = cli_drain(path, p.name, env, args=("--max-batches", "3"))
-    out, err = proc.communicate(timeout=600)
-    assert proc.returncode == -9, f"the drain was not killed: rc={proc.returncode}\n{err[-3000:]}"
-    assert fired("after_commit") in err, err[-3000:]
-    lake = lake_checkpoint(spark, c, p)
-    assert lake.batch == 2 and sum(int(v) for v in lake.positions.values()) == 2000
-    assert sum(v or 0 for v in group_of(c, p).values()) == 1000  # the first batch's group commit only
-    assert pipeline_status(c, p)["CLAIMED"] == 0  # the dead run's notices are behind the lake
-    assert_group_never_leads(spark, c, p)
-    summaries = drain_until_done(c, p, spark)
-    assert sum(s.claimed for s in summaries) == 1000  # the third thousand, nothing read twice
-    valid, fallback, bad = expected_counts(result)
-    assert_exactly_once(spark, c, p, valid, fallback, bad)
-    assert group_of(c, p) == {k: int(v) for k, v in end_offsets(c, p).items()}
-
-
-@pytest.mark.slow
-def test_two_concurrent_drains_one_reports_the_neighbour(tmp_path, cfg, spark):
-    # Both runs are alive: a notice younger than min_idle_ms is never counted as a dead run's (which
-    # would halve the second run's ranges), however slow this machine is today.
-    path, c, p = make_kafka_pipeline(tmp_path, partitions=3, batch_cap=1000, min_idle_ms=600_000)
-    result = produce(c, p, 3000, seed=41, malformed_ratio=0.02)
-    release = tmp_path / "release"
-    slow = cli_drain(path, p.name, held_at("before_commit", release))
-    # Until the slow one has read its range (its dead letters are written).
-    wait_held(slow, (c.dlq_path(p) / "_delta_log").exists, 180, "the held run did not read its range")
-    fast = cli_drain(path, p.name)
-    fast_out, fast_err = fast.communicate(timeout=600)
-    release.touch()  # the slow one commits only now
-    slow_out, slow_err = slow.communicate(timeout=600)
-    assert fast.returncode == 0, fast_err[-3000:]
-    assert slow.returncode == 0, slow_err[-3000:]
-    won, lost = summary_of(fast_out), summary_of(slow_out)
-    # Both read batch 0 and the same ranges; the one that commits second finds the other ahead.
-    assert won["outcome"] == "committed" and won["batch"] == 1 and won["acked"] == 1000
-    assert lost["outcome"] == "ahead" and lost["acked"] == 0 and lost["written"] == 0
-    assert "another writer is ahead" in lost["error"]
-    assert lake_checkpoint(spark, c, p).positions == won["positions"]
-    drain_until_done(c, p, spark)
-    valid, fallback, bad = expected_counts(result)
-    assert_exactly_once(spark, c, p, valid, fallback, bad)
-
-
-@pytest.mark.slow
-def test_broker_restart_between_read_and_commit(tmp_path, cfg, spark, kafka_broker):
+def test_broker_restart_between_read_and_commit(tmp_path, cfg, spark, kafka_broker, spark_connect_server):
     path, c, p = make_kafka_pipeline(tmp_path, partitions=3)
     result = produce(c, p, 2000, seed=61, malformed_ratio=0.05)
     release = tmp_path / "release"
-    run = cli_drain(path, p.name, held_at("before_commit", release))
+    run = cli_drain(path, p.name, held_at("before_commit", release), remote=True)
     wait_held(run, (c.dlq_path(p) / "_delta_log").exists, 180, "the held run did not read its range")
     kafka_broker.down()  # the range is read and staged; the commit has not happened
     kafka_broker.up()
@@ -1003,7 +702,7 @@ def test_claim_notices_move_no_offset_and_a_run_withdraws_only_its_own(tmp_path,
 
 @pytest.mark.slow
 def test_status_shows_a_running_batchs_ranges_as_claimed_and_a_killed_runs_notices_block_nothing(
-        tmp_path, cfg, spark):
+        tmp_path, cfg, spark, spark_connect_server):
     # A short execution_timeout: a notice older than that is from a run Airflow would have killed.
     # min_idle_ms above the test's length: the killed run is not counted as dead here (that halves
     # the next run's ranges: test_a_message_that_kills_every_run_...), only shown as stale.
@@ -1012,7 +711,7 @@ def test_status_shows_a_running_batchs_ranges_as_claimed_and_a_killed_runs_notic
     result = produce(c, p, 3000, seed=71, malformed_ratio=0.02)
     conf = kafka_client_conf(c, p)
     ends = end_offsets(c, p)
-    run = cli_drain(path, p.name, {"DELTADRAIN_PAUSE_AFTER_CLAIM_MS": "120000"})
+    run = cli_drain(path, p.name, {"DELTADRAIN_PAUSE_AFTER_CLAIM_MS": "120000"}, remote=True)
     st, deadline = None, time.time() + 180
     while time.time() < deadline and run.poll() is None:
         st = kafka_counts(conf, p.source, {}, {}, {})
@@ -1113,7 +812,7 @@ def test_a_run_whose_transform_fails_its_batch_leaves_its_claim_notices_to_be_co
 
 @pytest.mark.slow
 def test_a_drain_killed_between_its_refused_dead_letters_and_its_commit_loses_and_duplicates_nothing(
-        tmp_path, cfg, spark):
+        tmp_path, cfg, spark, spark_connect_server):
     """The refused message's dead letter is written before the commit (the commit moves the checkpoint
     past it), and the run is SIGKILLed there. The next runs read the range again, the constraint
     refuses the same message, and its dead letter stays single: all else lands once."""
@@ -1124,7 +823,7 @@ def test_a_drain_killed_between_its_refused_dead_letters_and_its_commit_loses_an
     refused = "evt-93-000000025"
     spark.sql(f"ALTER TABLE delta.`{c.target_path(p)}` ADD CONSTRAINT no_25 CHECK (event_id <> '{refused}')")
     more = produce(c, p, 40, seed=93, start=10)
-    proc = cli_drain(path, p.name, {"DELTADRAIN_FAILPOINT": point})
+    proc = cli_drain(path, p.name, {"DELTADRAIN_FAILPOINT": point}, remote=True)
     _, err = proc.communicate(timeout=600)
     assert proc.returncode == -9 and fired(point) in err, err[-3000:]
     assert [json.loads(bytes(r.original))["event_id"] for r in dlq_rows(spark, c, p)] == [refused]
@@ -1161,30 +860,6 @@ def test_a_topic_deleted_and_recreated_past_the_checkpoint_stops_the_drain(tmp_p
     with pytest.raises(DrainError, match=f"topic '{topic}' was deleted and recreated since the lake checkpoint"):
         drain(c, p, spark=spark)
     assert len(target_ids(spark, c, p)) == 10
-
-
-def test_rows_the_target_table_refuses_are_dead_letters_and_the_rest_commits_in_the_same_run(tmp_path, cfg, spark):
-    """A CHECK constraint the operator added to the target refuses two rows. Before, the MERGE failure
-    failed the run, and runs halved the range until max_retries dead-lettered the refused row and
-    its neighbours. Now the run dead-letters exactly the two, with their records' bytes and the
-    constraint's name, and commits the rest."""
-    path, c, p = make_kafka_pipeline(tmp_path, partitions=2, batch_cap=1000)
-    first = produce(c, p, 10, seed=88)
-    assert drain(c, p, spark=spark).written == 10
-    refused = ["evt-88-000000025", "evt-88-000000031"]
-    spark.sql(f"ALTER TABLE delta.`{c.target_path(p)}` ADD CONSTRAINT not_these "
-              f"CHECK (event_id NOT IN ('{refused[0]}', '{refused[1]}'))")
-    more = produce(c, p, 40, seed=88, start=10)
-    run = drain(c, p, spark=spark)
-    assert (run.outcome, run.claimed, run.written, run.dead_lettered) == ("committed", 40, 38, 2), run
-    dead = {json.loads(bytes(r.original))["event_id"]: r for r in dlq_rows(spark, c, p)}
-    assert sorted(dead) == refused
-    assert {(r.error_type, r.state) for r in dead.values()} == {("refused", "DEAD")}
-    assert all(r.error.startswith("the target table refused its row: CHECK constraint not_these (") for r in
-               dead.values())
-    places = [(r.partition, r.position) for r in dead.values()]
-    assert_exactly_once(spark, c, p, [i for i in [*first.valid_ids, *more.valid_ids] if i not in refused], 0, places)
-    assert group_of(c, p) == {k: int(v) for k, v in end_offsets(c, p).items()}
 
 
 def test_a_batch_that_fails_on_no_single_message_is_halved_until_it_commits(tmp_path, cfg, spark):
@@ -1284,7 +959,8 @@ def test_a_field_added_mid_stream_becomes_a_column_in_its_batchs_commit(tmp_path
 
 
 @pytest.mark.slow
-def test_a_run_killed_after_a_new_fields_vote_leaves_its_losers_dead_and_publishes_no_one_twice(tmp_path, cfg, spark):
+def test_a_run_killed_after_a_new_fields_vote_leaves_its_losers_dead_and_publishes_no_one_twice(
+        tmp_path, cfg, spark, spark_connect_server):
     """A new field has booleans in six messages and strings in four: the strings lose the batch's vote
     and are dead-lettered, and the run is SIGKILLed right after those dead letters. The next run reads
     only the first half of the range (a dead run halves it), where the strings are the majority: it
@@ -1303,7 +979,7 @@ def test_a_run_killed_after_a_new_fields_vote_leaves_its_losers_dead_and_publish
                          partition=0)
     producer.flush(30)
 
-    proc = cli_drain(path, p.name, {"DELTADRAIN_FAILPOINT": point})
+    proc = cli_drain(path, p.name, {"DELTADRAIN_FAILPOINT": point}, remote=True)
     _, err = proc.communicate(timeout=600)
     assert proc.returncode == -9 and fired(point) in err, err[-3000:]
     assert sorted(r.message_id for r in dlq_rows(spark, c, p)) == ids[:4]

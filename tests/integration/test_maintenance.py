@@ -14,13 +14,8 @@ from deltadrain.lake.maintain import files_on_disk, maintain, snapshot_files
 from deltadrain.lake.metrics import last_runs, metrics_path
 from deltadrain.orchestration.view.data import pipeline_view
 from deltadrain.sources.valkey.client import valkey_client
-from tests.integration.helpers import (
-    assert_exactly_once,
-    dlq_rows,
-    drain_until_done,
-    make_pipeline,
-    target_ids,
-)
+from tests.support.lake import dlq_rows, target_ids
+from tests.support.valkey import assert_exactly_once, drain_until_done, make_pipeline
 
 
 def set_maintenance(path, **fields):

@@ -24,8 +24,8 @@ from deltadrain.lake.objectstore import (
     resolve,
     storage_options,
 )
-from tests.integration.helpers import SPAWNED
 from tests.integration.test_services import _own_env, cli, processes_under
+from tests.support.processes import SPAWNED
 
 ROOT = Path(__file__).resolve().parents[2]
 DRIVER = Path(__file__).parent / "s3_driver.py"

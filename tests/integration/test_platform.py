@@ -200,7 +200,7 @@ def test_a_creation_under_way_or_abandoned_does_not_fail_table_creation(spark, t
 
 def test_valkey_xadd_xreadgroup_xack_roundtrip_with_aof(valkey_server, cfg):
     from deltadrain.sources.valkey.client import valkey_client
-    from tests.integration.helpers import valkey_admin
+    from tests.support.valkey import valkey_admin
 
     client = valkey_client(cfg, cfg.pipeline("orders"))
     assert valkey_admin().config_get("appendonly")["appendonly"] == "yes"

@@ -29,7 +29,8 @@ from deltadrain.quality.quarantine import quarantine_path
 from deltadrain.quality.results import RESULTS_SCHEMA, QualityReport, last_results, results_path, write_result
 from deltadrain.run.drain import DrainError
 from deltadrain.sources.valkey.client import valkey_client
-from tests.integration.helpers import make_pipeline, pending, target_ids, valkey_admin
+from tests.support.lake import target_ids
+from tests.support.valkey import make_pipeline, pending, valkey_admin
 
 pytestmark = pytest.mark.usefixtures("valkey_server")
 
@@ -336,7 +337,7 @@ def test_the_spark_submit_entry_point_checks_a_batch(tmp_path, cfg, spark):
 
     from deltadrain.paths import PROJECT_ROOT
     from deltadrain.runtime.session import spark_submit_command
-    from tests.integration.helpers import summary_of
+    from tests.support.processes import summary_of
 
     path, c, p, _, _ = drained(tmp_path, spark, 60, quality=quality("fail"))
     job = str(PROJECT_ROOT / "spark_jobs" / "quality.py")
@@ -436,7 +437,7 @@ def test_a_batch_check_takes_on_the_committed_batches_that_have_no_result(tmp_pa
     between quarantine's MERGE and DELETE writes no result: the next batch check takes both on."""
     from deltadrain import failpoints
     from deltadrain.quality.check import check_batches
-    from tests.integration.helpers import cli_drain
+    from tests.support.processes import cli_drain
 
     path, c, p, client, first = drained(tmp_path, spark, 200, quality=quality("quarantine"))
     bad = {1: over_limit(spark, c, p, 1)}

@@ -28,8 +28,9 @@ from deltadrain.formats.protobuf import encode as proto_encode
 from deltadrain.formats.registry import Registry, failure_line
 from deltadrain.formats.registry import register as register_schema
 from deltadrain.sources.kafka.client import kafka_client_conf
-from tests.integration.helpers import ROOT, dlq_rows, target_ids, write_config
-from tests.integration.test_kafka_drain import end_offsets, group_of, lake_checkpoint
+from tests.support.kafka import end_offsets, group_of, lake_checkpoint
+from tests.support.lake import dlq_rows, target_ids
+from tests.support.pipelines import ROOT, write_config
 
 SCHEMAS = ROOT / "config" / "schemas"
 FIELDS = {"event_id": "string", "customer": "string", "amount": "double", "quantity": "long", "status": "string",
@@ -106,7 +107,7 @@ def test_avro_and_protobuf_drain_through_the_real_registry_across_versions_bad_i
     _, pc, pp = registry_pipeline(tmp_path / "p", cfg, "protobuf")
     assert p.payload_schema.registry.connection_id == "deltadrain_registry"  # the login services up handed over
     # The registry listens on the loopback only, and no path answers without the login.
-    from tests.integration.helpers import beyond_loopback, listening_addresses
+    from tests.support.processes import beyond_loopback, listening_addresses
 
     listening = listening_addresses(registry_server.pid())
     assert listening and not beyond_loopback(listening), listening

@@ -18,13 +18,13 @@ from deltadrain.lake.delta import is_table
 from deltadrain.sources.connections import unreachable
 from deltadrain.sources.valkey.acl import acl_rule
 from deltadrain.sources.valkey.client import valkey_client
-from tests.integration.helpers import (
+from tests.support.pipelines import set_source
+from tests.support.valkey import (
     assert_exactly_once,
     drain_until_done,
     lag,
     make_pipeline,
     pending,
-    set_source,
     valkey_admin,
 )
 
@@ -149,7 +149,7 @@ def _kafka_pipeline(tmp_path, security: dict):
     """The example's Kafka pipeline on a topic of its own, over `security`."""
     import yaml
 
-    from tests.integration.helpers import ROOT, write_config
+    from tests.support.pipelines import ROOT, write_config
 
     data = yaml.safe_load((ROOT / "config" / "pipelines.yaml").read_text())
     name = f"s_{uuid.uuid4().hex[:8]}"
@@ -222,7 +222,7 @@ def test_kafka_sasl_ssl_drain_wrong_password_untrusted_ca_and_missing_group_acl(
     from deltadrain.config.embedded import KAFKA_CONNECTION_ID, kafka_login, ports
     from deltadrain.sources.kafka.client import kafka_client_conf, kafka_spark_options
     from deltadrain.sources.kafka.offsets import group_offsets
-    from tests.integration.helpers import target_ids
+    from tests.support.lake import target_ids
 
     security = {"protocol": "SASL_SSL", "sasl_mechanism": "SCRAM-SHA-512", "connection_id": KAFKA_CONNECTION_ID}
     path, c, p = _kafka_pipeline(tmp_path, security)
@@ -278,7 +278,7 @@ def test_kafka_sasl_ssl_drain_wrong_password_untrusted_ca_and_missing_group_acl(
 @pytest.mark.usefixtures("kafka_broker", "spark_connect_server", "s3_server", "valkey_tls_server")
 def test_the_embedded_services_listen_on_the_loopback_only(cfg):
     from deltadrain.dev import services
-    from tests.integration.helpers import beyond_loopback, listening_addresses
+    from tests.support.processes import beyond_loopback, listening_addresses
 
     seen = {}
     for name in ("valkey", "valkey_tls", "kafka", "spark_connect", "s3"):

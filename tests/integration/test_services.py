@@ -111,7 +111,7 @@ def test_a_bench_stops_only_the_server_it_started_and_drops_its_own_source(tmp_p
     from deltadrain.dev.produce import produce
     from deltadrain.sources.valkey.client import valkey_client
     from deltadrain.sources.valkey.drain import failures_key
-    from tests.integration.helpers import make_pipeline, valkey_admin
+    from tests.support.valkey import make_pipeline, valkey_admin
 
     env = _own_env(tmp_path)
     for key in ("DELTADRAIN_HOME", "DELTADRAIN_VALKEY_PORT"):

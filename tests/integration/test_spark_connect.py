@@ -16,8 +16,8 @@ import pytest
 
 from deltadrain.config.embedded import SPARK_CONNECT_CONN_ID, spark_connect_url
 from deltadrain.runtime.session import connect_session
-from tests.integration.helpers import ROOT
 from tests.integration.test_services import _own_env, cli, processes_under
+from tests.support.pipelines import ROOT
 
 pytestmark = pytest.mark.slow
 
@@ -204,7 +204,7 @@ def test_services_up_status_down_through_the_cli(tmp_path):
 
 def remote_drain(path: Path, pipeline: str, url: str, env: dict | None = None, args: tuple[str, ...] = ()):
     """`deltadrain drain --remote URL` in a process of its own: a Connect client as an Airflow task is."""
-    from tests.integration.helpers import cli_drain
+    from tests.support.processes import cli_drain
 
     return cli_drain(path, pipeline, env, args=("--remote", url, *args))
 
@@ -220,8 +220,8 @@ def test_a_valkey_and_a_kafka_pipeline_drain_at_once_on_one_server_each_exactly_
     from deltadrain.dev.produce import MALFORMED_KINDS, produce
     from deltadrain.lake.checkpoint import read_checkpoint
     from deltadrain.sources.valkey.client import valkey_client
-    from tests.integration import test_kafka_drain as kafka
-    from tests.integration.helpers import assert_exactly_once, make_pipeline
+    from tests.support import kafka
+    from tests.support.valkey import assert_exactly_once, make_pipeline
 
     url = spark_connect_url(cfg)
     for side in ("v", "k"):
@@ -272,7 +272,7 @@ def test_a_client_killed_during_its_merge_loses_and_doubles_nothing(spark_connec
     from deltadrain.failpoints import fired
     from deltadrain.lake.checkpoint import find_commit
     from deltadrain.sources.valkey.client import valkey_client
-    from tests.integration.helpers import assert_exactly_once, drain_until_done, make_pipeline
+    from tests.support.valkey import assert_exactly_once, drain_until_done, make_pipeline
 
     path, c, p = make_pipeline(tmp_path, min_idle_ms=0, batch_cap=1500, partitions=1)
     client = valkey_client(c, p)
@@ -298,7 +298,8 @@ def test_a_server_killed_mid_batch_fails_the_run_clearly_and_after_up_the_next_r
     from deltadrain.lake.checkpoint import read_checkpoint
     from deltadrain.lake.delta import exists
     from deltadrain.sources.valkey.client import valkey_client
-    from tests.integration.helpers import assert_exactly_once, lag, make_pipeline, pending, wait_held
+    from tests.support.processes import wait_held
+    from tests.support.valkey import assert_exactly_once, lag, make_pipeline, pending
 
     path, c, p = make_pipeline(tmp_path, min_idle_ms=0, batch_cap=5000, partitions=2)
     client = valkey_client(c, p)

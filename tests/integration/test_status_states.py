@@ -18,7 +18,9 @@ import yaml
 
 from deltadrain.config import load_config
 from tests.conftest import free_port
-from tests.integration.helpers import ROOT, dlq_rows, drain_until_done, make_pipeline, target_ids
+from tests.support.lake import dlq_rows, target_ids
+from tests.support.pipelines import ROOT
+from tests.support.valkey import drain_until_done, make_pipeline
 
 # The CLI with pyspark (and py4j) unimportable: any path that would start a Spark JVM fails instead.
 NO_SPARK = ("import sys; sys.modules['pyspark'] = None; sys.modules['py4j'] = None; "

@@ -19,16 +19,8 @@ from deltadrain.dev.produce import generate, partition_for
 from deltadrain.dev.services.valkey_cluster import _connect, known_nodes
 from deltadrain.lake.checkpoint import read_checkpoint
 from deltadrain.sources.valkey.client import VALKEY_FIELD, valkey_client
-from tests.integration.helpers import (
-    assert_exactly_once,
-    cli_drain,
-    drain_until_done,
-    held_at,
-    make_pipeline,
-    pending,
-    summary_of,
-    wait_held,
-)
+from tests.support.processes import cli_drain, held_at, summary_of, wait_held
+from tests.support.valkey import assert_exactly_once, drain_until_done, make_pipeline, pending
 
 pytestmark = pytest.mark.slow
 

@@ -20,7 +20,8 @@ from deltadrain.dev.produce import VALKEY_FIELD, produce
 from deltadrain.names import REPLAY_DAG, ingest_dag_id
 from deltadrain.sources.valkey.client import valkey_client
 from tests.integration.browser import Browser, artefacts_dir
-from tests.integration.helpers import dlq_rows, drain_until_done, make_pipeline, target_ids
+from tests.support.lake import dlq_rows, target_ids
+from tests.support.valkey import drain_until_done, make_pipeline
 
 SCRIPT = b"<script>alert('dd')</script> is not JSON"
 

@@ -1,0 +1,153 @@
+"""The processes a test starts: CLI drains (a local driver, or a Spark Connect client with `remote`),
+runs held at a failpoint pause until the test releases them, their summaries, DAG runs, the cleanup
+that kills whatever a failed test left running, and what a process listens on."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.support.pipelines import ROOT
+
+# The drains a test started; the `no_drain_left` fixture kills those still running when it ends.
+SPAWNED: list[subprocess.Popen] = []
+
+
+def held_at(point: str, release: Path, at_most_ms: int = 180_000) -> dict[str, str]:
+    """The environment that holds a CLI drain at the failpoint pause `point` until the test creates
+    `release` (at most `at_most_ms`): the test releases it once its neighbour is done."""
+    key = point.upper()
+    return {f"DELTADRAIN_PAUSE_{key}_MS": str(at_most_ms), f"DELTADRAIN_PAUSE_{key}_UNTIL": str(release)}
+
+
+def cli_drain(config: Path, pipeline: str, env: dict | None = None, timeout: int = 600,
+              args: tuple[str, ...] = (), remote: bool = False) -> subprocess.Popen:
+    """`deltadrain drain` in a process of its own. A local Spark driver (a JVM of its own, seconds to
+    start) unless `remote`: then a client of the session's Spark Connect server (the
+    `spark_connect_server` fixture), as an Airflow task is, whose process a kill ends just as really."""
+    remote_args = ("--remote",) if remote else ()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "deltadrain.cli", "--config", str(config), "drain", pipeline, *args, *remote_args],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})}, cwd=ROOT)
+    SPAWNED.append(proc)
+    return proc
+
+
+def wait_held(proc: subprocess.Popen, ready, timeout: float, what: str) -> None:
+    """Wait until `ready()` while `proc`, a run held at a failpoint, still runs. Fails naming `what`:
+    with the run's output when it exited (never blocks on a run still held), or after `timeout` s."""
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None and not ready():
+        time.sleep(0.2)
+    if proc.poll() is not None:
+        out, err = proc.communicate()
+        raise AssertionError(f"{what}: the run exited ({proc.returncode}): {(err or out or '')[-3000:]}")
+    assert ready(), f"{what}: not within {timeout} s"
+
+
+def kill_spawned() -> list[int]:
+    """SIGKILL the drains still running (a test that failed before it released a held run, or before it
+    read one's output): none of them goes on writing into the next test. Their pids."""
+    killed = []
+    while SPAWNED:
+        proc = SPAWNED.pop()
+        if proc.poll() is None:
+            proc.kill()
+            killed.append(proc.pid)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.communicate(timeout=120)  # reaps it and closes its pipes (once its JVM has let go of them)
+    return killed
+
+
+def summary_of(stdout: str) -> dict:
+    """The run summary: the CLI's JSON line, or the Spark jobs' `deltadrain-summary: {json}` line."""
+    from deltadrain.jobs import SUMMARY_PREFIX
+
+    lines = [line.removeprefix(SUMMARY_PREFIX) for line in stdout.splitlines()]
+    return json.loads([line for line in lines if line.startswith("{")][-1])
+
+
+def run_dag(dag_id: str, run_conf: dict | None = None, env: dict | None = None) -> dict:
+    """dag.test() in a subprocess (see tests/integration/dagrun.py): {run_id, state, states, xcoms}."""
+    args = [sys.executable, "-m", "tests.integration.dagrun", dag_id] + ([json.dumps(run_conf)] if run_conf else [])
+    done = subprocess.run(args, capture_output=True, text=True, timeout=900, cwd=ROOT, env=env or {**os.environ})
+    lines = [line for line in done.stdout.splitlines() if line.startswith("DAGRUN-RESULT ")]
+    assert lines, f"dag.test of {dag_id} printed no result:\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
+    result = json.loads(lines[-1].removeprefix("DAGRUN-RESULT "))
+    result["log"] = done.stdout + done.stderr
+    return result
+
+
+def run_or_killed(c, p, spark) -> dict | str:
+    """One drain in this process: its summary, or "killed" when the transform stopped it as a SIGKILL
+    would (failpoints.ABANDON)."""
+    from dataclasses import asdict
+
+    from deltadrain.catchup import drain
+    from deltadrain.failpoints import Abandoned
+
+    try:
+        return asdict(drain(c, p, spark=spark))
+    except Abandoned:
+        return "killed"
+
+
+def running(*words: str) -> list[int]:
+    """The pids of processes whose command line holds all of `words`."""
+    pids = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().decode(errors="replace")
+        except OSError:
+            continue
+        if all(w in cmd for w in words):
+            pids.append(int(pid))
+    return pids
+
+
+def _listening() -> dict[str, str]:
+    """Socket inode -> local address (hex, as the kernel prints it) of every TCP socket in LISTEN."""
+    found = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A":
+                found[fields[9]] = fields[1]
+    return found
+
+
+def _group_sockets(pgid: int) -> list[str]:
+    """The socket inodes the processes of process group `pgid` hold (a service and its children)."""
+    inodes = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.getpgid(int(pid)) != pgid:
+                continue
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith("socket:["):
+                    inodes.append(target[8:-1])
+        except OSError:  # gone, or a descriptor closed meanwhile
+            continue
+    return inodes
+
+
+# 127.0.0.1 in /proc/net/tcp, and as an IPv4-mapped or the IPv6 loopback in /proc/net/tcp6.
+LOOPBACK = {"0100007F", "0000000000000000FFFF00000100007F", "00000000000000000000000001000000"}
+
+
+def listening_addresses(pgid: int) -> list[str]:
+    """The local addresses (hex, as the kernel prints them) of the TCP sockets in LISTEN that the
+    processes of process group `pgid` hold: an embedded service and every child it started."""
+    listening = _listening()
+    return [listening[i] for i in _group_sockets(pgid) if i in listening]
+
+
+def beyond_loopback(addresses: list[str]) -> list[str]:
+    return [a for a in addresses if a.split(":")[0] not in LOOPBACK]
