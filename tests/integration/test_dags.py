@@ -39,6 +39,7 @@ from tests.integration.helpers import (
     target_ids,
     valkey_admin,
 )
+from tests.support.dagruns import run_dag
 
 DAGS = ROOT / "dags"
 
@@ -124,17 +125,6 @@ def pipeline_dags(tmp_path, monkeypatch, airflow_db, valkey_server, spark_connec
         return path, c, p
 
     return make
-
-
-def run_dag(dag_id: str, run_conf: dict | None = None, env: dict | None = None) -> dict:
-    """dag.test() in a subprocess (see tests/integration/dagrun.py): {run_id, state, states, xcoms}."""
-    args = [sys.executable, "-m", "tests.integration.dagrun", dag_id] + ([json.dumps(run_conf)] if run_conf else [])
-    done = subprocess.run(args, capture_output=True, text=True, timeout=900, cwd=ROOT, env=env or {**os.environ})
-    lines = [line for line in done.stdout.splitlines() if line.startswith("DAGRUN-RESULT ")]
-    assert lines, f"dag.test of {dag_id} printed no result:\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
-    result = json.loads(lines[-1].removeprefix("DAGRUN-RESULT "))
-    result["log"] = done.stdout + done.stderr
-    return result
 
 
 @pytest.mark.slow

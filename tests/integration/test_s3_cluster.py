@@ -38,8 +38,8 @@ from deltadrain.sources.kafka.client import kafka_client_conf
 from deltadrain.sources.valkey.client import valkey_client
 from tests.conftest import free_port
 from tests.integration.helpers import SPAWNED, assert_dead_letters, held_at, pending, summary_of
-from tests.integration.test_dags import run_dag
-from tests.integration.test_services import cli
+from tests.support.dagruns import run_dag
+from tests.support.services import cli
 
 ROOT = Path(__file__).resolve().parents[2]
 SQL = Path(__file__).parent / "connect_sql.py"
