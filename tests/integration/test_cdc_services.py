@@ -30,7 +30,7 @@ from deltadrain.config.embedded import (
 from deltadrain.dev import services
 from deltadrain.dev.services.debezium import rest_get
 from deltadrain.dev.services.process import pid_alive
-from tests.integration.helpers import beyond_loopback, listening_addresses
+from tests.support.processes import beyond_loopback, listening_addresses
 
 
 def new_table(cfg) -> str:

@@ -207,7 +207,7 @@ def test_rows_the_target_refuses_are_dead_letters_naming_the_constraint_and_come
     from delta.tables import DeltaTable
     from pyspark.sql.types import StructField, StructType
 
-    from deltadrain.run.drain import claim_schema, target_rows, transformed
+    from deltadrain.run.rows import claim_schema, target_rows, transformed
 
     h.pipeline(partitions=2, transform=transform)
     # The operator created the target before the first run, with quantity NOT NULL (Delta adds that

@@ -24,8 +24,8 @@ from deltadrain.lake.objectstore import (
     resolve,
     storage_options,
 )
-from tests.integration.test_services import _own_env, cli, processes_under
 from tests.support.processes import SPAWNED
+from tests.support.services import cli, own_env, processes_under
 
 ROOT = Path(__file__).resolve().parents[2]
 DRIVER = Path(__file__).parent / "s3_driver.py"
@@ -37,7 +37,7 @@ def store(s3_server):
 
 
 def test_services_up_only_s3_asks_for_a_login_kept_owner_only(tmp_path):
-    env = _own_env(tmp_path)
+    env = own_env(tmp_path)
     home = Path(env["DELTADRAIN_HOME"])
     up = cli(env, "services", "up", "--only", "s3")
     assert up.returncode == 0, up.stderr

@@ -22,14 +22,8 @@ from deltadrain.config import load_config
 from deltadrain.lake.checkpoint import read_checkpoint
 from deltadrain.lake.delta import snapshot_txn
 from deltadrain.observe.status import pipeline_status  # what `deltadrain status` prints
-from tests.integration.helpers import (
-    assert_dead_letters,
-    dlq_rows,
-    drain_until_done,
-    pending,
-    target_ids,
-    valkey_admin,
-)
+from tests.support.lake import assert_dead_letters, dlq_rows, target_ids
+from tests.support.valkey import drain_until_done, pending, valkey_admin
 
 RELEASE = "44a7cf7"
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"

@@ -37,9 +37,9 @@ from deltadrain.names import ingest_dag_id
 from deltadrain.sources.kafka.client import kafka_client_conf
 from deltadrain.sources.valkey.client import valkey_client
 from tests.conftest import free_port
-from tests.integration.test_services import cli
 from tests.support.lake import assert_dead_letters
 from tests.support.processes import SPAWNED, held_at, run_dag, summary_of
+from tests.support.services import cli
 from tests.support.valkey import pending
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -2,51 +2,18 @@
 
 from __future__ import annotations
 
-import os
 import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import psutil
 import pytest
 
 from deltadrain.dev import services
-from tests.conftest import free_port
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _own_env(tmp_path: Path, **ports: int) -> dict:
-    env = {**os.environ, "DELTADRAIN_HOME": str(tmp_path / "home")}
-    env.pop("AIRFLOW_CONN_DELTADRAIN_VALKEY", None)  # the session's Valkey login; the new home makes its own
-    for name in ("VALKEY", "KAFKA", "KAFKA_CONTROLLER", "KAFKA_SASL", "AIRFLOW", "SPARK_CONNECT", "S3"):
-        env[f"DELTADRAIN_{name}_PORT"] = str(ports.get(name.lower(), free_port()))
-    return env
-
-
-def cli(env: dict, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "deltadrain.cli", *args], capture_output=True, text=True,
-                          env=env, timeout=timeout, cwd=ROOT)
-
-
-def processes_under(home: Path) -> list[str]:
-    """Live processes whose working directory is inside `home` (every service runs there)."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cwd = os.readlink(f"/proc/{pid}/cwd")
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1][0]
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except (FileNotFoundError, PermissionError, ProcessLookupError, IndexError):
-            continue
-        if cwd.startswith(str(home)) and state != "Z":
-            found.append(f"{pid} {cmd[:120]}")
-    return found
+from tests.support.services import cli, own_env, processes_under
 
 
 def test_up_is_idempotent_and_down_leaves_no_process(tmp_path):
-    env = _own_env(tmp_path)
+    env = own_env(tmp_path)
     home = Path(env["DELTADRAIN_HOME"])
     first = cli(env, "services", "up", "--only", "valkey,kafka")
     assert first.returncode == 0, first.stderr
@@ -75,7 +42,7 @@ def test_a_port_taken_by_another_process_is_a_clear_error(tmp_path):
         squatter.bind(("127.0.0.1", 0))
         squatter.listen()
         port = squatter.getsockname()[1]
-        env = _own_env(tmp_path, valkey=port)
+        env = own_env(tmp_path, valkey=port)
         done = cli(env, "services", "up", "--only", "valkey")
     assert done.returncode == 1
     assert f"port {port}" in done.stderr and "taken by another process" in done.stderr
@@ -84,7 +51,7 @@ def test_a_port_taken_by_another_process_is_a_clear_error(tmp_path):
 
 @pytest.mark.slow
 def test_airflow_standalone_up_down(tmp_path):
-    env = _own_env(tmp_path)
+    env = own_env(tmp_path)
     home = Path(env["DELTADRAIN_HOME"])
     try:
         up = cli(env, "services", "up", "--only", "airflow", timeout=400)
@@ -113,7 +80,7 @@ def test_a_bench_stops_only_the_server_it_started_and_drops_its_own_source(tmp_p
     from deltadrain.sources.valkey.drain import failures_key
     from tests.support.valkey import make_pipeline, valkey_admin
 
-    env = _own_env(tmp_path)
+    env = own_env(tmp_path)
     for key in ("DELTADRAIN_HOME", "DELTADRAIN_VALKEY_PORT"):
         monkeypatch.setenv(key, env[key])
     # The session's Valkey login is not this server's: the drains read the new home's login file.

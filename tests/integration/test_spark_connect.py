@@ -16,8 +16,8 @@ import pytest
 
 from deltadrain.config.embedded import SPARK_CONNECT_CONN_ID, spark_connect_url
 from deltadrain.runtime.session import connect_session
-from tests.integration.test_services import _own_env, cli, processes_under
 from tests.support.pipelines import ROOT
+from tests.support.services import cli, own_env, processes_under
 
 pytestmark = pytest.mark.slow
 
@@ -178,7 +178,7 @@ def test_services_up_status_down_through_the_cli(tmp_path):
     and leaves no process."""
     from deltadrain.dev.services.process import port_open
 
-    env = _own_env(tmp_path)
+    env = own_env(tmp_path)
     home, port = Path(env["DELTADRAIN_HOME"]), int(env["DELTADRAIN_SPARK_CONNECT_PORT"])
     try:
         up = cli(env, "services", "up", "--only", "spark_connect")
