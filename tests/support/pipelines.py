@@ -33,6 +33,16 @@ def write_config(tmp_path: Path, data: dict, pipe: dict):
     return path, cfg, cfg.pipeline(pipe["name"])
 
 
+def alerts_config(tmp_path: Path, alerts: dict | None):
+    """The example config, both pipelines, with the first one's `alerts` block set to `alerts` (None: none)."""
+    data = example_config()
+    if alerts is not None:
+        data["pipelines"][0]["alerts"] = alerts
+    path = tmp_path / "pipelines.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return load_config(path)
+
+
 def set_source(path: Path, **fields):
     """Change the source settings of the config file's only pipeline, as an operator edits the YAML:
     returns the reloaded (cfg, pipeline)."""

@@ -1,4 +1,4 @@
-"""Fixtures the view's unit tests share."""
+"""Fixtures unit test modules share: the view's app, the fake schema registry."""
 
 from __future__ import annotations
 
@@ -21,3 +21,12 @@ def client_for(monkeypatch, cfg):
         return TestClient(app)
 
     return make
+
+
+@pytest.fixture
+def server():
+    """The fake schema registry (tests.support.registry), started for one test."""
+    from tests.support.registry import fake_registry
+
+    with fake_registry() as srv:
+        yield srv

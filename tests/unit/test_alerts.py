@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-import yaml
 
 from deltadrain.errors import ConfigError
 from deltadrain.observe.alerts import (
@@ -18,6 +16,7 @@ from deltadrain.observe.alerts import (
     raise_if_breached,
     verdict,
 )
+from tests.support.pipelines import alerts_config
 
 NOW_MS = int(datetime(2026, 5, 1, 12, 0, tzinfo=UTC).timestamp() * 1000)
 
@@ -73,19 +72,8 @@ def test_the_verdict_names_every_breached_threshold_and_none_when_all_pass():
     raise_if_breached({"failure": None})
 
 
-def _config(tmp_path: Path, alerts: dict | None):
-    from deltadrain.config import load_config
-
-    data = yaml.safe_load((Path(__file__).resolve().parents[2] / "config" / "pipelines.yaml").read_text())
-    if alerts is not None:
-        data["pipelines"][0]["alerts"] = alerts
-    path = tmp_path / "pipelines.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return load_config(path)
-
-
 def test_thresholds_are_typed_per_pipeline_and_off_unless_set(tmp_path):
-    cfg = _config(tmp_path, {"max_lag": 5000, "max_pending_age": "PT15M", "max_dead_rise": 0})
+    cfg = alerts_config(tmp_path, {"max_lag": 5000, "max_pending_age": "PT15M", "max_dead_rise": 0})
     orders, clicks = cfg.pipelines[0], cfg.pipelines[1]
     assert (orders.alerts.max_lag, orders.alerts.max_pending_age, orders.alerts.max_dead_rise) == (
         5000, timedelta(minutes=15), 0)
@@ -94,13 +82,13 @@ def test_thresholds_are_typed_per_pipeline_and_off_unless_set(tmp_path):
                             ({"max_pending_age": "PT0S"}, "alerts.max_pending_age", "positive duration"),
                             ({"max_dead_rises": 1}, "alerts.max_dead_rises", "Extra inputs")):
         with pytest.raises(ConfigError, match=f"pipeline 'orders', field '{field}': .*{why}"):
-            _config(tmp_path, bad)
+            alerts_config(tmp_path, bad)
 
 
 def test_the_alerts_task_follows_the_drain_whatever_became_of_it_and_only_where_thresholds_are_set(tmp_path):
     from deltadrain.orchestration.factory import ingest_dag
 
-    cfg = _config(tmp_path, {"max_lag": 10})
+    cfg = alerts_config(tmp_path, {"max_lag": 10})
     dag = ingest_dag(cfg, cfg.pipelines[0])
     alerts = dag.get_task("alerts")
     assert alerts.upstream_task_ids == {"drain"} and alerts.trigger_rule == "all_done"
@@ -116,7 +104,7 @@ def test_the_alerts_task_fails_without_retry_naming_the_figures_and_returns_them
     from deltadrain.observe import alerts as module
     from deltadrain.orchestration.operators import AlertsOperator
 
-    cfg = _config(tmp_path, {"max_dead_rise": 0})
+    cfg = alerts_config(tmp_path, {"max_dead_rise": 0})
     started = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
     seen = {}
 

@@ -30,7 +30,7 @@ from deltadrain.schema.evolution import (
     refusal,
     table_type,
 )
-from tests.unit.test_decode_many import FIELDS, MAX, REQUIRED, TRICKY, TYPES, enc, good
+from tests.support.decode_cases import FIELDS, MAX, REQUIRED, TRICKY, TYPES, enc, good
 
 
 def convert(kind, value):

@@ -10,7 +10,7 @@ from deltadrain.run.isolation import convicted
 from deltadrain.sources.kafka.crashes import DeadRuns, bisect, settle, transform_attempts
 from deltadrain.sources.kafka.drain import DecodeContext, kafka_batch
 from deltadrain.sources.kafka.offsets import claim_notice, read_notice
-from tests.unit.test_kafka_offsets import CLAIM
+from tests.support.kafka_rows import CLAIM
 
 MIN_IDLE = 60_000
 NOW = 1_800_000_000_000

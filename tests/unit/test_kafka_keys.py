@@ -1,5 +1,5 @@
 """Avro record keys as message ids (`source.key_format: avro`): each key read with its writer's schema
-from a local HTTP server that speaks the schema registry's API (tests/unit/test_registry.py), through
+from a local HTTP server that speaks the schema registry's API (tests/support/registry.py), through
 the drain's own column-wise Kafka decoding."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from deltadrain.errors import ConfigError
 from deltadrain.formats.confluent import header
 from deltadrain.formats.registry import Registry, RegistryUnavailable
 from deltadrain.sources.kafka.drain import REPLAY_ID_HEADER
-from tests.unit.test_kafka_offsets import TS, ctx, kafka_row
-from tests.unit.test_registry import ROOT, server, write_config  # noqa: F401 - the registry fixture
+from tests.support.kafka_rows import TS, ctx, kafka_row
+from tests.support.registry import ROOT, avro_config
 
 RECORD_KEY = {"type": "record", "name": "K", "fields": [{"name": "id", "type": "string"}]}
 KEYS = {31: '"string"', 32: '{"type": "long"}', 33: str(RECORD_KEY).replace("'", '"'), 34: '["null", "string"]'}
@@ -30,7 +30,7 @@ def avro_key(schema_id: int, value, schema: str | None = None) -> bytes:
 
 
 @pytest.fixture
-def keyed(server):  # noqa: F811 - the imported fixture
+def keyed(server):
     server.schemas.update({i: {"schema": text} for i, text in KEYS.items()})
     c = ctx(id_from="key", key_registry=Registry(server.url, backoff_s=0.01, timeout_s=5))
     c.attempts.clear()
@@ -77,7 +77,7 @@ def test_avro_keys_need_id_from_key_and_a_registry_and_their_copies_carry_the_id
 
     from deltadrain.config import load_config
 
-    path = write_config(tmp_path, registry={"url": "http://127.0.0.1:1"})
+    path = avro_config(tmp_path, registry={"url": "http://127.0.0.1:1"})
     data = yaml.safe_load(path.read_text())
     data["pipelines"][0]["source"].update(id_from="key", key_format="avro")
     path.write_text(yaml.safe_dump(data))

@@ -1,14 +1,11 @@
 """Kafka offset decisions: range planning, gaps, new partitions, held culprits, message ids. Pure."""
 
 import time
-from datetime import UTC, datetime
 from types import SimpleNamespace
 
-import pyarrow as pa
 import pytest
 
-from deltadrain.formats.decode import BatchDecoder
-from deltadrain.sources.kafka.drain import TOMBSTONE, DecodeContext, kafka_batch
+from deltadrain.sources.kafka.drain import TOMBSTONE
 from deltadrain.sources.kafka.offsets import (
     Gap,
     OffsetError,
@@ -21,6 +18,7 @@ from deltadrain.sources.kafka.offsets import (
     retry_record,
     same_topic,
 )
+from tests.support.kafka_rows import TS, ctx, kafka_row
 
 
 def test_first_run_reads_from_earliest_up_to_the_end_when_under_the_cap():
@@ -104,34 +102,6 @@ def test_a_culprit_holds_its_partition_and_its_attempts_are_kept_until_passed():
                           held)
     # "1:10" is behind partition 1's checkpoint: it was published or dead-lettered, so it drops out.
     assert set(record) == {"0:57", "0:80"}
-
-
-def ctx(**kw):
-    base = dict(topic="clicks", fields={"event_id": "string", "amount": "double"}, id_field="event_id",
-                required=["event_id"], max_bytes=1000, id_from="field", id_header=None, attempts={(0, 5): 2})
-    return DecodeContext(**{**base, **kw})
-
-
-TS = datetime(2026, 1, 1, tzinfo=UTC)
-CLAIM = pa.schema([("_dd_partition", pa.string()), ("_dd_position", pa.string()), ("_dd_pos_hi", pa.int64()),
-                   ("_dd_pos_lo", pa.int64()), ("_dd_source_ts", pa.timestamp("us", tz="UTC")),
-                   ("_dd_attempts", pa.int32()), ("_dd_reclaimed", pa.bool_()), ("_dd_message_id", pa.string()),
-                   ("_dd_error_type", pa.string()), ("_dd_error", pa.string()), ("_dd_original", pa.binary()),
-                   ("_dd_first_failure_at", pa.timestamp("us", tz="UTC")), ("event_id", pa.string()),
-                   ("amount", pa.float64())])
-HEADERS = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
-
-
-def kafka_row(c: DecodeContext, part, offset, ts, key, value, headers, replay_id: bytes | None = None) -> tuple:
-    """One Kafka record through the drain's column-wise decoding, back as one claim row."""
-    source = pa.RecordBatch.from_pydict(
-        {"partition": pa.array([part], pa.int32()), "offset": pa.array([offset], pa.int64()),
-         "timestamp": pa.array([ts], pa.timestamp("us", tz="UTC")), "key": pa.array([key], pa.binary()),
-         "value": pa.array([value], pa.binary()), "headers": pa.array([headers], HEADERS),
-         "replay_id": pa.array([replay_id], pa.binary())})
-    decoder = BatchDecoder(fields=c.fields, id_field=c.id_field, required=c.required, max_bytes=c.max_bytes,
-                           types={"event_id": pa.string(), "amount": pa.float64()})
-    return tuple(kafka_batch(c, decoder, CLAIM, source).to_pylist()[0].values())
 
 
 def test_kafka_rows_ids_from_field_key_header_and_the_offset_fallback():

@@ -1,6 +1,7 @@
 """The schema registry client (deltadrain.formats.registry): frame -> id grouping, answer parsing, error mapping,
 and the client against a local HTTP server that speaks the Confluent-compatible API's `GET
-/schemas/ids/{id}`, to reach answers a real registry will not give on demand. The drains through the
+/schemas/ids/{id}` (tests/support/registry.py, the `server` fixture), to reach answers a real registry will not
+give on demand. The drains through the
 real one (the embedded Apicurio Registry) are tests/integration/test_schema_registry.py."""
 
 from __future__ import annotations
@@ -9,12 +10,11 @@ import base64
 import json
 import re
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
-import yaml
 
 from deltadrain.config import load_config
 from deltadrain.errors import ConfigError
@@ -34,76 +34,10 @@ from deltadrain.formats.registry import (
     ids_of,
     registry_of,
 )
+from tests.support.registry import ROOT, V1, V2, V3, FakeRegistryHandler, avro_config
 
-ROOT = Path(__file__).resolve().parents[2]
-
-V1 = {"type": "record", "name": "Click", "namespace": "t", "fields": [
-    {"name": "event_id", "type": "string"}, {"name": "customer", "type": "string"},
-    {"name": "amount", "type": "double"}]}
-# The producer's next version: a long before the others, and a field the pipeline does not declare.
-V2 = {"type": "record", "name": "Click", "namespace": "t", "fields": [
-    {"name": "quantity", "type": ["null", "long"], "default": None}, {"name": "event_id", "type": "string"},
-    {"name": "customer", "type": "string"}, {"name": "amount", "type": "double"},
-    {"name": "channel", "type": "string", "default": "web"}]}
-# A version without `amount`: null when it is optional, a `schema` dead letter when it is required.
-V3 = {"type": "record", "name": "Click", "namespace": "t", "fields": [
-    {"name": "event_id", "type": "string"}, {"name": "customer", "type": "string"}]}
 FIELDS = {"event_id": "string", "customer": "string", "amount": "double", "quantity": "long"}
 TYPES = {"event_id": pa.string(), "customer": pa.string(), "amount": pa.float64(), "quantity": pa.int64()}
-
-
-class FakeRegistryHandler(BaseHTTPRequestHandler):
-    def do_GET(self):  # http.server's name
-        srv = self.server
-        with srv.lock:
-            srv.asked.append(self.path)
-            failing = srv.fail_next > 0
-            srv.fail_next -= failing
-        if failing:
-            return self._send(503, {"error_code": 50003, "message": "store not ready"})
-        if srv.login is not None:
-            want = "Basic " + base64.b64encode(srv.login.encode()).decode()
-            if self.headers.get("Authorization") != want:
-                return self._send(401, {"error_code": 40101, "message": "Unauthorized"})
-        path, _, query = self.path.partition("?")
-        if query not in ("", "format=serialized"):
-            return self._send(422, {"error_code": 42202, "message": f"unknown option {query}"})
-        parts = path.strip("/").split("/")
-        if parts[:2] != ["schemas", "ids"] or len(parts) != 3:
-            return self._send(404, {"error_code": 40401, "message": "not found"})
-        found = srv.schemas.get(int(parts[2]))
-        if found is None:
-            return self._send(404, {"error_code": 40403, "message": f"Schema {parts[2]} not found"})
-        if found.get("schemaType") == "PROTOBUF" and query != "format=serialized":
-            found = {**found, "schema": "syntax = \"proto3\"; // as text: what a client without a parser cannot read"}
-        self._send(200, found)
-
-    def _send(self, status, body):
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/vnd.schemaregistry.v1+json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args):
-        pass
-
-
-@pytest.fixture
-def server():
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), FakeRegistryHandler)
-    srv.lock, srv.asked, srv.fail_next, srv.login = threading.Lock(), [], 0, None
-    srv.schemas = {11: {"schema": json.dumps(V1)}, 12: {"schema": json.dumps(V2)}, 13: {"schema": json.dumps(V3)},
-                   20: {"schema": "syntax = \"proto3\"; message M {}", "schemaType": "PROTOBUF"}}
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
-    thread.start()
-    srv.url = f"http://127.0.0.1:{srv.server_address[1]}"
-    reg._CACHE.clear()
-    yield srv
-    srv.shutdown()
-    srv.server_close()
-    reg._CACHE.clear()
 
 
 def framed(schema_id: int, rec: dict, schema: dict) -> bytes:
@@ -298,18 +232,6 @@ def registry_payload(registry: dict):
                                    fields=FIELDS))
 
 
-def write_config(tmp_path, avro: dict | None = None, **schema_block) -> Path:
-    """The example's Confluent-framed Avro pipeline, with no schema file or id unless `avro` gives them."""
-    data = yaml.safe_load((ROOT / "config" / "pipelines.avro.yaml").read_text())
-    pipe = data["pipelines"][0]
-    pipe["schema"]["avro"] = {"wire": "confluent", **(avro or {})}
-    pipe["schema"].update(schema_block)
-    data["pipelines"] = [pipe]
-    path = tmp_path / "p.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
-
-
 @pytest.mark.parametrize(("avro", "block", "message"), [
     ({}, {"registry": {"url": "http://u:pw@reg:8081"}}, "carries a login; put it in an Airflow connection"),
     ({}, {"registry": {"url": "ftp://reg"}}, "must be an http:// or https:// URL"),
@@ -324,12 +246,12 @@ def write_config(tmp_path, avro: dict | None = None, **schema_block) -> Path:
 ])
 def test_registry_settings_are_checked_at_load(tmp_path, avro, block, message):
     with pytest.raises(ConfigError, match=re.escape(message)) as exc:
-        load_config(write_config(tmp_path, avro, **block))
+        load_config(avro_config(tmp_path, avro, **block))
     assert "pipeline 'clicks_avro', field 'schema" in str(exc.value) and "pw" not in str(exc.value)
 
 
 def test_with_a_registry_the_schema_file_and_id_are_optional_and_the_connection_is_handed_over(tmp_path):
-    cfg = load_config(write_config(tmp_path, registry={"url": "https://reg.example:8081/apis/ccompat/v7/",
+    cfg = load_config(avro_config(tmp_path, registry={"url": "https://reg.example:8081/apis/ccompat/v7/",
                                                        "connection_id": "schema_registry"}))
     p = cfg.pipelines[0]
     assert p.payload_schema.registry.url == "https://reg.example:8081/apis/ccompat/v7"
@@ -446,7 +368,7 @@ def test_an_https_registry_on_a_private_ca_is_read_with_its_ca_file_and_refused_
 
     (tmp_path / "certs").mkdir()
     (tmp_path / "certs" / "registry-ca.pem").write_text(tls_registry.ca.read_text())
-    cfg = load_config(write_config(tmp_path, registry={"url": tls_registry.url, "ca_file": "certs/registry-ca.pem"}))
+    cfg = load_config(avro_config(tmp_path, registry={"url": tls_registry.url, "ca_file": "certs/registry-ca.pem"}))
     schema = cfg.pipelines[0].payload_schema
     assert schema.registry.ca_file == str((tmp_path / "certs" / "registry-ca.pem").resolve())
     found = fetch(registry_of(schema), 11, "AVRO")
@@ -460,7 +382,7 @@ def test_an_https_registry_on_a_private_ca_is_read_with_its_ca_file_and_refused_
 ])
 def test_a_registry_ca_file_that_cannot_serve_is_a_config_error_naming_it(tmp_path, registry, message):
     with pytest.raises(ConfigError, match=re.escape(message)) as exc:
-        load_config(write_config(tmp_path, registry=registry))
+        load_config(avro_config(tmp_path, registry=registry))
     assert "pipeline 'clicks_avro', field 'schema.registry" in str(exc.value) and "ca_file" in str(exc.value)
     if registry["url"].startswith("https:"):  # the file, made absolute, and what is wrong with it
         assert str(tmp_path / registry["ca_file"]) in str(exc.value)

@@ -1,6 +1,6 @@
 """The package's shape: every source answers the whole interface and every drain supplies its steps to
 the one run order, the shared steps never ask which kind a source is, and no module imports another that
-imports it back (docs/sources.md)."""
+imports it back (docs/sources.md); the suite's test modules share code through tests/support, not each other."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import pytest
 from deltadrain.sources import KINDS, NamesPartitions, Reaps, Source, SuggestsGrants, for_kind
 
 PACKAGE = Path(__file__).resolve().parents[2] / "include" / "deltadrain"
+TESTS = Path(__file__).resolve().parents[1]
 
 
 def modules() -> dict[str, Path]:
@@ -231,3 +232,32 @@ def test_no_private_attribute_of_another_librarys_object_is_assigned():
                         not (isinstance(target.value, ast.Name) and target.value.id in {"self", "cls"}):
                     assigned.add((str(path.relative_to(PACKAGE)), ast.unparse(target)))
     assert not assigned - set(PRIVATE_ASSIGNMENTS)
+
+
+def imported_test_modules(source: str) -> set[str]:
+    """The test modules (a dotted part named test_*) that `source` imports from the suite, at the top or
+    inside a function: `from tests.x.test_y import z`, `import tests.x.test_y`, `from tests.x import test_y`,
+    and relative imports alike."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names if a.name.split(".")[0] == "tests"]
+        elif isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").split(".")[0] == "tests"):
+            base = "." * node.level + (node.module or "")
+            names = [f"{base}.{a.name}" if node.module else base + a.name for a in node.names]
+        else:
+            continue
+        found |= {n for n in names if any(part.startswith("test_") for part in n.split("."))}
+    return found
+
+
+def test_no_test_module_imports_another():
+    """A test module's shared pieces (fakes, cases, fixtures) live in tests/support or a conftest: importing
+    one test module from another runs the other's module code too and ties the two together."""
+    sample = ("from tests.unit.test_a import x\nimport tests.integration.test_b\nfrom tests.unit import test_c\n"
+              "from .test_d import y\nfrom tests.support.kafka import z\nimport json\n")
+    assert imported_test_modules(sample) == {"tests.unit.test_a.x", "tests.integration.test_b",
+                                             "tests.unit.test_c", ".test_d.y"}
+    importing = {f"{path.relative_to(TESTS)}: {name}" for path in sorted(TESTS.rglob("*.py"))
+                 for name in imported_test_modules(path.read_text())}
+    assert not importing

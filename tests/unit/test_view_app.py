@@ -4,13 +4,8 @@ tests/integration/test_view.py; here the user and the auth manager are stand-ins
 
 from __future__ import annotations
 
-
-class FakeAuth:
-    def __init__(self, allow_read=True, allow_run=True):
-        self.allow_read, self.allow_run = allow_read, allow_run
-
-    def is_authorized_dag(self, *, method, user, access_entity=None, details=None):
-        return self.allow_run if method == "POST" else self.allow_read
+from tests.support.pipelines import alerts_config
+from tests.support.view import FakeAuth
 
 
 def test_pages_render_on_an_empty_lake(client_for, cfg, monkeypatch):
@@ -294,8 +289,6 @@ def test_the_page_shows_the_last_alerts_check_red_when_it_failed_with_a_link_to_
     assert "no check has run yet" in render({"thresholds": shown, "last": None})
     assert render(None) is None  # no thresholds: nothing to say
 
-    from tests.unit.test_alerts import _config
-
-    cfg = _config(tmp_path, {"max_lag": 5000, "max_pending_age": "PT15M", "max_dead_rise": 0})
+    cfg = alerts_config(tmp_path, {"max_lag": 5000, "max_pending_age": "PT15M", "max_dead_rise": 0})
     assert thresholds(cfg.pipelines[0]) == shown
     assert alerts_of(cfg.pipelines[1]) is None  # sets none: the metadata DB is not asked

@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from deltadrain.orchestration.view.charts import MAX_POINTS, chart_data, charts_svg, line_svg, window_of
-from tests.unit.test_view_app import FakeAuth
+from tests.support.view import FakeAuth
 
 NOW = datetime(2026, 11, 28, 12, tzinfo=UTC)
 
