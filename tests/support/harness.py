@@ -78,9 +78,9 @@ class Harness:
     @property
     def holds_claims(self) -> bool:
         """Claims sit at the source until acknowledged (a lease a reaper can take over)."""
-        from deltadrain.sources import source_of
+        from deltadrain.sources import Reaps, source_of
 
-        return source_of(self.p).holds_claims
+        return isinstance(source_of(self.p), Reaps)
 
     def partition(self, index: int) -> str:
         """The name of partition `index`, as positions, dead letters and status name it."""
