@@ -34,8 +34,6 @@ from deltadrain.formats.decode import (
 from deltadrain.formats.registry import Registry, ids_of, registry_of, writer
 from deltadrain.schema.evolution import WriterColumns, avro_writer, writer_columns, writer_extras
 
-MAX_SCHEMA_ID = 2**31 - 1  # registries hand out non-negative 32-bit ids
-
 # What each declared type accepts, by the Avro "kind" of a field (its type, or its logical type):
 # checked at config load, so a schema that can never fill a column is a config error, not a DLQ full
 # of messages. A long without a logical type fills a timestamp as epoch milliseconds, as in JSON.

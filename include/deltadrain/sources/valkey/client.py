@@ -105,12 +105,6 @@ def connect(urls: str, cluster: bool, username: str | None, password: str | None
     return ValkeyCluster(startup_nodes=nodes, cluster_error_retry_attempts=5, **creds, **opts)
 
 
-def is_cluster(client) -> bool:
-    from valkey.cluster import ValkeyCluster
-
-    return isinstance(client, ValkeyCluster)
-
-
 def source_credentials(source: ValkeySource) -> Credentials:
     """The source's login, from its connection or environment variable. Two embedded servers need none
     there: the embedded Valkey's connection, when the environment does not define it (a shell's
