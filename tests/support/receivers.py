@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import socket
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
@@ -48,6 +49,7 @@ class StatsdReceiver:
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.sock.bind(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
+        self.last = time.monotonic()  # when a packet last arrived
         self._stop = threading.Event()
         threading.Thread(target=self._serve, daemon=True).start()
 
@@ -61,6 +63,13 @@ class StatsdReceiver:
             except OSError:
                 return
             self.lines += data.decode(errors="replace").splitlines()  # a client may batch lines in a packet
+            self.last = time.monotonic()
+
+    def quiet(self, idle: float = 0.5, at_most: float = 10) -> None:
+        """Wait until nothing arrived for `idle` seconds: the packets a finished process sent are read."""
+        deadline = time.monotonic() + at_most
+        while time.monotonic() - self.last < idle and time.monotonic() < deadline:
+            time.sleep(0.05)
 
     def env(self) -> dict[str, str]:
         """Airflow's [metrics] settings that send StatsD here."""
@@ -68,7 +77,8 @@ class StatsdReceiver:
                 "AIRFLOW__METRICS__STATSD_PORT": str(self.port), "AIRFLOW__METRICS__STATSD_PREFIX": "airflow"}
 
     def values(self, name: str) -> list[tuple[float, str]]:
-        """(value, type) of each line for the metric `name` (prefix included)."""
+        """(value, type) of each line for the metric `name` (prefix included), once the packets stopped."""
+        self.quiet()
         out = []
         for line in self.lines:
             metric, _, rest = line.partition(":")
