@@ -69,7 +69,7 @@ class CatchUp:
             out["seconds"] = round(sum(r.seconds for r in self.runs), 3)
             out["gap_ranges"] = [g for r in self.runs for g in r.gap_ranges]
             out["runs"] = [{"batch": r.batch, "run_id": r.run_id, "outcome": r.outcome, "claimed": r.claimed,
-                            "written": r.written, "seconds": r.seconds} for r in self.runs]
+                            "written": r.written, "seconds": r.seconds, "timings": r.timings} for r in self.runs]
         out.update(batches=self.batches, stopped=self.stopped, later_error=self.later_error)
         return out
 

@@ -114,6 +114,16 @@ def _source_counts(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> tuple[dic
     return counts, None
 
 
+def measure_lag(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> int | None:
+    """Messages at the source not in the lake yet (PENDING + CLAIMED, as status counts them), or None
+    when the source does not answer within SOURCE_WAIT_S. The drain task's `deltadrain.lag` metric."""
+    from deltadrain.observe import tables as lakeview
+
+    with lakeview.one_read():
+        counts, _ = _source_counts(cfg, pipeline)
+    return counts["PENDING"] + counts["CLAIMED"] if counts is not None else None
+
+
 def check(cfg: DeltadrainConfig, pipeline: PipelineConfig, since: datetime | None,
           now: datetime | None = None) -> dict:
     """The figures of every threshold the pipeline sets, and the verdict. `since`: when the previous

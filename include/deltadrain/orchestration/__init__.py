@@ -1,4 +1,5 @@
-"""Airflow glue: triggers, sensors, operators, the DAG factory and Airflow's connections.
+"""Airflow glue: triggers, sensors, operators, the DAG factory, Airflow's connections, and what the tasks
+report to Airflow's OpenLineage provider (`lineage`) and metrics backend (`metrics`).
 
 The only part of deltadrain that imports Airflow. The triggerer imports the triggers from here
 (it does not load DAG files), and dags/ only calls the factory. Importing the package makes Airflow's
@@ -8,6 +9,7 @@ deltadrain's code imports it first.
 
 from deltadrain.orchestration.connections import use_airflow_connections
 
-__all__ = ["airflow_db", "connections", "factory", "operators", "pools", "sensors", "submit", "triggers", "view"]
+__all__ = ["airflow_db", "connections", "factory", "lineage", "metrics", "operators", "pools", "sensors", "submit",
+           "triggers", "view"]
 
 use_airflow_connections()

@@ -80,6 +80,7 @@ class DeltadrainSparkOperator(SparkSubmitOperator):
         self._session: Any = None  # the Connect session while a connect run is under way (on_kill interrupts it)
         self._private: tuple[Path, Any] | None = None  # a submit run's private directory and object store
         self._via_connect = False
+        self._lineage: Any = None  # the OperatorLineage the provider's listener asks for (_note_lineage)
 
     # -- what the job gets ------------------------------------------------------------------------
 
@@ -155,6 +156,12 @@ class DeltadrainSparkOperator(SparkSubmitOperator):
             yield line
 
     def execute(self, context) -> Any:
+        try:
+            return self._execute(context)
+        finally:
+            self._note_lineage()
+
+    def _execute(self, context) -> Any:
         from deltadrain.config import load_config
 
         settings = load_config(self.config).spark
@@ -232,6 +239,31 @@ class DeltadrainSparkOperator(SparkSubmitOperator):
             self._error = result.error
             raise DeltadrainJobFailed(f"deltadrain {self.job} of {self.subject} failed: {result.error}")
 
+    # -- lineage (Airflow's openlineage provider asks for it when the task ends) -------------------
+
+    def lineage_request(self) -> dict | None:
+        """What the task was asked beyond its pipeline (a replay's request)."""
+        return None
+
+    def _note_lineage(self) -> None:
+        """The task's lineage, made when its job ends, in the task's own process: the provider's listener
+        asks for it in a process forked from this one, where delta-rs (the tables' schemas) cannot run.
+        On a failure: what the task meant to read and write, with row counts only from a summary it had."""
+        from deltadrain.orchestration.lineage import lineage_on, task_lineage
+
+        try:
+            if lineage_on():
+                self._lineage = task_lineage(self.job, self.config, self.pipeline, self._summary,
+                                             self.lineage_request())
+        except Exception as exc:  # lineage never fails the task
+            self.log.warning("deltadrain: no lineage for this %s task: %s", self.job, exc)
+
+    def get_openlineage_facets_on_complete(self, task_instance):
+        return self._lineage
+
+    def get_openlineage_facets_on_failure(self, task_instance):
+        return self._lineage
+
     def on_kill(self) -> None:
         if not self._via_connect:
             super().on_kill()  # SparkSubmitHook: SIGKILL to spark-submit
@@ -264,9 +296,18 @@ class DeltadrainSparkOperator(SparkSubmitOperator):
 
 
 class DrainOperator(DeltadrainSparkOperator):
-    """One drain run; in a backfill DAG run, a backfill of the run's data interval instead."""
+    """One drain run; in a backfill DAG run, a backfill of the run's data interval instead. A drain's
+    figures go to Airflow's metrics backend when one is on (deltadrain.orchestration.metrics)."""
 
     job = "drain"
+
+    def execute(self, context) -> Any:
+        summary = super().execute(context)
+        if self.pipeline and summary.get("mode") != "backfill":
+            from deltadrain.orchestration.metrics import send_drain_metrics
+
+            send_drain_metrics(self.config, self.pipeline, summary)
+        return summary
 
     def job_args(self, context) -> list[str]:
         from deltadrain.orchestration.sensors import is_backfill
@@ -291,9 +332,14 @@ class ReplayOperator(DeltadrainSparkOperator):
     def __init__(self, *, request_task: str, **kwargs):
         super().__init__(**kwargs)
         self.request_task = request_task
+        self._request: dict | None = None
+
+    def lineage_request(self) -> dict | None:
+        return self._request
 
     def job_args(self, context) -> list[str]:
         request = context["ti"].xcom_pull(task_ids=self.request_task)
+        self._request = request
         # The pipeline comes with the request: errors and the log name the one asked for.
         self.pipeline = (request or {}).get("pipeline") or self.pipeline
         args = ["--request", json.dumps(request)]
