@@ -80,7 +80,7 @@ def dead_by_place(rows) -> dict:
 
 @pytest.mark.slow
 def test_avro_and_protobuf_pipelines_drain_exactly_once_and_dead_letter_bad_bodies_with_reasons(
-        tmp_path, cfg, spark, kafka_broker, valkey_server):
+        tmp_path, cfg, spark, kafka_broker, valkey_server, spark_connect_server):
     (tmp_path / "k").mkdir()
     path, c, p = avro_pipeline(tmp_path / "k", "clicks_avro",
                                lambda name: {"topic": name, "group": f"{name}-group", "partitions": 2})
@@ -93,7 +93,7 @@ def test_avro_and_protobuf_pipelines_drain_exactly_once_and_dead_letter_bad_bodi
                          "unknown_schema_id"}
 
     # Killed after the lake commit, before the group commit: nothing is read twice afterwards.
-    proc = cli_drain(path, p.name, {"DELTADRAIN_FAILPOINT": "after_commit"})
+    proc = cli_drain(path, p.name, {"DELTADRAIN_FAILPOINT": "after_commit"}, remote=True)
     _, err = proc.communicate(timeout=600)
     assert proc.returncode == -9 and fired("after_commit") in err, err[-3000:]
     assert lake_checkpoint(spark, c, p).batch == 1 and set(group_of(c, p).values()) == {0}

@@ -331,7 +331,9 @@ def test_a_failing_drain_is_recorded_as_an_error_run(tmp_path, cfg, spark):
 
 @pytest.mark.slow
 def test_the_spark_submit_entry_point_checks_a_batch(tmp_path, cfg, spark):
-    """What the ingest DAG submits after a drain: spark_jobs/quality.py under spark-submit."""
+    """What the quality DAG submits: spark_jobs/quality.py under spark-submit. One submit (a driver JVM of
+    its own) for the entry point; the job's body is the same deltadrain.jobs an Airflow task runs on the
+    Spark Connect server, and the ingest DAG's submitted check is test_dags'."""
     import os
     import subprocess
 
@@ -340,24 +342,22 @@ def test_the_spark_submit_entry_point_checks_a_batch(tmp_path, cfg, spark):
     from tests.support.processes import summary_of
 
     path, c, p, _, _ = drained(tmp_path, spark, 60, quality=quality("fail"))
-    job = str(PROJECT_ROOT / "spark_jobs" / "quality.py")
-    done = subprocess.run(spark_submit_command(job, [p.name, "--batch", "1", "--config", str(path), "--run-id", "dq1"]),
-                          capture_output=True, text=True, timeout=600, env={**os.environ})
-    # spark-submit's PythonRunner merges the Python driver's stderr into its stdout.
-    output = done.stdout + done.stderr
-    assert done.returncode == 1 and f"pipeline '{p.name}': batch 1 failed data quality" in output
-    report = summary_of(done.stdout)
-    assert (report["run_id"], report["batch"], report["success"]) == ("dq1", 1, False)
-    assert f"Data Docs: {report['data_docs']}" in done.stdout
-    assert [r["run_id"] for r in last_results(spark, c, p)] == ["dq1"]
-    # What the daily DAG submits first: `--owed` alone checks the batches committed since with no result.
+    with pytest.raises(QualityFailed):
+        check_batch(c, p, spark, 1, run_id="dq1")
+    # `--owed` alone (what the daily DAG submits first) checks the batches committed since with no result.
     produce(c, p, 30, seed=7, start=60)
     assert drain(c, p, spark=spark).batch == 2
+    job = str(PROJECT_ROOT / "spark_jobs" / "quality.py")
     done = subprocess.run(spark_submit_command(job, [p.name, "--owed", "--config", str(path), "--run-id", "dq2"]),
                           capture_output=True, text=True, timeout=600, env={**os.environ})
+    # spark-submit's PythonRunner merges the Python driver's stderr into its stdout. ~Half its amounts
+    # exceed the limit: the job fails, with the check's own error and exit code 1.
+    output = done.stdout + done.stderr
+    assert done.returncode == 1 and f"pipeline '{p.name}': batch 2 failed data quality" in output, output[-3000:]
     report = summary_of(done.stdout)
-    assert (report["caught_up"], report["still_owed"], report["batch"]) == ([2], 0, 2)
-    assert done.returncode == 1 and not report["success"], done.stdout + done.stderr  # ~half its amounts > LIMIT
+    assert (report["run_id"], report["batch"], report["success"]) == ("dq2", 2, False)
+    assert (report["caught_up"], report["still_owed"]) == ([2], 0)
+    assert f"Data Docs: {report['data_docs']}" in done.stdout
     assert [(r["run_id"], r["batch"]) for r in last_results(spark, c, p)] == [("dq2", 2), ("dq1", 1)]
 
 
@@ -432,7 +432,7 @@ def test_a_backfill_leaves_quarantined_messages_in_the_quarantine(tmp_path, cfg,
 
 @pytest.mark.slow
 def test_a_batch_check_takes_on_the_committed_batches_that_have_no_result(tmp_path, cfg, spark, monkeypatch,
-                                                                            capsys):
+                                                                            capsys, spark_connect_server):
     """No quality task is told of a batch whose drain try died after its commit, and a check killed
     between quarantine's MERGE and DELETE writes no result: the next batch check takes both on."""
     from deltadrain import failpoints
@@ -447,7 +447,7 @@ def test_a_batch_check_takes_on_the_committed_batches_that_have_no_result(tmp_pa
     assert lakeview.owed_from(c, p) == 1
     # Batch 2: committed by a drain killed before it acknowledged (the Airflow try fails, its summary is lost).
     sent = [first, produce(c, p, 100, seed=7, start=200)]
-    killed = cli_drain(path, p.name, env={"DELTADRAIN_FAILPOINT": "after_commit"})
+    killed = cli_drain(path, p.name, env={"DELTADRAIN_FAILPOINT": "after_commit"}, remote=True)
     _, err = killed.communicate(timeout=600)
     assert killed.returncode == -9 and failpoints.fired("after_commit") in err
     # Batch 3: its check dies between the quarantine MERGE and the target DELETE.

@@ -129,7 +129,8 @@ def owner(node, slot: int) -> int | None:
     return None
 
 
-def test_four_partitions_drain_once_across_primaries_through_two_failovers(tmp_path, cfg, spark, valkey_cluster):
+def test_four_partitions_drain_once_across_primaries_through_two_failovers(tmp_path, cfg, spark, valkey_cluster,
+                                                                          spark_connect_server):
     """A primary SIGKILLed while a drain holds its claims (between claim and commit), then another one
     between the commit and the acknowledgement; each time its replica is promoted and the drains go on.
     Every message a replica acknowledged (WAIT) is in the table once."""
@@ -141,7 +142,7 @@ def test_four_partitions_drain_once_across_primaries_through_two_failovers(tmp_p
 
     # 1. Killed between claim and commit.
     release = tmp_path / "release-claim"
-    run = cli_drain(path, p.name, held_at("after_claim", release))
+    run = cli_drain(path, p.name, held_at("after_claim", release), remote=True)
     wait_held(run, lambda: pending(client, p) == 2000, 240, "the held run did not claim its batch")
     victim = p.source.streams[0]
     killed, promoted = kill_primary_and_promote(valkey_cluster, client, victim)
@@ -158,7 +159,7 @@ def test_four_partitions_drain_once_across_primaries_through_two_failovers(tmp_p
     # 2. Killed between commit and acknowledgement, another partition's primary.
     more = produce_acknowledged(client, p, 2000, seed=3, start=2000)
     release = tmp_path / "release-commit"
-    run = cli_drain(path, p.name, held_at("after_commit", release))
+    run = cli_drain(path, p.name, held_at("after_commit", release), remote=True)
     log = c.target_path(p) / "_delta_log" / f"{1:020d}.json"  # the second batch's commit
     wait_held(run, log.exists, 240, "the held run did not commit its batch")
     victim = next(s for s in p.source.streams if primary_of(client, s) not in (killed, promoted))
@@ -187,7 +188,8 @@ def migrate(source_port: int, target_port: int, slot: int, password: str) -> tup
     return src, dst, dst_id
 
 
-def test_a_slot_migrated_while_drains_hold_claims_loses_and_doubles_nothing(tmp_path, cfg, spark, valkey_cluster):
+def test_a_slot_migrated_while_drains_hold_claims_loses_and_doubles_nothing(tmp_path, cfg, spark, valkey_cluster,
+                                                                            spark_connect_server):
     """A stream's slot moved to another primary: its keys MIGRATEd while a drain holds committed claims
     (its XACK follows ASK to the new node), a drain claims while the slot is still migrating (ASK), and
     the drains after the move follow MOVED."""
@@ -201,7 +203,7 @@ def test_a_slot_migrated_while_drains_hold_claims_loses_and_doubles_nothing(tmp_
     target = next(port for port in {primary_of(client, s) for s in p.source.streams} if port != source)
 
     release = tmp_path / "release"
-    run = cli_drain(path, p.name, held_at("after_commit", release))
+    run = cli_drain(path, p.name, held_at("after_commit", release), remote=True)
     log = c.target_path(p) / "_delta_log" / f"{0:020d}.json"
     wait_held(run, log.exists, 240, "the held run did not commit its batch")
     src, dst, dst_id = migrate(source, target, slot, valkey_cluster_password())
