@@ -823,7 +823,7 @@ def test_an_entry_deleted_while_pending_is_reported_with_its_id(tmp_path, cfg, s
     # The operator accepts the loss for one run (the config keeps on_gap: fail). It reads the rest of
     # the split and its commit carries the gap.
     capsys.readouterr()
-    assert main(["--config", str(path), "drain", p.name, "--accept-gaps"]) == 0
+    assert main(["--config", str(path), "drain", p.name, "--accept-gaps", "--local"]) == 0
     s = summary_of(capsys.readouterr().out)
     assert (s["outcome"], s["reclaimed"], s["written"], s["acked"], s["gaps"]) == ("committed", 5, 5, 5, 1)
     assert [(g["partition"], g["kind"], g["from"], g["to"], g["missing"], g["ids"]) for g in s["gap_ranges"]] == [

@@ -60,11 +60,15 @@ def test_bench_server_warm_up_takes_a_count_of_commits(capsys):
 
 @pytest.mark.parametrize("argv", [["drain", "orders"], ["quality", "orders", "--owed"], ["maintain", "orders"],
                                   ["backfill", "orders", "--start", "a", "--end", "b"], ["replay", "orders"]])
-def test_the_spark_commands_take_remote_alone_or_with_a_url(argv):
+def test_the_spark_commands_take_remote_alone_or_with_a_url_or_local(argv, capsys):
     parse = build_parser().parse_args
-    assert parse(argv).remote is None  # a local driver
-    assert parse([*argv, "--remote"]).remote == "embedded"
+    assert (parse(argv).remote, parse(argv).local) == (None, False)  # the server when it is up, else local
+    assert parse([*argv, "--remote"]).remote == "config"
     assert parse([*argv, "--remote", "sc://10.0.0.5:15002"]).remote == "sc://10.0.0.5:15002"
+    assert parse([*argv, "--local"]).local
+    with pytest.raises(SystemExit):
+        parse([*argv, "--local", "--remote"])
+    assert "not allowed with argument" in capsys.readouterr().err
 
 
 def test_drain_max_batches_is_positive(capsys):
