@@ -194,7 +194,7 @@ def test_an_unreachable_valkey_is_one_line_with_its_address_and_the_fix(argv, cl
     assert main(argv) == 1
     err = capsys.readouterr().err
     assert err.startswith(f"deltadrain: error: cannot reach Valkey at 127.0.0.1:{closed_port} for pipeline 'orders'")
-    assert "refused" in err and "`deltadrain services up`" in err and "DELTADRAIN_VALKEY_PORT" in err
+    assert "refused" in err and " deltadrain services up`" in err and "DELTADRAIN_VALKEY_PORT" in err
     assert len(err.strip().splitlines()) == 1
 
 
@@ -221,7 +221,7 @@ def test_an_unreachable_kafka_is_one_line_with_its_address_and_the_fix(closed_po
     assert main(["produce", "clicks", "--count", "3", "--no-progress"]) == 1
     err = capsys.readouterr().err
     assert err.startswith(f"deltadrain: error: cannot reach Kafka at 127.0.0.1:{closed_port} for pipeline 'clicks'")
-    assert "`deltadrain services up`" in err and "DELTADRAIN_KAFKA_PORT" in err
+    assert " deltadrain services up`" in err and "DELTADRAIN_KAFKA_PORT" in err
 
 
 def test_reap_of_a_kafka_pipeline_is_refused_clearly(capsys):
