@@ -185,8 +185,8 @@ def test_services_up_status_down_through_the_cli(tmp_path):
         up = cli(env, "services", "up", "--only", "spark_connect")
         assert up.returncode == 0, up.stderr + up.stdout
         assert "result=started" in up.stdout and f"address=sc://127.0.0.1:{port}" in up.stdout
-        # Warmed before it was reported: four batches committed on a scratch table, which is gone.
-        assert re.search(r"warm_up=[0-9.]+ s \(4 batches of 5000 rows", up.stdout), up.stdout
+        # Warmed before it was reported: two batches committed on a scratch table, which is gone.
+        assert re.search(r"warm_up=[0-9.]+ s \(2 batches of 5000 rows", up.stdout), up.stdout
         assert not (home / "services" / "spark_connect" / "warm-up").exists()
         again = cli(env, "services", "up", "--only", "spark_connect")
         assert again.returncode == 0 and "result=already running" in again.stdout
