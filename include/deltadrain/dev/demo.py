@@ -26,7 +26,8 @@ def demo_pipeline(cfg: DeltadrainConfig) -> PipelineConfig:
 def run_demo(cfg: DeltadrainConfig, count: int = 5000) -> dict:
     print("== starting the embedded services (Valkey, Kafka, Spark Connect, Airflow)")
     for row in services.up(cfg):
-        print(f"   {row['service']}: {row['result']} ({row.get('address', '')})")
+        warmed = f"; warmed up in {row['warm_up']}" if row.get("warm_up") else ""
+        print(f"   {row['service']}: {row['result']} ({row.get('address', '')}){warmed}")
     pipeline = demo_pipeline(cfg)
     print(f"== producing {count} sample events (2% malformed, one poison) into '{pipeline.name}'")
     result = produce(cfg, pipeline, count, seed=0, malformed_ratio=0.02, progress=False)
