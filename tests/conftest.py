@@ -114,13 +114,15 @@ def kafka_broker(cfg):
 
 def _start_connect_server(cfg) -> None:
     """As `services up` starts it, with the default JIT (it lives the whole session, like the `spark`
-    fixture's JVM) and the demo's driver memory: every DAG test of the worker runs on it."""
+    fixture's JVM) and the demo's driver memory: every DAG test of the worker runs on it. Without the
+    warm-up: the worker's first batches pay once what it would cost at start, and
+    test_services_up_status_down_through_the_cli runs it."""
     from deltadrain.dev import services
 
     with pytest.MonkeyPatch.context() as env:
         env.delenv("DELTADRAIN_DRIVER_JAVA_OPTIONS", raising=False)
         env.setenv("DELTADRAIN_DRIVER_MEMORY", "2g")
-        services.up(cfg, ["spark_connect"])
+        services.up(cfg, ["spark_connect"], warm=False)
 
 
 @pytest.fixture(scope="session")

@@ -138,5 +138,8 @@ def embedded_api(cfg) -> AirflowApi:
 
     user, password = airflow_login()
     if password is None:
-        raise AirflowApiError("the embedded Airflow has no login yet: run `deltadrain services up` first")
+        from deltadrain.paths import command_line
+
+        raise AirflowApiError(f"the embedded Airflow has no login yet: run `{command_line('services up', cfg.source_file)}` "
+                              "first")
     return AirflowApi(f"http://127.0.0.1:{ports(cfg).airflow}", user, password)

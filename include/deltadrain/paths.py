@@ -17,9 +17,13 @@ def _env_path(name: str, default: Path) -> Path:
     return Path(value).expanduser().resolve() if value else default
 
 
+DEFAULT_HOME = PROJECT_ROOT / ".deltadrain"
+DEFAULT_CONFIG = PROJECT_ROOT / "config" / "pipelines.yaml"
+
+
 def state_home() -> Path:
     """Services' data, logs and pid files, Delta tables (by default) and Airflow's home."""
-    return _env_path("DELTADRAIN_HOME", PROJECT_ROOT / ".deltadrain")
+    return _env_path("DELTADRAIN_HOME", DEFAULT_HOME)
 
 
 # A run's staging directory untouched this long belongs to a run that was killed before removing it.
@@ -65,7 +69,35 @@ def jar_cache() -> Path:
 
 def config_path() -> Path:
     """The pipeline config the CLI, DAGs and Spark jobs read unless told otherwise."""
-    return _env_path("DELTADRAIN_CONFIG", PROJECT_ROOT / "config" / "pipelines.yaml")
+    return _env_path("DELTADRAIN_CONFIG", DEFAULT_CONFIG)
+
+
+def _shown(path: Path) -> str:
+    """A path as a command line shows it: relative to the current directory when it lies under it."""
+    path = path.resolve()
+    try:
+        here = Path.cwd()
+        return str(path.relative_to(here)) if here != Path(here.anchor) else str(path)
+    except (ValueError, OSError):  # outside the current directory, or that directory was removed
+        return str(path)
+
+
+def command_line(words: str, config: Path | str | None = None, program: str = "deltadrain") -> str:
+    """`deltadrain WORDS` as deltadrain prints it for a user to run next: with `--config` when the
+    config it ran with (`config`: a loaded config's source_file; None: $DELTADRAIN_CONFIG or the default)
+    is not config/pipelines.yaml, and with DELTADRAIN_HOME when the state home is not .deltadrain/. The
+    command then reads the same pipelines, services and lake whatever the shell it is pasted into has
+    set (a bare `deltadrain status` would read the default config's Valkey)."""
+    import shlex
+
+    chosen = Path(config) if config is not None else config_path()
+    parts = []
+    if (home := state_home().resolve()) != DEFAULT_HOME.resolve():
+        parts.append(f"DELTADRAIN_HOME={shlex.quote(_shown(home))}")
+    parts.append(program)
+    if chosen.resolve() != DEFAULT_CONFIG.resolve():
+        parts += ["--config", shlex.quote(_shown(chosen))]
+    return " ".join([*parts, words])
 
 
 def jvm_dir() -> Path:

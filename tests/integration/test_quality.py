@@ -244,7 +244,7 @@ def test_default_suite_catches_a_duplicate_id(tmp_path, cfg, spark):
     with pytest.raises(QualityFailed, match="whole table failed data quality: event_id unique"):
         check_table(c, p, spark)
     # The CLI reports the same, as JSON, and exits non-zero.
-    code = cli.main(["--config", str(path), "quality", p.name, "--table", "--json"])
+    code = cli.main(["--config", str(path), "quality", p.name, "--table", "--json", "--local"])
     assert code == 1
 
 
@@ -484,16 +484,16 @@ def test_a_batch_check_takes_on_the_committed_batches_that_have_no_result(tmp_pa
     produce(c, p, 50, seed=7, start=500)
     assert drain(c, p, spark=spark).batch == 5
     # The daily DAG leaves a batch committed within the hour to its own ingest run's check.
-    assert cli.main(["--config", str(path), "quality", p.name, "--owed", "--settle", "3600", "--json"]) == 0
+    assert cli.main(["--config", str(path), "quality", p.name, "--owed", "--settle", "3600", "--json", "--local"]) == 0
     assert (json.loads(capsys.readouterr().out)["caught_up"], catch_up(c, p, spark, [], timedelta(hours=1))) == (
         [], ([], 0))
     # Committed longer ago than the settle time: owed.
     age = datetime.now(UTC) - find_commit(str(c.target_path(p)), p.name, 5)["timestamp"]
     assert age > timedelta(seconds=0.5) and catch_up(c, p, spark, [], age - timedelta(seconds=0.2)) == ([5], 0)
-    assert cli.main(["--config", str(path), "quality", p.name, "--owed", "--json"]) == 0
+    assert cli.main(["--config", str(path), "quality", p.name, "--owed", "--json", "--local"]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert (shown["caught_up"], shown["still_owed"], shown["batch"], shown["scope"]) == ([5], 0, 5, "batch")
-    assert cli.main(["--config", str(path), "quality", p.name, "--owed"]) == 0
+    assert cli.main(["--config", str(path), "quality", p.name, "--owed", "--local"]) == 0
     assert f"pipeline {p.name}: batches owed a check: none" in capsys.readouterr().out
 
     # The target is deleted and made anew: its batches start again at 1, and the old table's results

@@ -6,6 +6,7 @@ its clients: two pipelines at once, a client SIGKILLed during its MERGE, the ser
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -184,6 +185,9 @@ def test_services_up_status_down_through_the_cli(tmp_path):
         up = cli(env, "services", "up", "--only", "spark_connect")
         assert up.returncode == 0, up.stderr + up.stdout
         assert "result=started" in up.stdout and f"address=sc://127.0.0.1:{port}" in up.stdout
+        # Warmed before it was reported: two batches committed on a scratch table, which is gone.
+        assert re.search(r"warm_up=[0-9.]+ s \(2 batches of 5000 rows", up.stdout), up.stdout
+        assert not (home / "services" / "spark_connect" / "warm-up").exists()
         again = cli(env, "services", "up", "--only", "spark_connect")
         assert again.returncode == 0 and "result=already running" in again.stdout
         status = cli(env, "services", "status", "--only", "spark_connect", "--json")
@@ -317,7 +321,7 @@ def test_a_server_killed_mid_batch_fails_the_run_clearly_and_after_up_the_next_r
     psutil.wait_procs(family, timeout=30)
     with pytest.MonkeyPatch.context() as env:
         env.delenv("DELTADRAIN_DRIVER_JAVA_OPTIONS", raising=False)
-        assert up(cfg, ["spark_connect"])[0]["result"] == "started"
+        assert up(cfg, ["spark_connect"], warm=False)[0]["result"] == "started"
     release.touch()
     out, err = held.communicate(timeout=300)
     assert held.returncode != 0, out

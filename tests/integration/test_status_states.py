@@ -97,7 +97,9 @@ def test_a_source_that_is_down_is_a_note_with_its_address_and_the_fix(fresh, tmp
         assert states(st["notes"]) == ["never_run", "unreachable"], st["notes"]
         note = st["notes"][1]["note"]
         assert note.startswith(f"cannot reach {service} at 127.0.0.1:{port} for pipeline '{pipeline.name}'"), note
-        assert f"start the embedded {service} with `deltadrain services up`" in note
+        # The fix names the config (and home) the status ran with: pasted, it starts that config's service.
+        assert f"start the embedded {service} with `DELTADRAIN_HOME=" in note
+        assert f" deltadrain --config {path} services up`" in note
         assert (st["PENDING"], st["CLAIMED"], st["PUBLISHED"]) == (None, None, 0)
         assert took < 10, f"status of a pipeline on a {service} that is down took {took:.1f} s"
         assert "%3|" not in done.stderr  # the Kafka client's retries are not logged to the terminal

@@ -683,7 +683,7 @@ def test_entries_trimmed_before_the_group_read_them_are_a_reported_gap(tmp_path,
     assert (found.new, found.gaps, found.has_work) == (70, 40, True)
     with pytest.raises(DrainError, match=rf"stream {re.escape(trimmed_stream)} ids 0-1 to \S+ \(40 entries, removed before the "
                        r"group read them\)\. Nothing was committed\. To go on past them.*Accept gaps.*"
-                       r"deltadrain drain --accept-gaps\) or set on_gap: continue"):
+                       rf"deltadrain --config {re.escape(str(path))} drain {p.name} --accept-gaps`\) or set on_gap: continue"):
         drain(c, p, spark=spark)
     assert not (c.target_path(p) / "_delta_log").exists()
     assert [group_counts(client, st, p.source.group) for st in (trimmed_stream, other)] == [(60, 0), (10, 0)]
@@ -823,7 +823,7 @@ def test_an_entry_deleted_while_pending_is_reported_with_its_id(tmp_path, cfg, s
     # The operator accepts the loss for one run (the config keeps on_gap: fail). It reads the rest of
     # the split and its commit carries the gap.
     capsys.readouterr()
-    assert main(["--config", str(path), "drain", p.name, "--accept-gaps"]) == 0
+    assert main(["--config", str(path), "drain", p.name, "--accept-gaps", "--local"]) == 0
     s = summary_of(capsys.readouterr().out)
     assert (s["outcome"], s["reclaimed"], s["written"], s["acked"], s["gaps"]) == ("committed", 5, 5, 5, 1)
     assert [(g["partition"], g["kind"], g["from"], g["to"], g["missing"], g["ids"]) for g in s["gap_ranges"]] == [

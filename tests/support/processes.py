@@ -27,10 +27,11 @@ def held_at(point: str, release: Path, at_most_ms: int = 180_000) -> dict[str, s
 
 def cli_drain(config: Path, pipeline: str, env: dict | None = None, timeout: int = 600,
               args: tuple[str, ...] = (), remote: bool = False) -> subprocess.Popen:
-    """`deltadrain drain` in a process of its own. A local Spark driver (a JVM of its own, seconds to
-    start) unless `remote`: then a client of the session's Spark Connect server (the
-    `spark_connect_server` fixture), as an Airflow task is, whose process a kill ends just as really."""
-    remote_args = ("--remote",) if remote else ()
+    """`deltadrain drain` in a process of its own. A local Spark driver (`--local`: a JVM of its own,
+    seconds to start, whose death is the run's, even while the session's Connect server is up) unless
+    `remote`: then a client of the session's Spark Connect server (the `spark_connect_server` fixture),
+    as an Airflow task is, whose process a kill ends just as really."""
+    remote_args = ("--remote",) if remote else () if "--remote" in args else ("--local",)
     proc = subprocess.Popen(
         [sys.executable, "-m", "deltadrain.cli", "--config", str(config), "drain", pipeline, *args, *remote_args],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})}, cwd=ROOT)

@@ -60,11 +60,15 @@ def test_bench_server_warm_up_takes_a_count_of_commits(capsys):
 
 @pytest.mark.parametrize("argv", [["drain", "orders"], ["quality", "orders", "--owed"], ["maintain", "orders"],
                                   ["backfill", "orders", "--start", "a", "--end", "b"], ["replay", "orders"]])
-def test_the_spark_commands_take_remote_alone_or_with_a_url(argv):
+def test_the_spark_commands_take_remote_alone_or_with_a_url_or_local(argv, capsys):
     parse = build_parser().parse_args
-    assert parse(argv).remote is None  # a local driver
-    assert parse([*argv, "--remote"]).remote == "embedded"
+    assert (parse(argv).remote, parse(argv).local) == (None, False)  # the server when it is up, else local
+    assert parse([*argv, "--remote"]).remote == "config"
     assert parse([*argv, "--remote", "sc://10.0.0.5:15002"]).remote == "sc://10.0.0.5:15002"
+    assert parse([*argv, "--local"]).local
+    with pytest.raises(SystemExit):
+        parse([*argv, "--local", "--remote"])
+    assert "not allowed with argument" in capsys.readouterr().err
 
 
 def test_drain_max_batches_is_positive(capsys):
@@ -190,7 +194,7 @@ def test_an_unreachable_valkey_is_one_line_with_its_address_and_the_fix(argv, cl
     assert main(argv) == 1
     err = capsys.readouterr().err
     assert err.startswith(f"deltadrain: error: cannot reach Valkey at 127.0.0.1:{closed_port} for pipeline 'orders'")
-    assert "refused" in err and "`deltadrain services up`" in err and "DELTADRAIN_VALKEY_PORT" in err
+    assert "refused" in err and " deltadrain services up`" in err and "DELTADRAIN_VALKEY_PORT" in err
     assert len(err.strip().splitlines()) == 1
 
 
@@ -217,7 +221,7 @@ def test_an_unreachable_kafka_is_one_line_with_its_address_and_the_fix(closed_po
     assert main(["produce", "clicks", "--count", "3", "--no-progress"]) == 1
     err = capsys.readouterr().err
     assert err.startswith(f"deltadrain: error: cannot reach Kafka at 127.0.0.1:{closed_port} for pipeline 'clicks'")
-    assert "`deltadrain services up`" in err and "DELTADRAIN_KAFKA_PORT" in err
+    assert " deltadrain services up`" in err and "DELTADRAIN_KAFKA_PORT" in err
 
 
 def test_reap_of_a_kafka_pipeline_is_refused_clearly(capsys):

@@ -18,7 +18,7 @@ import pytest
 
 from deltadrain import failpoints
 from deltadrain.lake.checkpoint import Checkpoint
-from deltadrain.run.drain import GO_ON_PAST, Drain, DrainError
+from deltadrain.run.drain import Drain, DrainError, go_on_past
 from deltadrain.run.outcome import Outcome
 from tests.support.toy_source import KINDS, Commit, LeasingDrain, ToyLake, ToyQueue
 
@@ -143,7 +143,7 @@ def test_a_culprit_is_left_for_another_attempt_and_neither_published_nor_acknowl
 def test_a_gap_stops_a_run_under_on_gap_fail_before_it_claims_and_is_carried_under_continue(world):
     world.queue.lost = [{"partition": "p0", "from": "0", "to": "0", "missing": 2}]
     stopped = world.drain(on_gap="fail")
-    with pytest.raises(DrainError, match=re.escape(f"the toy lost 1 ranges. {GO_ON_PAST}")):
+    with pytest.raises(DrainError, match=re.escape(f"the toy lost 1 ranges. {go_on_past(stopped.cfg, stopped.pipeline)}")):
         stopped.run()
     assert (stopped.summary.batch, stopped.summary.gaps, stopped.summary.claimed) == (0, 2, 0)
     assert world.lake.commits == [] and world.queue.acknowledged() == set()

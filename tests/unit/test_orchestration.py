@@ -293,7 +293,7 @@ def test_a_connect_session_to_a_server_that_does_not_answer_names_the_fix():
         connect_session(f"sc://127.0.0.1:{port}", purpose="deltadrain drain of 'orders'", conn_id="spark_connect")
     text = str(refused.value)
     assert f"127.0.0.1:{port} (Airflow connection 'spark_connect') does not answer" in text
-    assert "`deltadrain services up`" in text and "spark.executor: submit" in text
+    assert " deltadrain services up`" in text and "spark.executor: submit" in text
 
 
 def test_the_ingest_sensor_defers_through_a_source_outage_but_not_through_a_config_error(monkeypatch, tmp_path):

@@ -149,6 +149,6 @@ def test_a_lost_server_is_told_from_other_errors():
 
     lost = RuntimeError("[NO_ACTIVE_SESSION] No active Spark session found. Please create a new Spark session")
     assert connect_lost(lost).startswith("the Spark Connect server went away during the run ([NO_ACTIVE_SESSION]")
-    assert "`deltadrain services up`" in connect_lost(lost)
+    assert " deltadrain services up`" in connect_lost(lost)
     assert connect_lost(RuntimeError("<_MultiThreadedRendezvous of RPC: status = StatusCode.UNAVAILABLE>"))
     assert connect_lost(ValueError("[DELTA_CONCURRENT_APPEND] a conflict")) is None

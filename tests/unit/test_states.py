@@ -19,9 +19,14 @@ def test_a_pipeline_without_a_target_table_is_never_run_and_says_how_to_run_it(c
 
     valkey, _ = pipelines(cfg)
     assert never_run(valkey, has_target=True) is None
-    note = never_run(valkey, has_target=False)
+    note = never_run(valkey, has_target=False, config=cfg.source_file)
     assert note["state"] == "never_run"
-    assert "deltadrain__orders__ingest" in note["note"] and "`deltadrain drain orders`" in note["note"]
+    # The command carries the home (the suite's own, not the default) it would read.
+    assert "deltadrain__orders__ingest" in note["note"] and " deltadrain drain orders`" in note["note"]
+    assert "`DELTADRAIN_HOME=" in note["note"]
+    other = never_run(valkey, has_target=False, config=cfg.source_file.parent / "pipelines.cluster.yaml")
+    assert " deltadrain --config config/pipelines.cluster.yaml drain orders`" in other["note"] or (
+        f" deltadrain --config {cfg.source_file.parent}/pipelines.cluster.yaml drain orders`" in other["note"])
 
 
 def test_a_topic_the_broker_does_not_know_is_nothing_to_drain_unless_the_lake_read_it_before(cfg):
@@ -33,7 +38,7 @@ def test_a_topic_the_broker_does_not_know_is_nothing_to_drain_unless_the_lake_re
     assert (counts["PENDING"], counts["CLAIMED"], counts["partitions"]) == (0, 0, {})
     [note] = counts["notes"]
     assert note["state"] == "no_topic" and note["note"].startswith("topic 'clicks' does not exist yet")
-    assert "`deltadrain produce clicks --count N`" in note["note"]
+    assert " deltadrain produce clicks --count N`" in note["note"]
     with pytest.raises(SourceNote, match="it was deleted after batches were drained from it"):
         missing_topic(kafka, {"0": "12"})
 

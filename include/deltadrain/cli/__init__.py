@@ -53,10 +53,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except Exception as exc:
+        from pathlib import Path
+
         from deltadrain.formats.registry import failure_line
         from deltadrain.runtime.session import connect_lost
 
-        hint = damaged_log(exc) or connect_lost(exc) or failure_line(exc) or _unreachable(exc, args)
+        config = Path(args.config) if args.config else None
+        hint = damaged_log(exc) or connect_lost(exc, config) or failure_line(exc) or _unreachable(exc, args)
         if hint is None:
             raise
         print(f"deltadrain: error: {hint}", file=sys.stderr)

@@ -62,24 +62,24 @@ def _count(value) -> str:
 
 
 def _session(args, cfg, purpose: str):
-    """The command's Spark session: with --remote, a session on a Spark Connect server (alone: the
-    embedded one), as a DAG task's is; otherwise a local driver of this process's own."""
-    if getattr(args, "remote", None):
-        from deltadrain.config.embedded import spark_connect_url
-        from deltadrain.runtime.session import connect_session
+    """(the command's Spark session, where it runs): on the Spark Connect server when one is up, else in
+    a local driver of this process's own (`cli.where`)."""
+    from deltadrain.cli.where import open_session
 
-        url = spark_connect_url(cfg) if args.remote == "embedded" else args.remote
-        return connect_session(url, purpose=f"deltadrain {purpose}")
-    from deltadrain.runtime.session import get_spark
-
-    return get_spark(f"deltadrain-{purpose.replace(' ', '-')}")
+    return open_session(args, cfg, purpose)
 
 
 def _pipeline_session(args, purpose: str):
-    """(config, the pipeline named on the command line, a Spark session) for the commands that read tables."""
+    """(config, the pipeline named on the command line, a Spark session, where it runs) for the commands
+    that read tables."""
     cfg = load_config(args.config)
     pipeline = cfg.pipeline(args.pipeline)
-    return cfg, pipeline, _session(args, cfg, f"{purpose} of '{pipeline.name}'")
+    return cfg, pipeline, *_session(args, cfg, f"{purpose} of '{pipeline.name}'")
+
+
+def _with_place(line: str, place) -> str:
+    """A command's one-line JSON summary with where it ran (`spark`)."""
+    return json.dumps({**json.loads(line), "spark": place.line}, default=str)
 
 
 def _steps_bar(desc: str, steps: tuple[str, ...], enabled: bool):

@@ -8,9 +8,13 @@ from deltadrain.paths import check_run_id
 
 
 def _add_remote(p) -> None:
-    p.add_argument("--remote", nargs="?", const="embedded", metavar="URL",
-                   help="run on a Spark Connect server (sc://host:port; alone: the embedded one) instead of a "
-                        "local driver")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--remote", nargs="?", const="config", metavar="URL",
+                       help="run on this Spark Connect server (sc://host:port; alone: the one the config names, the "
+                            "embedded one by default), and fail when it does not answer (default: on that server when "
+                            "it is up, else in a local driver)")
+    where.add_argument("--local", action="store_true",
+                       help="run in a local Spark driver of this process's own, even when a Spark Connect server is up")
 
 
 def _at_least(low: int):

@@ -12,6 +12,7 @@ from deltadrain.cli.common import (
     _pipeline_session,
     _session,
     _steps_bar,
+    _with_place,
     command,
     stdout_to_stderr,
 )
@@ -27,14 +28,14 @@ def _drain(args) -> int:
     pipeline = cfg.pipeline(args.pipeline)
     if args.accept_gaps:
         pipeline = pipeline.accepting_gaps()
-    # Without --remote the drain makes its own local driver.
-    spark = _session(args, cfg, f"drain of '{pipeline.name}'") if args.remote else None
+    spark, place = _session(args, cfg, f"drain of '{pipeline.name}'")
     if args.max_batches == 1:
-        print(drain(cfg, pipeline, spark=spark, run_id=args.run_id).line())
+        print(_with_place(drain(cfg, pipeline, spark=spark, run_id=args.run_id).line(), place))
         return 0
     from deltadrain.catchup import drain_batches
 
-    print(drain_batches(cfg, pipeline, spark, run_id=args.run_id, max_batches=args.max_batches).line())
+    print(_with_place(drain_batches(cfg, pipeline, spark, run_id=args.run_id, max_batches=args.max_batches).line(),
+                      place))
     return 0
 
 
@@ -100,7 +101,7 @@ def _quality(args) -> int:
     from deltadrain.quality.check import check_batches, check_table
     from deltadrain.quality.errors import BatchesFailed, QualityFailed
 
-    cfg, pipeline, spark = _pipeline_session(args, "quality")
+    cfg, pipeline, spark, _ = _pipeline_session(args, "quality")
     failed: QualityFailed | BatchesFailed | None = None
     try:
         if args.table:
@@ -171,7 +172,7 @@ def _maintain(args) -> int:
     pipelines = named or ([] if args.shared else list(cfg.pipelines))
     shared = args.shared or not args.pipeline
     with stdout_to_stderr():  # Delta's VACUUM prints to the JVM's stdout, which would break --json
-        spark = _session(args, cfg, "maintain")
+        spark, _ = _session(args, cfg, "maintain")
         summaries = [maintain(cfg, spark, p).as_dict() for p in pipelines] + (
             [maintain(cfg, spark).as_dict()] if shared else [])
     if args.json:
@@ -222,11 +223,11 @@ def _backfill(args) -> int:
         start, end = datetime.fromisoformat(args.start), datetime.fromisoformat(args.end)
     except ValueError as exc:
         raise DeltadrainError(f"--start/--end must be ISO times with a zone, e.g. 2026-05-01T00:00:00+00:00: {exc}") from None
-    cfg, pipeline, spark = _pipeline_session(args, "backfill")
+    cfg, pipeline, spark, place = _pipeline_session(args, "backfill")
     bar, advance = _steps_bar(f"backfill {pipeline.name}", STEPS, sys.stderr.isatty() and not args.json)
     with bar:
         summary = backfill(cfg, pipeline, spark, start, end, progress=advance)
-    print(summary.line())
+    print(_with_place(summary.line(), place))
     return 0
 
 
@@ -242,11 +243,12 @@ def _replay(args) -> int:
               "position_from": args.position_from, "position_to": args.position_to, "limit": args.limit,
               "dry_run": not args.apply}
     request = parse_request(cfg, {k: v for k, v in params.items() if v is not None})
-    spark = _session(args, cfg, f"replay of '{args.pipeline}'")
+    spark, place = _session(args, cfg, f"replay of '{args.pipeline}'")
     bar, advance = _steps_bar(f"replay {args.pipeline} ({args.mode})", STEPS, sys.stderr.isatty() and not args.json)
     with bar:
         result = replay(cfg, spark, request, progress=advance)
-    print(json.dumps(asdict(result), indent=2, default=str) if args.json else result.line())
+    print(json.dumps({**asdict(result), "spark": place.line}, indent=2, default=str) if args.json
+          else _with_place(result.line(), place))
     if request.dry_run:
         print(f"dry run: {result.selected} entries would be replayed; add --apply to replay them", file=sys.stderr)
     return 0

@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 
 from deltadrain.config.lakeurl import LakeUrl, bucket_and_key, is_s3_url  # noqa: F401 (this module's names too)
 from deltadrain.errors import ConfigError
+from deltadrain.paths import command_line
 from deltadrain.secrets import stored_connection
 
 CONNECTION_ID = "deltadrain_s3"
@@ -109,7 +110,7 @@ def resolve(env: Mapping[str, str] | None = None, *, connection_id: str = CONNEC
     raise ConfigError(f"no object store login: create the Airflow connection '{connection_id}' (type aws, "
                       f"endpoint_url in its extra), or set {var}, DELTADRAIN_S3_ACCESS_KEY_ID and "
                       "DELTADRAIN_S3_SECRET_ACCESS_KEY (and _ENDPOINT_URL), or start the embedded server with "
-                      "`deltadrain services up --only s3`")
+                      f"`{command_line('services up --only s3')}`")
 
 
 def embedded_connection() -> dict | None:

@@ -8,8 +8,11 @@ topic not created yet, a stream never written) come with its `counts` (sources/<
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from deltadrain.config import DeltadrainConfig, PipelineConfig
 from deltadrain.names import ingest_dag_id
+from deltadrain.paths import command_line
 from deltadrain.sources import LakeSide, SourceNote, source_of
 
 NEVER_RUN = "never_run"
@@ -19,13 +22,14 @@ def note(state: str, text: str) -> dict:
     return {"state": state, "note": text}
 
 
-def never_run(pipeline: PipelineConfig, has_target: bool) -> dict | None:
-    """The note of a pipeline whose target table does not exist yet (pure)."""
+def never_run(pipeline: PipelineConfig, has_target: bool, config: Path | None = None) -> dict | None:
+    """The note of a pipeline whose target table does not exist yet (pure). `config`: the config file
+    the command it names reads."""
     if has_target:
         return None
     return note(NEVER_RUN, f"never run: pipeline '{pipeline.name}' has no target table yet; the first drain run "
                            f"that commits a batch makes it (trigger the DAG {ingest_dag_id(pipeline.name)} in "
-                           f"Airflow, or run `deltadrain drain {pipeline.name}`)")
+                           f"Airflow, or run `{command_line(f'drain {pipeline.name}', config)}`)")
 
 
 def source_down(exc: BaseException, cfg: DeltadrainConfig, pipeline: PipelineConfig,

@@ -91,6 +91,6 @@ def pipeline_status(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> dict:
         out["last_runs"] = lakeview.last_batches(cfg, pipeline, 5)
         out["schema_changes"] = schema_changes(recent_commits(target, SCHEMA_COMMITS), pipeline.name) \
             if has_target and pipeline.payload_schema.evolution == "add_columns" else []
-    never = states.never_run(pipeline, has_target)
+    never = states.never_run(pipeline, has_target, cfg.source_file)
     out["notes"] = ([never] if never else []) + notes
     return out

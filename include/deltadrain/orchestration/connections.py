@@ -9,6 +9,7 @@ metadata DB or a secrets backend. Airflow itself is imported only when a connect
 from __future__ import annotations
 
 from deltadrain.errors import PrerequisiteError
+from deltadrain.paths import command_line
 from deltadrain.secrets import ConnectionFields, use_connection_store
 
 
@@ -41,6 +42,6 @@ def connect_url(conn_id: str) -> str:
         if "isn't defined" not in str(exc) and "not found" not in str(exc).lower():
             raise
         raise PrerequisiteError(
-            f"Airflow has no connection '{conn_id}' (type spark_connect) to a Spark Connect server. `deltadrain "
-            "services up` defines it for the embedded server; for your own, add it in Airflow (host, port, and "
+            f"Airflow has no connection '{conn_id}' (type spark_connect) to a Spark Connect server. "
+            f"`{command_line('services up')}` defines it for the embedded server; for your own, add it in Airflow (host, port, and "
             "the token as its password), or set `spark.executor: submit` in the config") from None

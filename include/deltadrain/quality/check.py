@@ -18,6 +18,7 @@ from deltadrain.config import DeltadrainConfig, PipelineConfig
 from deltadrain.lake.checkpoint import find_commit
 from deltadrain.lake.delta import is_table, snapshot_txn, table_id
 from deltadrain.lake.metrics import batch_finished_at
+from deltadrain.paths import command_line
 from deltadrain.quality.checks import build_checks, suite_name
 from deltadrain.quality.errors import BatchesFailed, QualityError, QualityFailed
 from deltadrain.quality.gx import docs_dir, run_gx, summarize
@@ -93,7 +94,7 @@ def check_batches(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, batche
         raise QualityError(f"pipeline '{pipeline.name}': owed batches could not be checked: "
                            + "; ".join(f"batch {b}: {e}" for b, e in unchecked.items())
                            + f" (batches {[r.batch for r in reports]} were checked; the next quality task tries "
-                           f"them again, or check one by hand: deltadrain quality {pipeline.name} --batch N)")
+                           f"them again, or check one by hand: {command_line(f'quality {pipeline.name} --batch N', cfg.source_file)})")
     if len(reports) == 1:
         out = reports[0].as_dict()
     else:  # several, or none (`deltadrain quality --owed` with nothing owed)

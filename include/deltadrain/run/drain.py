@@ -27,6 +27,7 @@ from deltadrain.lake.delta import refused_rows
 from deltadrain.lake.metrics import record_run_safely
 from deltadrain.lake.scratch import remove_staging, staging_dir
 from deltadrain.logs import fields, run_logger
+from deltadrain.paths import command_line
 from deltadrain.positions import merge_positions
 from deltadrain.run.commit import CONFLICT_RETRIES, NewTable, commit_batch, dedup_window_start
 from deltadrain.run.layout import allow_widening, end_widening, new_columns, run_layout
@@ -65,9 +66,12 @@ from deltadrain.transforms import identity, load_transform
 if TYPE_CHECKING:
     from deltadrain.run.stage import Staged
 
-# What a run that stops on a gap (on_gap: fail) tells the operator, for either source.
-GO_ON_PAST = ("Nothing was committed. To go on past them, with the next commit recording them, trigger one run "
-              "with Accept gaps (the ingest DAG's parameter; deltadrain drain --accept-gaps) or set on_gap: continue")
+
+def go_on_past(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> str:
+    """What a run that stops on a gap (on_gap: fail) tells the operator, for either source."""
+    return ("Nothing was committed. To go on past them, with the next commit recording them, trigger one run "
+            "with Accept gaps (the ingest DAG's parameter; "
+            f"`{command_line(f'drain {pipeline.name} --accept-gaps', cfg.source_file)}`) or set on_gap: continue")
 
 
 _KILLED = threading.Event()
@@ -267,7 +271,7 @@ class Drain(abc.ABC, Generic[Detail]):
             s.released = self.release(staged)
         s.batch, s.positions = expected, dict(plan.start)
         s.gap_ranges, s.gaps = list(gaps.ranges), gaps.missing
-        s.error = f"{gaps.said}. {GO_ON_PAST}"
+        s.error = f"{gaps.said}. {go_on_past(self.cfg, self.pipeline)}"
         raise DrainError(s.error)
 
     def _end(self, started: float) -> None:

@@ -234,19 +234,29 @@ def _address(url: str) -> tuple[str, int]:
     return parsed.hostname or "localhost", parsed.port or 15002
 
 
-def server_unreachable(url: str, conn_id: str | None = None) -> str | None:
+def server_address(url: str) -> str:
+    """`host:port` of a Connect URL, as deltadrain's messages name a server."""
+    host, port = _address(url)
+    return f"{host}:{port}"
+
+
+def server_unreachable(url: str, conn_id: str | None = None, config: Path | None = None,
+                       timeout: float = 5) -> str | None:
     """Why nothing can be sent to the Connect server at `url`, or None when its port answers. Asked before
-    a session starts: the client would otherwise retry a refused connection for minutes."""
+    a session starts: the client would otherwise retry a refused connection for minutes. `config`: the
+    config file the fix's command names."""
     import socket
+
+    from deltadrain.paths import command_line
 
     host, port = _address(url)
     try:
-        socket.create_connection((host, port), timeout=5).close()
+        socket.create_connection((host, port), timeout=timeout).close()
     except OSError as exc:
         named = f" (Airflow connection '{conn_id}')" if conn_id else ""
         return (f"the Spark Connect server at {host}:{port}{named} does not answer ({exc.strerror or exc}). "
-                "Start it with `deltadrain services up` (the embedded one), point the connection at your "
-                "server, or set `spark.executor: submit` in the config to run each job in a driver of its own")
+                f"Start it with `{command_line('services up', config)}` (the embedded one), point the connection "
+                "at your server, or set `spark.executor: submit` in the config to run each job in a driver of its own")
     return None
 
 
@@ -257,15 +267,19 @@ _SERVER_LOST = ("RETRIES_EXCEEDED", "StatusCode.UNAVAILABLE", "SESSION_CHANGED",
                 "INVALID_HANDLE.SESSION_CLOSED", "NO_ACTIVE_SESSION")
 
 
-def connect_lost(exc: BaseException) -> str | None:
-    """What to do when a run lost its Spark Connect server, or None for other errors."""
+def connect_lost(exc: BaseException, config: Path | None = None) -> str | None:
+    """What to do when a run lost its Spark Connect server, or None for other errors. `config`: the
+    config file the commands it names read."""
+    from deltadrain.paths import command_line
+
     text = f"{type(exc).__name__} {exc}"
     if not any(mark in text for mark in _SERVER_LOST):
         return None
     first = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
     return (f"the Spark Connect server went away during the run ({first[:300]}). Nothing after that was "
             "committed or acknowledged; the run's claims wait for the next run, which finishes the work "
-            "once the server is back (`deltadrain services status`, `deltadrain services up`)")
+            f"once the server is back (`{command_line('services status', config)}`, "
+            f"`{command_line('services up', config)}`)")
 
 
 def close_own_channel_only(session) -> None:
@@ -287,7 +301,7 @@ def close_own_channel_only(session) -> None:
 
 
 def connect_session(url: str, extra: dict[str, str] | None = None, *, purpose: str = "deltadrain",
-                    conn_id: str | None = None):
+                    conn_id: str | None = None, config: Path | None = None):
     """A new Spark Connect session on the server at `url` (`sc://host:port`), with deltadrain's session
     confs (and `extra`): each call its own session, so confs set on one (a txnAppId) never reach another.
     A server that does not answer is a PrerequisiteError naming the fix.
@@ -298,7 +312,7 @@ def connect_session(url: str, extra: dict[str, str] | None = None, *, purpose: s
     driver without it."""
     from pyspark.sql import SparkSession
 
-    if why := server_unreachable(url, conn_id):
+    if why := server_unreachable(url, conn_id, config):
         raise PrerequisiteError(f"{purpose}: {why}")
     from pyspark.sql.connect.client.retries import DefaultPolicy
 

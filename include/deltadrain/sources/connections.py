@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from deltadrain.config import DeltadrainConfig, PipelineConfig
+from deltadrain.paths import command_line
 from deltadrain.sources import Source, SuggestsGrants, all_sources
 
 
@@ -60,7 +61,7 @@ def unreachable(exc: BaseException, cfg: DeltadrainConfig, pipelines: list[Pipel
     embedded = [p for p in ours if getattr(p.source, field) is None]
     fixes = []
     if embedded:
-        fixes.append(f"start the embedded {service} with `deltadrain services up` (its port: services.{kind}_port "
+        fixes.append(f"start the embedded {service} with `{command_line('services up', cfg.source_file)}` (its port: services.{kind}_port "
                      f"in the config or DELTADRAIN_{kind.upper()}_PORT)")
     if len(embedded) < len(ours):
         fixes.append(f"check source.{field} of pipeline {names} in {cfg.source_file} and that the server runs")

@@ -5,7 +5,8 @@ the jar cache's Delta and Kafka source, `airflow standalone`, and for change dat
 (Debian's package) and Debezium's Postgres connector on Kafka Connect (docs/cdc-services.md);
 all bound to 127.0.0.1, all state and logs under one directory.
 
-`up` is idempotent, `down` leaves no process behind, ports come from the config's `services`
+`up` is idempotent and warms a Spark Connect server it starts before it reports it (`warm_up`), `down`
+leaves no process behind, ports come from the config's `services`
 section or DELTADRAIN_<NAME>_PORT. A bare `up` or `status` leaves out the S3 server unless the
 config's data_dir is an s3a:// URL, and the registry unless a pipeline's schema.registry.url is the
 embedded one's; `--only s3` or `--only registry` names them; a bare `down` stops them too.
@@ -404,14 +405,28 @@ def select(names: list[str] | None, cfg: DeltadrainConfig | None = None, *, ever
     return [n for n in ALL if n in chosen]
 
 
-def up(cfg: DeltadrainConfig, names: list[str] | None = None) -> list[dict]:
+def up(cfg: DeltadrainConfig, names: list[str] | None = None, *, warm: bool = True) -> list[dict]:
+    """Start the services; a Spark Connect server this call started is warmed (`warm_up`) unless not `warm`."""
     out = []
     for name in select(names, cfg):
         svc = FACTORIES[name](cfg)
         out.append({"service": name, "result": svc.up(), **svc.status()})
+        if name == "spark_connect" and warm and out[-1]["result"] == "started":
+            out[-1]["warm_up"] = warm_connect_server(cfg)
         if name == "airflow":
             ensure_airflow_pools(cfg)
     return out
+
+
+def warm_connect_server(cfg: DeltadrainConfig) -> str:
+    """Warm the Connect server `up` just started (`warm_up`), so that a pipeline's first batch does not
+    pay for its compiling: what it cost, or why it failed (the server runs all the same)."""
+    from deltadrain.dev.services.warm_up import warm_up
+
+    report = warm_up(spark_connect_url(cfg), services_home() / "spark_connect" / "warm-up")
+    if "error" in report:
+        return f"failed after {report['seconds']} s ({report['error']}): the first batches run cold"
+    return f"{report['seconds']} s ({report['rounds']} batches of {report['rows']} rows: {report['round_s']} s)"
 
 
 @contextlib.contextmanager

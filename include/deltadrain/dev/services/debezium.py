@@ -32,6 +32,7 @@ from deltadrain.config.embedded import (
 )
 from deltadrain.dev.services.process import Service, port_open
 from deltadrain.errors import ServiceError
+from deltadrain.paths import command_line
 from deltadrain.runtime.jars import classpath
 
 # How often the worker writes the connector's offsets (and Debezium confirms its LSN to the slot): what a
@@ -148,7 +149,7 @@ def debezium_service(cfg: DeltadrainConfig) -> Service:
         if missing or not postgres_login_file().exists():
             raise ServiceError(f"debezium reads the embedded PostgreSQL and writes into the embedded Kafka broker: "
                                f"start {' and '.join(missing) or 'postgres'} first "
-                               f"(`deltadrain services up --only kafka,postgres,debezium`)")
+                               f"(`{command_line('services up --only kafka,postgres,debezium', cfg.source_file)}`)")
         login = debezium_login()
         # The files with secrets are made anew, owner-only, on each start (a login file may be new).
         for path, text in ((secrets, properties({"postgres_password": postgres_login()["password"]})),

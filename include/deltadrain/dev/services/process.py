@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from deltadrain.errors import ServiceError
+from deltadrain.paths import command_line
 
 
 def port_open(port: int, host: str = "127.0.0.1", timeout: float = 0.3) -> bool:
@@ -130,7 +131,7 @@ class Service:
             if self._wait_healthy(pid, self.start_timeout):
                 return "already running"
             raise ServiceError(f"{self.name} (pid {pid}) is running but not healthy; see {self.log_file} "
-                               f"or run `deltadrain services down` first")
+                               f"or run `{command_line('services down')}` first")
         taken = [p for p in self.ports if port_open(p)]
         if taken:
             raise ServiceError(

@@ -16,6 +16,7 @@ from deltadrain.config import DeltadrainConfig
 from deltadrain.config.embedded import ports, valkey_ca_file, valkey_login, valkey_tls_home
 from deltadrain.dev.services.process import Service, port_open
 from deltadrain.errors import PrerequisiteError, ServiceError
+from deltadrain.paths import command_line
 
 STUNNEL = ("stunnel4", "stunnel")
 TLS_DAYS = "3650"
@@ -87,7 +88,7 @@ def valkey_tls_service(cfg: DeltadrainConfig) -> Service:
         stunnel_binary()
         if not port_open(p.valkey):
             raise ServiceError(f"the embedded Valkey's TLS port forwards to its port {p.valkey}, where nothing "
-                               f"listens: start it first (`deltadrain services up --only valkey`)")
+                               f"listens: start it first (`{command_line('services up --only valkey', cfg.source_file)}`)")
         make_certificates(home)
         conf.write_text(stunnel_conf(home, p.valkey_tls, p.valkey))
 

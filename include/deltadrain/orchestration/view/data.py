@@ -71,7 +71,8 @@ def with_lake_notes(cfg: DeltadrainConfig, pipeline: PipelineConfig, notes: list
     from deltadrain.observe import notes as states
     from deltadrain.observe import tables as lakeview
 
-    never = states.never_run(pipeline, lakeview.open_table(str(cfg.target_path(pipeline))) is not None)
+    never = states.never_run(pipeline, lakeview.open_table(str(cfg.target_path(pipeline))) is not None,
+                             cfg.source_file)
     return ([never] if never else []) + list(notes or [])
 
 

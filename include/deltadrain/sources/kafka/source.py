@@ -111,7 +111,7 @@ class Kafka(SuggestsGrants, Source):
                                 min_idle_ms=pipeline.min_idle_ms, stale_ms=dead_after_ms(pipeline),
                                 committed_by=checkpoint.run_id, complete=checkpoint.found_in != "rows", until=until)
         except TopicMissing:  # the broker answered: no such topic (yet)
-            return missing_topic(pipeline, positions)
+            return missing_topic(pipeline, positions, cfg.source_file)
         except OffsetError as exc:  # the broker answered: a recreated topic, or one it cannot serve
             raise SourceNote(str(exc)) from exc
 

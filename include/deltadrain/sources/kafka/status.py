@@ -4,7 +4,10 @@ offsets), the gaps retention made, and the offsets runs that died read."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from deltadrain.config import KafkaSource, PipelineConfig
+from deltadrain.paths import command_line
 from deltadrain.sources import SourceNote
 from deltadrain.sources.kafka.client import kafka_source
 
@@ -110,7 +113,7 @@ def oldest_pending_ms(conf: dict, topic: str, counts: dict, timeout_s: float = 1
     return min(found.values()) if found else None
 
 
-def missing_topic(pipeline: PipelineConfig, positions: dict[str, str]) -> dict:
+def missing_topic(pipeline: PipelineConfig, positions: dict[str, str], config: Path | None = None) -> dict:
     """The counts of a pipeline whose topic the broker does not know (pure): nothing to drain, and a
     note that says why and what to do. A topic the lake's checkpoint holds offsets of was there and
     is gone: that is no state to wait out, and is raised as a SourceNote."""
@@ -119,7 +122,7 @@ def missing_topic(pipeline: PipelineConfig, positions: dict[str, str]) -> dict:
         raise SourceNote(f"topic '{topic}' does not exist on the broker, yet the lake's checkpoint holds offsets of "
                          f"it ({positions}): it was deleted after batches were drained from it; check the broker")
     text = (f"topic '{topic}' does not exist yet: nothing has been produced to it. It appears when a producer "
-            f"first writes to it or it is created on the broker (`deltadrain produce {pipeline.name} --count N` "
+            f"first writes to it or it is created on the broker (`{command_line(f'produce {pipeline.name} --count N', config)}` "
             "writes sample events); until then there is nothing to drain")
     return {"PENDING": 0, "CLAIMED": 0, "claimed_by": {}, "oldest_claim_idle_ms": 0, "gaps": [], "dead_runs": [],
             "partitions": {}, "notes": [{"state": NO_TOPIC, "note": text}]}

@@ -102,7 +102,7 @@ class Valkey(Reaps, NamesPartitions, Source):
         client = valkey_client(cfg, pipeline, **({"socket_timeout": 3, "socket_connect_timeout": 3} if quick else {}))
         counts = valkey_counts(client, pipeline.source, gaps_key(pipeline.name), pipeline)
         missing = counts.pop("missing_streams")
-        counts["notes"] = stream_notes(pipeline, missing, lake.checkpoint.positions) if missing else []
+        counts["notes"] = stream_notes(pipeline, missing, lake.checkpoint.positions, cfg.source_file) if missing else []
         if pipeline.source.cluster:  # a failover may have lost what a batch committed (docs/semantics.md)
             here = [s for s in pipeline.source.streams if s not in missing]
             counts["notes"] += behind_notes(lake.checkpoint.positions, last_ids(client, here))

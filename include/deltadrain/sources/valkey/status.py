@@ -3,7 +3,10 @@ consumers hold (CLAIMED), the gaps, and the ranges under suspicion that runs whi
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from deltadrain.config import PipelineConfig, ValkeySource
+from deltadrain.paths import command_line
 from deltadrain.sources.valkey.client import as_text, stream_counts, valkey_source
 from deltadrain.sources.valkey.gaps import as_ranges, open_gaps
 
@@ -66,9 +69,10 @@ def oldest_pending_ms(client, source: ValkeySource) -> int | None:
 NEVER_WRITTEN, STREAM_GONE, BEHIND = "never_written", "stream_gone", "behind_checkpoint"
 
 
-def stream_notes(pipeline: PipelineConfig, missing: list[str], positions: dict[str, str]) -> list[dict]:
+def stream_notes(pipeline: PipelineConfig, missing: list[str], positions: dict[str, str],
+                 config: Path | None = None) -> list[dict]:
     """Notes on the pipeline's streams that do not exist (pure): never written, or, when the lake's
-    checkpoint holds a position of one, deleted since."""
+    checkpoint holds a position of one, deleted since. `config`: the config file the command named reads."""
     never = [s for s in missing if s not in positions]
     notes = []
     if never:
@@ -76,7 +80,7 @@ def stream_notes(pipeline: PipelineConfig, missing: list[str], positions: dict[s
         notes.append({"state": NEVER_WRITTEN, "note": (
             f"stream{'s' if many else ''} {', '.join(never)} {'have' if many else 'has'} never been written (no such "
             f"key on the server): nothing to drain from {'them' if many else 'it'} yet. A stream appears with its "
-            f"first XADD (`deltadrain produce {pipeline.name} --count N` writes sample events)")})
+            f"first XADD (`{command_line(f'produce {pipeline.name} --count N', config)}` writes sample events)")})
     for stream in (s for s in missing if s in positions):
         notes.append({"state": STREAM_GONE, "note": (
             f"stream {stream} does not exist, though the lake's checkpoint holds its position {positions[stream]}: "
