@@ -9,6 +9,7 @@ from typing import Any
 # The order_by of a Debezium pipeline that is no payload column: the change's place in the database's log.
 SOURCE_LSN = "source.lsn"
 # Column types an order_by column may have: values that compare as what they mean.
+IDENTITY = "deltadrain.transforms.identity"
 ORDERABLE = ("long", "int", "timestamp", "date", "string", "double", "float")
 
 
@@ -62,7 +63,7 @@ def _upsert(p, target, schema) -> None:
         raise ValueError(f"target.delete_when.field: '{target.delete_when.field}' is not a field of schema.fields")
     if target.on_truncate != "fail" and not debezium:
         raise ValueError("target.on_truncate: only Debezium change events truncate (schema.envelope: debezium)")
-    if p.transform is not None:
+    if p.transform not in (None, IDENTITY):
         raise ValueError("transform: an upsert target takes its rows as the events give them (a transform could "
                          "change their keys or order); leave it out")
     kind = p.source.kind
