@@ -71,8 +71,9 @@ def spec_of(pipeline) -> UpsertSpec | None:
 
 
 # Kafka Connect's and Debezium's logical types (the wrapper's field `name`) -> the plain value.
-def _from_micros(v: int) -> datetime:
-    return datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=v)
+def _from_micros(v: int) -> str:
+    # As ISO 8601 text, which a timestamp column reads exactly (an integer it reads as epoch milliseconds).
+    return (datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=v)).isoformat()
 
 
 LOGICAL = {

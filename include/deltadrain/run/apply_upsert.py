@@ -153,7 +153,9 @@ def prepare(spark, rows, *, pipeline, target: str, tombstones: str, batch: int, 
         where = next(r[0] for r in events_rows if r[1] == TRUNCATE)
         raise TruncateRefused(truncate_line(where, pipeline.name))
     keys = sorted({str(e.key) for e in events})
-    states: dict[Hashable, KeyState] = {} if truncated else dict(read_states(spark, target, tombstones, keys))
+    states: dict[Hashable, KeyState] = {}
+    if not truncated:
+        states.update(read_states(spark, target, tombstones, keys))
     decisions = applied(decide_batch(events, states, now=now, window=pipeline.dedup_window))
     write_tombstones(spark, tombstones, decisions, rows.schema[ORDER].dataType, batch=batch, run_id=run_id, now=now,
                      window=pipeline.dedup_window)
