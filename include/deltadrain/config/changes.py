@@ -66,12 +66,11 @@ def _upsert(p, target, schema) -> None:
     if p.transform not in (None, IDENTITY):
         raise ValueError("transform: an upsert target takes its rows as the events give them (a transform could "
                          "change their keys or order); leave it out")
-    kind = p.source.kind
-    if debezium and kind != "kafka":
+    if debezium and not getattr(p.source, "keyed_records", False):
         raise ValueError("schema.envelope: debezium reads Kafka records (a change's key is the record's key): "
                          "use a Kafka source")
-    streams = getattr(p.source, "streams", None) or []
-    if kind == "valkey" and order == "position" and len(streams) > 1:
+    streams = getattr(p.source, "streams", None) or []  # a Valkey source's partitions, named in the config
+    if order == "position" and len(streams) > 1:
         raise ValueError(f"target.order_by: position orders a key's events within one stream only, and this "
                          f"pipeline reads {len(streams)}: read one stream, or order by a payload column (a version "
                          "or a timestamp the producer sets)")
