@@ -43,7 +43,8 @@ def test_entity_states_upsert_newest_per_key_with_tombstones_deletes_and_an_olde
         send(1, {"id": 1, "name": f"one-{v}", "version": v})
     send(2, {"id": 2, "name": "two", "version": 1})
     send(3, {"id": 3, "name": "three", "version": 1})
-    send(3, None)  # a tombstone deletes 3
+    send(3, {"id": 3, "name": "three", "version": 2})
+    send(3, None)  # a tombstone deletes 3 (ordered after version 2: it takes the value it follows)
     send(4, {"id": 4, "name": "four", "version": 1})
     send(4, {"id": 4, "name": "four", "version": 2, "gone": True})  # delete_when
     send(5, {"id": 5, "name": "five", "version": 1})
@@ -52,7 +53,7 @@ def test_entity_states_upsert_newest_per_key_with_tombstones_deletes_and_an_olde
     producer.produce(topic, b'{"name": "no id"}', key=b"6", partition=0)  # no key column: a dead letter
     producer.flush(30)
     s = drain(c, p, spark=spark)
-    assert s.outcome == "committed" and s.claimed == 14 and s.dead_lettered == 1
+    assert s.outcome == "committed" and s.claimed == 15 and s.dead_lettered == 1
     assert states(spark, c, p) == {1: ("one-5", 5), 2: ("two", 1), 5: ("five again", 2)}
     assert [r.error_type for r in dlq_rows(spark, c, p)] == ["missing_key"]
 

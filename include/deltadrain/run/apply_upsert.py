@@ -14,7 +14,7 @@ after one window whatever the table keeps).
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from deltadrain.formats.changes import CHANGE, DELETE, KEY, ORDER, TRUNCATE
 from deltadrain.formats.debezium import truncate_line
@@ -24,6 +24,7 @@ from deltadrain.run.upsert import Decision, Effect, Event, KeyState, Order, Posi
 EFFECT = "_dd_effect"
 PLACE = ("_dd_partition", "_dd_pos_hi", "_dd_pos_lo")
 DELETED_AT = "_dd_deleted_at"
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 class TruncateRefused(Exception):
@@ -86,9 +87,11 @@ def read_states(spark, target: str, tombstones: str, keys: list[str]) -> dict[st
             rows[r[0]] = Order(r[4], Position(r[1], r[2], r[3]))
     marks: dict[str, list[tuple[Order, datetime | None]]] = {}
     if is_table(spark, tombstones):
+        # As microseconds: Spark gives timestamps back naive, in the session's time zone.
         for r in (spark.read.format("delta").load(tombstones).join(wanted, KEY)
-                  .select(KEY, *PLACE, ORDER, DELETED_AT).collect()):
-            marks.setdefault(r[0], []).append((Order(r[4], Position(r[1], r[2], r[3])), r[5]))
+                  .select(KEY, *PLACE, ORDER, F.unix_micros(DELETED_AT)).collect()):
+            at = EPOCH + timedelta(microseconds=r[5]) if r[5] is not None else None
+            marks.setdefault(r[0], []).append((Order(r[4], Position(r[1], r[2], r[3])), at))
     return {k: state_of(rows.get(k), marks.get(k, ())) for k in set(rows) | set(marks)}
 
 
