@@ -48,8 +48,10 @@ def make_table(conn, keys: tuple[str, ...]) -> str:
 
 
 def pipeline_for(tmp_path, table: str, keys: tuple[str, ...]):
+    home = tmp_path / table.split(".")[1]
+    home.mkdir()
     path, c, p = make_kafka_pipeline(
-        tmp_path / table.split(".")[1], partitions=1, transform=None, batch_cap=1500, min_idle_ms=500,
+        home, partitions=1, transform=None, batch_cap=1500, min_idle_ms=500,
         max_message_bytes=LIMIT, source={"topic": debezium_topic(table)},
         target={"path": table.split(".")[1], "mode": "upsert", "order_by": "source.lsn"},
         schema={"envelope": "debezium", "evolution": "add_columns",
