@@ -65,3 +65,13 @@ def test_position_order_across_several_valkey_streams_is_refused_and_one_stream_
     assert parse_config(config(source=one), Path("x.yaml")).pipelines[0].upsert
     debezium = error_of(config({"key": []}, {"envelope": "debezium"}, source=one))
     assert "schema.envelope: debezium reads Kafka records" in debezium
+
+
+def test_the_default_quality_suite_of_an_upsert_target_checks_its_keys():
+    from deltadrain.quality.checks import Check, build_checks
+
+    p = parse_config(config(schema={"required": ["name"]}), Path("x.yaml")).pipelines[0]
+    checks = build_checks(p)
+    assert checks[:2] == [Check("not_null", "_dd_key"), Check("unique", "_dd_key")]
+    names = [c.name for c in checks]
+    assert {"id exists", "id is long", "id not null", "name exists", "name is string", "name not null"} <= set(names)
