@@ -22,7 +22,7 @@ SCHEMA = {"fields": {"id": "long", "name": "string", "version": "long", "gone": 
 def states(spark, c, p) -> dict[int, tuple]:
     rows = spark.read.format("delta").load(str(c.target_path(p))).collect()
     assert len(rows) == len({r.id for r in rows}), "a key held twice"
-    return {r.id: (r.name, r.version) for r in rows}
+    return {r.id: (r.name, r.asDict().get("version")) for r in rows}
 
 
 @pytest.mark.parametrize("order_by", ["version"])  # position order: the Valkey test below
@@ -100,3 +100,43 @@ def test_a_valkey_stream_of_entity_states_upserts_in_stream_order_with_soft_dele
     assert drain(c, p, spark=spark).outcome == "committed"
     assert states(spark, c, p) == {1: ("last", 1), 2: ("b again", 1)}
     assert [r.error_type for r in dlq_rows(spark, c, p)] == ["missing_key"]
+
+
+def test_a_debezium_truncate_fails_the_run_in_one_line_unless_the_target_may_be_truncated_too(tmp_path, spark):
+    """Debezium's `op: t` (a TRUNCATE of the source table): under on_truncate fail the run stops, naming the
+    table and the fix, with nothing committed; under truncate the batch's commit empties the target and keeps
+    what came after the truncate."""
+    import yaml
+
+    from deltadrain.config import load_config
+    from deltadrain.run.drain import DrainError
+
+    path, c, p = make_kafka_pipeline(tmp_path, partitions=1, transform=None,
+                                     schema={"envelope": "debezium", "fields": {"id": "long", "name": "string"}},
+                                     target={"path": "up_truncate", "mode": "upsert", "order_by": "source.lsn"})
+    producer = Producer(kafka_client_conf(c, p))
+    source = {"connector": "postgresql", "db": "shop", "schema": "public", "table": "people"}
+
+    def send(op: str, row: dict | None, lsn: int) -> None:
+        key = json.dumps({"id": row["id"]}).encode() if row else None
+        event = {"op": op, "before": None, "after": row, "ts_ms": 1, "source": {**source, "lsn": lsn}}
+        producer.produce(p.source.topic, json.dumps(event).encode(), key=key, partition=0)
+
+    send("c", {"id": 1, "name": "a"}, 10)
+    send("c", {"id": 2, "name": "b"}, 20)
+    producer.flush(30)
+    assert drain(c, p, spark=spark).outcome == "committed"
+    send("t", None, 30)
+    send("c", {"id": 3, "name": "c"}, 40)
+    producer.flush(30)
+    with pytest.raises(DrainError, match=r"shop\.public\.people was truncated \(Debezium op 't' at lsn 30\).*"
+                                         r"target\.on_truncate: truncate"):
+        drain(c, p, spark=spark)
+    assert states(spark, c, p) == {1: ("a", None), 2: ("b", None)}
+    data = yaml.safe_load(path.read_text())
+    data["pipelines"][0]["target"]["on_truncate"] = "truncate"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    c = load_config(path)
+    p = c.pipeline(p.name)
+    assert drain(c, p, spark=spark).outcome == "committed"
+    assert states(spark, c, p) == {3: ("c", None)}
