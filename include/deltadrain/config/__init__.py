@@ -2,7 +2,8 @@
 
 By concern: `base` the base model, checked field types and the one path rule (relative to the config
 file); `sources` each source kind's `source:` model; `payload` the `schema:` block and its format
-settings (`avro`, `protobuf`, `registry`); `models` the pipeline and the top level; `loader` the YAML
+settings (`avro`, `protobuf`, `registry`); `changes` the checks of a target's mode (insert or upsert);
+`models` the pipeline and the top level; `loader` the YAML
 read and its errors, with `legacy` moving older configs' flat keys; `lakeurl` the lake's place on an
 object store; `embedded` where the embedded services listen and how to log in to them. Secrets never
 live in the YAML: a pipeline names an Airflow connection or an environment variable (deltadrain.secrets)."""
@@ -24,6 +25,7 @@ from deltadrain.config.loader import load_config, parse_config
 from deltadrain.config.models import (
     AirflowSettings,
     AlertSettings,
+    DeleteWhen,
     DeltadrainConfig,
     Expectation,
     MaintenanceConfig,
@@ -47,6 +49,7 @@ from deltadrain.config.sources import (
 __all__ = [
     "AirflowSettings",
     "AlertSettings",
+    "DeleteWhen",
     "AvroSettings",
     "CONTINUOUS",
     "CRON_PRESETS",

@@ -23,6 +23,7 @@ from deltadrain.config.base import (
     Schedule,
     resolve_path,
 )
+from deltadrain.config.changes import check_mode
 from deltadrain.config.lakeurl import LakeUrl, is_s3_url
 from deltadrain.config.payload import SchemaConfig
 from deltadrain.config.sources import SourceSettings
@@ -67,11 +68,30 @@ class ServicesConfig(Model):
         return tables
 
 
+class DeleteWhen(Model):
+    """`target.delete_when`: in upsert mode, an event whose row has `field` equal to `equals` deletes its key
+    (a soft-delete flag, an `op` field of the producer's own)."""
+
+    field: str = Field(min_length=1)
+    equals: str | int | bool
+
+
 class TargetConfig(Model):
     # Relative paths sit under the lake directory (data_dir); an s3a:// URL is a table on the object store.
     path: str
     partition_by: list[str] = []
     cluster_by: list[str] = []
+    # insert: every message once, keyed by its id (an event log). upsert: one row per `key`, in the state of
+    # its newest event, with deletes (docs/cdc.md).
+    mode: Literal["insert", "upsert"] = "insert"
+    # upsert: the payload columns that identify a row; with schema.envelope debezium, unset: the record key's.
+    key: list[str] = []
+    # upsert: what orders a key's events: the source's position, a payload column (a version, a timestamp),
+    # or with schema.envelope debezium `source.lsn` (the change's place in the database's log).
+    order_by: str = "position"
+    delete_when: DeleteWhen | None = None
+    # upsert with schema.envelope debezium: what a truncate of the source table does (fail: the run stops).
+    on_truncate: Literal["fail", "truncate"] = "fail"
 
     @field_validator("path")
     @classmethod
@@ -210,6 +230,15 @@ class PipelineConfig(Model):
         return self
 
     @model_validator(mode="after")
+    def _mode(self):
+        check_mode(self)
+        return self
+
+    @property
+    def upsert(self) -> bool:
+        return self.target.mode == "upsert"
+
+    @model_validator(mode="after")
     def _evolution(self):
         if self.payload_schema.evolution == "add_columns" and self.transform is not None:
             raise ValueError("schema.evolution add_columns cannot go with a transform: the columns a transform "
@@ -320,6 +349,10 @@ class DeltadrainConfig(Model):
 
     def dlq_path(self, pipeline: PipelineConfig) -> Path | LakeUrl:
         return self.lake_dir() / "_deltadrain" / "dlq" / pipeline.name
+
+    def tombstones_path(self, pipeline: PipelineConfig) -> Path | LakeUrl:
+        """Where an upsert pipeline remembers the deletes it applied (deltadrain.run.apply_upsert)."""
+        return self.lake_dir() / "_deltadrain" / "tombstones" / pipeline.name
 
     def quarantine_path(self, pipeline: PipelineConfig) -> Path | LakeUrl:
         """Where the batch checks move rows that break the pipeline's suite (`quality.quarantine.quarantine`)."""

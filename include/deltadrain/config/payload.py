@@ -97,7 +97,8 @@ class RegistrySettings(Model):
 
 
 class SchemaConfig(Model):
-    id_field: str
+    # The message id (insert mode's MERGE key); upsert mode (target.mode) takes none: the key is target.key.
+    id_field: str = ""
     fields: dict[str, str] = Field(min_length=1)
     required: list[str] = []
     # json: each payload is a JSON object. avro: one schemaless Avro datum (the `avro:` block). protobuf:
@@ -110,6 +111,9 @@ class SchemaConfig(Model):
     # batch that carries it, and declared int/float fields widened to long/double widen the table's
     # column; none: fields that are not declared are ignored (docs/config.md, "Schema evolution").
     evolution: Literal["none", "add_columns"] = "none"
+    # debezium: each payload is a Debezium change event (before/after/op/source), read in upsert mode
+    # (docs/cdc.md); none: the payload is the row itself.
+    envelope: Literal["none", "debezium"] = "none"
     # A run's evolved columns (fields the table has and the config does not declare): set by
     # deltadrain.run.layout for the run, never read from YAML.
     _evolved: frozenset = PrivateAttr(default_factory=frozenset)
@@ -144,9 +148,11 @@ class SchemaConfig(Model):
 
     @model_validator(mode="after")
     def _id_known(self):
-        if self.id_field not in self.fields:
+        if not self.id_field:  # upsert mode (PipelineConfig checks that it is)
+            pass
+        elif self.id_field not in self.fields:
             raise ValueError(f"id_field '{self.id_field}' is not one of the fields")
-        if self.fields[self.id_field] != "string":
+        elif self.fields[self.id_field] != "string":
             raise ValueError(f"id_field '{self.id_field}' must be of type string: ids are merged on their text "
                              "(integer ids in payloads are accepted and stored as text)")
         unknown = [r for r in self.required if r not in self.fields]
@@ -160,6 +166,9 @@ class SchemaConfig(Model):
             if getattr(self, name) is not None and self.format != name:
                 raise ValueError(f"{name} applies to format: {name} only (this schema is {self.format})")
         registry = self.registry is not None
+        if self.envelope == "debezium" and self.format != "json":
+            raise ValueError("envelope debezium reads JSON change events (Kafka Connect's JsonConverter): set "
+                             "format: json")
         if self.format == "json":
             if registry:
                 raise ValueError("registry applies to format: avro or protobuf only (this schema is json)")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 import urllib.parse
-from typing import Annotated, Literal, get_args
+from typing import Annotated, ClassVar, Literal, get_args
 
 from pydantic import Field, field_validator, model_validator
 
@@ -159,6 +159,8 @@ class KafkaSecurity(Model):
 
 class KafkaSource(Model):
     kind: Literal["kafka"]
+    # Its records carry a key beside the value (a change event's key; a tombstone is a key without a value).
+    keyed_records: ClassVar[bool] = True
     # None means the embedded broker of `deltadrain services`.
     bootstrap_servers: str | None = None
     topic: str = Field(min_length=1)

@@ -121,9 +121,10 @@ def _shown(value: Any) -> str:
     return json.dumps(value, default=str)[:60]
 
 
-def _json_object(data: bytes, what: str) -> tuple[Any, Parsed | None]:
+def _json_object(data: bytes, what: str, *, wrapped: bool = False) -> tuple[Any, Parsed | None]:
     """Bytes -> (the JSON value with Kafka Connect's wrapper taken off, None) or (None, the dead letter).
-    The reasons are decode.py's, naming `what` (the payload, the record key)."""
+    The reasons are decode.py's, naming `what` (the payload, the record key). `wrapped`: the value as
+    written, the wrapper left on (its schema says which logical type each field has)."""
     try:
         text = bytes(data).decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -137,7 +138,12 @@ def _json_object(data: bytes, what: str) -> tuple[Any, Parsed | None]:
     if "\\u" in text and (lone := _lone_surrogate(obj)) is not None:
         return None, _bad("invalid_json", f"{what} is JSON no column can hold: a string escapes a lone UTF-16 "
                                           f"surrogate (\\u{ord(lone):04x}), half of a character")
-    return unwrap(obj), None
+    return (obj if wrapped else unwrap(obj)), None
+
+
+def json_value(data: bytes, what: str = "payload") -> tuple[Any, Parsed | None]:
+    """Bytes -> (the JSON value as written, wrapper and all, None) or (None, the dead letter)."""
+    return _json_object(data, what, wrapped=True)
 
 
 def unwrap(obj: Any) -> Any:
@@ -273,7 +279,17 @@ def source_info(source: dict) -> SourceInfo:
 
 def truncate_error(change: Change, pipeline: str) -> str:
     """The one line a run fails with when the source truncated a table and the target may not follow."""
+    return truncate_line(truncated_where(change), pipeline)
+
+
+def truncated_where(change: Change) -> str:
+    """What a truncate names: the table and, when the connector says, the lsn (`truncate_line` puts it in its line)."""
     at = f" at lsn {change.source.lsn}" if change.source is not None and change.source.lsn is not None else ""
-    where = change.source.where if change.source is not None else "the source table"
-    return (f"pipeline {pipeline}: {where} was truncated (Debezium op 't'{at}); to empty the target too set "
+    return f"{change.source.where if change.source is not None else 'the source table'}{at}"
+
+
+def truncate_line(where: str, pipeline: str) -> str:
+    table, _, lsn = where.partition(" at lsn ")
+    at = f" at lsn {lsn}" if lsn else ""
+    return (f"pipeline {pipeline}: {table} was truncated (Debezium op 't'{at}); to empty the target too set "
             f"target.on_truncate: truncate, or have the connector skip truncates (skipped.operations=t)")

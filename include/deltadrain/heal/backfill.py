@@ -212,6 +212,10 @@ def backfill(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, start: date
     from deltadrain.run.summary import new_run_id
 
     start, end = check_interval(start, end)
+    if pipeline.upsert:
+        raise BackfillError(f"pipeline '{pipeline.name}' is an upsert target (target.mode upsert): a backfill MERGEs "
+                            "events insert-only by message id and cannot apply changes yet; replay its dead letters "
+                            "(mode dlq) instead")
     pipeline = with_table_columns(cfg, pipeline)
     run_id = run_id or new_run_id()
     summary = BackfillSummary(pipeline.name, run_id, start.isoformat(), end.isoformat())

@@ -288,6 +288,9 @@ def reprocess(cfg, pipeline: PipelineConfig, spark, request: ReplayRequest, resu
     rows through the current transform. Messages the source no longer holds are reported."""
     from deltadrain.heal.backfill import merge_without_checkpoint, prepare_rows, with_table_columns
 
+    if pipeline.upsert:
+        raise ReplayError(f"pipeline '{pipeline.name}' is an upsert target (target.mode upsert): a reprocess rewrites "
+                          "rows by message id and cannot apply changes yet; replay dead letters (mode dlq) instead")
     pipeline = with_table_columns(cfg, pipeline)
     target = str(cfg.target_path(pipeline))
     if not is_table(spark, target):

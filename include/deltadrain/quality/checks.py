@@ -53,6 +53,15 @@ def suite_name(pipeline: PipelineConfig) -> str:
 
 def default_checks(pipeline: PipelineConfig) -> list[Check]:
     schema = pipeline.payload_schema
+    if pipeline.upsert:
+        # A batch of an upsert target holds one row per key it wrote: the key's text identifies them.
+        from deltadrain.formats.changes import KEY
+
+        checks = [Check("not_null", KEY), Check("unique", KEY)]
+        for column in dict.fromkeys([*pipeline.target.key, *schema.required]):
+            checks += [Check("exists", column), Check("type", column, type=schema.fields[column]),
+                       Check("not_null", column)]
+        return checks
     checks = [Check("not_null", schema.id_field), Check("unique", schema.id_field)]
     for column in dict.fromkeys([schema.id_field, *schema.required]):
         checks += [Check("exists", column), Check("type", column, type=schema.fields[column])]

@@ -112,11 +112,13 @@ def _landed(path: str, pipeline: str, batch: int, run_id: str) -> bool:
 
 def commit_batch(spark, path: str, *, pipeline: str, expected_batch: int, run_id: str, rows, id_field: str,
                  window_start: datetime | None, metadata: str, id_range: tuple[str, str] | None = None,
-                 create: NewTable | None = None, evolve: bool = False) -> CommitResult:
+                 create: NewTable | None = None, evolve: bool = False,
+                 upsert: tuple[str, str] | None = None) -> CommitResult:
     """Commit batch `expected_batch + 1`: MERGE `rows`, or create the table with them when `create`
     is given and there is none. Conflicts with writers that did not move the batch are retried.
     `evolve`: the MERGE adds the columns of `rows` the table lacks and widens the ones it may
-    (schema.evolution add_columns), in this same commit."""
+    (schema.evolution add_columns), in this same commit. `upsert`: the MERGE's (condition, clauses) of an
+    upsert target (deltadrain.run.apply_upsert) instead of the insert-only MERGE on the message id."""
     target = expected_batch + 1
     version_before = table_version(path)
     conflict = None
@@ -141,6 +143,8 @@ def commit_batch(spark, path: str, *, pipeline: str, expected_batch: int, run_id
                     (rows.write.format("delta").mode("error").partitionBy(*create.partition_by)
                      .option("txnAppId", pipeline).option("txnVersion", target).option("userMetadata", metadata)
                      .save(path))
+                elif upsert is not None:
+                    merge_into(spark, path, rows, upsert[0], upsert[1])
                 else:
                     merge_into(spark, path, rows, merge_condition(id_field, window_start, id_range),
                                "WHEN NOT MATCHED THEN INSERT *", evolve=evolve)

@@ -21,9 +21,10 @@ from typing import TYPE_CHECKING, Generic, final
 from deltadrain import failpoints
 from deltadrain.config import DeltadrainConfig, PipelineConfig
 from deltadrain.errors import error_line
+from deltadrain.formats.changes import KEY
 from deltadrain.lake.checkpoint import Checkpoint, commit_metadata, read_checkpoint
 from deltadrain.lake.deadletter import take_back, write_dead_letters
-from deltadrain.lake.delta import refused_rows
+from deltadrain.lake.delta import add_missing_columns, refused_rows
 from deltadrain.lake.metrics import record_run_safely
 from deltadrain.lake.scratch import remove_staging, staging_dir
 from deltadrain.logs import fields, run_logger
@@ -364,7 +365,7 @@ class Drain(abc.ABC, Generic[Detail]):
             failpoints.hit("after_settled_columns")
         # A missing table is created by this batch's commit (`NewTable`); a clustered one first by
         # the table builder, which declares its clustering.
-        create = None if p.target.cluster_by else NewTable(tuple(p.target.partition_by))
+        create = None if p.target.cluster_by or p.upsert else NewTable(tuple(p.target.partition_by))
         if create is None:
             ensure_target(self.spark, self.target, p, good.schema, self.run_id)
 
@@ -402,6 +403,9 @@ class Drain(abc.ABC, Generic[Detail]):
         failpoints.pause("before_commit")
         refused = 0
         for attempt in (1, 2):
+            if p.upsert:
+                result, filtered = self._commit_changes(rows, expected), 0
+                break
             # Counted before each commit try, over the rows it offers (refusals take some away).
             filtered = self.count_filtered(good, stats, counts[0] if counts is not None else None) if transforming else 0
             meta = commit_metadata(p.name, batch, self.run_id, s.positions, claimed=s.claimed,
@@ -449,6 +453,30 @@ class Drain(abc.ABC, Generic[Detail]):
             s.duplicates_skipped = stats.good - result.inserted
             s.filtered = filtered  # acknowledged with the batch: not before it committed
         return result, pending_culprits
+
+    def _commit_changes(self, rows, expected: int):
+        """Upsert mode's commit (deltadrain.run.apply_upsert): each key's newest change, in the batch's one MERGE
+        with its positions. A target's constraint that refuses a row fails the run (no refused dead letters yet)."""
+        from deltadrain.run.apply_upsert import EFFECT, TruncateRefused, prepare
+
+        s, p = self.summary, self.pipeline
+        batch = expected + 1
+        try:
+            source, clauses, changed = prepare(self.spark, rows, pipeline=p, target=self.target,
+                                               tombstones=str(self.cfg.tombstones_path(p)), batch=batch,
+                                               run_id=self.run_id, now=datetime.now(UTC))
+        except TruncateRefused as exc:
+            s.error = str(exc)
+            raise DrainError(s.error) from None
+        failpoints.hit("after_tombstones")
+        add_missing_columns(self.spark, self.target, source.drop(EFFECT).schema)  # schema.evolution add_columns
+        meta = commit_metadata(p.name, batch, self.run_id, s.positions, claimed=s.claimed,
+                               dead_lettered=s.dead_lettered, **self.commit_extra)
+        result = commit_batch(self.spark, self.target, pipeline=p.name, expected_batch=expected, run_id=self.run_id,
+                              rows=source, id_field=KEY, window_start=None, metadata=meta,
+                              upsert=(f"t.{KEY} = s.{KEY}", clauses))
+        result.inserted = changed
+        return result
 
     def _evolve(self, claimed, stats, counts):
         """schema.evolution add_columns: the batch's new columns (from the layout with a schema file; from

@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from deltadrain import failpoints
 from deltadrain.config import PipelineConfig
 from deltadrain.errors import DeltadrainError, error_line
+from deltadrain.formats.changes import CHANGE, KEY, ORDER, order_type
 from deltadrain.formats.decode import EXTRA_COLUMNS
 from deltadrain.lake.checkpoint import META_COLUMNS
 from deltadrain.lake.deadletter import DEAD
@@ -34,12 +35,19 @@ class BatchFailure(DrainError):
     do not name. The batch's messages caused it, so (on Kafka) the run counts as an attempt at them."""
 
 
+def id_column(pipeline: PipelineConfig) -> str:
+    """The column that identifies a staged row: the message id, or in upsert mode the key's text."""
+    return KEY if pipeline.upsert else pipeline.payload_schema.id_field
+
+
 def claim_schema(pipeline: PipelineConfig):
     from pyspark.sql.types import _parse_datatype_string
 
     schema = pipeline.payload_schema
     payload = ", ".join(f"`{name}` {kind}" for name, kind in schema.fields.items())
     extra = "".join(f", {name} string" for name in EXTRA_COLUMNS) if schema.collects_new_fields else ""
+    if pipeline.upsert:
+        extra += f", {KEY} string, {CHANGE} string, {ORDER} {order_type(schema.fields, pipeline.target.order_by)}"
     return _parse_datatype_string(
         "_dd_partition string, _dd_position string, _dd_pos_hi long, _dd_pos_lo long, _dd_source_ts timestamp, "
         "_dd_attempts int, _dd_reclaimed boolean, _dd_message_id string, _dd_error_type string, _dd_error string, "
@@ -59,7 +67,7 @@ def target_rows(good, pipeline: PipelineConfig, batch: int, run_id: str):
     from pyspark.sql.types import LongType, StringType, StructField, StructType, TimestampType
 
     payload = [F.col(sql_name(name)) for name in good.columns if not name.startswith("_dd_")]
-    meta = [F.col(name) for name, _ in META_COLUMNS[:6]]
+    meta = [F.col(name) for name, _ in META_COLUMNS[:6]] + [F.col(c) for c in (KEY, ORDER, CHANGE) if c in good.columns]
     run = StructType([StructField("_dd_batch", LongType(), False), StructField("_dd_run_id", StringType(), False),
                       StructField("_dd_ingested_at", TimestampType(), False)])
     values = good.sparkSession.createDataFrame([(batch, run_id, datetime.now(UTC))], run)
@@ -70,7 +78,7 @@ def transformed(rows, pipeline: PipelineConfig):
     from pyspark.sql import functions as F
 
     out = load_transform(pipeline.transform)(rows)
-    id_field = pipeline.payload_schema.id_field
+    id_field = id_column(pipeline)
     missing = [c for c in [id_field, *(n for n, _ in META_COLUMNS)] if c not in out.columns]
     if missing:
         raise DrainError(f"transform {pipeline.transform} dropped columns the drain needs: {missing}")
@@ -219,7 +227,8 @@ def split_claimed(claimed):
 
 def _target_schema(spark, pipeline: PipelineConfig, good_schema, run_id: str):
     empty = spark.createDataFrame([], good_schema)
-    return transformed(target_rows(empty, pipeline, 0, run_id), pipeline).schema
+    rows = transformed(target_rows(empty, pipeline, 0, run_id), pipeline)
+    return rows.drop(CHANGE).schema  # what an upsert event does is no column of the table
 
 
 def ensure_target(spark, target: str, pipeline: PipelineConfig, good_schema, run_id: str) -> None:

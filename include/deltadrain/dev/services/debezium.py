@@ -108,6 +108,9 @@ def connector_properties(*, postgres_port: int, secrets: str, tables: list[str])
         "publication.autocreate.mode": "disabled",
         "topic.creation.default.replication.factor": "1",
         "topic.creation.default.partitions": "1",
+        # numeric as its exact text ("12.50"), not the unscaled value's bytes: plain for any JSON reader, and
+        # deltadrain types it by the declared decimal column (docs/cdc.md, "Debezium's values").
+        "decimal.handling.mode": "string",
     }
     if tables:
         values["table.include.list"] = ",".join(tables)

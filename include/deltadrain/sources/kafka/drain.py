@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from deltadrain.config import DeltadrainConfig, KafkaSource, PipelineConfig
+from deltadrain.formats.changes import UpsertDecoder, UpsertSpec, spec_of
 from deltadrain.formats.decode import BatchDecoder
 from deltadrain.formats.payloads import Payload, payload_of
 from deltadrain.formats.registry import Registry
@@ -27,7 +28,7 @@ from deltadrain.lake.checkpoint import Checkpoint
 from deltadrain.logs import run_logger
 from deltadrain.run.drain import Drain
 from deltadrain.run.isolation import convicted
-from deltadrain.run.rows import DrainError, claim_schema
+from deltadrain.run.rows import DrainError, claim_schema, id_column
 from deltadrain.run.stage import Staged, stage, stage_batches
 from deltadrain.run.steps import Gaps, MirrorsCheckpoint, Notices, RunPlan
 from deltadrain.sources.kafka.client import (
@@ -112,6 +113,7 @@ class DecodeContext:
     evolved: frozenset = frozenset()  # fields typed by the table's evolved columns (schema.evolution)
     collect_new: bool = False  # keep the fields no column holds (PipelineConfig.collects_new_fields)
     key_registry: Registry | None = None  # source.key_format avro: the registry of the keys' schemas
+    upsert: UpsertSpec | None = None  # target.mode upsert: keys, deletes and order (deltadrain.formats.changes)
 
 
 def external_id(ctx: DecodeContext, key: bytes | None, headers) -> tuple[str | None, str | None, str | None]:
@@ -164,9 +166,9 @@ def kafka_batch(ctx: DecodeContext, decoder: BatchDecoder, arrow_schema, batch):
         for i, message_id in replayed.items():
             fallback[i] = message_id
     preset: dict[int, Preset] = {i: (fallback[i], "tombstone", TOMBSTONE, None, None)
-                                 for i, value in enumerate(values) if value is None}
+                                 for i, value in enumerate(values) if value is None and ctx.upsert is None}
     message_ids = None
-    if ctx.id_from in ("key", "header"):
+    if ctx.id_from in ("key", "header") and ctx.upsert is None:
         # The key or header is the identity; without one (null key, missing header), the record's place is.
         column = batch.column("key" if ctx.id_from == "key" else "headers").to_pylist()
         message_ids = []
@@ -195,7 +197,10 @@ def kafka_batch(ctx: DecodeContext, decoder: BatchDecoder, arrow_schema, batch):
             "_dd_pos_hi": offset, "_dd_pos_lo": pa.array([0] * n, pa.int64()),
             "_dd_source_ts": batch.column("timestamp"), "_dd_attempts": pa.array(attempts, pa.int32()),
             "_dd_reclaimed": pa.array([False] * n, pa.bool_())}
-    cols.update(decoder.columns(values, fallback_ids=fallback, message_ids=message_ids, preset=preset))
+    if isinstance(decoder, UpsertDecoder):  # the key is the identity, and a tombstone deletes
+        cols.update(decoder.columns(values, preset=preset, keys=batch.column("key").to_pylist()))
+    else:
+        cols.update(decoder.columns(values, fallback_ids=fallback, message_ids=message_ids, preset=preset))
     return pa.RecordBatch.from_arrays([cols[f.name].cast(f.type) for f in arrow_schema], schema=arrow_schema)
 
 
@@ -231,19 +236,22 @@ def read_ranges(spark, cfg: DeltadrainConfig, p: PipelineConfig, ranges: dict[in
     ctx = DecodeContext(topic, dict(p.payload_schema.fields), p.payload_schema.id_field,
                         list(p.payload_schema.required), p.max_message_bytes, source.id_from,
                         source.id_header, attempts, dead_runs or {}, p.max_retries, payload,
-                        p.payload_schema.evolved_columns, p.payload_schema.collects_new_fields, key_registry)
+                        p.payload_schema.evolved_columns, p.payload_schema.collects_new_fields, key_registry,
+                        spec_of(p))
     total = sum(end - start for start, end in ranges.values())
     # Text keys read no headers: a replayed record carries its identity in its key. An Avro key's copy
     # has none (the id would need the key's schema), so it carries the id in the replay header.
     headers = (source.id_from != "key" or source.key_format == "avro") if headers is None else headers
     names = ["partition", "offset", "timestamp", "value"] + {"key": ["key"], "header": ["headers"]}.get(
         source.id_from, [])
+    if p.upsert and "key" not in names:
+        names.append("key")
     if read_here(total):
         batches = consume_ranges(kafka_consumer_conf(cfg, p), source.group, topic, ranges,
                                  names + (["replay_id"] if headers else []), REPLAY_ID_HEADER if headers else None)
         try:
             return stage_batches(batches, lambda batches, arrow_schema: decode_arrow(batches, ctx, arrow_schema),
-                                 claim_schema(p), p.payload_schema.id_field, staged)
+                                 claim_schema(p), id_column(p), staged)
         except RangeReadError as exc:
             raise DrainError(f"pipeline '{p.name}': could not read its offset ranges: {exc}") from None
     reader = spark.read.format("kafka").options(**kafka_spark_options(cfg, p))
@@ -259,7 +267,7 @@ def read_ranges(spark, cfg: DeltadrainConfig, p: PipelineConfig, ranges: dict[in
         pick = f"try_element_at(filter(headers, h -> h.key = '{REPLAY_ID_HEADER}'), 1).value"
         columns.append(F.expr(pick).alias("replay_id"))
     return stage(df.select(*columns), lambda batches, arrow_schema: decode_arrow(batches, ctx, arrow_schema),
-                 claim_schema(p), p.payload_schema.id_field, staged)
+                 claim_schema(p), id_column(p), staged)
 
 
 class KafkaDrain(MirrorsCheckpoint, Notices, Drain[Plan]):

@@ -8,7 +8,7 @@ from deltadrain.errors import ReplayError
 from deltadrain.sources.kafka.drain import REPLAY_ID_HEADER
 
 
-def kafka_copy_identity(source: KafkaSource, entry: dict) -> tuple[str | None, list[tuple[str, str | bytes | None]]]:
+def kafka_copy_identity(source: KafkaSource, entry: dict, upsert: bool = False) -> tuple[str | None, list[tuple[str, str | bytes | None]]]:
     """(key, headers) of a dead letter's copy, which must get the id its original had, or would have
     had: a copy sent twice (a crash between sending and marking) then lands on one row. The drain
     takes REPLAY_ID_HEADER's value where it would take the record's place (topic-partition-offset)
@@ -20,6 +20,10 @@ def kafka_copy_identity(source: KafkaSource, entry: dict) -> tuple[str | None, l
                (REPLAY_ID_HEADER, (message_id or f"{source.topic}-{entry['partition']}-{entry['position']}").encode())]
     if message_id and source.id_from == "header" and source.id_header:
         headers.append((source.id_header, message_id.encode()))
+    if upsert:
+        # Upsert mode: a dead letter's message id is its key's text (deltadrain.formats.changes), a JSON
+        # object of the key's columns, which the copy carries as its record key.
+        return message_id, headers
     # Keep the message's identity where the pipeline reads it from (key or header). An Avro key is not
     # written again (that needs the key's schema id): the copy has none, and the drain takes the replay
     # header's id, which it reads for such a pipeline.
@@ -43,7 +47,7 @@ def send_back(cfg: DeltadrainConfig, pipeline: PipelineConfig, entries: list[dic
         # A Kafka dead letter's partition is the topic partition's number: it goes back there.
         # Else -1: the producer's partitioner chooses (confluent-kafka's default).
         partition = int(e["partition"]) if str(e["partition"]).isdigit() else -1
-        key, headers = kafka_copy_identity(source, e)
+        key, headers = kafka_copy_identity(source, e, pipeline.upsert)
         producer.produce(source.topic, value=e["original"], key=key, partition=partition, headers=headers,
                          on_delivery=done)
         producer.poll(0)

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from deltadrain.formats.changes import ORDER, UpsertDecoder, UpsertSpec
 from deltadrain.formats.decode import BatchDecoder
 from deltadrain.formats.payloads import Payload
 from deltadrain.positions import StreamId
@@ -73,6 +74,7 @@ class ClaimContext:
     payload: Payload | None = None  # Avro or Protobuf payloads' schema (deltadrain.formats.payloads); None: JSON
     evolved: frozenset = frozenset()  # fields typed by the table's evolved columns (schema.evolution)
     collect_new: bool = False  # keep the fields no column holds (PipelineConfig.collects_new_fields)
+    upsert: UpsertSpec | None = None  # target.mode upsert: keys, deletes and order (deltadrain.formats.changes)
 
 
 def allocate(cap: int, backlog: dict[str, int]) -> dict[str, int]:
@@ -169,8 +171,10 @@ def retries_run_out(ctx: ClaimContext, attempts: int, data, last_failure: dict |
 def decoder_for(ctx, arrow_schema) -> BatchDecoder:
     """The decoder of a claim or Kafka read context (fields, id_field, required, max_bytes, payload)."""
     kwargs = {"fields": ctx.fields, "id_field": ctx.id_field, "required": ctx.required, "max_bytes": ctx.max_bytes,
-              "types": {f.name: f.type for f in arrow_schema if f.name in ctx.fields},
+              "types": {f.name: f.type for f in arrow_schema if f.name in ctx.fields or f.name == ORDER},
               "evolved": ctx.evolved, "collect_new": ctx.collect_new}
+    if getattr(ctx, "upsert", None) is not None:
+        return UpsertDecoder(ctx.upsert, **kwargs)
     return ctx.payload.decoder(**kwargs) if ctx.payload is not None else BatchDecoder(**kwargs)
 
 

@@ -13,11 +13,12 @@ import os
 from datetime import UTC, datetime
 
 from deltadrain.config import DeltadrainConfig, PipelineConfig, ValkeySource
+from deltadrain.formats.changes import spec_of
 from deltadrain.formats.payloads import payload_of
 from deltadrain.lake.checkpoint import Checkpoint
 from deltadrain.logs import fields, run_logger
 from deltadrain.run.drain import Drain
-from deltadrain.run.rows import DrainError, claim_schema
+from deltadrain.run.rows import DrainError, claim_schema, id_column
 from deltadrain.run.stage import Staged, stage, stage_here, task_rows
 from deltadrain.run.steps import Gaps, Leases, RecordsGaps, RunPlan
 from deltadrain.sources.valkey.acknowledge import acknowledge, claim_held, release
@@ -95,7 +96,8 @@ def claim_context(cfg: DeltadrainConfig, pipeline: PipelineConfig, consumer: str
         fields=dict(schema.fields), id_field=schema.id_field, required=list(schema.required),
         max_bytes=pipeline.max_message_bytes, failures_key=failures_key(pipeline.name),
         gaps_key=gaps_key(pipeline.name), cluster=source.cluster, ca_file=tls_ca(source),
-        payload=payload_of(schema), evolved=schema.evolved_columns, collect_new=schema.collects_new_fields)
+        payload=payload_of(schema), evolved=schema.evolved_columns, collect_new=schema.collects_new_fields,
+        upsert=spec_of(pipeline))
 
 
 class ValkeyDrain(Leases, RecordsGaps, Drain[dict[str, int]]):
@@ -174,7 +176,7 @@ class ValkeyDrain(Leases, RecordsGaps, Drain[dict[str, int]]):
             StructField("stream", StringType()), StructField("quota", LongType()), StructField("reclaim", BooleanType()),
             StructField("start", StringType()), StructField("new", BooleanType())])
         args = (lambda batches, arrow_schema: claim_arrow(batches, ctx, arrow_schema), claim_schema(self.pipeline),
-                self.pipeline.payload_schema.id_field, str(self.scratch / "claimed"))
+                id_column(self.pipeline), str(self.scratch / "claimed"))
         if claim_here(sum(task[1] for task in tasks)):
             return stage_here([dict(zip(task_schema.names, task, strict=True)) for task in tasks], *args,
                               threads=CLAIM_HERE_THREADS)

@@ -1,0 +1,301 @@
+"""Upsert mode's decoding (`target.mode: upsert`, docs/cdc.md): a record's value and key -> a row of typed
+columns with its key, what it does (an upsert, a delete, a truncate) and its order value; or the reason it
+is a dead letter. Pure: no Spark, no I/O.
+
+Two kinds of payload:
+- the row itself (`schema.envelope: none`): an entity's new state. The key is the `target.key` columns of the
+  row; a Kafka tombstone (a key and no value) deletes, its key the record key (a JSON object of the key
+  columns, or, with one key column, the column's value as text);
+- a Debezium change event (`schema.envelope: debezium`, deltadrain.formats.debezium): `after` for an upsert,
+  `before` (with the key's columns) for a delete. With Kafka Connect's schema wrapper, a field's logical type
+  (a timestamp in micro- or nanoseconds, a day number, a decimal's bytes) turns it into its plain value.
+`target.delete_when` makes an upsert whose row has the field equal to the value a delete. Keys are compared
+and stored as one text (`debezium.key_text`) of their *typed* values, so a tombstone's key and a row's key are
+the same text whatever the record key's form.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+from deltadrain.formats import debezium
+from deltadrain.formats.debezium import Kind, key_text
+from deltadrain.formats.decode import (
+    EXTRA_COLUMNS,
+    OUT_COLUMNS,
+    BatchDecoder,
+    Decoded,
+    _bad,
+    record_values,
+    size_error,
+)
+from deltadrain.schema.evolution import new_fields
+
+# The columns upsert mode adds to a claimed row: the key's text, what the event does (CHANGES), and the
+# value it is ordered by (null under order_by: position).
+KEY, CHANGE, ORDER = "_dd_key", "_dd_change", "_dd_order"
+UPSERT_COLUMNS = (KEY, CHANGE, ORDER)
+UPSERT, DELETE, TRUNCATE = "upsert", "delete", "truncate"
+SOURCE_LSN = "source.lsn"  # as deltadrain.config.changes names it
+
+
+@dataclass(frozen=True)
+class UpsertSpec:
+    """What a decoding task needs of an upsert pipeline's config (pickled with the task)."""
+
+    envelope: str  # "none" or "debezium"
+    key: tuple[str, ...]  # target.key; empty: a Debezium record key's columns
+    order_by: str  # "position", SOURCE_LSN or a field
+    delete_field: str | None = None  # target.delete_when
+    delete_equals: Any = None
+
+
+def order_type(fields: dict[str, str], order_by: str) -> str:
+    """The `_dd_order` column's type: the order_by field's, else long (an lsn; null under position)."""
+    return fields.get(order_by, "long")
+
+
+def spec_of(pipeline) -> UpsertSpec | None:
+    """The pipeline's UpsertSpec, None in insert mode."""
+    target = pipeline.target
+    if target.mode != "upsert":
+        return None
+    when = target.delete_when
+    return UpsertSpec(pipeline.payload_schema.envelope, tuple(target.key), target.order_by,
+                      when.field if when else None, when.equals if when else None)
+
+
+# Kafka Connect's and Debezium's logical types (the wrapper's field `name`) -> the plain value.
+def _from_micros(v: int) -> str:
+    # As ISO 8601 text, which a timestamp column reads exactly (an integer it reads as epoch milliseconds).
+    return (datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=v)).isoformat()
+
+
+LOGICAL = {
+    "io.debezium.time.MicroTimestamp": lambda v, _: _from_micros(v) if isinstance(v, int) else v,
+    "io.debezium.time.NanoTimestamp": lambda v, _: _from_micros(v // 1000) if isinstance(v, int) else v,
+    "io.debezium.time.Timestamp": lambda v, _: _from_micros(v * 1000) if isinstance(v, int) else v,
+    "org.apache.kafka.connect.data.Timestamp": lambda v, _: _from_micros(v * 1000) if isinstance(v, int) else v,
+    "io.debezium.time.Date": lambda v, _: (date(1970, 1, 1) + timedelta(days=v)).isoformat() if isinstance(v, int) else v,
+    "org.apache.kafka.connect.data.Date": lambda v, _: (date(1970, 1, 1) + timedelta(days=v)).isoformat()
+    if isinstance(v, int) else v,
+    "org.apache.kafka.connect.data.Decimal": lambda v, params: _decimal_bytes(v, params),
+}
+
+
+def _decimal_bytes(v: Any, params: dict) -> Any:
+    """decimal.handling.mode precise: the unscaled value's big-endian two's complement bytes, base64 in JSON."""
+    if not isinstance(v, str):
+        return v
+    try:
+        unscaled = int.from_bytes(base64.b64decode(v, validate=True), "big", signed=True)
+        return Decimal(unscaled).scaleb(-int(params.get("scale", 0)))
+    except ValueError:
+        return v  # not bytes: the column's type refuses it with the value shown
+
+
+def logical_types(schema: Any) -> dict[str, dict[str, tuple[str, dict]]]:
+    """A wrapped change event's schema -> {"before"/"after": {field: (logical name, parameters)}} for the
+    fields with a logical type deltadrain turns into a plain value."""
+    out: dict[str, dict[str, tuple[str, dict]]] = {}
+    if not isinstance(schema, dict):
+        return out
+    for part in schema.get("fields") or []:
+        if not isinstance(part, dict) or part.get("field") not in ("before", "after"):
+            continue
+        named = {}
+        for f in part.get("fields") or []:
+            if isinstance(f, dict) and f.get("name") in LOGICAL and isinstance(f.get("field"), str):
+                named[f["field"]] = (f["name"], f.get("parameters") or {})
+        out[part["field"]] = named
+    return out
+
+
+def plain(image: dict | None, named: dict[str, tuple[str, dict]]) -> dict | None:
+    if image is None or not named:
+        return image
+    out = dict(image)
+    for field, (name, params) in named.items():
+        if out.get(field) is not None:
+            out[field] = LOGICAL[name](out[field], params)
+    return out
+
+
+@dataclass(frozen=True)
+class Event:
+    """One decoded record: the typed values (Decoded), its key's text, what it does and its order value."""
+
+    decoded: Decoded
+    key: str | None = None
+    change: str | None = None
+    order: Any = None
+
+
+def _record_key(key: bytes | None, columns: tuple[str, ...]) -> tuple[dict | None, str | None]:
+    """A plain pipeline's record key -> (the key's columns, None) or (None, why not): a JSON object (Kafka
+    Connect's wrapper taken off) holding the key columns, or, with one key column, its value (JSON or text)."""
+    if key is None or len(key) == 0:
+        return None, "a tombstone (a record without a value) has no record key: nothing says which row it deletes"
+    try:
+        text = bytes(key).decode("utf-8")
+    except UnicodeDecodeError:
+        return None, "the record key is not valid UTF-8"
+    try:
+        value = debezium.unwrap(json.loads(text, parse_float=Decimal))
+    except ValueError:
+        value = text
+    if isinstance(value, dict):
+        if all(c in value for c in columns):
+            return {c: value[c] for c in columns}, None
+        return None, f"the record key holds not all key columns ({', '.join(columns)})"
+    if len(columns) == 1:
+        return {columns[0]: value}, None
+    return None, f"the record key is no JSON object of the key columns ({', '.join(columns)})"
+
+
+class UpsertDecoder(BatchDecoder):
+    """A BatchDecoder for upsert pipelines: message by message, with the record keys (`keys`), adding
+    UPSERT_COLUMNS to the columns. `one` is the definition."""
+
+    def __init__(self, spec: UpsertSpec, *, fields: dict[str, str], id_field: str, required: list[str],
+                 max_bytes: int, types: dict, evolved: frozenset = frozenset(), collect_new: bool = False):
+        super().__init__(fields=fields, id_field=id_field, required=required, max_bytes=max_bytes, types=types,
+                         evolved=evolved, collect_new=collect_new)
+        self.spec = spec
+        self.fast = False
+        self.typed_fields = {KEY: "string", **self.fields}
+
+    def event(self, value: bytes | None, key: bytes | None = None) -> Event:
+        spec = self.spec
+        if spec.envelope == "debezium":
+            return self._debezium(value, key)
+        if value is None:  # a Kafka tombstone
+            raw, why = _record_key(key, spec.key)
+            if raw is None:
+                return Event(_bad("missing_key", why or "no key"))
+            return self._typed(raw, raw, DELETE, None)
+        if (wrong := size_error(value, self.max_bytes)) is not None:
+            return Event(wrong)
+        obj, bad = debezium._json_object(value, "payload")
+        if bad is not None:
+            return Event(_bad(bad.error_type or "invalid_json", bad.error or ""))
+        if not isinstance(obj, dict):
+            return Event(_bad("not_an_object", f"payload is a JSON {type(obj).__name__}, expected an object"))
+        missing = [c for c in spec.key if obj.get(c) is None]
+        if missing:
+            what = "missing" if any(c not in obj for c in missing) else "null"
+            return Event(_bad("missing_key", f"key column{'s' if len(missing) > 1 else ''} {', '.join(missing)} "
+                                             f"{what} in the payload"))
+        return self._typed(obj, {c: obj[c] for c in spec.key}, UPSERT, None)
+
+    def _debezium(self, value: bytes | None, key: bytes | None) -> Event:
+        named: dict = {}
+        envelope = None
+        key_id = None
+        if key is not None and len(key) > 0:
+            raw_key, _ = debezium._json_object(key, "record key")
+            key_id = key_text(raw_key) if isinstance(raw_key, dict) else None
+        if value is not None:
+            if (wrong := size_error(value, self.max_bytes)) is not None:
+                return Event(wrong._replace(message_id=key_id))
+            wrapped, bad = debezium.json_value(value)
+            if bad is not None:
+                return Event(_bad(bad.error_type or "invalid_json", bad.error or "", key_id))
+            if isinstance(wrapped, dict) and debezium.unwrap(wrapped) is not wrapped:
+                named = logical_types(wrapped.get("schema"))
+            envelope = debezium.unwrap(wrapped)
+        record_key = None
+        if key is not None and len(key) > 0:
+            record_key, bad = debezium._json_object(key, "record key")
+            if bad is not None:
+                return Event(_bad(bad.error_type or "invalid_json", bad.error or ""))
+        parsed = debezium.parse_record(envelope, record_key, key_columns=self.spec.key)
+        change = parsed.change
+        if change is None:
+            return Event(_bad(parsed.error_type or "invalid_envelope", parsed.error or "", key_id))
+        if change.kind == Kind.TRUNCATE:
+            return Event(Decoded((None,) * len(self.fields), None, None, None), debezium.truncated_where(change),
+                         TRUNCATE, None)
+        assert change.key is not None  # parse_record gives every row change its key
+        if change.kind == Kind.UPSERT:
+            image = plain(change.after, named.get("after", {}))
+            return self._typed(image or {}, change.key, UPSERT, change)
+        image = {**(plain(change.before, named.get("before", {})) or {}), **change.key}
+        return self._typed(image, change.key, DELETE, change)
+
+    def _typed(self, image: dict, raw_key: dict, what: str, change) -> Event:
+        spec = self.spec
+        deleting = what == DELETE
+        if unknown := [c for c in raw_key if c not in self.fields]:
+            return Event(_bad("missing_key", f"key column{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} "
+                                             "not in schema.fields: declare them to keep the key in the table"))
+        record = {**image, **{c: v for c, v in raw_key.items()}}
+        got = record_values(record, fields=self.typed_fields, id_field=KEY, required=[] if deleting else self.required,
+                            message_id="-", evolved=self.evolved)
+        if got.values is None:
+            return Event(got._replace(message_id=None))
+        typed = dict(zip(self.typed_fields, got.values, strict=True))
+        typed_key = {c: typed[c] for c in raw_key}
+        if unset := sorted(c for c, v in typed_key.items() if v is None):
+            return Event(_bad("missing_key", f"key column{'s' if len(unset) > 1 else ''} {', '.join(unset)} null"))
+        text = key_text(typed_key)
+        if not deleting and spec.delete_field is not None and typed.get(spec.delete_field) == spec.delete_equals \
+                and typed.get(spec.delete_field) is not None:
+            what = DELETE
+        order = None
+        if spec.order_by == SOURCE_LSN:
+            lsn = change.source.lsn if change is not None and change.source is not None else None
+            order = lsn if isinstance(lsn, int) else None
+        elif spec.order_by != "position":
+            order = typed.get(spec.order_by)
+        values = (text, *got.values[1:])
+        if self.collect_new and what == UPSERT:
+            extra, kinds, problem = new_fields(image, set(self.fields), {n.lower() for n in self.fields})
+            if problem:
+                return Event(_bad("schema", problem, text))
+            values = (*values, extra, kinds)
+        elif self.collect_new:
+            values = (*values, None, None)
+        return Event(Decoded(values, text, None, None), text, what, order)
+
+    def one(self, value, fallback_id=None, message_id=None) -> Decoded:
+        return self.event(value).decoded
+
+    def columns(self, values: list, *, fallback_ids: list | None = None, message_ids: list | None = None,
+                preset: dict | None = None, keys: list | None = None) -> dict:
+        """As BatchDecoder.columns, plus UPSERT_COLUMNS; `keys`: the records' keys (Kafka), or None."""
+        import pyarrow as pa
+
+        preset = preset or {}
+        extra = self.collect_new
+        width = len(self.fields) + 2 * extra
+        records = []
+        for i, value in enumerate(values):
+            if i in preset:
+                records.append((*preset[i], *(None,) * width, None, None, None))
+                continue
+            try:
+                ev = self.event(value, keys[i] if keys else None)
+            except Exception as exc:  # a way to be bad not known yet: still data (invariant 7)
+                ev = Event(_bad("undecodable", f"payload could not be decoded: {type(exc).__name__}: {exc}"[:500]))
+            got = ev.decoded
+            if got.values is None:
+                records.append((got.message_id, got.error_type, got.error, value, None, *(None,) * width,
+                                None, None, None))
+                continue
+            row = got.values[1:] if ev.change != TRUNCATE else got.values
+            if ev.change == TRUNCATE and extra:
+                row = (*row, None, None)
+            keep = value if extra and ev.change == UPSERT and row[-2] else None
+            records.append((got.message_id, None, None, keep, None, *row, ev.key, ev.change, ev.order))
+        names = [*OUT_COLUMNS, *self.fields, *(EXTRA_COLUMNS if extra else ()), *UPSERT_COLUMNS]
+        types = [pa.string(), pa.string(), pa.string(), pa.binary(), pa.timestamp("us", tz="UTC"),
+                 *(self.types[name] for name in self.fields), *((pa.string(), pa.string()) if extra else ()),
+                 pa.string(), pa.string(), self.types[ORDER]]
+        columns = list(zip(*records, strict=True)) if records else [()] * len(names)
+        return {name: pa.array(list(col), type=kind) for name, kind, col in zip(names, types, columns, strict=True)}
