@@ -23,7 +23,7 @@ from deltadrain.dev.services.debezium import rest_get
 from deltadrain.heal.replay import ReplayRequest, replay
 from tests.support.kafka import end_offsets, lake_checkpoint, make_kafka_pipeline
 from tests.support.lake import dlq_rows
-from tests.support.processes import run_or_killed
+from tests.support.processes import cli_drain, run_or_killed
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("debezium_connector")]
 
@@ -150,7 +150,8 @@ def pg_rows(conn, table: str, keys: tuple[str, ...], extra: tuple[str, ...]) -> 
 
 @pytest.mark.parametrize("seed", [62])
 def test_postgres_changes_through_debezium_drained_with_kills_equal_the_tables_row_for_row(seed, tmp_path, cfg,
-                                                                                         spark, monkeypatch):
+                                                                                         spark, monkeypatch,
+                                                                                         spark_connect_server):
     rng = random.Random(seed)
     conn = psycopg.connect(**postgres_conninfo(cfg), autocommit=True)
     tables = {make_table(conn, ("id",)): ("id",), make_table(conn, ("a", "b")): ("a", "b"),
@@ -177,6 +178,14 @@ def test_postgres_changes_through_debezium_drained_with_kills_equal_the_tables_r
         # A change too large for max_message_bytes: a dead letter, its key updated again afterwards.
         conn.execute(q("INSERT INTO {} (id, name, qty) VALUES (2000, %s, 1)", first), ["x" * 20_000])
         caught_up(cfg, conn)
+        # One run a real SIGKILL ends: a CLI drain, a client of the worker's Connect server as an Airflow task is.
+        path2, _, p2 = pipes[second]
+        point = rng.choice(("after_claim", "after_commit"))
+        proc = cli_drain(path2, p2.name, {failpoints.ENV: point}, remote=True)
+        _, err = proc.communicate(timeout=600)
+        assert proc.returncode == -9 and failpoints.fired(point) in err, err[-3000:]
+        kills.append(f"{p2.name}@{point} (SIGKILL)")
+        time.sleep(p2.min_idle_ms / 1000 + 0.2)  # its claim notices count from here on
         for t in tables:
             drain_with_kills(rng, pipes[t][1], pipes[t][2], spark, kills, monkeypatch)
         _, c1, p1 = pipes[first]
