@@ -180,8 +180,9 @@ class PipelineConfig(Model):
     dedup_window: NonNegativeDuration = timedelta(days=7)
     max_message_bytes: int = Field(1_048_576, ge=64)
     quality: QualityConfig = QualityConfig()
-    # A cron expression, a preset, or "@continuous": the next run starts when one ends, and its sensor
-    # waits for work (docs/airflow.md, "Event-driven ingest").
+    # A cron expression, a preset, "@continuous" (the next run starts when one ends, and its sensor
+    # waits for work) or "on_data" (a run starts when the source's Assets get an event from their
+    # watcher): docs/airflow.md, "Event-driven ingest".
     schedule: IngestSchedule = "*/5 * * * *"
     airflow: AirflowSettings = AirflowSettings()
     alerts: AlertSettings = AlertSettings()

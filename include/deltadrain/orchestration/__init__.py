@@ -8,6 +8,6 @@ deltadrain's code imports it first.
 
 from deltadrain.orchestration.connections import use_airflow_connections
 
-__all__ = ["airflow_db", "connections", "factory", "operators", "pools", "sensors", "submit", "triggers", "view"]
+__all__ = ["airflow_db", "assets", "connections", "factory", "operators", "pools", "sensors", "submit", "triggers", "view"]
 
 use_airflow_connections()
