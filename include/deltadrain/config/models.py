@@ -121,7 +121,9 @@ class AirflowSettings(Model):
     retry_delay: NonNegativeDuration = timedelta(seconds=30)  # doubled on each retry (exponential backoff)
     max_retry_delay: PositiveDuration = timedelta(minutes=10)
     execution_timeout: PositiveDuration = timedelta(minutes=30)
-    # How long the sensor waits for work before the run is skipped, and how often it looks.
+    # How long the sensor waits for work before the run is skipped, and how often it looks. Under on_data,
+    # how often the AssetWatcher's trigger looks, and how long work may stay unchanged before it wakes the
+    # DAG for it again (a run that failed).
     wait_timeout: PositiveDuration = timedelta(minutes=4)
     poll_interval: PositiveDuration = timedelta(seconds=10)
     # Catch-up: a drain task goes on with another batch while the last one was full (more is waiting),
