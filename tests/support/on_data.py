@@ -93,11 +93,12 @@ def check_on_data(api, spark, c: DeltadrainConfig, p: PipelineConfig, first, bur
         before = {r["dag_run_id"] for r in wait_settled(api, dag_id)}
         extra += produce(c, p, 5, seed=302, start=1000).valid_ids
         deadline = time.monotonic() + 120
-        while not [r for r in api.runs(dag_id) if r["dag_run_id"] not in before and r["state"] == "running"]:
+        while not (running := [r["dag_run_id"] for r in api.runs(dag_id)
+                               if r["dag_run_id"] not in before and r["state"] == "running"]):
             assert time.monotonic() < deadline, api.runs(dag_id)[:3]
             time.sleep(0.5)
         n = 0
-        while [r for r in api.runs(dag_id) if r["dag_run_id"] not in before and r["state"] == "running"] and n < 6:
+        while api.run_state(dag_id, running[0]) == "running" and n < 4:  # only while that first run drains
             n += 1
             extra += produce(c, p, 5, seed=303 + n, start=2000 + 100 * n).valid_ids
             time.sleep(2.5)
