@@ -22,6 +22,11 @@ class AirflowApiError(DeltadrainError):
     pass
 
 
+# Longer than the embedded Airflow's wait for its SQLite write lock (orchestration.airflow_db, 60 s): a
+# request that waits there behind the DAG processor's write is slow, not lost.
+REQUEST_TIMEOUT = 90
+
+
 @dataclass
 class AirflowApi:
     base_url: str
@@ -36,7 +41,7 @@ class AirflowApi:
             headers["Authorization"] = f"Bearer {self.token()}"
         req = urllib.request.Request(self.base_url.rstrip("/") + path, data=data, method=method, headers=headers)
         try:
-            with urllib.request.urlopen(req, timeout=30) as resp:
+            with urllib.request.urlopen(req, timeout=REQUEST_TIMEOUT) as resp:
                 text = resp.read()
                 return resp.status, (json.loads(text) if text else {})
         except urllib.error.HTTPError as exc:

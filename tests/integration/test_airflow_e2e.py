@@ -2,7 +2,9 @@
 trigger the ingest DAG through the authenticated REST API v2, replay dead letters with conf, refuse
 bad params, and heal a deleted row with a two-interval backfill run from the CLI, exactly once. Beside
 it, a `@continuous` pipeline drains as its messages come, and its own quality DAG, started by the
-drains' asset events, checks the batches they committed."""
+drains' asset events, checks the batches they committed; a Valkey and a Kafka pipeline on `on_data` drain
+from their sources' asset events, which the asset views show with the runs they made, and the asset
+graph shows source -> ingest -> target -> quality in a browser."""
 
 from __future__ import annotations
 
@@ -26,6 +28,13 @@ from deltadrain.names import REPLAY_DAG, batch_quality_dag_id, ingest_dag_id
 from deltadrain.quality.results import last_results
 from deltadrain.sources.valkey.client import valkey_client
 from tests.support.lake import dlq_rows, target_ids
+from tests.support.on_data import (
+    check_on_data,
+    create_topics,
+    on_data_pipelines,
+    produce_first,
+    screenshot_asset_graph,
+)
 from tests.support.pipelines import ROOT
 from tests.support.valkey import assert_exactly_once, lag, make_pipeline, pending
 
@@ -71,7 +80,8 @@ def xcom_values(api) -> list:
 
 
 @pytest.mark.slow
-def test_airflow_end_to_end(tmp_path, monkeypatch, spark, valkey_server, spark_connect_server, s3_server):
+def test_airflow_end_to_end(tmp_path, monkeypatch, spark, valkey_server, kafka_broker, spark_connect_server,
+                            s3_server):
     path, c, p = make_pipeline(tmp_path, schedule="* * * * *", max_retries=0)
     data = yaml.safe_load(path.read_text())
     data["pipelines"][0]["airflow"] = {"wait_timeout": "PT20S", "poll_interval": "PT2S", "retries": 0}
@@ -82,9 +92,12 @@ def test_airflow_end_to_end(tmp_path, monkeypatch, spark, valkey_server, spark_c
     flowing["source"] = {**flowing["source"], "streams": [f"{p.name}_c:{{0}}"]}
     flowing["target"] = {**flowing["target"], "path": f"{p.name}_c"}
     data["pipelines"].append(flowing)
+    data["pipelines"] += on_data_pipelines(p.name)
     path.write_text(yaml.safe_dump(data))
     c = type(c).model_validate(data).model_copy(update={"source_file": path})
     q = c.pipeline(flowing["name"])
+    on_data = [c.pipeline(f"{p.name}_v"), c.pipeline(f"{p.name}_k")]
+    create_topics(c, on_data)
     monkeypatch.setenv("DELTADRAIN_CONFIG", str(path))  # what the standalone's DAG processor parses
     client = valkey_client(c, p)
     dag_id = ingest_dag_id(p.name)
@@ -99,10 +112,11 @@ def test_airflow_end_to_end(tmp_path, monkeypatch, spark, valkey_server, spark_c
         bad = result.bad_places((*MALFORMED_KINDS, "poison"))
         api.wait_for_dag(dag_id, timeout=300)
         api.wait_for_dag(REPLAY_DAG, timeout=120)
-        for flowing_dag in (ingest_dag_id(q.name), batch_quality_dag_id(q.name)):
+        for flowing_dag in [d for r in (q, *on_data) for d in (ingest_dag_id(r.name), batch_quality_dag_id(r.name))]:
             api.wait_for_dag(flowing_dag, timeout=120)
             api.unpause(flowing_dag)
         flow = produce(c, q, 40, seed=112)  # drained while the rest of the test runs
+        firsts = [produce_first(c, r) for r in on_data]  # so are these, from their Assets' events
         api.unpause(dag_id)
         api.unpause(REPLAY_DAG)
         run_id = api.trigger(dag_id)  # no logical date: a normal drain
@@ -202,6 +216,14 @@ def test_airflow_end_to_end(tmp_path, monkeypatch, spark, valkey_server, spark_c
         checks = api.runs(batch_quality_dag_id(q.name))
         assert checks and all(r["state"] in ("success", "running", "queued") for r in checks), checks
         api.call("PATCH", f"/api/v2/dags/{flowing_dag}", {"is_paused": True})
+
+        # on_data: runs from the source Assets' events only, in the asset views; messages that come during
+        # a run make at most one more (the Valkey one); the asset graph, in a browser.
+        began = time.monotonic()
+        for r, first, bursts in zip(on_data, firsts, (True, False), strict=True):
+            print("on_data:", check_on_data(api, spark, c, r, first, bursts))
+        print("on_data: asset graph in", screenshot_asset_graph(tmp_path, api, c, on_data[0]),
+              f"({time.monotonic() - began:.0f}s in all)")
 
         # The embedded services' secrets (Airflow hands the tasks the Valkey, Kafka and S3 ones as
         # connections) are in no task log, no component's log and no XCom of these runs.

@@ -23,6 +23,8 @@ CRON_PRESETS = ("@hourly", "@daily", "@weekly", "@monthly", "@quarterly", "@year
 
 # An ingest DAG that starts its next run as soon as one ends (Airflow's continuous timetable).
 CONTINUOUS = "@continuous"
+# An ingest DAG scheduled on its source's Assets, which an AssetWatcher marks when the source has work.
+ON_DATA = "on_data"
 
 
 def _schedule(v: str | None) -> str | None:
@@ -51,7 +53,7 @@ def _not_negative(v: timedelta) -> timedelta:
 
 
 def _ingest_schedule(v):
-    return v if v == CONTINUOUS else _schedule(v)
+    return v if v in (CONTINUOUS, ON_DATA) else _schedule(v)
 
 
 class RelativeToConfig:

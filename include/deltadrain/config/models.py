@@ -141,7 +141,9 @@ class AirflowSettings(Model):
     retry_delay: NonNegativeDuration = timedelta(seconds=30)  # doubled on each retry (exponential backoff)
     max_retry_delay: PositiveDuration = timedelta(minutes=10)
     execution_timeout: PositiveDuration = timedelta(minutes=30)
-    # How long the sensor waits for work before the run is skipped, and how often it looks.
+    # How long the sensor waits for work before the run is skipped, and how often it looks. Under on_data,
+    # how often the AssetWatcher's trigger looks, and how long work may stay unchanged before it wakes the
+    # DAG for it again (a run that failed).
     wait_timeout: PositiveDuration = timedelta(minutes=4)
     poll_interval: PositiveDuration = timedelta(seconds=10)
     # Catch-up: a drain task goes on with another batch while the last one was full (more is waiting),
@@ -200,8 +202,9 @@ class PipelineConfig(Model):
     dedup_window: NonNegativeDuration = timedelta(days=7)
     max_message_bytes: int = Field(1_048_576, ge=64)
     quality: QualityConfig = QualityConfig()
-    # A cron expression, a preset, or "@continuous": the next run starts when one ends, and its sensor
-    # waits for work (docs/airflow.md, "Event-driven ingest").
+    # A cron expression, a preset, "@continuous" (the next run starts when one ends, and its sensor
+    # waits for work) or "on_data" (a run starts when the source's Assets get an event from their
+    # watcher): docs/airflow.md, "Event-driven ingest".
     schedule: IngestSchedule = "*/5 * * * *"
     airflow: AirflowSettings = AirflowSettings()
     alerts: AlertSettings = AlertSettings()

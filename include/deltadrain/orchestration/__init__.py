@@ -9,7 +9,7 @@ deltadrain's code imports it first.
 
 from deltadrain.orchestration.connections import use_airflow_connections
 
-__all__ = ["airflow_db", "connections", "factory", "lineage", "metrics", "operators", "pools", "sensors", "submit",
-           "triggers", "view"]
+__all__ = ["airflow_db", "assets", "connections", "factory", "lineage", "metrics", "operators", "pools", "sensors",
+           "submit", "triggers", "view"]
 
 use_airflow_connections()

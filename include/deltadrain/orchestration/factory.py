@@ -1,6 +1,8 @@
 """The DAG factory: the pipeline config in, deltadrain's DAGs out.
 
-- deltadrain__<pipeline>__ingest: wait for work (deferred) -> drain (spark-submit) -> quality of the batch
+- deltadrain__<pipeline>__ingest: wait for work (deferred) -> drain (spark-submit) -> quality of the batch;
+                                 on_data: scheduled on the source's Assets, which their watchers mark -> drain
+- deltadrain__<pipeline>__quality: a continuous or on_data pipeline's batch checks, on the target's Asset
 - deltadrain__reaper:            stuck claims? -> reap each pipeline that has some
 - deltadrain__replay:            manual, validated Params -> the pipeline's replay task (spark-submit, its pool)
                                  -> after a reprocess, the batch check of the batches it rewrote
@@ -15,9 +17,9 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from airflow.sdk import DAG, Asset, CronDataIntervalTimetable, Param, task
+from airflow.sdk import DAG, AssetAny, CronDataIntervalTimetable, Param, task
 
-from deltadrain.config import CONTINUOUS, DeltadrainConfig, PipelineConfig, load_config
+from deltadrain.config import CONTINUOUS, ON_DATA, DeltadrainConfig, PipelineConfig, load_config
 from deltadrain.heal.replay import MAX_LIMIT
 from deltadrain.names import (
     ALERTS_TASK,
@@ -31,6 +33,7 @@ from deltadrain.names import (
     replay_quality_task_id,
     replay_task_id,
 )
+from deltadrain.orchestration.assets import dlq_asset, source_assets, target_asset
 from deltadrain.orchestration.operators import (
     AlertsOperator,
     DrainOperator,
@@ -42,10 +45,6 @@ from deltadrain.orchestration.sensors import SourceWorkSensor, StuckClaimsSensor
 from deltadrain.sources import NamesPartitions, reaper_of, source_of
 
 
-def target_asset(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> Asset:
-    return Asset(name=f"deltadrain.{pipeline.name}", uri=cfg.target_path(pipeline).as_uri())
-
-
 def _config_arg(cfg: DeltadrainConfig) -> str | None:
     return str(cfg.source_file) if cfg.source_file else None
 
@@ -54,8 +53,12 @@ def ingest_dag(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> DAG:
     af = pipeline.airflow
     # An interval timetable: every run has a data interval, which is what a backfill run re-reads. Or
     # continuous: a run starts as soon as the last one ended, and its sensor waits for the next work.
-    schedule: str | CronDataIntervalTimetable | None
-    if pipeline.schedule in (None, CONTINUOUS):
+    # Or on_data: a run starts when a watcher marked one of the source's Assets; no sensor then waits.
+    schedule: str | CronDataIntervalTimetable | AssetAny | None
+    on_data = pipeline.schedule == ON_DATA
+    if on_data:
+        schedule = AssetAny(*source_assets(cfg, pipeline, _config_arg(cfg)))
+    elif pipeline.schedule in (None, CONTINUOUS):
         schedule = pipeline.schedule
     else:
         schedule = CronDataIntervalTimetable(pipeline.schedule, timezone="UTC")
@@ -72,6 +75,10 @@ def ingest_dag(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> DAG:
            "nothing: the runs after it read half of what it read at a time, and only a message that was alone in "
            f"`max_retries` runs that died is a dead letter, so a message that kills every run cannot stop the "
            "pipeline and takes no other message with it.")
+    if on_data:
+        doc += ("\n- `schedule: on_data`: no sensor; a run starts when a watcher in the triggerer marks one of the "
+                "source's Assets (new messages, stale claims or a gap it has not woken the DAG for), and events "
+                "that come during a run make at most one more run. Not backfillable: no data intervals.")
     if pipeline.alerts.enabled:
         doc += ("\n- `alerts`, after the drain whatever became of it, fails with the figure when the lag, the oldest "
                 "pending message or the rise of dead letters passes the pipeline's `alerts:` thresholds.")
@@ -93,18 +100,21 @@ def ingest_dag(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> DAG:
             "pool": pool_name(pipeline.name),
         },
     ) as dag:
-        wait = SourceWorkSensor(
-            task_id="wait_for_work", pipeline=pipeline.name, config=_config_arg(cfg),
-            poll_seconds=af.poll_interval.total_seconds(), timeout=af.wait_timeout.total_seconds(),
-            poke_interval=af.poll_interval.total_seconds(), soft_fail=True, retries=0,
-            # Deferred sensors hold no worker slot; the pool is for the drain.
-            pool="default_pool")
+        # The drain's outlets: every run that drained updates the target's and the dead letters' Assets.
         drain = DrainOperator(task_id="drain", pipeline=pipeline.name, config=_config_arg(cfg),
-                              outlets=[target_asset(cfg, pipeline)])
-        wait >> drain
+                              outlets=[target_asset(cfg, pipeline), dlq_asset(cfg, pipeline)])
+        if not on_data:
+            wait = SourceWorkSensor(
+                task_id="wait_for_work", pipeline=pipeline.name, config=_config_arg(cfg),
+                poll_seconds=af.poll_interval.total_seconds(), timeout=af.wait_timeout.total_seconds(),
+                poke_interval=af.poll_interval.total_seconds(), soft_fail=True, retries=0,
+                # Deferred sensors hold no worker slot; the pool is for the drain.
+                pool="default_pool")
+            wait >> drain
         if not checks_beside_drains(pipeline):
+            # The target as its inlet: the asset graph shows the check reading what the drain wrote.
             drain >> QualityOperator(task_id="quality", pipeline=pipeline.name, config=_config_arg(cfg),
-                                     drain_task="drain")
+                                     drain_task="drain", inlets=[target_asset(cfg, pipeline)])
         if pipeline.alerts.enabled:
             # all_done: after the drain whatever became of it. A failed drain (or a source the sensor
             # could not reach) is when lag and the oldest message grow, and a run skipped for want of
@@ -116,11 +126,11 @@ def ingest_dag(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> DAG:
 
 
 def checks_beside_drains(pipeline: PipelineConfig) -> bool:
-    """A continuous pipeline's batches are checked by a DAG of their own (`batch_quality_dag`), which its
-    drains' asset events start, so that the next ingest run need not wait for the check (Great
+    """A continuous or on_data pipeline's batches are checked by a DAG of their own (`batch_quality_dag`),
+    which its drains' asset events start, so that the next ingest run need not wait for the check (Great
     Expectations alone takes seconds to import). Only a check that cannot write to the target may run
     beside a drain: a quarantine moves rows out of it, so it stays in the ingest run, in the pipeline's pool."""
-    return pipeline.schedule == CONTINUOUS and pipeline.quality.on_failure != "quarantine"
+    return pipeline.schedule in (CONTINUOUS, ON_DATA) and pipeline.quality.on_failure != "quarantine"
 
 
 def batch_quality_dag(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> DAG:
@@ -130,7 +140,7 @@ def batch_quality_dag(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> DAG:
     with DAG(dag_id=batch_quality_dag_id(pipeline.name), schedule=[target_asset(cfg, pipeline)],
              start_date=pipeline.airflow.start_date, catchup=False, max_active_runs=1,
              tags=["deltadrain", pipeline.source.kind],
-             doc_md=f"Great Expectations on each batch the continuous ingest of **{pipeline.name}** commits, "
+             doc_md=f"Great Expectations on each batch the event-driven ingest of **{pipeline.name}** commits, "
                     "after the drain that committed it, without holding up the next one: every committed "
                     "batch with no check result yet. The pipeline's policy decides (fail, warn).",
              default_args={"retries": pipeline.airflow.retries, "retry_delay": pipeline.airflow.retry_delay,

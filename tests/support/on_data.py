@@ -1,0 +1,175 @@
+"""`schedule: on_data` on the end-to-end test's `airflow standalone`: a Valkey and a Kafka pipeline whose
+ingest DAGs run from their source's asset events, what the REST API's asset views say of those runs,
+and the asset graph in a real browser."""
+
+from __future__ import annotations
+
+import time
+import urllib.parse
+from datetime import datetime
+from pathlib import Path
+
+from deltadrain.config import DeltadrainConfig, PipelineConfig
+from deltadrain.dev.produce import produce
+from deltadrain.names import ingest_dag_id
+from deltadrain.orchestration.assets import watched
+from tests.support.lake import target_ids
+from tests.support.pipelines import example_config
+
+FAST = {"wait_timeout": "PT60S", "poll_interval": "PT2S", "retries": 0}
+
+
+def on_data_pipelines(base: str) -> list[dict]:
+    """A Valkey pipeline (one stream) and a Kafka one (its own topic and group), both `on_data`, for the
+    end-to-end test's config."""
+    example = {p["source"]["kind"]: p for p in example_config()["pipelines"]}
+    valkey, kafka = dict(example["valkey"]), dict(example["kafka"])
+    valkey.update(name=f"{base}_v", schedule="on_data", airflow=FAST,
+                  source={**valkey["source"], "streams": [f"{base}_v:{{0}}"]}, target={"path": f"{base}_v"})
+    kafka.update(name=f"{base}_k", schedule="on_data", airflow=FAST, target={"path": f"{base}_k"},
+                 source={**kafka["source"], "topic": f"{base}_k", "partitions": 2, "group": f"{base}_k-group",
+                         "id_from": "field_or_offset"})
+    for pipe in (valkey, kafka):
+        pipe.pop("quality", None)
+    return [valkey, kafka]
+
+
+def create_topics(c: DeltadrainConfig, pipelines: list[PipelineConfig]) -> None:
+    from deltadrain.dev.produce import ensure_topic
+    from deltadrain.sources.kafka.client import kafka_client_conf
+
+    for p in pipelines:
+        if p.source.kind == "kafka":
+            ensure_topic(kafka_client_conf(c, p), p.source.topic, p.source.partitions)
+
+
+def stamp(value: str) -> float:
+    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+def asset(api, uri: str) -> dict:
+    (found,) = [a for a in api.call("GET", f"/api/v2/assets?uri_pattern={api._q(uri)}&limit=100")["assets"]
+                if a["uri"] == uri]
+    return found
+
+
+def asset_events(api, asset_id: int) -> list[dict]:
+    return api.call("GET", f"/api/v2/assets/events?asset_id={asset_id}&limit=100&order_by=timestamp")["asset_events"]
+
+
+def wait_drained(spark, c, p, ids: set[str], api, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not ids <= set(target_ids(spark, c, p)):
+        assert time.monotonic() < deadline, (p.name, api.runs(ingest_dag_id(p.name))[:5])
+        time.sleep(2)
+
+
+def wait_settled(api, dag_id: str, timeout: float = 300) -> list[dict]:
+    """The DAG's runs once none is queued or running and no asset event waits for it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        runs = api.runs(dag_id)
+        queued = api.call("GET", f"/api/v2/dags/{api._q(dag_id)}/assets/queuedEvents")["total_entries"]
+        if not queued and not any(r["state"] in ("queued", "running") for r in runs):
+            return runs
+        assert time.monotonic() < deadline, (runs[:5], queued)
+        time.sleep(2)
+
+
+def produce_first(c: DeltadrainConfig, p: PipelineConfig):
+    """The first messages of an `on_data` pipeline, produced early: its runs drain them while the rest of
+    the test goes on."""
+    return produce(c, p, 20, seed=301, start=0)
+
+
+def check_on_data(api, spark, c: DeltadrainConfig, p: PipelineConfig, first, bursts: bool) -> dict:
+    """The `first` messages (produce_first) reached an `on_data` pipeline's table through asset-triggered runs
+    only, each woken by its source Assets' events, which the asset views list with the runs they made; its
+    runs put events on the target's and the dead letters' Assets. With `bursts`, messages that come while
+    a run drains make at most one more run. Returns figures for the test's log."""
+    dag_id = ingest_dag_id(p.name)
+    began = time.monotonic()
+    wait_drained(spark, c, p, set(first.valid_ids), api)
+    latency = time.monotonic() - began
+    extra: list[str] = []
+    n, during = 0, []
+    if bursts:
+        # While a run drains, more messages in several bursts: each changes the work the watcher sees, so
+        # it marks the Asset again, but Airflow holds one queued run per DAG at max_active_runs=1.
+        before = {r["dag_run_id"] for r in wait_settled(api, dag_id)}
+        extra += produce(c, p, 5, seed=302, start=1000).valid_ids
+        deadline = time.monotonic() + 120
+        while not (running := [r["dag_run_id"] for r in api.runs(dag_id)
+                               if r["dag_run_id"] not in before and r["state"] == "running"]):
+            assert time.monotonic() < deadline, api.runs(dag_id)[:3]
+            time.sleep(0.5)
+        n = 0
+        while api.run_state(dag_id, running[0]) == "running" and n < 4:  # only while that first run drains
+            n += 1
+            extra += produce(c, p, 5, seed=303 + n, start=2000 + 100 * n).valid_ids
+            time.sleep(2.5)
+        wait_drained(spark, c, p, set(extra), api)
+        wait_settled(api, dag_id)
+        assert n >= 1, "the run ended before a burst came"
+        # The source events marked while that run drained all went to one run, the one after it.
+        first_run = api.call("GET", f"/api/v2/dags/{api._q(dag_id)}/dagRuns/{api._q(running[0])}")
+        start, end = (stamp(first_run[k]) for k in ("start_date", "end_date"))
+        during = [e for uri, _ in watched(c, p) for e in asset_events(api, asset(api, uri)["id"])
+                  if start < stamp(e["timestamp"]) < end]
+        assert during, (n, start, end)  # a burst each 2.5 s, a poll each 2 s: usually one event per burst
+        made_by = {r["run_id"] for e in during for r in e["created_dagruns"]}
+        assert len(made_by) == 1 and running[0] not in made_by, (running[0], made_by)
+    runs = wait_settled(api, dag_id)
+    assert runs and all(r["run_type"] == "asset_triggered" and r["state"] == "success" for r in runs), runs
+    # Idle: no run without work (an event per change of work, none for the same work seen again).
+    time.sleep(3 * p.airflow.poll_interval.total_seconds())
+    assert len(api.runs(dag_id)) == len(runs)
+    # The asset views: each run came from events of the source's Assets, which carry counts and the pipeline.
+    made: dict[str, list[dict]] = {}
+    for uri, _ in watched(c, p):
+        for event in asset_events(api, asset(api, uri)["id"]):
+            assert event["extra"]["from_trigger"] is True and event["extra"]["payload"]["pipeline"] == p.name, event
+            for run in event["created_dagruns"]:
+                made.setdefault(run["run_id"], []).append(event)
+    assert {r["dag_run_id"] for r in runs} <= set(made), (sorted(made), [r["dag_run_id"] for r in runs])
+    for run in runs:
+        upstream = api.call("GET", f"/api/v2/dags/{api._q(dag_id)}/dagRuns/{api._q(run['dag_run_id'])}/"
+                                   "upstreamAssetEvents")["asset_events"]
+        assert {e["id"] for e in upstream} == {e["id"] for e in made[run["dag_run_id"]]}
+    # ... and each run updated the target's and the dead letters' Assets (the drain's outlets).
+    for uri in (c.target_path(p).as_uri(), c.dlq_path(p).as_uri()):
+        sources = {e["source_run_id"] for e in asset_events(api, asset(api, uri)["id"]) if e["source_dag_id"] == dag_id}
+        assert sources == {r["dag_run_id"] for r in runs}, (uri, sources)
+    assert sorted(target_ids(spark, c, p)) == sorted(set(first.valid_ids) | set(extra))  # once each
+    events = sum(len(v) for v in made.values())
+    return {"pipeline": p.name, "runs": len(runs), "source_events": events, "bursts": n,
+            "events_during_one_run": len(during), "waited_for_first_s": round(latency, 1)}
+
+
+def screenshot_asset_graph(tmp_path: Path, api, c: DeltadrainConfig, p: PipelineConfig) -> Path:
+    """The target Asset's page in Airflow's UI, in a real headless Chromium: its graph shows the source
+    Asset, the ingest DAG, the target and the quality DAG. The screenshot is kept as the test's artefact."""
+    from tests.integration.browser import Browser, artefacts_dir
+
+    shots = artefacts_dir(tmp_path, "test_airflow_e2e")
+    browser = Browser(tmp_path / "chromium-assets", width=1600, height=1000)
+    try:
+        browser.go(f"{api.base_url}/auth/login/?next={urllib.parse.quote(api.base_url + '/')}")
+        browser.wait_for("document.querySelector('input[name=\"username\"]')", what="Airflow's login form")
+        for field, value in (("username", api.username), ("password", api.password)):
+            browser.evaluate(f"document.querySelector('input[name=\"{field}\"]').focus()")
+            browser.call("Input.insertText", text=value)
+        browser.evaluate("document.querySelector('button[type=\"submit\"]').click()")
+        browser.wait_for("location.pathname.indexOf('/auth/') < 0", what="the login to go through")
+        target = asset(api, c.target_path(p).as_uri())
+        browser.go(f"{api.base_url}/assets/{target['id']}")
+        names = [watched(c, p)[0][0], ingest_dag_id(p.name), f"deltadrain.{p.name}", f"deltadrain__{p.name}__quality"]
+        text = "[...document.querySelectorAll('.react-flow__node')].map(n => n.textContent).join('\\n')"
+        shown = browser.wait_for(f"(() => {{ const t = {text}; return {names!r}.every(n => t.includes(n)) && t; }})()",
+                                 what=f"the asset graph with {names}")
+        time.sleep(1)  # the graph's layout animates into place
+        path = browser.screenshot(shots / f"asset_graph_{p.source.kind}.png")
+        assert all(n in shown for n in names), shown
+        return path
+    finally:
+        browser.close()
