@@ -11,15 +11,16 @@ import urllib.parse
 from airflow.sdk import Asset, AssetWatcher
 
 from deltadrain.config import DeltadrainConfig, PipelineConfig
+from deltadrain.observe.lineage import source_namespace
 from deltadrain.sources import NamesPartitions, source_of
 
 
 def source_uri(kind: str, address: str, name: str) -> str:
     """`kafka://host:port/topic`, `valkey://host:port/stream`: the source's kind as the scheme, its first
     server (as OpenLineage names a Kafka topic's namespace by its first bootstrap server, and Airflow's
-    Kafka provider its Assets) and the stream or topic, quoted where a URL path needs it."""
-    server = address.split(",")[0].strip()
-    return f"{kind}://{server}/{urllib.parse.quote(name, safe=':{}@')}"
+    Kafka provider its Assets) and the stream or topic, quoted where a URL path needs it. The namespace is
+    the one the tasks' lineage names the source by (deltadrain.observe.lineage), so both name it alike."""
+    return f"{source_namespace(kind, address)}/{urllib.parse.quote(name, safe=':{}@')}"
 
 
 def watched(cfg: DeltadrainConfig, pipeline: PipelineConfig) -> list[tuple[str, list[str] | None]]:
