@@ -71,9 +71,11 @@ demo: install
 	-@scripts/ensure-stunnel
 	$(BIN)/deltadrain demo
 
-# The whole suite, slow end-to-end tests included (CI runs exactly this), on two workers: each has
-# its own services, Spark session and Airflow DB (tests/conftest.py). TEST_WORKERS=0 runs it in one process.
-TEST_WORKERS ?= 2
+# The whole suite, slow end-to-end tests included (CI runs exactly this), on three workers: each has
+# its own services, Spark session and Airflow DB (tests/conftest.py). Its tests spend much of their time
+# waiting (JVMs starting, Airflow's scheduler, timeouts), so a third worker fills cores two leave idle
+# (docs/testing.md). TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= 3
 test: install browser tls-terminator cdc-database
 	$(BIN)/ruff check .
 	$(BIN)/mypy

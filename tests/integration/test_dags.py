@@ -515,7 +515,7 @@ def test_kafka_drains_airflow_times_out_in_a_hanging_transform_are_counted_and_t
                                      transform="tests.integration.hang_transform.hang_on_marker",
                                      # A drain task's claim notice is on the group offset ~12 s after
                                      # the task starts (this machine idle): 45 s leaves room for the
-                                     # runs the hang stops while the other test worker is busy.
+                                     # runs the hang stops while the other test workers are busy.
                                      airflow={"retries": 0, "execution_timeout": 45, "max_drain_time": 30})
     monkeypatch.setenv("DELTADRAIN_CONFIG", str(path))
     messages = [m for m in generate(p, 30, seed=95) if m.kind == "valid"][:4]
