@@ -9,7 +9,7 @@ SPARK_MODULES := jvm/logstore/pom.xml $(wildcard jvm/logstore/src/main/java/dev/
 S3_LOG_STORE := jvm/s3logstore/pom.xml $(wildcard jvm/s3logstore/src/main/java/dev/deltadrain/storage/*.java)
 REGISTRY := jvm/registry/pom.xml jvm/registry/src/main/resources/application.properties
 
-.PHONY: install venv jars proto jvm-archive browser tls-terminator cdc-database demo test test-fast lint bench lock services-down clean
+.PHONY: install venv jars proto jvm-archive browser tls-terminator cdc-database demo demo-cdc test test-fast lint bench lock services-down clean
 
 install: venv $(STAMP) jars jvm-archive
 
@@ -70,6 +70,10 @@ cdc-database:
 demo: install
 	-@scripts/ensure-stunnel
 	$(BIN)/deltadrain demo
+
+# Change data capture: PostgreSQL changes through Debezium and Kafka into upsert targets (docs/cdc.md).
+demo-cdc: install cdc-database
+	$(BIN)/deltadrain --config config/pipelines.cdc.yaml demo --cdc
 
 # The whole suite, slow end-to-end tests included (CI runs exactly this), on three workers: each has
 # its own services, Spark session and Airflow DB (tests/conftest.py). Its tests spend much of their time

@@ -155,6 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="start everything, produce sample events, drain them, show where to look")
     p.add_argument("--count", type=_at_least(1), default=5000)
+    p.add_argument("--cdc", action="store_true", help="change data capture instead: PostgreSQL changes through "
+                   "Debezium and Kafka into upsert targets (default config: config/pipelines.cdc.yaml)")
 
     p = sub.add_parser("bench", help="measure drain throughput against the raw limits, or for Kafka against "
                                       "Structured Streaming (docs/benchmarks.md)")

@@ -60,6 +60,11 @@ def _produce(args) -> int:
 
 @command("demo")
 def _demo(args) -> int:
+    if args.cdc:
+        from deltadrain.dev.cdc_demo import CDC_CONFIG, run_cdc_demo
+
+        run_cdc_demo(load_config(args.config or CDC_CONFIG))
+        return 0
     from deltadrain.dev.demo import run_demo
 
     run_demo(load_config(args.config), args.count)
