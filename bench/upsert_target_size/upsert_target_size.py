@@ -1,12 +1,11 @@
 """One upsert batch into a large target against the same batch into a small one: two upsert pipelines
-(`order_by: version`, `cluster_by: [_dd_key]`), each on a topic of its own. Each target is made by one
-drained change (so that the drain made its table, tombstone table and checkpoint), then SMALL or LARGE rows
-of the same columns appended by Spark (spark.range, version 1, not through Kafka), then OPTIMIZE (liquid
-clustering on the key). Each round produces a fresh batch of BATCH changes to each topic (45 % updates of
+(`order_by: version`), each on a topic of its own. Each target is made by one drained change (so that the
+drain made its table, tombstone table and checkpoint), then SMALL or LARGE rows of the same columns appended
+by Spark (spark.range, version 1, not through Kafka) in the layout named (`load_rows`). Each round produces a fresh batch of BATCH changes to each topic (45 % updates of
 existing keys drawn over the whole key range, 45 % new keys, 10 % deletes of existing keys) and drains it,
 the two sides alternating which goes first. Prints JSON.
 
-    python bench/upsert_target_size/upsert_target_size.py WORKDIR SMALL LARGE BATCH ROUNDS
+    python bench/upsert_target_size/upsert_target_size.py WORKDIR SMALL LARGE BATCH ROUNDS [cluster|sorted-dv]
 """
 
 from __future__ import annotations
@@ -26,8 +25,10 @@ PARTITIONS = 3
 ROWS_PER_FILE = 250_000
 
 
-def load_rows(spark, target: str, rows: int) -> None:
-    """`rows` live rows of ids 0..rows-1 at version 1, in the drain's columns, appended and then clustered."""
+def load_rows(spark, target: str, rows: int, layout: str) -> None:
+    """`rows` live rows of ids 0..rows-1 at version 1, in the drain's columns, appended and then laid out:
+    `cluster`: OPTIMIZE (liquid clustering on the key, Delta's default file size); `sorted-dv`: files of
+    ROWS_PER_FILE rows in disjoint key ranges (what Z-order on one column gives) and deletion vectors on."""
     from pyspark.sql import functions as F
 
     schema = spark.read.format("delta").load(target).schema
@@ -43,8 +44,14 @@ def load_rows(spark, target: str, rows: int) -> None:
     cols = [(computed[f.name] if f.name in computed else F.lit(None)).cast(f.dataType).alias(f.name)
             for f in schema.fields]
     files = max(1, rows // ROWS_PER_FILE)
-    spark.range(rows).select(*cols).repartition(files).write.format("delta").mode("append").save(target)
-    spark.sql(f"OPTIMIZE delta.`{target}`")
+    df = spark.range(rows).select(*cols)
+    if layout == "cluster":
+        df.repartition(files).write.format("delta").mode("append").save(target)
+        spark.sql(f"OPTIMIZE delta.`{target}`")
+        return
+    spark.sql(f"ALTER TABLE delta.`{target}` SET TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')")
+    (df.repartitionByRange(files, "_dd_key").sortWithinPartitions("_dd_key")
+     .write.format("delta").mode("append").save(target))
 
 
 def batch_changes(rows: int, batch: int, round_no: int, rounds: int, seed: int) -> list[dict]:
@@ -65,7 +72,7 @@ def batch_changes(rows: int, batch: int, round_no: int, rounds: int, seed: int) 
     return out
 
 
-def main(workdir: Path, small: int, large: int, batch: int, rounds: int) -> dict:
+def main(workdir: Path, small: int, large: int, batch: int, rounds: int, layout: str = "cluster") -> dict:
     import yaml
 
     from deltadrain.catchup import drain
@@ -79,20 +86,21 @@ def main(workdir: Path, small: int, large: int, batch: int, rounds: int) -> dict
     data = yaml.safe_load(path.read_text())
     for p in data["pipelines"]:
         p["source"]["topic"] = p["name"]
-        p["target"].update(order_by="version", cluster_by=["_dd_key"])
+        p["target"].update(order_by="version", **({"cluster_by": ["_dd_key"]} if layout == "cluster" else {}))
     path.write_text(yaml.safe_dump(data))
     cfg = load_config(path)
     pipes = {s: next(p for p in cfg.pipelines if p.name == f"{s}_{tag}") for s in sizes}
     services.up(cfg, ["kafka"])
     spark = get_spark("upsert-size-bench", cfg=cfg)
     spark.sparkContext.setLogLevel("ERROR")
-    out: dict = {"small": small, "large": large, "batch": batch, "rows_per_file": ROWS_PER_FILE, "rounds": []}
+    out: dict = {"small": small, "large": large, "batch": batch, "layout": layout, "rows_per_file": ROWS_PER_FILE,
+                 "rounds": []}
     for side, p in pipes.items():
         produce_changes(cfg, p, [{"change_id": "seed", "id": -1, "name": "seed", "amount": 0.0, "version": 1,
                                   "gone": False}], PARTITIONS)
         assert drain(cfg, p, spark=spark).outcome == "committed"
         began = time.monotonic()
-        load_rows(spark, str(cfg.target_path(p)), sizes[side])
+        load_rows(spark, str(cfg.target_path(p)), sizes[side], layout)
         out[f"{side}_load_seconds"] = round(time.monotonic() - began, 1)
         print(f"{side}: loaded in {out[f'{side}_load_seconds']} s", file=sys.stderr, flush=True)
     for r in range(rounds):
@@ -122,4 +130,4 @@ def main(workdir: Path, small: int, large: int, batch: int, rounds: int) -> dict
 
 if __name__ == "__main__":
     w, s, lg, b, rounds = sys.argv[1:6]
-    print(json.dumps(main(Path(w), int(s), int(lg), int(b), int(rounds)), indent=1))
+    print(json.dumps(main(Path(w), int(s), int(lg), int(b), int(rounds), *sys.argv[6:7]), indent=1))
