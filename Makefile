@@ -76,9 +76,9 @@ demo-cdc: install cdc-database
 	$(BIN)/deltadrain --config config/pipelines.cdc.yaml demo --cdc
 
 # The whole suite, slow end-to-end tests included (CI runs exactly this), on three workers: each has
-# its own services, Spark session and Airflow DB (tests/conftest.py). Its tests spend much of their time
-# waiting (JVMs starting, Airflow's scheduler, timeouts), so a third worker fills cores two leave idle
-# (docs/testing.md). TEST_WORKERS=0 runs it in one process.
+# its own services, Spark session and Airflow DB (tests/conftest.py). Its tests also wait (JVMs starting,
+# Airflow's scheduler, timeouts); with three workers a 2-core machine is kept busy (docs/testing.md,
+# "Where the time goes"). TEST_WORKERS=0 runs it in one process.
 TEST_WORKERS ?= 3
 test: install browser tls-terminator cdc-database
 	$(BIN)/ruff check .

@@ -70,7 +70,7 @@ def test_dags_parse_without_errors_warnings_or_io(monkeypatch, airflow_db):
         drain = dag.get_task("drain")
         assert drain.pool == pool_name(p.name) and drain.retries == p.airflow.retries
         assert drain.retry_exponential_backoff and drain.execution_timeout == p.airflow.execution_timeout
-        assert [o.name for o in drain.outlets] == [f"deltadrain.{p.name}"]
+        assert [o.name for o in drain.outlets] == [f"deltadrain.{p.name}", f"deltadrain.{p.name}.dlq"]
         sensor = dag.get_task("wait_for_work")
         assert sensor.deferrable and sensor.soft_fail
         assert dag.get_task("quality").upstream_task_ids == {"drain"}

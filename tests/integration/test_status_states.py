@@ -67,7 +67,8 @@ def test_status_dlq_and_metrics_of_pipelines_never_run_say_so_in_notes_without_s
     assert states(st["notes"]) == ["never_run", "never_written"]
     assert (st["PENDING"], st["CLAIMED"], st["PUBLISHED"], st["DEAD"], st["checkpoint"]["batch"]) == (0, 0, 0, 0, 0)
     assert f"streams {valkey.source.streams[0]}, {valkey.source.streams[1]} have never been written" in st["notes"][1]["note"]
-    assert f"`deltadrain drain {valkey.name}`" in st["notes"][0]["note"]
+    # The command it prints carries the config it ran with: pasted anywhere, it drains this pipeline.
+    assert f"deltadrain --config {path} drain {valkey.name}`" in st["notes"][0]["note"]
 
     st = as_json(cli_without_spark(path, "status", kafka.name, "--json"))
     assert states(st["notes"]) == ["never_run", "no_topic"]

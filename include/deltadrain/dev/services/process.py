@@ -167,6 +167,11 @@ class Service:
             deadline = time.monotonic() + 10
             while time.monotonic() < deadline and group_alive(pid):
                 time.sleep(0.1)
+        # A JVM that exited stays a zombie, its ports still open, while the kernel ends its threads (longer on
+        # a busy machine): "stopped" means that a new `up` can bind them.
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and any(port_open(port) for port in self.ports):
+            time.sleep(0.2)
         self.pid_file.unlink(missing_ok=True)
         return "stopped"
 
