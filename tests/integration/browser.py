@@ -101,6 +101,16 @@ class Browser:
     def go(self, url: str) -> None:
         self.call("Page.navigate", url=url)
 
+    def log_in(self, api) -> None:
+        """Log in through Airflow's own login page as `api`'s user (an AirflowApi), typing as a user does."""
+        self.go(f"{api.base_url}/auth/login/?next={urllib.parse.quote(api.base_url + '/')}")
+        self.wait_for("document.querySelector('input[name=\"username\"]')", what="Airflow's login form")
+        for field, value in (("username", api.username), ("password", api.password)):
+            self.evaluate(f"document.querySelector('input[name=\"{field}\"]').focus()")
+            self.call("Input.insertText", text=value)
+        self.evaluate("document.querySelector('button[type=\"submit\"]').click()")
+        self.wait_for("location.pathname.indexOf('/auth/') < 0", what="the login to go through")
+
     def screenshot(self, path: Path, full_page: bool = False) -> Path:
         params = {"format": "png"}
         if full_page:

@@ -208,14 +208,7 @@ def see_in_a_browser(tmp_path, api, p, dead: int) -> None:
     frame = "document.querySelector('iframe[title=\"deltadrain\"]')?.contentDocument"
     browser = Browser(tmp_path / "chromium")
     try:
-        browser.go(f"{api.base_url}/auth/login/?next={urllib.parse.quote(api.base_url + '/')}")
-        browser.wait_for("document.querySelector('input[name=\"username\"]')", what="Airflow's login form")
-        for field, value in (("username", api.username), ("password", api.password)):
-            browser.evaluate(f"document.querySelector('input[name=\"{field}\"]').focus()")
-            browser.call("Input.insertText", text=value)
-        browser.evaluate("document.querySelector('button[type=\"submit\"]').click()")
-        browser.wait_for("document.cookie !== undefined && location.pathname.indexOf('/auth/') < 0",
-                         what="the login to go through")
+        browser.log_in(api)
 
         # Airflow's navigation has a deltadrain entry: it opens the index inside Airflow's frame.
         entry = "document.querySelector('nav a[href$=\"/plugin/deltadrain\"], a[href$=\"/plugin/deltadrain\"]')"

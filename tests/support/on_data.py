@@ -5,7 +5,6 @@ and the asset graph in a real browser."""
 from __future__ import annotations
 
 import time
-import urllib.parse
 from datetime import datetime
 from pathlib import Path
 
@@ -154,13 +153,7 @@ def screenshot_asset_graph(tmp_path: Path, api, c: DeltadrainConfig, p: Pipeline
     shots = artefacts_dir(tmp_path, "test_airflow_e2e")
     browser = Browser(tmp_path / "chromium-assets", width=1600, height=1000)
     try:
-        browser.go(f"{api.base_url}/auth/login/?next={urllib.parse.quote(api.base_url + '/')}")
-        browser.wait_for("document.querySelector('input[name=\"username\"]')", what="Airflow's login form")
-        for field, value in (("username", api.username), ("password", api.password)):
-            browser.evaluate(f"document.querySelector('input[name=\"{field}\"]').focus()")
-            browser.call("Input.insertText", text=value)
-        browser.evaluate("document.querySelector('button[type=\"submit\"]').click()")
-        browser.wait_for("location.pathname.indexOf('/auth/') < 0", what="the login to go through")
+        browser.log_in(api)
         target = asset(api, c.target_path(p).as_uri())
         browser.go(f"{api.base_url}/assets/{target['id']}")
         names = [watched(c, p)[0][0], ingest_dag_id(p.name), f"deltadrain.{p.name}", f"deltadrain__{p.name}__quality"]
