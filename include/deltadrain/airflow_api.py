@@ -25,6 +25,8 @@ class AirflowApiError(DeltadrainError):
 # Longer than the embedded Airflow's wait for its SQLite write lock (orchestration.airflow_db, 60 s): a
 # request that waits there behind the DAG processor's write is slow, not lost.
 REQUEST_TIMEOUT = 90
+RETRIES_ON_500 = 3
+IDEMPOTENT = {"GET", "PATCH", "PUT", "DELETE"}
 
 
 @dataclass
@@ -65,6 +67,13 @@ class AirflowApi:
 
     def call(self, method: str, path: str, body: dict | None = None, ok=(200, 201)) -> dict:
         status, out = self._request(method, path, body)
+        # A write that lost the embedded SQLite's lock rolls back and answers 500: a read or an idempotent
+        # write is asked again; a POST is not (its first attempt may have been the one that landed).
+        for _ in range(RETRIES_ON_500 if method in IDEMPOTENT else 0):
+            if status != 500:
+                break
+            time.sleep(1)
+            status, out = self._request(method, path, body)
         if status not in ok:
             raise AirflowApiError(f"{method} {path} -> {status}: {out.get('detail', out)}")
         return out
