@@ -185,7 +185,9 @@ def kafka_service(cfg: DeltadrainConfig) -> Service:
 
         java = check_java()
         cp = ":".join(str(j) for j in classpath("kafka"))
-        return [java, f"-Xmx{cfg.services.kafka_heap}", "-XX:+UseG1GC",
+        # C1 only, as the registry's and Debezium's JVMs: a development broker's load is small, and C2's
+        # compiler threads used most of its CPU.
+        return [java, f"-Xmx{cfg.services.kafka_heap}", "-XX:+UseG1GC", "-XX:TieredStopAtLevel=1",
                 f"-Dlog4j2.configurationFile={home / 'log4j2.yaml'}", "-cp", cp, main, *args]
 
     def prepare() -> None:
