@@ -87,8 +87,11 @@ def test_airflow_end_to_end(tmp_path, monkeypatch, spark, valkey_server, kafka_b
     data["pipelines"][0]["airflow"] = {"wait_timeout": "PT20S", "poll_interval": "PT2S", "retries": 0}
     example = next(q for q in yaml.safe_load((ROOT / "config" / "pipelines.yaml").read_text())["pipelines"]
                    if q["source"]["kind"] == "valkey")
+    # Its sensor waits deferred for up to ten minutes: no run starts and ends empty every few seconds
+    # while the rest of the test goes on.
     flowing = {**data["pipelines"][0], "name": f"{p.name}_c", "schedule": "@continuous",
-               "quality": {**example["quality"], "on_failure": "warn"}}
+               "quality": {**example["quality"], "on_failure": "warn"},
+               "airflow": {**data["pipelines"][0]["airflow"], "wait_timeout": "PT10M"}}
     flowing["source"] = {**flowing["source"], "streams": [f"{p.name}_c:{{0}}"]}
     flowing["target"] = {**flowing["target"], "path": f"{p.name}_c"}
     data["pipelines"].append(flowing)
