@@ -29,6 +29,16 @@ def cli(env: dict, *args: str, timeout: int = 300) -> subprocess.CompletedProces
                           env=env, timeout=timeout, cwd=ROOT)
 
 
+def up_unwarmed(env: dict, *names: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    """`deltadrain services up --only NAMES` in `env`, but a Spark Connect server it starts is not warmed
+    up: for a test whose own drains are the server's first batches anyway (the warm-up itself is
+    test_spark_connect's). Its rows as JSON on stdout."""
+    code = ("import json, sys\nfrom deltadrain.config import load_config\nfrom deltadrain.dev import services\n"
+            "print(json.dumps(services.up(load_config(), sys.argv[1].split(','), warm=False), default=str))")
+    return subprocess.run([sys.executable, "-c", code, ",".join(names)], capture_output=True, text=True, env=env,
+                          timeout=timeout, cwd=ROOT)
+
+
 def processes_under(home: Path) -> list[str]:
     """Live processes whose working directory is inside `home` (every service runs there)."""
     found = []
