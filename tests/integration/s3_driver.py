@@ -139,8 +139,10 @@ def main() -> None:
         ids = ids.select(meet("id").alias("id")) if k == 0 else ids
         ids.selectExpr("id", f"'w{writer}' AS v").write.format("delta").mode("append").save(path)
     out["appends_s"] = round(time.monotonic() - t1, 1)
+    t2 = time.monotonic()
     out["log_store_race"] = log_store_race(spark, f"{path}-log", writer, int(sys.argv[6]),
                                 ready.with_name(ready.name + "2"), go.with_name(go.name + "2"))
+    out["race_s"] = round(time.monotonic() - t2, 1)
     print(json.dumps(out), flush=True)
     spark.stop()
 
