@@ -24,7 +24,7 @@ from deltadrain.heal.replay import ReplayRequest, replay
 from deltadrain.observe.status import pipeline_status
 from deltadrain.sources.kafka.client import kafka_client_conf
 from tests.support.kafka import drain_until_done, end_offsets, group_of, lake_checkpoint
-from tests.support.lake import dlq_rows, target_ids
+from tests.support.lake import dlq_rows
 from tests.support.pipelines import ROOT, write_config
 from tests.support.processes import cli_drain
 from tests.support.valkey import assert_exactly_once as assert_valkey_exactly_once
@@ -59,15 +59,20 @@ def heal_deleted_rows(spark, c, p, lost: list[str], began: datetime, ended: date
     from deltadrain.lake.checkpoint import read_checkpoint
 
     target = str(c.target_path(p))
-    before, ids = read_checkpoint(spark, target, p.name), sorted(target_ids(spark, c, p))
-    kept = {r.event_id: r.asDict() for r in spark.read.format("delta").load(target).where(F.col("event_id").isin(lost))
-            .select(*p.payload_schema.fields).collect()}
+
+    def rows() -> list[dict]:
+        """The target's rows: its ids and the lost rows' values, from one read."""
+        return [r.asDict() for r in spark.read.format("delta").load(target).select(*p.payload_schema.fields).collect()]
+
+    before, table = read_checkpoint(spark, target, p.name), rows()
+    ids = sorted(r["event_id"] for r in table)
+    kept = {r["event_id"]: r for r in table if r["event_id"] in lost}
     DeltaTable.forPath(spark, target).delete(F.col("event_id").isin(lost))
     s = backfill(c, p, spark, began, ended)
     assert s.written == len(lost) and s.acked == 0 and not s.gaps, s
-    assert sorted(target_ids(spark, c, p)) == ids
-    healed = {r.event_id: r.asDict() for r in spark.read.format("delta").load(target).where(F.col("event_id").isin(lost))
-              .select(*p.payload_schema.fields).collect()}
+    table = rows()
+    assert sorted(r["event_id"] for r in table) == ids
+    healed = {r["event_id"]: r for r in table if r["event_id"] in lost}
     assert healed == kept
     after = read_checkpoint(spark, target, p.name)
     assert (after.batch, after.positions) == (before.batch, before.positions)
