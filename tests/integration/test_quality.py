@@ -439,7 +439,9 @@ def test_a_batch_check_takes_on_the_committed_batches_that_have_no_result(tmp_pa
     from deltadrain.quality.check import check_batches
     from tests.support.processes import cli_drain
 
-    path, c, p, client, first = drained(tmp_path, spark, 200, quality=quality("quarantine"))
+    # The killed drain's claims stay its own for the whole test (min_idle_ms): on a slow day a later run
+    # would otherwise retake them as a dead run's, a batch of duplicates in place of the new messages.
+    path, c, p, client, first = drained(tmp_path, spark, 200, quality=quality("quarantine"), min_idle_ms=600_000)
     bad = {1: over_limit(spark, c, p, 1)}
     # Drained with the CLI before any check: the view says no batch check owes it; once checked, from it on.
     assert lakeview.owed_from(c, p) is None
