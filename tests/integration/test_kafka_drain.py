@@ -528,7 +528,9 @@ def test_a_run_airflow_kills_in_a_hanging_transform_is_counted_and_the_message_d
     from deltadrain.runtime.session import spark_submit_command
     from tests.integration.hang_transform import FLAG_ENV, HANG_MARKER
 
-    path, c, p = make_kafka_pipeline(tmp_path, partitions=1, batch_cap=4, max_retries=1, min_idle_ms=0,
+    # Batches of 2 with the second message hanging: each killed run is a spark-submit driver of its own,
+    # so as few die as show the protocol (the first batch, then the hanging message alone).
+    path, c, p = make_kafka_pipeline(tmp_path, partitions=1, batch_cap=2, max_retries=1, min_idle_ms=0,
                                      transform="tests.integration.hang_transform.hang_on_marker")
     messages = [m for m in generate(p, 30, seed=93) if m.kind == "valid"][:4]
     hangs = 1
@@ -558,21 +560,20 @@ def test_a_run_airflow_kills_in_a_hanging_transform_is_counted_and_the_message_d
         return notice
 
     first = killed_while_hanging("hang-1")
-    assert first["range"] == [0, 4] and first["crashes"] == {} and first["width"] == 4
-    second = killed_while_hanging("hang-2")  # it counted the first and read the first half only
-    assert second["range"] == [0, 2] and second["crashes"]["seg"] == [[0, 4, 1, first["since_ms"]]]
-    assert second["crashes"]["counted"] == ["hang-1"]
-    s = drain(c, p, spark=spark)  # [0, 2) died twice: its first half alone, which does not hang
+    assert first["range"] == [0, 2] and first["crashes"] == {} and first["width"] == 2
+    s = drain(c, p, spark=spark)  # it counts the first and reads its first half only, which does not hang
     assert (s.outcome, s.claimed, s.written) == ("committed", 1, 1), s.line()
-    third = killed_while_hanging("hang-3")  # the rest of [0, 2): the hanging message alone
-    assert third["range"] == [1, 2] and third["width"] == 1
+    assert s.dead_runs == [{"partition": 0, "offsets": [0, 2], "runs": 1, "alone": 0}]
+    second = killed_while_hanging("hang-2")  # the rest of [0, 2): the hanging message alone
+    assert second["range"] == [1, 2] and second["width"] == 1
+    # Its notice carries the count the commit before it kept, for the run that counts this one.
+    assert second["crashes"]["seg"] == [[0, 2, 1, first["since_ms"]]] and second["crashes"]["counted"] == ["hang-1"]
     # max_retries 1: one death alone and it is a dead letter, not run through the transform again.
     s = drain(c, p, spark=spark)
     assert (s.outcome, s.claimed, s.dead_lettered, s.written) == ("committed", 1, 1, 0), s.line()
-    assert s.dead_runs == [{"partition": 0, "offsets": [1, 2], "runs": 3, "alone": 1},
-                           {"partition": 0, "offsets": [2, 4], "runs": 1, "alone": 0}]
-    rest = [drain(c, p, spark=spark) for _ in range(3)]
-    assert [(r.outcome, r.claimed) for r in rest] == [("committed", 1), ("committed", 1), ("empty", 0)]
+    assert s.dead_runs == [{"partition": 0, "offsets": [1, 2], "runs": 2, "alone": 1}]
+    rest = [drain(c, p, spark=spark) for _ in range(2)]
+    assert [(r.outcome, r.claimed) for r in rest] == [("committed", 2), ("empty", 0)]
     dead = {int(r.position): r for r in dlq_rows(spark, c, p)}
     assert sorted(dead) == [hangs] and dead[hangs].error_type == "max_retries"
     assert bytes(dead[hangs].original) == payloads[hangs]
