@@ -123,16 +123,16 @@ def pipeline_dags(tmp_path, monkeypatch, airflow_db, valkey_server, spark_connec
 
 @pytest.mark.slow
 def test_ingest_dag_drains_through_spark_submit(pipeline_dags, spark):
-    # 400 messages, batches of 150: one drain task catches up in three batches (two full ones).
-    path, c, p = pipeline_dags(batch_cap=150, executor="submit")
+    # 40 messages, batches of 15: one drain task catches up in three batches (two full ones).
+    path, c, p = pipeline_dags(batch_cap=15, executor="submit")
     client = valkey_client(c, p)
-    result = produce(c, p, 400, seed=91, malformed_ratio=0.1)
+    result = produce(c, p, 40, seed=91, malformed_ratio=0.1)
     run = run_dag(ingest_dag_id(p.name))
     assert run["states"] == {"wait_for_work": "success", "drain": "success", "quality": "success"}, \
         run["log"][-3000:]
     summary = run["xcoms"]["drain"]
-    assert summary["batches"] == [1, 2, 3] and [r["claimed"] for r in summary["runs"]] == [150, 150, 100]
-    assert summary["claimed"] == 400 and "not full" in summary["stopped"]
+    assert summary["batches"] == [1, 2, 3] and [r["claimed"] for r in summary["runs"]] == [15, 15, 10]
+    assert summary["claimed"] == 40 and "not full" in summary["stopped"]
     report = run["xcoms"]["quality"]  # the default suite on every batch the drain committed
     assert report["batches"] == [1, 2, 3] and [r["batch"] for r in report["reports"]] == [1, 2, 3]
     assert report["success"] and report["rows_checked"] == summary["written"]
@@ -269,10 +269,12 @@ def test_maintenance_dag_compacts_and_vacuums_through_spark_connect(pipeline_dag
 @pytest.mark.slow
 def test_replay_dag_sends_dead_letters_back_once(pipeline_dags, spark):
     # max_retries 0: the poison message is dead at its first failure. Any new dead letter is an alert.
+    # Two poison messages among 40: the drain bisects its batch for each culprit, a few Spark jobs per
+    # halving, so a longer batch would only cost more of them.
     path, c, p = pipeline_dags(max_retries=0, alerts={"max_dead_rise": 0, "max_lag": 0})
-    result = produce(c, p, 300, seed=94, poison_ratio=0.01)
+    result = produce(c, p, 40, seed=98, poison_ratio=0.05)
     poison = result.poison_ids
-    assert poison
+    assert len(poison) == 2 and len(result.valid_ids) == 38
     run = run_dag(ingest_dag_id(p.name))
     assert run["states"]["drain"] == "success", run["log"][-3000:]
     dead = [r for r in dlq_rows(spark, c, p) if r.state == "DEAD"]
@@ -419,26 +421,33 @@ def test_deltadrain_pools_creates_the_pool_of_every_pipeline_and_of_one_added_la
         return subprocess.run([sys.executable, "-m", "deltadrain.cli", "--config", str(path), "pools", "--json",
                                *args], capture_output=True, text=True, timeout=300, env={**os.environ})
 
-    assert pool_name(p.name) not in pools()
+    # Each call starts `airflow pools` (a few seconds each): every step below also sets up the next one.
+    data = yaml.safe_load(path.read_text())
+    other = {**data["pipelines"][0], "name": f"{p.name}_x", "target": {"path": f"{p.name}_x"}}
+    data["pipelines"].append(other)
+    path.write_text(yaml.safe_dump(data))
+    assert pool_name(p.name) not in pools() and pool_name(other["name"]) not in pools()
     done = run_pools()
     assert done.returncode == 0, done.stderr[-3000:]
-    assert json.loads(done.stdout) == [{"pool": pool_name(p.name), "slots": 1}]
-    assert pools()[pool_name(p.name)] == 1
+    assert json.loads(done.stdout) == [{"pool": pool_name(p.name), "slots": 1},
+                                       {"pool": pool_name(other["name"]), "slots": 1}]
+    assert pools()[pool_name(p.name)] == pools()[pool_name(other["name"])] == 1
 
-    # A pipeline added to the config gets its pool; a pool widened by hand is set back to one slot.
+    # A pipeline added to the config gets its pool; a pool widened by hand is set back to one slot; the
+    # pool of a pipeline removed from the config stays without --prune.
     with sqlite3.connect(db) as conn:
         conn.execute("UPDATE slot_pool SET slots = 4 WHERE pool = ?", (pool_name(p.name),))
-    data = yaml.safe_load(path.read_text())
     added = {**data["pipelines"][0], "name": f"{p.name}_b", "target": {"path": f"{p.name}_b"}}
-    data["pipelines"].append(added)
+    data["pipelines"] = [data["pipelines"][0], added]
     path.write_text(yaml.safe_dump(data))
     assert pool_name(added["name"]) not in pools()
     done = run_pools()
     assert done.returncode == 0, done.stderr[-3000:]
     assert {k: v for k, v in pools().items() if k in (pool_name(p.name), pool_name(added["name"]))} == {
         pool_name(p.name): 1, pool_name(added["name"]): 1}
+    assert pools()[pool_name(other["name"])] == 1
 
-    # A pipeline removed from the config: --prune deletes its pool, and leaves a pool of the same
+    # --prune deletes the pools of the pipelines removed from the config, and leaves a pool of the same
     # prefix that deltadrain did not make.
     foreign = f"deltadrain_t{p.name}_mine"
     with sqlite3.connect(db) as conn:
@@ -446,11 +455,11 @@ def test_deltadrain_pools_creates_the_pool_of_every_pipeline_and_of_one_added_la
                      (foreign, "an operator's own pool"))
     data["pipelines"] = [q for q in data["pipelines"] if q["name"] != p.name]
     path.write_text(yaml.safe_dump(data))
-    assert pool_name(p.name) in pools() and run_pools().returncode == 0 and pool_name(p.name) in pools()
     done = run_pools("--prune")
     assert done.returncode == 0, done.stderr[-3000:]
-    assert {"pool": pool_name(p.name), "deleted": True} in json.loads(done.stdout)
-    assert pool_name(p.name) not in pools()
+    deleted = [r for r in json.loads(done.stdout) if r.get("deleted")]
+    assert sorted(r["pool"] for r in deleted) == sorted([pool_name(p.name), pool_name(other["name"])])
+    assert pool_name(p.name) not in pools() and pool_name(other["name"]) not in pools()
     assert pools()[pool_name(added["name"])] == 1 and pools()[foreign] == 2
 
 
@@ -494,6 +503,13 @@ def test_a_replay_trigger_without_a_pipeline_is_refused_by_airflows_param_valida
         assert dag.params.deep_merge({"pipeline": names[0], "partition": partition}).validate()["partition"] == partition
 
 
+# The drain task's execution_timeout in the hanging runs. The first run only has to put its claim notice
+# out (as its read starts): its drain task is in the hang ~5 s after it starts, with the other test
+# workers busy. The second commits a batch of one message first (~15 s, the target table's first MERGE),
+# starts its next batch before max_drain_time, and puts that batch's notice out within a second or two.
+FIRST_TIMEOUT_S, SECOND_TIMEOUT_S, SECOND_DRAIN_S = 20, 40, 34
+
+
 @pytest.mark.slow
 def test_kafka_drains_airflow_times_out_in_a_hanging_transform_are_counted_and_the_message_ends_dead(
         tmp_path, monkeypatch, airflow_db, kafka_broker, spark_connect_server, spark):
@@ -510,13 +526,13 @@ def test_kafka_drains_airflow_times_out_in_a_hanging_transform_are_counted_and_t
     from tests.support.kafka import lake_checkpoint, make_kafka_pipeline, send_marked
 
     # Batches of 2 with the second message hanging: each timed-out run costs its whole execution_timeout,
-    # so the test lets as few die as show the protocol (the first run, then the half's other message).
+    # so the test lets as few die as show the protocol (the first run, then the half's other message),
+    # and gives each no more time than it needs to get past its claim notice while the other test
+    # workers are busy: the hang holds the run from there until Airflow's timeout, however late that is.
     path, c, p = make_kafka_pipeline(tmp_path, partitions=1, batch_cap=2, max_retries=1, min_idle_ms=0,
                                      transform="tests.integration.hang_transform.hang_on_marker",
-                                     # A drain task's claim notice is on the group offset ~12 s after
-                                     # the task starts (this machine idle): 45 s leaves room for the
-                                     # runs the hang stops while the other test workers are busy.
-                                     airflow={"retries": 0, "execution_timeout": 45, "max_drain_time": 30})
+                                     airflow={"retries": 0, "execution_timeout": FIRST_TIMEOUT_S,
+                                              "max_drain_time": FIRST_TIMEOUT_S - 1})
     monkeypatch.setenv("DELTADRAIN_CONFIG", str(path))
     messages = [m for m in generate(p, 30, seed=95) if m.kind == "valid"][:4]
     hangs = 1
@@ -537,12 +553,16 @@ def test_kafka_drains_airflow_times_out_in_a_hanging_transform_are_counted_and_t
     # half of its range, [0, 1), which does not hang and commits; the rest of [0, 2) is the hanging
     # message alone, which stops the run once more. (Without the halving it would read [0, 2) again.)
     data = yaml.safe_load(path.read_text())
-    data["pipelines"][0]["airflow"]["execution_timeout"] = 60
+    data["pipelines"][0]["airflow"].update(execution_timeout=SECOND_TIMEOUT_S, max_drain_time=SECOND_DRAIN_S)
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     ranges.append(timed_out())
     assert ranges == [[0, 2], [1, 2]], ranges
     assert lake_checkpoint(spark, c, p).positions == {"0": "1"} and not dlq_rows(spark, c, p)
     # Runs that read it alone died max_retries (1) times: the next run makes it a dead letter and drains on.
+    # No hang is left to time out: it gets the default execution_timeout and max_drain_time, so that a
+    # batch it starts late on a busy machine still ends in the task.
+    data["pipelines"][0]["airflow"] = {"retries": 0}
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
     states = []
     while lake_checkpoint(spark, c, p).positions != {"0": "4"}:
         assert len(states) < 3, states
