@@ -1,47 +1,63 @@
-"""Upsert mode's commit (`target.mode: upsert`, docs/cdc.md): a batch's events -> each key's newest change
-(deltadrain.run.upsert decides), applied to the target in the batch's one MERGE commit, with the positions and
-the batch number as in insert mode (deltadrain.run.commit).
+"""Upsert mode's commit (`target.mode: upsert`, docs/cdc.md): a batch's events -> each key's newest change,
+applied to the target in the batch's one MERGE commit, with the positions and the batch number as in insert mode
+(deltadrain.run.commit).
 
-What the table holds for a key is read from the lake at the start of the commit: its live row's order from the
-target (`_dd_partition`, `_dd_pos_hi`, `_dd_pos_lo`, `_dd_order`), its remembered delete from the tombstone table
-beside it (`<lake>/_deltadrain/tombstones/<pipeline>`). The deletes a batch applies are MERGEd into the tombstone
-table first, insert-only on (key, partition, position), as dead letters are: a run killed after it and before the
-target's commit only repeats it, and the retry still deletes the row (`upsert.effect`). The same MERGE drops the
-tombstones remembered longer than twice `dedup_window`, so the table stays small (`upsert.decide` forgets them
-after one window whatever the table keeps).
+The decision is made in Spark (`decide_frame`), by the rules `deltadrain.run.upsert.decide_batch` states in pure
+Python (a test holds the two equal on random batches): a window per key over the batch's events gives each event
+its order (a null order_by value takes the newest its key has before it) and picks the newest; a left join to
+what the lake holds for the batch's keys only (the target's live row: `_dd_partition`, `_dd_pos_hi`, `_dd_pos_lo`,
+`_dd_order`; the newest remembered delete in the tombstone table `<lake>/_deltadrain/tombstones/<pipeline>`, both
+read through a semi-join with the batch's distinct keys, broadcast, and the batch's key range as literals for
+Delta's file skipping) gives its effect. Only a few counts come back to the driver.
+
+The deletes a batch applies are MERGEd into the tombstone table before the target's commit, insert-only on (key,
+partition, position), as dead letters are: a run killed after it and before the target's commit only repeats it,
+and the retry still deletes the row (`upsert.effect`: a delete applies when newer than the live row, even when it
+is already remembered). A batch without deletes writes no tombstone commit. The same MERGE drops the tombstones
+remembered longer than twice `dedup_window`, so the table stays small (`upsert.decide` forgets them after one
+window whatever the table keeps). The decisions are cached before the two MERGEs, so both apply the same ones.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any, NamedTuple
 
 from deltadrain.formats.changes import CHANGE, DELETE, KEY, ORDER, TRUNCATE
 from deltadrain.formats.debezium import truncate_line
 from deltadrain.lake.delta import ensure_table, is_table, merge_into, retry_conflicts, sql_literal, sql_name
-from deltadrain.run.upsert import Decision, Effect, Event, KeyState, Order, Position, decide_batch, newer
+from deltadrain.run.upsert import Effect, Event, KeyState, Order, Position, newer
 
 EFFECT = "_dd_effect"
 PLACE = ("_dd_partition", "_dd_pos_hi", "_dd_pos_lo")
 DELETED_AT = "_dd_deleted_at"
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+# The decision's working columns: the order of the key's live row, and of its newest remembered delete.
+ROW, MARK = "_dd_row", "_dd_mark"
+KEPT = "_dd_kept_order"
 
 
 class TruncateRefused(Exception):
     """A batch holds a truncate and the pipeline's target.on_truncate is fail: the message is the one line."""
 
 
+def last_truncates(places: Iterable[Position]) -> dict[str, Position]:
+    """Each partition's newest truncate, of the places of a batch's truncates."""
+    truncated: dict[str, Position] = {}
+    for at in places:
+        if at.partition not in truncated or at > truncated[at.partition]:
+            truncated[at.partition] = at
+    return truncated
+
+
 def events_of(rows: Iterable[tuple]) -> tuple[list[Event], dict[str, Position]]:
     """(key, change, order value, partition, pos_hi, pos_lo) rows -> (the row changes as upsert Events, each
     partition's newest truncate). A partition's events at or before its truncate are left out: the truncate
-    emptied the table after them."""
+    emptied the table after them. The pure form of what `decide_frame` reads from a batch."""
     rows = list(rows)
-    truncated: dict[str, Position] = {}
-    for _key, change, _, part, hi, lo in rows:
-        if change == TRUNCATE:
-            at = Position(part, hi, lo)
-            if part not in truncated or at > truncated[part]:
-                truncated[part] = at
+    truncated = last_truncates(Position(part, hi, lo) for _k, change, _, part, hi, lo in rows if change == TRUNCATE)
     events = []
     for key, change, value, part, hi, lo in rows:
         at = Position(part, hi, lo)
@@ -52,17 +68,13 @@ def events_of(rows: Iterable[tuple]) -> tuple[list[Event], dict[str, Position]]:
 
 
 def state_of(row: Order | None, tombstones: Iterable[tuple[Order, datetime | None]]) -> KeyState:
-    """A key's KeyState from its live row's order and its remembered deletes (the newest counts)."""
+    """A key's KeyState from its live row's order and its remembered deletes (the newest counts): what
+    `decide_frame` reads from the lake, in pure form."""
     deleted, at = None, None
     for order, when in tombstones:
         if newer(order, deleted):
             deleted, at = order, when
     return KeyState(row=row, deleted=deleted, deleted_at=at)
-
-
-def applied(decisions: dict[Hashable, Decision]) -> dict[Hashable, Decision]:
-    """The decisions that change the table (an older or equal event changes nothing)."""
-    return {k: d for k, d in decisions.items() if d.effect != Effect.NOTHING}
 
 
 def tombstone_schema(order_type) -> object:
@@ -74,62 +86,122 @@ def tombstone_schema(order_type) -> object:
                        StructField("_dd_batch", LongType(), True), StructField("_dd_run_id", StringType(), True)])
 
 
-def read_states(spark, target: str, tombstones: str, keys: list[str]) -> dict[str, KeyState]:
-    """What the target and the tombstone table hold for `keys`: two reads joined to the batch's keys."""
+class Survey(NamedTuple):
+    """What the driver needs to know of a batch before deciding it: its row changes' lowest and highest key
+    (None without any) and its truncates' (key, place), the key naming the truncated table."""
+
+    key_range: tuple[str, str] | None
+    truncates: tuple[tuple[str, Position], ...]
+
+
+def survey(rows) -> Survey:
+    """One small aggregate over the batch's rows (truncates are few: Debezium sends one per TRUNCATE)."""
     from pyspark.sql import functions as F
 
-    if not keys:
-        return {}
-    wanted = F.broadcast(spark.createDataFrame([(k,) for k in keys], f"{KEY} string"))
-    rows: dict[str, Order] = {}
-    if is_table(spark, target):
-        for r in spark.read.format("delta").load(target).join(wanted, KEY).select(KEY, *PLACE, ORDER).collect():
-            rows[r[0]] = Order(r[4], Position(r[1], r[2], r[3]))
-    marks: dict[str, list[tuple[Order, datetime | None]]] = {}
-    if is_table(spark, tombstones):
-        # As microseconds: Spark gives timestamps back naive, in the session's time zone.
-        for r in (spark.read.format("delta").load(tombstones).join(wanted, KEY)
-                  .select(KEY, *PLACE, ORDER, F.unix_micros(DELETED_AT)).collect()):
-            at = EPOCH + timedelta(microseconds=r[5]) if r[5] is not None else None
-            marks.setdefault(r[0], []).append((Order(r[4], Position(r[1], r[2], r[3])), at))
-    return {k: state_of(rows.get(k), marks.get(k, ())) for k in set(rows) | set(marks)}
+    change = F.when(F.col(CHANGE) != TRUNCATE, F.col(KEY))
+    got = rows.agg(F.min(change), F.max(change),
+                   F.collect_list(F.when(F.col(CHANGE) == TRUNCATE, F.struct(KEY, *PLACE)))).first()
+    if got is None:
+        return Survey(None, ())
+    places = tuple(sorted(((t[0], Position(t[1], t[2], t[3])) for t in got[2] or ()), key=lambda t: t[1]))
+    return Survey((str(got[0]), str(got[1])) if got[0] is not None else None, places)
 
 
-def write_tombstones(spark, path: str, decisions: dict[Hashable, Decision], order_type, *, batch: int, run_id: str,
-                     now: datetime, window: timedelta) -> None:
-    """Remember the batch's deletes (insert-only on key and place), and forget those older than two windows."""
+def key_range_condition(key_range: tuple[str, str] | None, alias: str = "") -> str:
+    """SQL restricting `alias`'s key to the batch's range: changes nothing about which keys match, but as
+    literals Delta can skip every file whose key statistics lie outside it."""
+    if key_range is None:
+        return ""
+    column = f"{alias}.{KEY}" if alias else KEY
+    return f"{column} >= {sql_literal(key_range[0])} AND {column} <= {sql_literal(key_range[1])}"
+
+
+def rank(value, place: tuple | None = None, order_type=None):
+    """Column: an order as a struct that Spark compares as `upsert.newer` does (structs compare field by field,
+    a null field below any other): whether there is a value, the value, then the position. `value` a column or
+    its name; `place` the position's three columns (default: PLACE's)."""
     from pyspark.sql import functions as F
 
-    schema = tombstone_schema(order_type)
-    ensure_table(spark, path, schema)
-    rows = [(str(k), d.order.position.partition, d.order.position.hi, d.order.position.lo, d.order.value, now,
-             batch, run_id) for k, d in decisions.items() if d.effect == Effect.DELETE]
-    if not rows:
-        return
-    source = spark.createDataFrame(rows, schema).withColumn(DELETED_AT, F.lit(now).cast("timestamp"))
+    v = F.col(value) if isinstance(value, str) else value
+    if order_type is not None:
+        v = v.cast(order_type)
+    p, hi, lo = place if place is not None else (F.col(c) for c in PLACE)
+    return F.struct(v.isNotNull().alias("known"), v.alias("value"), p.alias("partition"), hi.alias("hi"),
+                    lo.alias("lo"))
+
+
+def decide_frame(events, target=None, tombstones=None, *, now: datetime, window: timedelta,
+                 truncated: Mapping[str, Position] | None = None, key_range: tuple[str, str] | None = None):
+    """`upsert.decide_batch` in Spark. `events`: the batch's rows (KEY, CHANGE, ORDER, *PLACE and any others,
+    kept); `target`: the target's rows (KEY, *PLACE, ORDER), `tombstones`: the remembered deletes (KEY, *PLACE,
+    ORDER, DELETED_AT), each None when there is no such table; `truncated`: each partition's newest truncate,
+    whose partition's events at or before it are left out (`events_of`). -> each key's newest row when it
+    changes the table: the rows' columns without CHANGE, ORDER the value it is kept with, EFFECT."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    kept = events.filter(F.col(CHANGE) != TRUNCATE)
+    for part, at in (truncated or {}).items():
+        p, hi, lo = (F.col(c) for c in PLACE)
+        gone = (p == F.lit(part)) & ((hi < F.lit(at.hi)) | ((hi == F.lit(at.hi)) & (lo <= F.lit(at.lo))))
+        kept = kept.filter(~gone)
+    keys = F.broadcast(kept.select(KEY).distinct())
+    order_type = events.schema[ORDER].dataType
+    state = kept
+    if target is not None:
+        if key_range is not None:
+            target = target.filter(key_range_condition(key_range))
+        rows = target.join(keys, KEY, "left_semi").select(KEY, rank(ORDER, order_type=order_type).alias(ROW))
+        state = state.join(rows, KEY, "left")
+    if tombstones is not None:
+        if key_range is not None:
+            tombstones = tombstones.filter(key_range_condition(key_range))
+        cutoff = (now - window - EPOCH) // timedelta(microseconds=1)
+        # Only the key's newest delete counts, and it is forgotten a window after its commit (`upsert.forget`).
+        marks = (tombstones.join(keys, KEY, "left_semi")
+                 .groupBy(KEY).agg(F.max(F.struct(rank(ORDER, order_type=order_type).alias("at"),
+                                                  F.unix_micros(DELETED_AT).alias("when"))).alias("_dd_m"))
+                 .filter(F.col("_dd_m.when").isNull() | (F.col("_dd_m.when") >= F.lit(cutoff)))
+                 .select(KEY, F.col("_dd_m.at").alias(MARK)))
+        state = state.join(marks, KEY, "left")
+    none = rank(F.lit(None), (F.lit(None).cast("string"), F.lit(None).cast("long"), F.lit(None).cast("long")),
+                order_type)
+    row = F.col(ROW) if target is not None else F.when(F.lit(False), none)
+    mark = F.col(MARK) if tombstones is not None else F.when(F.lit(False), none)
+    # The value a null order_by value takes: the greatest its key has before it, in the lake or the batch.
+    held = F.greatest(row, mark)
+    earlier = Window.partitionBy(KEY).orderBy(*PLACE).rowsBetween(Window.unboundedPreceding, -1)
+    ordered = state.withColumn(KEPT, F.coalesce(F.col(ORDER), F.greatest(F.max(ORDER).over(earlier),
+                                                                         held["value"])))
+    mine = rank(KEPT)
+    first = Window.partitionBy(KEY).orderBy(mine.desc())
+    best = ordered.withColumn("_dd_n", F.row_number().over(first)).filter(F.col("_dd_n") == 1)
+    delete = F.col(CHANGE) == DELETE
+    # A delete is weighed against the live row, or without one the remembered delete; an upsert against both.
+    against = F.when(delete, F.coalesce(row, mark)).otherwise(held)
+    effect = F.when(F.coalesce(mine > against, F.lit(True)),
+                    F.when(delete, F.lit(Effect.DELETE.value)).otherwise(F.lit(Effect.UPSERT.value)))
+    columns = [F.col(KEPT).alias(ORDER) if c == ORDER else F.col(c) for c in events.columns if c != CHANGE]
+    return best.select(*columns, effect.alias(EFFECT)).filter(F.col(EFFECT).isNotNull())
+
+
+def write_tombstones(spark, path: str, decided, order_type, *, batch: int, run_id: str, now: datetime,
+                     window: timedelta) -> None:
+    """Remember the batch's deletes (`decided`'s rows whose effect is delete; insert-only on key and place), and
+    forget those older than two windows."""
+    from pyspark.sql import functions as F
+
+    ensure_table(spark, path, tombstone_schema(order_type))
+    source = (decided.filter(F.col(EFFECT) == Effect.DELETE.value)
+              .select(KEY, *PLACE, F.col(ORDER).cast(order_type).alias(ORDER),
+                      F.lit(now).cast("timestamp").alias(DELETED_AT), F.lit(batch).cast("long").alias("_dd_batch"),
+                      F.lit(run_id).alias("_dd_run_id")))
     on = " AND ".join(f"d.{c} = s.{c}" for c in (KEY, *PLACE))
     cutoff = sql_literal(now - 2 * window)
     retry_conflicts(lambda: merge_into(
         spark, path, source, on,
         f"WHEN NOT MATCHED THEN INSERT * WHEN NOT MATCHED BY SOURCE AND d.{DELETED_AT} < {cutoff} THEN DELETE",
         alias="d"))
-
-
-def winners(spark, rows, decisions: dict[Hashable, Decision]):
-    """The batch's rows of the decisions that apply, with their effect and the order they are kept with (a
-    null order_by value takes the one it follows: `upsert.orders`)."""
-    from pyspark.sql import functions as F
-    from pyspark.sql.types import LongType, StringType, StructField, StructType
-
-    order_type = rows.schema[ORDER].dataType
-    schema = StructType([StructField(KEY, StringType()), StructField("_dd_partition", StringType()),
-                         StructField("_dd_pos_hi", LongType()), StructField("_dd_pos_lo", LongType()),
-                         StructField(EFFECT, StringType()), StructField("_dd_kept_order", order_type)])
-    chosen = spark.createDataFrame(
-        [(str(k), d.event.position.partition, d.event.position.hi, d.event.position.lo, d.effect.value,
-          d.order.value) for k, d in decisions.items()], schema)
-    picked = rows.join(F.broadcast(chosen), [KEY, *PLACE]).dropDuplicates([KEY])
-    return picked.withColumn(ORDER, F.col("_dd_kept_order")).drop("_dd_kept_order", CHANGE)
 
 
 def merge_clauses(columns: list[str], truncating: bool) -> str:
@@ -147,21 +219,54 @@ def merge_clauses(columns: list[str], truncating: bool) -> str:
     return clauses
 
 
-def prepare(spark, rows, *, pipeline, target: str, tombstones: str, batch: int, run_id: str, now: datetime):
-    """Decide the batch and remember its deletes: (the MERGE's source rows, its clauses, how many keys it
-    changes). Raises TruncateRefused for a truncate the pipeline may not follow."""
-    events_rows = rows.select(KEY, CHANGE, ORDER, *PLACE).collect()
-    events, truncated = events_of(tuple(r) for r in events_rows)
-    if truncated and pipeline.target.on_truncate == "fail":
-        where = next(r[0] for r in events_rows if r[1] == TRUNCATE)
-        raise TruncateRefused(truncate_line(where, pipeline.name))
-    keys = sorted({str(e.key) for e in events})
-    states: dict[Hashable, KeyState] = {}
-    if not truncated:
-        states.update(read_states(spark, target, tombstones, keys))
-    decisions = applied(decide_batch(events, states, now=now, window=pipeline.dedup_window))
-    write_tombstones(spark, tombstones, decisions, rows.schema[ORDER].dataType, batch=batch, run_id=run_id, now=now,
-                     window=pipeline.dedup_window)
-    source = winners(spark, rows, decisions)
-    return source, merge_clauses(source.columns, bool(truncated)), len(decisions)
+def merge_condition(key_range: tuple[str, str] | None, truncating: bool) -> str:
+    """The target MERGE's ON: the key, and the batch's key range for file skipping (not after a truncate,
+    whose MERGE must reach every row to delete the ones not written again)."""
+    cond = f"t.{KEY} = s.{KEY}"
+    if key_range is not None and not truncating:
+        cond += " AND " + key_range_condition(key_range, "t")
+    return cond
 
+
+@dataclass
+class Prepared:
+    """A decided batch: the target MERGE's source (cached: `release` it after the commit), ON and clauses, and
+    how many keys it changes."""
+
+    source: Any
+    condition: str
+    clauses: str
+    changed: int
+
+    def release(self) -> None:
+        self.source.unpersist()
+
+
+def prepare(spark, rows, *, pipeline, target: str, tombstones: str, batch: int, run_id: str,
+            now: datetime) -> Prepared:
+    """Decide the batch and remember its deletes. Raises TruncateRefused for a truncate the pipeline may not
+    follow, before anything is written."""
+    from pyspark.sql import functions as F
+
+    seen = survey(rows)
+    if seen.truncates and pipeline.target.on_truncate == "fail":
+        raise TruncateRefused(truncate_line(seen.truncates[0][0], pipeline.name))
+    truncated = last_truncates(at for _, at in seen.truncates)
+    # After a truncate the table holds nothing the batch's events must be newer than: it is not read.
+    read = not truncated
+    target_rows = spark.read.format("delta").load(target) if read and is_table(spark, target) else None
+    remembered = spark.read.format("delta").load(tombstones) if read and is_table(spark, tombstones) else None
+    decided = decide_frame(rows, target_rows, remembered, now=now, window=pipeline.dedup_window,
+                           truncated=truncated, key_range=seen.key_range).persist()
+    try:
+        counts = decided.agg(F.count(F.lit(1)), F.count(F.when(F.col(EFFECT) == Effect.DELETE.value, 1))).first()
+        changed, deletes = (counts[0], counts[1]) if counts is not None else (0, 0)
+        if deletes:
+            write_tombstones(spark, tombstones, decided, rows.schema[ORDER].dataType, batch=batch, run_id=run_id,
+                             now=now, window=pipeline.dedup_window)
+    except BaseException:
+        decided.unpersist()
+        raise
+    truncating = bool(truncated)
+    return Prepared(decided, merge_condition(seen.key_range, truncating), merge_clauses(decided.columns, truncating),
+                    changed)

@@ -462,20 +462,23 @@ class Drain(abc.ABC, Generic[Detail]):
         s, p = self.summary, self.pipeline
         batch = expected + 1
         try:
-            source, clauses, changed = prepare(self.spark, rows, pipeline=p, target=self.target,
-                                               tombstones=str(self.cfg.tombstones_path(p)), batch=batch,
-                                               run_id=self.run_id, now=datetime.now(UTC))
+            decided = prepare(self.spark, rows, pipeline=p, target=self.target,
+                              tombstones=str(self.cfg.tombstones_path(p)), batch=batch, run_id=self.run_id,
+                              now=datetime.now(UTC))
         except TruncateRefused as exc:
             s.error = str(exc)
             raise DrainError(s.error) from None
-        failpoints.hit("after_tombstones")
-        add_missing_columns(self.spark, self.target, source.drop(EFFECT).schema)  # schema.evolution add_columns
-        meta = commit_metadata(p.name, batch, self.run_id, s.positions, claimed=s.claimed,
-                               dead_lettered=s.dead_lettered, **self.commit_extra)
-        result = commit_batch(self.spark, self.target, pipeline=p.name, expected_batch=expected, run_id=self.run_id,
-                              rows=source, id_field=KEY, window_start=None, metadata=meta,
-                              upsert=(f"t.{KEY} = s.{KEY}", clauses))
-        result.inserted = changed
+        try:
+            failpoints.hit("after_tombstones")
+            add_missing_columns(self.spark, self.target, decided.source.drop(EFFECT).schema)  # schema.evolution
+            meta = commit_metadata(p.name, batch, self.run_id, s.positions, claimed=s.claimed,
+                                   dead_lettered=s.dead_lettered, **self.commit_extra)
+            result = commit_batch(self.spark, self.target, pipeline=p.name, expected_batch=expected,
+                                  run_id=self.run_id, rows=decided.source, id_field=KEY, window_start=None,
+                                  metadata=meta, upsert=(decided.condition, decided.clauses))
+        finally:
+            decided.release()
+        result.inserted = decided.changed
         return result
 
     def _evolve(self, claimed, stats, counts):

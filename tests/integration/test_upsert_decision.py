@@ -1,0 +1,121 @@
+"""Upsert mode's decision in Spark (`apply_upsert.decide_frame`) equals its pure specification
+(`upsert.decide_batch`) on many random batches, decided in one Spark job per case: every trial's keys and
+partitions carry the trial's number, so the trials cannot touch each other. The batches hold keys changed many
+times, deletes and inserts again, redeliveries of what the table holds, older events, null order values, exact
+duplicates, and remembered deletes inside and outside the dedup window; a second case holds truncates."""
+
+from __future__ import annotations
+
+import random
+from datetime import UTC, datetime, timedelta
+
+from deltadrain.formats.changes import DELETE, TRUNCATE, UPSERT
+from deltadrain.run.apply_upsert import decide_frame, events_of, last_truncates, state_of, survey
+from deltadrain.run.upsert import Effect, Order, Position, decide_batch
+
+NOW = datetime(2026, 3, 1, 12, tzinfo=UTC)
+WINDOW = timedelta(days=7)
+EVENTS = "_dd_key string, _dd_change string, _dd_order long, _dd_partition string, _dd_pos_hi long, " \
+         "_dd_pos_lo long, name string"
+ROWS = "_dd_key string, _dd_partition string, _dd_pos_hi long, _dd_pos_lo long, _dd_order long"
+MARKS = f"{ROWS}, _dd_deleted_at timestamp"
+
+
+def value(rng: random.Random):
+    return None if rng.random() < 0.3 else rng.randint(1, 6)
+
+
+def trial(rng: random.Random, t: int, truncates: bool):
+    """One batch: (event rows, the target's rows, the tombstones), in the columns the tables have."""
+    parts = [f"{t}/a", f"{t}/b"]
+    keys = [f"{t}:{k}" for k in range(rng.randint(1, 4))]
+    places = rng.sample([(p, hi, lo) for p in parts for hi in range(1, 16) for lo in (0, 1)], 24)
+    rows, marks, events = [], [], []
+    for key in keys:
+        if rng.random() < 0.5:
+            rows.append((key, *places.pop(), value(rng)))
+        for _ in range(rng.choice((0, 0, 1, 2, 3))):
+            ago = rng.choice((timedelta(hours=1), timedelta(days=6), WINDOW, timedelta(days=8), timedelta(days=30)))
+            marks.append((key, *places.pop(), value(rng), NOW - ago))
+    for _ in range(rng.randint(1, 12)):
+        key = rng.choice(keys)
+        change = DELETE if rng.random() < 0.3 else UPSERT
+        events.append((key, change, value(rng), *places.pop()))
+    held = [r for r in rows if rng.random() < 0.5]  # redeliveries of the events the table holds
+    events += [(r[0], UPSERT, r[4], *r[1:4]) for r in held]
+    events += rng.sample(events, min(2, len(events)))  # a message delivered twice in one batch
+    if truncates:
+        for _ in range(rng.choice((0, 1, 1, 2))):
+            events.append((f"db.public.t{t} at lsn {rng.randint(1, 99)}", TRUNCATE, None, *places.pop()))
+    rng.shuffle(events)
+    return [(*e, f"{e[0]}@{e[3]}:{e[4]}.{e[5]}") for e in events], rows, marks
+
+
+def expected(events, rows, marks) -> dict:
+    """What decide_batch says changes, as (place, effect, kept order value, name) per key."""
+    changes, truncated = events_of(e[:6] for e in events)
+    states = {}
+    if not truncated:
+        held = {r[0]: Order(r[4], Position(*r[1:4])) for r in rows}
+        remembered: dict[str, list] = {}
+        for m in marks:
+            remembered.setdefault(m[0], []).append((Order(m[4], Position(*m[1:4])), m[5]))
+        states = {k: state_of(held.get(k), remembered.get(k, ())) for k in set(held) | set(remembered)}
+    decided = decide_batch(changes, states, now=NOW, window=WINDOW)
+    return {k: ((*d.event.position,), d.effect.value, d.order.value, f"{k}@{d.event.position.partition}:"
+                f"{d.event.position.hi}.{d.event.position.lo}")
+            for k, d in decided.items() if d.effect != Effect.NOTHING}
+
+
+def decided_in_spark(spark, events, rows, marks, *, with_lake: bool) -> dict:
+    frame = spark.createDataFrame(events, EVENTS)
+    seen = survey(frame)
+    truncated = last_truncates(at for _, at in seen.truncates)
+    target = spark.createDataFrame(rows, ROWS) if with_lake else None
+    tombstones = spark.createDataFrame(marks, MARKS) if with_lake else None
+    got = decide_frame(frame, target, tombstones, now=NOW, window=WINDOW, truncated=truncated,
+                       key_range=seen.key_range).collect()
+    assert len(got) == len({r["_dd_key"] for r in got}), "a key decided twice"
+    assert "_dd_change" not in got[0].asDict() if got else True
+    return {r["_dd_key"]: ((r["_dd_partition"], r["_dd_pos_hi"], r["_dd_pos_lo"]), r["_dd_effect"], r["_dd_order"],
+                           r["name"]) for r in got}
+
+
+def batches(seed: int, n: int, truncates: bool):
+    rng = random.Random(seed)
+    events, rows, marks = [], [], []
+    for t in range(n):
+        e, r, m = trial(rng, t, truncates)
+        events += e
+        rows += r
+        marks += m
+    return events, rows, marks
+
+
+def test_the_spark_decision_equals_decide_batch_on_random_batches(spark):
+    events, rows, marks = batches(7, 400, truncates=False)
+    want = expected(events, rows, marks)
+    got = decided_in_spark(spark, events, rows, marks, with_lake=True)
+    assert got == want
+    # The cases the batches must hold for the comparison to mean anything.
+    effects = [w[1] for w in want.values()]
+    assert effects.count("delete") > 20 and effects.count("upsert") > 100
+    assert len(want) < len({e[0] for e in events}) - 50, "too few events that change nothing"
+    assert any(w[2] is None for w in want.values()) and any(w[2] is not None for w in want.values())
+
+
+def test_the_spark_decision_after_a_truncate_equals_decide_batch(spark):
+    """A batch with a truncate is decided without the lake's state, and drops its partition's events up to it."""
+    events, rows, marks = batches(11, 200, truncates=True)
+    by_trial: dict[str, list] = {}
+    for e in events:
+        by_trial.setdefault(e[3].split("/")[0], []).append(e)
+    # decide_batch takes one batch at a time: each trial's truncates reach only its own partitions.
+    want: dict = {}
+    for group in by_trial.values():
+        if any(e[1] == TRUNCATE for e in group):
+            want.update(expected(group, [], []))
+    cut = [e for group in by_trial.values() if any(e[1] == TRUNCATE for e in group) for e in group]
+    got = decided_in_spark(spark, cut, [], [], with_lake=False)
+    assert got == want and len(want) > 50
+    assert len(cut) > len(want) + 100, "too few events a truncate left out"
