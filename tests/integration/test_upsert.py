@@ -10,6 +10,7 @@ import pytest
 from confluent_kafka import Producer
 
 from deltadrain.catchup import drain
+from deltadrain.lake.delta import table_version
 from deltadrain.sources.kafka.client import kafka_client_conf
 from tests.support.kafka import make_kafka_pipeline
 from tests.support.lake import dlq_rows
@@ -57,23 +58,27 @@ def test_entity_states_upsert_newest_per_key_with_tombstones_deletes_and_an_olde
     assert states(spark, c, p) == {1: ("one-5", 5), 2: ("two", 1), 5: ("five again", 2)}
     assert [r.error_type for r in dlq_rows(spark, c, p)] == ["missing_key"]
 
-    # Next batch: an older state of 1 and of 3 (deleted) arrive late, 2 is updated, 2 is deleted by tombstone.
+    # Next batch: an older state of 1 and of 3 (deleted) arrive late, 2 is updated.
     send(1, {"id": 1, "name": "one-2", "version": 2})
     send(3, {"id": 3, "name": "three", "version": 1})
     send(2, {"id": 2, "name": "two-2", "version": 2})
     producer.flush(30)
+    remembered = table_version(str(c.tombstones_path(p)))
+    assert remembered is not None, "the first batch's deletes made no tombstone table"
     s = drain(c, p, spark=spark)
     assert s.outcome == "committed"
+    assert table_version(str(c.tombstones_path(p))) == remembered, "a batch without deletes wrote tombstones"
     got = states(spark, c, p)
     if order_by == "version":  # the late versions are older than what the table holds or remembers
         assert got == {1: ("one-5", 5), 2: ("two-2", 2), 5: ("five again", 2)}
     else:  # by position, a later record is a newer state, whatever its payload says
         assert got == {1: ("one-2", 2), 2: ("two-2", 2), 3: ("three", 1), 5: ("five again", 2)}
-    # The same batch redelivered (a drain killed after its commit, before the group commit) changes nothing.
+    # 2 deleted by tombstone: remembered in a commit of the tombstone table.
     send(2, None)
     producer.flush(30)
     assert drain(c, p, spark=spark).outcome == "committed"
     assert 2 not in states(spark, c, p)
+    assert table_version(str(c.tombstones_path(p))) == remembered + 1
 
 
 @pytest.mark.usefixtures("valkey_server")

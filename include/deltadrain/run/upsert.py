@@ -1,6 +1,7 @@
 """Upsert mode's decisions (`target.mode: upsert`, invariant 2): each key once, in the state of its newest
-event. Pure: no Spark, no I/O; the drain gives each batch's events and what the table holds for their keys,
-and stores what `decide` says (docs/cdc.md, "Upsert decisions").
+event. Pure: no Spark, no I/O. This is the specification: the drain makes the same decisions in Spark
+(`deltadrain.run.apply_upsert.decide_frame`, held equal to `decide_batch` by a test on random batches), so that
+no batch's rows go to the driver (docs/cdc.md, "Upsert decisions").
 
 The rules:
 - **Order.** An event's order is its `Order`: the `target.order_by` column's value, then its source
