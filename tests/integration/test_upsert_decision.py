@@ -10,7 +10,16 @@ import random
 from datetime import UTC, datetime, timedelta
 
 from deltadrain.formats.changes import DELETE, TRUNCATE, UPSERT
-from deltadrain.run.apply_upsert import decide_frame, events_of, last_truncates, state_of, survey
+from deltadrain.lake.delta import ensure_table
+from deltadrain.run.apply_upsert import (
+    decide_frame,
+    events_of,
+    expire_tombstones,
+    last_truncates,
+    state_of,
+    survey,
+    tombstone_schema,
+)
 from deltadrain.run.upsert import Effect, Order, Position, decide_batch
 
 NOW = datetime(2026, 3, 1, 12, tzinfo=UTC)
@@ -119,3 +128,18 @@ def test_the_spark_decision_after_a_truncate_equals_decide_batch(spark):
     got = decided_in_spark(spark, cut, [], [], with_lake=False)
     assert got == want and len(want) > 50
     assert len(cut) > len(want) + 100, "too few events a truncate left out"
+
+
+def test_tombstones_older_than_two_windows_are_dropped_and_the_rest_kept(spark, tmp_path):
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import LongType
+
+    path = str(tmp_path / "tombstones")
+    ensure_table(spark, path, tombstone_schema(LongType()))
+    ages = {"new": timedelta(hours=1), "one window": WINDOW + timedelta(days=1), "two windows": 2 * WINDOW,
+            "older": 2 * WINDOW + timedelta(seconds=1)}
+    spark.createDataFrame([(k, "0", i, 0, None, NOW - age, 1, "run") for i, (k, age) in enumerate(ages.items())],
+                          tombstone_schema(LongType())).write.format("delta").mode("append").save(path)
+    expire_tombstones(spark, path, now=NOW, window=WINDOW)
+    left = {r[0] for r in spark.read.format("delta").load(path).select(F.col("_dd_key")).collect()}
+    assert left == {"new", "one window", "two windows"}

@@ -13,9 +13,9 @@ Delta's file skipping) gives its effect. Only a few counts come back to the driv
 The deletes a batch applies are MERGEd into the tombstone table before the target's commit, insert-only on (key,
 partition, position), as dead letters are: a run killed after it and before the target's commit only repeats it,
 and the retry still deletes the row (`upsert.effect`: a delete applies when newer than the live row, even when it
-is already remembered). A batch without deletes writes no tombstone commit. The same MERGE drops the tombstones
-remembered longer than twice `dedup_window`, so the table stays small (`upsert.decide` forgets them after one
-window whatever the table keeps). The decisions are cached before the two MERGEs, so both apply the same ones.
+is already remembered). A batch without deletes writes no tombstone commit. Every EXPIRE_EVERY batches a DELETE
+drops the tombstones remembered longer than twice `dedup_window`, so the table stays small (`upsert.decide`
+forgets them after one window whatever the table keeps). The decisions are cached before the two MERGEs, so both apply the same ones.
 """
 
 from __future__ import annotations
@@ -27,7 +27,15 @@ from typing import Any, NamedTuple
 
 from deltadrain.formats.changes import CHANGE, DELETE, KEY, ORDER, TRUNCATE
 from deltadrain.formats.debezium import truncate_line
-from deltadrain.lake.delta import ensure_table, is_table, merge_into, retry_conflicts, sql_literal, sql_name
+from deltadrain.lake.delta import (
+    ensure_table,
+    is_table,
+    merge_into,
+    retry_conflicts,
+    sql_literal,
+    sql_name,
+    table_ref,
+)
 from deltadrain.run.upsert import Effect, Event, KeyState, Order, Position, newer
 
 EFFECT = "_dd_effect"
@@ -37,6 +45,8 @@ EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 # The decision's working columns: the order of the key's live row, and of its newest remembered delete.
 ROW, MARK = "_dd_row", "_dd_mark"
 KEPT = "_dd_kept_order"
+# Every this many batches the tombstones remembered longer than twice dedup_window are dropped.
+EXPIRE_EVERY = 32
 
 
 class TruncateRefused(Exception):
@@ -185,10 +195,9 @@ def decide_frame(events, target=None, tombstones=None, *, now: datetime, window:
     return best.select(*columns, effect.alias(EFFECT)).filter(F.col(EFFECT).isNotNull())
 
 
-def write_tombstones(spark, path: str, decided, order_type, *, batch: int, run_id: str, now: datetime,
-                     window: timedelta) -> None:
-    """Remember the batch's deletes (`decided`'s rows whose effect is delete; insert-only on key and place), and
-    forget those older than two windows."""
+def write_tombstones(spark, path: str, decided, order_type, *, batch: int, run_id: str, now: datetime) -> None:
+    """Remember the batch's deletes (`decided`'s rows whose effect is delete), insert-only on key and place:
+    Delta then appends the new ones without rewriting any file."""
     from pyspark.sql import functions as F
 
     ensure_table(spark, path, tombstone_schema(order_type))
@@ -197,11 +206,14 @@ def write_tombstones(spark, path: str, decided, order_type, *, batch: int, run_i
                       F.lit(now).cast("timestamp").alias(DELETED_AT), F.lit(batch).cast("long").alias("_dd_batch"),
                       F.lit(run_id).alias("_dd_run_id")))
     on = " AND ".join(f"d.{c} = s.{c}" for c in (KEY, *PLACE))
+    retry_conflicts(lambda: merge_into(spark, path, source, on, "WHEN NOT MATCHED THEN INSERT *", alias="d"))
+
+
+def expire_tombstones(spark, path: str, *, now: datetime, window: timedelta) -> None:
+    """Drop the deletes remembered longer than twice `window` (`upsert.decide` forgets them after one, so
+    when they go changes nothing). Delta skips the files whose `_dd_deleted_at` are all newer."""
     cutoff = sql_literal(now - 2 * window)
-    retry_conflicts(lambda: merge_into(
-        spark, path, source, on,
-        f"WHEN NOT MATCHED THEN INSERT * WHEN NOT MATCHED BY SOURCE AND d.{DELETED_AT} < {cutoff} THEN DELETE",
-        alias="d"))
+    retry_conflicts(lambda: spark.sql(f"DELETE FROM {table_ref(path)} WHERE {DELETED_AT} < {cutoff}"))  # noqa: S608
 
 
 def merge_clauses(columns: list[str], truncating: bool) -> str:
@@ -263,7 +275,9 @@ def prepare(spark, rows, *, pipeline, target: str, tombstones: str, batch: int, 
         changed, deletes = (counts[0], counts[1]) if counts is not None else (0, 0)
         if deletes:
             write_tombstones(spark, tombstones, decided, rows.schema[ORDER].dataType, batch=batch, run_id=run_id,
-                             now=now, window=pipeline.dedup_window)
+                             now=now)
+        if batch % EXPIRE_EVERY == 0 and remembered is not None:
+            expire_tombstones(spark, tombstones, now=now, window=pipeline.dedup_window)
     except BaseException:
         decided.unpersist()
         raise
