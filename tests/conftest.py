@@ -49,6 +49,19 @@ def pytest_sessionfinish(session, exitstatus):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
+# Files whose tests take minutes each go first. pytest-xdist hands each worker a contiguous share of the
+# collection, and an idle worker takes work from the end of the longest queue: one of these left where the
+# alphabet puts it starts late and holds the run open alone (docs/testing.md, "Where the time goes").
+# Files stay whole, so a module's fixtures are set up once per worker that runs it.
+START_FIRST = tuple(f"integration/{name}.py" for name in (
+    "test_airflow_e2e", "test_s3_cluster", "test_avro_payloads", "test_view", "test_cdc"))
+
+
+def pytest_collection_modifyitems(config, items):
+    first = {ROOT / "tests" / name: rank for rank, name in enumerate(START_FIRST)}
+    items.sort(key=lambda item: first.get(item.path, len(START_FIRST)))  # stable: the rest keep their order
+
+
 def pytest_configure(config):
     # Set before anything reads them; subprocesses (CLI, spark-submit, Airflow) inherit them.
     home = Path(tempfile.mkdtemp(prefix="deltadrain-test-"))
