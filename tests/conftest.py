@@ -1,7 +1,7 @@
 """Session fixtures: real embedded Valkey, Kafka and Spark Connect server, a real Spark session, an
 isolated state home.
 
-Every test session, and every pytest-xdist worker of one (`make test` runs two), gets its own
+Every test session, and every pytest-xdist worker of one (`make test` runs three), gets its own
 DELTADRAIN_HOME, free ports and Airflow DB, so a developer's running demo services are never touched
 and two sessions or workers never collide.
 """
