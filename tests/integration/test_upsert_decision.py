@@ -11,16 +11,8 @@ from datetime import UTC, datetime, timedelta
 
 from deltadrain.formats.changes import DELETE, TRUNCATE, UPSERT
 from deltadrain.lake.delta import ensure_table
-from deltadrain.run.apply_upsert import (
-    decide_frame,
-    events_of,
-    expire_tombstones,
-    last_truncates,
-    state_of,
-    survey,
-    tombstone_schema,
-)
-from deltadrain.run.upsert import Effect, Order, Position, decide_batch
+from deltadrain.run.apply_upsert import decide_frame, expire_tombstones, survey, tombstone_schema
+from deltadrain.run.upsert import Effect, Order, Position, decide_batch, events_of, last_truncates, state_of
 
 NOW = datetime(2026, 3, 1, 12, tzinfo=UTC)
 WINDOW = timedelta(days=7)

@@ -1,4 +1,4 @@
-"""Upsert mode's decoding (deltadrain.formats.changes) and the commit's pure parts (deltadrain.run.apply_upsert):
+"""Upsert mode's decoding (deltadrain.formats.changes) and the commit's pure parts (deltadrain.run.upsert, deltadrain.run.apply_upsert):
 keys as one text of typed values, tombstones, delete_when, Debezium's envelope and logical types, dead letters
 with their reasons, truncates, and which events a batch's decisions keep."""
 
@@ -13,8 +13,8 @@ import pyarrow as pa
 import pytest
 
 from deltadrain.formats.changes import DELETE, TRUNCATE, UPSERT, UpsertDecoder, UpsertSpec
-from deltadrain.run.apply_upsert import events_of, merge_clauses, state_of
-from deltadrain.run.upsert import Effect, Order, Position, decide_batch
+from deltadrain.run.apply_upsert import merge_clauses
+from deltadrain.run.upsert import Effect, Order, Position, decide_batch, events_of, state_of
 
 FIELDS = {"id": "long", "name": "string", "version": "long", "gone": "boolean", "price": "decimal(18,2)",
           "at": "timestamp"}

@@ -20,7 +20,7 @@ forgets them after one window whatever the table keeps). The decisions are cache
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
@@ -36,7 +36,7 @@ from deltadrain.lake.delta import (
     sql_name,
     table_ref,
 )
-from deltadrain.run.upsert import Effect, Event, KeyState, Order, Position, newer
+from deltadrain.run.upsert import Effect, Position, last_truncates
 
 EFFECT = "_dd_effect"
 PLACE = ("_dd_partition", "_dd_pos_hi", "_dd_pos_lo")
@@ -51,40 +51,6 @@ EXPIRE_EVERY = 32
 
 class TruncateRefused(Exception):
     """A batch holds a truncate and the pipeline's target.on_truncate is fail: the message is the one line."""
-
-
-def last_truncates(places: Iterable[Position]) -> dict[str, Position]:
-    """Each partition's newest truncate, of the places of a batch's truncates."""
-    truncated: dict[str, Position] = {}
-    for at in places:
-        if at.partition not in truncated or at > truncated[at.partition]:
-            truncated[at.partition] = at
-    return truncated
-
-
-def events_of(rows: Iterable[tuple]) -> tuple[list[Event], dict[str, Position]]:
-    """(key, change, order value, partition, pos_hi, pos_lo) rows -> (the row changes as upsert Events, each
-    partition's newest truncate). A partition's events at or before its truncate are left out: the truncate
-    emptied the table after them. The pure form of what `decide_frame` reads from a batch."""
-    rows = list(rows)
-    truncated = last_truncates(Position(part, hi, lo) for _k, change, _, part, hi, lo in rows if change == TRUNCATE)
-    events = []
-    for key, change, value, part, hi, lo in rows:
-        at = Position(part, hi, lo)
-        if change == TRUNCATE or (part in truncated and at <= truncated[part]):
-            continue
-        events.append(Event(key, at, delete=change == DELETE, value=value))
-    return events, truncated
-
-
-def state_of(row: Order | None, tombstones: Iterable[tuple[Order, datetime | None]]) -> KeyState:
-    """A key's KeyState from its live row's order and its remembered deletes (the newest counts): what
-    `decide_frame` reads from the lake, in pure form."""
-    deleted, at = None, None
-    for order, when in tombstones:
-        if newer(order, deleted):
-            deleted, at = order, when
-    return KeyState(row=row, deleted=deleted, deleted_at=at)
 
 
 def tombstone_schema(order_type) -> object:
@@ -145,7 +111,7 @@ def decide_frame(events, target=None, tombstones=None, *, now: datetime, window:
     """`upsert.decide_batch` in Spark. `events`: the batch's rows (KEY, CHANGE, ORDER, *PLACE and any others,
     kept); `target`: the target's rows (KEY, *PLACE, ORDER), `tombstones`: the remembered deletes (KEY, *PLACE,
     ORDER, DELETED_AT), each None when there is no such table; `truncated`: each partition's newest truncate,
-    whose partition's events at or before it are left out (`events_of`). -> each key's newest row when it
+    whose partition's events at or before it are left out (`upsert.events_of`). -> each key's newest row when it
     changes the table: the rows' columns without CHANGE, ORDER the value it is kept with, EFFECT."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F

@@ -29,8 +29,8 @@ the target**, like the DLQ table, and only live rows in the target.
   when its own column is null). `KeyState.row` is read from them.
 - The tombstone table holds one row per delete that applied: key text, order (value and position) and
   `deleted_at`, MERGEd insert-only on (partition, position) before the target's commit, as dead letters
-  are. `KeyState.deleted` is the key's newest; tombstones older than `dedup_window` are deleted by
-  maintenance.
+  are. `KeyState.deleted` is the key's newest; the drain deletes tombstones older than twice
+  `dedup_window` every few batches.
 Why: readers of the target (Spark or any other Delta reader) then see exactly the mirror, with no view to
 go through and no filter to forget; deleted keys do not grow the target or its MERGE; expiring them is a
 DELETE on a small table that never conflicts with the drain's commits. The two commits are safe because
@@ -49,6 +49,7 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any, NamedTuple
 
+from deltadrain.formats.changes import DELETE, TRUNCATE
 from deltadrain.positions import StreamId
 
 
@@ -208,3 +209,37 @@ def after(state: KeyState | None, decision: Decision, *, now: datetime) -> KeySt
     if newer(decision.order, state.deleted):
         return KeyState(deleted=decision.order, deleted_at=now)
     return replace(state, row=None)
+
+
+def last_truncates(places: Iterable[Position]) -> dict[str, Position]:
+    """Each partition's newest truncate, of the places of a batch's truncates."""
+    truncated: dict[str, Position] = {}
+    for at in places:
+        if at.partition not in truncated or at > truncated[at.partition]:
+            truncated[at.partition] = at
+    return truncated
+
+
+def events_of(rows: Iterable[tuple]) -> tuple[list[Event], dict[str, Position]]:
+    """(key, change, order value, partition, pos_hi, pos_lo) rows -> (the row changes as upsert Events, each
+    partition's newest truncate). A partition's events at or before its truncate are left out: the truncate
+    emptied the table after them. The pure form of what `apply_upsert.decide_frame` reads from a batch."""
+    rows = list(rows)
+    truncated = last_truncates(Position(part, hi, lo) for _k, change, _, part, hi, lo in rows if change == TRUNCATE)
+    events = []
+    for key, change, value, part, hi, lo in rows:
+        at = Position(part, hi, lo)
+        if change == TRUNCATE or (part in truncated and at <= truncated[part]):
+            continue
+        events.append(Event(key, at, delete=change == DELETE, value=value))
+    return events, truncated
+
+
+def state_of(row: Order | None, tombstones: Iterable[tuple[Order, datetime | None]]) -> KeyState:
+    """A key's KeyState from its live row's order and its remembered deletes (the newest counts): what
+    `apply_upsert.decide_frame` reads from the lake, in pure form."""
+    deleted, at = None, None
+    for order, when in tombstones:
+        if newer(order, deleted):
+            deleted, at = order, when
+    return KeyState(row=row, deleted=deleted, deleted_at=at)
