@@ -18,6 +18,9 @@ import urllib.request
 from pathlib import Path
 
 CHROMIUM = ("chromium", "chromium-browser", "google-chrome")
+# What DevTools answers an evaluation that a navigation overtook: the page it ran in is gone, so a poll asks again.
+NAVIGATED = ("Inspected target navigated or closed", "Execution context was destroyed",
+             "Cannot find context with specified id")
 
 
 def chromium_binary() -> str:
@@ -31,6 +34,10 @@ def artefacts_dir(tmp_path: Path, test_name: str) -> Path:
     out = Path(root) / test_name if root else tmp_path / "screenshots"
     out.mkdir(parents=True, exist_ok=True)
     return out
+
+
+class DevToolsError(AssertionError):
+    """A DevTools command answered with an error."""
 
 
 class Browser:
@@ -77,7 +84,8 @@ class Browser:
         while True:
             msg = json.loads(self.ws.recv(timeout=max(deadline - time.monotonic(), 0.1)))
             if msg.get("id") == self.n:
-                assert "error" not in msg, f"{method}: {msg['error']}"
+                if "error" in msg:
+                    raise DevToolsError(f"{method}: {msg['error']}")
                 return msg.get("result", {})
             self.events.append(msg)
 
@@ -91,8 +99,13 @@ class Browser:
         deadline = time.monotonic() + timeout
         while True:
             # A DOM node (of any frame) is not sent back by value: only whether there is one.
-            value = self.evaluate(f"(() => {{ const v = ({expression}); "
-                                  "return v && typeof v === 'object' && 'nodeType' in v ? true : v; })()")
+            try:
+                value = self.evaluate(f"(() => {{ const v = ({expression}); "
+                                      "return v && typeof v === 'object' && 'nodeType' in v ? true : v; })()")
+            except DevToolsError as e:
+                if not any(m in str(e) for m in NAVIGATED):
+                    raise
+                value = None
             if value:
                 return value
             assert time.monotonic() < deadline, f"waited {timeout} s for {what or expression}"
