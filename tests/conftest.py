@@ -49,17 +49,21 @@ def pytest_sessionfinish(session, exitstatus):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
-# Files whose tests take minutes each go first. pytest-xdist hands each worker a contiguous share of the
-# collection, and an idle worker takes work from the end of the longest queue: one of these left where the
-# alphabet puts it starts late and holds the run open alone (docs/testing.md, "Where the time goes").
-# Files stay whole, so a module's fixtures are set up once per worker that runs it.
-START_FIRST = tuple(f"integration/{name}.py" for name in (
-    "test_airflow_e2e", "test_s3_cluster", "test_avro_payloads", "test_view", "test_cdc"))
+# Files whose tests take minutes each, with their seconds on a quiet 2-core machine (docs/testing.md, "Where
+# the time goes"): each worker's share of the collection starts with some of them (tests/support/ordering.py).
+# One left where the alphabet puts it starts late and holds the run open alone.
+LONG_FILES = {"integration/test_airflow_e2e.py": 480, "integration/test_s3_cluster.py": 440,
+              "integration/test_avro_payloads.py": 190, "integration/test_cdc.py": 170,
+              "integration/test_view.py": 160}
 
 
 def pytest_collection_modifyitems(config, items):
-    first = {ROOT / "tests" / name: rank for rank, name in enumerate(START_FIRST)}
-    items.sort(key=lambda item: first.get(item.path, len(START_FIRST)))  # stable: the rest keep their order
+    from tests.support.ordering import long_first
+
+    # pytest-xdist sets the count in each worker; every worker must compute the same order.
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    items[:] = long_first(items, lambda item: item.path.relative_to(ROOT / "tests").as_posix(), LONG_FILES,
+                          workers)
 
 
 def pytest_configure(config):
