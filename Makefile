@@ -4,6 +4,9 @@ VENV  := .venv
 BIN   := $(VENV)/bin
 STAMP := $(VENV)/.installed
 JARS  := .cache/jars
+# mypy's cache of what it inferred, per user: a fresh clone re-checks only the files that differ from what
+# it last checked (its cache compares contents), ~2 s instead of ~30 s of CPU.
+export MYPY_CACHE_DIR ?= $(HOME)/.cache/deltadrain/mypy
 SPARK_MODULES := jvm/logstore/pom.xml $(wildcard jvm/logstore/src/main/java/dev/deltadrain/storage/*.java) \
              jvm/connect/pom.xml $(wildcard jvm/connect/src/main/java/dev/deltadrain/connect/*.java)
 S3_LOG_STORE := jvm/s3logstore/pom.xml $(wildcard jvm/s3logstore/src/main/java/dev/deltadrain/storage/*.java)
