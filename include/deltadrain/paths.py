@@ -67,6 +67,15 @@ def jar_cache() -> Path:
     return _env_path("DELTADRAIN_JARS", PROJECT_ROOT / ".cache" / "jars")
 
 
+def jar_store() -> Path | None:
+    """Where finished jar caches are kept per user by the hash of what made them, so that another clone
+    of the same poms links them instead of running Maven again; None when DELTADRAIN_JAR_STORE is `off`."""
+    if os.environ.get("DELTADRAIN_JAR_STORE", "").strip().lower() == "off":
+        return None
+    cache_home = _env_path("XDG_CACHE_HOME", Path.home() / ".cache")
+    return _env_path("DELTADRAIN_JAR_STORE", cache_home / "deltadrain" / "jar-store")
+
+
 def config_path() -> Path:
     """The pipeline config the CLI, DAGs and Spark jobs read unless told otherwise."""
     return _env_path("DELTADRAIN_CONFIG", DEFAULT_CONFIG)

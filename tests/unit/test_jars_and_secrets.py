@@ -246,3 +246,57 @@ def test_a_failing_maven_says_why(monkeypatch, tmp_path):
     monkeypatch.setenv("JAVA_HOME", str(tmp_path))
     with pytest.raises(PrerequisiteError, match="JAVA_HOME"):
         jars._mvn(["-v"], quiet=True)
+
+
+@pytest.fixture
+def jvm_tree(tmp_path, monkeypatch):
+    """A jvm/ folder of one kind (s3: nothing built into it) and an empty jar cache and store."""
+    root = tmp_path / "jvm"
+    (root / "s3").mkdir(parents=True)
+    (root / "s3" / "pom.xml").write_text("<project>one</project>")
+    monkeypatch.setattr(jars, "jvm_dir", lambda: root)
+    monkeypatch.setenv("DELTADRAIN_JARS", str(tmp_path / "cache"))
+    monkeypatch.setenv("DELTADRAIN_JAR_STORE", str(tmp_path / "store"))
+    return root
+
+
+def test_the_store_key_follows_the_inputs_and_nothing_else(jvm_tree):
+    key = jars.store_key("s3")
+    assert jars.store_key("s3") == key
+    (jvm_tree / "s3" / "target").mkdir()
+    (jvm_tree / "s3" / "target" / "classes.txt").write_text("a build's output")  # not an input
+    assert jars.store_key("s3") == key
+    (jvm_tree / "s3" / "pom.xml").write_text("<project>two</project>")
+    assert jars.store_key("s3") != key
+
+
+def test_a_second_clone_links_the_jars_from_the_store_without_maven(jvm_tree, tmp_path, monkeypatch):
+    built = []
+
+    def build(kind, target, *, quiet):
+        built.append(kind)
+        target.mkdir(exist_ok=True)
+        (target / "s3proxy-2.jar").write_bytes(b"jar")
+        (target / ".complete").write_text("s3proxy-2.jar\n")
+        return target
+
+    monkeypatch.setattr(jars, "_build", build)
+    first = jars.fetch("s3")
+    assert built == ["s3"] and (first / "s3proxy-2.jar").read_bytes() == b"jar"
+    # Another clone: its own cache, the same inputs.
+    monkeypatch.setenv("DELTADRAIN_JARS", str(tmp_path / "clone2"))
+    second = jars.fetch("s3")
+    assert built == ["s3"] and second != first
+    assert (second / "s3proxy-2.jar").stat().st_ino == (first / "s3proxy-2.jar").stat().st_ino  # linked
+    assert jars.classpath("s3") == [second / "s3proxy-2.jar"]
+    # Changed inputs, or an entry missing a jar, are built again; and with the store off, always.
+    (jvm_tree / "s3" / "pom.xml").write_text("<project>two</project>")
+    jars.fetch("s3")
+    assert built == ["s3", "s3"]
+    entry = tmp_path / "store" / f"s3-{jars.store_key('s3')}"
+    (entry / "s3proxy-2.jar").unlink()
+    jars.fetch("s3")
+    assert built == ["s3", "s3", "s3"] and (entry / "s3proxy-2.jar").exists()
+    monkeypatch.setenv("DELTADRAIN_JAR_STORE", "off")
+    jars.fetch("s3")
+    assert built == ["s3", "s3", "s3", "s3"]

@@ -10,18 +10,25 @@ on S3, so the local sessions and their class-data archive stay as they are).
 
 Spark sessions, spark-submit and the Kafka broker only ever read this cache; nothing is resolved
 at job run time (no --packages, no Ivy), so a job never depends on a registry being reachable.
+
+A kind's finished cache is also kept in a per-user store (`paths.jar_store`), under the hash of
+everything that made it (its pom, the sources of the modules built into it, the jars pyspark ships, the
+JDK): a fresh clone of the same tree hard-links it from there instead of running Maven again.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
 from deltadrain.errors import PrerequisiteError
-from deltadrain.paths import jar_cache, jvm_dir
+from deltadrain.paths import jar_cache, jar_store, jvm_dir
 
 KINDS = ("spark", "kafka", "debezium", "s3", "s3a", "registry")
 FIX = "make jars"
@@ -91,21 +98,101 @@ def build_module(out_dir: Path, *, quiet: bool = True, module: str = "logstore",
         return Path(shutil.move(str(jar), out_dir / jar.name))
 
 
+def _inputs(kind: str) -> list[Path]:
+    """The files a kind's cache is made from: its jvm/ folder and those of the modules built into it."""
+    folders = [jvm_dir() / kind, *(jvm_dir() / module for module, _ in _BUILT.get(kind, ()))]
+    return sorted(f for folder in folders for f in folder.rglob("*")
+                  if f.is_file() and "target" not in f.relative_to(folder).parts)
+
+
+def store_key(kind: str) -> str:
+    """The hash of everything a kind's cache depends on: its inputs' paths and contents, the jars pyspark
+    already ships (those are left out of the spark and s3a kinds), and the JDK that compiles the modules."""
+    digest = hashlib.sha256(f"{kind}\0".encode())
+    for f in _inputs(kind):
+        digest.update(f"{f.relative_to(jvm_dir())}\0".encode() + f.read_bytes() + b"\0")
+    if kind in _ON_SPARK:
+        digest.update(" ".join(sorted(p.name for p in pyspark_jars_dir().glob("*.jar"))).encode())
+    from deltadrain.runtime.java import java_binary
+
+    try:
+        release = Path(java_binary()).resolve().parent.parent / "release"
+        digest.update(release.read_bytes() if release.exists() else b"a JDK without its release file")
+    except PrerequisiteError:
+        digest.update(b"no JDK")  # Maven then fails and says so
+    return digest.hexdigest()[:24]
+
+
+def _link_tree(source: Path, target: Path) -> None:
+    """`source` copied to `target` as hard links (a copy where the two are on different file systems)."""
+    def link(src: str, dst: str) -> None:
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copy2(src, dst)
+
+    shutil.copytree(source, target, copy_function=link, symlinks=True)
+
+
+def _from_store(kind: str, target: Path) -> bool:
+    """Fill `target` from the store's entry for this kind's inputs, if it has a finished one."""
+    store = jar_store()
+    entry = store / f"{kind}-{store_key(kind)}" if store is not None else None
+    if entry is None or not (entry / _MARKER).exists():
+        return False
+    if not all((entry / name).exists() for name in (entry / _MARKER).read_text().split()):
+        return False  # an entry someone pruned: built again, and kept again by `_to_store`
+    with tempfile.TemporaryDirectory(dir=target.parent) as staging:
+        _link_tree(entry, Path(staging) / kind)
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(Path(staging) / kind, target)
+    return True
+
+
+def _to_store(kind: str, target: Path) -> None:
+    """Keep a finished cache in the store. A store that cannot be written only costs the next clone a build."""
+    store = jar_store()
+    if store is None:
+        return
+    entry = store / f"{kind}-{store_key(kind)}"
+    try:
+        store.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=store) as staging:
+            _link_tree(target, Path(staging) / kind)
+            if entry.exists():
+                shutil.rmtree(entry)  # an incomplete one (`_from_store` passed it over)
+            os.replace(Path(staging) / kind, entry)
+    except OSError as exc:
+        print(f"deltadrain jars: could not keep the {kind} jars in {store} ({exc}); the next clone builds them again",
+              file=sys.stderr)
+
+
 def fetch(kind: str, *, quiet: bool = True) -> Path:
     """Fill the cache for `kind` from its pom (jvm/<kind>/pom.xml), plus what `_BUILT` builds for it:
     for spark the log store (jvm/logstore) and the Connect server's entry point (jvm/connect), for s3a
-    the S3 log store (jvm/s3logstore). Idempotent."""
+    the S3 log store (jvm/s3logstore); or link it from the per-user store when the same inputs made one
+    before. Idempotent."""
     if kind not in KINDS:
         raise ValueError(f"unknown jar kind {kind!r}; expected one of {KINDS}")
+    target = jar_cache() / kind
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if _from_store(kind, target):
+        return target
+    built = _build(kind, target, quiet=quiet)
+    _to_store(kind, built)
+    return built
+
+
+def _build(kind: str, target: Path, *, quiet: bool) -> Path:
+    """The kind's cache made with Maven into `target`, replacing what was there only once it succeeded."""
     if shutil.which("mvn") is None:
         raise PrerequisiteError(
             "Maven (mvn) is not on PATH; it fetches the Delta, Spark-Kafka, Kafka broker, S3 server and "
             "hadoop-aws jars and builds deltadrain's Delta log stores. "
             "Install it (Debian: `apt-get install -y maven`), then run `make jars`."
         )
-    target = jar_cache() / kind
     pom = jvm_dir() / kind / "pom.xml"
-    target.parent.mkdir(parents=True, exist_ok=True)
     if kind == "registry":
         return build_registry(target, pom, quiet=quiet)
     with tempfile.TemporaryDirectory(dir=target.parent) as staging:
