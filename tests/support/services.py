@@ -30,13 +30,10 @@ def cli(env: dict, *args: str, timeout: int = 300) -> subprocess.CompletedProces
 
 
 def up_unwarmed(env: dict, *names: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    """`deltadrain services up --only NAMES` in `env`, but a Spark Connect server it starts is not warmed
-    up: for a test whose own drains are the server's first batches anyway (the warm-up itself is
+    """`deltadrain services up --only NAMES --no-warm-up --json` in `env`: a Spark Connect server it starts is
+    not warmed up, for a test whose own drains are the server's first batches anyway (the warm-up itself is
     test_spark_connect's). Its rows as JSON on stdout."""
-    code = ("import json, sys\nfrom deltadrain.config import load_config\nfrom deltadrain.dev import services\n"
-            "print(json.dumps(services.up(load_config(), sys.argv[1].split(','), warm=False), default=str))")
-    return subprocess.run([sys.executable, "-c", code, ",".join(names)], capture_output=True, text=True, env=env,
-                          timeout=timeout, cwd=ROOT)
+    return cli(env, "services", "up", "--only", ",".join(names), "--no-warm-up", "--json", timeout=timeout)
 
 
 def processes_under(home: Path) -> list[str]:

@@ -314,3 +314,14 @@ def test_status_names_the_batches_that_changed_the_tables_schema(monkeypatch, ca
         {"batch": 2, "table_version": 3, "at": None, "added_columns": {"coupon": "string", "score": "double"},
          "widened_columns": {"quantity": "int -> long"}}])
     assert "  schema: batch 2 (table version 3) added coupon string, added score double, widened quantity int -> long\n" in out
+
+
+@pytest.mark.parametrize(("flag", "warm"), [([], True), (["--no-warm-up"], False)])
+def test_services_up_warms_a_connect_server_it_starts_unless_told_not_to(flag, warm, monkeypatch, capsys):
+    from deltadrain.cli import main
+    from deltadrain.dev import services
+
+    calls = []
+    monkeypatch.setattr(services, "up", lambda cfg, only, *, warm: calls.append((only, warm)) or [])
+    assert main(["services", "up", "--only", "spark_connect", *flag, "--json"]) == 0
+    assert calls == [(["spark_connect"], warm)]

@@ -58,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--only", help="subset of valkey,valkey_tls,valkey_cluster,kafka,postgres,debezium,s3,registry,"
                                   "spark_cluster,spark_connect,airflow (default: all but postgres, debezium, s3 unless data_dir"
                                   " is s3a://, registry unless a pipeline's schema.registry.url is the embedded one's; down: all)")
+    p.add_argument("--no-warm-up", action="store_true",
+                   help="up: leave a Spark Connect server it starts cold (its first batches then pay what the "
+                        "warm-up would have cost at start)")
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("pools", help="create or update the Airflow pool of every pipeline (after adding one); "

@@ -20,8 +20,10 @@ def _services(args) -> int:
 
     cfg = load_config(args.config)
     only = args.only.split(",") if args.only else None
-    action = {"up": services.up, "down": services.down, "status": services.status}[args.action]
-    rows = action(cfg, only)
+    if args.action == "up":
+        rows = services.up(cfg, only, warm=not args.no_warm_up)
+    else:
+        rows = {"down": services.down, "status": services.status}[args.action](cfg, only)
     _print(rows, args.json)
     if args.action == "up" and not args.json and "airflow" in services.select(only, cfg):
         from deltadrain.config.embedded import airflow_login, airflow_password_file, ports
