@@ -66,6 +66,11 @@ def pytest_collection_modifyitems(config, items):
                           workers)
 
 
+# Every driver the suite starts collects with the throughput collector: G1's concurrent marking and write
+# barriers cost more CPU than they buy on heaps this small (bench/suite_jvms/README.md, "Garbage collector").
+TEST_GC = os.environ.get("DELTADRAIN_TEST_GC", "-XX:+UseParallelGC")
+
+
 def pytest_configure(config):
     # Set before anything reads them; subprocesses (CLI, spark-submit, Airflow) inherit them.
     home = Path(tempfile.mkdtemp(prefix="deltadrain-test-"))
@@ -78,8 +83,8 @@ def pytest_configure(config):
     # The suite starts a driver JVM per CLI drain, spark-submit and DAG run, each living seconds: C1
     # only spends ~30% less CPU on them, and the suite is CPU-bound on two cores
     # (bench/suite_jvms/README.md).
-    # The session's own Spark JVM keeps the default (the `spark` fixture).
-    os.environ.setdefault("DELTADRAIN_DRIVER_JAVA_OPTIONS", "-XX:TieredStopAtLevel=1")
+    # The session's own Spark JVM and the worker's Connect server keep the default JIT (their fixtures).
+    os.environ.setdefault("DELTADRAIN_DRIVER_JAVA_OPTIONS", f"-XX:TieredStopAtLevel=1 {TEST_GC}")
     # Airflow reads its settings when first imported: point it at this session's own home and DB
     # (the same environment the embedded `airflow standalone` gets).
     from deltadrain.config import load_config
@@ -137,7 +142,7 @@ def _start_connect_server(cfg) -> None:
     from deltadrain.dev import services
 
     with pytest.MonkeyPatch.context() as env:
-        env.delenv("DELTADRAIN_DRIVER_JAVA_OPTIONS", raising=False)
+        env.setenv("DELTADRAIN_DRIVER_JAVA_OPTIONS", TEST_GC)
         env.setenv("DELTADRAIN_DRIVER_MEMORY", "2g")
         services.up(cfg, ["spark_connect"], warm=False)
 
@@ -203,7 +208,7 @@ def spark():
     # This JVM lives the whole session and runs its heaviest work (compaction, batch after batch): it
     # keeps the default JIT. C1 only is for the short-lived drivers the tests spawn.
     with pytest.MonkeyPatch.context() as env:
-        env.delenv("DELTADRAIN_DRIVER_JAVA_OPTIONS", raising=False)
+        env.setenv("DELTADRAIN_DRIVER_JAVA_OPTIONS", TEST_GC)
         session = get_spark("deltadrain-tests")
     session.sparkContext.setLogLevel("ERROR")
     yield session

@@ -319,8 +319,10 @@ def test_a_server_killed_mid_batch_fails_the_run_clearly_and_after_up_the_next_r
     for proc in family:
         proc.kill()
     psutil.wait_procs(family, timeout=30)
-    with pytest.MonkeyPatch.context() as env:
-        env.delenv("DELTADRAIN_DRIVER_JAVA_OPTIONS", raising=False)
+    from tests.conftest import TEST_GC
+
+    with pytest.MonkeyPatch.context() as env:  # as the session's fixture starts it
+        env.setenv("DELTADRAIN_DRIVER_JAVA_OPTIONS", TEST_GC)
         assert up(cfg, ["spark_connect"], warm=False)[0]["result"] == "started"
     release.touch()
     out, err = held.communicate(timeout=300)
