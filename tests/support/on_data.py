@@ -102,7 +102,7 @@ def check_on_data(api, spark, c: DeltadrainConfig, p: PipelineConfig, first, bur
                                if r["dag_run_id"] not in before and r["state"] == "running"]):
             assert time.monotonic() < deadline, api.runs(dag_id)[:3]
             time.sleep(0.5)
-        n, burst_at = 0, time.time()
+        n = 0
         while api.run_state(dag_id, running[0]) == "running" and n < 4:  # only while that first run drains
             n += 1
             extra += produce(c, p, 5, seed=303 + n, start=2000 + 100 * n).valid_ids
@@ -110,17 +110,22 @@ def check_on_data(api, spark, c: DeltadrainConfig, p: PipelineConfig, first, bur
         wait_drained(spark, c, p, set(extra), api)
         wait_settled(api, dag_id)
         assert n >= 1, "the run ended before a burst came"
-        # The source events marked from the burst until Airflow created the next run (while the first run
-        # drained, or after it when it ended before a poll) all went to that one run. An event marked after
-        # that is work the next run may not see, and may make one more. The second of margin is for an
-        # event stamped just before the run's creation whose write landed just after it.
-        later = [r for r in api.runs(dag_id) if r["dag_run_id"] not in before and r["dag_run_id"] != running[0]]
-        start, end = burst_at, min(stamp(r["queued_at"]) for r in later) - 1.0
+        # Airflow creates no run while one is active (max_active_runs=1): however many events the bursts
+        # marked while the first run drained, at most one run was queued before it ended. The next run takes
+        # the events marked after the running one's triggered time (`run_after`) up to its own (when the first
+        # of them was queued); an event marked after that waits for a later event's run.
+        runs = {r["dag_run_id"]: r for r in api.runs(dag_id)}
+        later = sorted((r for i, r in runs.items() if i not in before and i != running[0]),
+                       key=lambda r: stamp(r["run_after"]))
+        assert later, "the bursts made no run"
+        ended = stamp(runs[running[0]]["end_date"])
+        assert len([r for r in later if stamp(r["queued_at"]) < ended]) <= 1, (runs[running[0]], later)
+        start, end = stamp(runs[running[0]]["run_after"]), stamp(later[0]["run_after"])
         during = [e for uri, _ in watched(c, p) for e in asset_events(api, asset(api, uri)["id"])
-                  if start <= stamp(e["timestamp"]) < end]
+                  if start < stamp(e["timestamp"]) <= end]
         assert during, (n, start, end)
         made_by = {r["run_id"] for e in during for r in e["created_dagruns"]}
-        assert len(made_by) == 1 and running[0] not in made_by, (running[0], made_by)
+        assert made_by == {later[0]["dag_run_id"]}, (running[0], made_by)
     runs = wait_settled(api, dag_id)
     assert runs and all(r["run_type"] == "asset_triggered" and r["state"] == "success" for r in runs), runs
     # Idle: no run without work (an event per change of work, none for the same work seen again).
