@@ -1,3 +1,5 @@
+import os
+
 import pytest
 
 from deltadrain.cli import COMMANDS, build_parser
@@ -325,3 +327,16 @@ def test_services_up_warms_a_connect_server_it_starts_unless_told_not_to(flag, w
     monkeypatch.setattr(services, "up", lambda cfg, only, *, warm: calls.append((only, warm)) or [])
     assert main(["services", "up", "--only", "spark_connect", *flag, "--json"]) == 0
     assert calls == [(["spark_connect"], warm)]
+
+
+def test_a_command_prints_next_commands_with_the_config_it_was_given_and_leaves_the_environment(
+        tmp_path, monkeypatch, capsys):
+    from deltadrain.cli import COMMANDS, main
+    from deltadrain.paths import command_line
+
+    monkeypatch.setenv("DELTADRAIN_CONFIG", "/elsewhere/pipelines.yaml")
+    config = tmp_path / "pipelines.yaml"
+    monkeypatch.setitem(COMMANDS, "jars", lambda args: print(command_line("services up")) or 0)
+    assert main(["--config", str(config), "jars"]) == 0
+    assert f"--config {config}" in capsys.readouterr().out
+    assert os.environ["DELTADRAIN_CONFIG"] == "/elsewhere/pipelines.yaml"

@@ -6,7 +6,9 @@ maintain, dlq, bench, jars, jvm-archive, demo.
 
 from __future__ import annotations
 
+import os
 import sys
+from pathlib import Path
 
 from deltadrain.cli import pipelines, tools  # noqa: F401 (their commands register themselves)
 from deltadrain.cli.common import COMMANDS, stdout_to_stderr
@@ -35,6 +37,22 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "quality" and args.settle and not args.owed:
         parser.error("--settle goes with --owed")
+    # The config --config names is the one of this command wherever it is not passed along: in the commands
+    # its messages print to run next (paths.command_line) and in the processes it starts.
+    given = os.environ.get("DELTADRAIN_CONFIG")
+    if args.config:
+        os.environ["DELTADRAIN_CONFIG"] = str(Path(args.config).resolve())
+    try:
+        return _run(args)
+    finally:
+        if given is None:
+            os.environ.pop("DELTADRAIN_CONFIG", None)
+        else:
+            os.environ["DELTADRAIN_CONFIG"] = given
+
+
+def _run(args) -> int:
+    """The command, with what a user can fix said in one line."""
     from deltadrain.orchestration.connections import use_airflow_connections
 
     use_airflow_connections()  # connections kept in Airflow's store too; Airflow is imported only to look one up
@@ -53,8 +71,6 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except Exception as exc:
-        from pathlib import Path
-
         from deltadrain.formats.registry import failure_line
         from deltadrain.runtime.session import connect_lost
 
