@@ -134,24 +134,24 @@ def kafka_broker(cfg):
     yield from _service(cfg, "kafka")
 
 
-def _start_connect_server(cfg) -> None:
-    """As `services up` starts it, with the default JIT (it lives the whole session, like the `spark`
-    fixture's JVM) and the demo's driver memory: every DAG test of the worker runs on it. Without the
-    warm-up: the worker's first batches pay once what it would cost at start, and
-    test_services_up_status_down_through_the_cli runs it."""
+def start_connect_server(cfg) -> list[dict]:
+    """The worker's Spark Connect server as `services up` starts it (its rows), with the default JIT (it lives
+    the whole session, like the `spark` fixture's JVM) and the demo's driver memory: every DAG test of the
+    worker runs on it. Without the warm-up: the worker's first batches pay once what it would cost at start,
+    and test_services_up_status_down_through_the_cli runs it."""
     from deltadrain.dev import services
 
     with pytest.MonkeyPatch.context() as env:
         env.setenv("DELTADRAIN_DRIVER_JAVA_OPTIONS", TEST_GC)
         env.setenv("DELTADRAIN_DRIVER_MEMORY", "2g")
-        services.up(cfg, ["spark_connect"], warm=False)
+        return services.up(cfg, ["spark_connect"], warm=False)
 
 
 @pytest.fixture(scope="session")
 def _connect_server_of_session(cfg):
     from deltadrain.dev import services
 
-    _start_connect_server(cfg)
+    start_connect_server(cfg)
     yield services.FACTORIES["spark_connect"](cfg)
     services.down(cfg, ["spark_connect"])
 
@@ -172,7 +172,7 @@ def spark_connect_server(cfg, _connect_server_of_session):
         warnings.warn("the session's Spark Connect server was gone before this test; started again. Its log "
                       "ended:\n" + "\n".join(tail), stacklevel=1)
         services.down(cfg, ["spark_connect"])  # what is left of it (its Python workers)
-        _start_connect_server(cfg)
+        start_connect_server(cfg)
     return svc
 
 

@@ -298,10 +298,10 @@ def test_a_server_killed_mid_batch_fails_the_run_clearly_and_after_up_the_next_r
     `services up` does: the run fails with the server's error instead of hanging, commits nothing, and the
     next run on the new server drains everything once."""
     from deltadrain.dev.produce import MALFORMED_KINDS, produce
-    from deltadrain.dev.services import up
     from deltadrain.lake.checkpoint import read_checkpoint
     from deltadrain.lake.delta import exists
     from deltadrain.sources.valkey.client import valkey_client
+    from tests.conftest import start_connect_server
     from tests.support.processes import wait_held
     from tests.support.valkey import assert_exactly_once, lag, make_pipeline, pending
 
@@ -319,11 +319,7 @@ def test_a_server_killed_mid_batch_fails_the_run_clearly_and_after_up_the_next_r
     for proc in family:
         proc.kill()
     psutil.wait_procs(family, timeout=30)
-    from tests.conftest import TEST_GC
-
-    with pytest.MonkeyPatch.context() as env:  # as the session's fixture starts it
-        env.setenv("DELTADRAIN_DRIVER_JAVA_OPTIONS", TEST_GC)
-        assert up(cfg, ["spark_connect"], warm=False)[0]["result"] == "started"
+    assert start_connect_server(cfg)[0]["result"] == "started"  # as the session's fixture starts it
     release.touch()
     out, err = held.communicate(timeout=300)
     assert held.returncode != 0, out

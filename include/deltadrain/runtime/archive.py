@@ -17,6 +17,7 @@ import hashlib
 from pathlib import Path
 
 from deltadrain.paths import jar_cache
+from deltadrain.runtime.java import java_home
 
 # The JVM's own warnings (an archive it cannot use, for one) go to stderr: stdout carries a run's
 # JSON summary.
@@ -25,17 +26,6 @@ JVM_LOGGING = "-Xlog:disable -Xlog:all=warning:stderr"
 
 def archive_dir() -> Path:
     return jar_cache() / "cds"
-
-
-def java_home() -> Path | None:
-    """The JDK spark-submit starts (java.java_binary's), or None without one: no archive then."""
-    from deltadrain.errors import PrerequisiteError
-    from deltadrain.runtime.java import java_binary
-
-    try:
-        return Path(java_binary()).resolve().parent.parent
-    except PrerequisiteError:
-        return None
 
 
 def _stat(path: Path) -> tuple[str, int, int]:

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from deltadrain.errors import PrerequisiteError
 from deltadrain.paths import jar_cache, jar_store, jvm_dir
+from deltadrain.runtime.java import java_home
 
 KINDS = ("spark", "kafka", "debezium", "s3", "s3a", "registry")
 FIX = "make jars"
@@ -113,13 +114,9 @@ def store_key(kind: str) -> str:
         digest.update(f"{f.relative_to(jvm_dir())}\0".encode() + f.read_bytes() + b"\0")
     if kind in _ON_SPARK:
         digest.update(" ".join(sorted(p.name for p in pyspark_jars_dir().glob("*.jar"))).encode())
-    from deltadrain.runtime.java import java_binary
-
-    try:
-        release = Path(java_binary()).resolve().parent.parent / "release"
-        digest.update(release.read_bytes() if release.exists() else b"a JDK without its release file")
-    except PrerequisiteError:
-        digest.update(b"no JDK")  # Maven then fails and says so
+    home = java_home()
+    release = home / "release" if home is not None else None
+    digest.update(release.read_bytes() if release is not None and release.exists() else b"no JDK release file")
     return digest.hexdigest()[:24]
 
 
@@ -134,38 +131,37 @@ def _link_tree(source: Path, target: Path) -> None:
     shutil.copytree(source, target, copy_function=link, symlinks=True)
 
 
-def _from_store(kind: str, target: Path) -> bool:
-    """Fill `target` from the store's entry for this kind's inputs, if it has a finished one."""
+def _store_entry(kind: str) -> Path | None:
+    """Where the store keeps (or would keep) this kind's cache for its current inputs; None without a store."""
     store = jar_store()
-    entry = store / f"{kind}-{store_key(kind)}" if store is not None else None
-    if entry is None or not (entry / _MARKER).exists():
-        return False
-    if not all((entry / name).exists() for name in (entry / _MARKER).read_text().split()):
-        return False  # an entry someone pruned: built again, and kept again by `_to_store`
+    return store / f"{kind}-{store_key(kind)}" if store is not None else None
+
+
+def _from_store(entry: Path, target: Path) -> bool:
+    """Fill `target` from the store's `entry`, if that is a finished one."""
+    marker = entry / _MARKER
+    if not marker.exists() or not all((entry / name).exists() for name in marker.read_text().split()):
+        return False  # none yet, or one someone pruned: built again, and kept again by `_to_store`
     with tempfile.TemporaryDirectory(dir=target.parent) as staging:
-        _link_tree(entry, Path(staging) / kind)
+        _link_tree(entry, Path(staging) / target.name)
         if target.exists():
             shutil.rmtree(target)
-        os.replace(Path(staging) / kind, target)
+        os.replace(Path(staging) / target.name, target)
     return True
 
 
-def _to_store(kind: str, target: Path) -> None:
+def _to_store(entry: Path, target: Path) -> None:
     """Keep a finished cache in the store. A store that cannot be written only costs the next clone a build."""
-    store = jar_store()
-    if store is None:
-        return
-    entry = store / f"{kind}-{store_key(kind)}"
     try:
-        store.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=store) as staging:
-            _link_tree(target, Path(staging) / kind)
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=entry.parent) as staging:
+            _link_tree(target, Path(staging) / target.name)
             if entry.exists():
                 shutil.rmtree(entry)  # an incomplete one (`_from_store` passed it over)
-            os.replace(Path(staging) / kind, entry)
+            os.replace(Path(staging) / target.name, entry)
     except OSError as exc:
-        print(f"deltadrain jars: could not keep the {kind} jars in {store} ({exc}); the next clone builds them again",
-              file=sys.stderr)
+        print(f"deltadrain jars: could not keep the {target.name} jars in {entry.parent} ({exc}); the next clone "
+              "builds them again", file=sys.stderr)
 
 
 def fetch(kind: str, *, quiet: bool = True) -> Path:
@@ -177,10 +173,12 @@ def fetch(kind: str, *, quiet: bool = True) -> Path:
         raise ValueError(f"unknown jar kind {kind!r}; expected one of {KINDS}")
     target = jar_cache() / kind
     target.parent.mkdir(parents=True, exist_ok=True)
-    if _from_store(kind, target):
+    entry = _store_entry(kind)
+    if entry is not None and _from_store(entry, target):
         return target
     built = _build(kind, target, quiet=quiet)
-    _to_store(kind, built)
+    if entry is not None:
+        _to_store(entry, built)
     return built
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from pathlib import Path
 
 from deltadrain.errors import PrerequisiteError
 
@@ -23,6 +24,14 @@ def java_binary() -> str:
         raise PrerequisiteError("Java 17 is needed by Spark and Kafka but `java` is not on PATH "
                                 "(Debian: `apt-get install -y openjdk-17-jdk-headless`).")
     return on_path
+
+
+def java_home() -> Path | None:
+    """The home of the JDK `java_binary` starts, or None without one."""
+    try:
+        return Path(java_binary()).resolve().parent.parent
+    except PrerequisiteError:
+        return None
 
 
 def check_java() -> str:
