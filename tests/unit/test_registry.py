@@ -7,6 +7,7 @@ real one (the embedded Apicurio Registry) are tests/integration/test_schema_regi
 from __future__ import annotations
 
 import base64
+import io
 import json
 import re
 import threading
@@ -69,7 +70,10 @@ def test_answers_map_to_a_writer_a_dead_letter_a_retry_or_a_run_error():
         "pipeline reads avro")
     refs = answer(200, json.dumps({"schema": "{}", "references": [{"name": "a", "subject": "s-a", "version": 2}]})
                   .encode(), 5, r, "AVRO")
-    assert refs.error_type == "unsupported_schema" and "s-a v2" in refs.error
+    assert (refs.text, refs.error_type, refs.pending) == ("{}", None, (("a", "s-a", 2),))  # fetch gets them
+    proto_refs = answer(200, json.dumps({"schema": "{}", "schemaType": "PROTOBUF", "references": [
+        {"name": "a", "subject": "s-a", "version": 2}]}).encode(), 5, r, "PROTOBUF")
+    assert proto_refs.error_type == "unsupported_schema" and "s-a v2" in proto_refs.error
     unknown = answer(404, b'{"error_code":40403,"message":"Schema 5 not found"}', 5, r, "AVRO")
     assert (unknown.text, unknown.error_type, unknown.error) == (
         None, "unknown_schema_id",
@@ -513,3 +517,42 @@ def test_a_bare_services_up_starts_the_embedded_registry_only_for_a_pipeline_tha
     assert svc.ports == [18081] and command[-2:] == ["-jar", "/cache/registry/quarkus-app/quarkus-run.jar"]
     assert "-Dquarkus.http.port=18081" in command and registry_login()["password"] not in " ".join(command)
     assert svc.env["DELTADRAIN_REGISTRY_PASSWORD"] == registry_login()["password"]
+
+
+def test_an_avro_writer_s_imports_are_fetched_in_place_of_their_first_use_and_a_missing_one_is_a_dead_letter():
+    from deltadrain.formats.avro import parse_writer, read_datum
+
+    source = {"type": "record", "name": "Source", "namespace": "io.x", "fields": [
+        {"name": "lsn", "type": ["null", "long"]}, {"name": "at", "type": "io.x.Stamp"}]}
+    stamp = {"type": "record", "name": "Stamp", "namespace": "io.x", "fields": [{"name": "ms", "type": "long"}]}
+    envelope = {"type": "record", "name": "Envelope", "fields": [
+        {"name": "op", "type": "string"}, {"name": "source", "type": "io.x.Source"},
+        {"name": "again", "type": ["null", "io.x.Source"]}]}
+    ref = {"name": "io.x.Source", "subject": "io.x.Source", "version": 1}
+    answers = {"http://reg/schemas/ids/8": {"schema": json.dumps(envelope), "references": [ref]},
+               "http://reg/subjects/io.x.Source/versions/1": {"schema": json.dumps(source), "references": [
+                   {"name": "io.x.Stamp", "subject": "io.x.Stamp", "version": 3}]},
+               "http://reg/subjects/io.x.Stamp/versions/3": {"schema": json.dumps(stamp)}}
+    asked = []
+
+    def ask(url, _):
+        asked.append(url)
+        if url not in answers:
+            return 404, b'{"error_code":40401,"message":"No subject"}'
+        return 200, json.dumps(answers[url]).encode()
+
+    r = Registry("http://reg")
+    found = fetch(r, 8, "AVRO", sleep=lambda s: None, ask=ask)
+    assert [name for name, _ in found.imports] == ["io.x.Source", "io.x.Stamp"] and found.pending == ()
+    schema, parsed = parse_writer(found, 8)
+    assert schema["fields"][1]["type"]["name"] == "Source" and schema["fields"][2]["type"] == ["null", "io.x.Source"]
+    import fastavro
+
+    out = io.BytesIO()
+    datum = {"op": "c", "source": {"lsn": 7, "at": {"ms": 1}}, "again": None}
+    fastavro.schemaless_writer(out, fastavro.parse_schema(schema), datum)
+    assert read_datum(out.getvalue(), parsed) == (datum, None)
+    del answers["http://reg/subjects/io.x.Stamp/versions/3"]
+    missing = fetch(r, 8, "AVRO", sleep=lambda s: None, ask=ask)
+    assert (missing.text, missing.error_type) == (None, "unsupported_schema")
+    assert "schema id 8 imports io.x.Stamp v3, which the schema registry at http://reg does not have" in missing.error

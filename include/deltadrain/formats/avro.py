@@ -257,6 +257,26 @@ def fast_path_fits(schema: dict, fields: dict[str, str], id_field: str) -> bool:
                for name, kind in fields.items())
 
 
+def with_imports(schema: Any, imports: dict[str, Any]) -> Any:
+    """A schema that names types other registered schemas define (a registry's references) -> one schema that
+    defines each where it is first used, in the order Avro reads a schema (its fields in order, depth first)."""
+    seen: set[str] = set()
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, str):
+            if node in imports and node not in seen:
+                seen.add(node)
+                return walk(imports[node])
+            return node
+        if isinstance(node, list):
+            return [walk(branch) for branch in node]
+        if isinstance(node, dict):
+            return {k: walk(v) if k in ("type", "items", "values", "fields") else v for k, v in node.items()}
+        return node
+
+    return walk(schema)
+
+
 def parse_writer(found, schema_id: int):
     """A registry's writer (deltadrain.formats.registry.Writer) -> (its schema as JSON, parsed) or the dead letter
     of the messages of its id."""
@@ -266,6 +286,8 @@ def parse_writer(found, schema_id: int):
         return _bad(found.error_type, found.error)
     try:
         schema = json.loads(found.text)
+        if found.imports:
+            schema = with_imports(schema, {name: json.loads(text) for name, text in found.imports})
         parsed = cast(dict, fastavro.parse_schema(schema))  # a record's schema parses to a dict
     except Exception as exc:  # not JSON, not Avro: the registry holds what its producer registered
         return _bad("unsupported_schema", f"schema id {schema_id} is not a valid Avro schema: "

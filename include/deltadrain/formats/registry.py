@@ -6,6 +6,11 @@ What an answer means for the batch:
 - the schema: the messages of that id are decoded with it (a Protobuf schema given as `.proto` text, as
   Apicurio Registry gives it, is compiled to a descriptor first; text protoc rejects makes those messages
   `unsupported_schema` dead letters);
+- an Avro schema that imports other registered schemas (references, as Apicurio Registry's Avro converter
+  registers a record used in several schemas): each import is fetched by its subject and version
+  (`GET /subjects/{subject}/versions/{version}`, and theirs in turn) and put in place of its first use
+  (deltadrain.formats.avro.parse_writer), so the writer reads as one schema; a Protobuf schema with imports, or
+  an import the registry does not have, makes the messages `unsupported_schema` dead letters;
 - the id is unknown (404 with error code 40403): those messages are `unknown_schema_id` dead letters
   (bad input is data); a 404 without that code means the URL is not the API's, a run error;
 - the registry cannot be reached or fails (a refused connection, a timeout, 5xx, 429): asked again with
@@ -43,6 +48,7 @@ BACKOFF_S = 0.5  # the wait after the first failed ask, doubled after each next 
 TIMEOUT_S = 10.0
 MAX_ANSWER = 16 << 20  # a schema larger than this is no schema
 RETRIED = {408, 425, 429, 500, 502, 503, 504}
+MAX_IMPORTS = 64  # registered schemas one Avro writer may import, directly or not
 # The line a failure leaves in the text of the Spark error that carries it out of a task.
 MARK = "deltadrain schema registry:"
 
@@ -80,13 +86,17 @@ class Registry:
 class Writer(NamedTuple):
     """What the registry says of one id: the schema's text (Avro: JSON; Protobuf: a serialized
     FileDescriptorProto, or `.proto` text until `fetch` compiles it), its type, and the subjects it
-    imports; or, when `text` is None, why the messages of that id are dead letters (`error_type`, `error`)."""
+    imports; or, when `text` is None, why the messages of that id are dead letters (`error_type`, `error`).
+    An Avro schema's imports: `pending` as the answer names them ((name, subject, version) each), `imports`
+    once `fetch` got them ((full name, schema text) each, its imports' imports included)."""
 
     text: str | bytes | None
     schema_type: str = "AVRO"
     references: tuple = ()
     error_type: str | None = None
     error: str | None = None
+    pending: tuple = ()
+    imports: tuple = ()
 
 
 def schema_url(base: str, schema_id: int, schema_type: str) -> str:
@@ -145,6 +155,8 @@ def answer(status: int, body: bytes, schema_id: int, registry: Registry, wanted:
         if kind != wanted:
             return Writer(None, kind, refs, "unsupported_schema",
                           f"schema id {schema_id} is a {kind} schema in {where}; this pipeline reads {wanted.lower()}")
+        if refs and kind == "AVRO":
+            return Writer(text, kind, refs, pending=_named_refs(data.get("references")))
         if refs:
             return Writer(None, kind, refs, "unsupported_schema",
                           f"schema id {schema_id} imports other registered schemas ({', '.join(refs)}), "
@@ -201,10 +213,67 @@ def untrusted(exc: BaseException) -> ssl.SSLCertVerificationError | None:
     return reason if isinstance(reason, ssl.SSLCertVerificationError) else None
 
 
+def _named_refs(refs) -> tuple:
+    """An answer's `references` -> ((name, subject, version), ...)."""
+    return tuple((str(r.get("name")), str(r.get("subject")), r.get("version")) for r in refs or ()
+                 if isinstance(r, dict))
+
+
 def fetch(registry: Registry, schema_id: int, schema_type: str, *, sleep=time.sleep, ask=_ask) -> Writer:
-    """The writer of `schema_id`, asking again with a doubling backoff while the registry is out;
-    RegistryUnavailable with the last reason when it stays out."""
-    url = schema_url(registry.url, schema_id, schema_type)
+    """The writer of `schema_id` (with an Avro schema's imports), asking again with a doubling backoff while
+    the registry is out; RegistryUnavailable with the last reason when it stays out."""
+    found = _retrying(registry, schema_url(registry.url, schema_id, schema_type),
+                      lambda status, body: answer(status, body, schema_id, registry, schema_type),
+                      f"schema id {schema_id}", sleep=sleep, ask=ask)
+    if found.schema_type == "PROTOBUF" and isinstance(found.text, str):
+        return compiled(found, schema_id)
+    return _imported(registry, found, schema_id, sleep=sleep, ask=ask) if found.pending else found
+
+
+def _imported(registry: Registry, found: Writer, schema_id: int, *, sleep, ask) -> Writer:
+    """An Avro writer with its imports fetched (each subject version once), or the dead letter of its messages
+    when the registry does not have one of them."""
+    imports: dict[str, str] = {}
+    todo = list(found.pending)
+    while todo:
+        name, subject, version = todo.pop(0)
+        if name in imports:
+            continue
+        if len(imports) >= MAX_IMPORTS:
+            return Writer(None, "AVRO", found.references, "unsupported_schema",
+                          f"schema id {schema_id} imports more than {MAX_IMPORTS} registered schemas")
+        url = f"{registry.url}/subjects/{urllib.parse.quote(subject, safe='')}/versions/{version}"
+        what = f"{subject} v{version} (imported by schema id {schema_id})"
+
+        def judge(status: int, body: bytes, what=what):
+            if status == 404:
+                return Writer(None, "AVRO", found.references, "unsupported_schema",
+                              f"schema id {schema_id} imports {what.split(' (')[0]}, which the schema registry at "
+                              f"{registry.url} does not have ({_said(body)})")
+            return answer(status, body, schema_id, registry, "AVRO") if status != 200 else _version(body, what,
+                                                                                                     registry)
+
+        got = _retrying(registry, url, judge, what, sleep=sleep, ask=ask)
+        if got.text is None:
+            return got
+        imports[name] = str(got.text)
+        todo.extend(got.pending)
+    return found._replace(pending=(), imports=tuple(imports.items()))
+
+
+def _version(body: bytes, what: str, registry: Registry) -> Writer:
+    """`GET /subjects/{subject}/versions/{version}`'s answer -> its schema text and the schemas it imports."""
+    try:
+        data = json.loads(body)
+        return Writer(data["schema"], "AVRO", pending=_named_refs(data.get("references")))
+    except (ValueError, KeyError, TypeError):
+        raise RegistryUnavailable(f"{MARK} the schema registry at {registry.url} answered {what} with no schema "
+                                  f"({_said(body)})") from None
+
+
+def _retrying(registry: Registry, url: str, judge, what: str, *, sleep, ask) -> Writer:
+    """`judge(status, body)` of the answer to `url`, asked again with a doubling backoff while the registry is
+    out or `judge` says None (an answer worth repeating); RegistryUnavailable with the last reason."""
     why = ""
     for attempt in range(registry.attempts):
         if attempt:
@@ -220,12 +289,11 @@ def fetch(registry: Registry, schema_id: int, schema_type: str, *, sleep=time.sl
             reason = getattr(exc, "reason", exc)
             why = f"{type(reason).__name__}: {' '.join(str(reason).split())[:200]}"
             continue
-        found = answer(status, body, schema_id, registry, schema_type)
+        found = judge(status, body)
         if found is not None:
-            return compiled(found, schema_id) if found.schema_type == "PROTOBUF" and isinstance(found.text, str) \
-                else found
+            return found
         why = f"HTTP {status}: {_said(body)}"
-    raise RegistryUnavailable(f"{MARK} cannot get schema id {schema_id} from the schema registry at {registry.url} "
+    raise RegistryUnavailable(f"{MARK} cannot get {what} from the schema registry at {registry.url} "
                               f"after {registry.attempts} attempts ({why}); nothing of the batch was committed or "
                               f"acknowledged: it is read again once the registry answers")
 
