@@ -291,6 +291,10 @@ DEBEZIUM_USER = "deltadrain"
 # The connector's name in the worker, and the prefix of its topics: `cdc.<schema>.<table>`.
 DEBEZIUM_CONNECTOR = "postgres"
 DEBEZIUM_TOPIC_PREFIX = "cdc"
+# The connector that writes Avro through the embedded registry (dev.services.debezium.add_avro_connector), on
+# the same worker with its own replication slot, and the prefix of its topics: `cdcavro.<schema>.<table>`.
+DEBEZIUM_AVRO_CONNECTOR = "postgres_avro"
+DEBEZIUM_AVRO_TOPIC_PREFIX = "cdcavro"
 
 
 def debezium_login() -> dict:

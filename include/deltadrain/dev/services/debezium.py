@@ -1,6 +1,8 @@
 """The embedded change-data-capture worker (`services up --only debezium`): Kafka Connect's standalone
 worker from the jar cache (jvm/debezium) running Debezium's Postgres connector, which streams the
-embedded PostgreSQL's changes into the embedded Kafka broker (docs/cdc-services.md).
+embedded PostgreSQL's changes into the embedded Kafka broker as JSON (docs/cdc-services.md). A second
+connector that writes Avro through the embedded schema registry can be added to the running worker
+(`add_avro_connector`).
 
 One process, its offsets in a file under its home: a SIGKILL loses at most the offsets of the last
 flush interval, and a restart sends those changes again (Debezium is at-least-once).
@@ -15,6 +17,8 @@ from typing import Any
 
 from deltadrain.config import DeltadrainConfig
 from deltadrain.config.embedded import (
+    DEBEZIUM_AVRO_CONNECTOR,
+    DEBEZIUM_AVRO_TOPIC_PREFIX,
     DEBEZIUM_CONNECTOR,
     DEBEZIUM_TOPIC_PREFIX,
     DEBEZIUM_USER,
@@ -28,6 +32,7 @@ from deltadrain.config.embedded import (
     ports,
     postgres_login,
     postgres_login_file,
+    registry_login,
     write_private,
 )
 from deltadrain.dev.services.process import Service, port_open
@@ -40,6 +45,9 @@ from deltadrain.runtime.jars import classpath
 OFFSET_FLUSH_MS = 1000
 # The Postgres replication slot the connector reads from (kept in the database between runs).
 SLOT = "deltadrain"
+AVRO_SLOT = "deltadrain_avro"  # the Avro connector's: each connector reads a slot of its own
+# Apicurio Registry's Kafka Connect converter (jvm/debezium): Avro, its schemas registered in the registry.
+AVRO_CONVERTER = "io.apicurio.registry.utils.converter.AvroConverter"
 BASIC_AUTH = "org.apache.kafka.connect.rest.basic.auth.extension"
 
 # XML: log4j2 reads it with the JDK alone (YAML would need Jackson's YAML module on the class path).
@@ -117,6 +125,85 @@ def connector_properties(*, postgres_port: int, secrets: str, tables: list[str])
     return values
 
 
+def avro_converters(*, registry_port: int, username: str, secrets: str) -> dict[str, str]:
+    """`key.converter` and `value.converter` of a connector that writes Avro through the embedded registry, in
+    the Confluent wire format deltadrain reads (deltadrain.formats.confluent): magic byte 0, then the schema's
+    4-byte content id, which the registry's Confluent-compatible API names (`/schemas/ids/<id>`); no ids in
+    headers. Each table's key and value schema is registered on its first change. The password comes from
+    `secrets` through the worker's file config provider, never in the connector's config."""
+    values = {}
+    for side in ("key", "value"):
+        c = f"{side}.converter"
+        values.update({
+            c: AVRO_CONVERTER,
+            f"{c}.apicurio.registry.url": f"http://127.0.0.1:{registry_port}/apis/registry/v2",
+            f"{c}.apicurio.auth.username": username,
+            f"{c}.apicurio.auth.password": f"${{file:{secrets}:registry_password}}",
+            f"{c}.apicurio.registry.auto-register": "true",
+            f"{c}.apicurio.registry.find-latest": "true",
+            f"{c}.apicurio.registry.as-confluent": "true",
+            f"{c}.apicurio.registry.use-id": "contentId",
+            f"{c}.apicurio.registry.headers.enabled": "false",
+        })
+    return values
+
+
+def avro_connector_properties(*, postgres_port: int, registry_port: int, registry_user: str, secrets: str,
+                              registry_secrets: str, tables: list[str], name: str = DEBEZIUM_AVRO_CONNECTOR,
+                              slot: str = AVRO_SLOT, topic_prefix: str = DEBEZIUM_AVRO_TOPIC_PREFIX) -> dict[str, str]:
+    """The Postgres connector as `connector_properties` makes it, under its own name, slot and topic prefix,
+    with Avro keys and values (`avro_converters`) and numeric in Debezium's default `precise` mode: Avro's
+    decimal logical type, exact."""
+    values = connector_properties(postgres_port=postgres_port, secrets=secrets, tables=tables)
+    del values["decimal.handling.mode"]
+    values.update({"name": name, "slot.name": slot, "topic.prefix": topic_prefix})
+    values.update(avro_converters(registry_port=registry_port, username=registry_user, secrets=registry_secrets))
+    return values
+
+
+def rest_call(cfg: DeltadrainConfig, method: str, path: str, body: dict | None = None, timeout: float = 30) -> Any:
+    """A call of the worker's REST API with its login: the JSON it answers (None for an empty answer)."""
+    login = debezium_login()
+    token = base64.b64encode(f"{login['username']}:{login['password']}".encode()).decode()
+    request = urllib.request.Request(f"{debezium_url(cfg)}{path}", method=method,
+                                     data=json.dumps(body).encode() if body is not None else None,
+                                     headers={"Authorization": f"Basic {token}", "Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=timeout) as resp:  # our own loopback URL
+        text = resp.read()
+    return json.loads(text) if text else None
+
+
+def add_avro_connector(cfg: DeltadrainConfig, tables: list[str], *, name: str = DEBEZIUM_AVRO_CONNECTOR,
+                       slot: str = AVRO_SLOT, topic_prefix: str = DEBEZIUM_AVRO_TOPIC_PREFIX) -> str:
+    """Run (or reconfigure) a connector on the running worker that writes `tables`' changes as Avro through the
+    embedded registry (`avro_connector_properties`), to topics `<topic_prefix>.<schema>.<table>`; its name.
+    Made through the REST API, it runs until the worker stops (`services up` starts the JSON connector
+    only). The registry's login is written owner-only to a file of the worker's home, which the worker's file
+    config provider reads: the REST API shows `${file:...}` where the password would be."""
+    p = ports(cfg)
+    home = debezium_home()
+    missing = [n for n, port in (("debezium", p.debezium), ("registry", p.registry)) if not port_open(port)]
+    if missing:
+        raise ServiceError(f"the Avro connector writes through the embedded registry on the Debezium worker: start "
+                           f"{' and '.join(missing)} first "
+                           f"(`{command_line('services up --only kafka,registry,postgres,debezium', cfg.source_file)}`)")
+    login = registry_login()
+    registry_secrets = home / "registry-secrets.properties"
+    registry_secrets.unlink(missing_ok=True)
+    write_private(registry_secrets, properties({"registry_password": login["password"]}))
+    values = avro_connector_properties(postgres_port=p.postgres, registry_port=p.registry,
+                                       registry_user=login["username"], secrets=str(home / "secrets.properties"),
+                                       registry_secrets=str(registry_secrets), tables=tables, name=name, slot=slot,
+                                       topic_prefix=topic_prefix)
+    rest_call(cfg, "PUT", f"/connectors/{name}/config", values)
+    return name
+
+
+def remove_connector(cfg: DeltadrainConfig, name: str = DEBEZIUM_AVRO_CONNECTOR) -> None:
+    """Stop and remove a connector the REST API added (its replication slot stays in the database)."""
+    rest_call(cfg, "DELETE", f"/connectors/{name}")
+
+
 JAAS = """\
 KafkaConnect {{
   {module}.PropertyFileLoginModule required
@@ -127,11 +214,7 @@ KafkaConnect {{
 
 def rest_get(cfg: DeltadrainConfig, path: str, timeout: float = 3) -> Any:
     """GET on the worker's REST API with its login: the JSON it answers."""
-    login = debezium_login()
-    token = base64.b64encode(f"{login['username']}:{login['password']}".encode()).decode()
-    request = urllib.request.Request(f"{debezium_url(cfg)}{path}", headers={"Authorization": f"Basic {token}"})
-    with urllib.request.urlopen(request, timeout=timeout) as resp:  # our own loopback URL
-        return json.loads(resp.read())
+    return rest_call(cfg, "GET", path, timeout=timeout)
 
 
 def connector_running(status: dict) -> bool:
