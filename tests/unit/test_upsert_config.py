@@ -8,6 +8,8 @@ import pytest
 from deltadrain.config import parse_config
 from deltadrain.errors import ConfigError
 
+REGISTRY = {"url": "http://127.0.0.1:18081/apis/ccompat/v7", "connection_id": "deltadrain_registry"}
+
 
 def config(target: dict | None = None, schema: dict | None = None, source: dict | None = None, **pipe) -> dict:
     return {"pipelines": [{
@@ -49,11 +51,33 @@ def test_an_upsert_pipeline_needs_no_message_id_and_an_insert_one_keeps_its_defa
     ({"mode": "insert", "key": []}, {}, {}, "schema.id_field: required"),
     ({"mode": "insert", "key": ["id"]}, {"id_field": "name"}, {}, "target.key: applies to target.mode upsert only"),
     ({"mode": "insert", "key": []}, {"id_field": "name", "envelope": "debezium"}, {}, "are applied in target.mode upsert"),
-    ({}, {"envelope": "debezium", "format": "avro", "avro": {"schema_file": "x.avsc"}}, {}, "set format: json"),
+    ({}, {"envelope": "debezium", "format": "avro", "avro": {"schema_file": "x.avsc"}}, {},
+     "field 'schema': envelope debezium with format avro reads each change with its writer's schema from the schema "
+     "registry"),
+    ({}, {"envelope": "debezium", "format": "protobuf", "protobuf": {"wire": "confluent"}, "registry": REGISTRY}, {},
+     "field 'schema': envelope debezium reads JSON change events, or Avro ones through registry.url; Protobuf change "
+     "events are not read"),
+    ({}, {"envelope": "debezium", "format": "avro", "avro": {"wire": "confluent", "schema_id": 4},
+          "registry": REGISTRY}, {}, "leave avro.schema_file and avro.schema_id out"),
+    ({}, {"envelope": "debezium", "format": "avro", "avro": {"wire": "plain"}, "registry": REGISTRY}, {},
+     "registry needs avro.wire: confluent"),
 ])
 def test_errors_name_the_file_the_pipeline_and_the_field(target, schema, pipe, says):
     msg = error_of(config(target, schema, **pipe))
     assert msg.startswith("conf/pipes.yaml: pipeline 'people'") and says in msg
+
+
+def test_debezium_change_events_in_avro_through_the_registry_are_accepted_and_read_with_its_login():
+    from deltadrain.formats.changes import spec_of
+    from deltadrain.formats.registry import Registry
+
+    schema = {"envelope": "debezium", "format": "avro", "avro": {"wire": "confluent"}, "registry": REGISTRY}
+    p = parse_config(config({"key": [], "order_by": "source.lsn"}, schema), Path("x.yaml")).pipelines[0]
+    assert p.payload_schema.envelope == "debezium" and p.payload_schema.format == "avro"
+    registry = Registry(REGISTRY["url"])
+    spec = spec_of(p, type("Payload", (), {"registry": registry})())
+    assert spec is not None and spec.registry is registry and spec.order_by == "source.lsn"
+    assert spec_of(p) is not None and spec_of(p).registry is None  # JSON: no payload, no registry
 
 
 def test_position_order_across_several_valkey_streams_is_refused_and_one_stream_or_a_column_is_fine():

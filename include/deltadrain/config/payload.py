@@ -112,7 +112,7 @@ class SchemaConfig(Model):
     # column; none: fields that are not declared are ignored (docs/config.md, "Schema evolution").
     evolution: Literal["none", "add_columns"] = "none"
     # debezium: each payload is a Debezium change event (before/after/op/source), read in upsert mode
-    # (docs/cdc.md); none: the payload is the row itself.
+    # (docs/cdc.md): JSON, or Avro through the registry (key and value); none: the payload is the row itself.
     envelope: Literal["none", "debezium"] = "none"
     # A run's evolved columns (fields the table has and the config does not declare): set by
     # deltadrain.run.layout for the run, never read from YAML.
@@ -166,9 +166,17 @@ class SchemaConfig(Model):
             if getattr(self, name) is not None and self.format != name:
                 raise ValueError(f"{name} applies to format: {name} only (this schema is {self.format})")
         registry = self.registry is not None
-        if self.envelope == "debezium" and self.format != "json":
-            raise ValueError("envelope debezium reads JSON change events (Kafka Connect's JsonConverter): set "
-                             "format: json")
+        if self.envelope == "debezium" and self.format == "protobuf":
+            raise ValueError("envelope debezium reads JSON change events, or Avro ones through registry.url; "
+                             "Protobuf change events are not read: set format: json or avro")
+        if self.envelope == "debezium" and self.format == "avro" and not registry:
+            raise ValueError("envelope debezium with format avro reads each change with its writer's schema from the "
+                             "schema registry (Debezium's Avro converter registers one per table), not from "
+                             "avro.schema_file: set registry.url")
+        if self.envelope == "debezium" and self.avro is not None and (self.avro.schema_file or
+                                                                      self.avro.schema_id is not None):
+            raise ValueError("envelope debezium reads each record's key and value with the writer's schema its id "
+                             "names in the registry: leave avro.schema_file and avro.schema_id out")
         if self.format == "json":
             if registry:
                 raise ValueError("registry applies to format: avro or protobuf only (this schema is json)")

@@ -297,6 +297,29 @@ def parse_writer(found, schema_id: int):
     return schema, parsed
 
 
+def registry_writer(registry: Registry, writers: dict, schema_id: int):
+    """`parse_writer` of the registry's writer of `schema_id`, kept in `writers` (a decoder's, per id): asked
+    once per decoder; an outage raises the registry's failure (the run fails, nothing is judged)."""
+    if schema_id not in writers:
+        writers[schema_id] = parse_writer(writer(registry, schema_id, "AVRO"), schema_id)
+    return writers[schema_id]
+
+
+def registry_datum(data: bytes, registry: Registry, writers: dict, what: str) -> tuple[Any, int | None, Decoded | None]:
+    """A non-empty Confluent-framed datum read with its writer's schema from the registry: (the value, its
+    schema id, None), or (None, None, the dead letter: not framed, an id the registry does not know or that
+    is no Avro record schema, bytes not written with it). `what` names the bytes in the reason."""
+    if (wrong := frame_error(data, None)) is not None:
+        return None, None, _bad(wrong.error_type or "invalid_avro", f"{what}: {wrong.error}")
+    schema_id = schema_id_of(data)
+    assert schema_id is not None  # frame_error passed: the bytes are framed
+    got = registry_writer(registry, writers, schema_id)
+    if isinstance(got, Decoded):
+        return None, None, got._replace(error=f"{what}: {got.error}")
+    value, wrong = read_datum(data[HEADER:], got[1], f"{what} (schema id {schema_id})")
+    return (None, None, wrong) if wrong is not None else (value, schema_id, None)
+
+
 class AvroBatchDecoder(BatchDecoder):
     """BatchDecoder for Avro payloads: `decode_avro` is the definition, the column-wise path its shortcut.
     With a registry, the writers of a batch's ids are found before anything is decoded (`columns`), once

@@ -9,6 +9,9 @@ Two kinds of payload:
 - a Debezium change event (`schema.envelope: debezium`, deltadrain.formats.debezium): `after` for an upsert,
   `before` (with the key's columns) for a delete. With Kafka Connect's schema wrapper, a field's logical type
   (a timestamp in micro- or nanoseconds, a day number, a decimal's bytes) turns it into its plain value.
+  In Avro through the schema registry (`schema.format: avro`, Debezium with an Avro converter), key and value
+  are each read with the writer's schema their id names (deltadrain.formats.avro.registry_datum); Avro's own
+  logical types are read by the Avro reader, Kafka Connect's (the schema's `connect.name`) as above.
 `target.delete_when` makes an upsert whose row has the field equal to the value a delete. Keys are compared
 and stored as one text (`debezium.key_text`) of their *typed* values, so a tombstone's key and a row's key are
 the same text whatever the record key's form.
@@ -24,6 +27,8 @@ from decimal import Decimal
 from typing import Any
 
 from deltadrain.formats import debezium
+from deltadrain.formats.avro import convert as avro_convert
+from deltadrain.formats.avro import named_types, registry_datum, registry_writer
 from deltadrain.formats.debezium import Kind, key_text
 from deltadrain.formats.decode import (
     EXTRA_COLUMNS,
@@ -31,9 +36,11 @@ from deltadrain.formats.decode import (
     BatchDecoder,
     Decoded,
     _bad,
+    _convert,
     record_values,
     size_error,
 )
+from deltadrain.formats.registry import Registry, RegistryFailure, ids_of
 from deltadrain.schema.evolution import new_fields
 
 # The columns upsert mode adds to a claimed row: the key's text, what the event does (CHANGES), and the
@@ -53,6 +60,8 @@ class UpsertSpec:
     order_by: str  # "position", SOURCE_LSN or a field
     delete_field: str | None = None  # target.delete_when
     delete_equals: Any = None
+    # Debezium in Avro (schema.format avro): the registry that names each key's and value's writer schema.
+    registry: Registry | None = None
 
 
 def order_type(fields: dict[str, str], order_by: str) -> str:
@@ -60,14 +69,17 @@ def order_type(fields: dict[str, str], order_by: str) -> str:
     return fields.get(order_by, "long")
 
 
-def spec_of(pipeline) -> UpsertSpec | None:
-    """The pipeline's UpsertSpec, None in insert mode."""
+def spec_of(pipeline, payload=None) -> UpsertSpec | None:
+    """The pipeline's UpsertSpec, None in insert mode. `payload`: its Avro payload (deltadrain.formats.payloads),
+    whose registry a Debezium pipeline reads its records with."""
     target = pipeline.target
     if target.mode != "upsert":
         return None
     when = target.delete_when
-    return UpsertSpec(pipeline.payload_schema.envelope, tuple(target.key), target.order_by,
-                      when.field if when else None, when.equals if when else None)
+    envelope = pipeline.payload_schema.envelope
+    registry = getattr(payload, "registry", None) if envelope == "debezium" else None
+    return UpsertSpec(envelope, tuple(target.key), target.order_by,
+                      when.field if when else None, when.equals if when else None, registry)
 
 
 # Kafka Connect's and Debezium's logical types (the wrapper's field `name`) -> the plain value.
@@ -113,6 +125,29 @@ def logical_types(schema: Any) -> dict[str, dict[str, tuple[str, dict]]]:
             if isinstance(f, dict) and f.get("name") in LOGICAL and isinstance(f.get("field"), str):
                 named[f["field"]] = (f["name"], f.get("parameters") or {})
         out[part["field"]] = named
+    return out
+
+
+def avro_logical_types(parsed: Any) -> dict[str, dict[str, tuple[str, dict]]]:
+    """An Avro change event's writer schema (parsed by fastavro) -> as `logical_types`: the fields of `before`
+    and `after` whose Kafka Connect type (`connect.name`) is one deltadrain turns into a plain value. A field
+    with an Avro logical type (a decimal's bytes) is left to the Avro reader, which gives its value already."""
+    names = named_types(parsed, {})
+    out: dict[str, dict[str, tuple[str, dict]]] = {}
+    for part in parsed.get("fields", ()) if isinstance(parsed, dict) else ():
+        if part.get("name") not in ("before", "after"):
+            continue
+        named = {}
+        branches = part["type"] if isinstance(part["type"], list) else [part["type"]]
+        for branch in branches:
+            record = names.get(branch, branch) if isinstance(branch, str) else branch
+            if not isinstance(record, dict) or record.get("type") != "record":
+                continue
+            for f in record.get("fields", ()):
+                for t in f["type"] if isinstance(f["type"], list) else [f["type"]]:
+                    if isinstance(t, dict) and t.get("connect.name") in LOGICAL and "logicalType" not in t:
+                        named[f["name"]] = (t["connect.name"], t.get("connect.parameters") or {})
+        out[part["name"]] = named
     return out
 
 
@@ -169,6 +204,10 @@ class UpsertDecoder(BatchDecoder):
         self.spec = spec
         self.fast = False
         self.typed_fields = {KEY: "string", **self.fields}
+        # Avro through the registry: each schema id's writer (avro.registry_writer) and its logical types.
+        self.writers: dict[int, Any] = {}
+        self.logical: dict[int, dict] = {}
+        self.convert = avro_convert if spec.registry is not None else _convert
 
     def event(self, value: bytes | None, key: bytes | None = None) -> Event:
         spec = self.spec
@@ -193,7 +232,8 @@ class UpsertDecoder(BatchDecoder):
                                              f"{what} in the payload"))
         return self._typed(obj, {c: obj[c] for c in spec.key}, UPSERT, None)
 
-    def _debezium(self, value: bytes | None, key: bytes | None) -> Event:
+    def _json_parts(self, value: bytes | None, key: bytes | None) -> tuple | Event:
+        """A JSON change event's (envelope, record key, logical types, key text), or its dead letter."""
         named: dict = {}
         envelope = None
         key_id = None
@@ -214,6 +254,43 @@ class UpsertDecoder(BatchDecoder):
             record_key, bad = debezium._json_object(key, "record key")
             if bad is not None:
                 return Event(_bad(bad.error_type or "invalid_json", bad.error or ""))
+        return envelope, record_key, named, key_id
+
+    def _avro_parts(self, value: bytes | None, key: bytes | None) -> tuple | Event:
+        """An Avro change event's (envelope, record key, logical types, key text), or its dead letter. A key
+        that is not framed is read as JSON: a DLQ replay's copy carries its key's text."""
+        registry = self.spec.registry
+        assert registry is not None  # only Avro pipelines read through here
+        record_key, key_bad = None, None
+        if key is not None and len(key) > 0:
+            key = bytes(key)
+            if key[0] == 0:
+                record_key, _, key_bad = registry_datum(key, registry, self.writers, "record key")
+            else:
+                record_key, parsed_bad = debezium._json_object(key, "record key")
+                if parsed_bad is not None:
+                    key_bad = _bad(parsed_bad.error_type or "invalid_json", parsed_bad.error or "")
+        key_id = key_text(record_key) if isinstance(record_key, dict) else None
+        envelope, named = None, {}
+        if value is not None:
+            if (wrong := size_error(value, self.max_bytes)) is not None:
+                return Event(wrong._replace(message_id=key_id))
+            envelope, schema_id, bad = registry_datum(bytes(value), registry, self.writers, "payload")
+            if bad is not None:
+                return Event(bad._replace(message_id=key_id))
+            assert schema_id is not None  # read with a writer's schema
+            if schema_id not in self.logical:
+                self.logical[schema_id] = avro_logical_types(self.writers[schema_id][1])
+            named = self.logical[schema_id]
+        if key_bad is not None:
+            return Event(key_bad)
+        return envelope, record_key, named, key_id
+
+    def _debezium(self, value: bytes | None, key: bytes | None) -> Event:
+        got = (self._avro_parts if self.spec.registry is not None else self._json_parts)(value, key)
+        if isinstance(got, Event):
+            return got
+        envelope, record_key, named, key_id = got
         parsed = debezium.parse_record(envelope, record_key, key_columns=self.spec.key)
         change = parsed.change
         if change is None:
@@ -236,7 +313,7 @@ class UpsertDecoder(BatchDecoder):
                                              "not in schema.fields: declare them to keep the key in the table"))
         record = {**image, **{c: v for c, v in raw_key.items()}}
         got = record_values(record, fields=self.typed_fields, id_field=KEY, required=[] if deleting else self.required,
-                            message_id="-", evolved=self.evolved)
+                            message_id="-", evolved=self.evolved, convert=self.convert)
         if got.values is None:
             return Event(got._replace(message_id=None))
         typed = dict(zip(self.typed_fields, got.values, strict=True))
@@ -272,6 +349,9 @@ class UpsertDecoder(BatchDecoder):
         import pyarrow as pa
 
         preset = preset or {}
+        if self.spec.registry is not None:  # every writer found before a message is judged: an outage fails here
+            for schema_id in {*ids_of(values), *ids_of(keys or [])}:
+                registry_writer(self.spec.registry, self.writers, schema_id)
         extra = self.collect_new
         width = len(self.fields) + 2 * extra
         records = []
@@ -281,6 +361,8 @@ class UpsertDecoder(BatchDecoder):
                 continue
             try:
                 ev = self.event(value, keys[i] if keys else None)
+            except RegistryFailure:  # an outage is the run's failure, not the message's
+                raise
             except Exception as exc:  # a way to be bad not known yet: still data (invariant 7)
                 ev = Event(_bad("undecodable", f"payload could not be decoded: {type(exc).__name__}: {exc}"[:500]))
             got = ev.decoded

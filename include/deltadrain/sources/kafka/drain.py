@@ -237,7 +237,7 @@ def read_ranges(spark, cfg: DeltadrainConfig, p: PipelineConfig, ranges: dict[in
                         list(p.payload_schema.required), p.max_message_bytes, source.id_from,
                         source.id_header, attempts, dead_runs or {}, p.max_retries, payload,
                         p.payload_schema.evolved_columns, p.payload_schema.collects_new_fields, key_registry,
-                        spec_of(p))
+                        spec_of(p, payload))
     total = sum(end - start for start, end in ranges.values())
     # Text keys read no headers: a replayed record carries its identity in its key. An Avro key's copy
     # has none (the id would need the key's schema), so it carries the id in the replay header.

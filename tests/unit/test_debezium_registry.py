@@ -1,0 +1,123 @@
+"""Debezium change events in Avro through the schema registry (`schema.envelope: debezium`, `schema.format: avro`):
+key and value read with the writer's schema their ids name, Kafka Connect's logical types made plain, the same
+dead letters as the JSON path, and a registry outage a failure of the run, never a dead letter. The registry is
+a dict here; tests/integration/test_cdc_avro.py runs the real connector and registry."""
+
+from __future__ import annotations
+
+import json
+from decimal import Decimal
+
+import pyarrow as pa
+import pytest
+
+from deltadrain.formats import avro
+from deltadrain.formats.avro import encode
+from deltadrain.formats.changes import DELETE, TRUNCATE, UPSERT, UpsertDecoder, UpsertSpec
+from deltadrain.formats.confluent import header
+from deltadrain.formats.registry import Registry, RegistryUnavailable, Writer
+
+FIELDS = {"id": "long", "name": "string", "price": "decimal(18,2)", "at": "timestamp", "born": "date"}
+TYPES = {"id": pa.int64(), "name": pa.string(), "price": pa.decimal128(18, 2), "at": pa.timestamp("us", tz="UTC"),
+         "born": pa.date32(), "_dd_order": pa.int64()}
+
+# As Apicurio Registry's converter writes a Postgres table's rows with Debezium's defaults: numeric(12,2) in
+# Avro's decimal type, timestamp as microseconds and date as days with their Kafka Connect names.
+ROW = {"type": "record", "name": "Value", "namespace": "cdcavro.public.t", "fields": [
+    {"name": "id", "type": "int"},
+    {"name": "name", "type": ["null", "string"], "default": None},
+    {"name": "price", "type": ["null", {"type": "bytes", "scale": 2, "precision": 12, "connect.version": 1,
+                                        "connect.parameters": {"scale": "2", "connect.decimal.precision": "12"},
+                                        "connect.name": "org.apache.kafka.connect.data.Decimal",
+                                        "logicalType": "decimal"}], "default": None},
+    {"name": "at", "type": ["null", {"type": "long", "connect.version": 1,
+                                     "connect.name": "io.debezium.time.MicroTimestamp"}], "default": None},
+    {"name": "born", "type": ["null", {"type": "int", "connect.version": 1, "connect.name": "io.debezium.time.Date"}],
+     "default": None}]}
+SOURCE = {"type": "record", "name": "Source", "namespace": "io.debezium.connector.postgresql", "fields": [
+    {"name": "table", "type": "string"}, {"name": "lsn", "type": ["null", "long"], "default": None}]}
+ENVELOPE = {"type": "record", "name": "Envelope", "namespace": "cdcavro.public.t", "fields": [
+    {"name": "before", "type": ["null", ROW], "default": None},
+    {"name": "after", "type": ["null", "Value"], "default": None},
+    {"name": "source", "type": "io.debezium.connector.postgresql.Source"},  # a reference, as the converter registers it
+    {"name": "op", "type": "string"}, {"name": "ts_ms", "type": ["null", "long"], "default": None}]}
+KEY = {"type": "record", "name": "Key", "namespace": "cdcavro.public.t", "fields": [{"name": "id", "type": "int"}]}
+WRITERS = {1: Writer(json.dumps(KEY)),
+           2: Writer(json.dumps(ENVELOPE), imports=(("io.debezium.connector.postgresql.Source", json.dumps(SOURCE)),)),
+           3: Writer(None, "AVRO", (), "unknown_schema_id", "unknown schema id 3 (the registry does not know it)")}
+FULL = avro.with_imports(ENVELOPE, {"io.debezium.connector.postgresql.Source": SOURCE})
+
+
+@pytest.fixture(autouse=True)
+def registry(monkeypatch):
+    asked = []
+
+    def writer(_registry, schema_id, kind):
+        asked.append(schema_id)
+        if schema_id == 9:
+            raise RegistryUnavailable("deltadrain schema registry: cannot get schema id 9 (down)")
+        return WRITERS[schema_id]
+
+    monkeypatch.setattr(avro, "writer", writer)
+    return asked
+
+
+def decoder(order_by="source.lsn") -> UpsertDecoder:
+    spec = UpsertSpec("debezium", (), order_by, registry=Registry("http://reg"))
+    return UpsertDecoder(spec, fields=FIELDS, id_field="", required=[], max_bytes=10_000, types=TYPES)
+
+
+def key(i: int) -> bytes:
+    return encode({"id": i}, KEY, wire="confluent", schema_id=1)
+
+
+def change(op: str, before=None, after=None, lsn=100) -> bytes:
+    return encode({"before": before, "after": after, "source": {"table": "t", "lsn": lsn}, "op": op, "ts_ms": 1},
+                  FULL, wire="confluent", schema_id=2)
+
+
+ROW_7 = {"id": 7, "name": "Ada", "price": Decimal("12.50"), "at": 1767225600123456, "born": 7305}
+
+
+def test_changes_read_through_the_registry_give_typed_rows_keys_and_orders(registry):
+    d = decoder()
+    up = d.event(change("c", after=ROW_7, lsn=123), key(7))
+    assert (up.key, up.change, up.order) == ('{"id":7}', UPSERT, 123)
+    _, id_, name, price, at, born = up.decoded.values
+    assert (id_, name, price, born.isoformat()) == (7, "Ada", Decimal("12.50"), "1990-01-01")
+    assert at.isoformat() == "2026-01-01T00:00:00.123456+00:00"
+    gone = d.event(change("d", before={"id": 7, "name": None, "price": None, "at": None, "born": None}, lsn=124), key(7))
+    assert (gone.key, gone.change, gone.order) == ('{"id":7}', DELETE, 124)
+    tomb = d.event(None, key(7))
+    assert (tomb.key, tomb.change) == ('{"id":7}', DELETE)
+    assert d.event(change("t", lsn=125), None).change == TRUNCATE
+    # A DLQ replay's copy carries its key's text: read as JSON.
+    assert d.event(change("u", after=ROW_7), b'{"id":7}').key == '{"id":7}'
+    assert sorted(set(registry)) == [1, 2]  # each id asked once per decoder
+    assert len(registry) == 2
+
+
+@pytest.mark.parametrize(("value", "record_key", "kind", "says", "message_id"), [
+    (header(3) + b"\x02", key(7), "unknown_schema_id", "payload: unknown schema id 3", '{"id":7}'),
+    (b"\x01" + change("c", after=ROW_7)[1:], key(7), "wrong_magic_byte", "payload: payload starts with byte 0x01",
+     '{"id":7}'),
+    (change("c", after=ROW_7)[:-3], key(7), "truncated", "payload (schema id 2) of", '{"id":7}'),
+    (change("c", after=ROW_7), None, "missing_key", "op 'c' has no record key", None),
+    (change("c", after=ROW_7), header(3) + b"\x0e", "unknown_schema_id", "record key: unknown schema id 3", None),
+    (change("x", after=ROW_7), key(7), "unknown_op", "op \"x\" is none of Debezium's row changes", '{"id":7}'),
+    (change("c"), key(7), "missing_after", "op 'c' upserts but 'after' is null", '{"id":7}'),
+    (b"", key(7), "empty", "empty payload", '{"id":7}'),
+])
+def test_bad_records_are_dead_letters_with_their_reason(value, record_key, kind, says, message_id):
+    got = decoder().event(value, record_key).decoded
+    assert (got.values, got.error_type, got.message_id) == (None, kind, message_id), got
+    assert says in got.error, got.error
+
+
+def test_a_registry_outage_fails_the_batch_instead_of_dead_lettering_it():
+    d = decoder()
+    with pytest.raises(RegistryUnavailable, match="cannot get schema id 9"):
+        d.columns([change("c", after=ROW_7), header(9) + b"\x02"], keys=[key(7), key(8)])
+    cols = d.columns([change("c", after=ROW_7), header(3) + b"\x02"], keys=[key(7), key(8)])
+    assert cols["_dd_error_type"].to_pylist() == [None, "unknown_schema_id"]
+    assert cols["_dd_key"].to_pylist() == ['{"id":7}', None] and cols["_dd_message_id"].to_pylist()[1] == '{"id":8}'
