@@ -51,6 +51,8 @@ def test_an_upsert_pipeline_needs_no_message_id_and_an_insert_one_keeps_its_defa
     ({"mode": "insert", "key": []}, {}, {}, "schema.id_field: required"),
     ({"mode": "insert", "key": ["id"]}, {"id_field": "name"}, {}, "target.key: applies to target.mode upsert only"),
     ({"mode": "insert", "key": []}, {"id_field": "name", "envelope": "debezium"}, {}, "are applied in target.mode upsert"),
+    ({}, {"format": "avro", "avro": {"wire": "confluent"}, "registry": REGISTRY}, {},
+     "schema.format: avro: an upsert target reads entity states as JSON"),
     ({}, {"envelope": "debezium", "format": "avro", "avro": {"schema_file": "x.avsc"}}, {},
      "field 'schema': envelope debezium with format avro reads each change with its writer's schema from the schema "
      "registry"),

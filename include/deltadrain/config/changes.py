@@ -41,6 +41,10 @@ def _upsert(p, target, schema) -> None:
     if schema.id_field:
         raise ValueError("schema.id_field: an upsert target keeps one row per target.key, not per message id: "
                          "leave id_field out")
+    if not debezium and schema.format != "json":
+        raise ValueError(f"schema.format: {schema.format}: an upsert target reads entity states as JSON, and Debezium "
+                         "change events (schema.envelope: debezium) as JSON or as Avro through the registry; set "
+                         "format: json")
     if not target.key and not debezium:
         raise ValueError("target.key: upsert mode needs the payload columns that identify a row")
     if len(set(target.key)) != len(target.key):
