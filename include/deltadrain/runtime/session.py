@@ -33,6 +33,8 @@ DEFAULT_CONF = {
     "spark.sql.sources.parallelPartitionDiscovery.parallelism": "4",
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
+    # Python workers fork from a daemon that has deltadrain's task modules imported already.
+    "spark.python.daemon.module": "deltadrain.runtime.warm_daemon",
     "spark.sql.session.timeZone": "UTC",
     "spark.driver.memory": os.environ.get("DELTADRAIN_DRIVER_MEMORY", "2g"),
     # The JVM must not resolve anything at run time.
