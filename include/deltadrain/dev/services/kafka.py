@@ -55,6 +55,12 @@ auto.create.topics.enable=false
 log.flush.interval.messages=1
 message.max.bytes=8388608
 replica.fetch.max.bytes=8388608
+# A development broker's load is a few clients: Kafka's thread pools are sized for a server's, and each
+# idle thread still wakes several times a second.
+num.io.threads=2
+num.network.threads=1
+background.threads=2
+num.recovery.threads.per.data.dir=1
 """
 
 KAFKA_LOG4J = """\
