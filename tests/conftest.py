@@ -69,6 +69,12 @@ def pytest_collection_modifyitems(config, items):
 # Every driver the suite starts collects with the throughput collector: G1's concurrent marking and write
 # barriers cost more CPU than they buy on heaps this small (bench/suite_jvms/README.md, "Garbage collector").
 TEST_GC = os.environ.get("DELTADRAIN_TEST_GC", "-XX:+UseParallelGC")
+# The long-lived drivers (the session's Spark JVM, the worker's Connect server) give a method to C2 only once it
+# is about three times as hot as HotSpot's default asks: Spark generates new classes for many queries, and C2
+# compiled much of that code for the few times it ran (bench/suite_jvms/README.md, "C2 thresholds").
+TEST_JIT = os.environ.get("DELTADRAIN_TEST_JIT", "-XX:Tier4InvocationThreshold=15000 -XX:Tier4MinInvocationThreshold=1800 "
+                          "-XX:Tier4CompileThreshold=45000 -XX:Tier4BackEdgeThreshold=120000")
+LONG_LIVED_JVM = f"{TEST_GC} {TEST_JIT}".strip()
 
 
 def pytest_configure(config):
@@ -135,14 +141,14 @@ def kafka_broker(cfg):
 
 
 def start_connect_server(cfg) -> list[dict]:
-    """The worker's Spark Connect server as `services up` starts it (its rows), with the default JIT (it lives
-    the whole session, like the `spark` fixture's JVM) and the demo's driver memory: every DAG test of the
+    """The worker's Spark Connect server as `services up` starts it (its rows), with both compilers (it lives
+    the whole session, like the `spark` fixture's JVM: LONG_LIVED_JVM) and the demo's driver memory: every DAG test of the
     worker runs on it. Without the warm-up: the worker's first batches pay once what it would cost at start,
     and test_services_up_status_down_through_the_cli runs it."""
     from deltadrain.dev import services
 
     with pytest.MonkeyPatch.context() as env:
-        env.setenv("DELTADRAIN_DRIVER_JAVA_OPTIONS", TEST_GC)
+        env.setenv("DELTADRAIN_DRIVER_JAVA_OPTIONS", LONG_LIVED_JVM)
         env.setenv("DELTADRAIN_DRIVER_MEMORY", "2g")
         return services.up(cfg, ["spark_connect"], warm=False)
 
@@ -206,9 +212,9 @@ def spark():
     from deltadrain.runtime.session import get_spark
 
     # This JVM lives the whole session and runs its heaviest work (compaction, batch after batch): it
-    # keeps the default JIT. C1 only is for the short-lived drivers the tests spawn.
+    # keeps both compilers (LONG_LIVED_JVM). C1 only is for the short-lived drivers the tests spawn.
     with pytest.MonkeyPatch.context() as env:
-        env.setenv("DELTADRAIN_DRIVER_JAVA_OPTIONS", TEST_GC)
+        env.setenv("DELTADRAIN_DRIVER_JAVA_OPTIONS", LONG_LIVED_JVM)
         session = get_spark("deltadrain-tests")
     session.sparkContext.setLogLevel("ERROR")
     yield session
