@@ -297,7 +297,7 @@ def kill_cases():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("kind", "point", "transform", "batch"), kill_cases())
+@pytest.mark.parametrize(("kind", "point", "transform", "batch"), list(kill_cases()))
 def test_sigkill_at_each_step_boundary_loses_and_duplicates_nothing(h, point, transform, batch, request):
     """A drain SIGKILLed at a step boundary of its `batch`-th batch (a catch-up task of several batches
     when it is the second): the batches before it stay committed and acknowledged, the killed one is
