@@ -22,13 +22,11 @@ install: venv $(STAMP) jars jvm-archive
 venv:
 	@PY=$$(scripts/check-prereqs) && scripts/ensure-venv "$$PY" $(VENV)
 
-# Python 3.11, Java 17 and Maven are checked first; everything else is installed here. --no-compile: pip
-# would byte-compile every module of every package (half its time); Python compiles the ones a process
-# imports on first use instead, and keeps them.
+# Python 3.11, Java 17 and Maven are checked first; everything else is installed here.
 $(STAMP): requirements.txt constraints.txt pyproject.toml
 	@PY=$$(scripts/check-prereqs) && scripts/ensure-venv "$$PY" $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q --no-compile -r requirements.txt -c constraints.txt
+	$(BIN)/pip install -q -r requirements.txt -c constraints.txt
 	$(BIN)/pip install -q --no-deps -e .
 	@touch $(STAMP)
 
