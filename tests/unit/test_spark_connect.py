@@ -152,3 +152,12 @@ def test_a_lost_server_is_told_from_other_errors():
     assert " deltadrain services up`" in connect_lost(lost)
     assert connect_lost(RuntimeError("<_MultiThreadedRendezvous of RPC: status = StatusCode.UNAVAILABLE>"))
     assert connect_lost(ValueError("[DELTA_CONCURRENT_APPEND] a conflict")) is None
+
+
+def test_a_tasks_calls_to_the_embedded_api_server_outwait_its_sqlite_lock_wait():
+    from deltadrain.config.embedded import airflow_env
+    from deltadrain.orchestration.airflow_db import SQLITE_LOCK_TIMEOUT
+
+    # The API server may wait this long for the DB's write lock before it answers; a task runner that gave up
+    # sooner would kill a task the DB was only slow for.
+    assert float(airflow_env(load_config())["AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT"]) > SQLITE_LOCK_TIMEOUT

@@ -312,6 +312,10 @@ def debezium_topic(table: str) -> str:
     return f"{DEBEZIUM_TOPIC_PREFIX}.{table}"
 
 
+# Seconds a task's call to the embedded API server may take: more than its SQLite lock wait (60 s).
+EXECUTION_API_TIMEOUT_S = 65
+
+
 def airflow_env(cfg: DeltadrainConfig) -> dict[str, str]:
     """The environment every Airflow process of the embedded install runs with (also used by tests)."""
     port = ports(cfg).airflow
@@ -342,6 +346,10 @@ def airflow_env(cfg: DeltadrainConfig) -> dict[str, str]:
         "AIRFLOW__API_AUTH__JWT_SECRET": secret_file.read_text().strip(),
         "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "30",
         "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "False",
+        # A task's calls to the API server wait longer than the API server may wait for the SQLite DB's write lock
+        # (orchestration.airflow_db): after Airflow's 5 s a busy 2-core machine's task runner gave up and killed
+        # a task the DB was only slow for.
+        "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": str(EXECUTION_API_TIMEOUT_S),
         "DELTADRAIN_HOME": str(state_home()),
         "DELTADRAIN_CONFIG": str(cfg.source_file or config_path()),
     }
