@@ -232,65 +232,54 @@ class UpsertDecoder(BatchDecoder):
                                              f"{what} in the payload"))
         return self._typed(obj, {c: obj[c] for c in spec.key}, UPSERT, None)
 
-    def _json_parts(self, value: bytes | None, key: bytes | None) -> tuple | Event:
-        """A JSON change event's (envelope, record key, logical types, key text), or its dead letter."""
-        named: dict = {}
-        envelope = None
-        key_id = None
-        if key is not None and len(key) > 0:
-            raw_key, _ = debezium._json_object(key, "record key")
-            key_id = key_text(raw_key) if isinstance(raw_key, dict) else None
-        if value is not None:
-            if (wrong := size_error(value, self.max_bytes)) is not None:
-                return Event(wrong._replace(message_id=key_id))
-            wrapped, bad = debezium.json_value(value)
-            if bad is not None:
-                return Event(_bad(bad.error_type or "invalid_json", bad.error or "", key_id))
-            if isinstance(wrapped, dict) and debezium.unwrap(wrapped) is not wrapped:
-                named = logical_types(wrapped.get("schema"))
-            envelope = debezium.unwrap(wrapped)
-        record_key = None
-        if key is not None and len(key) > 0:
-            record_key, bad = debezium._json_object(key, "record key")
-            if bad is not None:
-                return Event(_bad(bad.error_type or "invalid_json", bad.error or ""))
-        return envelope, record_key, named, key_id
+    def _change_key(self, key: bytes | None) -> tuple[Any, Decoded | None]:
+        """A change event's record key -> (its columns, None) or (None, its dead letter); (None, None) without
+        one. Through the registry a framed key is read with its writer's schema; any other key is JSON (Kafka
+        Connect's, or a DLQ replay's copy, which carries the key's text)."""
+        if key is None or len(key) == 0:
+            return None, None
+        key = bytes(key)
+        if self.spec.registry is not None and key[0] == 0:
+            record_key, _, bad = registry_datum(key, self.spec.registry, self.writers, "record key")
+            return record_key, bad
+        record_key, parsed_bad = debezium._json_object(key, "record key")
+        if parsed_bad is not None:
+            return None, _bad(parsed_bad.error_type or "invalid_json", parsed_bad.error or "")
+        return record_key, None
 
-    def _avro_parts(self, value: bytes | None, key: bytes | None) -> tuple | Event:
-        """An Avro change event's (envelope, record key, logical types, key text), or its dead letter. A key
-        that is not framed is read as JSON: a DLQ replay's copy carries its key's text."""
-        registry = self.spec.registry
-        assert registry is not None  # only Avro pipelines read through here
-        record_key, key_bad = None, None
-        if key is not None and len(key) > 0:
-            key = bytes(key)
-            if key[0] == 0:
-                record_key, _, key_bad = registry_datum(key, registry, self.writers, "record key")
-            else:
-                record_key, parsed_bad = debezium._json_object(key, "record key")
-                if parsed_bad is not None:
-                    key_bad = _bad(parsed_bad.error_type or "invalid_json", parsed_bad.error or "")
+    def _json_value(self, value: bytes, key_id: str | None) -> tuple | Event:
+        """A JSON change event's (envelope, logical types), or its dead letter."""
+        wrapped, bad = debezium.json_value(value)
+        if bad is not None:
+            return Event(_bad(bad.error_type or "invalid_json", bad.error or "", key_id))
+        named = logical_types(wrapped.get("schema")) \
+            if isinstance(wrapped, dict) and debezium.unwrap(wrapped) is not wrapped else {}
+        return debezium.unwrap(wrapped), named
+
+    def _avro_value(self, value: bytes, key_id: str | None) -> tuple | Event:
+        """An Avro change event's (envelope, logical types) read with its writer's schema, or its dead letter."""
+        assert self.spec.registry is not None  # only Avro pipelines read through here
+        envelope, schema_id, bad = registry_datum(bytes(value), self.spec.registry, self.writers, "payload")
+        if bad is not None:
+            return Event(bad._replace(message_id=key_id))
+        assert schema_id is not None  # read with a writer's schema
+        if schema_id not in self.logical:
+            self.logical[schema_id] = avro_logical_types(self.writers[schema_id][1])
+        return envelope, self.logical[schema_id]
+
+    def _debezium(self, value: bytes | None, key: bytes | None) -> Event:
+        record_key, key_bad = self._change_key(key)
         key_id = key_text(record_key) if isinstance(record_key, dict) else None
         envelope, named = None, {}
         if value is not None:
             if (wrong := size_error(value, self.max_bytes)) is not None:
                 return Event(wrong._replace(message_id=key_id))
-            envelope, schema_id, bad = registry_datum(bytes(value), registry, self.writers, "payload")
-            if bad is not None:
-                return Event(bad._replace(message_id=key_id))
-            assert schema_id is not None  # read with a writer's schema
-            if schema_id not in self.logical:
-                self.logical[schema_id] = avro_logical_types(self.writers[schema_id][1])
-            named = self.logical[schema_id]
+            got = (self._avro_value if self.spec.registry is not None else self._json_value)(value, key_id)
+            if isinstance(got, Event):
+                return got
+            envelope, named = got
         if key_bad is not None:
             return Event(key_bad)
-        return envelope, record_key, named, key_id
-
-    def _debezium(self, value: bytes | None, key: bytes | None) -> Event:
-        got = (self._avro_parts if self.spec.registry is not None else self._json_parts)(value, key)
-        if isinstance(got, Event):
-            return got
-        envelope, record_key, named, key_id = got
         parsed = debezium.parse_record(envelope, record_key, key_columns=self.spec.key)
         change = parsed.change
         if change is None:

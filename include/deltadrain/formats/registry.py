@@ -243,12 +243,13 @@ def _imported(registry: Registry, found: Writer, schema_id: int, *, sleep, ask) 
             return Writer(None, "AVRO", found.references, "unsupported_schema",
                           f"schema id {schema_id} imports more than {MAX_IMPORTS} registered schemas")
         url = f"{registry.url}/subjects/{urllib.parse.quote(subject, safe='')}/versions/{version}"
-        what = f"{subject} v{version} (imported by schema id {schema_id})"
+        ref = f"{subject} v{version}"
+        what = f"{ref} (imported by schema id {schema_id})"
 
-        def judge(status: int, body: bytes, what=what):
+        def judge(status: int, body: bytes, ref=ref, what=what):
             if status == 404:
                 return Writer(None, "AVRO", found.references, "unsupported_schema",
-                              f"schema id {schema_id} imports {what.split(' (')[0]}, which the schema registry at "
+                              f"schema id {schema_id} imports {ref}, which the schema registry at "
                               f"{registry.url} does not have ({_said(body)})")
             return answer(status, body, schema_id, registry, "AVRO") if status != 200 else _version(body, what,
                                                                                                      registry)
