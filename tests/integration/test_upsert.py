@@ -1,10 +1,12 @@
 """Upsert mode (`target.mode: upsert`, docs/cdc.md) on a real broker, Spark and Delta: a Kafka topic of entity
 states keyed by their id drains into a table that holds each key once, in its newest state, with deletes by
-tombstone and by `delete_when`, and an older state sent again afterwards changes nothing."""
+tombstone and by `delete_when`, an older state sent again afterwards changes nothing, and a state the target's
+constraints refuse is a dead letter."""
 
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from confluent_kafka import Producer
@@ -79,6 +81,62 @@ def test_entity_states_upsert_newest_per_key_with_tombstones_deletes_and_an_olde
     assert drain(c, p, spark=spark).outcome == "committed"
     assert 2 not in states(spark, c, p)
     assert table_version(str(c.tombstones_path(p))) == remembered + 1
+
+    # A constraint the operator put on the target refuses key 8's newest state: that message is a dead letter
+    # naming it, the batch is decided again without it (8's older state is then its newest), the rest commits.
+    spark.sql(f"ALTER TABLE delta.`{c.target_path(p)}` ADD CONSTRAINT no_bad_names CHECK (name <> 'bad')")
+    send(8, {"id": 8, "name": "eight", "version": 1})
+    send(8, {"id": 8, "name": "bad", "version": 2})
+    send(1, {"id": 1, "name": "one-6", "version": 6})
+    producer.flush(30)
+    s = drain(c, p, spark=spark)
+    assert (s.outcome, s.claimed, s.dead_lettered, s.written) == ("committed", 3, 1, 2), s.line()
+    assert states(spark, c, p) == {1: ("one-6", 6), 5: ("five again", 2), 8: ("eight", 1)}
+    refused = [r for r in dlq_rows(spark, c, p) if r.error_type == "refused"]
+    assert len(refused) == 1 and json.loads(bytes(refused[0].original))["name"] == "bad"
+    assert refused[0].error.startswith("the target table refused its row: CHECK constraint no_bad_names (")
+
+
+def test_a_backfill_of_an_upsert_target_heals_lost_rows_and_rolls_none_back(tmp_path, spark):
+    """Rows lost from an upsert target (deleted behind the drain's back) come back from the source's history in
+    their newest state; a key deleted in that history stays deleted, and a key the table holds newer than the
+    interval is not rolled back. Run twice, the second backfill changes nothing."""
+    from datetime import UTC, datetime, timedelta
+
+    from delta.tables import DeltaTable
+
+    from deltadrain.heal.backfill import backfill
+
+    _, c, p = make_kafka_pipeline(tmp_path, partitions=1, schema=SCHEMA, transform=None,
+                                  target={"path": "up_heal", "mode": "upsert", "key": ["id"], "order_by": "version"})
+    producer = Producer(kafka_client_conf(c, p))
+
+    def send(key: int, value: dict | None) -> None:
+        producer.produce(p.source.topic, None if value is None else json.dumps(value).encode(), key=str(key).encode())
+
+    began = datetime.now(UTC) - timedelta(seconds=5)
+    for v in (1, 2, 3):
+        send(1, {"id": 1, "name": f"one-{v}", "version": v})
+    send(2, {"id": 2, "name": "two", "version": 1})
+    send(3, {"id": 3, "name": "three", "version": 1})
+    send(3, None)
+    send(4, {"id": 4, "name": "four", "version": 2})
+    producer.flush(30)
+    assert drain(c, p, spark=spark).outcome == "committed"
+    ended = datetime.now(UTC) + timedelta(seconds=1)
+    time.sleep(1.5)
+    send(2, {"id": 2, "name": "two-5", "version": 5})  # after the interval
+    producer.flush(30)
+    assert drain(c, p, spark=spark).outcome == "committed"
+    DeltaTable.forPath(spark, str(c.target_path(p))).delete("id IN (1, 4)")
+    assert states(spark, c, p) == {2: ("two-5", 5)}
+
+    healed = backfill(c, p, spark, began, ended)
+    assert (healed.read, healed.written, healed.skipped_truncates, healed.skipped_refused) == (7, 2, 0, []), healed
+    assert states(spark, c, p) == {1: ("one-3", 3), 2: ("two-5", 5), 4: ("four", 2)}
+    again = backfill(c, p, spark, began, ended)
+    assert (again.read, again.written) == (7, 0)
+    assert states(spark, c, p) == {1: ("one-3", 3), 2: ("two-5", 5), 4: ("four", 2)}
 
 
 @pytest.mark.usefixtures("valkey_server")

@@ -1,18 +1,41 @@
-"""Upsert mode's decision in Spark (`apply_upsert.decide_frame`) equals its pure specification
-(`upsert.decide_batch`) on many random batches, decided in one Spark job per case: every trial's keys and
-partitions carry the trial's number, so the trials cannot touch each other. The batches hold keys changed many
-times, deletes and inserts again, redeliveries of what the table holds, older events, null order values, exact
-duplicates, and remembered deletes inside and outside the dedup window; a second case holds truncates."""
+"""Upsert mode's decisions in Spark equal their pure specification (`upsert.decide_batch`) on many random batches,
+decided in one Spark job per case: every trial's keys and partitions carry the trial's number, so the trials
+cannot touch each other. The batches hold keys changed many times, deletes and inserts again, redeliveries of what
+the table holds, older events, null order values, exact duplicates, and remembered deletes inside and outside the
+dedup window; a second case holds truncates. `apply_upsert.decide_frame` is compared decision by decision;
+`apply_upsert.newest_frame`, which leaves the weighing against the live row to the MERGE, by the target and
+tombstone tables its MERGE and append leave."""
 
 from __future__ import annotations
 
 import random
 from datetime import UTC, datetime, timedelta
 
+import pytest
+
 from deltadrain.formats.changes import DELETE, TRUNCATE, UPSERT
-from deltadrain.lake.delta import ensure_table
-from deltadrain.run.apply_upsert import decide_frame, expire_tombstones, survey, tombstone_schema
-from deltadrain.run.upsert import Effect, Order, Position, decide_batch, events_of, last_truncates, state_of
+from deltadrain.lake.delta import ensure_table, merge_into
+from deltadrain.run.apply_upsert import (
+    decide_frame,
+    expire_tombstones,
+    merge_clauses,
+    merge_condition,
+    newest_frame,
+    survey,
+    tombstone_schema,
+    write_tombstones,
+)
+from deltadrain.run.upsert import (
+    Effect,
+    Order,
+    Position,
+    after,
+    decide_batch,
+    events_of,
+    last_truncates,
+    newer,
+    state_of,
+)
 
 NOW = datetime(2026, 3, 1, 12, tzinfo=UTC)
 WINDOW = timedelta(days=7)
@@ -120,6 +143,73 @@ def test_the_spark_decision_after_a_truncate_equals_decide_batch(spark):
     got = decided_in_spark(spark, cut, [], [], with_lake=False)
     assert got == want and len(want) > 50
     assert len(cut) > len(want) + 100, "too few events a truncate left out"
+
+
+def states_of(rows, marks) -> dict:
+    held = {r[0]: Order(r[4], Position(*r[1:4])) for r in rows}
+    remembered: dict[str, list] = {}
+    for m in marks:
+        remembered.setdefault(m[0], []).append((Order(m[4], Position(*m[1:4])), m[5]))
+    return {k: state_of(held.get(k), remembered.get(k, ())) for k in set(held) | set(remembered)}
+
+
+@pytest.mark.parametrize("order_by", ["position", "version"])
+def test_the_merge_that_weighs_against_the_live_row_leaves_what_decide_batch_says(spark, tmp_path, order_by):
+    """`newest_frame`, its tombstones appended and its MERGE run on real Delta tables: every key's live row is
+    the one `decide_batch` and `after` say, and every key without one has the newest remembered delete they
+    say. Under `order_by: position` no order has a value; under a column every event has one (an event
+    without one is decided by `decide_frame`), while rows and remembered deletes may lack it."""
+    from pyspark.sql.types import LongType
+
+    events, rows, marks = batches(13, 300, truncates=False)
+    if order_by == "position":
+        events = [(*e[:2], None, *e[3:]) for e in events]
+        rows = [(*r[:4], None) for r in rows]
+        marks = [(*m[:4], None, m[5]) for m in marks]
+    else:
+        events = [e for e in events if e[2] is not None]
+    target, tombstones = str(tmp_path / "target"), str(tmp_path / "tombstones")
+    spark.createDataFrame([(*r, f"{r[0]}@held") for r in rows], f"{ROWS}, name string") \
+        .write.format("delta").save(target)
+    spark.createDataFrame([(*m, 0, "before") for m in marks], tombstone_schema(LongType())) \
+        .write.format("delta").save(tombstones)
+    frame = spark.createDataFrame(events, EVENTS)
+    seen = survey(frame)
+    assert not seen.unordered or order_by == "position"
+    decided = newest_frame(frame, spark.read.format("delta").load(tombstones), now=NOW, window=WINDOW,
+                           key_range=seen.key_range).persist()
+    write_tombstones(spark, tombstones, decided, LongType(), batch=1, run_id="run", now=NOW)
+    merge_into(spark, target, decided, merge_condition(seen.key_range, False),
+               merge_clauses(decided.columns, False, weigh=True))
+    decided.unpersist()
+
+    changes, _ = events_of(e[:6] for e in events)
+    states = states_of(rows, marks)
+    decisions = decide_batch(changes, states, now=NOW, window=WINDOW)
+    want_rows, want_marks = {}, {}
+    for key in set(states) | set(decisions):
+        state = states.get(key)
+        if key in decisions:
+            state = after(state, decisions[key], now=NOW)
+        if state is not None and state.row is not None:
+            want_rows[key] = state.row
+        elif state is not None and state.deleted is not None:
+            want_marks[key] = state.deleted
+    names = {Order(e[2], Position(*e[3:6])): e[6] for e in events} | \
+        {Order(r[4], Position(*r[1:4])): f"{r[0]}@held" for r in rows}
+    got_rows = {r[0]: (Order(r[4], Position(*r[1:4])), r[5])
+                for r in spark.read.format("delta").load(target).collect()}
+    assert got_rows == {k: (o, names[o]) for k, o in want_rows.items()}
+    got_marks: dict[str, Order] = {}
+    for m in spark.read.format("delta").load(tombstones).collect():
+        at = Order(m[4], Position(*m[1:4]))
+        if newer(at, got_marks.get(m[0])):
+            got_marks[m[0]] = at
+    assert {k: got_marks.get(k) for k in want_marks} == want_marks
+    # The cases the batches must hold for the comparison to mean anything.
+    effects = [d.effect for d in decisions.values()]
+    assert effects.count(Effect.DELETE) > 20 and effects.count(Effect.UPSERT) > 60
+    assert effects.count(Effect.NOTHING) > 30
 
 
 def test_tombstones_older_than_two_windows_are_dropped_and_the_rest_kept(spark, tmp_path):

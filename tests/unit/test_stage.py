@@ -108,6 +108,28 @@ def test_reports_of_several_tasks_sum_up(tmp_path):
     assert Staged.of(one + two).stats().unique
 
 
+def test_an_upsert_batchs_changes_are_counted_by_the_staging_as_the_survey_would(tmp_path):
+    """Deletes, truncates and changes without an order value among the good rows of each task, summed over the
+    tasks: what spares an upsert batch its survey job (apply_upsert.Survey). A dead letter counts in none."""
+    def changes(rows):
+        b = batch([(part, pos, 1, 1, False, error, key) for part, pos, error, key, _, _ in rows])
+        b = b.append_column("_dd_change", pa.array([r[4] for r in rows], pa.string()))
+        return b.append_column("_dd_order", pa.array([r[5] for r in rows], pa.int64()))
+
+    def report(rows, n):
+        b = changes(rows)
+        return [SimpleNamespace(**r) for r in next(write_and_report(
+            iter([b]), str(tmp_path / str(n)), b.schema, "event_id")).to_pylist()]
+
+    one = report([("s", "1-0", None, "k1", "upsert", 3), ("s", "1-1", None, "k1", "delete", None),
+                  ("s", "1-2", "invalid_json", None, "delete", None)], 1)
+    two = report([("s", "2-0", None, "k2", "delete", 4), ("s", "2-1", None, "t", "truncate", None),
+                  ("s", "2-2", None, "k0", "upsert", None)], 2)
+    got = Staged.of(one + two).stats()
+    assert got.changes == (2, 1, 2) and got.id_range == ("k0", "t")
+    assert Staged.of(one).stats().changes == (1, 0, 1)
+
+
 
 def test_a_claim_here_on_threads_stages_a_file_per_task_and_sums_like_one_thread(tmp_path):
     from pyspark.sql.pandas.types import from_arrow_schema

@@ -5,7 +5,9 @@ the message id, like a drain, with three differences that keep the live pipeline
 claims nothing (XRANGE, not XREADGROUP), acknowledges nothing, and commits without the pipeline's
 SetTransaction, so the live checkpoint does not move. Its rows carry batch 0 (drained batches
 start at 1). Running it
-twice, or beside a live drain, inserts each message id once.
+twice, or beside a live drain, inserts each message id once. An upsert target's backfill applies the
+interval's changes as a drain's batch is decided (each key's newest, only where newer than what the table
+holds or remembers), so it heals a lost row and never rolls one back.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from deltadrain.config import DeltadrainConfig, PipelineConfig
 from deltadrain.errors import DeltadrainError, error_line
 from deltadrain.lake.deadletter import write_dead_letters
 from deltadrain.lake.delta import (
+    changed_rows,
     is_table,
     merge_into,
     of_table,
@@ -53,6 +56,7 @@ class BackfillSummary:
     skipped_refused: list = field(default_factory=list)  # rows the target's constraints refuse: not merged
     skipped_quarantined: int = 0  # messages a batch check moved to the quarantine: not put back
     skipped_dead_lettered: int = 0  # messages the DLQ holds (dead or replayed): the replay is their way back
+    skipped_truncates: int = 0  # an upsert target's truncates in the interval: not applied by a backfill
     filtered: int = 0  # valid messages the transform kept no row for
     gaps: list = field(default_factory=list)
     acked: int = 0  # always 0: a backfill never acknowledges
@@ -160,11 +164,79 @@ def merge_without_checkpoint(spark, target: str, rows, pipeline: PipelineConfig,
                 raise
             raise BackfillError(f"the target table refused rows again without the {len(refused)} its "
                                 f"constraints name: {refused_rows(again)}") from again
+    return commit_metrics(target, metadata["run_id"]), refused
+
+
+def commit_metrics(target: str, run_id: str) -> dict:
+    """The version and metrics of run `run_id`'s commit to `target` ({} when none of the newest is)."""
     for commit in recent_commits(target, 20):
-        if (commit["meta"] or {}).get("run_id") == metadata["run_id"]:
+        if (commit["meta"] or {}).get("run_id") == run_id:
             return {"version": commit["version"], **{k: int(v) for k, v in commit["metrics"].items()
-                                                     if str(v).isdigit()}}, refused
-    return {}, refused
+                                                     if str(v).isdigit()}}
+    return {}
+
+
+def upsert_without_checkpoint(spark, cfg: DeltadrainConfig, pipeline: PipelineConfig, rows, metadata: dict,
+                              summary: BackfillSummary) -> tuple[dict, list[tuple[str, str, str]]]:
+    """An upsert target's backfill commit: the interval's changes decided as a drain's batch is
+    (deltadrain.run.apply_upsert: each key's newest, applied only where newer than what the table holds or
+    remembers, so history never rolls a row back), its deletes remembered, one MERGE without the
+    pipeline's SetTransaction. A conflict decides again from the tables as they are then. A truncate is
+    left out and counted (`skipped_truncates`): it empties the table at its place in the source, which a
+    backfill, applying changes per key, cannot redo without deleting rows written after it. Returns the
+    commit's metrics and the messages (partition, position, constraint) the target's constraints refuse,
+    left out as in insert mode."""
+    from pyspark.sql import functions as F
+
+    from deltadrain.formats.changes import CHANGE, KEY, TRUNCATE
+    from deltadrain.run.apply_upsert import EFFECT, prepare
+    from deltadrain.run.commit import USER_METADATA
+    from deltadrain.run.rows import refused_messages
+    from deltadrain.run.upsert import Effect
+
+    target, text = str(cfg.target_path(pipeline)), json.dumps(metadata, sort_keys=True, default=str)
+    changes = rows.where(F.col(CHANGE) != TRUNCATE)
+    summary.skipped_truncates = rows.where(F.col(CHANGE) == TRUNCATE).count()
+
+    def merge(source) -> None:
+        decided = prepare(spark, source, pipeline=pipeline, target=target, tombstones=str(cfg.tombstones_path(pipeline)),
+                          batch=NO_BATCH, run_id=metadata["run_id"], now=datetime.now(UTC))
+        spark.conf.set(USER_METADATA, text)
+        try:
+            merge_into(spark, target, decided.source, decided.condition, decided.clauses)
+        except Exception as exc:
+            if refused_rows(exc) is None:
+                raise
+            written = decided.source.where(f"{EFFECT} = '{Effect.UPSERT.value}'")
+            named, why = refused_messages(spark, target, written, KEY, updating=True)
+            if named is None:
+                raise BackfillError(f"the target table refused rows ({why}): {refused_rows(exc)}") from exc
+            raise Refused(named) from exc
+        finally:
+            spark.conf.unset(USER_METADATA)
+            decided.release()
+
+    refused: list[tuple[str, str, str]] = []
+    try:
+        retry_conflicts(lambda: merge(changes))
+    except Refused as first:
+        refused = first.named
+        keys = spark.createDataFrame([r[:2] for r in refused], "_dd_partition string, _dd_position string")
+        try:
+            retry_conflicts(lambda: merge(changes.join(F.broadcast(keys), ["_dd_partition", "_dd_position"],
+                                                       "left_anti")))
+        except Refused as again:
+            raise BackfillError(f"the target table refused rows again without the {len(refused)} its constraints "
+                                f"name: {again.named[0][2]}") from again
+    return commit_metrics(target, metadata["run_id"]), refused
+
+
+class Refused(Exception):
+    """An upsert backfill's MERGE was refused by the target's constraints: `named` the messages they name."""
+
+    def __init__(self, named: list[tuple[str, str, str]]):
+        super().__init__(f"{len(named)} messages refused")
+        self.named = named
 
 
 def without_held(spark, rows, table: str, partition: str = "_dd_partition", position: str = "_dd_position",
@@ -212,10 +284,6 @@ def backfill(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, start: date
     from deltadrain.run.summary import new_run_id
 
     start, end = check_interval(start, end)
-    if pipeline.upsert:
-        raise BackfillError(f"pipeline '{pipeline.name}' is an upsert target (target.mode upsert): a backfill MERGEs "
-                            "events insert-only by message id and cannot apply changes yet; replay its dead letters "
-                            "(mode dlq) instead")
     pipeline = with_table_columns(cfg, pipeline)
     run_id = run_id or new_run_id()
     summary = BackfillSummary(pipeline.name, run_id, start.isoformat(), end.isoformat())
@@ -258,13 +326,17 @@ def backfill(cfg: DeltadrainConfig, pipeline: PipelineConfig, spark, start: date
             if offered:
                 meta = {"deltadrain": 1, "pipeline": pipeline.name, "kind": "backfill", "run_id": run_id,
                         "interval": [start.isoformat(), end.isoformat()]}
-                # From the oldest source time among the rows, as a drain's window: a Kafka record can be
-                # stamped (CreateTime) long before the interval its offset lies in.
-                metrics, refused = merge_without_checkpoint(
-                    spark, target, kept, pipeline, meta,
-                    window_start=dedup_window_start(min(start, oldest or start), pipeline.dedup_window))
+                if pipeline.upsert:
+                    metrics, refused = upsert_without_checkpoint(spark, cfg, pipeline, kept, meta, summary)
+                    summary.written = changed_rows(metrics)
+                else:
+                    # From the oldest source time among the rows, as a drain's window: a Kafka record can be
+                    # stamped (CreateTime) long before the interval its offset lies in.
+                    metrics, refused = merge_without_checkpoint(
+                        spark, target, kept, pipeline, meta,
+                        window_start=dedup_window_start(min(start, oldest or start), pipeline.dedup_window))
+                    summary.written = metrics.get("numTargetRowsInserted", 0)
                 summary.skipped_refused = [{"partition": p, "position": pos, "error": e} for p, pos, e in refused]
-                summary.written = metrics.get("numTargetRowsInserted", 0)
                 summary.table_version = metrics.get("version")
                 summary.duplicates_skipped = offered - summary.written - len(refused)
             rows.unpersist()

@@ -290,7 +290,8 @@ def reprocess(cfg, pipeline: PipelineConfig, spark, request: ReplayRequest, resu
 
     if pipeline.upsert:
         raise ReplayError(f"pipeline '{pipeline.name}' is an upsert target (target.mode upsert): a reprocess rewrites "
-                          "rows by message id and cannot apply changes yet; replay dead letters (mode dlq) instead")
+                          "rows through the pipeline's current transform, and an upsert target has none (its rows are "
+                          "the events as they came); heal it with a backfill, or replay dead letters (mode dlq)")
     pipeline = with_table_columns(cfg, pipeline)
     target = str(cfg.target_path(pipeline))
     if not is_table(spark, target):

@@ -249,6 +249,11 @@ def inserted_rows(metrics: dict) -> int:
     return int(metrics.get("numTargetRowsInserted", metrics.get("numOutputRows", 0)))
 
 
+def changed_rows(metrics: dict) -> int:
+    """Rows an upsert MERGE inserted, updated or deleted."""
+    return sum(int(metrics.get(f"numTargetRows{what}", 0)) for what in ("Inserted", "Updated", "Deleted"))
+
+
 def table_version(path: str) -> int | None:
     """The latest table version."""
     log = _log(path)

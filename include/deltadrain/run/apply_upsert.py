@@ -2,22 +2,25 @@
 applied to the target in the batch's one MERGE commit, with the positions and the batch number as in insert mode
 (deltadrain.run.commit).
 
-The decision is made in Spark (`decide_frame`), by the rules `deltadrain.run.upsert.decide_batch` states in pure
-Python (a test holds the two equal on random batches): a window per key over the batch's events gives each event
-its order (a null order_by value takes the newest its key has before it) and picks the newest; a left join to
-what the lake holds for the batch's keys only (the target's live row: `_dd_partition`, `_dd_pos_hi`, `_dd_pos_lo`,
-`_dd_order`; the newest remembered delete in the tombstone table `<lake>/_deltadrain/tombstones/<pipeline>`, both
-read through a semi-join with the batch's distinct keys, broadcast, and the batch's key range as literals for
-Delta's file skipping) gives its effect. Only a few counts come back to the driver.
+The decisions are the ones `deltadrain.run.upsert.decide_batch` states in pure Python, made in Spark so that no
+batch's rows go to the driver. A window per key over the batch's events picks each key's newest; what the lake
+holds for the batch's keys (the target's live row: `_dd_partition`, `_dd_pos_hi`, `_dd_pos_lo`, `_dd_order`; the
+newest remembered delete in the tombstone table `<lake>/_deltadrain/tombstones/<pipeline>`, read through a
+semi-join with the batch's keys and the batch's key range as literals for Delta's file skipping) gives its effect.
+Two ways, one answer (tests hold each equal to `decide_batch` on random batches):
+- `newest_frame`, for a batch whose events all have their order (`order_by: position`, or a value in each) and
+  no truncate: the tombstones are read for the batch's keys, and the target MERGE's matched clauses compare the
+  event with the live row they match, so the target is read once, by the MERGE;
+- `decide_frame`, otherwise: an event without an order value takes its key's newest (`upsert.orders`), which may
+  be the live row's, so the target is read for the batch's keys first.
 
-The deletes a batch applies are MERGEd into the tombstone table before the target's commit, insert-only on (key,
-partition, position), as dead letters are: a run killed after it and before the target's commit only repeats it,
-and the retry still deletes the row (`upsert.effect`: a delete applies when newer than the live row, even when it
-is already remembered). A batch without deletes writes no tombstone commit. Every EXPIRE_EVERY batches a DELETE
-drops the tombstones remembered longer than twice `dedup_window`, so the table stays small (`upsert.decide`
-forgets them after one window whatever the table keeps). The decisions are cached before the two MERGEs, so both apply the same ones.
+The deletes a batch applies are appended to the tombstone table before the target's commit: a run killed after
+it and before the target's commit only appends them again, which the decision does not see (a key's newest
+delete counts), and the retry still deletes the row (`upsert.effect`: a delete applies when newer than the live
+row, even when it is already remembered). A batch without deletes writes no tombstone commit. Every
+EXPIRE_EVERY batches a DELETE drops the tombstones remembered longer than twice `dedup_window`, so the table
+stays small (`upsert.decide` forgets them after one window whatever the table keeps).
 """
-
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -30,7 +33,6 @@ from deltadrain.formats.debezium import truncate_line
 from deltadrain.lake.delta import (
     ensure_table,
     is_table,
-    merge_into,
     retry_conflicts,
     sql_literal,
     sql_name,
@@ -64,10 +66,13 @@ def tombstone_schema(order_type) -> object:
 
 class Survey(NamedTuple):
     """What the driver needs to know of a batch before deciding it: its row changes' lowest and highest key
-    (None without any) and its truncates' (key, place), the key naming the truncated table."""
+    (None without any), its truncates' (key, place), the key naming the truncated table, how many of its
+    events are deletes, and how many have no order value."""
 
     key_range: tuple[str, str] | None
     truncates: tuple[tuple[str, Position], ...]
+    deletes: int = 0
+    unordered: int = 0
 
 
 def survey(rows) -> Survey:
@@ -76,11 +81,13 @@ def survey(rows) -> Survey:
 
     change = F.when(F.col(CHANGE) != TRUNCATE, F.col(KEY))
     got = rows.agg(F.min(change), F.max(change),
-                   F.collect_list(F.when(F.col(CHANGE) == TRUNCATE, F.struct(KEY, *PLACE)))).first()
+                   F.collect_list(F.when(F.col(CHANGE) == TRUNCATE, F.struct(KEY, *PLACE))),
+                   F.count(F.when(F.col(CHANGE) == DELETE, 1)),
+                   F.count(F.when((F.col(CHANGE) != TRUNCATE) & F.col(ORDER).isNull(), 1))).first()
     if got is None:
         return Survey(None, ())
     places = tuple(sorted(((t[0], Position(t[1], t[2], t[3])) for t in got[2] or ()), key=lambda t: t[1]))
-    return Survey((str(got[0]), str(got[1])) if got[0] is not None else None, places)
+    return Survey((str(got[0]), str(got[1])) if got[0] is not None else None, places, int(got[3]), int(got[4]))
 
 
 def key_range_condition(key_range: tuple[str, str] | None, alias: str = "") -> str:
@@ -104,6 +111,46 @@ def rank(value, place: tuple | None = None, order_type=None):
     p, hi, lo = place if place is not None else (F.col(c) for c in PLACE)
     return F.struct(v.isNotNull().alias("known"), v.alias("value"), p.alias("partition"), hi.alias("hi"),
                     lo.alias("lo"))
+
+
+def remembered(tombstones, keys, order_type, *, now: datetime, window: timedelta,
+               key_range: tuple[str, str] | None = None):
+    """The remembered delete of each of `keys` (KEY, MARK: its order as `rank` gives it): only a key's newest
+    counts, and it is forgotten a window after its commit (`upsert.forget`)."""
+    from pyspark.sql import functions as F
+
+    if key_range is not None:
+        tombstones = tombstones.filter(key_range_condition(key_range))
+    cutoff = (now - window - EPOCH) // timedelta(microseconds=1)
+    return (tombstones.join(keys, KEY, "left_semi")
+            .groupBy(KEY).agg(F.max(F.struct(rank(ORDER, order_type=order_type).alias("at"),
+                                             F.unix_micros(DELETED_AT).alias("when"))).alias("_dd_m"))
+            .filter(F.col("_dd_m.when").isNull() | (F.col("_dd_m.when") >= F.lit(cutoff)))
+            .select(KEY, F.col("_dd_m.at").alias(MARK)))
+
+
+def newest_frame(events, tombstones=None, *, now: datetime, window: timedelta,
+                 key_range: tuple[str, str] | None = None):
+    """The decision where it needs nothing of the target: a batch without truncates whose events all have their
+    order (`order_by: position`, or a value in every event; a null value would take the key's from the table).
+    -> each key's newest event, less the upserts its remembered delete is newer than, with EFFECT what it does if
+    it is newer than the key's live row. The target MERGE weighs it against that row (`merge_clauses` with
+    `weigh`), which it reads anyway: the same decisions as `decide_frame`, with one read of the target fewer."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    order_type = events.schema[ORDER].dataType
+    first = Window.partitionBy(KEY).orderBy(rank(ORDER).desc())
+    best = events.withColumn("_dd_n", F.row_number().over(first)).filter(F.col("_dd_n") == 1)
+    delete = F.col(CHANGE) == DELETE
+    if tombstones is not None:
+        marks = remembered(tombstones, F.broadcast(best.select(KEY)), order_type, now=now, window=window,
+                           key_range=key_range)
+        # A delete is weighed against the live row alone, so that a retry after its tombstone was written
+        # still deletes the row; without a row it only needs remembering.
+        best = best.join(marks, KEY, "left").filter(delete | F.coalesce(rank(ORDER) > F.col(MARK), F.lit(True)))
+    effect = F.when(delete, F.lit(Effect.DELETE.value)).otherwise(F.lit(Effect.UPSERT.value))
+    return best.select(*(F.col(c) for c in events.columns if c != CHANGE), effect.alias(EFFECT))
 
 
 def decide_frame(events, target=None, tombstones=None, *, now: datetime, window: timedelta,
@@ -130,16 +177,8 @@ def decide_frame(events, target=None, tombstones=None, *, now: datetime, window:
         rows = target.join(keys, KEY, "left_semi").select(KEY, rank(ORDER, order_type=order_type).alias(ROW))
         state = state.join(rows, KEY, "left")
     if tombstones is not None:
-        if key_range is not None:
-            tombstones = tombstones.filter(key_range_condition(key_range))
-        cutoff = (now - window - EPOCH) // timedelta(microseconds=1)
-        # Only the key's newest delete counts, and it is forgotten a window after its commit (`upsert.forget`).
-        marks = (tombstones.join(keys, KEY, "left_semi")
-                 .groupBy(KEY).agg(F.max(F.struct(rank(ORDER, order_type=order_type).alias("at"),
-                                                  F.unix_micros(DELETED_AT).alias("when"))).alias("_dd_m"))
-                 .filter(F.col("_dd_m.when").isNull() | (F.col("_dd_m.when") >= F.lit(cutoff)))
-                 .select(KEY, F.col("_dd_m.at").alias(MARK)))
-        state = state.join(marks, KEY, "left")
+        state = state.join(remembered(tombstones, keys, order_type, now=now, window=window, key_range=key_range),
+                           KEY, "left")
     none = rank(F.lit(None), (F.lit(None).cast("string"), F.lit(None).cast("long"), F.lit(None).cast("long")),
                 order_type)
     row = F.col(ROW) if target is not None else F.when(F.lit(False), none)
@@ -162,8 +201,9 @@ def decide_frame(events, target=None, tombstones=None, *, now: datetime, window:
 
 
 def write_tombstones(spark, path: str, decided, order_type, *, batch: int, run_id: str, now: datetime) -> None:
-    """Remember the batch's deletes (`decided`'s rows whose effect is delete), insert-only on key and place:
-    Delta then appends the new ones without rewriting any file."""
+    """Remember the batch's deletes (`decided`'s rows whose effect is delete), appended: a retry of the batch
+    appends them again, which changes nothing the decision reads (a key's newest delete counts), and an
+    append needs no read of the table and never conflicts."""
     from pyspark.sql import functions as F
 
     ensure_table(spark, path, tombstone_schema(order_type))
@@ -171,8 +211,7 @@ def write_tombstones(spark, path: str, decided, order_type, *, batch: int, run_i
               .select(KEY, *PLACE, F.col(ORDER).cast(order_type).alias(ORDER),
                       F.lit(now).cast("timestamp").alias(DELETED_AT), F.lit(batch).cast("long").alias("_dd_batch"),
                       F.lit(run_id).alias("_dd_run_id")))
-    on = " AND ".join(f"d.{c} = s.{c}" for c in (KEY, *PLACE))
-    retry_conflicts(lambda: merge_into(spark, path, source, on, "WHEN NOT MATCHED THEN INSERT *", alias="d"))
+    source.write.format("delta").mode("append").save(path)
 
 
 def expire_tombstones(spark, path: str, *, now: datetime, window: timedelta) -> None:
@@ -182,15 +221,24 @@ def expire_tombstones(spark, path: str, *, now: datetime, window: timedelta) -> 
     retry_conflicts(lambda: spark.sql(f"DELETE FROM {table_ref(path)} WHERE {DELETED_AT} < {cutoff}"))  # noqa: S608
 
 
-def merge_clauses(columns: list[str], truncating: bool) -> str:
+def rank_sql(alias: str) -> str:
+    """`rank` of the row `alias` in SQL, from its ORDER and place columns."""
+    return (f"named_struct('known', {alias}.{ORDER} IS NOT NULL, 'value', {alias}.{ORDER}, "
+            + ", ".join(f"'{name}', {alias}.{c}" for name, c in zip(("partition", "hi", "lo"), PLACE, strict=True))
+            + ")")
+
+
+def merge_clauses(columns: list[str], truncating: bool, weigh: bool = False) -> str:
     """The target MERGE's clauses (ON the key): a delete deletes, an upsert replaces or inserts the row; after a
-    truncate every row the batch does not write again goes."""
+    truncate every row the batch does not write again goes. `weigh` (`newest_frame`'s source): a matched row
+    changes only when the event is newer than it."""
     names = [c for c in columns if c != EFFECT]
     sets = ", ".join(f"t.{sql_name(c)} = s.{sql_name(c)}" for c in names)
     cols = ", ".join(sql_name(c) for c in names)
     vals = ", ".join(f"s.{sql_name(c)}" for c in names)
-    clauses = (f"WHEN MATCHED AND s.{EFFECT} = 'delete' THEN DELETE "  # noqa: S608 - names quoted by sql_name
-               f"WHEN MATCHED AND s.{EFFECT} = 'upsert' THEN UPDATE SET {sets} "
+    newer = f" AND {rank_sql('s')} > {rank_sql('t')}" if weigh else ""
+    clauses = (f"WHEN MATCHED AND s.{EFFECT} = 'delete'{newer} THEN DELETE "  # noqa: S608 - names quoted by sql_name
+               f"WHEN MATCHED AND s.{EFFECT} = 'upsert'{newer} THEN UPDATE SET {sets} "
                f"WHEN NOT MATCHED AND s.{EFFECT} = 'upsert' THEN INSERT ({cols}) VALUES ({vals})")
     if truncating:
         clauses += " WHEN NOT MATCHED BY SOURCE THEN DELETE"
@@ -208,45 +256,46 @@ def merge_condition(key_range: tuple[str, str] | None, truncating: bool) -> str:
 
 @dataclass
 class Prepared:
-    """A decided batch: the target MERGE's source (cached: `release` it after the commit), ON and clauses, and
-    how many keys it changes."""
+    """A decided batch: the target MERGE's source (`release` it after the commit), ON and clauses."""
 
     source: Any
     condition: str
     clauses: str
-    changed: int
 
     def release(self) -> None:
         self.source.unpersist()
 
 
 def prepare(spark, rows, *, pipeline, target: str, tombstones: str, batch: int, run_id: str,
-            now: datetime) -> Prepared:
-    """Decide the batch and remember its deletes. Raises TruncateRefused for a truncate the pipeline may not
-    follow, before anything is written."""
-    from pyspark.sql import functions as F
-
-    seen = survey(rows)
+            now: datetime, seen: Survey | None = None) -> Prepared:
+    """Decide the batch and remember its deletes. `seen`: the batch's survey when the staging made it.
+    Raises TruncateRefused for a truncate the pipeline may not follow, before anything is written."""
+    seen = seen or survey(rows)
     if seen.truncates and pipeline.target.on_truncate == "fail":
         raise TruncateRefused(truncate_line(seen.truncates[0][0], pipeline.name))
     truncated = last_truncates(at for _, at in seen.truncates)
     # After a truncate the table holds nothing the batch's events must be newer than: it is not read.
     read = not truncated
-    target_rows = spark.read.format("delta").load(target) if read and is_table(spark, target) else None
     remembered = spark.read.format("delta").load(tombstones) if read and is_table(spark, tombstones) else None
-    decided = decide_frame(rows, target_rows, remembered, now=now, window=pipeline.dedup_window,
-                           truncated=truncated, key_range=seen.key_range).persist()
+    window = pipeline.dedup_window
+    weigh = not truncated and (pipeline.target.order_by == "position" or not seen.unordered)
+    if weigh:
+        decided = newest_frame(rows, remembered, now=now, window=window, key_range=seen.key_range)
+    else:
+        target_rows = spark.read.format("delta").load(target) if read and is_table(spark, target) else None
+        decided = decide_frame(rows, target_rows, remembered, now=now, window=window, truncated=truncated,
+                               key_range=seen.key_range)
+    if seen.deletes:  # read twice: by the tombstones' append and by the MERGE
+        decided = decided.persist()
     try:
-        counts = decided.agg(F.count(F.lit(1)), F.count(F.when(F.col(EFFECT) == Effect.DELETE.value, 1))).first()
-        changed, deletes = (counts[0], counts[1]) if counts is not None else (0, 0)
-        if deletes:
+        if seen.deletes:
             write_tombstones(spark, tombstones, decided, rows.schema[ORDER].dataType, batch=batch, run_id=run_id,
                              now=now)
-        if batch % EXPIRE_EVERY == 0 and remembered is not None:
-            expire_tombstones(spark, tombstones, now=now, window=pipeline.dedup_window)
+        if batch > 0 and batch % EXPIRE_EVERY == 0 and remembered is not None:
+            expire_tombstones(spark, tombstones, now=now, window=window)
     except BaseException:
         decided.unpersist()
         raise
     truncating = bool(truncated)
-    return Prepared(decided, merge_condition(seen.key_range, truncating), merge_clauses(decided.columns, truncating),
-                    changed)
+    return Prepared(decided, merge_condition(seen.key_range, truncating),
+                    merge_clauses(decided.columns, truncating, weigh))

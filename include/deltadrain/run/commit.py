@@ -21,6 +21,7 @@ from datetime import datetime, timedelta
 from deltadrain import failpoints
 from deltadrain.lake.checkpoint import find_commit
 from deltadrain.lake.delta import (
+    changed_rows,
     conflict_line,
     exists,
     inserted_rows,
@@ -55,7 +56,7 @@ class CommitResult:
     outcome: Outcome
     observed_batch: int | None
     table_version: int | None
-    inserted: int
+    inserted: int  # rows the commit inserted (an upsert target's: inserted, updated or deleted)
     conflict: str | None = None
 
 
@@ -189,5 +190,6 @@ def commit_batch(spark, path: str, *, pipeline: str, expected_batch: int, run_id
     # "Already committed": the batch is ours, but this call did not see it land (its reply was lost).
     wrote_now = mine is not None and not lost_reply and (version_before is None or mine["version"] > version_before)
     outcome = decide(expected_batch, observed, ours, wrote_now, conflicted=conflict is not None and not ours)
-    inserted = inserted_rows(mine["metrics"]) if mine is not None else 0
+    count = changed_rows if upsert is not None else inserted_rows
+    inserted = count(mine["metrics"]) if mine is not None else 0
     return CommitResult(outcome, observed, version, inserted, conflict)

@@ -42,6 +42,7 @@ from deltadrain.run.rows import (
     dedup_in_batch,
     ensure_target,
     filtered_out,
+    id_column,
     isolate_culprits,
     refused_messages,
     settle_columns,
@@ -91,6 +92,15 @@ def ended_as_killed(exc: BaseException) -> bool:
     would (failpoints.ABANDON), or on a BaseException that is no Exception: an order to stop now, such as
     the timeout Airflow's task runner raises (AirflowTaskTimeout) or an interrupt."""
     return failpoints.abandons(exc) or _KILLED.is_set() or not isinstance(exc, Exception)
+
+
+class UpsertRefused(Exception):
+    """An upsert target's constraints refused its MERGE (the error, as Delta raised it): `named` is what
+    `refused_messages` makes of the rows the MERGE writes, found before its decisions were released."""
+
+    def __init__(self, error: Exception, named: tuple[list | None, str]):
+        super().__init__(str(error))
+        self.named = named
 
 
 class Drain(abc.ABC, Generic[Detail]):
@@ -312,13 +322,14 @@ class Drain(abc.ABC, Generic[Detail]):
             out.append(tuple(record[c] for c in columns))
         return out
 
-    def refused(self, good, rows, batch: int, reason: str):
+    def refused(self, good, rows, batch: int, reason: str, named: tuple[list | None, str] | None = None):
         """After the target refused the MERGE of `rows` (Delta's `reason`): (dead letters of the messages
-        whose rows break the table's constraints, how many, the rest of `good`). Raises BatchFailure
+        whose rows break the table's constraints, how many, the rest of `good`). `named`: what
+        `refused_messages` gave already (an upsert's, over the rows its MERGE writes). Raises BatchFailure
         when `refused_messages` names none."""
         from pyspark.sql import functions as F
 
-        found, why = refused_messages(self.spark, self.target, rows, self.pipeline.payload_schema.id_field)
+        found, why = named or refused_messages(self.spark, self.target, rows, self.pipeline.payload_schema.id_field)
         if found is None:
             raise BatchFailure(f"batch {batch}: the target table refused its rows ({why}): {reason}")
         keys = self.spark.createDataFrame(found, "_dd_partition string, _dd_position string, _dd_culprit_error string")
@@ -403,15 +414,16 @@ class Drain(abc.ABC, Generic[Detail]):
         failpoints.pause("before_commit")
         refused = 0
         for attempt in (1, 2):
-            if p.upsert:
-                result, filtered = self._commit_changes(rows, expected), 0
-                break
-            # Counted before each commit try, over the rows it offers (refusals take some away).
-            filtered = self.count_filtered(good, stats, counts[0] if counts is not None else None) if transforming else 0
-            meta = commit_metadata(p.name, batch, self.run_id, s.positions, claimed=s.claimed,
-                                   dead_lettered=s.dead_lettered, filtered=filtered, **self.commit_extra)
-            merged = rows if stats.unique else dedup_in_batch(rows, p.payload_schema.id_field)
+            merged, named = rows, None
             try:
+                if p.upsert:
+                    result, filtered = self._commit_changes(rows, expected, stats), 0
+                    break
+                # Counted before each commit try, over the rows it offers (refusals take some away).
+                filtered = self.count_filtered(good, stats, counts[0] if counts is not None else None) if transforming else 0
+                meta = commit_metadata(p.name, batch, self.run_id, s.positions, claimed=s.claimed,
+                                       dead_lettered=s.dead_lettered, filtered=filtered, **self.commit_extra)
+                merged = rows if stats.unique else dedup_in_batch(rows, p.payload_schema.id_field)
                 result = commit_batch(self.spark, self.target, pipeline=p.name, expected_batch=expected,
                                       run_id=self.run_id, rows=merged, id_field=p.payload_schema.id_field,
                                       window_start=dedup_window_start(oldest, p.dedup_window) if oldest is not None else None,
@@ -421,19 +433,21 @@ class Drain(abc.ABC, Generic[Detail]):
             except Exception as exc:
                 # A constraint the operator put on the target refused rows: the data's fault, like a
                 # malformed message. The messages whose rows break a constraint become dead letters
-                # naming it, and the rest commits. Rows the constraints do not explain fail the batch,
-                # which counts as an attempt (so on Kafka the range is halved down to the row) instead
-                # of every run failing on them (a stuck pipeline).
+                # naming it, and the rest commits (an upsert target's batch is decided again without
+                # them). Rows the constraints do not explain fail the batch, which counts as an attempt
+                # (so on Kafka the range is halved down to the row) instead of every run failing on
+                # them (a stuck pipeline).
                 reason = refused_rows(exc)
                 if reason is None:
                     raise
+                named = exc.named if isinstance(exc, UpsertRefused) else None
                 if attempt == 2:
                     # Refused, so not committed: the dead letters written for the first refusal are
                     # taken back, or a run after a change to the constraints could publish them too.
                     take_back(self.spark, self.dlq, p.name, self.run_id, "refused")
                     raise BatchFailure(f"batch {batch}: the target table refused its rows again without the "
                                        f"{refused} messages its constraints name: {reason}") from exc
-                dead, refused, good = self.refused(good, merged, batch, reason)
+                dead, refused, good = self.refused(good, merged, batch, reason, named)
                 counts = None
                 write_dead_letters(self.spark, self.dlq, dead_letter_rows(dead, p.name, batch, self.run_id))
                 failpoints.hit("after_refused_dead_letters")
@@ -454,31 +468,43 @@ class Drain(abc.ABC, Generic[Detail]):
             s.filtered = filtered  # acknowledged with the batch: not before it committed
         return result, pending_culprits
 
-    def _commit_changes(self, rows, expected: int):
+    def _commit_changes(self, rows, expected: int, stats: BatchStats):
         """Upsert mode's commit (deltadrain.run.apply_upsert): each key's newest change, in the batch's one MERGE
-        with its positions. A target's constraint that refuses a row fails the run (no refused dead letters yet)."""
-        from deltadrain.run.apply_upsert import EFFECT, TruncateRefused, prepare
+        with its positions. Raises UpsertRefused when the target's constraints refuse rows it writes."""
+        from deltadrain.run.apply_upsert import EFFECT, Survey, TruncateRefused, prepare
+        from deltadrain.run.upsert import Effect
 
         s, p = self.summary, self.pipeline
         batch = expected + 1
+        # The staging counted the batch's changes: without a truncate (whose place only Spark's survey
+        # reads) that is the survey.
+        seen = None
+        if stats.changes is not None and not stats.changes[1]:
+            seen = Survey(stats.id_range, (), stats.changes[0], stats.changes[2])
         try:
             decided = prepare(self.spark, rows, pipeline=p, target=self.target,
                               tombstones=str(self.cfg.tombstones_path(p)), batch=batch, run_id=self.run_id,
-                              now=datetime.now(UTC))
+                              now=datetime.now(UTC), seen=seen)
         except TruncateRefused as exc:
             s.error = str(exc)
             raise DrainError(s.error) from None
         try:
             failpoints.hit("after_tombstones")
+            self._lap("decide")
             add_missing_columns(self.spark, self.target, decided.source.drop(EFFECT).schema)  # schema.evolution
             meta = commit_metadata(p.name, batch, self.run_id, s.positions, claimed=s.claimed,
                                    dead_lettered=s.dead_lettered, **self.commit_extra)
             result = commit_batch(self.spark, self.target, pipeline=p.name, expected_batch=expected,
                                   run_id=self.run_id, rows=decided.source, id_field=KEY, window_start=None,
                                   metadata=meta, upsert=(decided.condition, decided.clauses))
+        except Exception as exc:
+            if refused_rows(exc) is None:
+                raise
+            # The rows the MERGE writes are the batch's upserts: a constraint is checked on those alone.
+            written = decided.source.where(f"{EFFECT} = '{Effect.UPSERT.value}'")
+            raise UpsertRefused(exc, refused_messages(self.spark, self.target, written, KEY, updating=True)) from exc
         finally:
             decided.release()
-        result.inserted = decided.changed
         return result
 
     def _evolve(self, claimed, stats, counts):
@@ -545,7 +571,7 @@ class Drain(abc.ABC, Generic[Detail]):
         rows = transformed(target_rows(good, self.pipeline, batch, self.run_id), self.pipeline)
         rows = rows.persist(StorageLevel.MEMORY_AND_DISK)
         try:
-            row = rows.agg(*batch_stats_columns(self.pipeline.payload_schema.id_field)).first()
+            row = rows.agg(*batch_stats_columns(id_column(self.pipeline))).first()
         except DrainError:
             raise
         except Exception as exc:

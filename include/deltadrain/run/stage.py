@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from deltadrain.formats.changes import CHANGE, DELETE, ORDER, TRUNCATE
 from deltadrain.positions import StreamId
 
 
@@ -33,6 +34,8 @@ class BatchStats:
     lo: str | None  # their lowest and highest id
     hi: str | None
     bad: int | None  # rows for the DLQ; None when not counted yet
+    # Upsert mode, counted by the staging: (deletes, truncates, changes without an order value) among the rows
+    changes: tuple[int, int, int] | None = None
 
     @classmethod
     def of(cls, row) -> BatchStats:
@@ -77,6 +80,10 @@ class Tally:
     id_lo: str | None = None
     id_hi: str | None = None
     hashes: list = field(default_factory=list)  # bytes of uint64 hashes of the good rows' ids
+    # Upsert mode's good rows (deltadrain.run.apply_upsert.Survey): deletes, truncates, changes without an order value
+    deletes: int = 0
+    truncates: int = 0
+    unordered: int = 0
 
     def add(self, other: Tally) -> None:
         self.rows += other.rows
@@ -90,6 +97,9 @@ class Tally:
         self.id_lo = _least(self.id_lo, other.id_lo)
         self.id_hi = _greatest(self.id_hi, other.id_hi)
         self.hashes += other.hashes
+        self.deletes += other.deletes
+        self.truncates += other.truncates
+        self.unordered += other.unordered
 
 
 def _as_datetime(scalar) -> datetime | None:
@@ -133,6 +143,12 @@ def tally(batch, id_field: str) -> Iterator[tuple[str, Tally]]:
         if len(ids):
             bounds = pc.min_max(ids).as_py()
             t.id_lo, t.id_hi = bounds["min"], bounds["max"]
+        if CHANGE in sub.schema.names:
+            change = pc.filter(sub.column(CHANGE), good)
+            t.deletes = pc.equal(change, DELETE).true_count
+            t.truncates = pc.equal(change, TRUNCATE).true_count
+            t.unordered = pc.and_(pc.is_null(pc.filter(sub.column(ORDER), good)),
+                                  pc.not_equal(change, TRUNCATE)).true_count
         yield value, t
 
 
@@ -217,7 +233,8 @@ def report_rows(path: str, tallies: dict[str, Tally]) -> list[dict]:
     return [{"file": path, "partition": part, "rows": t.rows, "reclaimed": t.reclaimed, "again": t.again,
              "gaps": t.gaps, "bad": t.bad, "good": t.good, "oldest": t.oldest,
              "pos_hi": t.pos.ms if t.pos else None, "pos_lo": t.pos.seq if t.pos else None,
-             "id_lo": t.id_lo, "id_hi": t.id_hi, "id_hashes": b"".join(t.hashes)} for part, t in tallies.items()]
+             "id_lo": t.id_lo, "id_hi": t.id_hi, "id_hashes": b"".join(t.hashes), "deletes": t.deletes,
+             "truncates": t.truncates, "unordered": t.unordered} for part, t in tallies.items()]
 
 
 def report_arrow_schema():
@@ -228,7 +245,8 @@ def report_arrow_schema():
                       ("reclaimed", pa.int64()), ("again", pa.int64()), ("gaps", pa.int64()), ("bad", pa.int64()),
                       ("good", pa.int64()), ("oldest", pa.timestamp("us", tz="UTC")), ("pos_hi", pa.int64()),
                       ("pos_lo", pa.int64()), ("id_lo", pa.string()), ("id_hi", pa.string()),
-                      ("id_hashes", pa.binary())])
+                      ("id_hashes", pa.binary()), ("deletes", pa.int64()), ("truncates", pa.int64()),
+                      ("unordered", pa.int64())])
 
 
 @dataclass
@@ -249,7 +267,8 @@ class Staged:
             files.add(r.file)
             pos = StreamId(r.pos_hi, r.pos_lo) if r.pos_hi is not None else None
             t = Tally(rows=r.rows, reclaimed=r.reclaimed, again=r.again, gaps=r.gaps, bad=r.bad, good=r.good,
-                      oldest=r.oldest, pos=pos, id_lo=r.id_lo, id_hi=r.id_hi, hashes=[bytes(r.id_hashes or b"")])
+                      oldest=r.oldest, pos=pos, id_lo=r.id_lo, id_hi=r.id_hi, hashes=[bytes(r.id_hashes or b"")],
+                      deletes=r.deletes, truncates=r.truncates, unordered=r.unordered)
             partitions.setdefault(r.partition, Tally()).add(t)
         return cls.summed(files, partitions)
 
@@ -282,8 +301,9 @@ class Staged:
         import numpy as np
 
         hashes = np.frombuffer(b"".join(self.total.hashes), dtype=np.uint64)
-        return BatchStats(self.total.good, int(np.unique(hashes).size), self.total.id_lo, self.total.id_hi,
-                          self.total.bad)
+        t = self.total
+        return BatchStats(t.good, int(np.unique(hashes).size), t.id_lo, t.id_hi, t.bad,
+                          changes=(t.deletes, t.truncates, t.unordered))
 
     def rows(self, spark):
         """The staged rows as a DataFrame of the schema they were staged with."""

@@ -27,10 +27,12 @@ the target**, like the DLQ table, and only live rows in the target.
 - The target row holds the order of the event it shows: its `_dd_partition`, `_dd_pos_hi`, `_dd_pos_lo`
   (already there) and, under an order_by column, `_dd_order` (the value it was ordered by: inherited
   when its own column is null). `KeyState.row` is read from them.
-- The tombstone table holds one row per delete that applied: key text, order (value and position) and
-  `deleted_at`, MERGEd insert-only on (partition, position) before the target's commit, as dead letters
-  are. `KeyState.deleted` is the key's newest; the drain deletes tombstones older than twice
-  `dedup_window` every few batches.
+- The tombstone table holds a row per delete a batch decided (key text, order: value and position, and
+  `deleted_at`), appended before the target's commit, as dead letters are written before it. A retry may
+  append one again, and a delete older than the key's live row may be there too: neither changes a
+  decision, which weighs an event against the live row where there is one (a row is only ever written
+  newer than the key's remembered deletes). The drain
+  deletes tombstones older than twice `dedup_window` every few batches.
 Why: readers of the target (Spark or any other Delta reader) then see exactly the mirror, with no view to
 go through and no filter to forget; deleted keys do not grow the target or its MERGE; expiring them is a
 DELETE on a small table that never conflicts with the drain's commits. The two commits are safe because
