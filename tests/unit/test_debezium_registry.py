@@ -46,6 +46,24 @@ WRITERS = {1: Writer(json.dumps(KEY)),
            2: Writer(json.dumps(ENVELOPE), imports=(("io.debezium.connector.postgresql.Source", json.dumps(SOURCE)),)),
            3: Writer(None, "AVRO", (), "unknown_schema_id", "unknown schema id 3 (the registry does not know it)")}
 FULL = avro.with_imports(ENVELOPE, {"io.debezium.connector.postgresql.Source": SOURCE})
+# The table after `ALTER TABLE ... ADD COLUMN rank smallint, paid numeric(10,3), seen timestamp, day date, zone
+# timestamptz, tags text[]`, as the converter registers its next version.
+NEW = [{"name": "rank", "type": ["null", {"type": "int", "connect.type": "int16"}], "default": None},
+       {"name": "paid", "type": ["null", {"type": "bytes", "scale": 3, "precision": 10, "connect.version": 1,
+                                          "connect.parameters": {"scale": "3", "connect.decimal.precision": "10"},
+                                          "connect.name": "org.apache.kafka.connect.data.Decimal",
+                                          "logicalType": "decimal"}], "default": None},
+       {"name": "seen", "type": ["null", {"type": "long", "connect.version": 1,
+                                          "connect.name": "io.debezium.time.MicroTimestamp"}], "default": None},
+       {"name": "day", "type": ["null", {"type": "int", "connect.version": 1, "connect.name": "io.debezium.time.Date"}],
+        "default": None},
+       {"name": "zone", "type": ["null", {"type": "string", "connect.version": 1,
+                                          "connect.name": "io.debezium.time.ZonedTimestamp"}], "default": None},
+       {"name": "tags", "type": ["null", {"type": "array", "items": ["null", "string"]}], "default": None}]
+ENVELOPE_2 = {**ENVELOPE, "fields": [{"name": "before", "type": ["null", {**ROW, "fields": ROW["fields"] + NEW}],
+                                      "default": None}, *ENVELOPE["fields"][1:]]}
+WRITERS[4] = Writer(json.dumps(ENVELOPE_2), imports=WRITERS[2].imports)
+FULL_2 = avro.with_imports(ENVELOPE_2, {"io.debezium.connector.postgresql.Source": SOURCE})
 
 
 @pytest.fixture(autouse=True)
@@ -62,18 +80,19 @@ def registry(monkeypatch):
     return asked
 
 
-def decoder(order_by="source.lsn") -> UpsertDecoder:
+def decoder(order_by="source.lsn", fields=FIELDS, **kwargs) -> UpsertDecoder:
     spec = UpsertSpec("debezium", (), order_by, registry=Registry("http://reg"))
-    return UpsertDecoder(spec, fields=FIELDS, id_field="", required=[], max_bytes=10_000, types=TYPES)
+    return UpsertDecoder(spec, fields=fields, id_field="", required=[], max_bytes=10_000,
+                         types={**TYPES, "rank": pa.int32()}, **kwargs)
 
 
 def key(i: int) -> bytes:
     return encode({"id": i}, KEY, wire="confluent", schema_id=1)
 
 
-def change(op: str, before=None, after=None, lsn=100) -> bytes:
+def change(op: str, before=None, after=None, lsn=100, schema=FULL, schema_id=2) -> bytes:
     return encode({"before": before, "after": after, "source": {"table": "t", "lsn": lsn}, "op": op, "ts_ms": 1},
-                  FULL, wire="confluent", schema_id=2)
+                  schema, wire="confluent", schema_id=schema_id)
 
 
 ROW_7 = {"id": 7, "name": "Ada", "price": Decimal("12.50"), "at": 1767225600123456, "born": 7305}
@@ -121,3 +140,40 @@ def test_a_registry_outage_fails_the_batch_instead_of_dead_lettering_it():
     cols = d.columns([change("c", after=ROW_7), header(3) + b"\x02"], keys=[key(7), key(8)])
     assert cols["_dd_error_type"].to_pylist() == [None, "unknown_schema_id"]
     assert cols["_dd_key"].to_pylist() == ['{"id":7}', None] and cols["_dd_message_id"].to_pylist()[1] == '{"id":8}'
+
+
+def test_a_writers_new_columns_are_typed_by_its_after_record_with_kafka_connects_and_avros_logical_types():
+    import fastavro
+
+    from deltadrain.formats.changes import image_kinds
+    from deltadrain.schema.evolution import LEFT_OUT
+
+    kinds = image_kinds(fastavro.parse_schema(FULL_2))
+    assert {n: kinds[n] for n in ("id", "at", "born", "price", "rank", "paid", "seen", "day", "zone", "tags")} == {
+        "id": {"int"}, "at": {"null", "timestamp"}, "born": {"null", "date"}, "price": {"null", "decimal(12,2)"},
+        "rank": {"null", "int"}, "paid": {"null", "decimal(10,3)"}, "seen": {"null", "timestamp"},
+        "day": {"null", "date"}, "zone": {"null", "string"}, "tags": {"null", "array"}}
+    d = decoder(collect_new=True)
+    row = {**ROW_7, "rank": 3, "paid": Decimal("-1.005"), "seen": 1767225600123456, "day": 7306,
+           "zone": "2026-01-01T00:00:00Z", "tags": ["a"]}
+    up = d.event(change("u", after=row, schema=FULL_2, schema_id=4), key(7))
+    *columns, extra, signature = up.decoded.values
+    assert columns[1:4] == [7, "Ada", Decimal("12.50")] and up.change == UPSERT
+    # Typed as the writer says (values alone would make rank a long, paid a double, seen and day strings); each
+    # column comes even when the message's value is null, a writer's field no column holds is left out.
+    assert json.loads(extra) == {"rank": 3, "paid": "-1.005000000", "seen": 1767225600123456, "day": "1990-01-02",
+                                 "zone": "2026-01-01T00:00:00Z"}
+    told = json.loads(signature)
+    assert told.pop("tags").startswith(LEFT_OUT) and told == {
+        "rank": "int", "paid": "decimal(38,9)", "seen": "timestamp", "day": "date", "zone": "string"}
+    nulls = d.event(change("c", after={**ROW_7, **dict.fromkeys(("rank", "paid", "seen", "day", "zone", "tags"))},
+                           schema=FULL_2, schema_id=4), key(8))
+    assert nulls.decoded.values[-2:] == ("{}", signature)
+    # The older writer adds nothing; deletes carry no new fields.
+    assert d.event(change("u", after=ROW_7), key(7)).decoded.values[-2:] == (None, None)
+    gone = d.event(change("d", before=row, schema=FULL_2, schema_id=4), key(7))
+    assert gone.change == DELETE and gone.decoded.values[-2:] == (None, None)
+    # Once rank is a column of the table (evolved) it is typed by it.
+    evolved = decoder(fields={**FIELDS, "rank": "int"}, evolved=frozenset({"rank"}), collect_new=True)
+    again = evolved.event(change("u", after=row, schema=FULL_2, schema_id=4), key(7)).decoded
+    assert again.values[6] == 3 and "rank" not in json.loads(again.values[-2])

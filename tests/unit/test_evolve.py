@@ -281,6 +281,26 @@ def test_a_writers_values_travel_as_json_typed_by_its_schema():
     assert writer_extras({"id": "a"}, WriterColumns(), avro_convert) == (None, None, None)
 
 
+def test_an_avro_decimal_with_its_digits_makes_the_narrowest_decimal_column_that_holds_it_exactly():
+    from deltadrain.formats.avro import convert as avro_convert
+    from deltadrain.schema.evolution import WriterColumns, decimal_column, writer_extras
+
+    assert [decimal_column(k) for k in ("decimal(12,2)", "decimal(18,2)", "decimal(1,0)", "decimal(10,3)",
+                                        "decimal(38,9)", "decimal(19,2)", "decimal(30,0)", "decimal(20,10)",
+                                        "decimal", "long")] == [
+        "decimal(18,2)", "decimal(18,2)", "decimal(18,2)", "decimal(38,9)", "decimal(38,9)", "decimal(38,9)",
+        None, None, None, None]
+    writer = avro_writer({"paid": {"null", "decimal(10,3)"}, "huge": {"decimal(40,0)"}, "plain": {"decimal"}})
+    assert writer == {"paid": ("decimal(38,9)", "Avro field 'paid' is decimal(10,3)"),
+                      "huge": (None, "Avro field 'huge' is decimal(40,0)"), "plain": (None, "Avro field 'plain' is decimal")}
+    # Carried as its exact text, which the column's cast reads back without rounding.
+    values, _, problem = writer_extras({"paid": Decimal("-12.345"), "zero": Decimal("0")},
+                                       WriterColumns({"paid": "decimal(38,9)", "zero": "decimal(18,2)"}), avro_convert)
+    assert problem is None and json.loads(values) == {"paid": "-12.345000000", "zero": "0.00"}
+    assert writer_extras({"paid": Decimal("1.0005")}, WriterColumns({"paid": "decimal(18,2)"}), avro_convert)[2] == (
+        "new field 'paid' is decimal(18,2) in its writer's schema, and 1.0005 is no decimal(18,2) value a column holds")
+
+
 def test_a_new_fields_type_follows_its_writers_widening_pairs_then_their_majority():
     from deltadrain.schema.evolution import choose_writer_types, fits_writer, writer_misfits
 

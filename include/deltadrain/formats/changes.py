@@ -12,6 +12,8 @@ Two kinds of payload:
   In Avro through the schema registry (`schema.format: avro`, Debezium with an Avro converter), key and value
   are each read with the writer's schema their id names (deltadrain.formats.avro.registry_datum); Avro's own
   logical types are read by the Avro reader, Kafka Connect's (the schema's `connect.name`) as above.
+With `schema.evolution: add_columns` a field that is no column yet is typed from its values in JSON, and in Avro by
+its writer's `after` record (`image_kinds`), as an insert pipeline's fields with a registry are.
 `target.delete_when` makes an upsert whose row has the field equal to the value a delete. Keys are compared
 and stored as one text (`debezium.key_text`) of their *typed* values, so a tombstone's key and a row's key are
 the same text whatever the record key's form.
@@ -28,7 +30,7 @@ from typing import Any
 
 from deltadrain.formats import debezium
 from deltadrain.formats.avro import convert as avro_convert
-from deltadrain.formats.avro import named_types, registry_datum, registry_writer
+from deltadrain.formats.avro import kinds_of, named_types, registry_datum, registry_writer
 from deltadrain.formats.debezium import Kind, key_text
 from deltadrain.formats.decode import (
     EXTRA_COLUMNS,
@@ -41,7 +43,7 @@ from deltadrain.formats.decode import (
     size_error,
 )
 from deltadrain.formats.registry import Registry, RegistryFailure, ids_of
-from deltadrain.schema.evolution import new_fields
+from deltadrain.schema.evolution import WriterColumns, avro_writer, new_fields, writer_columns, writer_extras
 
 # The columns upsert mode adds to a claimed row: the key's text, what the event does (CHANGES), and the
 # value it is ordered by (null under order_by: position).
@@ -128,26 +130,66 @@ def logical_types(schema: Any) -> dict[str, dict[str, tuple[str, dict]]]:
     return out
 
 
+# The Kafka Connect time types `LOGICAL` turns into a timestamp or a date: the kind of column their values fill.
+CONNECT_KINDS = {"io.debezium.time.MicroTimestamp": "timestamp", "io.debezium.time.NanoTimestamp": "timestamp",
+                 "io.debezium.time.Timestamp": "timestamp", "org.apache.kafka.connect.data.Timestamp": "timestamp",
+                 "io.debezium.time.Date": "date", "org.apache.kafka.connect.data.Date": "date"}
+
+
+def _branches(t: Any) -> list:
+    return t if isinstance(t, list) else [t]
+
+
+def _images(parsed: Any) -> tuple[dict, dict[str, list[dict]]]:
+    """An Avro change event's writer schema (parsed by fastavro) -> (its named types, {"before"/"after": the
+    fields of that record})."""
+    names = named_types(parsed, {})
+    out: dict[str, list[dict]] = {}
+    for part in parsed.get("fields", ()) if isinstance(parsed, dict) else ():
+        if part.get("name") not in ("before", "after"):
+            continue
+        fields: list[dict] = []
+        for branch in _branches(part["type"]):
+            record = names.get(branch, branch) if isinstance(branch, str) else branch
+            if isinstance(record, dict) and record.get("type") == "record":
+                fields += record.get("fields", ())
+        out[part["name"]] = fields
+    return names, out
+
+
 def avro_logical_types(parsed: Any) -> dict[str, dict[str, tuple[str, dict]]]:
     """An Avro change event's writer schema (parsed by fastavro) -> as `logical_types`: the fields of `before`
     and `after` whose Kafka Connect type (`connect.name`) is one deltadrain turns into a plain value. A field
     with an Avro logical type (a decimal's bytes) is left to the Avro reader, which gives its value already."""
-    names = named_types(parsed, {})
+    _, images = _images(parsed)
     out: dict[str, dict[str, tuple[str, dict]]] = {}
-    for part in parsed.get("fields", ()) if isinstance(parsed, dict) else ():
-        if part.get("name") not in ("before", "after"):
-            continue
+    for part, fields in images.items():
         named = {}
-        branches = part["type"] if isinstance(part["type"], list) else [part["type"]]
-        for branch in branches:
-            record = names.get(branch, branch) if isinstance(branch, str) else branch
-            if not isinstance(record, dict) or record.get("type") != "record":
-                continue
-            for f in record.get("fields", ()):
-                for t in f["type"] if isinstance(f["type"], list) else [f["type"]]:
-                    if isinstance(t, dict) and t.get("connect.name") in LOGICAL and "logicalType" not in t:
-                        named[f["name"]] = (t["connect.name"], t.get("connect.parameters") or {})
-        out[part["name"]] = named
+        for f in fields:
+            for t in _branches(f["type"]):
+                if isinstance(t, dict) and t.get("connect.name") in LOGICAL and "logicalType" not in t:
+                    named[f["name"]] = (t["connect.name"], t.get("connect.parameters") or {})
+        out[part] = named
+    return out
+
+
+def image_kinds(parsed: Any) -> dict[str, set[str]]:
+    """An Avro change event's writer schema (parsed by fastavro) -> the fields of its `after` record with the
+    kinds of the values deltadrain reads from them (for deltadrain.schema.evolution.avro_writer: the column a
+    new one gets): Avro's (deltadrain.formats.avro.kinds_of), except that a Kafka Connect time type (`connect.name`)
+    is the timestamp or date `LOGICAL` makes of it, and Avro's decimal gives its digits, `decimal(p,s)`."""
+    names, images = _images(parsed)
+    out: dict[str, set[str]] = {}
+    for f in images.get("after", ()):
+        kinds: set[str] = set()
+        for t in _branches(f["type"]):
+            if isinstance(t, dict) and t.get("logicalType") == "decimal" and isinstance(t.get("precision"), int):
+                kinds.add(f"decimal({t['precision']},{t.get('scale', 0)})")
+            elif isinstance(t, dict) and "logicalType" not in t and t.get("connect.name") in CONNECT_KINDS:
+                kinds.add(CONNECT_KINDS[t["connect.name"]])
+            else:
+                kinds |= kinds_of(t, names)
+        out[f["name"]] = kinds
     return out
 
 
@@ -204,9 +246,10 @@ class UpsertDecoder(BatchDecoder):
         self.spec = spec
         self.fast = False
         self.typed_fields = {KEY: "string", **self.fields}
-        # Avro through the registry: each schema id's writer (avro.registry_writer) and its logical types.
+        # Avro through the registry: each schema id's writer (avro.registry_writer), and of a value's writer its
+        # logical types and, collecting new fields, what its `after` record adds (WriterColumns).
         self.writers: dict[int, Any] = {}
-        self.logical: dict[int, dict] = {}
+        self.images: dict[int, tuple[dict, WriterColumns | None]] = {}
         self.convert = avro_convert if spec.registry is not None else _convert
 
     def event(self, value: bytes | None, key: bytes | None = None) -> Event:
@@ -248,36 +291,41 @@ class UpsertDecoder(BatchDecoder):
         return record_key, None
 
     def _json_value(self, value: bytes, key_id: str | None) -> tuple | Event:
-        """A JSON change event's (envelope, logical types), or its dead letter."""
+        """A JSON change event's (envelope, logical types, None: new fields are typed from their values), or its
+        dead letter."""
         wrapped, bad = debezium.json_value(value)
         if bad is not None:
             return Event(_bad(bad.error_type or "invalid_json", bad.error or "", key_id))
         named = logical_types(wrapped.get("schema")) \
             if isinstance(wrapped, dict) and debezium.unwrap(wrapped) is not wrapped else {}
-        return debezium.unwrap(wrapped), named
+        return debezium.unwrap(wrapped), named, None
 
     def _avro_value(self, value: bytes, key_id: str | None) -> tuple | Event:
-        """An Avro change event's (envelope, logical types) read with its writer's schema, or its dead letter."""
+        """An Avro change event's (envelope, logical types, what its writer's `after` adds: WriterColumns when
+        collecting new fields) read with its writer's schema, or its dead letter."""
         assert self.spec.registry is not None  # only Avro pipelines read through here
         envelope, schema_id, bad = registry_datum(bytes(value), self.spec.registry, self.writers, "payload")
         if bad is not None:
             return Event(bad._replace(message_id=key_id))
         assert schema_id is not None  # read with a writer's schema
-        if schema_id not in self.logical:
-            self.logical[schema_id] = avro_logical_types(self.writers[schema_id][1])
-        return envelope, self.logical[schema_id]
+        if schema_id not in self.images:
+            parsed = self.writers[schema_id][1]
+            adds = writer_columns(avro_writer(image_kinds(parsed)), self.fields, self.evolved) \
+                if self.collect_new else None
+            self.images[schema_id] = (avro_logical_types(parsed), adds)
+        return (envelope, *self.images[schema_id])
 
     def _debezium(self, value: bytes | None, key: bytes | None) -> Event:
         record_key, key_bad = self._change_key(key)
         key_id = key_text(record_key) if isinstance(record_key, dict) else None
-        envelope, named = None, {}
+        envelope, named, adds = None, {}, None
         if value is not None:
             if (wrong := size_error(value, self.max_bytes)) is not None:
                 return Event(wrong._replace(message_id=key_id))
             got = (self._avro_value if self.spec.registry is not None else self._json_value)(value, key_id)
             if isinstance(got, Event):
                 return got
-            envelope, named = got
+            envelope, named, adds = got
         if key_bad is not None:
             return Event(key_bad)
         parsed = debezium.parse_record(envelope, record_key, key_columns=self.spec.key)
@@ -290,17 +338,25 @@ class UpsertDecoder(BatchDecoder):
         assert change.key is not None  # parse_record gives every row change its key
         if change.kind == Kind.UPSERT:
             image = plain(change.after, named.get("after", {}))
-            return self._typed(image or {}, change.key, UPSERT, change)
+            return self._typed(image or {}, change.key, UPSERT, change, adds)
         image = {**(plain(change.before, named.get("before", {})) or {}), **change.key}
         return self._typed(image, change.key, DELETE, change)
 
-    def _typed(self, image: dict, raw_key: dict, what: str, change) -> Event:
+    def _typed(self, image: dict, raw_key: dict, what: str, change, adds: WriterColumns | None = None) -> Event:
+        """`adds`: what the writer of an upsert's Avro change event adds (its new fields are typed by its
+        schema, as an insert pipeline's with a registry); None: new fields are typed from their values."""
         spec = self.spec
         deleting = what == DELETE
         if unknown := [c for c in raw_key if c not in self.fields]:
             return Event(_bad("missing_key", f"key column{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} "
                                              "not in schema.fields: declare them to keep the key in the table"))
         record = {**image, **{c: v for c, v in raw_key.items()}}
+        extra: str | None = None
+        kinds: str | None = None
+        problem: str | None = None
+        if self.collect_new and what == UPSERT and adds is not None:
+            # Taken out of the record: a widened evolved field is not also typed by its narrower column.
+            extra, kinds, problem = writer_extras(record, adds, self.convert)
         got = record_values(record, fields=self.typed_fields, id_field=KEY, required=[] if deleting else self.required,
                             message_id="-", evolved=self.evolved, convert=self.convert)
         if got.values is None:
@@ -321,7 +377,8 @@ class UpsertDecoder(BatchDecoder):
             order = typed.get(spec.order_by)
         values = (text, *got.values[1:])
         if self.collect_new and what == UPSERT:
-            extra, kinds, problem = new_fields(image, set(self.fields), {n.lower() for n in self.fields})
+            if adds is None:
+                extra, kinds, problem = new_fields(image, set(self.fields), {n.lower() for n in self.fields})
             if problem:
                 return Event(_bad("schema", problem, text))
             values = (*values, extra, kinds)

@@ -24,6 +24,7 @@ from deltadrain.schema.evolution import (
     table_type,
     writer_misfits,
 )
+from deltadrain.schema.types import SPARK_CLASSES, decimal_of
 
 TYPE_WIDENING = "delta.enableTypeWidening"
 
@@ -152,8 +153,10 @@ class NewColumns:
     moved: int = 0
 
 
-# Writer-typed values travel as JSON (deltadrain.schema.evolution.carried): the type they are parsed as, and back.
-CARRIER = {"timestamp": "long", "date": "string", "binary": "string"}
+# Writer-typed values travel as JSON (deltadrain.schema.evolution.carried): the type they are parsed as, and back
+# (a decimal's exact text is cast to its column).
+CARRIER = {"timestamp": "long", "date": "string", "binary": "string",
+           **{t: "string" for t in SPARK_CLASSES if decimal_of(t)}}
 
 
 def _typed(value, column: str):

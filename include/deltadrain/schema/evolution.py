@@ -17,7 +17,7 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
-from deltadrain.schema.types import ALIASES, SPARK_CLASSES
+from deltadrain.schema.types import ALIASES, SPARK_CLASSES, decimal_of
 
 # An integer in a JSON payload makes a long column within this range (a double beyond it).
 LONG_RANGE = (-(2**63), 2**63)
@@ -40,6 +40,8 @@ AVRO_COLUMNS = {"boolean": "boolean", "int": "int", "long": "long", "float": "fl
                 "string": "string", "enum": "string", "uuid": "string", "bytes": "binary", "fixed": "binary",
                 "timestamp": "timestamp", "date": "date"}
 AVRO_PAIRS = {frozenset({"int", "long"}): "long", frozenset({"float", "double"}): "double"}
+# The decimal column types, narrowest first (`decimal_column`).
+DECIMALS = sorted((d for d in map(decimal_of, SPARK_CLASSES) if d is not None), key=lambda d: d[0])
 # Protobuf kinds (deltadrain.formats.protobuf.kind_of) -> the column a new field gets: int32 and its sint/sfixed
 # forms hold 32 bits, as an int column does; uint32 needs a long. Repeated, map and other message
 # fields add no column.
@@ -204,14 +206,31 @@ class Layout:
         return {**self.evolved, **self.added}
 
 
+def decimal_column(kind: str) -> str | None:
+    """An Avro decimal's kind with its digits, `decimal(precision,scale)` -> the narrowest decimal column type
+    that holds each of its values exactly (as many decimals or more, as many integer digits or more); None
+    for another kind, or when none does."""
+    digits = decimal_of(kind)
+    if digits is None:
+        return None
+    precision, scale = digits
+    for p, s in DECIMALS:
+        if scale <= s and precision - scale <= p - s:
+            return f"decimal({p},{s})"
+    return None
+
+
 def avro_writer(avro_fields: dict[str, set]) -> dict[str, tuple[str | None, str]]:
     """An Avro writer schema's fields (name -> its Avro kinds, deltadrain.formats.avro.kinds_of) -> name -> (the
     column a new field of it gets, None for none; what the schema says it is). A union with null is
-    optional; one of int and long makes long, of float and double double; any other mix, none."""
+    optional; one of int and long makes long, of float and double double; any other mix, none. A kind
+    that gives a decimal's digits, `decimal(p,s)` (deltadrain.formats.changes.image_kinds), makes the
+    decimal column that holds it (`decimal_column`)."""
     out = {}
     for name, kinds in avro_fields.items():
         kinds = set(kinds) - {"null"}
-        column = AVRO_PAIRS.get(frozenset(kinds)) or (AVRO_COLUMNS.get(next(iter(kinds))) if len(kinds) == 1 else None)
+        one = next(iter(kinds)) if len(kinds) == 1 else None
+        column = AVRO_PAIRS.get(frozenset(kinds)) or (AVRO_COLUMNS.get(one) or decimal_column(one) if one else None)
         out[name] = (column, f"Avro field '{name}' is {' or '.join(sorted(kinds)) or 'null'}")
     return out
 
@@ -342,7 +361,9 @@ EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 def carried(column: str, value: Any) -> Any:
     """A typed value of a writer-typed new column as JSON carries it to the batch's columns
     (deltadrain.run.layout parses it back): a timestamp as epoch microseconds, a date as ISO text, binary
-    as base64 text; the others as they are."""
+    as base64 text, a decimal as its exact text; the others as they are."""
+    if decimal_of(column):
+        return format(value, "f")
     if column == "timestamp":
         return (value - EPOCH) // timedelta(microseconds=1)
     if column == "date":
