@@ -14,13 +14,14 @@ Two ways, one answer (tests hold each equal to `decide_batch` on random batches)
 - `decide_frame`, otherwise: an event without an order value takes its key's newest (`upsert.orders`), which may
   be the live row's, so the target is read for the batch's keys first.
 
-The deletes a batch applies are appended to the tombstone table before the target's commit: a run killed after
+A batch's deletes are appended to the tombstone table before the target's commit: a run killed after
 it and before the target's commit only appends them again, which the decision does not see (a key's newest
 delete counts), and the retry still deletes the row (`upsert.effect`: a delete applies when newer than the live
 row, even when it is already remembered). A batch without deletes writes no tombstone commit. Every
 EXPIRE_EVERY batches a DELETE drops the tombstones remembered longer than twice `dedup_window`, so the table
 stays small (`upsert.decide` forgets them after one window whatever the table keeps).
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -276,14 +277,14 @@ def prepare(spark, rows, *, pipeline, target: str, tombstones: str, batch: int, 
     truncated = last_truncates(at for _, at in seen.truncates)
     # After a truncate the table holds nothing the batch's events must be newer than: it is not read.
     read = not truncated
-    remembered = spark.read.format("delta").load(tombstones) if read and is_table(spark, tombstones) else None
+    marks = spark.read.format("delta").load(tombstones) if read and is_table(spark, tombstones) else None
     window = pipeline.dedup_window
     weigh = not truncated and (pipeline.target.order_by == "position" or not seen.unordered)
     if weigh:
-        decided = newest_frame(rows, remembered, now=now, window=window, key_range=seen.key_range)
+        decided = newest_frame(rows, marks, now=now, window=window, key_range=seen.key_range)
     else:
         target_rows = spark.read.format("delta").load(target) if read and is_table(spark, target) else None
-        decided = decide_frame(rows, target_rows, remembered, now=now, window=window, truncated=truncated,
+        decided = decide_frame(rows, target_rows, marks, now=now, window=window, truncated=truncated,
                                key_range=seen.key_range)
     if seen.deletes:  # read twice: by the tombstones' append and by the MERGE
         decided = decided.persist()
@@ -291,7 +292,7 @@ def prepare(spark, rows, *, pipeline, target: str, tombstones: str, batch: int, 
         if seen.deletes:
             write_tombstones(spark, tombstones, decided, rows.schema[ORDER].dataType, batch=batch, run_id=run_id,
                              now=now)
-        if batch > 0 and batch % EXPIRE_EVERY == 0 and remembered is not None:
+        if batch > 0 and batch % EXPIRE_EVERY == 0 and marks is not None:
             expire_tombstones(spark, tombstones, now=now, window=window)
     except BaseException:
         decided.unpersist()
