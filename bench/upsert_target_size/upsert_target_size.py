@@ -5,7 +5,7 @@ by Spark (spark.range, version 1, not through Kafka) in the layout named (`load_
 existing keys drawn over the whole key range, 45 % new keys, 10 % deletes of existing keys) and drains it,
 the two sides alternating which goes first. Prints JSON.
 
-    python bench/upsert_target_size/upsert_target_size.py WORKDIR SMALL LARGE BATCH ROUNDS [cluster|sorted-dv]
+    python bench/upsert_target_size/upsert_target_size.py WORKDIR SMALL LARGE BATCH ROUNDS [cluster|sorted-dv [spread|recent]]
 """
 
 from __future__ import annotations
@@ -54,14 +54,16 @@ def load_rows(spark, target: str, rows: int, layout: str) -> None:
      .write.format("delta").mode("append").save(target))
 
 
-def batch_changes(rows: int, batch: int, round_no: int, rounds: int, seed: int) -> list[dict]:
-    """Round `round_no`'s changes; no existing key is picked by two rounds, so the row count is known."""
+def batch_changes(rows: int, batch: int, round_no: int, rounds: int, seed: int, recent: bool = False) -> list[dict]:
+    """Round `round_no`'s changes; no existing key is picked by two rounds, so the row count is known. `recent`:
+    the updates and deletes of all rounds are drawn from the newest (highest) keys only, as many as they need."""
     rng = random.Random(seed)
     version = 2 + round_no
     updates = int(batch * 0.45)
     deletes = batch // 10
     each = updates + deletes
-    picked = rng.sample(range(rows), rounds * each)[round_no * each:(round_no + 1) * each]
+    pool = range(rows - rounds * each, rows) if recent else range(rows)
+    picked = rng.sample(pool, rounds * each)[round_no * each:(round_no + 1) * each]
     rng = random.Random(seed * 1000 + round_no)
     fresh = range(rows + round_no * batch, rows + round_no * batch + batch - updates - deletes)
     out = [{"change_id": f"u{round_no}-{k}", "id": k, "name": f"n{k}-{version}", "amount": 1.0, "version": version,
@@ -72,7 +74,8 @@ def batch_changes(rows: int, batch: int, round_no: int, rounds: int, seed: int) 
     return out
 
 
-def main(workdir: Path, small: int, large: int, batch: int, rounds: int, layout: str = "cluster") -> dict:
+def main(workdir: Path, small: int, large: int, batch: int, rounds: int, layout: str = "cluster",
+         keys: str = "spread") -> dict:
     import yaml
 
     from deltadrain.catchup import drain
@@ -93,8 +96,8 @@ def main(workdir: Path, small: int, large: int, batch: int, rounds: int, layout:
     services.up(cfg, ["kafka"])
     spark = get_spark("upsert-size-bench", cfg=cfg)
     spark.sparkContext.setLogLevel("ERROR")
-    out: dict = {"small": small, "large": large, "batch": batch, "layout": layout, "rows_per_file": ROWS_PER_FILE,
-                 "rounds": []}
+    out: dict = {"small": small, "large": large, "batch": batch, "layout": layout, "keys": keys,
+                 "rows_per_file": ROWS_PER_FILE, "rounds": []}
     for side, p in pipes.items():
         produce_changes(cfg, p, [{"change_id": "seed", "id": -1, "name": "seed", "amount": 0.0, "version": 1,
                                   "gone": False}], PARTITIONS)
@@ -108,7 +111,8 @@ def main(workdir: Path, small: int, large: int, batch: int, rounds: int, layout:
         got: dict = {"order": list(order)}
         for side in order:
             p = pipes[side]
-            produce_changes(cfg, p, batch_changes(sizes[side], batch, r, rounds, seed=3), PARTITIONS)
+            produce_changes(cfg, p, batch_changes(sizes[side], batch, r, rounds, seed=3, recent=keys == "recent"),
+                            PARTITIONS)
             began = time.monotonic()
             s = drain(cfg, p, spark=spark)
             assert s.outcome == "committed" and s.claimed == batch, s
@@ -130,4 +134,4 @@ def main(workdir: Path, small: int, large: int, batch: int, rounds: int, layout:
 
 if __name__ == "__main__":
     w, s, lg, b, rounds = sys.argv[1:6]
-    print(json.dumps(main(Path(w), int(s), int(lg), int(b), int(rounds), *sys.argv[6:7]), indent=1))
+    print(json.dumps(main(Path(w), int(s), int(lg), int(b), int(rounds), *sys.argv[6:8]), indent=1))

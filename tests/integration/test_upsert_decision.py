@@ -18,6 +18,7 @@ from deltadrain.lake.delta import ensure_table, merge_into
 from deltadrain.run.apply_upsert import (
     decide_frame,
     expire_tombstones,
+    key_ranges,
     merge_clauses,
     merge_condition,
     newest_frame,
@@ -179,7 +180,10 @@ def test_the_merge_that_weighs_against_the_live_row_leaves_what_decide_batch_say
     decided = newest_frame(frame, spark.read.format("delta").load(tombstones), now=NOW, window=WINDOW,
                            key_range=seen.key_range).persist()
     write_tombstones(spark, tombstones, decided, LongType(), batch=1, run_id="run", now=NOW)
-    merge_into(spark, target, decided, merge_condition(seen.key_range, False),
+    # The ON condition with the batch's keys in several ranges, as a large target's MERGE has it.
+    ranges = key_ranges(sorted({e[0] for e in events}), 4)
+    assert len(ranges) == 4
+    merge_into(spark, target, decided, merge_condition(seen.key_range, False, ranges),
                merge_clauses(decided.columns, False, weigh=True))
     decided.unpersist()
 

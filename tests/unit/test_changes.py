@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 
 from deltadrain.formats.changes import DELETE, TRUNCATE, UPSERT, UpsertDecoder, UpsertSpec
-from deltadrain.run.apply_upsert import merge_clauses
+from deltadrain.run.apply_upsert import key_ranges, merge_clauses, merge_condition
 from deltadrain.run.upsert import Effect, Order, Position, decide_batch, events_of, state_of
 
 FIELDS = {"id": "long", "name": "string", "version": "long", "gone": "boolean", "price": "decimal(18,2)",
@@ -133,3 +133,20 @@ def test_the_newest_remembered_delete_is_the_keys_and_blocks_an_older_upsert():
     events, _ = events_of([("k", UPSERT, None, "0", 7, 0)])
     decided = decide_batch(events, {"k": state}, now=at, window=timedelta(days=7))
     assert decided["k"].effect == Effect.NOTHING
+
+
+def test_a_batchs_keys_split_into_ranges_at_their_widest_gaps_in_text_order():
+    """Recent ids and new ids are two clusters; as JSON text the new ones sort before the recent ones, far
+    apart from them, so one range from the lowest to the highest key would cover nearly every file."""
+    recent = [f'{{"id":{i}}}' for i in range(9_990_000, 9_990_050)]
+    new = [f'{{"id":{i}}}' for i in range(10_000_000, 10_000_020)]
+    keys = sorted([*recent, *new, '{"id":5}'])
+    assert key_ranges(keys, 3) == [(new[0], new[-1]), ('{"id":5}', '{"id":5}'), (recent[0], recent[-1])]
+    two = key_ranges(keys, 2)
+    assert two[0] == (new[0], new[-1]) and two[1] == ('{"id":5}', recent[-1])
+    assert key_ranges(keys, 1) == [(keys[0], keys[-1])]
+    assert key_ranges([], 4) == [] and key_ranges(["k"], 4) == [("k", "k")]
+    assert all(any(lo <= k <= hi for lo, hi in key_ranges(keys, n)) for n in (1, 2, 5, 80) for k in keys)
+    on = merge_condition(("a", "z"), False, two)
+    assert on.startswith("t._dd_key = s._dd_key AND ((t._dd_key >= ") and ") OR (" in on
+    assert merge_condition(("a", "z"), True, two) == "t._dd_key = s._dd_key"

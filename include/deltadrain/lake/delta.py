@@ -254,6 +254,12 @@ def changed_rows(metrics: dict) -> int:
     return sum(int(metrics.get(f"numTargetRows{what}", 0)) for what in ("Inserted", "Updated", "Deleted"))
 
 
+def file_count(path: str) -> int | None:
+    """How many data files the table's latest snapshot has (None without a table)."""
+    log = _log(path)
+    return len(log.file_uris()) if log is not None else None
+
+
 def table_version(path: str) -> int | None:
     """The latest table version."""
     log = _log(path)

@@ -50,6 +50,9 @@ ROW, MARK = "_dd_row", "_dd_mark"
 KEPT = "_dd_kept_order"
 # Every this many batches the tombstones remembered longer than twice dedup_window are dropped.
 EXPIRE_EVERY = 32
+# A target of at least SPREAD_FILES files is MERGEd with at most KEY_RANGES ranges of the batch's keys, found
+# on the driver for a batch of at most RANGE_KEYS keys (a larger one keeps its one range).
+SPREAD_FILES, KEY_RANGES, RANGE_KEYS = 16, 16, 200_000
 
 
 class TruncateRefused(Exception):
@@ -246,13 +249,40 @@ def merge_clauses(columns: list[str], truncating: bool, weigh: bool = False) -> 
     return clauses
 
 
-def merge_condition(key_range: tuple[str, str] | None, truncating: bool) -> str:
-    """The target MERGE's ON: the key, and the batch's key range for file skipping (not after a truncate,
-    whose MERGE must reach every row to delete the ones not written again)."""
+def merge_condition(key_range: tuple[str, str] | None, truncating: bool,
+                    ranges: list[tuple[str, str]] | None = None) -> str:
+    """The target MERGE's ON: the key, and the batch's key range for file skipping, or its `ranges` (`key_ranges`)
+    when they were found (neither after a truncate, whose MERGE must reach every row to delete the ones not
+    written again)."""
     cond = f"t.{KEY} = s.{KEY}"
-    if key_range is not None and not truncating:
+    if truncating:
+        return cond
+    if ranges:
+        return cond + " AND (" + " OR ".join(f"({key_range_condition(r, 't')})" for r in ranges) + ")"
+    if key_range is not None:
         cond += " AND " + key_range_condition(key_range, "t")
     return cond
+
+
+def key_ranges(keys: list[str], most: int) -> list[tuple[str, str]]:
+    """A batch's distinct keys, sorted -> at most `most` ranges that hold them all, split where neighbouring keys
+    share the shortest prefix: the widest gaps in text order. The batch's keys often come in a few clusters
+    (recent ids, new ids, a region of the key space), and with Delta's per-file key statistics the MERGE then
+    reads the files of each cluster instead of every file between the lowest key and the highest. Pure."""
+    if not keys:
+        return []
+
+    def shared(a: str, b: str) -> int:
+        n = 0
+        for x, y in zip(a, b, strict=False):
+            if x != y:
+                break
+            n += 1
+        return n
+
+    gaps = sorted(range(1, len(keys)), key=lambda i: (shared(keys[i - 1], keys[i]), i))[:most - 1]
+    cuts = [0, *sorted(gaps), len(keys)]
+    return [(keys[a], keys[b - 1]) for a, b in zip(cuts, cuts[1:], strict=False)]
 
 
 @dataclass
@@ -286,6 +316,7 @@ def prepare(spark, rows, *, pipeline, target: str, tombstones: str, batch: int, 
         target_rows = spark.read.format("delta").load(target) if read and is_table(spark, target) else None
         decided = decide_frame(rows, target_rows, marks, now=now, window=window, truncated=truncated,
                                key_range=seen.key_range)
+    ranges = batch_ranges(rows, target) if read else None
     if seen.deletes:  # read twice: by the tombstones' append and by the MERGE
         decided = decided.persist()
     try:
@@ -298,5 +329,17 @@ def prepare(spark, rows, *, pipeline, target: str, tombstones: str, batch: int, 
         decided.unpersist()
         raise
     truncating = bool(truncated)
-    return Prepared(decided, merge_condition(seen.key_range, truncating),
+    return Prepared(decided, merge_condition(seen.key_range, truncating, ranges),
                     merge_clauses(decided.columns, truncating, weigh))
+
+
+def batch_ranges(rows, target: str) -> list[tuple[str, str]] | None:
+    """`key_ranges` of the batch's keys when the target has files enough for skipping to pay for collecting
+    them (SPREAD_FILES, counted in its log by delta-rs) and the batch has at most RANGE_KEYS keys, else None."""
+    from deltadrain.lake.delta import file_count
+
+    if (file_count(target) or 0) < SPREAD_FILES:
+        return None
+    keys = [r[0] for r in rows.where(f"{CHANGE} != '{TRUNCATE}'").select(KEY).distinct().limit(RANGE_KEYS + 1)
+            .collect()]
+    return key_ranges(sorted(keys), KEY_RANGES) if len(keys) <= RANGE_KEYS else None
