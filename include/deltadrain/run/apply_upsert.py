@@ -33,6 +33,7 @@ from deltadrain.formats.changes import CHANGE, DELETE, KEY, ORDER, TRUNCATE
 from deltadrain.formats.debezium import truncate_line
 from deltadrain.lake.delta import (
     ensure_table,
+    file_count,
     is_table,
     retry_conflicts,
     sql_literal,
@@ -336,8 +337,6 @@ def prepare(spark, rows, *, pipeline, target: str, tombstones: str, batch: int, 
 def batch_ranges(rows, target: str) -> list[tuple[str, str]] | None:
     """`key_ranges` of the batch's keys when the target has files enough for skipping to pay for collecting
     them (SPREAD_FILES, counted in its log by delta-rs) and the batch has at most RANGE_KEYS keys, else None."""
-    from deltadrain.lake.delta import file_count
-
     if (file_count(target) or 0) < SPREAD_FILES:
         return None
     keys = [r[0] for r in rows.where(f"{CHANGE} != '{TRUNCATE}'").select(KEY).distinct().limit(RANGE_KEYS + 1)
