@@ -114,13 +114,10 @@ def merge_without_checkpoint(spark, target: str, rows, pipeline: PipelineConfig,
     Idempotent, so a lost race is simply retried. Returns the commit's metrics and the messages
     (partition, position, constraint) left out of it because the target's constraints refuse their
     rows: history, like a transform failure here, not dead letters."""
-    from pyspark.sql import functions as F
-
-    from deltadrain.run.commit import USER_METADATA, merge_condition
-    from deltadrain.run.rows import dedup_in_batch, refused_messages
+    from deltadrain.run.commit import merge_condition
+    from deltadrain.run.rows import dedup_in_batch
 
     id_field = pipeline.payload_schema.id_field
-    text = json.dumps(metadata, sort_keys=True, default=str)
     condition = merge_condition(id_field, window_start)
     if update_matched:
         # A reprocessed message updates the row it was published as: an id the target holds twice
@@ -136,34 +133,18 @@ def merge_without_checkpoint(spark, target: str, rows, pipeline: PipelineConfig,
         return dedup_in_batch(df, id_field, by_place=bool(update_matched))
 
     def merge(source) -> None:
-        spark.conf.set(USER_METADATA, text)
+        # An insert's rows deduplicated again after a refusal, so a later message with a refused one's id takes
+        # its place.
+        source = unique(source)
         try:
             merge_into(spark, target, source, condition, clauses)
-        finally:
-            spark.conf.unset(USER_METADATA)
-
-    source, refused = unique(rows), []
-    named: list | None
-    try:
-        retry_conflicts(lambda: merge(source))
-    except Exception as exc:
-        reason = refused_rows(exc)
-        if reason is None:
-            raise
-        named, why = refused_messages(spark, target, source, id_field, updating=bool(update_matched))
-        if named is None:
-            raise BackfillError(f"the target table refused rows ({why}): {reason}") from exc
-        refused = named
-        keys = spark.createDataFrame([r[:2] for r in refused], "_dd_partition string, _dd_position string")
-        # (Inserts: deduplicated again, so a later message with a refused one's id takes its place.)
-        rest = unique(rows.join(F.broadcast(keys), ["_dd_partition", "_dd_position"], "left_anti"))
-        try:
-            retry_conflicts(lambda: merge(rest))
-        except Exception as again:
-            if refused_rows(again) is None:
+        except Exception as exc:
+            problem = refusal(spark, target, exc, source, id_field, updating=bool(update_matched))
+            if problem is exc:
                 raise
-            raise BackfillError(f"the target table refused rows again without the {len(refused)} its "
-                                f"constraints name: {refused_rows(again)}") from again
+            raise problem from exc
+
+    refused = merge_leaving_refused(spark, rows, metadata, merge)
     return commit_metrics(target, metadata["run_id"]), refused
 
 
@@ -190,53 +171,84 @@ def upsert_without_checkpoint(spark, cfg: DeltadrainConfig, pipeline: PipelineCo
 
     from deltadrain.formats.changes import CHANGE, KEY, TRUNCATE
     from deltadrain.run.apply_upsert import EFFECT, prepare
-    from deltadrain.run.commit import USER_METADATA
-    from deltadrain.run.rows import refused_messages
     from deltadrain.run.upsert import Effect
 
-    target, text = str(cfg.target_path(pipeline)), json.dumps(metadata, sort_keys=True, default=str)
+    target = str(cfg.target_path(pipeline))
     changes = rows.where(F.col(CHANGE) != TRUNCATE)
     summary.skipped_truncates = rows.where(F.col(CHANGE) == TRUNCATE).count()
 
     def merge(source) -> None:
         decided = prepare(spark, source, pipeline=pipeline, target=target, tombstones=str(cfg.tombstones_path(pipeline)),
                           batch=NO_BATCH, run_id=metadata["run_id"], now=datetime.now(UTC))
-        spark.conf.set(USER_METADATA, text)
         try:
             merge_into(spark, target, decided.source, decided.condition, decided.clauses)
         except Exception as exc:
-            if refused_rows(exc) is None:
-                raise
+            # The rows the MERGE writes are the upserts: a constraint is checked on those alone.
             written = decided.source.where(f"{EFFECT} = '{Effect.UPSERT.value}'")
-            named, why = refused_messages(spark, target, written, KEY, updating=True)
-            if named is None:
-                raise BackfillError(f"the target table refused rows ({why}): {refused_rows(exc)}") from exc
-            raise Refused(named) from exc
+            problem = refusal(spark, target, exc, written, KEY, updating=True)
+            if problem is exc:
+                raise
+            raise problem from exc
         finally:
-            spark.conf.unset(USER_METADATA)
             decided.release()
 
-    refused: list[tuple[str, str, str]] = []
-    try:
-        retry_conflicts(lambda: merge(changes))
-    except Refused as first:
-        refused = first.named
-        keys = spark.createDataFrame([r[:2] for r in refused], "_dd_partition string, _dd_position string")
-        try:
-            retry_conflicts(lambda: merge(changes.join(F.broadcast(keys), ["_dd_partition", "_dd_position"],
-                                                       "left_anti")))
-        except Refused as again:
-            raise BackfillError(f"the target table refused rows again without the {len(refused)} its constraints "
-                                f"name: {again.named[0][2]}") from again
+    refused = merge_leaving_refused(spark, changes, metadata, merge)
     return commit_metrics(target, metadata["run_id"]), refused
 
 
-class Refused(Exception):
-    """An upsert backfill's MERGE was refused by the target's constraints: `named` the messages they name."""
+def merge_leaving_refused(spark, rows, metadata: dict, merge) -> list[tuple[str, str, str]]:
+    """`merge(rows)` with `metadata` as its commit's, retried when it loses a race; when the target's constraints
+    refuse rows (`merge` raises Refused, naming their messages), once more without those messages. Returns the
+    messages (partition, position, constraint) left out."""
+    from pyspark.sql import functions as F
 
-    def __init__(self, named: list[tuple[str, str, str]]):
-        super().__init__(f"{len(named)} messages refused")
-        self.named = named
+    from deltadrain.run.commit import USER_METADATA
+
+    text = json.dumps(metadata, sort_keys=True, default=str)
+
+    def attempt(source) -> None:
+        spark.conf.set(USER_METADATA, text)
+        try:
+            merge(source)
+        finally:
+            spark.conf.unset(USER_METADATA)
+
+    try:
+        retry_conflicts(lambda: attempt(rows))
+        return []
+    except Refused as first:
+        keys = spark.createDataFrame([r[:2] for r in first.named], "_dd_partition string, _dd_position string")
+        try:
+            retry_conflicts(lambda: attempt(rows.join(F.broadcast(keys), ["_dd_partition", "_dd_position"],
+                                                      "left_anti")))
+        except Refused as again:
+            raise BackfillError(f"the target table refused rows again without the {len(first.named)} its "
+                                f"constraints name: {again.reason}") from again
+        return first.named
+
+
+def refusal(spark, target: str, exc: Exception, written, id_field: str, *, updating: bool) -> Exception:
+    """What an error of a MERGE of `written` into `target` is: Refused naming the messages the target's
+    constraints refuse (refused_messages), BackfillError when they name none, or `exc` itself when it is no
+    refusal."""
+    from deltadrain.run.rows import refused_messages
+
+    reason = refused_rows(exc)
+    if reason is None:
+        return exc
+    named, why = refused_messages(spark, target, written, id_field, updating=updating)
+    if named is None:
+        return BackfillError(f"the target table refused rows ({why}): {reason}")
+    return Refused(named, reason)
+
+
+class Refused(Exception):
+    """A backfill's MERGE was refused by the target's constraints (Delta's `reason`): `named` the messages they
+    name."""
+
+    def __init__(self, named: list[tuple[str, str, str]], reason: str):
+        super().__init__(f"{len(named)} messages refused: {reason}")
+        self.named, self.reason = named, reason
 
 
 def without_held(spark, rows, table: str, partition: str = "_dd_partition", position: str = "_dd_position",

@@ -302,7 +302,7 @@ def prepare(spark, rows, *, pipeline, target: str, tombstones: str, batch: int, 
             now: datetime, seen: Survey | None = None) -> Prepared:
     """Decide the batch and remember its deletes. `seen`: the batch's survey when the staging made it.
     Raises TruncateRefused for a truncate the pipeline may not follow, before anything is written."""
-    seen = seen or survey(rows)
+    seen = seen if seen is not None else survey(rows)
     if seen.truncates and pipeline.target.on_truncate == "fail":
         raise TruncateRefused(truncate_line(seen.truncates[0][0], pipeline.name))
     truncated = last_truncates(at for _, at in seen.truncates)
