@@ -198,6 +198,36 @@ def test_a_creation_under_way_or_abandoned_does_not_fail_table_creation(spark, t
     assert [r.id for r in spark.read.format("delta").load(str(under_way)).collect()] == [7]
 
 
+def test_a_plain_table_is_made_by_delta_rs_as_spark_would_make_it(spark, tmp_path):
+    """A plain table (no clustering, no properties) is created with delta-rs, no Spark job: the same
+    columns and types as Spark's own empty write, every one nullable (as a DataFrame write makes them),
+    the same partitioning, and Spark MERGEs into it."""
+    import json
+
+    from pyspark.sql.types import _parse_datatype_string
+
+    from deltadrain.lake.delta import ensure_table, merge_into, table_version
+
+    schema = _parse_datatype_string(
+        "id STRING NOT NULL, p STRING, n BIGINT NOT NULL, amount DECIMAL(38,9), at TIMESTAMP, raw BINARY, "
+        "tags ARRAY<STRING>, attrs MAP<STRING, INT>, inner STRUCT<a: INT NOT NULL, b: ARRAY<STRUCT<c: STRING>>>")
+    ours, theirs = str(tmp_path / "ours"), str(tmp_path / "theirs")
+    ensure_table(spark, ours, schema, partition_by=["p"])
+    spark.createDataFrame([], schema).write.format("delta").partitionBy("p").save(theirs)
+    assert table_version(ours) == 0
+    first = [json.loads(line) for line in (tmp_path / "ours" / "_delta_log" / f"{0:020d}.json").read_text().splitlines()]
+    info = next(a["commitInfo"] for a in first if "commitInfo" in a)
+    assert "Apache-Spark" not in json.dumps(info), info  # delta-rs made it
+    meta = next(a["metaData"] for a in first if "metaData" in a)
+    assert meta["partitionColumns"] == ["p"]
+    read = [spark.read.format("delta").load(path).schema for path in (ours, theirs)]
+    assert read[0] == read[1] and read[0].fieldNames() == schema.fieldNames()
+    row = ("a", "x", 1, None, None, b"r", ["t"], {"k": 1}, (1, [("c",)]))
+    merge_into(spark, ours, spark.createDataFrame([row], schema), "d.id = s.id", "WHEN NOT MATCHED THEN INSERT *",
+               alias="d")
+    assert [(r.id, r.p, r.inner.a) for r in spark.read.format("delta").load(ours).collect()] == [("a", "x", 1)]
+
+
 def test_valkey_xadd_xreadgroup_xack_roundtrip_with_aof(valkey_server, cfg):
     from deltadrain.sources.valkey.client import valkey_client
     from tests.support.valkey import valkey_admin

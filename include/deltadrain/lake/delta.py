@@ -161,8 +161,7 @@ def ensure_table(spark, path: str, schema, partition_by: Sequence[str] = (), clu
             if cluster_by or properties:
                 spark.sql(create_table_sql(path, schema, partition_by, cluster_by, properties))
             else:
-                (spark.createDataFrame([], schema).write.format("delta").mode("error")
-                 .partitionBy(*partition_by).save(path))
+                create_plain(spark, path, schema, partition_by)
             return
         except Exception:
             # Lost a creation race (DELTA_PATH_EXISTS, a conflict on version 0): the winner's table
@@ -172,6 +171,42 @@ def ensure_table(spark, path: str, schema, partition_by: Sequence[str] = (), clu
             if attempt == CREATE_ATTEMPTS - 1:
                 raise
             time.sleep(0.5 * (attempt + 1))
+
+
+def create_plain(spark, path: str, schema, partition_by: Sequence[str] = ()) -> None:
+    """Create an empty table in "error if exists" mode: with delta-rs (no Spark job), else with Spark.
+    Either way every column is nullable, as a Spark DataFrame write declares them, so the table is the
+    same whichever made it."""
+    try:
+        import pyarrow as pa
+        from deltalake import write_deltalake
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        from deltadrain.lake.objectstore import table_options
+
+        arrow = pa.schema([nullable(f) for f in to_arrow_schema(schema)])
+        write_deltalake(str(path), arrow.empty_table(), mode="error", partition_by=list(partition_by) or None,
+                        storage_options=table_options(path))
+        return
+    except Exception:
+        if exists(path):
+            raise  # another creator won: ensure_table takes its table
+    (spark.createDataFrame([], schema).write.format("delta").mode("error").partitionBy(*partition_by).save(path))
+
+
+def nullable(field):
+    """An Arrow field, and every field nested in it, nullable."""
+    import pyarrow as pa
+
+    t = field.type
+    if pa.types.is_struct(t):
+        t = pa.struct([nullable(t.field(i)) for i in range(t.num_fields)])
+    elif pa.types.is_list(t) or pa.types.is_large_list(t):
+        item = nullable(t.value_field)
+        t = pa.list_(item) if pa.types.is_list(t) else pa.large_list(item)
+    elif pa.types.is_map(t):
+        t = pa.map_(t.key_type, nullable(t.item_field).type)
+    return field.with_type(t).with_nullable(True)
 
 
 def column_ddl(schema) -> str:
@@ -330,6 +365,26 @@ def commit_info(info: dict) -> dict:
     millis = info.get("inCommitTimestamp") or info.get("timestamp")
     return {"operation": info.get("operation"), "metrics": info.get("operationMetrics") or {}, "meta": meta,
             "timestamp": datetime.fromtimestamp(millis / 1000, UTC) if millis is not None else None}
+
+
+def append_rows(path: str, schema, rows: list[tuple]) -> None:
+    """Append a few rows built on the driver (`schema`: a Spark StructType) with delta-rs: no Spark job,
+    and the first append creates the table. Raises what delta-rs raises (a table with a column the rows
+    lack, or a feature delta-rs cannot write): the caller then appends through Spark."""
+    import pyarrow as pa
+    from deltalake import write_deltalake
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    from deltadrain.lake.objectstore import table_options
+
+    arrow_schema = to_arrow_schema(schema)
+    table = pa.Table.from_pylist([dict(zip(arrow_schema.names, row, strict=True)) for row in rows], schema=arrow_schema)
+    # delta-rs retries a blind append itself; CommitFailedError is left when another writer created
+    # the table first (its commit did not land, so trying again appends exactly once). On S3 a commit
+    # is put only if absent, as the Spark log store does (table_options).
+    options = table_options(path)
+    retry_conflicts(lambda: write_deltalake(path, table, mode="append", storage_options=options),
+                    extra=("CommitFailedError",))
 
 
 def retry_conflicts(action: Callable[[], T], attempts: int = 5, pause: float = 0.5, extra: tuple[str, ...] = ()) -> T:

@@ -16,7 +16,7 @@ from pathlib import Path
 from deltadrain.config import DeltadrainConfig, PipelineConfig
 from deltadrain.config.lakeurl import LakeUrl
 from deltadrain.errors import DeltadrainError
-from deltadrain.lake.delta import add_missing_columns, ensure_table, is_table, retry_conflicts
+from deltadrain.lake.delta import add_missing_columns, append_rows, ensure_table, is_table, retry_conflicts
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ def record_run(spark, cfg: DeltadrainConfig, pipeline: PipelineConfig, summary, 
         # One row from the driver: delta-rs appends it without a Spark job, and its first append
         # creates the table. Asking Spark whether the table exists first cost 0.1-0.2 s per run,
         # and creating it through Spark 1.9 s in a pipeline's first run.
-        _append_with_delta_rs(path, schema, row)
+        append_rows(path, schema, [row])
     except Exception as exc:
         log.debug("metrics append with delta-rs failed (%s); appending with Spark", exc)
         ensure_table(spark, path, schema)
@@ -60,22 +60,6 @@ def record_run(spark, cfg: DeltadrainConfig, pipeline: PipelineConfig, summary, 
         df = spark.createDataFrame([row], schema)
         # Blind appends from different pipelines do not conflict; the retry covers table creation races.
         retry_conflicts(lambda: df.write.format("delta").mode("append").save(path))
-
-
-def _append_with_delta_rs(path: str, schema, row: tuple) -> None:
-    import pyarrow as pa
-    from deltalake import write_deltalake
-    from pyspark.sql.pandas.types import to_arrow_schema
-
-    arrow_schema = to_arrow_schema(schema)
-    table = pa.Table.from_pylist([dict(zip(arrow_schema.names, row, strict=True))], schema=arrow_schema)
-    # delta-rs retries a blind append itself; CommitFailedError is left when another writer created
-    # the table first (its commit did not land, so trying again appends exactly once).
-    from deltadrain.lake.objectstore import table_options
-
-    options = table_options(path)  # on S3: a commit is put only if absent, as the Spark log store does
-    retry_conflicts(lambda: write_deltalake(path, table, mode="append", storage_options=options),
-                    extra=("CommitFailedError",))
 
 
 def record_run_safely(spark, cfg: DeltadrainConfig, pipeline: PipelineConfig, summary, backlog=None) -> None:

@@ -4,13 +4,16 @@ of its QualityReport."""
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
 
 from deltadrain.config import DeltadrainConfig, PipelineConfig
 from deltadrain.config.lakeurl import LakeUrl
-from deltadrain.lake.delta import add_missing_columns, ensure_table, is_table, retry_conflicts
+from deltadrain.lake.delta import add_missing_columns, append_rows, ensure_table, is_table, retry_conflicts
+
+log = logging.getLogger(__name__)
 
 RESULTS_SCHEMA = ("pipeline STRING NOT NULL, scope STRING NOT NULL, batch BIGINT, table_version BIGINT, "
                   "run_id STRING, batch_run_id STRING, suite STRING, policy STRING, success BOOLEAN, "
@@ -55,16 +58,23 @@ def results_path(cfg: DeltadrainConfig) -> Path | LakeUrl:
 
 
 def write_result(spark, cfg: DeltadrainConfig, report: QualityReport) -> None:
+    """Append the check's row: with delta-rs (no Spark job; its first append creates the table), else
+    through Spark (a table that lacks a newer column gains it first)."""
     from pyspark.sql.types import _parse_datatype_string
 
     path = str(results_path(cfg))
     schema = _parse_datatype_string(RESULTS_SCHEMA)
-    ensure_table(spark, path, schema)
-    add_missing_columns(spark, path, schema)  # a results table from before `table_id`
     row = (report.pipeline, report.scope, report.batch, report.table_version, report.run_id, report.batch_run_id,
            report.suite, report.policy, report.success, report.rows_checked, report.unexpected_count,
            json.dumps(report.failed), json.dumps(report.results, default=str), report.quarantined,
            report.checked_at, report.data_docs, report.table_id, report.adopted_runs)
+    try:
+        append_rows(path, schema, [row])
+        return
+    except Exception as exc:
+        log.debug("quality result append with delta-rs failed (%s); appending with Spark", exc)
+    ensure_table(spark, path, schema)
+    add_missing_columns(spark, path, schema)  # a results table from before `table_id`
     df = spark.createDataFrame([row], schema)
     retry_conflicts(lambda: df.write.format("delta").mode("append").save(path))  # blind append: idempotent enough
 
