@@ -3,15 +3,31 @@
 Tests call this in a subprocess: dag.test()'s in-process task supervisor closes descriptors of the
 process it runs in, which takes down a PySpark gateway living there (the JVM exits when its stdin
 pipe closes). Usage: python -m tests.integration.dagrun DAG_ID [CONF_JSON]
+
+With --serve it is a fork server (tests.support.processes.run_dag starts one per test worker): it
+imports once what every DAG run imports (Airflow with its in-process execution API, the providers
+the DAG file uses, Great Expectations, PySpark's Connect client; most of a DAG run's start on a
+busy machine) and forks a child for each DAG run a line on its stdin asks for. The child takes that
+request's environment and working directory, writes its output to the request's log file, and exits:
+each DAG run is still a process of its own, so dag.test() may close what it likes.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
+import os
 import sys
+import traceback
 from pathlib import Path
 
 DAGS = Path(__file__).resolve().parents[2] / "dags"
+# What a DAG run imports that reads no setting of the run's own at import time.
+PRELOAD = ("airflow", "airflow.dag_processing.dagbag", "airflow.models.xcom", "airflow.utils.session",
+           "airflow.sdk.execution_time.supervisor", "airflow.sdk.execution_time.task_runner",
+           "airflow.api_fastapi.execution_api.app", "airflow.sdk", "airflow.triggers.base",
+           "airflow.providers.apache.spark.operators.spark_submit", "airflow.providers.apache.spark.hooks.spark_connect",
+           "airflow.providers.openlineage.extractors", "great_expectations", "pyspark.sql.connect.session")
 
 
 def _decoded(value):
@@ -24,13 +40,11 @@ def _decoded(value):
         return value
 
 
-def main() -> None:
+def run(dag_id: str, conf: dict | None) -> None:
     from airflow.dag_processing.dagbag import DagBag
     from airflow.models.xcom import XComModel
     from airflow.utils.session import create_session
 
-    dag_id = sys.argv[1]
-    conf = json.loads(sys.argv[2]) if len(sys.argv) > 2 else None
     dag = DagBag(dag_folder=str(DAGS)).get_dag(dag_id)
     if dag is None:
         raise SystemExit(f"{dag_id} is not in the DagBag")
@@ -43,6 +57,70 @@ def main() -> None:
             xcoms[row.task_id] = _decoded(row.value)
     print("DAGRUN-RESULT " + json.dumps({"run_id": run.run_id, "state": str(run.state), "states": states,
                                          "xcoms": xcoms}, default=str), flush=True)
+
+
+def _child(request: dict) -> int:
+    """A forked DAG run: the request's environment, directory and log, then `run`. Its exit code."""
+    log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
+    os.environ.clear()
+    os.environ.update(request["env"])
+    os.chdir(request["cwd"])
+    from airflow import settings
+
+    if settings.engine is not None:
+        settings.engine.dispose(close=False)  # the server's pool, if any, stays the server's
+    try:
+        run(request["dag_id"], request["conf"])
+        return 0
+    except SystemExit as exc:
+        print(exc, file=sys.stderr)
+        return exc.code if isinstance(exc.code, int) else 1
+    except BaseException:
+        traceback.print_exc()
+        return 1
+
+
+def serve() -> None:
+    """Preload, say READY, then for each request line: fork, answer {"pid"}, and once the child ended {"rc"}.
+    The answers go out on the stdout it was started with; what the imports print goes to its stderr."""
+    answers = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+    for name in PRELOAD:
+        importlib.import_module(name)
+
+    def answer(text: str) -> None:
+        answers.write(text + "\n")
+        answers.flush()
+
+    answer("READY")
+    for line in sys.stdin:
+        request = json.loads(line)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                answers.close()
+                code = _child(request)
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        answer(json.dumps({"pid": pid}))
+        _, status = os.waitpid(pid, 0)
+        answer(json.dumps({"rc": os.waitstatus_to_exitcode(status)}))
+
+
+def main() -> None:
+    if sys.argv[1:] == ["--serve"]:
+        serve()
+        return
+    run(sys.argv[1], json.loads(sys.argv[2]) if len(sys.argv) > 2 else None)
 
 
 if __name__ == "__main__":

@@ -73,14 +73,83 @@ def summary_of(stdout: str) -> dict:
     return json.loads([line for line in lines if line.startswith("{")][-1])
 
 
+# The settings a DAG run's Airflow reads when it is imported: a fork server started with other values
+# cannot run it (`run_dag` starts a process of its own instead).
+IMPORT_TIME = ("AIRFLOW", "OPENLINEAGE", "GX_", "PYTHONPATH")
+
+
+class DagRunServer:
+    """The test worker's fork server of DAG runs (tests/integration/dagrun.py --serve), started at the
+    first DAG run with the worker's environment, stopped when the worker exits."""
+
+    def __init__(self) -> None:
+        import atexit
+        import tempfile
+
+        self.logs = Path(tempfile.mkdtemp(prefix="dagruns-"))
+        self.env = dict(os.environ)
+        self.proc = subprocess.Popen([sys.executable, "-m", "tests.integration.dagrun", "--serve"], cwd=ROOT,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=self.env,
+                                     stderr=(self.logs / "server.log").open("w"))
+        atexit.register(self.proc.kill)
+        self.runs = 0
+        ready = self._line(600)
+        assert ready == "READY", f"the DAG run server did not start: {ready!r}; {self.logs / 'server.log'}"
+
+    def _line(self, timeout: float) -> str:
+        import select
+
+        assert self.proc.stdout is not None
+        if not select.select([self.proc.stdout], [], [], timeout)[0]:
+            return ""
+        return self.proc.stdout.readline().strip()
+
+    def serves(self, env: dict) -> bool:
+        """Whether a DAG run in `env` may be forked from this server: it is alive, and every setting read
+        at import time is the server's."""
+        def read_at_import(e: dict) -> dict:
+            return {k: v for k, v in e.items() if k.startswith(IMPORT_TIME)}
+
+        return self.proc.poll() is None and read_at_import(env) == read_at_import(self.env)
+
+    def run(self, dag_id: str, run_conf: dict | None, env: dict, timeout: float) -> tuple[int, str]:
+        """(exit code, output) of one DAG run forked from the server."""
+        assert self.proc.stdin is not None
+        self.runs += 1
+        log = self.logs / f"run{self.runs}.log"
+        self.proc.stdin.write(json.dumps({"dag_id": dag_id, "conf": run_conf, "env": env, "cwd": str(ROOT),
+                                          "log": str(log)}) + "\n")
+        self.proc.stdin.flush()
+        pid = json.loads(self._line(60) or "null")
+        assert pid, f"the DAG run server did not fork for {dag_id}; {self.logs / 'server.log'}"
+        done = self._line(timeout)
+        if not done:
+            os.kill(pid["pid"], 9)
+            done = self._line(60)
+            raise AssertionError(f"dag.test of {dag_id} did not end within {timeout} s:\n{log.read_text()[-4000:]}")
+        return json.loads(done)["rc"], log.read_text(errors="replace")
+
+
+_SERVER: list[DagRunServer] = []
+
+
 def run_dag(dag_id: str, run_conf: dict | None = None, env: dict | None = None) -> dict:
-    """dag.test() in a subprocess (see tests/integration/dagrun.py): {run_id, state, states, xcoms}."""
-    args = [sys.executable, "-m", "tests.integration.dagrun", dag_id] + ([json.dumps(run_conf)] if run_conf else [])
-    done = subprocess.run(args, capture_output=True, text=True, timeout=900, cwd=ROOT, env=env or {**os.environ})
-    lines = [line for line in done.stdout.splitlines() if line.startswith("DAGRUN-RESULT ")]
-    assert lines, f"dag.test of {dag_id} printed no result:\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
+    """dag.test() in a process of its own (see tests/integration/dagrun.py): {run_id, state, states, xcoms,
+    log}. Forked from the worker's DagRunServer when `env` (the test's own environment by default) reads
+    at import time what the server read; else a new Python process."""
+    env = env or {**os.environ}
+    if not _SERVER or _SERVER[0].proc.poll() is not None:
+        _SERVER[:] = [DagRunServer()]
+    if _SERVER[0].serves(env):
+        _, output = _SERVER[0].run(dag_id, run_conf, env, timeout=900)
+    else:
+        args = [sys.executable, "-m", "tests.integration.dagrun", dag_id] + ([json.dumps(run_conf)] if run_conf else [])
+        done = subprocess.run(args, capture_output=True, text=True, timeout=900, cwd=ROOT, env=env)
+        output = done.stdout + done.stderr
+    lines = [line for line in output.splitlines() if line.startswith("DAGRUN-RESULT ")]
+    assert lines, f"dag.test of {dag_id} printed no result:\n{output[-8000:]}"
     result = json.loads(lines[-1].removeprefix("DAGRUN-RESULT "))
-    result["log"] = done.stdout + done.stderr
+    result["log"] = output
     return result
 
 
