@@ -50,8 +50,8 @@ def record_run(spark, cfg: DeltadrainConfig, pipeline: PipelineConfig, summary, 
     row = metrics_row(summary, backlog, datetime.now(UTC))
     try:
         # One row from the driver: delta-rs appends it without a Spark job, and its first append
-        # creates the table. Asking Spark whether the table exists first cost 0.1-0.2 s per run,
-        # and creating it through Spark 1.9 s in a pipeline's first run.
+        # creates the table (through Spark, a query per run to ask whether it exists, and a job and
+        # a commit to create it).
         append_rows(path, schema, [row])
     except Exception as exc:
         log.debug("metrics append with delta-rs failed (%s); appending with Spark", exc)
