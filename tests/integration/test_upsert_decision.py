@@ -238,3 +238,32 @@ def test_tombstones_older_than_two_windows_are_dropped_and_the_rest_kept(spark, 
     expire_tombstones(spark, path, now=NOW, window=WINDOW)
     left = {r[0] for r in spark.read.format("delta").load(path).select(F.col("_dd_key")).collect()}
     assert left == {"new", "one window", "two windows"}
+
+
+def test_a_tombstone_table_the_driver_creates_is_one_spark_reads_appends_to_and_expires(spark, tmp_path):
+    """`append_tombstones` (delta-rs) creates a missing table with `tombstone_schema`'s columns; a larger batch's
+    Spark append (`write_tombstones`) and the expiry's DELETE work on it, and delta-rs appends after them."""
+    import pyarrow as pa
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import LongType
+
+    from deltadrain.run.apply_upsert import EFFECT, append_tombstones
+
+    path = str(tmp_path / "tombstones")
+
+    def deletes(keys):
+        return pa.table({"_dd_key": keys, "_dd_partition": ["0"] * len(keys),
+                         "_dd_pos_hi": pa.array(range(len(keys)), pa.int64()), "_dd_pos_lo": [0] * len(keys),
+                         "_dd_order": pa.array([None] * len(keys), pa.int64())})
+
+    append_tombstones(spark, path, deletes(["old"]), LongType(), batch=1, run_id="r1", now=NOW - 3 * WINDOW)
+    table = spark.read.format("delta").load(path)
+    assert [(f.name, f.dataType) for f in table.schema] == [(f.name, f.dataType) for f in tombstone_schema(LongType())]
+    decided = spark.createDataFrame([("spark", "0", 5, 0, None, "delete")],
+                                    f"{ROWS}, {EFFECT} string")
+    write_tombstones(spark, path, decided, LongType(), batch=2, run_id="r2", now=NOW)
+    expire_tombstones(spark, path, now=NOW, window=WINDOW)
+    append_tombstones(spark, path, deletes(["new"]), LongType(), batch=3, run_id="r3", now=NOW)
+    got = spark.read.format("delta").load(path).select("_dd_key", "_dd_batch", "_dd_deleted_at")
+    assert sorted((r[0], r[1]) for r in got.collect()) == [("new", 3), ("spark", 2)]
+    assert got.where(F.col("_dd_deleted_at") == F.lit(NOW)).count() == 2

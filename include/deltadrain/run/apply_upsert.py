@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from deltadrain.formats.changes import CHANGE, DELETE, KEY, ORDER, TRUNCATE
 from deltadrain.formats.debezium import truncate_line
@@ -46,6 +46,9 @@ from deltadrain.lake.delta import (
     table_ref,
 )
 from deltadrain.run.upsert import Effect, Position, last_truncates
+
+if TYPE_CHECKING:
+    from pyspark.sql.types import StructType
 
 EFFECT = "_dd_effect"
 PLACE = ("_dd_partition", "_dd_pos_hi", "_dd_pos_lo")
@@ -71,7 +74,7 @@ class TruncateRefused(Exception):
     """A batch holds a truncate and the pipeline's target.on_truncate is fail: the message is the one line."""
 
 
-def tombstone_schema(order_type) -> object:
+def tombstone_schema(order_type) -> StructType:
     from pyspark.sql.types import LongType, StringType, StructField, StructType, TimestampType
 
     return StructType([StructField(KEY, StringType(), False), StructField("_dd_partition", StringType(), False),
@@ -453,8 +456,7 @@ def prepare_on_driver(spark, rows, *, target: str, tombstones: str, batch: int, 
     decided = newest_arrow(events, marks)
     deletes = decided.filter(pc.equal(decided[EFFECT], Effect.DELETE.value))
     if deletes.num_rows:
-        ensure_table(spark, tombstones, tombstone_schema(order_type))
-        append_tombstones(spark, tombstones, deletes, batch=batch, run_id=run_id, now=now)
+        append_tombstones(spark, tombstones, deletes, order_type, batch=batch, run_id=run_id, now=now)
     if batch > 0 and batch % EXPIRE_EVERY == 0 and marks is not None:
         expire_tombstones(spark, tombstones, now=now, window=window)
     schema = StructType([f for f in rows.schema.fields if f.name != CHANGE] + [StructField(EFFECT, StringType())])
@@ -465,20 +467,24 @@ def prepare_on_driver(spark, rows, *, target: str, tombstones: str, batch: int, 
     return Prepared(source, merge_condition(key_range, False, ranges), merge_clauses(source.columns, False, True))
 
 
-def append_tombstones(spark, path: str, deletes, *, batch: int, run_id: str, now: datetime) -> None:
+def append_tombstones(spark, path: str, deletes, order_type, *, batch: int, run_id: str, now: datetime) -> None:
     """`write_tombstones` of deletes decided on the driver (`newest_arrow`'s rows whose effect is delete),
-    appended with delta-rs: no Spark job. A table feature delta-rs cannot write to is appended by Spark."""
+    appended with delta-rs, which creates a missing table with `tombstone_schema`: no Spark job. A table
+    feature delta-rs cannot write is appended by Spark."""
     import pyarrow as pa
     from deltalake.exceptions import DeltaProtocolError
+    from pyspark.sql.pandas.types import to_arrow_schema
 
     n = deletes.num_rows
     rows = pa.table({**{c: deletes[c] for c in (KEY, *PLACE, ORDER)},
                      DELETED_AT: pa.array([now] * n, pa.timestamp("us", tz="UTC")),
                      "_dd_batch": pa.array([batch] * n, pa.int64()), "_dd_run_id": pa.array([run_id] * n)})
+    schema = tombstone_schema(order_type)
     try:
-        append_arrow(path, rows)
+        append_arrow(path, rows, create=to_arrow_schema(schema))
     except DeltaProtocolError:
-        spark.createDataFrame(rows).write.format("delta").mode("append").save(path)
+        ensure_table(spark, path, schema)
+        spark.createDataFrame(rows, schema=schema).write.format("delta").mode("append").save(path)
 
 
 def batch_ranges(rows, target: str) -> list[tuple[str, str]] | None:
