@@ -22,6 +22,7 @@ from deltadrain.run.apply_upsert import (
     merge_clauses,
     merge_condition,
     newest_frame,
+    prepare_on_driver,
     survey,
     tombstone_schema,
     write_tombstones,
@@ -154,12 +155,14 @@ def states_of(rows, marks) -> dict:
     return {k: state_of(held.get(k), remembered.get(k, ())) for k in set(held) | set(remembered)}
 
 
+@pytest.mark.parametrize("where", ["spark", "driver"])
 @pytest.mark.parametrize("order_by", ["position", "version"])
-def test_the_merge_that_weighs_against_the_live_row_leaves_what_decide_batch_says(spark, tmp_path, order_by):
-    """`newest_frame`, its tombstones appended and its MERGE run on real Delta tables: every key's live row is
-    the one `decide_batch` and `after` say, and every key without one has the newest remembered delete they
-    say. Under `order_by: position` no order has a value; under a column every event has one (an event
-    without one is decided by `decide_frame`), while rows and remembered deletes may lack it."""
+def test_the_merge_that_weighs_against_the_live_row_leaves_what_decide_batch_says(spark, tmp_path, order_by, where):
+    """`newest_frame` (or on the driver `newest_arrow`, through `prepare_on_driver`), its tombstones appended and
+    its MERGE run on real Delta tables: every key's live row is the one `decide_batch` and `after` say, and
+    every key without one has the newest remembered delete they say. Under `order_by: position` no order has a
+    value; under a column every event has one (an event without one is decided by `decide_frame`), while rows
+    and remembered deletes may lack it."""
     from pyspark.sql.types import LongType
 
     events, rows, marks = batches(13, 300, truncates=False)
@@ -177,15 +180,21 @@ def test_the_merge_that_weighs_against_the_live_row_leaves_what_decide_batch_say
     frame = spark.createDataFrame(events, EVENTS)
     seen = survey(frame)
     assert not seen.unordered or order_by == "position"
-    decided = newest_frame(frame, spark.read.format("delta").load(tombstones), now=NOW, window=WINDOW,
-                           key_range=seen.key_range).persist()
-    write_tombstones(spark, tombstones, decided, LongType(), batch=1, run_id="run", now=NOW)
-    # The ON condition with the batch's keys in several ranges, as a large target's MERGE has it.
-    ranges = key_ranges(sorted({e[0] for e in events}), 4)
-    assert len(ranges) == 4
-    merge_into(spark, target, decided, merge_condition(seen.key_range, False, ranges),
-               merge_clauses(decided.columns, False, weigh=True))
-    decided.unpersist()
+    if where == "driver":
+        prepared = prepare_on_driver(spark, frame, target=target, tombstones=tombstones, batch=1, run_id="run",
+                                     now=NOW, window=WINDOW, key_range=seen.key_range)
+        assert prepared is not None
+        merge_into(spark, target, prepared.source, prepared.condition, prepared.clauses)
+    else:
+        decided = newest_frame(frame, spark.read.format("delta").load(tombstones), now=NOW, window=WINDOW,
+                               key_range=seen.key_range).persist()
+        write_tombstones(spark, tombstones, decided, LongType(), batch=1, run_id="run", now=NOW)
+        # The ON condition with the batch's keys in several ranges, as a large target's MERGE has it.
+        ranges = key_ranges(sorted({e[0] for e in events}), 4)
+        assert len(ranges) == 4
+        merge_into(spark, target, decided, merge_condition(seen.key_range, False, ranges),
+                   merge_clauses(decided.columns, False, weigh=True))
+        decided.unpersist()
 
     changes, _ = events_of(e[:6] for e in events)
     states = states_of(rows, marks)
@@ -229,3 +238,32 @@ def test_tombstones_older_than_two_windows_are_dropped_and_the_rest_kept(spark, 
     expire_tombstones(spark, path, now=NOW, window=WINDOW)
     left = {r[0] for r in spark.read.format("delta").load(path).select(F.col("_dd_key")).collect()}
     assert left == {"new", "one window", "two windows"}
+
+
+def test_a_tombstone_table_the_driver_creates_is_one_spark_reads_appends_to_and_expires(spark, tmp_path):
+    """`append_tombstones` (delta-rs) creates a missing table with `tombstone_schema`'s columns; a larger batch's
+    Spark append (`write_tombstones`) and the expiry's DELETE work on it, and delta-rs appends after them."""
+    import pyarrow as pa
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import LongType
+
+    from deltadrain.run.apply_upsert import EFFECT, append_tombstones
+
+    path = str(tmp_path / "tombstones")
+
+    def deletes(keys):
+        return pa.table({"_dd_key": keys, "_dd_partition": ["0"] * len(keys),
+                         "_dd_pos_hi": pa.array(range(len(keys)), pa.int64()), "_dd_pos_lo": [0] * len(keys),
+                         "_dd_order": pa.array([None] * len(keys), pa.int64())})
+
+    append_tombstones(spark, path, deletes(["old"]), LongType(), batch=1, run_id="r1", now=NOW - 3 * WINDOW)
+    table = spark.read.format("delta").load(path)
+    assert [(f.name, f.dataType) for f in table.schema] == [(f.name, f.dataType) for f in tombstone_schema(LongType())]
+    decided = spark.createDataFrame([("spark", "0", 5, 0, None, "delete")],
+                                    f"{ROWS}, {EFFECT} string")
+    write_tombstones(spark, path, decided, LongType(), batch=2, run_id="r2", now=NOW)
+    expire_tombstones(spark, path, now=NOW, window=WINDOW)
+    append_tombstones(spark, path, deletes(["new"]), LongType(), batch=3, run_id="r3", now=NOW)
+    got = spark.read.format("delta").load(path).select("_dd_key", "_dd_batch", "_dd_deleted_at")
+    assert sorted((r[0], r[1]) for r in got.collect()) == [("new", 3), ("spark", 2)]
+    assert got.where(F.col("_dd_deleted_at") == F.lit(NOW)).count() == 2

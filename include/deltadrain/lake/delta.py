@@ -278,6 +278,40 @@ def exists(path: str) -> bool:
     return DeltaTable.is_deltatable(str(path), storage_options=table_options(path))
 
 
+def read_arrow(path: str, columns: list[str], where=None):
+    """The rows of the table at `path` as a pyarrow Table of `columns`, read by delta-rs in this process (no
+    Spark job), restricted by the pyarrow expression `where` (delta-rs skips the files whose statistics it
+    excludes); None without a table."""
+    log = _log(path)
+    if log is None:
+        return None
+    return log.to_pyarrow_dataset().to_table(columns=columns, filter=where)
+
+
+def append_arrow(path: str, table, create=None) -> None:
+    """Append a pyarrow Table to the table at `path` with delta-rs, cast to the table's own schema (Spark's
+    writes leave every column nullable). A blind append: it never conflicts with another writer. Without a
+    table, `create` (a pyarrow schema) is the schema the append creates it with, every column nullable as
+    Spark's creation leaves them; two creators racing: the loser's commit fails and its retry appends."""
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    from deltadrain.lake.objectstore import table_options
+
+    log = _log(path)  # opened with the store's options, which the write reuses
+    if log is not None:
+        schema = pa.schema(log.schema().to_arrow())
+        write_deltalake(log, table.select(schema.names).cast(schema), mode="append")
+        return
+    if create is None:
+        raise FileNotFoundError(f"no Delta table at {path}")
+    schema = pa.schema([f.with_nullable(True) for f in create])
+    rows = table.select(schema.names).cast(schema)
+    retry_conflicts(lambda: append_arrow(path, rows) if exists(path) else
+                    write_deltalake(path, rows, mode="append", storage_options=table_options(path)),
+                    extra=("CommitFailedError",))
+
+
 def inserted_rows(metrics: dict) -> int:
     """Rows a batch commit inserted: a MERGE's numTargetRowsInserted, or numOutputRows of the append
     that created the table with its first batch."""

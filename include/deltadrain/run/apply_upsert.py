@@ -2,15 +2,18 @@
 applied to the target in the batch's one MERGE commit, with the positions and the batch number as in insert mode
 (deltadrain.run.commit).
 
-The decisions are the ones `deltadrain.run.upsert.decide_batch` states in pure Python, made in Spark so that no
-batch's rows go to the driver. A window per key over the batch's events picks each key's newest; what the lake
-holds for the batch's keys (the target's live row: `_dd_partition`, `_dd_pos_hi`, `_dd_pos_lo`, `_dd_order`; the
-newest remembered delete in the tombstone table `<lake>/_deltadrain/tombstones/<pipeline>`, read through a
-semi-join with the batch's keys and the batch's key range as literals for Delta's file skipping) gives its effect.
-Two ways, one answer (tests hold each equal to `decide_batch` on random batches):
+The decisions are the ones `deltadrain.run.upsert.decide_batch` states in pure Python, made over columns: in
+Spark, or for a batch of at most DRIVER_ROWS rows in Arrow on the driver. Each key's newest event is picked; what
+the lake holds for the batch's keys (the target's live row: `_dd_partition`, `_dd_pos_hi`, `_dd_pos_lo`,
+`_dd_order`; the newest remembered delete in the tombstone table `<lake>/_deltadrain/tombstones/<pipeline>`, read
+for the batch's keys with the batch's key range as literals for Delta's file skipping) gives its effect. Three
+ways, one answer (tests hold each equal to `decide_batch` on random batches):
 - `newest_frame`, for a batch whose events all have their order (`order_by: position`, or a value in each) and
   no truncate: the tombstones are read for the batch's keys, and the target MERGE's matched clauses compare the
   event with the live row they match, so the target is read once, by the MERGE;
+- `newest_arrow`, the same decision for such a batch when it is small (`prepare_on_driver`): one Spark job brings
+  its rows to the driver, the tombstones are read and appended with delta-rs, and the MERGE's source is the
+  decided rows themselves, so no Spark job decides and Delta does not compute the decision a second time;
 - `decide_frame`, otherwise: an event without an order value takes its key's newest (`upsert.orders`), which may
   be the live row's, so the target is read for the batch's keys first.
 
@@ -27,20 +30,25 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from deltadrain.formats.changes import CHANGE, DELETE, KEY, ORDER, TRUNCATE
 from deltadrain.formats.debezium import truncate_line
 from deltadrain.lake.delta import (
+    append_arrow,
     ensure_table,
     file_count,
     is_table,
+    read_arrow,
     retry_conflicts,
     sql_literal,
     sql_name,
     table_ref,
 )
 from deltadrain.run.upsert import Effect, Position, last_truncates
+
+if TYPE_CHECKING:
+    from pyspark.sql.types import StructType
 
 EFFECT = "_dd_effect"
 PLACE = ("_dd_partition", "_dd_pos_hi", "_dd_pos_lo")
@@ -54,13 +62,19 @@ EXPIRE_EVERY = 32
 # A target of at least SPREAD_FILES files is MERGEd with at most KEY_RANGES ranges of the batch's keys, found
 # on the driver for a batch of at most RANGE_KEYS keys (a larger one keeps its one range).
 SPREAD_FILES, KEY_RANGES, RANGE_KEYS = 16, 16, 200_000
+# A batch of at most DRIVER_ROWS rows that `newest_frame` could decide is decided on the driver in Arrow
+# (`newest_arrow`): it spares the Spark jobs of the decision and of the tombstones' append, and the MERGE's
+# second computation of its source. The bound keeps the batch's copies on the driver (in Arrow, and as the
+# MERGE's source in the JVM) small beside the driver's memory; a larger batch is decided in Spark.
+DRIVER_ROWS = 50_000
+KNOWN = "_dd_known"
 
 
 class TruncateRefused(Exception):
     """A batch holds a truncate and the pipeline's target.on_truncate is fail: the message is the one line."""
 
 
-def tombstone_schema(order_type) -> object:
+def tombstone_schema(order_type) -> StructType:
     from pyspark.sql.types import LongType, StringType, StructField, StructType, TimestampType
 
     return StructType([StructField(KEY, StringType(), False), StructField("_dd_partition", StringType(), False),
@@ -156,6 +170,86 @@ def newest_frame(events, tombstones=None, *, now: datetime, window: timedelta,
         best = best.join(marks, KEY, "left").filter(delete | F.coalesce(rank(ORDER) > F.col(MARK), F.lit(True)))
     effect = F.when(delete, F.lit(Effect.DELETE.value)).otherwise(F.lit(Effect.UPSERT.value))
     return best.select(*(F.col(c) for c in events.columns if c != CHANGE), effect.alias(EFFECT))
+
+
+def on_driver(order_type) -> bool:
+    """Whether `newest_arrow` orders values of this Spark type as Spark does: not floating point, where Spark
+    puts NaN above every number and Arrow's sort puts it last."""
+    from pyspark.sql.types import DoubleType, FloatType
+
+    return not isinstance(order_type, DoubleType | FloatType)
+
+
+def first_per_key(table, extra: tuple[tuple[str, str], ...] = ()):
+    """Each key's greatest row of a pyarrow Table by `rank` (whether ORDER has a value, ORDER, then the
+    position), ties then broken by `extra` sort keys: the table sorted by key and rank descending, the first
+    row of each key's run."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if table.num_rows == 0:
+        return table
+    ranked = table.append_column(KNOWN, pc.is_valid(table[ORDER]))
+    order = pc.sort_indices(ranked, sort_keys=[(KEY, "ascending"), (KNOWN, "descending"), (ORDER, "descending"),
+                                               *((c, "descending") for c in PLACE), *extra])
+    ranked = ranked.take(order).drop_columns([KNOWN])
+    keys = ranked[KEY]
+    starts = pc.not_equal(keys[1:], keys[:-1]).combine_chunks()
+    return ranked.filter(pa.concat_arrays([pa.array([True]), pc.fill_null(starts, True)]))
+
+
+def newer_arrow(a, b):
+    """Elementwise `rank(a) > rank(b)` of two aligned pyarrow Tables (ORDER of one type, PLACE); null where b's
+    row is null (PLACE is never null in a row)."""
+    import pyarrow.compute as pc
+
+    pairs = [(pc.is_valid(a[ORDER]).cast("int8"), pc.is_valid(b[ORDER]).cast("int8")), (a[ORDER], b[ORDER]),
+             *((a[c], b[c]) for c in PLACE)]
+    newer = pc.greater(*pairs[-1])
+    for x, y in reversed(pairs[:-1]):
+        # Both without a value compare equal on it.
+        newer = pc.or_(pc.fill_null(pc.greater(x, y), False), pc.and_(pc.fill_null(pc.equal(x, y), True), newer))
+    return pc.if_else(pc.is_valid(b[PLACE[0]]), newer, None)
+
+
+def remembered_arrow(path: str, keys, order_type, *, now: datetime, window: timedelta,
+                     key_range: tuple[str, str] | None = None):
+    """`remembered` on the driver: the tombstones of `keys` (a pyarrow array) read with delta-rs (the batch's
+    key range as a filter for its file skipping), each key's newest (ORDER cast to the batch's `order_type`, a
+    pyarrow type) when it was remembered within the window -> a pyarrow Table (KEY, *PLACE, ORDER); None
+    without a tombstone table."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.dataset as ds
+
+    where = ds.field(KEY).isin(keys)
+    if key_range is not None:
+        where = (ds.field(KEY) >= key_range[0]) & (ds.field(KEY) <= key_range[1]) & where
+    marks = read_arrow(path, [KEY, *PLACE, ORDER, DELETED_AT], where)
+    if marks is None:
+        return None
+    marks = marks.set_column(marks.schema.get_field_index(ORDER), ORDER, marks[ORDER].cast(order_type))
+    newest = first_per_key(marks, ((DELETED_AT, "descending"),))
+    cutoff = pa.scalar(now - window, pa.timestamp("us", tz="UTC"))
+    return newest.filter(pc.greater_equal(newest[DELETED_AT], cutoff)).drop_columns([DELETED_AT])
+
+
+def newest_arrow(events, marks=None):
+    """`newest_frame` on the driver, over the batch's rows in a pyarrow Table: each key's newest event, less
+    the upserts its remembered delete (`marks`, from `remembered_arrow`) is newer than, with EFFECT; ORDER of a
+    type `on_driver` accepts. The same decisions (tests hold both to `upsert.decide_batch`)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    best = first_per_key(events)
+    delete = pc.equal(best[CHANGE], DELETE)
+    if marks is not None and marks.num_rows and best.num_rows:
+        mark = marks.take(pc.index_in(best[KEY], value_set=marks[KEY].combine_chunks()))
+        # A delete is weighed against the live row alone (see newest_frame).
+        best = best.filter(pc.or_(delete, pc.fill_null(newer_arrow(best, mark), True)))
+        delete = pc.equal(best[CHANGE], DELETE)
+    effect = pc.if_else(delete, Effect.DELETE.value, Effect.UPSERT.value).cast(pa.string())
+    return best.drop_columns([CHANGE]).append_column(EFFECT, effect)
 
 
 def decide_frame(events, target=None, tombstones=None, *, now: datetime, window: timedelta,
@@ -299,18 +393,24 @@ class Prepared:
 
 
 def prepare(spark, rows, *, pipeline, target: str, tombstones: str, batch: int, run_id: str,
-            now: datetime, seen: Survey | None = None) -> Prepared:
-    """Decide the batch and remember its deletes. `seen`: the batch's survey when the staging made it.
+            now: datetime, seen: Survey | None = None, size: int | None = None) -> Prepared:
+    """Decide the batch and remember its deletes. `seen`: the batch's survey when the staging made it; `size`:
+    how many rows the batch has, when known (a batch of at most DRIVER_ROWS is decided on the driver).
     Raises TruncateRefused for a truncate the pipeline may not follow, before anything is written."""
     seen = seen if seen is not None else survey(rows)
     if seen.truncates and pipeline.target.on_truncate == "fail":
         raise TruncateRefused(truncate_line(seen.truncates[0][0], pipeline.name))
     truncated = last_truncates(at for _, at in seen.truncates)
+    window = pipeline.dedup_window
+    weigh = not truncated and (pipeline.target.order_by == "position" or not seen.unordered)
+    if weigh and size is not None and size <= DRIVER_ROWS and on_driver(rows.schema[ORDER].dataType):
+        driven = prepare_on_driver(spark, rows, target=target, tombstones=tombstones, batch=batch, run_id=run_id,
+                                   now=now, window=window, key_range=seen.key_range)
+        if driven is not None:
+            return driven
     # After a truncate the table holds nothing the batch's events must be newer than: it is not read.
     read = not truncated
     marks = spark.read.format("delta").load(tombstones) if read and is_table(spark, tombstones) else None
-    window = pipeline.dedup_window
-    weigh = not truncated and (pipeline.target.order_by == "position" or not seen.unordered)
     if weigh:
         decided = newest_frame(rows, marks, now=now, window=window, key_range=seen.key_range)
     else:
@@ -332,6 +432,59 @@ def prepare(spark, rows, *, pipeline, target: str, tombstones: str, batch: int, 
     truncating = bool(truncated)
     return Prepared(decided, merge_condition(seen.key_range, truncating, ranges),
                     merge_clauses(decided.columns, truncating, weigh))
+
+
+def prepare_on_driver(spark, rows, *, target: str, tombstones: str, batch: int, run_id: str, now: datetime,
+                      window: timedelta, key_range: tuple[str, str] | None) -> Prepared | None:
+    """`prepare` for a batch `newest_frame` could decide, decided on the driver (`newest_arrow`): one Spark job
+    brings its rows there, the tombstones are read and appended with delta-rs, and the MERGE's source is the
+    decided rows, which Delta need not compute again. None when delta-rs cannot read the tombstone table (a
+    table feature it lacks): the batch is then decided in Spark, nothing having been written."""
+    import pyarrow.compute as pc
+    from deltalake.exceptions import DeltaProtocolError
+    from pyspark.sql.pandas.types import to_arrow_type
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    order_type = rows.schema[ORDER].dataType
+    events = rows.toArrow()
+    keys = pc.unique(events[KEY])
+    try:
+        marks = remembered_arrow(tombstones, keys, to_arrow_type(order_type), now=now, window=window,
+                                 key_range=key_range)
+    except DeltaProtocolError:
+        return None
+    decided = newest_arrow(events, marks)
+    deletes = decided.filter(pc.equal(decided[EFFECT], Effect.DELETE.value))
+    if deletes.num_rows:
+        append_tombstones(spark, tombstones, deletes, order_type, batch=batch, run_id=run_id, now=now)
+    if batch > 0 and batch % EXPIRE_EVERY == 0 and marks is not None:
+        expire_tombstones(spark, tombstones, now=now, window=window)
+    schema = StructType([f for f in rows.schema.fields if f.name != CHANGE] + [StructField(EFFECT, StringType())])
+    source = spark.createDataFrame(decided, schema=schema)
+    ranges = None
+    if (file_count(target) or 0) >= SPREAD_FILES and decided.num_rows <= RANGE_KEYS:
+        ranges = key_ranges(sorted(decided[KEY].to_pylist()), KEY_RANGES)
+    return Prepared(source, merge_condition(key_range, False, ranges), merge_clauses(source.columns, False, True))
+
+
+def append_tombstones(spark, path: str, deletes, order_type, *, batch: int, run_id: str, now: datetime) -> None:
+    """`write_tombstones` of deletes decided on the driver (`newest_arrow`'s rows whose effect is delete),
+    appended with delta-rs, which creates a missing table with `tombstone_schema`: no Spark job. A table
+    feature delta-rs cannot write is appended by Spark."""
+    import pyarrow as pa
+    from deltalake.exceptions import DeltaProtocolError
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    n = deletes.num_rows
+    rows = pa.table({**{c: deletes[c] for c in (KEY, *PLACE, ORDER)},
+                     DELETED_AT: pa.array([now] * n, pa.timestamp("us", tz="UTC")),
+                     "_dd_batch": pa.array([batch] * n, pa.int64()), "_dd_run_id": pa.array([run_id] * n)})
+    schema = tombstone_schema(order_type)
+    try:
+        append_arrow(path, rows, create=to_arrow_schema(schema))
+    except DeltaProtocolError:
+        ensure_table(spark, path, schema)
+        spark.createDataFrame(rows, schema=schema).write.format("delta").mode("append").save(path)
 
 
 def batch_ranges(rows, target: str) -> list[tuple[str, str]] | None:

@@ -484,7 +484,7 @@ class Drain(abc.ABC, Generic[Detail]):
         try:
             decided = prepare(self.spark, rows, pipeline=p, target=self.target,
                               tombstones=str(self.cfg.tombstones_path(p)), batch=batch, run_id=self.run_id,
-                              now=datetime.now(UTC), seen=seen)
+                              now=datetime.now(UTC), seen=seen, size=stats.good)
         except TruncateRefused as exc:
             s.error = str(exc)
             raise DrainError(s.error) from None
