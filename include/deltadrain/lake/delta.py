@@ -305,10 +305,30 @@ def append_arrow(path: str, table, create=None) -> None:
         return
     if create is None:
         raise FileNotFoundError(f"no Delta table at {path}")
-    schema = pa.schema([f.with_nullable(True) for f in create])
+    schema = pa.schema([nullable(f) for f in create])
     rows = table.select(schema.names).cast(schema)
     retry_conflicts(lambda: append_arrow(path, rows) if exists(path) else
                     write_deltalake(path, rows, mode="append", storage_options=table_options(path)),
+                    extra=("CommitFailedError",))
+
+
+def append_rows(path: str, schema, rows: list[tuple]) -> None:
+    """Append a few rows built on the driver (`schema`: a Spark StructType) with delta-rs: no Spark job,
+    and the first append creates the table. Raises what delta-rs raises (a table with a column the rows
+    lack, or a feature delta-rs cannot write): the caller then appends through Spark."""
+    import pyarrow as pa
+    from deltalake import write_deltalake
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    from deltadrain.lake.objectstore import table_options
+
+    arrow_schema = to_arrow_schema(schema)
+    table = pa.Table.from_pylist([dict(zip(arrow_schema.names, row, strict=True)) for row in rows], schema=arrow_schema)
+    # delta-rs retries a blind append itself; CommitFailedError is left when another writer created
+    # the table first (its commit did not land, so trying again appends exactly once). On S3 a commit
+    # is put only if absent, as the Spark log store does (table_options).
+    options = table_options(path)
+    retry_conflicts(lambda: write_deltalake(path, table, mode="append", storage_options=options),
                     extra=("CommitFailedError",))
 
 
@@ -399,26 +419,6 @@ def commit_info(info: dict) -> dict:
     millis = info.get("inCommitTimestamp") or info.get("timestamp")
     return {"operation": info.get("operation"), "metrics": info.get("operationMetrics") or {}, "meta": meta,
             "timestamp": datetime.fromtimestamp(millis / 1000, UTC) if millis is not None else None}
-
-
-def append_rows(path: str, schema, rows: list[tuple]) -> None:
-    """Append a few rows built on the driver (`schema`: a Spark StructType) with delta-rs: no Spark job,
-    and the first append creates the table. Raises what delta-rs raises (a table with a column the rows
-    lack, or a feature delta-rs cannot write): the caller then appends through Spark."""
-    import pyarrow as pa
-    from deltalake import write_deltalake
-    from pyspark.sql.pandas.types import to_arrow_schema
-
-    from deltadrain.lake.objectstore import table_options
-
-    arrow_schema = to_arrow_schema(schema)
-    table = pa.Table.from_pylist([dict(zip(arrow_schema.names, row, strict=True)) for row in rows], schema=arrow_schema)
-    # delta-rs retries a blind append itself; CommitFailedError is left when another writer created
-    # the table first (its commit did not land, so trying again appends exactly once). On S3 a commit
-    # is put only if absent, as the Spark log store does (table_options).
-    options = table_options(path)
-    retry_conflicts(lambda: write_deltalake(path, table, mode="append", storage_options=options),
-                    extra=("CommitFailedError",))
 
 
 def retry_conflicts(action: Callable[[], T], attempts: int = 5, pause: float = 0.5, extra: tuple[str, ...] = ()) -> T:
