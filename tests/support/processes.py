@@ -125,7 +125,7 @@ class DagRunServer:
         done = self._line(timeout)
         if not done:
             os.kill(pid["pid"], 9)
-            done = self._line(60)
+            self._line(60)  # the killed child's exit code: the server then waits for the next run
             raise AssertionError(f"dag.test of {dag_id} did not end within {timeout} s:\n{log.read_text()[-4000:]}")
         return json.loads(done)["rc"], log.read_text(errors="replace")
 

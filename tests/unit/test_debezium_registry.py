@@ -21,19 +21,27 @@ FIELDS = {"id": "long", "name": "string", "price": "decimal(18,2)", "at": "times
 TYPES = {"id": pa.int64(), "name": pa.string(), "price": pa.decimal128(18, 2), "at": pa.timestamp("us", tz="UTC"),
          "born": pa.date32(), "_dd_order": pa.int64()}
 
+
+def optional(name: str, t) -> dict:
+    """A nullable field, as the converter writes a column that may be null."""
+    return {"name": name, "type": ["null", t], "default": None}
+
+
+def connect_decimal(precision: int, scale: int) -> dict:
+    return {"type": "bytes", "scale": scale, "precision": precision, "connect.version": 1,
+            "connect.parameters": {"scale": str(scale), "connect.decimal.precision": str(precision)},
+            "connect.name": "org.apache.kafka.connect.data.Decimal", "logicalType": "decimal"}
+
+
+MICRO_TIMESTAMP = {"type": "long", "connect.version": 1, "connect.name": "io.debezium.time.MicroTimestamp"}
+DATE = {"type": "int", "connect.version": 1, "connect.name": "io.debezium.time.Date"}
+
+
 # As Apicurio Registry's converter writes a Postgres table's rows with Debezium's defaults: numeric(12,2) in
 # Avro's decimal type, timestamp as microseconds and date as days with their Kafka Connect names.
 ROW = {"type": "record", "name": "Value", "namespace": "cdcavro.public.t", "fields": [
-    {"name": "id", "type": "int"},
-    {"name": "name", "type": ["null", "string"], "default": None},
-    {"name": "price", "type": ["null", {"type": "bytes", "scale": 2, "precision": 12, "connect.version": 1,
-                                        "connect.parameters": {"scale": "2", "connect.decimal.precision": "12"},
-                                        "connect.name": "org.apache.kafka.connect.data.Decimal",
-                                        "logicalType": "decimal"}], "default": None},
-    {"name": "at", "type": ["null", {"type": "long", "connect.version": 1,
-                                     "connect.name": "io.debezium.time.MicroTimestamp"}], "default": None},
-    {"name": "born", "type": ["null", {"type": "int", "connect.version": 1, "connect.name": "io.debezium.time.Date"}],
-     "default": None}]}
+    {"name": "id", "type": "int"}, optional("name", "string"), optional("price", connect_decimal(12, 2)),
+    optional("at", MICRO_TIMESTAMP), optional("born", DATE)]}
 SOURCE = {"type": "record", "name": "Source", "namespace": "io.debezium.connector.postgresql", "fields": [
     {"name": "table", "type": "string"}, {"name": "lsn", "type": ["null", "long"], "default": None}]}
 ENVELOPE = {"type": "record", "name": "Envelope", "namespace": "cdcavro.public.t", "fields": [
@@ -48,18 +56,10 @@ WRITERS = {1: Writer(json.dumps(KEY)),
 FULL = avro.with_imports(ENVELOPE, {"io.debezium.connector.postgresql.Source": SOURCE})
 # The table after `ALTER TABLE ... ADD COLUMN rank smallint, paid numeric(10,3), seen timestamp, day date, zone
 # timestamptz, tags text[]`, as the converter registers its next version.
-NEW = [{"name": "rank", "type": ["null", {"type": "int", "connect.type": "int16"}], "default": None},
-       {"name": "paid", "type": ["null", {"type": "bytes", "scale": 3, "precision": 10, "connect.version": 1,
-                                          "connect.parameters": {"scale": "3", "connect.decimal.precision": "10"},
-                                          "connect.name": "org.apache.kafka.connect.data.Decimal",
-                                          "logicalType": "decimal"}], "default": None},
-       {"name": "seen", "type": ["null", {"type": "long", "connect.version": 1,
-                                          "connect.name": "io.debezium.time.MicroTimestamp"}], "default": None},
-       {"name": "day", "type": ["null", {"type": "int", "connect.version": 1, "connect.name": "io.debezium.time.Date"}],
-        "default": None},
-       {"name": "zone", "type": ["null", {"type": "string", "connect.version": 1,
-                                          "connect.name": "io.debezium.time.ZonedTimestamp"}], "default": None},
-       {"name": "tags", "type": ["null", {"type": "array", "items": ["null", "string"]}], "default": None}]
+NEW = [optional("rank", {"type": "int", "connect.type": "int16"}), optional("paid", connect_decimal(10, 3)),
+       optional("seen", MICRO_TIMESTAMP), optional("day", DATE),
+       optional("zone", {"type": "string", "connect.version": 1, "connect.name": "io.debezium.time.ZonedTimestamp"}),
+       optional("tags", {"type": "array", "items": ["null", "string"]})]
 ENVELOPE_2 = {**ENVELOPE, "fields": [{"name": "before", "type": ["null", {**ROW, "fields": ROW["fields"] + NEW}],
                                       "default": None}, *ENVELOPE["fields"][1:]]}
 WRITERS[4] = Writer(json.dumps(ENVELOPE_2), imports=WRITERS[2].imports)

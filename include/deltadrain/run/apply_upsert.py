@@ -313,6 +313,12 @@ def write_tombstones(spark, path: str, decided, order_type, *, batch: int, run_i
     source.write.format("delta").mode("append").save(path)
 
 
+def expire_when_due(spark, path: str, *, batch: int, remembered: bool, now: datetime, window: timedelta) -> None:
+    """`expire_tombstones` every EXPIRE_EVERY batches, when the batch found a tombstone table (`remembered`)."""
+    if remembered and batch > 0 and batch % EXPIRE_EVERY == 0:
+        expire_tombstones(spark, path, now=now, window=window)
+
+
 def expire_tombstones(spark, path: str, *, now: datetime, window: timedelta) -> None:
     """Drop the deletes remembered longer than twice `window` (`upsert.decide` forgets them after one, so
     when they go changes nothing). Delta skips the files whose `_dd_deleted_at` are all newer."""
@@ -424,8 +430,7 @@ def prepare(spark, rows, *, pipeline, target: str, tombstones: str, batch: int, 
         if seen.deletes:
             write_tombstones(spark, tombstones, decided, rows.schema[ORDER].dataType, batch=batch, run_id=run_id,
                              now=now)
-        if batch > 0 and batch % EXPIRE_EVERY == 0 and marks is not None:
-            expire_tombstones(spark, tombstones, now=now, window=window)
+        expire_when_due(spark, tombstones, batch=batch, remembered=marks is not None, now=now, window=window)
     except BaseException:
         decided.unpersist()
         raise
@@ -457,13 +462,10 @@ def prepare_on_driver(spark, rows, *, target: str, tombstones: str, batch: int, 
     deletes = decided.filter(pc.equal(decided[EFFECT], Effect.DELETE.value))
     if deletes.num_rows:
         append_tombstones(spark, tombstones, deletes, order_type, batch=batch, run_id=run_id, now=now)
-    if batch > 0 and batch % EXPIRE_EVERY == 0 and marks is not None:
-        expire_tombstones(spark, tombstones, now=now, window=window)
+    expire_when_due(spark, tombstones, batch=batch, remembered=marks is not None, now=now, window=window)
     schema = StructType([f for f in rows.schema.fields if f.name != CHANGE] + [StructField(EFFECT, StringType())])
     source = spark.createDataFrame(decided, schema=schema)
-    ranges = None
-    if (file_count(target) or 0) >= SPREAD_FILES and decided.num_rows <= RANGE_KEYS:
-        ranges = key_ranges(sorted(decided[KEY].to_pylist()), KEY_RANGES)
+    ranges = ranges_of(decided[KEY].to_pylist()) if spread(target) else None
     return Prepared(source, merge_condition(key_range, False, ranges), merge_clauses(source.columns, False, True))
 
 
@@ -487,11 +489,20 @@ def append_tombstones(spark, path: str, deletes, order_type, *, batch: int, run_
         spark.createDataFrame(rows, schema=schema).write.format("delta").mode("append").save(path)
 
 
-def batch_ranges(rows, target: str) -> list[tuple[str, str]] | None:
-    """`key_ranges` of the batch's keys when the target has files enough for skipping to pay for collecting
-    them (SPREAD_FILES, counted in its log by delta-rs) and the batch has at most RANGE_KEYS keys, else None."""
-    if (file_count(target) or 0) < SPREAD_FILES:
-        return None
-    keys = [r[0] for r in rows.where(f"{CHANGE} != '{TRUNCATE}'").select(KEY).distinct().limit(RANGE_KEYS + 1)
-            .collect()]
+def spread(target: str) -> bool:
+    """Whether the target has files enough (SPREAD_FILES, counted in its log by delta-rs) for the MERGE's file
+    skipping to pay for collecting the batch's keys."""
+    return (file_count(target) or 0) >= SPREAD_FILES
+
+
+def ranges_of(keys: list[str]) -> list[tuple[str, str]] | None:
+    """`key_ranges` of a batch's distinct keys, or None for more than RANGE_KEYS of them (one range)."""
     return key_ranges(sorted(keys), KEY_RANGES) if len(keys) <= RANGE_KEYS else None
+
+
+def batch_ranges(rows, target: str) -> list[tuple[str, str]] | None:
+    """`ranges_of` the batch's keys, collected from `rows` when the target is `spread`, else None."""
+    if not spread(target):
+        return None
+    return ranges_of([r[0] for r in rows.where(f"{CHANGE} != '{TRUNCATE}'").select(KEY).distinct()
+                      .limit(RANGE_KEYS + 1).collect()])
