@@ -1,8 +1,9 @@
-"""Run one DAG with dag.test() in a process of its own and print its task states and XComs as JSON.
+"""Run one DAG with dag.test() in a process of its own and write its task states and XComs as JSON
+to a result file (a file, not stdout: threads of the run print there too, into the middle of a line).
 
 Tests call this in a subprocess: dag.test()'s in-process task supervisor closes descriptors of the
 process it runs in, which takes down a PySpark gateway living there (the JVM exits when its stdin
-pipe closes). Usage: python -m tests.integration.dagrun DAG_ID [CONF_JSON]
+pipe closes). Usage: python -m tests.integration.dagrun DAG_ID RESULT_FILE [CONF_JSON]
 
 With --serve it is a fork server (tests.support.processes.run_dag starts one per test worker): it
 imports once what every DAG run imports (Airflow with its in-process execution API, the providers
@@ -40,7 +41,7 @@ def _decoded(value):
         return value
 
 
-def run(dag_id: str, conf: dict | None) -> None:
+def run(dag_id: str, conf: dict | None, result: str) -> None:
     from airflow.dag_processing.dagbag import DagBag
     from airflow.models.xcom import XComModel
     from airflow.utils.session import create_session
@@ -55,8 +56,8 @@ def run(dag_id: str, conf: dict | None) -> None:
             states[ti.task_id] = str(ti.state.value if hasattr(ti.state, "value") else ti.state)
         for row in session.query(XComModel).filter_by(dag_id=dag_id, run_id=run.run_id, key="return_value"):
             xcoms[row.task_id] = _decoded(row.value)
-    print("DAGRUN-RESULT " + json.dumps({"run_id": run.run_id, "state": str(run.state), "states": states,
-                                         "xcoms": xcoms}, default=str), flush=True)
+    Path(result).write_text(json.dumps({"run_id": run.run_id, "state": str(run.state), "states": states,
+                                        "xcoms": xcoms}, default=str))
 
 
 def _child(request: dict) -> int:
@@ -73,7 +74,7 @@ def _child(request: dict) -> int:
     if settings.engine is not None:
         settings.engine.dispose(close=False)  # the server's pool, if any, stays the server's
     try:
-        run(request["dag_id"], request["conf"])
+        run(request["dag_id"], request["conf"], request["result"])
         return 0
     except SystemExit as exc:
         print(exc, file=sys.stderr)
@@ -120,7 +121,7 @@ def main() -> None:
     if sys.argv[1:] == ["--serve"]:
         serve()
         return
-    run(sys.argv[1], json.loads(sys.argv[2]) if len(sys.argv) > 2 else None)
+    run(sys.argv[1], json.loads(sys.argv[3]) if len(sys.argv) > 3 else None, sys.argv[2])
 
 
 if __name__ == "__main__":

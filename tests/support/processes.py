@@ -112,13 +112,13 @@ class DagRunServer:
 
         return self.proc.poll() is None and read_at_import(env) == read_at_import(self.env)
 
-    def run(self, dag_id: str, run_conf: dict | None, env: dict, timeout: float) -> tuple[int, str]:
-        """(exit code, output) of one DAG run forked from the server."""
+    def run(self, dag_id: str, run_conf: dict | None, env: dict, result: Path, timeout: float) -> tuple[int, str]:
+        """(exit code, output) of one DAG run forked from the server; its result goes to `result`."""
         assert self.proc.stdin is not None
         self.runs += 1
         log = self.logs / f"run{self.runs}.log"
         self.proc.stdin.write(json.dumps({"dag_id": dag_id, "conf": run_conf, "env": env, "cwd": str(ROOT),
-                                          "log": str(log)}) + "\n")
+                                          "log": str(log), "result": str(result)}) + "\n")
         self.proc.stdin.flush()
         pid = json.loads(self._line(60) or "null")
         assert pid, f"the DAG run server did not fork for {dag_id}; {self.logs / 'server.log'}"
@@ -137,20 +137,24 @@ def run_dag(dag_id: str, run_conf: dict | None = None, env: dict | None = None) 
     """dag.test() in a process of its own (see tests/integration/dagrun.py): {run_id, state, states, xcoms,
     log}. Forked from the worker's DagRunServer when `env` (the test's own environment by default) reads
     at import time what the server read; else a new Python process."""
+    import tempfile
+
     env = env or {**os.environ}
     if not _SERVER or _SERVER[0].proc.poll() is not None:
         _SERVER[:] = [DagRunServer()]
-    if _SERVER[0].serves(env):
-        _, output = _SERVER[0].run(dag_id, run_conf, env, timeout=900)
-    else:
-        args = [sys.executable, "-m", "tests.integration.dagrun", dag_id] + ([json.dumps(run_conf)] if run_conf else [])
-        done = subprocess.run(args, capture_output=True, text=True, timeout=900, cwd=ROOT, env=env)
-        output = done.stdout + done.stderr
-    lines = [line for line in output.splitlines() if line.startswith("DAGRUN-RESULT ")]
-    assert lines, f"dag.test of {dag_id} printed no result:\n{output[-8000:]}"
-    result = json.loads(lines[-1].removeprefix("DAGRUN-RESULT "))
-    result["log"] = output
-    return result
+    with tempfile.TemporaryDirectory(prefix="dagrun-") as tmp:
+        result = Path(tmp) / "result.json"
+        if _SERVER[0].serves(env):
+            _, output = _SERVER[0].run(dag_id, run_conf, env, result, timeout=900)
+        else:
+            args = [sys.executable, "-m", "tests.integration.dagrun", dag_id, str(result)]
+            done = subprocess.run(args + ([json.dumps(run_conf)] if run_conf else []), capture_output=True,
+                                  text=True, timeout=900, cwd=ROOT, env=env)
+            output = done.stdout + done.stderr
+        assert result.exists(), f"dag.test of {dag_id} wrote no result:\n{output[-8000:]}"
+        found = json.loads(result.read_text())
+    found["log"] = output
+    return found
 
 
 def run_or_killed(c, p, spark) -> dict | str:
