@@ -75,38 +75,59 @@ def wait_settled(api, dag_id: str, timeout: float = 300) -> list[dict]:
         time.sleep(2)
 
 
+def why_no_run(api, c: DeltadrainConfig, p: PipelineConfig) -> dict:
+    """What an assertion that waited for an `on_data` run shows: the pipeline's runs, its source Assets'
+    last events, the events queued for it, and the standalone's last log lines that name it."""
+    from deltadrain.dev import services
+
+    dag_id = ingest_dag_id(p.name)
+    log = services.FACTORIES["airflow"](c).log_file
+    lines = [line for line in log.read_text(errors="replace").splitlines() if p.name in line] if log.exists() else []
+    return {"runs": api.runs(dag_id)[:3],
+            "source_events": [e for uri, _ in watched(c, p) for e in asset_events(api, asset(api, uri)["id"])][-3:],
+            "queued": api.call("GET", f"/api/v2/dags/{api._q(dag_id)}/assets/queuedEvents"),
+            "log": lines[-15:]}
+
+
 def produce_first(c: DeltadrainConfig, p: PipelineConfig):
     """The first messages of an `on_data` pipeline, produced early: its runs drain them while the rest of
     the test goes on."""
     return produce(c, p, 20, seed=301, start=0)
 
 
-def check_on_data(api, spark, c: DeltadrainConfig, p: PipelineConfig, first, bursts: bool) -> dict:
+def check_on_data(api, spark, c: DeltadrainConfig, p: PipelineConfig, first, release: Path | None) -> dict:
     """The `first` messages (produce_first) reached an `on_data` pipeline's table through asset-triggered runs
     only, each woken by its source Assets' events, which the asset views list with the runs they made; its
-    runs put events on the target's and the dead letters' Assets. With `bursts`, messages that come while
-    a run drains make at most one more run. Returns figures for the test's log."""
+    runs put events on the target's and the dead letters' Assets. With `release` (the file whose absence holds
+    the standalone's drains before their commit), messages that come while a run drains make at most one more
+    run. Returns figures for the test's log."""
     dag_id = ingest_dag_id(p.name)
     began = time.monotonic()
     wait_drained(spark, c, p, set(first.valid_ids), api)
     latency = time.monotonic() - began
     extra: list[str] = []
     n, during = 0, []
-    if bursts:
+    if release is not None:
         # While a run drains, more messages in several bursts: each changes the work the watcher sees, so
-        # it marks the Asset again, but Airflow holds one queued run per DAG at max_active_runs=1.
+        # it marks the Asset again, but Airflow holds one queued run per DAG at max_active_runs=1. The run
+        # is held before its commit meanwhile: a warm drain of a few messages can end before the watcher's
+        # next poll, and then no burst comes while it runs.
         before = {r["dag_run_id"] for r in wait_settled(api, dag_id)}
-        extra += produce(c, p, 5, seed=302, start=1000).valid_ids
-        deadline = time.monotonic() + 120
-        while not (running := [r["dag_run_id"] for r in api.runs(dag_id)
-                               if r["dag_run_id"] not in before and r["state"] == "running"]):
-            assert time.monotonic() < deadline, api.runs(dag_id)[:3]
-            time.sleep(0.5)
-        n = 0
-        while api.run_state(dag_id, running[0]) == "running" and n < 4:  # only while that first run drains
-            n += 1
-            extra += produce(c, p, 5, seed=303 + n, start=2000 + 100 * n).valid_ids
-            time.sleep(2.5)
+        release.unlink()
+        try:
+            extra += produce(c, p, 5, seed=302, start=1000).valid_ids
+            deadline = time.monotonic() + 120
+            while not (running := [r["dag_run_id"] for r in api.runs(dag_id)
+                                   if r["dag_run_id"] not in before and r["state"] == "running"]):
+                assert time.monotonic() < deadline, why_no_run(api, c, p)
+                time.sleep(0.5)
+            n = 0
+            while api.run_state(dag_id, running[0]) == "running" and n < 4:  # only while that first run drains
+                n += 1
+                extra += produce(c, p, 5, seed=303 + n, start=2000 + 100 * n).valid_ids
+                time.sleep(2.5)
+        finally:
+            release.touch()
         wait_drained(spark, c, p, set(extra), api)
         wait_settled(api, dag_id)
         assert n >= 1, "the run ended before a burst came"
@@ -117,7 +138,7 @@ def check_on_data(api, spark, c: DeltadrainConfig, p: PipelineConfig, first, bur
         runs = {r["dag_run_id"]: r for r in api.runs(dag_id)}
         later = sorted((r for i, r in runs.items() if i not in before and i != running[0]),
                        key=lambda r: stamp(r["run_after"]))
-        assert later, "the bursts made no run"
+        assert later, ("the bursts made no run", why_no_run(api, c, p))
         ended = stamp(runs[running[0]]["end_date"])
         assert len([r for r in later if stamp(r["queued_at"]) < ended]) <= 1, (runs[running[0]], later)
         start, end = stamp(runs[running[0]]["run_after"]), stamp(later[0]["run_after"])
