@@ -58,6 +58,7 @@ def test_entity_states_upsert_newest_per_key_with_tombstones_deletes_and_an_olde
     s = drain(c, p, spark=spark)
     assert s.outcome == "committed" and s.claimed == 15 and s.dead_lettered == 1
     assert states(spark, c, p) == {1: ("one-5", 5), 2: ("two", 1), 5: ("five again", 2)}
+    assert table_version(str(c.target_path(p))) == 0, "the first batch did not create the table in its commit"
     assert [r.error_type for r in dlq_rows(spark, c, p)] == ["missing_key"]
 
     # Next batch: an older state of 1 and of 3 (deleted) arrive late, 2 is updated.

@@ -267,3 +267,45 @@ def test_a_tombstone_table_the_driver_creates_is_one_spark_reads_appends_to_and_
     got = spark.read.format("delta").load(path).select("_dd_key", "_dd_batch", "_dd_deleted_at")
     assert sorted((r[0], r[1]) for r in got.collect()) == [("new", 3), ("spark", 2)]
     assert got.where(F.col("_dd_deleted_at") == F.lit(NOW)).count() == 2
+
+
+def test_the_driver_reads_a_batch_staged_here_as_the_rows_spark_makes_of_it(spark, tmp_path):
+    """`target_arrow` over a batch staged in this process (`Staged.table`, read by pyarrow) gives what `target_rows`
+    gives over the same staged files in Spark: the same columns in the same order, types and values, the dead
+    letters and gap markers left out. Payload names that need quoting and every column kind an upsert claim
+    has are in it."""
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import to_arrow_schema
+    from pyspark.sql.types import _parse_datatype_string
+
+    from deltadrain.run.rows import split_claimed, target_arrow, target_rows
+    from deltadrain.run.stage import stage_batches
+
+    schema = _parse_datatype_string(
+        "_dd_partition string, _dd_position string, _dd_pos_hi long, _dd_pos_lo long, _dd_source_ts timestamp, "
+        "_dd_attempts int, _dd_reclaimed boolean, _dd_message_id string, _dd_error_type string, _dd_error string, "
+        "_dd_original binary, _dd_first_failure_at timestamp, id long, `a.b` string, at timestamp, price double, "
+        "gone boolean, _dd_key string, _dd_change string, _dd_order long")
+    rng = random.Random(7)
+    rows = []
+    for i in range(200):
+        error = rng.choice([None] * 6 + ["invalid_json", "gap"])
+        rows.append((str(i % 3), str(i), i, 0, NOW - timedelta(seconds=i), 1, i % 5 == 0, f"m{i}", error,
+                     "why" if error else None, b"raw" if error else None, None, value(rng), rng.choice(["x", None]),
+                     rng.choice([NOW, None]), rng.choice([1.5, None]), rng.choice([True, False, None]),
+                     f"k{i % 17}", rng.choice([UPSERT, DELETE]), value(rng)))
+    claimed = spark.createDataFrame(rows, schema).toArrow()
+
+    def produce(batches, arrow_schema):
+        for b in batches:
+            yield pa.RecordBatch.from_arrays([b.column(f.name).cast(f.type) for f in arrow_schema], schema=arrow_schema)
+
+    staged = stage_batches(iter(claimed.to_batches(max_chunksize=64)), produce, schema, "_dd_key", str(tmp_path / "s"))
+    assert staged.here and staged.total.rows == 200
+    when = NOW + timedelta(minutes=1)
+    in_spark = target_rows(split_claimed(staged.rows(spark))[0], None, 4, "run-4", when)
+    expected = in_spark.toArrow()
+    got = target_arrow(staged, 4, "run-4", when).cast(to_arrow_schema(in_spark.schema))
+    assert got.schema == expected.schema
+    assert got.num_rows == sum(r[8] is None for r in rows)
+    assert got.sort_by("_dd_position").to_pylist() == expected.sort_by("_dd_position").to_pylist()

@@ -339,7 +339,10 @@ def inserted_rows(metrics: dict) -> int:
 
 
 def changed_rows(metrics: dict) -> int:
-    """Rows an upsert MERGE inserted, updated or deleted."""
+    """Rows an upsert MERGE inserted, updated or deleted, or numOutputRows of the append that created the
+    table with its first batch."""
+    if "numOutputRows" in metrics and not any(k.startswith("numTargetRows") for k in metrics):
+        return int(metrics["numOutputRows"])
     return sum(int(metrics.get(f"numTargetRows{what}", 0)) for what in ("Inserted", "Updated", "Deleted"))
 
 

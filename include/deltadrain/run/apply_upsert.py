@@ -74,6 +74,15 @@ class TruncateRefused(Exception):
     """A batch holds a truncate and the pipeline's target.on_truncate is fail: the message is the one line."""
 
 
+class UpsertRefused(Exception):
+    """An upsert target's constraints refused its MERGE (the error, as Delta raised it): `named` is what
+    `refused_messages` makes of the rows the MERGE writes, found before its decisions were released."""
+
+    def __init__(self, error: Exception, named: tuple[list | None, str]):
+        super().__init__(str(error))
+        self.named = named
+
+
 def tombstone_schema(order_type) -> StructType:
     from pyspark.sql.types import LongType, StringType, StructField, StructType, TimestampType
 
@@ -397,11 +406,16 @@ class Prepared:
     def release(self) -> None:
         self.source.unpersist()
 
+    def upserts(self):
+        """The rows the MERGE inserts into an empty table: the batch's upserts, as the table's columns."""
+        return self.source.where(f"{EFFECT} = '{Effect.UPSERT.value}'").drop(EFFECT)
+
 
 def prepare(spark, rows, *, pipeline, target: str, tombstones: str, batch: int, run_id: str,
-            now: datetime, seen: Survey | None = None, size: int | None = None) -> Prepared:
+            now: datetime, seen: Survey | None = None, size: int | None = None, events=None) -> Prepared:
     """Decide the batch and remember its deletes. `seen`: the batch's survey when the staging made it; `size`:
-    how many rows the batch has, when known (a batch of at most DRIVER_ROWS is decided on the driver).
+    how many rows the batch has, when known (a batch of at most DRIVER_ROWS is decided on the driver, from
+    `events()`, `rows` as Arrow, when given, else from `rows` brought there by a Spark job).
     Raises TruncateRefused for a truncate the pipeline may not follow, before anything is written."""
     seen = seen if seen is not None else survey(rows)
     if seen.truncates and pipeline.target.on_truncate == "fail":
@@ -411,7 +425,7 @@ def prepare(spark, rows, *, pipeline, target: str, tombstones: str, batch: int, 
     weigh = not truncated and (pipeline.target.order_by == "position" or not seen.unordered)
     if weigh and size is not None and size <= DRIVER_ROWS and on_driver(rows.schema[ORDER].dataType):
         driven = prepare_on_driver(spark, rows, target=target, tombstones=tombstones, batch=batch, run_id=run_id,
-                                   now=now, window=window, key_range=seen.key_range)
+                                   now=now, window=window, key_range=seen.key_range, events=events)
         if driven is not None:
             return driven
     # After a truncate the table holds nothing the batch's events must be newer than: it is not read.
@@ -440,18 +454,19 @@ def prepare(spark, rows, *, pipeline, target: str, tombstones: str, batch: int, 
 
 
 def prepare_on_driver(spark, rows, *, target: str, tombstones: str, batch: int, run_id: str, now: datetime,
-                      window: timedelta, key_range: tuple[str, str] | None) -> Prepared | None:
-    """`prepare` for a batch `newest_frame` could decide, decided on the driver (`newest_arrow`): one Spark job
-    brings its rows there, the tombstones are read and appended with delta-rs, and the MERGE's source is the
-    decided rows, which Delta need not compute again. None when delta-rs cannot read the tombstone table (a
-    table feature it lacks): the batch is then decided in Spark, nothing having been written."""
+                      window: timedelta, key_range: tuple[str, str] | None, events=None) -> Prepared | None:
+    """`prepare` for a batch `newest_frame` could decide, decided on the driver (`newest_arrow`): its rows are
+    `events()` (Arrow, computed in this process) or else brought there by one Spark job, the tombstones are read
+    and appended with delta-rs, and the MERGE's source is the decided rows, which Delta need not compute again.
+    None when delta-rs cannot read the tombstone table (a table feature it lacks): the batch is then decided in
+    Spark, nothing having been written."""
     import pyarrow.compute as pc
     from deltalake.exceptions import DeltaProtocolError
-    from pyspark.sql.pandas.types import to_arrow_type
+    from pyspark.sql.pandas.types import to_arrow_schema, to_arrow_type
     from pyspark.sql.types import StringType, StructField, StructType
 
     order_type = rows.schema[ORDER].dataType
-    events = rows.toArrow()
+    events = events().cast(to_arrow_schema(rows.schema)) if events is not None else rows.toArrow()
     keys = pc.unique(events[KEY])
     try:
         marks = remembered_arrow(tombstones, keys, to_arrow_type(order_type), now=now, window=window,

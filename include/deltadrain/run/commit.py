@@ -114,12 +114,13 @@ def _landed(path: str, pipeline: str, batch: int, run_id: str) -> bool:
 def commit_batch(spark, path: str, *, pipeline: str, expected_batch: int, run_id: str, rows, id_field: str,
                  window_start: datetime | None, metadata: str, id_range: tuple[str, str] | None = None,
                  create: NewTable | None = None, evolve: bool = False,
-                 upsert: tuple[str, str] | None = None) -> CommitResult:
-    """Commit batch `expected_batch + 1`: MERGE `rows`, or create the table with them when `create`
-    is given and there is none. Conflicts with writers that did not move the batch are retried.
-    `evolve`: the MERGE adds the columns of `rows` the table lacks and widens the ones it may
-    (schema.evolution add_columns), in this same commit. `upsert`: the MERGE's (condition, clauses) of an
-    upsert target (deltadrain.run.apply_upsert) instead of the insert-only MERGE on the message id."""
+                 upsert: tuple[str, str] | None = None, first_rows=None) -> CommitResult:
+    """Commit batch `expected_batch + 1`: MERGE `rows`, or create the table with them (with `first_rows`,
+    when given: what the MERGE would leave in an empty table) when `create` is given and there is none.
+    Conflicts with writers that did not move the batch are retried. `evolve`: the MERGE adds the columns
+    of `rows` the table lacks and widens the ones it may (schema.evolution add_columns), in this same
+    commit. `upsert`: the MERGE's (condition, clauses) of an upsert target (deltadrain.run.apply_upsert)
+    instead of the insert-only MERGE on the message id."""
     target = expected_batch + 1
     version_before = table_version(path)
     conflict = None
@@ -141,7 +142,8 @@ def commit_batch(spark, path: str, *, pipeline: str, expected_batch: int, run_id
                 if creating and create is not None:
                     # "error" (if it exists): a table created since the check fails this write (DELTA_PATH_EXISTS),
                     # one created during it fails its commit (a conflict); both end in the MERGE below.
-                    (rows.write.format("delta").mode("error").partitionBy(*create.partition_by)
+                    first = rows if first_rows is None else first_rows
+                    (first.write.format("delta").mode("error").partitionBy(*create.partition_by)
                      .option("txnAppId", pipeline).option("txnVersion", target).option("userMetadata", metadata)
                      .save(path))
                 elif upsert is not None:

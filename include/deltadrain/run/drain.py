@@ -14,9 +14,11 @@ from __future__ import annotations
 import abc
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Generic, final
+from functools import partial
+from typing import TYPE_CHECKING, Any, Generic, final
 
 from deltadrain import failpoints
 from deltadrain.config import DeltadrainConfig, PipelineConfig
@@ -24,12 +26,13 @@ from deltadrain.errors import error_line
 from deltadrain.formats.changes import KEY
 from deltadrain.lake.checkpoint import Checkpoint, commit_metadata, read_checkpoint
 from deltadrain.lake.deadletter import take_back, write_dead_letters
-from deltadrain.lake.delta import add_missing_columns, refused_rows
+from deltadrain.lake.delta import add_missing_columns, exists, refused_rows
 from deltadrain.lake.metrics import record_run_safely
 from deltadrain.lake.scratch import remove_staging, staging_dir
 from deltadrain.logs import fields, run_logger
 from deltadrain.paths import command_line
 from deltadrain.positions import merge_positions
+from deltadrain.run.apply_upsert import UpsertRefused
 from deltadrain.run.commit import CONFLICT_RETRIES, NewTable, commit_batch, dedup_window_start
 from deltadrain.run.layout import allow_widening, end_widening, new_columns, run_layout
 from deltadrain.run.outcome import Outcome
@@ -47,6 +50,7 @@ from deltadrain.run.rows import (
     refused_messages,
     settle_columns,
     split_claimed,
+    target_arrow,
     target_rows,
     transformed,
 )
@@ -92,15 +96,6 @@ def ended_as_killed(exc: BaseException) -> bool:
     would (failpoints.ABANDON), or on a BaseException that is no Exception: an order to stop now, such as
     the timeout Airflow's task runner raises (AirflowTaskTimeout) or an interrupt."""
     return failpoints.abandons(exc) or _KILLED.is_set() or not isinstance(exc, Exception)
-
-
-class UpsertRefused(Exception):
-    """An upsert target's constraints refused its MERGE (the error, as Delta raised it): `named` is what
-    `refused_messages` makes of the rows the MERGE writes, found before its decisions were released."""
-
-    def __init__(self, error: Exception, named: tuple[list | None, str]):
-        super().__init__(str(error))
-        self.named = named
 
 
 class Drain(abc.ABC, Generic[Detail]):
@@ -369,6 +364,7 @@ class Drain(abc.ABC, Generic[Detail]):
             counts = (staged.total.good, staged.total.bad)
         else:
             (claimed, stats), oldest, counts = self.no_rows(), None, None
+        staged_claimed = claimed
         claimed, stats, counts = self._evolve(claimed, stats, counts)
         good, bad = split_claimed(claimed)
         if self.settling:  # before the dead letters that the new columns' types decide
@@ -376,16 +372,20 @@ class Drain(abc.ABC, Generic[Detail]):
             failpoints.hit("after_settled_columns")
         # A missing table is created by this batch's commit (`NewTable`); a clustered one first by
         # the table builder, which declares its clustering.
-        create = None if p.target.cluster_by or p.upsert else NewTable(tuple(p.target.partition_by))
+        create = None if p.target.cluster_by else NewTable(tuple(p.target.partition_by))
         if create is None:
             ensure_target(self.spark, self.target, p, good.schema, self.run_id)
 
         pending_culprits: list[tuple[str, str]] = []
         transforming = stats is None
+        events: Callable[[], Any] | None = None  # the upsert decision's rows, read here without a Spark job
         if transforming:
             rows, stats = self._rows(good, batch)
         else:
-            rows = target_rows(good, p, batch, self.run_id)
+            now = datetime.now(UTC)
+            rows = target_rows(good, p, batch, self.run_id, now)
+            if p.upsert and staged is not None and staged.here and claimed is staged_claimed:
+                events = partial(target_arrow, staged, batch, self.run_id, now)
         self._lap("transform")
         if rows is None:
             # The transform failed on this batch (`stats` is its error): find the messages that make it fail.
@@ -417,7 +417,7 @@ class Drain(abc.ABC, Generic[Detail]):
             merged, named = rows, None
             try:
                 if p.upsert:
-                    result, filtered = self._commit_changes(rows, expected, stats), 0
+                    result, filtered = self._commit_changes(rows, expected, stats, create, events), 0
                     break
                 # Counted before each commit try, over the rows it offers (refusals take some away).
                 filtered = self.count_filtered(good, stats, counts[0] if counts is not None else None) if transforming else 0
@@ -454,6 +454,7 @@ class Drain(abc.ABC, Generic[Detail]):
                 s.dead_lettered += refused
                 rows.unpersist()
                 rows, stats = self._rows(good, batch)
+                events = None
                 if rows is None:
                     take_back(self.spark, self.dlq, p.name, self.run_id, "refused")
                     raise BatchFailure(f"batch {batch} fails without its {refused} refused messages: {stats}") from exc
@@ -468,9 +469,11 @@ class Drain(abc.ABC, Generic[Detail]):
             s.filtered = filtered  # acknowledged with the batch: not before it committed
         return result, pending_culprits
 
-    def _commit_changes(self, rows, expected: int, stats: BatchStats):
+    def _commit_changes(self, rows, expected: int, stats: BatchStats, create: NewTable | None, events=None):
         """Upsert mode's commit (deltadrain.run.apply_upsert): each key's newest change, in the batch's one MERGE
-        with its positions. Raises UpsertRefused when the target's constraints refuse rows it writes."""
+        with its positions, or in the commit that creates the table (`create`: the MERGE's effect on an empty
+        table is to insert the upserts). `events`: a callable giving `rows` as Arrow, computed here. Raises
+        UpsertRefused when the target's constraints refuse rows it writes."""
         from deltadrain.run.apply_upsert import EFFECT, Survey, TruncateRefused, prepare
         from deltadrain.run.upsert import Effect
 
@@ -484,19 +487,21 @@ class Drain(abc.ABC, Generic[Detail]):
         try:
             decided = prepare(self.spark, rows, pipeline=p, target=self.target,
                               tombstones=str(self.cfg.tombstones_path(p)), batch=batch, run_id=self.run_id,
-                              now=datetime.now(UTC), seen=seen, size=stats.good)
+                              now=datetime.now(UTC), seen=seen, size=stats.good, events=events)
         except TruncateRefused as exc:
             s.error = str(exc)
             raise DrainError(s.error) from None
         try:
             failpoints.hit("after_tombstones")
             self._lap("decide")
-            add_missing_columns(self.spark, self.target, decided.source.drop(EFFECT).schema)  # schema.evolution
+            if exists(self.target):  # schema.evolution
+                add_missing_columns(self.spark, self.target, decided.source.drop(EFFECT).schema)
             meta = commit_metadata(p.name, batch, self.run_id, s.positions, claimed=s.claimed,
                                    dead_lettered=s.dead_lettered, **self.commit_extra)
             result = commit_batch(self.spark, self.target, pipeline=p.name, expected_batch=expected,
                                   run_id=self.run_id, rows=decided.source, id_field=KEY, window_start=None,
-                                  metadata=meta, upsert=(decided.condition, decided.clauses))
+                                  metadata=meta, upsert=(decided.condition, decided.clauses), create=create,
+                                  first_rows=decided.upserts())
         except Exception as exc:
             if refused_rows(exc) is None:
                 raise

@@ -54,7 +54,7 @@ def claim_schema(pipeline: PipelineConfig):
         f"_dd_original binary, _dd_first_failure_at timestamp, {payload}{extra}")
 
 
-def target_rows(good, pipeline: PipelineConfig, batch: int, run_id: str):
+def target_rows(good, pipeline: PipelineConfig, batch: int, run_id: str, now: datetime | None = None):
     """Claimed rows -> the rows the transform sees: payload columns plus the _dd_ metadata. The payload
     columns are every claimed column but deltadrain's own: the declared fields, and with schema evolution
     the table's evolved columns and the batch's new ones.
@@ -62,16 +62,36 @@ def target_rows(good, pipeline: PipelineConfig, batch: int, run_id: str):
     The run's own columns (batch, run id, ingestion time) come from a one-row table joined to every row,
     not from literals: Spark compiles a long or timestamp literal into the code it generates, so each
     batch's new values would make the server compile and JIT-warm that code again
-    (bench/stable_code/README.md)."""
+    (bench/stable_code/README.md). `now`: the ingestion time (now by default)."""
     from pyspark.sql import functions as F
     from pyspark.sql.types import LongType, StringType, StructField, StructType, TimestampType
 
-    payload = [F.col(sql_name(name)) for name in good.columns if not name.startswith("_dd_")]
-    meta = [F.col(name) for name, _ in META_COLUMNS[:6]] + [F.col(c) for c in (KEY, ORDER, CHANGE) if c in good.columns]
+    payload, meta = _target_columns(good.columns)
     run = StructType([StructField("_dd_batch", LongType(), False), StructField("_dd_run_id", StringType(), False),
                       StructField("_dd_ingested_at", TimestampType(), False)])
-    values = good.sparkSession.createDataFrame([(batch, run_id, datetime.now(UTC))], run)
-    return good.crossJoin(F.broadcast(values)).select(*payload, *meta, *run.names)
+    values = good.sparkSession.createDataFrame([(batch, run_id, now or datetime.now(UTC))], run)
+    return good.crossJoin(F.broadcast(values)).select(*[F.col(sql_name(c)) for c in payload], *meta, *run.names)
+
+
+def _target_columns(claimed: list[str]) -> tuple[list[str], list[str]]:
+    """(payload columns, metadata columns) of `target_rows`, in its order, from the claimed columns."""
+    payload = [name for name in claimed if not name.startswith("_dd_")]
+    return payload, [name for name, _ in META_COLUMNS[:6]] + [c for c in (KEY, ORDER, CHANGE) if c in claimed]
+
+
+def target_arrow(staged, batch: int, run_id: str, now: datetime):
+    """`target_rows` of the good rows of a batch staged in this process (`Staged.table`), computed here as Arrow:
+    the same columns, types and values (tests/integration/test_upsert_decision.py holds the two equal)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    claimed = staged.table()
+    good = claimed.filter(pc.is_null(claimed["_dd_error_type"]))
+    payload, meta = _target_columns(claimed.column_names)
+    n = good.num_rows
+    return pa.table({**{c: good[c] for c in (*payload, *meta)},
+                     "_dd_batch": pa.array([batch] * n, pa.int64()), "_dd_run_id": pa.array([run_id] * n, pa.string()),
+                     "_dd_ingested_at": pa.array([now] * n, pa.timestamp("us", tz="UTC"))})
 
 
 def transformed(rows, pipeline: PipelineConfig):

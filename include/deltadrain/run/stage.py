@@ -257,6 +257,7 @@ class Staged:
     partitions: dict[str, Tally]
     total: Tally
     schema: object = None  # the Spark schema the rows were staged with (claim schema)
+    here: bool = False  # staged by this process (`stage_batches`): its files are readable here
 
     @classmethod
     def of(cls, reports: Iterable) -> Staged:
@@ -283,6 +284,7 @@ class Staged:
                 partitions.setdefault(name, Tally()).add(t)
         staged = cls.summed(files, partitions)
         staged.schema = parts[0].schema if parts else None
+        staged.here = bool(parts) and all(part.here for part in parts)
         return staged
 
     @classmethod
@@ -310,6 +312,18 @@ class Staged:
         if not self.files:
             return spark.createDataFrame([], self.schema)
         return spark.read.schema(self.schema).parquet(*self.files)
+
+    def table(self):
+        """The staged rows read by pyarrow in this process (no Spark job), in the Arrow types of the schema they
+        were staged with. For a batch staged `here` only: a Spark task's file may be on an executor's disk."""
+        import pyarrow as pa
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        assert self.here, "a batch staged by Spark tasks is read by Spark"
+        schema = to_arrow_schema(self.schema)
+        if not self.files:
+            return schema.empty_table()
+        return pa.concat_tables([open_staged(f).read().select(schema.names).cast(schema) for f in self.files])
 
 
 def task_rows(spark, rows: list[tuple], schema):
@@ -383,5 +397,5 @@ def stage_batches(batches: Iterable, produce, schema, id_field: str, directory: 
                                            settings_for(directory))
                for row in out.to_pylist()]
     staged = Staged.of(reports)
-    staged.schema = schema
+    staged.schema, staged.here = schema, True
     return staged
