@@ -34,11 +34,13 @@ from deltadrain.formats.avro import kinds_of, named_types, registry_datum, regis
 from deltadrain.formats.debezium import Kind, key_text
 from deltadrain.formats.decode import (
     EXTRA_COLUMNS,
+    FAST_KINDS,
     OUT_COLUMNS,
     BatchDecoder,
     Decoded,
     _bad,
     _convert,
+    merged,
     record_values,
     size_error,
 )
@@ -50,6 +52,8 @@ from deltadrain.schema.evolution import WriterColumns, avro_writer, new_fields, 
 KEY, CHANGE, ORDER = "_dd_key", "_dd_change", "_dd_order"
 UPSERT_COLUMNS = (KEY, CHANGE, ORDER)
 UPSERT, DELETE, TRUNCATE = "upsert", "delete", "truncate"
+KEY_KINDS = ("long", "string")  # the key columns' kinds that plain JSON states are decoded column-wise with
+ESCAPED = r'[\x00-\x1f"\\]'  # a text json.dumps escapes: such a key's text is made by key_text, row by row
 SOURCE_LSN = "source.lsn"  # as deltadrain.config.changes names it
 
 
@@ -245,6 +249,11 @@ class UpsertDecoder(BatchDecoder):
                          evolved=evolved, collect_new=collect_new)
         self.spec = spec
         self.fast = False
+        # Plain JSON states keyed by long or text columns are decoded column by column (`_columnwise`), as an
+        # insert pipeline's JSON is; the rows that path cannot settle go message by message (`event`).
+        self.columnwise = (spec.envelope == "none" and spec.registry is None and not collect_new and not evolved
+                           and all(kind in FAST_KINDS for kind in self.fields.values())
+                           and all(self.fields.get(c) in KEY_KINDS for c in spec.key) and spec.order_by != SOURCE_LSN)
         self.typed_fields = {KEY: "string", **self.fields}
         # Avro through the registry: each schema id's writer (avro.registry_writer), and of a value's writer its
         # logical types and, collecting new fields, what its `after` record adds (WriterColumns).
@@ -392,9 +401,72 @@ class UpsertDecoder(BatchDecoder):
     def columns(self, values: list, *, fallback_ids: list | None = None, message_ids: list | None = None,
                 preset: dict | None = None, keys: list | None = None) -> dict:
         """As BatchDecoder.columns, plus UPSERT_COLUMNS; `keys`: the records' keys (Kafka), or None."""
+        preset = preset or {}
+        if not self.columnwise:
+            return self._one_by_one(values, preset, keys)
+        candidates = [i for i, value in enumerate(values) if i not in preset and value is not None
+                      and len(value) <= self.max_bytes and self._candidate(value)]
+        slow = sorted(set(range(len(values))) - set(candidates))
+        fast_rows, fast_cols = self._columnwise(values, candidates, slow)
+        slow.sort()
+        at = {i: n for n, i in enumerate(slow)}
+        slow_cols = self._one_by_one([values[i] for i in slow], {at[i]: preset[i] for i in preset},
+                                     [keys[i] for i in slow] if keys else None)
+        if not fast_rows:
+            return slow_cols
+        return merged(len(values), fast_rows, fast_cols, slow, slow_cols)
+
+    def _columnwise(self, values: list, candidates: list[int], slow: list[int]) -> tuple[list[int], dict]:
+        """`event` of plain JSON states, column by column: the rows it settles and their columns (the same as
+        `event` gives: tests/unit/test_changes_columnwise.py). A row with a null key column or required field,
+        a key text that needs escaping, or anything `BatchDecoder._fast` leaves to `decode` goes to `slow`."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        parsed: list = []
+        self._accepted(values, candidates, slow, parsed)
+        if not parsed:
+            return [], {}
+        rows = [i for part, _ in parsed for i in part]
+        table = pa.concat_tables([t for _, t in parsed])
+        refer = table.column("__unusual").combine_chunks()
+        cols = {name: table.column(name).combine_chunks() for name in self.fields}
+        for name in {*self.required, *self.spec.key}:
+            refer = pc.or_(refer, cols[name].is_null())
+        for name, kind in self.fields.items():
+            if kind == "double":
+                refer = pc.or_(refer, pc.fill_null(pc.invert(pc.is_finite(cols[name])), False))
+        pieces = []
+        for name in sorted(self.spec.key):  # key_text's canonical JSON: sorted names, no spaces
+            col = cols[name]
+            if self.fields[name] == "string":
+                refer = pc.or_(refer, pc.fill_null(pc.match_substring_regex(col, ESCAPED), True))
+                text = pc.binary_join_element_wise('"', col, '"', "")
+            else:
+                text = pc.cast(col, pa.string())
+            pieces.append(pc.binary_join_element_wise(json.dumps(name, ensure_ascii=False) + ":", text, ""))
+        key = pc.binary_join_element_wise("{", pc.binary_join_element_wise(*pieces, ","), "}", "")
+        keep = pc.invert(refer)
+        referred = refer.to_pylist()
+        slow.extend(i for i, r in zip(rows, referred, strict=True) if r)
+        fast_rows = [i for i, r in zip(rows, referred, strict=True) if not r]
+        m = len(fast_rows)
+        key = key.filter(keep)
+        change = pa.array([UPSERT] * m, pa.string())
+        if (gone := self.spec.delete_field) is not None:
+            deleted = [v is not None and v == self.spec.delete_equals for v in cols[gone].filter(keep).to_pylist()]
+            change = pa.array([DELETE if d else UPSERT for d in deleted], pa.string())
+        order = cols[self.spec.order_by].filter(keep) if self.spec.order_by != "position" else pa.nulls(m)
+        out = {"_dd_message_id": key, "_dd_error_type": pa.nulls(m, pa.string()), "_dd_error": pa.nulls(m, pa.string()),
+               "_dd_original": pa.nulls(m, pa.binary()), "_dd_first_failure_at": pa.nulls(m, pa.timestamp("us", tz="UTC"))}
+        out.update({name: cols[name].filter(keep).cast(self.types[name]) for name in self.fields})
+        out.update({KEY: key, CHANGE: change, ORDER: order.cast(self.types[ORDER])})
+        return fast_rows, out
+
+    def _one_by_one(self, values: list, preset: dict, keys: list | None) -> dict:
+        """`columns` message by message (`event`)."""
         import pyarrow as pa
 
-        preset = preset or {}
         if self.spec.registry is not None:  # every writer found before a message is judged: an outage fails here
             for schema_id in {*ids_of(values), *ids_of(keys or [])}:
                 registry_writer(self.spec.registry, self.writers, schema_id)

@@ -289,6 +289,20 @@ def _one_object_per_line(value) -> bool:
             and b"\n" not in value and b"\r" not in value)
 
 
+def merged(n: int, fast_rows: list[int], fast_cols: dict, slow: list[int], slow_cols: dict) -> dict:
+    """The columns of `n` rows, in row order, from those of the rows decoded column-wise (`fast_rows`) and those
+    decoded message by message (`slow`, sorted)."""
+    import numpy as np
+    import pyarrow as pa
+
+    if not slow:
+        return fast_cols
+    order = np.empty(n, dtype=np.int64)
+    order[np.concatenate([np.asarray(fast_rows, dtype=np.int64), np.asarray(slow, dtype=np.int64)])] = np.arange(n)
+    take = pa.array(order)
+    return {name: pa.concat_arrays([fast_cols[name], slow_cols[name]]).take(take) for name in fast_cols}
+
+
 class BatchDecoder:
     """Decodes lists of payloads into Arrow columns: `OUT_COLUMNS` plus the payload fields, typed as
     `types` (name -> Arrow type) says. Built in each Spark task (claim.decoder_for)."""
@@ -309,7 +323,6 @@ class BatchDecoder:
                 preset: dict | None = None) -> dict:
         """Column name -> Arrow array, one row per value, in order. `preset` maps a row index to its
         (message_id, error_type, error, original, first_failure_at): rows decided before decoding."""
-        import pyarrow as pa
 
         preset = preset or {}
         n = len(values)
@@ -324,14 +337,7 @@ class BatchDecoder:
         slow_cols = self._slow(values, slow, fallback_ids, message_ids, preset)
         if not fast_rows:
             return slow_cols
-        if not slow:
-            return fast_cols
-        import numpy as np
-
-        order = np.empty(n, dtype=np.int64)
-        order[np.concatenate([np.asarray(fast_rows, dtype=np.int64), np.asarray(slow, dtype=np.int64)])] = np.arange(n)
-        take = pa.array(order)
-        return {name: pa.concat_arrays([fast_cols[name], slow_cols[name]]).take(take) for name in fast_cols}
+        return merged(n, fast_rows, fast_cols, slow, slow_cols)
 
     def _candidate(self, value) -> bool:
         """Whether `value` may take the column-wise path (`_fast`); the others go to `one`."""
