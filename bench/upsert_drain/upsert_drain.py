@@ -26,7 +26,7 @@ SIDES = ("deltadrain_upsert", "foreach_batch", "deltadrain_insert")
 def drain_side(cfg, pipeline, spark) -> dict:
     from deltadrain.catchup import drain
 
-    batches = []
+    batches, steps = [], {}
     started = time.monotonic()
     while True:
         s = drain(cfg, pipeline, spark=spark)
@@ -34,7 +34,9 @@ def drain_side(cfg, pipeline, spark) -> dict:
             break
         assert s.outcome == "committed", s
         batches.append(round(s.seconds, 2))
-    return {"seconds": time.monotonic() - started, "batches": batches}
+        for step, seconds in s.timings.items():  # each drain step's time, summed over the batches
+            steps[step] = round(steps.get(step, 0) + seconds, 3)
+    return {"seconds": time.monotonic() - started, "batches": batches, "steps": steps}
 
 
 def foreach_batch_side(cfg, pipeline, spark, workdir: Path, batch: int) -> dict:
