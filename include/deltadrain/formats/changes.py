@@ -423,12 +423,9 @@ class UpsertDecoder(BatchDecoder):
         import pyarrow as pa
         import pyarrow.compute as pc
 
-        parsed: list = []
-        self._accepted(values, candidates, slow, parsed)
-        if not parsed:
+        if (got := self._parsed(values, candidates, slow)) is None:
             return [], {}
-        rows = [i for part, _ in parsed for i in part]
-        table = pa.concat_tables([t for _, t in parsed])
+        rows, table = got
         refer = table.column("__unusual").combine_chunks()
         cols = {name: table.column(name).combine_chunks() for name in self.fields}
         for name in {*self.required, *self.spec.key}:

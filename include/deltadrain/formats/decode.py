@@ -393,16 +393,24 @@ class BatchDecoder:
                 self._accepted(values, rows[:mid], slow, out)
                 self._accepted(values, rows[mid:], slow, out)
 
-    def _fast(self, values, candidates, fallback_ids, message_ids, slow):
+    def _parsed(self, values, candidates: list[int], slow: list[int]):
+        """(the rows Arrow's JSON reader took, in order, and their table) of the `candidates`; the rows it refused
+        go to `slow`. None when it took none."""
         import pyarrow as pa
-        import pyarrow.compute as pc
 
         parsed: list = []
         self._accepted(values, candidates, slow, parsed)
         if not parsed:
+            return None
+        return [i for part, _ in parsed for i in part], pa.concat_tables([t for _, t in parsed])
+
+    def _fast(self, values, candidates, fallback_ids, message_ids, slow):
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        if (got := self._parsed(values, candidates, slow)) is None:
             return [], {}
-        rows = [i for part, _ in parsed for i in part]
-        table = pa.concat_tables([t for _, t in parsed])
+        rows, table = got
         none = pa.nulls(len(rows), pa.string())
         ext = pa.array([message_ids[i] or None for i in rows], pa.string()) if message_ids else none
         fallback = pa.array([fallback_ids[i] for i in rows], pa.string()) if fallback_ids else none
