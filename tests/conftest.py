@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import socket
 import tempfile
 from pathlib import Path
@@ -21,10 +22,31 @@ ROOT = Path(__file__).resolve().parents[1]
 logging.getLogger("py4j").setLevel(logging.WARNING)
 
 
+# Ports below the kernel's ephemeral range (32768 and up by default), so that none the kernel hands out at
+# random (a Spark driver's listeners, an outgoing connection) can be one of them: a session reserves its
+# services' ports at its start, and they lie unbound for minutes between the tests that start those services.
+# Each pytest-xdist worker draws from a block of its own; draws differ per process.
+PORT_BASE, PORT_BLOCK, PORT_BLOCKS = 20000, 1000, 12
+_DRAW = random.Random()
+_GIVEN: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    block = int(worker.removeprefix("gw")) + 1 if worker.startswith("gw") else 0
+    start = PORT_BASE + PORT_BLOCK * (block % PORT_BLOCKS)
+    for _ in range(500):
+        port = start + _DRAW.randrange(PORT_BLOCK)
+        if port in _GIVEN:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _GIVEN.add(port)
+        return port
+    raise RuntimeError(f"no free port in 127.0.0.1:{start}-{start + PORT_BLOCK - 1}")
 
 
 # `make test` (and so CI) sets this: the whole suite must run. A test skipped (a missing service or
